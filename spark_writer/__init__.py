@@ -1,0 +1,1 @@
+"""PySpark side of sink-coordinator: the Kafka source and the exactly-once Iceberg sink."""
