@@ -1,0 +1,74 @@
+"""Wiring: one asyncio loop serving gRPC for writers and HTTP for operators."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import structlog
+import uvicorn
+from grpc_health.v1 import health_pb2
+
+from coordinator_service import failpoints
+from coordinator_service.admin_api import create_app
+from coordinator_service.grpc_server import SERVICE_NAME, build_server
+from coordinator_service.logs import configure_logging
+from coordinator_service.runtime import Runtime
+from coordinator_service.settings import Settings
+
+log = structlog.get_logger(__name__)
+
+GRACE_SECONDS = 5.0
+
+
+async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
+    """Run until SIGTERM/SIGINT (or `stop` is set), then drain and close."""
+    configure_logging(settings.log_level, settings.log_format)
+    failpoints.configure(settings.failpoints)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+
+    runtime = await Runtime.open(settings)
+    writer_token = settings.writer_token.get_secret_value() if settings.writer_token else None
+    grpc_server, health, grpc_port = build_server(
+        runtime.coordinator, f"{settings.bind_host}:{settings.grpc_port}", writer_token
+    )
+    http = uvicorn.Server(
+        uvicorn.Config(
+            create_app(runtime),
+            host=settings.bind_host,
+            port=settings.http_port,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+        )
+    )
+    await grpc_server.start()
+    http_task = asyncio.create_task(http.serve(), name="http")
+    while not http.started:
+        if http_task.done():
+            await grpc_server.stop(None)
+            await runtime.close()
+            raise OSError(f"cannot serve HTTP on {settings.bind_host}:{settings.http_port}; is the port in use?")
+        await asyncio.sleep(0.01)
+    runtime.committer.start()
+    for service in ("", SERVICE_NAME):
+        await health.set(service, health_pb2.HealthCheckResponse.SERVING)
+    log.info(
+        "sink-coordinator serving",
+        grpc=f"{settings.bind_host}:{grpc_port}",
+        http=f"http://{settings.bind_host}:{settings.http_port}",
+        writer_auth=writer_token is not None,
+    )
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait({stopped, http_task}, return_when=asyncio.FIRST_COMPLETED)
+    log.info("sink-coordinator stopping")
+    await health.enter_graceful_shutdown()
+    http.should_exit = True
+    await grpc_server.stop(GRACE_SECONDS)
+    await asyncio.gather(http_task, return_exceptions=True)
+    stopped.cancel()
+    await runtime.close()
+    log.info("sink-coordinator stopped")

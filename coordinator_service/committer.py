@@ -1,0 +1,286 @@
+"""The commit path: checkpointed PENDING epochs into Iceberg, in order, exactly once; aborted files removed.
+
+One asyncio task per sink drives its commits. A pass holds the sink's
+PostgreSQL advisory lock, so one committer runs per sink even across
+coordinator replicas on one database. Before each append it walks the table's
+ancestry for the sink's newest marker: epochs at or below it are already in
+the table (a crash hit between the append and the COMMITTED update) and are
+only marked. Every failure is retried with backoff, forever, and is visible in
+the logs and in `health`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import structlog
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
+
+from coordinator_service import failpoints, precommit_metadata, repository
+from coordinator_service.database import Database
+from coordinator_service.failpoints import Failpoint
+from coordinator_service.iceberg import IcebergTables, Marker
+from coordinator_service.models import PendingSinkState, Sink
+from coordinator_service.settings import Settings
+
+log = structlog.get_logger(__name__)
+
+CLEANUP_BATCH = 100
+
+
+@dataclass
+class CommitterHealth:
+    """What the admin API shows of one sink's committer."""
+
+    retrying: bool = False
+    attempts: int = 0
+    last_error: str | None = None
+    last_error_at: datetime | None = None
+    last_commit_at: datetime | None = None
+
+
+class Committer:
+    def __init__(self, database: Database, tables: IcebergTables, settings: Settings) -> None:
+        self.database = database
+        self.tables = tables
+        self.settings = settings
+        self.health: dict[int, CommitterHealth] = {}
+        self._wake_events: dict[int, asyncio.Event] = {}
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._cleaner_event = asyncio.Event()
+        self._progress = asyncio.Condition()
+        self._last_commit: dict[int, float] = {}
+        self._background: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        """Start the poller (which first resumes whatever the log holds) and the cleaner."""
+        self._background = [
+            asyncio.create_task(self._poll_forever(), name="committer-poller"),
+            asyncio.create_task(self._clean_forever(), name="aborted-file-cleaner"),
+        ]
+
+    async def stop(self) -> None:
+        tasks = [*self._background, *self._tasks.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    def wake(self, sink_id: int) -> None:
+        event = self._wake_events.get(sink_id)
+        if event is None:
+            event = self._wake_events[sink_id] = asyncio.Event()
+        event.set()
+        if sink_id not in self._tasks or self._tasks[sink_id].done():
+            self._tasks[sink_id] = asyncio.create_task(self._drive(sink_id, event), name=f"committer-{sink_id}")
+
+    def wake_cleaner(self) -> None:
+        self._cleaner_event.set()
+
+    async def wait_committed(self, sink_id: int, epoch: int) -> int:
+        """Wait until the sink's committed epoch reaches `epoch` (here or on another replica)."""
+        while True:
+            async with self.database.transaction() as session:
+                sink = await repository.sink_by_id(session, sink_id)
+                assert sink is not None
+                committed = sink.committed_epoch
+            if committed >= epoch:
+                return committed
+            async with self._progress:
+                try:
+                    await asyncio.wait_for(self._progress.wait(), timeout=self.settings.poll_interval_seconds)
+                except TimeoutError:
+                    pass
+
+    async def _poll_forever(self) -> None:
+        while True:
+            try:
+                async with self.database.transaction() as session:
+                    sink_ids = await repository.sink_ids_with_commit_work(session)
+                for sink_id in sink_ids:
+                    self.wake(sink_id)
+                self.wake_cleaner()
+            except Exception as error:
+                log.warning("looking for commit work failed; will look again", error=str(error))
+            await asyncio.sleep(self.settings.poll_interval_seconds)
+
+    async def _drive(self, sink_id: int, event: asyncio.Event) -> None:
+        while True:
+            await event.wait()
+            event.clear()
+            await self._commit_with_retries(sink_id)
+
+    async def _commit_with_retries(self, sink_id: int) -> None:
+        health = self.health.setdefault(sink_id, CommitterHealth())
+
+        def record_failure(state: RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome else None
+            health.retrying = True
+            health.attempts = state.attempt_number
+            health.last_error = f"{type(error).__name__}: {error}"
+            health.last_error_at = datetime.now(UTC)
+            log.warning(
+                "commit failed; retrying",
+                sink_id=sink_id,
+                attempt=state.attempt_number,
+                retry_in_seconds=round(state.upcoming_sleep, 2),
+                error=health.last_error,
+            )
+
+        retrying = AsyncRetrying(
+            retry=retry_if_exception_type(Exception),
+            wait=wait_exponential_jitter(
+                initial=self.settings.retry_initial_seconds, max=self.settings.retry_max_seconds
+            ),
+            before_sleep=record_failure,
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                await self._commit_pass(sink_id)
+        health.retrying = False
+        health.attempts = 0
+
+    async def _commit_pass(self, sink_id: int) -> None:
+        async with self.database.connection() as lock_connection:
+            if not await repository.try_commit_lock(lock_connection, sink_id):
+                log.debug("another committer holds the sink", sink_id=sink_id)
+                return
+            # The lock is session-level: end the transaction that took it, keep the connection.
+            await lock_connection.commit()
+            try:
+                while await self._commit_next(sink_id):
+                    pass
+            finally:
+                await repository.release_commit_lock(lock_connection, sink_id)
+                await lock_connection.commit()
+
+    async def _commit_next(self, sink_id: int) -> bool:
+        """Commit the next group of checkpointed epochs; False when there is nothing to commit."""
+        await self._respect_commit_interval(sink_id)
+        async with self.database.transaction() as session:
+            sink = await repository.sink_by_id(session, sink_id)
+            if sink is None:
+                return False
+            pending = await repository.pending_epochs_at_or_below(
+                session, sink_id, sink.checkpointed_epoch, limit=self.settings.commit_max_epochs
+            )
+        if not pending:
+            return False
+        log_ = log.bind(sink=sink.name, table=sink.table_identifier)
+        markers = await asyncio.to_thread(
+            self.tables.sink_markers, sink.table_identifier, sink.name, pending[0].epoch
+        )
+        if markers and markers[-1].epoch >= pending[0].epoch:
+            await self._mark_already_in_table(sink, pending, markers)
+            log_.info(
+                "epochs found already in the table; marked committed",
+                epochs=[row.epoch for row in pending if row.epoch <= markers[-1].epoch],
+            )
+            return True
+        epochs = [row.epoch for row in pending]
+        entries = [
+            entry for row in pending for entry in precommit_metadata.decode(row.metadata_).data_files
+        ]
+        snapshot_id: int | None = None
+        started = time.monotonic()
+        if entries:
+            commit_id = uuid.uuid4().hex
+            snapshot_id = await asyncio.to_thread(
+                self.tables.append, sink.table_identifier, sink.name, epochs[-1], commit_id, entries
+            )
+            failpoints.hit(Failpoint.COMMIT_AFTER_APPEND)
+        async with self.database.transaction() as session:
+            await repository.mark_committed(session, sink_id, epochs, snapshot_id)
+        failpoints.hit(Failpoint.COMMIT_AFTER_MARK)
+        self._last_commit[sink_id] = time.monotonic()
+        self.health.setdefault(sink_id, CommitterHealth()).last_commit_at = datetime.now(UTC)
+        log_.info(
+            "epochs committed",
+            epochs=epochs,
+            snapshot_id=snapshot_id,
+            files=len(entries),
+            records=sum(row.record_count for row in pending),
+            seconds=round(time.monotonic() - started, 4),
+        )
+        await self._prune(sink_id, epochs[-1])
+        async with self._progress:
+            self._progress.notify_all()
+        return True
+
+    async def _mark_already_in_table(
+        self, sink: Sink, pending: Sequence[PendingSinkState], markers: Sequence[Marker]
+    ) -> None:
+        """Mark the pending epochs a marker covers, each with the snapshot that added it."""
+        by_snapshot: dict[int, list[int]] = {}
+        for row in pending:
+            covering = next((marker for marker in markers if marker.epoch >= row.epoch), None)
+            if covering is None:
+                break
+            by_snapshot.setdefault(covering.snapshot_id, []).append(row.epoch)
+        async with self.database.transaction() as session:
+            for snapshot_id, epochs in by_snapshot.items():
+                await repository.mark_committed(session, sink.id, epochs, snapshot_id)
+        async with self._progress:
+            self._progress.notify_all()
+
+    async def _respect_commit_interval(self, sink_id: int) -> None:
+        last = self._last_commit.get(sink_id)
+        if last is None:
+            return
+        remaining = self.settings.commit_interval_seconds - (time.monotonic() - last)
+        if remaining > 0:
+            await asyncio.sleep(remaining)
+
+    async def _prune(self, sink_id: int, committed_epoch: int) -> None:
+        below = committed_epoch - self.settings.retention_epochs + 1
+        if below <= 0:
+            return
+        async with self.database.transaction() as session:
+            pruned = await repository.prune_committed(session, sink_id, below)
+        if pruned:
+            log.debug("pruned committed epochs", sink_id=sink_id, below_epoch=below, rows=pruned)
+
+    async def _clean_forever(self) -> None:
+        while True:
+            await self._cleaner_event.wait()
+            self._cleaner_event.clear()
+            try:
+                await self.clean_aborted()
+            except Exception as error:
+                log.warning("cleaning aborted epochs failed; will try again", error=str(error))
+
+    async def clean_aborted(self) -> int:
+        """Delete the files of ABORTED epochs that no snapshot references; return the epochs cleaned."""
+        async with self.database.transaction() as session:
+            rows = await repository.aborted_epochs_to_clean(session, CLEANUP_BATCH)
+        for sink, row in rows:
+            paths = precommit_metadata.decode(row.metadata_).paths
+            stale = await asyncio.to_thread(self.tables.unreferenced, sink.table_identifier, paths)
+            deleted = await asyncio.to_thread(self.tables.delete_files, sink.table_identifier, stale)
+            failpoints.hit(Failpoint.CLEANUP_AFTER_DELETE)
+            async with self.database.transaction() as session:
+                await repository.mark_files_cleaned(session, row.sink_id, row.epoch, row.attempt)
+            if len(stale) < len(paths):
+                log.error(
+                    "files of an aborted epoch are referenced by the table; they were kept",
+                    sink=sink.name,
+                    epoch=row.epoch,
+                    files=sorted(paths - set(stale)),
+                )
+            log.info(
+                "aborted epoch cleaned",
+                sink=sink.name,
+                epoch=row.epoch,
+                attempt=row.attempt,
+                files_deleted=deleted,
+                files_kept=len(paths) - len(stale),
+            )
+        if len(rows) == CLEANUP_BATCH:
+            self.wake_cleaner()
+        return len(rows)

@@ -1,0 +1,66 @@
+"""Engines and transactions on the metastore; connection failures become Unavailable."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from sqlalchemy import Engine, create_engine, exc
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+
+from coordinator_service.errors import Unavailable
+
+_CONNECTIVITY_ERRORS = (exc.OperationalError, exc.InterfaceError, exc.DisconnectionError, OSError)
+
+
+def normalize_url(url: str) -> URL:
+    """Use psycopg 3 whatever PostgreSQL driver the URL names; reject other databases."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "postgresql":
+        raise ValueError(
+            f"the metastore must be PostgreSQL, got a {parsed.get_backend_name()!r} URL; "
+            "use postgresql+psycopg://user:password@host:5432/database"
+        )
+    return parsed.set(drivername="postgresql+psycopg")
+
+
+def create_sync_engine(url: URL) -> Engine:
+    return create_engine(url, pool_pre_ping=True)
+
+
+class Database:
+    """The async engine of the metastore and the one way to open a transaction on it."""
+
+    def __init__(self, url: URL, pool_size: int = 10) -> None:
+        self.url = url
+        self.engine: AsyncEngine = create_async_engine(
+            url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True
+        )
+        self._sessions = async_sessionmaker(self.engine, expire_on_commit=False)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncSession]:
+        """One transaction: committed when the block ends, rolled back on any error."""
+        try:
+            async with self._sessions() as session, session.begin():
+                yield session
+        except _CONNECTIVITY_ERRORS as error:
+            raise Unavailable(f"the PostgreSQL metastore is unreachable: {_first_line(error)}") from error
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[AsyncConnection]:
+        """A connection outside any transaction block, for session-level advisory locks."""
+        try:
+            async with self.engine.connect() as connection:
+                yield connection
+        except _CONNECTIVITY_ERRORS as error:
+            raise Unavailable(f"the PostgreSQL metastore is unreachable: {_first_line(error)}") from error
+
+    async def dispose(self) -> None:
+        await self.engine.dispose()
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(getattr(error, "orig", None) or error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

@@ -1,0 +1,184 @@
+"""The gRPC adapter: proto messages to protocol calls, errors to status codes, and writer auth."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from coordinator_service.errors import CoordinatorError, Unavailable
+from coordinator_service.models import EpochStatus
+from coordinator_service.protocol import Coordinator, PreCommitOutcome, PreCommitRequest
+from coordinator_service.rpc import sink_coordinator_pb2 as pb
+from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
+
+log = structlog.get_logger(__name__)
+
+Response = TypeVar("Response")
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["SinkCoordinator"].full_name
+_STATUS = {
+    EpochStatus.PENDING: pb.PENDING,
+    EpochStatus.COMMITTED: pb.COMMITTED,
+    EpochStatus.ABORTED: pb.ABORTED,
+}
+_OUTCOME = {
+    PreCommitOutcome.PERSISTED: pb.PreCommitResponse.PERSISTED,
+    PreCommitOutcome.ALREADY_COMMITTED: pb.PreCommitResponse.ALREADY_COMMITTED,
+}
+
+
+async def _answer(context: grpc.aio.ServicerContext[Any, Any], call: Awaitable[Response]) -> Response:
+    try:
+        return await call
+    except CoordinatorError as error:
+        if isinstance(error, Unavailable):
+            log.warning("request failed: dependency unavailable", error=error.message)
+        await context.abort(error.grpc_code, error.message)
+        raise  # unreachable: abort raises
+
+
+class SinkCoordinatorServicer(pb_grpc.SinkCoordinatorServicer):
+    def __init__(self, coordinator: Coordinator) -> None:
+        self.coordinator = coordinator
+
+    async def RegisterWriter(  # noqa: N802 (gRPC method names)
+        self, request: pb.RegisterWriterRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.RegisterWriterResponse:
+        registration = await _answer(
+            context,
+            self.coordinator.register_writer(
+                sink=request.sink,
+                table=request.table,
+                checkpointed_epoch=request.checkpointed_epoch,
+                writer_count=request.writer_count or 1,
+                arrow_schema=request.arrow_schema,
+                partition_by=tuple(request.partition_by),
+            ),
+        )
+        return pb.RegisterWriterResponse(
+            writer_term=registration.writer_term,
+            committed_epoch=registration.committed_epoch,
+            checkpointed_epoch=registration.checkpointed_epoch,
+            aborted_epochs=registration.aborted_epochs,
+            recommitting_epochs=registration.recommitting_epochs,
+            table_location=registration.table_location,
+        )
+
+    async def PreCommit(  # noqa: N802
+        self, request: pb.PreCommitRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.PreCommitResponse:
+        result = await _answer(
+            context,
+            self.coordinator.pre_commit(
+                PreCommitRequest(
+                    sink=request.sink,
+                    epoch=request.epoch,
+                    writer_term=request.writer_term,
+                    writer_id=request.writer_id,
+                    paths=tuple(data_file.path for data_file in request.data_files),
+                    properties=dict(request.properties),
+                    evolve_schema=request.evolve_schema,
+                )
+            ),
+        )
+        return pb.PreCommitResponse(
+            outcome=_OUTCOME[result.outcome], attempt=result.attempt, record_count=result.record_count
+        )
+
+    async def CommitCheckpoint(  # noqa: N802
+        self, request: pb.CommitCheckpointRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.CommitCheckpointResponse:
+        result = await _answer(
+            context,
+            self.coordinator.commit_checkpoint(
+                sink=request.sink, epoch=request.epoch, writer_term=request.writer_term, wait=request.wait
+            ),
+        )
+        return pb.CommitCheckpointResponse(
+            committed_epoch=result.committed_epoch, checkpointed_epoch=result.checkpointed_epoch
+        )
+
+    async def GetSinkState(  # noqa: N802
+        self, request: pb.GetSinkStateRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.GetSinkStateResponse:
+        view = await _answer(context, self.coordinator.sink_state(request.sink))
+        return pb.GetSinkStateResponse(
+            sink=view.name,
+            table=view.table,
+            catalog=view.catalog,
+            checkpointed_epoch=view.checkpointed_epoch,
+            committed_epoch=view.committed_epoch,
+            writer_term=view.writer_term,
+            writer_count=view.writer_count,
+            epochs=[
+                pb.EpochState(
+                    epoch=epoch.epoch,
+                    status=_STATUS[epoch.status],
+                    attempt=epoch.attempt,
+                    file_count=epoch.file_count,
+                    record_count=epoch.record_count,
+                    snapshot_id=epoch.snapshot_id or 0,
+                    reason=epoch.reason or "",
+                    files_cleaned=epoch.files_cleaned,
+                )
+                for epoch in view.epochs
+            ],
+        )
+
+
+class WriterTokenInterceptor(grpc.aio.ServerInterceptor):
+    """Requires `authorization: Bearer <WRITER_TOKEN>` on every call except health and reflection."""
+
+    _OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+    def __init__(self, token: str) -> None:
+        self._expected = f"Bearer {token}".encode()
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any]:
+        method = handler_call_details.method or ""
+        if method.startswith(self._OPEN_PREFIXES):
+            return await continuation(handler_call_details)
+        metadata = dict(handler_call_details.invocation_metadata or ())
+        sent = metadata.get("authorization")
+        if sent is None:
+            return _deny("no writer token: send metadata 'authorization: Bearer <SINK_COORDINATOR_WRITER_TOKEN>'")
+        sent_bytes = sent.encode() if isinstance(sent, str) else sent
+        if not hmac.compare_digest(sent_bytes, self._expected):
+            return _deny("the writer token is wrong")
+        return await continuation(handler_call_details)
+
+
+def _deny(message: str) -> grpc.RpcMethodHandler[Any, Any]:
+    async def abort(request: object, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    return grpc.unary_unary_rpc_method_handler(abort)
+
+
+def build_server(
+    coordinator: Coordinator, bind_address: str, writer_token: str | None
+) -> tuple[grpc.aio.Server, health.HealthServicer, int]:
+    """The gRPC server with the coordinator, health and reflection services; returns the bound port."""
+    interceptors = [WriterTokenInterceptor(writer_token)] if writer_token else []
+    server = grpc.aio.server(interceptors=interceptors)
+    pb_grpc.add_SinkCoordinatorServicer_to_server(SinkCoordinatorServicer(coordinator), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+        server,
+    )
+    port = server.add_insecure_port(bind_address)
+    if port == 0:
+        raise OSError(f"cannot listen for gRPC on {bind_address}: the address is in use or not local")
+    return server, health_servicer, port

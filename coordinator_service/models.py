@@ -1,0 +1,89 @@
+"""SQLAlchemy models of the metastore: the sinks and their two-phase commit log."""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Enum,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    Text,
+    func,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class EpochStatus(enum.StrEnum):
+    PENDING = "PENDING"
+    COMMITTED = "COMMITTED"
+    ABORTED = "ABORTED"
+
+
+class Sink(Base):
+    """One streaming query writing one Iceberg table."""
+
+    __tablename__ = "sinks"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(Text, unique=True)
+    table_identifier: Mapped[str] = mapped_column(Text)
+    catalog: Mapped[str] = mapped_column(Text)
+    # The newest epoch whose Spark checkpoint is durable, as the writer reported it.
+    checkpointed_epoch: Mapped[int] = mapped_column(BigInteger, default=-1, server_default="-1")
+    # The newest epoch whose files are in the table (all epochs at or below it are).
+    committed_epoch: Mapped[int] = mapped_column(BigInteger, default=-1, server_default="-1")
+    writer_term: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    writer_count: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
+    )
+
+    __table_args__ = (
+        CheckConstraint("committed_epoch <= checkpointed_epoch", name="committed_not_after_checkpoint"),
+        CheckConstraint("writer_count >= 1", name="writer_count_positive"),
+    )
+
+
+class PendingSinkState(Base):
+    """One epoch of one sink: its pre-committed files and where it stands."""
+
+    __tablename__ = "pending_sink_state"
+
+    sink_id: Mapped[int] = mapped_column(
+        Integer, ForeignKey("sinks.id", ondelete="CASCADE"), primary_key=True
+    )
+    epoch: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    status: Mapped[EpochStatus] = mapped_column(
+        Enum(EpochStatus, name="epoch_status", native_enum=True, validate_strings=True)
+    )
+    # The encoded pre-commit result (see coordinator_service.precommit_metadata).
+    metadata_: Mapped[bytes] = mapped_column("metadata", LargeBinary)
+    attempt: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    file_count: Mapped[int] = mapped_column(Integer)
+    record_count: Mapped[int] = mapped_column(BigInteger)
+    snapshot_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    files_cleaned: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
+    )
+
+    __table_args__ = (
+        CheckConstraint("epoch >= 0", name="epoch_not_negative"),
+        # The committer and the cleaner look up epochs by status, not by key.
+        Index("ix_pending_sink_state_sink_status_epoch", "sink_id", "status", "epoch"),
+    )

@@ -1,0 +1,475 @@
+"""The two-phase commit state machine: register, pre-commit, checkpoint, state.
+
+An epoch is PENDING once its pre-commit is durable, COMMITTED once its files
+are in the Iceberg table, ABORTED when recovery or an operator gave it up.
+This module decides every transition; it knows no transport and reaches
+Iceberg only through coordinator_service.iceberg, in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import TypeVar
+
+import pyarrow as pa
+import structlog
+from pyiceberg.exceptions import CommitFailedException, ServerError
+from sqlalchemy.exc import SQLAlchemyError
+
+from coordinator_service import failpoints, precommit_metadata, repository
+from coordinator_service.committer import Committer
+from coordinator_service.database import Database
+from coordinator_service.errors import (
+    CheckpointBehind,
+    CoordinatorError,
+    EpochAborted,
+    FailedPrecondition,
+    Fenced,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+)
+from coordinator_service.failpoints import Failpoint
+from coordinator_service.iceberg import IcebergTables, canonical_uri, decode_arrow_schema, parse_table_identifier
+from coordinator_service.models import EpochStatus, PendingSinkState, Sink
+from coordinator_service.precommit_metadata import DataFileEntry, PreCommitMetadata
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+SINK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")
+MAX_FILES_PER_PRECOMMIT = 100_000
+MAX_PROPERTIES_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Registration:
+    writer_term: int
+    committed_epoch: int
+    checkpointed_epoch: int
+    aborted_epochs: tuple[int, ...]
+    recommitting_epochs: tuple[int, ...]
+    table_location: str
+
+
+@dataclass(frozen=True)
+class PreCommitRequest:
+    sink: str
+    epoch: int
+    writer_term: int
+    paths: tuple[str, ...]
+    writer_id: int = 0
+    properties: Mapping[str, str] = field(default_factory=dict)
+    evolve_schema: bool = False
+
+
+class PreCommitOutcome(StrEnum):
+    PERSISTED = "PERSISTED"
+    ALREADY_COMMITTED = "ALREADY_COMMITTED"
+
+
+@dataclass(frozen=True)
+class PreCommitResult:
+    outcome: PreCommitOutcome
+    attempt: int
+    record_count: int
+
+
+@dataclass(frozen=True)
+class CheckpointResult:
+    committed_epoch: int
+    checkpointed_epoch: int
+
+
+@dataclass(frozen=True)
+class EpochView:
+    epoch: int
+    status: EpochStatus
+    attempt: int
+    file_count: int
+    record_count: int
+    snapshot_id: int | None
+    reason: str | None
+    files_cleaned: bool
+
+    @classmethod
+    def of(cls, row: PendingSinkState) -> EpochView:
+        return cls(
+            epoch=row.epoch,
+            status=row.status,
+            attempt=row.attempt,
+            file_count=row.file_count,
+            record_count=row.record_count,
+            snapshot_id=row.snapshot_id,
+            reason=row.reason,
+            files_cleaned=row.files_cleaned,
+        )
+
+
+@dataclass(frozen=True)
+class SinkView:
+    name: str
+    table: str
+    catalog: str
+    checkpointed_epoch: int
+    committed_epoch: int
+    writer_term: int
+    writer_count: int
+    epochs: tuple[EpochView, ...]
+
+
+@dataclass
+class _Gathering:
+    """The parts of one multi-writer epoch received so far, and the answer they all wait for."""
+
+    writer_count: int
+    parts: dict[int, tuple[list[DataFileEntry], dict[str, str]]] = field(default_factory=dict)
+    done: asyncio.Future[PreCommitResult] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+class Coordinator:
+    """The writer-facing operations of the protocol."""
+
+    def __init__(self, database: Database, tables: IcebergTables, committer: Committer) -> None:
+        self.database = database
+        self.tables = tables
+        self.committer = committer
+        self._gatherings: dict[tuple[int, int, int], _Gathering] = {}
+
+    async def register_writer(
+        self,
+        sink: str,
+        table: str,
+        checkpointed_epoch: int,
+        writer_count: int = 1,
+        arrow_schema: bytes = b"",
+        partition_by: Sequence[str] = (),
+    ) -> Registration:
+        _check_sink_name(sink)
+        parse_table_identifier(table)
+        if checkpointed_epoch < -1:
+            raise InvalidArgument(f"checkpointed_epoch {checkpointed_epoch} is below -1 (-1 means no checkpoint)")
+        if writer_count < 1:
+            raise InvalidArgument(f"writer_count {writer_count} must be at least 1")
+        schema: pa.Schema | None = decode_arrow_schema(arrow_schema) if arrow_schema else None
+
+        async with self.database.transaction() as session:
+            existing = await repository.sink_by_name(session, sink)
+        if existing is not None:
+            _check_same_table(existing, table)
+        location = await self._catalog_call(self.tables.ensure_table, table, schema, tuple(partition_by))
+
+        async with self.database.transaction() as session:
+            await repository.insert_sink_if_absent(
+                session, sink, table, self.tables.catalog_name, checkpointed_epoch
+            )
+            row = await repository.sink_by_name(session, sink, lock="update")
+            assert row is not None
+            _check_same_table(row, table)
+            if checkpointed_epoch < row.checkpointed_epoch:
+                raise CheckpointBehind(
+                    f"sink {sink}: the writer's checkpoint holds epoch {checkpointed_epoch}, but the coordinator "
+                    f"recorded checkpoint {row.checkpointed_epoch} (committed {row.committed_epoch}): the Spark "
+                    f"checkpoint was lost or rolled back. Nothing was changed. Restore the checkpoint, or reset "
+                    f"the sink with POST /api/v1/sinks/{sink}/reset and start from a new checkpoint"
+                )
+            between = await repository.epochs_between(session, row.id, row.checkpointed_epoch, checkpointed_epoch)
+            _check_checkpoint_range(sink, between, row.checkpointed_epoch, checkpointed_epoch)
+            row.writer_term += 1
+            row.writer_count = writer_count
+            row.checkpointed_epoch = checkpointed_epoch
+            aborted = await repository.abort_pending_above(
+                session,
+                row.id,
+                checkpointed_epoch,
+                f"recovery: writer term {row.writer_term} restarted from checkpoint {checkpointed_epoch}",
+            )
+            recommitting = await repository.pending_epochs_at_or_below(
+                session, row.id, checkpointed_epoch, limit=MAX_FILES_PER_PRECOMMIT
+            )
+            registration = Registration(
+                writer_term=row.writer_term,
+                committed_epoch=row.committed_epoch,
+                checkpointed_epoch=row.checkpointed_epoch,
+                aborted_epochs=tuple(aborted),
+                recommitting_epochs=tuple(r.epoch for r in recommitting),
+                table_location=location,
+            )
+            sink_id = row.id
+        failpoints.hit(Failpoint.REGISTER_AFTER_RECOVERY)
+        log.info(
+            "writer registered",
+            sink=sink,
+            table=table,
+            writer_term=registration.writer_term,
+            checkpointed_epoch=checkpointed_epoch,
+            aborted_epochs=list(registration.aborted_epochs),
+            recommitting_epochs=list(registration.recommitting_epochs),
+        )
+        self.committer.wake(sink_id)
+        if registration.aborted_epochs:
+            self.committer.wake_cleaner()
+        return registration
+
+    async def pre_commit(self, request: PreCommitRequest) -> PreCommitResult:
+        _check_precommit_request(request)
+        request = replace(request, paths=tuple(canonical_uri(path) for path in request.paths))
+        if len(set(request.paths)) != len(request.paths):
+            raise InvalidArgument("the pre-commit names a data file more than once")
+        log_ = log.bind(sink=request.sink, epoch=request.epoch, writer_term=request.writer_term)
+        async with self.database.transaction() as session:
+            sink = await _existing_sink(session, request.sink)
+            _check_term(sink, request.writer_term)
+            if request.writer_id >= sink.writer_count:
+                raise InvalidArgument(
+                    f"writer_id {request.writer_id} is out of range: sink {sink.name} has "
+                    f"writer_count {sink.writer_count} (ids 0..{sink.writer_count - 1})"
+                )
+            if request.epoch <= sink.committed_epoch:
+                log_.info("pre-commit of an epoch already committed")
+                return PreCommitResult(PreCommitOutcome.ALREADY_COMMITTED, attempt=0, record_count=0)
+            current = await repository.epoch_row(session, sink.id, request.epoch)
+            sink_id, table, writer_count = sink.id, sink.table_identifier, sink.writer_count
+        if current is not None:
+            repeated = _answer_if_repeated(current, request)
+            if repeated is not None:
+                return repeated
+        entries = await self._catalog_call(
+            self.tables.read_data_files, table, request.paths, request.writer_id, request.evolve_schema
+        )
+        if writer_count == 1:
+            result = await self._persist(sink_id, request, entries, dict(request.properties))
+        else:
+            result = await self._gather(sink_id, writer_count, request, entries)
+        log_.info("pre-commit persisted", attempt=result.attempt, records=result.record_count, files=len(entries))
+        return result
+
+    async def _gather(
+        self, sink_id: int, writer_count: int, request: PreCommitRequest, entries: list[DataFileEntry]
+    ) -> PreCommitResult:
+        key = (sink_id, request.epoch, request.writer_term)
+        gathering = self._gatherings.get(key)
+        if gathering is None:
+            gathering = self._gatherings[key] = _Gathering(writer_count)
+        gathering.parts[request.writer_id] = (entries, dict(request.properties))
+        if len(gathering.parts) == writer_count:
+            del self._gatherings[key]
+            combined = [entry for part, _ in gathering.parts.values() for entry in part]
+            properties = {k: v for _, props in gathering.parts.values() for k, v in props.items()}
+            try:
+                gathering.done.set_result(await self._persist(sink_id, request, combined, properties))
+            except BaseException as error:
+                gathering.done.set_exception(error)
+                raise
+        try:
+            return await asyncio.shield(gathering.done)
+        except asyncio.CancelledError:
+            # The writer gave up (deadline): its part must be sent again.
+            if not gathering.done.done():
+                gathering.parts.pop(request.writer_id, None)
+            raise
+
+    async def _persist(
+        self, sink_id: int, request: PreCommitRequest, entries: list[DataFileEntry], properties: dict[str, str]
+    ) -> PreCommitResult:
+        async with self.database.transaction() as session:
+            sink = await repository.sink_by_name(session, request.sink, lock="share")
+            if sink is None:
+                raise NotFound(f"sink {request.sink} was deleted during the pre-commit")
+            _check_term(sink, request.writer_term)
+            if request.epoch <= sink.committed_epoch:
+                return PreCommitResult(PreCommitOutcome.ALREADY_COMMITTED, attempt=0, record_count=0)
+            metadata = PreCommitMetadata(
+                table=sink.table_identifier, data_files=tuple(entries), properties=properties
+            )
+            row = await repository.epoch_row(session, sink_id, request.epoch, for_update=True)
+            if row is None:
+                await repository.insert_pending_epoch(
+                    session,
+                    sink_id,
+                    request.epoch,
+                    precommit_metadata.encode(metadata),
+                    file_count=len(entries),
+                    record_count=metadata.record_count,
+                )
+                attempt = 1
+            else:
+                repeated = _answer_if_repeated(row, request)
+                if repeated is not None:
+                    return repeated
+                if row.status != EpochStatus.ABORTED:
+                    raise _conflicting_precommit(request)
+                if request.epoch <= sink.checkpointed_epoch:
+                    raise EpochAborted(
+                        f"sink {request.sink} epoch {request.epoch} was aborted ({row.reason}) after its "
+                        "checkpoint; it cannot be pre-committed again"
+                    )
+                await self._delete_files_of_aborted(row, sink.table_identifier, keep=metadata.paths)
+                row.status = EpochStatus.PENDING
+                row.attempt += 1
+                row.metadata_ = precommit_metadata.encode(metadata)
+                row.file_count = len(entries)
+                row.record_count = metadata.record_count
+                row.snapshot_id = None
+                row.reason = None
+                row.files_cleaned = False
+                attempt = row.attempt
+        failpoints.hit(Failpoint.PRECOMMIT_AFTER_PERSIST)
+        return PreCommitResult(PreCommitOutcome.PERSISTED, attempt=attempt, record_count=metadata.record_count)
+
+    async def _delete_files_of_aborted(self, row: PendingSinkState, table: str, keep: frozenset[str]) -> None:
+        """Before a new attempt overwrites an aborted epoch, remove the files of the attempt it replaces."""
+        if row.files_cleaned:
+            return
+        old = precommit_metadata.decode(row.metadata_).paths - keep
+        stale = await self._catalog_call(self.tables.unreferenced, table, old)
+        await self._catalog_call(self.tables.delete_files, table, stale)
+
+    async def commit_checkpoint(self, sink: str, epoch: int, writer_term: int, wait: bool) -> CheckpointResult:
+        _check_sink_name(sink)
+        if epoch < 0:
+            raise InvalidArgument(f"epoch {epoch} is negative: Spark batch ids start at 0")
+        async with self.database.transaction() as session:
+            row = await _existing_sink(session, sink, lock="update")
+            _check_term(row, writer_term)
+            if epoch > row.checkpointed_epoch:
+                between = await repository.epochs_between(session, row.id, row.checkpointed_epoch, epoch)
+                _check_checkpoint_range(sink, between, row.checkpointed_epoch, epoch)
+                row.checkpointed_epoch = epoch
+            sink_id = row.id
+            result = CheckpointResult(committed_epoch=row.committed_epoch, checkpointed_epoch=row.checkpointed_epoch)
+        failpoints.hit(Failpoint.CHECKPOINT_AFTER_RECORD)
+        log.info("checkpoint recorded", sink=sink, epoch=epoch, writer_term=writer_term)
+        self.committer.wake(sink_id)
+        if wait and result.committed_epoch < epoch:
+            committed = await self.committer.wait_committed(sink_id, epoch)
+            return CheckpointResult(committed_epoch=committed, checkpointed_epoch=result.checkpointed_epoch)
+        return result
+
+    async def sink_state(self, sink: str) -> SinkView:
+        _check_sink_name(sink)
+        async with self.database.transaction() as session:
+            row = await _existing_sink(session, sink)
+            epochs = await repository.epochs_not_committed(session, row.id)
+            return SinkView(
+                name=row.name,
+                table=row.table_identifier,
+                catalog=row.catalog,
+                checkpointed_epoch=row.checkpointed_epoch,
+                committed_epoch=row.committed_epoch,
+                writer_term=row.writer_term,
+                writer_count=row.writer_count,
+                epochs=tuple(EpochView.of(epoch) for epoch in epochs),
+            )
+
+    async def _catalog_call(self, function: Callable[..., T], *args: object) -> T:
+        return await call_catalog(asyncio.to_thread(function, *args))
+
+
+async def call_catalog(call: Awaitable[T]) -> T:
+    """Await a catalog operation; outages and commit conflicts become Unavailable (retryable)."""
+    try:
+        return await call
+    except CoordinatorError:
+        raise
+    except (CommitFailedException, ServerError, SQLAlchemyError, OSError) as error:
+        raise Unavailable(f"the Iceberg catalog or its storage failed: {error}") from error
+
+
+async def _existing_sink(session: repository.AsyncSession, name: str, lock: str | None = None) -> Sink:
+    sink = await repository.sink_by_name(session, name, lock=lock)
+    if sink is None:
+        raise NotFound(f"sink {name} is not registered: call RegisterWriter first")
+    return sink
+
+
+def _check_sink_name(name: str) -> None:
+    if not SINK_NAME.match(name):
+        raise InvalidArgument(
+            f"sink name {name!r} is invalid: use 1 to 200 letters, digits, '_', '.', '-', "
+            "starting with a letter or digit"
+        )
+
+
+def _check_same_table(sink: Sink, table: str) -> None:
+    if sink.table_identifier != table:
+        raise FailedPrecondition(
+            f"sink {sink.name} writes table {sink.table_identifier}, not {table}: "
+            "use another sink name for another table"
+        )
+
+
+def _check_term(sink: Sink, writer_term: int) -> None:
+    if writer_term < sink.writer_term:
+        raise Fenced(
+            f"sink {sink.name}: writer term {writer_term} is fenced by term {sink.writer_term}; "
+            "a newer writer registered. Stop this writer"
+        )
+    if writer_term > sink.writer_term:
+        raise FailedPrecondition(
+            f"sink {sink.name}: writer term {writer_term} was never issued (current {sink.writer_term}): "
+            "call RegisterWriter and use the term it returns"
+        )
+
+
+def _check_precommit_request(request: PreCommitRequest) -> None:
+    _check_sink_name(request.sink)
+    if request.epoch < 0:
+        raise InvalidArgument(f"epoch {request.epoch} is negative: Spark batch ids start at 0")
+    if request.writer_term < 1:
+        raise InvalidArgument(f"writer_term {request.writer_term} is not a term RegisterWriter returns (>= 1)")
+    if request.writer_id < 0:
+        raise InvalidArgument(f"writer_id {request.writer_id} is negative")
+    if len(request.paths) > MAX_FILES_PER_PRECOMMIT:
+        raise InvalidArgument(
+            f"{len(request.paths)} data files in one pre-commit exceed {MAX_FILES_PER_PRECOMMIT}: write larger files"
+        )
+    if sum(len(k) + len(v) for k, v in request.properties.items()) > MAX_PROPERTIES_BYTES:
+        raise InvalidArgument(f"pre-commit properties exceed {MAX_PROPERTIES_BYTES} bytes")
+
+
+def _answer_if_repeated(row: PendingSinkState, request: PreCommitRequest) -> PreCommitResult | None:
+    """The answer to a pre-commit that repeats a persisted one, or None if it is not a repeat."""
+    if row.status == EpochStatus.COMMITTED:
+        return PreCommitResult(PreCommitOutcome.ALREADY_COMMITTED, attempt=row.attempt, record_count=0)
+    if row.status == EpochStatus.ABORTED:
+        return None
+    recorded = precommit_metadata.decode(row.metadata_)
+    if recorded.paths_of_writer(request.writer_id) == frozenset(request.paths):
+        return PreCommitResult(PreCommitOutcome.PERSISTED, attempt=row.attempt, record_count=row.record_count)
+    raise _conflicting_precommit(request)
+
+
+def _conflicting_precommit(request: PreCommitRequest) -> FailedPrecondition:
+    return FailedPrecondition(
+        f"sink {request.sink} epoch {request.epoch} is already pre-committed with other data files by "
+        f"writer {request.writer_id} in term {request.writer_term}; an epoch's files cannot change within a term"
+    )
+
+
+def _check_checkpoint_range(
+    sink: str, rows: Sequence[PendingSinkState], recorded: int, checkpoint: int
+) -> None:
+    """Every epoch a new checkpoint covers must be pre-committed and not aborted."""
+    aborted = [row for row in rows if row.status == EpochStatus.ABORTED]
+    if aborted:
+        first = aborted[0]
+        raise EpochAborted(
+            f"sink {sink}: the checkpoint of epoch {checkpoint} covers epoch {first.epoch}, which was aborted "
+            f"({first.reason}); its records will not reach the table. Nothing was changed"
+        )
+    present = {row.epoch for row in rows}
+    missing = [epoch for epoch in range(recorded + 1, checkpoint + 1) if epoch not in present]
+    if missing:
+        shown = ", ".join(str(epoch) for epoch in missing[:10]) + (" ..." if len(missing) > 10 else "")
+        raise FailedPrecondition(
+            f"sink {sink}: the checkpoint of epoch {checkpoint} covers epochs that were never pre-committed "
+            f"({shown}); every epoch, even an empty one, must be pre-committed before Spark checkpoints it"
+        )

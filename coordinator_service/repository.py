@@ -1,0 +1,227 @@
+"""Every SQL statement the coordinator runs on the metastore, and nothing else."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import and_, delete, func, select, text, update
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+from coordinator_service.models import EpochStatus, PendingSinkState, Sink
+
+# First key of the two-int advisory locks the committer takes per sink ("SC").
+_COMMIT_LOCK_CLASS = 0x5343
+
+
+async def sink_by_name(session: AsyncSession, name: str, *, lock: str | None = None) -> Sink | None:
+    """The sink row; lock 'update' or 'share' takes the row lock for the rest of the transaction."""
+    statement = select(Sink).where(Sink.name == name)
+    if lock == "update":
+        statement = statement.with_for_update()
+    elif lock == "share":
+        statement = statement.with_for_update(read=True)
+    return (await session.execute(statement)).scalar_one_or_none()
+
+
+async def sink_by_id(session: AsyncSession, sink_id: int) -> Sink | None:
+    return await session.get(Sink, sink_id, populate_existing=True)
+
+
+async def all_sinks(session: AsyncSession) -> Sequence[Sink]:
+    return (await session.execute(select(Sink).order_by(Sink.name))).scalars().all()
+
+
+async def insert_sink_if_absent(
+    session: AsyncSession, name: str, table: str, catalog: str, checkpointed_epoch: int
+) -> None:
+    await session.execute(
+        insert(Sink)
+        .values(
+            name=name,
+            table_identifier=table,
+            catalog=catalog,
+            checkpointed_epoch=checkpointed_epoch,
+            committed_epoch=checkpointed_epoch,
+        )
+        .on_conflict_do_nothing(index_elements=[Sink.name])
+    )
+
+
+async def epoch_row(
+    session: AsyncSession, sink_id: int, epoch: int, *, for_update: bool = False
+) -> PendingSinkState | None:
+    statement = select(PendingSinkState).where(
+        PendingSinkState.sink_id == sink_id, PendingSinkState.epoch == epoch
+    )
+    if for_update:
+        statement = statement.with_for_update()
+    return (await session.execute(statement)).scalar_one_or_none()
+
+
+async def epochs_between(session: AsyncSession, sink_id: int, above: int, at_or_below: int) -> Sequence[PendingSinkState]:
+    """Rows with above < epoch <= at_or_below, in epoch order."""
+    statement = (
+        select(PendingSinkState)
+        .where(
+            PendingSinkState.sink_id == sink_id,
+            PendingSinkState.epoch > above,
+            PendingSinkState.epoch <= at_or_below,
+        )
+        .order_by(PendingSinkState.epoch)
+    )
+    return (await session.execute(statement)).scalars().all()
+
+
+async def pending_epochs_at_or_below(
+    session: AsyncSession, sink_id: int, epoch: int, limit: int
+) -> Sequence[PendingSinkState]:
+    statement = (
+        select(PendingSinkState)
+        .where(
+            PendingSinkState.sink_id == sink_id,
+            PendingSinkState.status == EpochStatus.PENDING,
+            PendingSinkState.epoch <= epoch,
+        )
+        .order_by(PendingSinkState.epoch)
+        .limit(limit)
+    )
+    return (await session.execute(statement)).scalars().all()
+
+
+async def epochs_not_committed(session: AsyncSession, sink_id: int) -> Sequence[PendingSinkState]:
+    statement = (
+        select(PendingSinkState)
+        .where(PendingSinkState.sink_id == sink_id, PendingSinkState.status != EpochStatus.COMMITTED)
+        .order_by(PendingSinkState.epoch)
+    )
+    return (await session.execute(statement)).scalars().all()
+
+
+async def insert_pending_epoch(
+    session: AsyncSession,
+    sink_id: int,
+    epoch: int,
+    metadata: bytes,
+    file_count: int,
+    record_count: int,
+) -> None:
+    session.add(
+        PendingSinkState(
+            sink_id=sink_id,
+            epoch=epoch,
+            status=EpochStatus.PENDING,
+            metadata_=metadata,
+            attempt=1,
+            file_count=file_count,
+            record_count=record_count,
+            files_cleaned=False,
+        )
+    )
+    await session.flush()
+
+
+async def abort_pending_above(session: AsyncSession, sink_id: int, epoch: int, reason: str) -> list[int]:
+    result = await session.execute(
+        update(PendingSinkState)
+        .where(
+            PendingSinkState.sink_id == sink_id,
+            PendingSinkState.status == EpochStatus.PENDING,
+            PendingSinkState.epoch > epoch,
+        )
+        .values(status=EpochStatus.ABORTED, reason=reason, files_cleaned=False, updated_at=func.now())
+        .returning(PendingSinkState.epoch)
+    )
+    return sorted(result.scalars().all())
+
+
+async def mark_committed(
+    session: AsyncSession, sink_id: int, epochs: Sequence[int], snapshot_id: int | None
+) -> None:
+    """Mark PENDING epochs COMMITTED and move the sink's committed_epoch up to the highest of them."""
+    await session.execute(
+        update(PendingSinkState)
+        .where(
+            PendingSinkState.sink_id == sink_id,
+            PendingSinkState.epoch.in_(epochs),
+            PendingSinkState.status == EpochStatus.PENDING,
+        )
+        .values(status=EpochStatus.COMMITTED, snapshot_id=snapshot_id, updated_at=func.now())
+    )
+    await session.execute(
+        update(Sink)
+        .where(Sink.id == sink_id, Sink.committed_epoch < max(epochs))
+        .values(committed_epoch=max(epochs))
+    )
+
+
+async def prune_committed(session: AsyncSession, sink_id: int, below_epoch: int) -> int:
+    """Delete COMMITTED rows, and ABORTED rows whose files are cleaned, below an epoch."""
+    result = await session.execute(
+        delete(PendingSinkState).where(
+            PendingSinkState.sink_id == sink_id,
+            PendingSinkState.epoch < below_epoch,
+            (PendingSinkState.status == EpochStatus.COMMITTED)
+            | and_(PendingSinkState.status == EpochStatus.ABORTED, PendingSinkState.files_cleaned.is_(True)),
+        )
+    )
+    return int(getattr(result, "rowcount", 0) or 0)
+
+
+async def sink_ids_with_commit_work(session: AsyncSession) -> list[int]:
+    """Sinks with a PENDING epoch at or below their recorded checkpoint."""
+    statement = (
+        select(Sink.id)
+        .where(
+            select(PendingSinkState.epoch)
+            .where(
+                PendingSinkState.sink_id == Sink.id,
+                PendingSinkState.status == EpochStatus.PENDING,
+                PendingSinkState.epoch <= Sink.checkpointed_epoch,
+            )
+            .exists()
+        )
+        .order_by(Sink.id)
+    )
+    return list((await session.execute(statement)).scalars().all())
+
+
+async def aborted_epochs_to_clean(session: AsyncSession, limit: int) -> Sequence[tuple[Sink, PendingSinkState]]:
+    statement = (
+        select(Sink, PendingSinkState)
+        .join(PendingSinkState, PendingSinkState.sink_id == Sink.id)
+        .where(PendingSinkState.status == EpochStatus.ABORTED, PendingSinkState.files_cleaned.is_(False))
+        .order_by(PendingSinkState.sink_id, PendingSinkState.epoch)
+        .limit(limit)
+    )
+    return [(row[0], row[1]) for row in (await session.execute(statement)).all()]
+
+
+async def mark_files_cleaned(session: AsyncSession, sink_id: int, epoch: int, attempt: int) -> None:
+    """Set files_cleaned, unless the epoch was re-attempted meanwhile."""
+    await session.execute(
+        update(PendingSinkState)
+        .where(
+            PendingSinkState.sink_id == sink_id,
+            PendingSinkState.epoch == epoch,
+            PendingSinkState.attempt == attempt,
+            PendingSinkState.status == EpochStatus.ABORTED,
+        )
+        .values(files_cleaned=True, updated_at=func.now())
+    )
+
+
+async def try_commit_lock(connection: AsyncConnection, sink_id: int) -> bool:
+    """Take the sink's session-level commit lock without waiting; held until released or disconnected."""
+    result = await connection.execute(
+        text("SELECT pg_try_advisory_lock(:class_id, :sink_id)"),
+        {"class_id": _COMMIT_LOCK_CLASS, "sink_id": sink_id},
+    )
+    return bool(result.scalar_one())
+
+
+async def release_commit_lock(connection: AsyncConnection, sink_id: int) -> None:
+    await connection.execute(
+        text("SELECT pg_advisory_unlock(:class_id, :sink_id)"),
+        {"class_id": _COMMIT_LOCK_CLASS, "sink_id": sink_id},
+    )

@@ -1,0 +1,93 @@
+"""Resolving the metastore and the catalog from the settings: the embedded defaults or the configured ones."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import structlog
+from pyiceberg.catalog import Catalog, load_catalog
+from sqlalchemy.engine import URL
+
+from coordinator_service import schema
+from coordinator_service.committer import Committer
+from coordinator_service.database import Database, create_sync_engine, normalize_url
+from coordinator_service.embedded import start_embedded_postgres
+from coordinator_service.iceberg import IcebergTables
+from coordinator_service.protocol import Coordinator
+from coordinator_service.settings import Settings
+
+log = structlog.get_logger(__name__)
+
+
+def metastore_url(settings: Settings) -> tuple[URL, bool]:
+    """The metastore URL, and whether it is the embedded server (started here if needed)."""
+    if settings.database_url is not None:
+        return normalize_url(settings.database_url.get_secret_value()), False
+    return normalize_url(start_embedded_postgres(settings.postgres_dir)), True
+
+
+def migrate(url: URL) -> str:
+    engine = create_sync_engine(url)
+    try:
+        with engine.begin() as connection:
+            schema.upgrade_to_head(connection)
+            revision = schema.current_revision(connection)
+    finally:
+        engine.dispose()
+    return revision or ""
+
+
+def require_migrated(url: URL) -> None:
+    engine = create_sync_engine(url)
+    try:
+        with engine.connect() as connection:
+            schema.require_current_schema(connection)
+    finally:
+        engine.dispose()
+
+
+def catalog_properties(settings: Settings, url: URL) -> dict[str, str]:
+    """The configured pyiceberg catalog properties, or a SQL catalog in the metastore database."""
+    if settings.catalog:
+        return dict(settings.catalog)
+    warehouse = settings.warehouse_dir.expanduser().resolve()
+    warehouse.mkdir(parents=True, exist_ok=True)
+    return {
+        "type": "sql",
+        "uri": url.render_as_string(hide_password=False),
+        "warehouse": warehouse.as_uri(),
+    }
+
+
+def open_catalog(settings: Settings, url: URL) -> Catalog:
+    return load_catalog(settings.catalog_name, **catalog_properties(settings, url))
+
+
+@dataclass
+class Runtime:
+    """The wired coordinator: metastore, catalog, committer and protocol."""
+
+    settings: Settings
+    database: Database
+    tables: IcebergTables
+    committer: Committer
+    coordinator: Coordinator
+
+    @classmethod
+    async def open(cls, settings: Settings) -> Runtime:
+        url, embedded = await asyncio.to_thread(metastore_url, settings)
+        if embedded:
+            revision = await asyncio.to_thread(migrate, url)
+            log.info("embedded metastore migrated", revision=revision, data_dir=str(settings.data_dir))
+        else:
+            await asyncio.to_thread(require_migrated, url)
+        catalog = await asyncio.to_thread(open_catalog, settings, url)
+        database = Database(url)
+        tables = IcebergTables(catalog)
+        committer = Committer(database, tables, settings)
+        return cls(settings, database, tables, committer, Coordinator(database, tables, committer))
+
+    async def close(self) -> None:
+        await self.committer.stop()
+        await self.database.dispose()

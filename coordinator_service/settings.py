@@ -1,0 +1,104 @@
+"""Every knob of the coordinator, read from SINK_COORDINATOR_* variables and the matching flags."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Self
+
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "SINK_COORDINATOR_"
+
+
+class LogFormat(StrEnum):
+    JSON = "json"
+    CONSOLE = "console"
+
+
+class Settings(BaseSettings):
+    """The coordinator's configuration.
+
+    Values come from (highest first) command-line flags, environment variables
+    with the prefix SINK_COORDINATOR_, and the defaults below. Every secret can
+    also be read from a file named by the matching *_FILE setting.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="forbid",
+        validate_default=True,
+    )
+
+    database_url: SecretStr | None = Field(
+        default=None,
+        description="SQLAlchemy URL of the PostgreSQL metastore (postgresql+psycopg://user:pass@host/db). "
+        "Unset: start the embedded PostgreSQL in DATA_DIR.",
+    )
+    database_url_file: Path | None = Field(default=None, description="File holding DATABASE_URL.")
+    data_dir: Path = Field(
+        default=Path(".sink-coordinator"),
+        description="Directory of the embedded PostgreSQL and the default local warehouse.",
+    )
+    grpc_port: int = Field(default=50051, ge=0, le=65535, description="Port of the gRPC writer API.")
+    http_port: int = Field(default=8080, ge=0, le=65535, description="Port of the REST admin API.")
+    bind_host: str = Field(default="127.0.0.1", description="Address both servers listen on.")
+    admin_token: SecretStr | None = Field(default=None, description="Bearer token of the admin API.")
+    admin_token_file: Path | None = Field(default=None, description="File holding ADMIN_TOKEN.")
+    writer_token: SecretStr | None = Field(
+        default=None, description="Token gRPC writers send in the 'authorization' metadata."
+    )
+    writer_token_file: Path | None = Field(default=None, description="File holding WRITER_TOKEN.")
+    catalog_name: str = Field(default="default", description="Name of the pyiceberg catalog.")
+    catalog: dict[str, str] = Field(
+        default_factory=dict,
+        description="pyiceberg catalog properties (CATALOG__<key>=value, or --catalog key=value). "
+        "Empty: a SQL catalog in the metastore database with a warehouse in DATA_DIR/warehouse.",
+    )
+    commit_max_epochs: int = Field(
+        default=100, ge=1, description="Most checkpointed epochs coalesced into one Iceberg snapshot (1: none)."
+    )
+    commit_interval_seconds: float = Field(
+        default=0.0, ge=0.0, description="Least time between two Iceberg commits of one sink."
+    )
+    retention_epochs: int = Field(
+        default=1000, ge=0, description="COMMITTED epochs kept in the log per sink; older rows are pruned."
+    )
+    poll_interval_seconds: float = Field(
+        default=2.0, gt=0.0, description="How often the committer looks for work recorded by other replicas."
+    )
+    retry_initial_seconds: float = Field(default=0.2, gt=0.0, description="First backoff of a failed commit.")
+    retry_max_seconds: float = Field(default=30.0, gt=0.0, description="Longest backoff of a failed commit.")
+    log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR.")
+    log_format: LogFormat = Field(default=LogFormat.JSON, description="json or console.")
+    failpoints: str = Field(
+        default="",
+        description="Testing only: comma-separated failure-injection points, e.g. precommit.after_persist=kill.",
+    )
+
+    @model_validator(mode="after")
+    def _read_secret_files(self) -> Self:
+        for name in ("database_url", "admin_token", "writer_token"):
+            path: Path | None = getattr(self, f"{name}_file")
+            if path is None:
+                continue
+            if getattr(self, name) is not None:
+                raise ValueError(f"set {ENV_PREFIX}{name.upper()} or {ENV_PREFIX}{name.upper()}_FILE, not both")
+            try:
+                value = path.read_text().strip()
+            except OSError as error:
+                raise ValueError(f"cannot read {ENV_PREFIX}{name.upper()}_FILE {path}: {error}") from error
+            if not value:
+                raise ValueError(f"{ENV_PREFIX}{name.upper()}_FILE {path} is empty")
+            setattr(self, name, SecretStr(value))
+        return self
+
+    @property
+    def postgres_dir(self) -> Path:
+        return self.data_dir / "postgres"
+
+    @property
+    def warehouse_dir(self) -> Path:
+        return self.data_dir / "warehouse"

@@ -1,0 +1,1 @@
+"""Alembic migrations of the metastore; shipped as coordinator_service.migrations."""

@@ -1,0 +1,1 @@
+pytest_plugins = ["tests.fixtures.kafka_broker", "tests.fixtures.spark"]
