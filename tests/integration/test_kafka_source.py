@@ -1,0 +1,280 @@
+"""The Kafka Python data source against a real broker and a real local Spark.
+
+Every test compares the exact set of (partition, offset, key) that Spark read with
+what the producer acknowledged. Synchronisation is by Spark's own primitives
+(``awaitTermination`` of an availableNow query, ``processAllAvailable``), never by sleeping.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import DataStreamReader, StreamingQuery
+
+from spark_writer.kafka_source import (
+    SOURCE_NAME,
+    DataLossError,
+    OffsetRange,
+    parse_options,
+    read_range,
+)
+from tests.fixtures.kafka_broker import (
+    ADMIN_TIMEOUT_SECONDS,
+    ProducedRecord,
+    add_partitions,
+    delete_records_before,
+    produce_in_transaction,
+    produce_keyed,
+)
+
+pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+
+QUERY_TIMEOUT_SECONDS = 120
+TopicFactory = Callable[..., str]
+
+
+@dataclass
+class BatchCollector:
+    """foreachBatch sink keeping what every micro-batch attempt saw; can fail one batch once."""
+
+    fail_batch_once: int | None = None
+    batches: dict[int, list[ProducedRecord]] = field(default_factory=dict)
+    failed_attempt: list[ProducedRecord] = field(default_factory=list)
+
+    def __call__(self, frame: DataFrame, batch_id: int) -> None:
+        rows = [ProducedRecord(row.partition, row.offset, row.key) for row in frame.collect()]
+        if batch_id == self.fail_batch_once:
+            self.fail_batch_once = None
+            self.failed_attempt = rows
+            raise RuntimeError(f"injected failure in batch {batch_id}")
+        self.batches[batch_id] = rows
+
+    def records(self) -> list[ProducedRecord]:
+        return sorted(record for rows in self.batches.values() for record in rows)
+
+
+def kafka_stream(spark: SparkSession, bootstrap: str, topic: str, **options: str) -> DataStreamReader:
+    reader = spark.readStream.format(SOURCE_NAME).option("kafka.bootstrap.servers", bootstrap)
+    for key, value in {"subscribe": topic, "startingOffsets": "earliest", **options}.items():
+        reader = reader.option(key, value)
+    return reader
+
+
+def start(reader: DataStreamReader, sink: BatchCollector, checkpoint: Path, available_now: bool) -> StreamingQuery:
+    writer = reader.load().writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint))
+    return (writer.trigger(availableNow=True) if available_now else writer).start()
+
+
+def run_available_now(reader: DataStreamReader, sink: BatchCollector, checkpoint: Path) -> None:
+    query = start(reader, sink, checkpoint, available_now=True)
+    finished = query.awaitTermination(QUERY_TIMEOUT_SECONDS)
+    if not finished:
+        query.stop()
+        pytest.fail(f"availableNow query did not finish within {QUERY_TIMEOUT_SECONDS}s")
+
+
+def spread(partitions: int, count: int, prefix: str) -> list[tuple[int, bytes]]:
+    return [(index % partitions, f"{prefix}-{index}".encode()) for index in range(count)]
+
+
+def assert_exactly(read: list[ProducedRecord], expected: Iterable[ProducedRecord]) -> None:
+    expected_sorted = sorted(expected)
+    assert len(read) == len(set(read)), "duplicates were read"
+    assert read == expected_sorted
+
+
+def test_available_now_reads_every_record_once_in_capped_batches(
+    spark: SparkSession, kafka_bootstrap: str, kafka_topic: TopicFactory, tmp_path: Path
+) -> None:
+    topic = kafka_topic(partitions=3)
+    skewed = [(0, b"p0-%d" % i) for i in range(60)] + [(1, b"p1-%d" % i) for i in range(30)]
+    produced = produce_keyed(kafka_bootstrap, topic, [*skewed, *((2, b"p2-%d" % i) for i in range(10))])
+    sink = BatchCollector()
+
+    run_available_now(kafka_stream(spark, kafka_bootstrap, topic, maxOffsetsPerTrigger="25"), sink, tmp_path)
+
+    assert [len(rows) for _, rows in sorted(sink.batches.items())] == [25, 25, 25, 25]
+    first_batch = sink.batches[min(sink.batches)]
+    assert sorted({record.partition for record in first_batch}) == [0, 1, 2], "cap not shared across partitions"
+    assert_exactly(sink.records(), produced)
+
+
+def test_rows_carry_topic_value_timestamp_and_headers(
+    spark: SparkSession, kafka_bootstrap: str, kafka_topic: TopicFactory, tmp_path: Path
+) -> None:
+    topic = kafka_topic(partitions=1)
+    produce_keyed(kafka_bootstrap, topic, [(0, b"k")], value=b"payload")
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    producer.produce(topic, key=None, value=None, partition=0, headers=[("trace", b"abc"), ("empty", None)])
+    assert producer.flush(ADMIN_TIMEOUT_SECONDS) == 0
+    rows: list[Any] = []
+
+    def collect(frame: DataFrame, _batch_id: int) -> None:
+        rows.extend(frame.orderBy("offset").collect())
+
+    query = kafka_stream(spark, kafka_bootstrap, topic).load().writeStream.foreachBatch(collect)
+    query = query.option("checkpointLocation", str(tmp_path)).trigger(availableNow=True).start()
+    assert query.awaitTermination(QUERY_TIMEOUT_SECONDS)
+
+    plain, with_headers = rows
+    assert (plain.key, plain.value, plain.topic, plain.partition, plain.offset) == (b"k", b"payload", topic, 0, 0)
+    assert plain.timestamp is not None
+    assert plain.timestampType == 0
+    assert plain.headers is None
+    assert (with_headers.key, with_headers.value) == (None, None)
+    assert [(h.key, h.value) for h in with_headers.headers] == [("trace", b"abc"), ("empty", None)]
+
+
+def test_starting_offsets_json_with_explicit_earliest_and_latest(
+    spark: SparkSession, kafka_bootstrap: str, kafka_topic: TopicFactory, tmp_path: Path
+) -> None:
+    topic = kafka_topic(partitions=3)
+    produced = produce_keyed(kafka_bootstrap, topic, spread(3, 30, "j"))
+    starting = json.dumps({topic: {"0": 4, "1": -2, "2": -1}})
+    sink = BatchCollector()
+
+    run_available_now(kafka_stream(spark, kafka_bootstrap, topic, startingOffsets=starting), sink, tmp_path)
+
+    expected = [r for r in produced if (r.partition == 0 and r.offset >= 4) or r.partition == 1]
+    assert_exactly(sink.records(), expected)
+
+
+def test_starting_offsets_latest_reads_only_new_records(
+    spark: SparkSession, kafka_bootstrap: str, kafka_topic: TopicFactory, tmp_path: Path
+) -> None:
+    topic = kafka_topic(partitions=2)
+    produce_keyed(kafka_bootstrap, topic, spread(2, 10, "old"))
+    sink = BatchCollector()
+    query = start(
+        kafka_stream(spark, kafka_bootstrap, topic, startingOffsets="latest"), sink, tmp_path, available_now=False
+    )
+    try:
+        query.processAllAvailable()
+        assert sink.records() == []
+        new = produce_keyed(kafka_bootstrap, topic, spread(2, 6, "new"))
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert_exactly(sink.records(), new)
+
+
+def test_partition_added_mid_stream_is_read_from_its_start(
+    spark: SparkSession, kafka_bootstrap: str, kafka_topic: TopicFactory, tmp_path: Path
+) -> None:
+    topic = kafka_topic(partitions=1)
+    produced = produce_keyed(kafka_bootstrap, topic, spread(1, 5, "before"))
+    sink = BatchCollector()
+    query = start(kafka_stream(spark, kafka_bootstrap, topic), sink, tmp_path, available_now=False)
+    try:
+        query.processAllAvailable()
+        assert_exactly(sink.records(), produced)
+        add_partitions(kafka_bootstrap, topic, total=3)
+        produced += produce_keyed(kafka_bootstrap, topic, spread(3, 12, "after"))
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    assert {r.partition for r in produced} == {0, 1, 2}
+    assert_exactly(sink.records(), produced)
+
+
+def test_restart_from_checkpoint_replays_failed_batch_and_continues(
+    spark: SparkSession, kafka_bootstrap: str, kafka_topic: TopicFactory, tmp_path: Path
+) -> None:
+    topic = kafka_topic(partitions=2)
+    produced = produce_keyed(kafka_bootstrap, topic, spread(2, 40, "first"))
+    reader = kafka_stream(spark, kafka_bootstrap, topic, maxOffsetsPerTrigger="10")
+    crashing = BatchCollector(fail_batch_once=2)
+
+    with pytest.raises(StreamingQueryException, match="injected failure in batch 2"):
+        run_available_now(reader, crashing, tmp_path)
+    assert sorted(crashing.batches) == [0, 1]
+
+    produced += produce_keyed(kafka_bootstrap, topic, spread(2, 30, "second"))
+    resumed = BatchCollector()
+    run_available_now(reader, resumed, tmp_path)
+
+    assert min(resumed.batches) == 2, "the failed batch must be re-run under the same id"
+    assert sorted(resumed.batches[2]) == sorted(crashing.failed_attempt), "replay must read the same records"
+    everything = sorted(crashing.records() + resumed.records())
+    assert_exactly(everything, produced)
+
+
+def test_fail_on_data_loss_fails_then_skips_deleted_records(
+    spark: SparkSession, kafka_bootstrap: str, kafka_topic: TopicFactory, tmp_path: Path
+) -> None:
+    topic = kafka_topic(partitions=1)
+    first = produce_keyed(kafka_bootstrap, topic, spread(1, 10, "kept"))
+    sink = BatchCollector()
+    run_available_now(kafka_stream(spark, kafka_bootstrap, topic), sink, tmp_path)
+    assert_exactly(sink.records(), first)
+
+    unread = produce_keyed(kafka_bootstrap, topic, spread(1, 10, "unread"))
+    delete_records_before(kafka_bootstrap, topic, partition=0, offset=15)
+
+    with pytest.raises(StreamingQueryException) as failure:
+        run_available_now(kafka_stream(spark, kafka_bootstrap, topic), BatchCollector(), tmp_path)
+    message = str(failure.value)
+    for expected in (repr(topic), "partition 0", "[10, 20)", "earliest available offset is 15", "failOnDataLoss"):
+        assert expected in message
+
+    skipping = BatchCollector()
+    run_available_now(kafka_stream(spark, kafka_bootstrap, topic, failOnDataLoss="false"), skipping, tmp_path)
+    assert_exactly(skipping.records(), [r for r in unread if r.offset >= 15])
+
+
+def test_records_deleted_after_planning_are_detected_while_reading(
+    kafka_bootstrap: str, kafka_topic: TopicFactory
+) -> None:
+    topic = kafka_topic(partitions=1)
+    produced = produce_keyed(kafka_bootstrap, topic, spread(1, 10, "r"))
+    delete_records_before(kafka_bootstrap, topic, partition=0, offset=6)
+    planned_before_deletion = OffsetRange(topic, 0, 2, 10)
+    options = {"kafka.bootstrap.servers": kafka_bootstrap, "subscribe": topic, "kafkaConsumer.pollTimeoutMs": "20000"}
+
+    with pytest.raises(DataLossError, match="earliest available offset is 6"):
+        list(read_range(planned_before_deletion, parse_options(options)))
+
+    batches = list(read_range(planned_before_deletion, parse_options({**options, "failOnDataLoss": "false"})))
+    read = [
+        ProducedRecord(0, offset, key)
+        for b in batches
+        for offset, key in zip(b["offset"].to_pylist(), b["key"].to_pylist(), strict=True)
+    ]
+    assert_exactly(read, [r for r in produced if r.offset >= 6])
+
+
+def test_aborted_and_open_transactions_are_not_read(
+    spark: SparkSession, kafka_bootstrap: str, kafka_topic: TopicFactory, tmp_path: Path
+) -> None:
+    topic = kafka_topic(partitions=2)
+    committed = produce_in_transaction(kafka_bootstrap, topic, spread(2, 6, "commit-1"), commit=True)
+    aborted = produce_in_transaction(kafka_bootstrap, topic, spread(2, 6, "abort"), commit=False)
+    committed += produce_in_transaction(kafka_bootstrap, topic, spread(2, 6, "commit-2"), commit=True)
+    committed += produce_keyed(kafka_bootstrap, topic, spread(2, 4, "plain"))
+    open_transaction = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": f"open-{topic}"})
+    open_transaction.init_transactions(ADMIN_TIMEOUT_SECONDS)
+    open_transaction.begin_transaction()
+    for partition, key in spread(2, 4, "pending"):
+        open_transaction.produce(topic, key=key, value=b"tx", partition=partition)
+    assert open_transaction.flush(ADMIN_TIMEOUT_SECONDS) == 0
+    reader = kafka_stream(spark, kafka_bootstrap, topic, maxOffsetsPerTrigger="7")
+    sink = BatchCollector()
+
+    run_available_now(reader, sink, tmp_path)
+
+    assert len(aborted) == 6
+    assert not {r.key for r in aborted} & {r.key for r in sink.records()}
+    assert_exactly(sink.records(), committed)
+
+    open_transaction.commit_transaction(ADMIN_TIMEOUT_SECONDS)
+    after_commit = BatchCollector()
+    run_available_now(reader, after_commit, tmp_path)
+    assert sorted(r.key for r in after_commit.records()) == sorted(key for _, key in spread(2, 4, "pending"))

@@ -1,0 +1,248 @@
+"""Offset planning of the Kafka source: pure functions, no broker, no JVM."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+from spark_writer.kafka_source import (
+    KAFKA_ARROW_SCHEMA,
+    KAFKA_SCHEMA,
+    DataLossError,
+    KafkaStreamReader,
+    OffsetRange,
+    PartitionKey,
+    apply_data_loss_policy,
+    cap_to_target,
+    consumer_config,
+    find_lost_partitions,
+    max_rows_of,
+    offsets_from_json,
+    offsets_to_json,
+    parse_options,
+    parse_starting_offsets,
+    plan_end_offsets,
+    plan_ranges,
+    resolve_starting_offsets,
+    spread_max_rows,
+)
+
+A0, A1, A2 = PartitionKey("a", 0), PartitionKey("a", 1), PartitionKey("a", 2)
+B0 = PartitionKey("b", 0)
+BOOTSTRAP = {"kafka.bootstrap.servers": "localhost:9092", "subscribe": "a"}
+
+
+# ------------------------------------------------------------------ startingOffsets
+
+
+@pytest.mark.parametrize(("text", "expected"), [("earliest", "earliest"), (" LATEST ", "latest")])
+def test_parse_starting_offsets_keywords(text: str, expected: str) -> None:
+    assert parse_starting_offsets(text) == expected
+
+
+def test_parse_starting_offsets_json() -> None:
+    assert parse_starting_offsets('{"a": {"0": 23, "1": -2, "2": -1}}') == {"a": {0: 23, 1: -2, 2: -1}}
+
+
+@pytest.mark.parametrize(
+    "text", ["soonest", '{"a": [1]}', '{"a": {"0": -3}}', '{"a": {"0": "5"}}', '{"a": {"0": true}}', "[1]"]
+)
+def test_parse_starting_offsets_rejects_invalid(text: str) -> None:
+    with pytest.raises(ValueError, match="startingOffsets"):
+        parse_starting_offsets(text)
+
+
+EARLIEST = {A0: 5, A1: 0, A2: 7}
+LATEST = {A0: 50, A1: 10, A2: 70}
+
+
+def test_resolve_earliest_and_latest() -> None:
+    assert resolve_starting_offsets("earliest", EARLIEST, LATEST) == EARLIEST
+    assert resolve_starting_offsets("latest", EARLIEST, LATEST) == LATEST
+
+
+def test_resolve_json_with_special_offsets() -> None:
+    spec = {"a": {0: 23, 1: -2, 2: -1}}
+    assert resolve_starting_offsets(spec, EARLIEST, LATEST) == {A0: 23, A1: 0, A2: 70}
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [({"a": {0: 1, 1: 1}}, r"missing partitions: \['a-2'\]"), ({"a": {0: 1, 1: 1, 2: 1, 3: 1}}, "a-3")],
+)
+def test_resolve_json_must_name_exactly_the_partitions(spec: dict[str, dict[int, int]], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        resolve_starting_offsets(spec, EARLIEST, LATEST)
+
+
+# ------------------------------------------------------------------ maxOffsetsPerTrigger
+
+
+def test_spread_even_when_all_partitions_have_enough() -> None:
+    assert spread_max_rows({A0: 100, A1: 100, A2: 100}, 30) == {A0: 10, A1: 10, A2: 10}
+
+
+def test_spread_gives_what_small_partitions_leave_to_the_big_ones() -> None:
+    assert spread_max_rows({A0: 2, A1: 100, A2: 50}, 60) == {A0: 2, A1: 29, A2: 29}
+
+
+def test_spread_never_exceeds_available_nor_cap() -> None:
+    available = {A0: 3, A1: 0, A2: 4}
+    assert spread_max_rows(available, 100) == available
+    granted = spread_max_rows({A0: 7, A1: 9, A2: 11, B0: 1}, 13)
+    assert sum(granted.values()) == 13
+    assert granted[B0] == 1
+
+
+def test_spread_remainder_goes_to_the_largest_backlog() -> None:
+    assert spread_max_rows({A0: 10, A1: 30, A2: 20}, 2) == {A0: 0, A1: 1, A2: 1}
+    assert spread_max_rows({A0: 10, A1: 30, A2: 20}, 1) == {A0: 0, A1: 1, A2: 0}
+
+
+def test_max_rows_of_read_limits() -> None:
+    assert max_rows_of(ReadMaxRows(7)) == 7
+    assert max_rows_of(ReadAllAvailable()) is None
+
+
+def test_default_read_limit_follows_max_offsets_per_trigger() -> None:
+    capped = KafkaStreamReader(parse_options({**BOOTSTRAP, "maxOffsetsPerTrigger": "25"}))
+    assert capped.getDefaultReadLimit() == ReadMaxRows(25)
+    assert isinstance(KafkaStreamReader(parse_options(BOOTSTRAP)).getDefaultReadLimit(), ReadAllAvailable)
+
+
+# ------------------------------------------------------------------ end offsets and ranges
+
+
+def test_plan_end_reads_everything_without_cap() -> None:
+    assert plan_end_offsets({A0: 5, A1: 3}, {A0: 0, A1: 0}, {A0: 9, A1: 3}, None) == {A0: 9, A1: 3}
+
+
+def test_plan_end_respects_cap() -> None:
+    end = plan_end_offsets({A0: 0, A1: 0}, {A0: 0, A1: 0}, {A0: 100, A1: 4}, 10)
+    assert end == {A0: 6, A1: 4}
+
+
+def test_plan_end_new_partition_starts_at_zero() -> None:
+    assert plan_end_offsets({A0: 5}, {A0: 0, A1: 0}, {A0: 5, A1: 8}, None) == {A0: 5, A1: 8}
+    assert plan_ranges({A0: 5}, {A0: 5, A1: 8}) == [OffsetRange("a", 1, 0, 8)]
+
+
+def test_plan_end_after_deleted_records_counts_from_earliest() -> None:
+    # 10 records below offset 20 were deleted: the cap applies to what still exists.
+    end = plan_end_offsets({A0: 10}, {A0: 20}, {A0: 100}, 5)
+    assert end == {A0: 25}
+    assert plan_ranges({A0: 10}, end) == [OffsetRange("a", 0, 10, 25)]
+
+
+def test_plan_end_keeps_vanished_partitions_and_follows_regressed_ones() -> None:
+    assert plan_end_offsets({A0: 5, A1: 9}, {A1: 0}, {A1: 2}, None) == {A0: 5, A1: 2}
+    assert find_lost_partitions({A0: 5, A1: 9}, {A1: 2}) == [
+        "partition a-0 no longer exists (topic deleted?)",
+        "partition a-1: latest offset 2 is below the start offset 9 (topic re-created or records truncated)",
+    ]
+    assert find_lost_partitions({A0: 5}, {A0: 5, A1: 0}) == []
+
+
+def test_plan_ranges_skips_empty_and_backwards_ranges() -> None:
+    ranges = plan_ranges({A0: 5, A1: 9, A2: 0}, {A0: 5, A1: 2, A2: 3, B0: 0})
+    assert ranges == [OffsetRange("a", 2, 0, 3)]
+
+
+def test_cap_to_target_leaves_out_partitions_born_after_it() -> None:
+    assert cap_to_target({A0: 50, A1: 7, A2: 3}, {A0: 40, A1: 9}) == {A0: 40, A1: 7}
+
+
+# ------------------------------------------------------------------ failOnDataLoss
+
+
+def test_data_loss_policy_passes_intact_ranges() -> None:
+    intact = OffsetRange("a", 0, 20, 30)
+    assert apply_data_loss_policy(intact, 20, fail_on_data_loss=True) is intact
+
+
+def test_data_loss_policy_fails_with_a_clear_message() -> None:
+    with pytest.raises(DataLossError) as raised:
+        apply_data_loss_policy(OffsetRange("orders", 3, 10, 30), 15, fail_on_data_loss=True)
+    message = str(raised.value)
+    assert "'orders' partition 3" in message
+    assert "[10, 30)" in message
+    assert "earliest available offset is 15" in message
+    assert "5 record(s)" in message
+    assert "failOnDataLoss=false" in message
+
+
+def test_data_loss_policy_skips_to_earliest_when_allowed() -> None:
+    assert apply_data_loss_policy(OffsetRange("a", 0, 10, 30), 15, False) == OffsetRange("a", 0, 15, 30)
+    assert apply_data_loss_policy(OffsetRange("a", 0, 10, 30), 30, False) is None
+    assert apply_data_loss_policy(OffsetRange("a", 0, 10, 30), 99, False) is None
+
+
+# ------------------------------------------------------------------ offsets JSON
+
+
+def test_offsets_json_round_trip_is_canonical() -> None:
+    offsets = {B0: 1, A2: 3, A0: 7, PartitionKey("a", 10): 4}
+    as_json = offsets_to_json(offsets)
+    assert json.dumps(as_json) == '{"a": {"0": 7, "2": 3, "10": 4}, "b": {"0": 1}}'
+    assert offsets_from_json(json.loads(json.dumps(as_json))) == offsets
+
+
+# ------------------------------------------------------------------ options
+
+
+def test_parse_options_defaults_and_passthrough() -> None:
+    options = parse_options(
+        {
+            "kafka.bootstrap.servers": "k:9092",
+            "kafka.security.protocol": "SASL_SSL",
+            "kafka.sasl.mechanism": "PLAIN",
+            "subscribe": "a, b,",
+            "maxOffsetsPerTrigger": "100",
+        }
+    )
+    assert options.topics == ("a", "b")
+    assert options.starting_offsets == "latest"
+    assert options.max_offsets_per_trigger == 100
+    assert options.fail_on_data_loss is True
+    assert options.kafka_config == {
+        "bootstrap.servers": "k:9092",
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "PLAIN",
+    }
+    config = consumer_config(options)
+    assert config["isolation.level"] == "read_committed"
+    assert config["security.protocol"] == "SASL_SSL"
+    assert config["enable.auto.commit"] is False
+
+
+def test_parse_options_names_are_case_insensitive() -> None:
+    options = parse_options({**BOOTSTRAP, "STARTINGOFFSETS": "earliest", "failondataloss": "FALSE"})
+    assert options.starting_offsets == "earliest"
+    assert options.fail_on_data_loss is False
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"subscribe": "a"}, "kafka.bootstrap.servers is required"),
+        ({"kafka.bootstrap.servers": "k:1"}, "subscribe is required"),
+        ({**BOOTSTRAP, "kafka.isolation.level": "read_uncommitted"}, "kafka.isolation.level cannot be set"),
+        ({**BOOTSTRAP, "kafka.enable.auto.commit": "true"}, "kafka.enable.auto.commit cannot be set"),
+        ({**BOOTSTRAP, "assign": '{"a": [0]}'}, "not supported.*assign"),
+        ({**BOOTSTRAP, "maxOffsetsPerTrigger": "0"}, "maxOffsetsPerTrigger must be a positive integer"),
+        ({**BOOTSTRAP, "failOnDataLoss": "maybe"}, "failOnDataLoss must be true or false"),
+    ],
+)
+def test_parse_options_rejects_invalid(options: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_options(options)
+
+
+# ------------------------------------------------------------------ rows
+
+
+def test_arrow_schema_is_what_spark_expects() -> None:
+    assert KAFKA_ARROW_SCHEMA.equals(to_arrow_schema(KAFKA_SCHEMA, timezone="UTC"))
