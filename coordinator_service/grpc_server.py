@@ -142,9 +142,9 @@ class WriterTokenInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any]:
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
         method = handler_call_details.method or ""
         if method.startswith(self._OPEN_PREFIXES):
             return await continuation(handler_call_details)
@@ -167,7 +167,7 @@ def _deny(message: str) -> grpc.RpcMethodHandler[Any, Any]:
 
 def build_server(
     coordinator: Coordinator, bind_address: str, writer_token: str | None
-) -> tuple[grpc.aio.Server, health.HealthServicer, int]:
+) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
     """The gRPC server with the coordinator, health and reflection services; returns the bound port."""
     interceptors = [WriterTokenInterceptor(writer_token)] if writer_token else []
     server = grpc.aio.server(interceptors=interceptors)

@@ -8,10 +8,12 @@ the protocol runs them in worker threads.
 
 from __future__ import annotations
 
+import contextlib
 import posixpath
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlparse
 
 import pyarrow as pa
@@ -76,7 +78,7 @@ def parse_table_identifier(identifier: str) -> tuple[str, ...]:
     return parts
 
 
-def parse_partition_field(text: str) -> tuple[str, Transform[object, object]]:
+def parse_partition_field(text: str) -> tuple[str, Transform[Any, Any]]:
     """'region', 'day(ts)', 'bucket(16, id)', 'truncate(4, name)' -> (source column, transform)."""
     match = _PARTITION_FIELD.match(text)
     if match is None:
@@ -91,7 +93,7 @@ def parse_partition_field(text: str) -> tuple[str, Transform[object, object]]:
     if needs_width != (width is not None):
         expected = f"{name}(N, {source})" if needs_width else f"{name}({source})"
         raise InvalidArgument(f"partition field {text!r}: write it as {expected}")
-    transform: Transform[object, object]
+    transform: Transform[Any, Any]
     if name == "bucket":
         transform = BucketTransform(int(str(width)))
     elif name == "truncate":
@@ -154,13 +156,11 @@ class IcebergTables:
         return str(table.location())
 
     def _create_table(
-        self, parts: tuple[str, ...], schema: pa.Schema, fields: list[tuple[str, Transform[object, object]]]
+        self, parts: tuple[str, ...], schema: pa.Schema, fields: list[tuple[str, Transform[Any, Any]]]
     ) -> Table:
         namespace = parts[:-1]
-        try:
+        with contextlib.suppress(NamespaceAlreadyExistsError):
             self.catalog.create_namespace(namespace)
-        except NamespaceAlreadyExistsError:
-            pass
         missing = [source for source, _ in fields if source not in schema.names]
         if missing:
             raise InvalidArgument(f"partition columns {missing} are not in the schema {schema.names}")
@@ -170,12 +170,8 @@ class IcebergTables:
                     with transaction.update_spec() as spec:
                         for source, transform in fields:
                             spec.add_field(source, transform)
-                transaction.set_properties(
-                    **{
-                        TableProperties.DEFAULT_NAME_MAPPING: transaction.table_metadata.schema()
-                        .name_mapping.model_dump_json()
-                    }
-                )
+                name_mapping = transaction.table_metadata.schema().name_mapping
+                transaction.set_properties({TableProperties.DEFAULT_NAME_MAPPING: name_mapping.model_dump_json()})
             log.info("created iceberg table", table=".".join(parts), partition_by=[str(f) for f in fields])
         except TableAlreadyExistsError:
             pass  # another registration created it first
@@ -250,8 +246,7 @@ class IcebergTables:
             partition = statistics.partition(spec, schema)
         except ValueError as error:
             raise InvalidArgument(
-                f"data file {path} cannot be placed in one partition of {spec}: {error}; "
-                "write one file per partition"
+                f"data file {path} cannot be placed in one partition of {spec}: {error}; write one file per partition"
             ) from error
         partition_type = spec.partition_type(schema)
         serialized = statistics.to_serialized_dict()
@@ -282,16 +277,14 @@ class IcebergTables:
             summary = snapshot.summary
             if summary is None or summary.get(MARKER_SINK) != sink:
                 continue
-            epoch = int(summary[MARKER_EPOCH])
+            epoch = int(str(summary.get(MARKER_EPOCH)))
             markers.append(Marker(epoch=epoch, snapshot_id=snapshot.snapshot_id))
             if epoch < down_to_epoch:
                 break
         markers.reverse()
         return markers
 
-    def append(
-        self, identifier: str, sink: str, epoch: int, commit_id: str, entries: Sequence[DataFileEntry]
-    ) -> int:
+    def append(self, identifier: str, sink: str, epoch: int, commit_id: str, entries: Sequence[DataFileEntry]) -> int:
         """Fast-append the entries as one snapshot carrying the sink's marker; return its id.
 
         pyiceberg's own retry of a conflicting commit would re-apply the append
@@ -306,14 +299,15 @@ class IcebergTables:
         transaction = table.transaction()
         if table.metadata.name_mapping() is None:
             transaction.set_properties(
-                **{TableProperties.DEFAULT_NAME_MAPPING: table.schema().name_mapping.model_dump_json()}
+                {TableProperties.DEFAULT_NAME_MAPPING: table.schema().name_mapping.model_dump_json()}
             )
         with transaction.update_snapshot(snapshot_properties=markers).fast_append() as append:
             for entry in entries:
                 append.append_data_file(_data_file(table.metadata, entry))
         committed = transaction.commit_transaction()
         snapshot = committed.current_snapshot()
-        assert snapshot is not None and snapshot.summary is not None
+        assert snapshot is not None
+        assert snapshot.summary is not None
         assert snapshot.summary.get(MARKER_COMMIT_ID) == commit_id
         return int(snapshot.snapshot_id)
 
@@ -331,10 +325,8 @@ class IcebergTables:
         table = self.load(identifier)
         deleted = 0
         for path in paths:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 table.io.delete(path)
-            except FileNotFoundError:
-                pass
             deleted += 1
         return deleted
 

@@ -62,9 +62,7 @@ class PendingSinkState(Base):
 
     __tablename__ = "pending_sink_state"
 
-    sink_id: Mapped[int] = mapped_column(
-        Integer, ForeignKey("sinks.id", ondelete="CASCADE"), primary_key=True
-    )
+    sink_id: Mapped[int] = mapped_column(Integer, ForeignKey("sinks.id", ondelete="CASCADE"), primary_key=True)
     epoch: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     status: Mapped[EpochStatus] = mapped_column(
         Enum(EpochStatus, name="epoch_status", native_enum=True, validate_strings=True)

@@ -78,9 +78,7 @@ def encode(metadata: PreCommitMetadata) -> bytes:
         "encoding": ENCODING,
         "version": VERSION,
         "properties": metadata.properties,
-        "tables": [
-            {"table": metadata.table, "data_files": [_entry_to_json(entry) for entry in metadata.data_files]}
-        ],
+        "tables": [{"table": metadata.table, "data_files": [_entry_to_json(entry) for entry in metadata.data_files]}],
     }
     return json.dumps(document, separators=(",", ":"), sort_keys=True).encode()
 

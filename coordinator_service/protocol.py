@@ -19,6 +19,7 @@ import pyarrow as pa
 import structlog
 from pyiceberg.exceptions import CommitFailedException, ServerError
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from coordinator_service import failpoints, precommit_metadata, repository
 from coordinator_service.committer import Committer
@@ -34,7 +35,12 @@ from coordinator_service.errors import (
     Unavailable,
 )
 from coordinator_service.failpoints import Failpoint
-from coordinator_service.iceberg import IcebergTables, canonical_uri, decode_arrow_schema, parse_table_identifier
+from coordinator_service.iceberg import (
+    IcebergTables,
+    canonical_uri,
+    decode_arrow_schema,
+    parse_table_identifier,
+)
 from coordinator_service.models import EpochStatus, PendingSinkState, Sink
 from coordinator_service.precommit_metadata import DataFileEntry, PreCommitMetadata
 
@@ -129,9 +135,7 @@ class _Gathering:
 
     writer_count: int
     parts: dict[int, tuple[list[DataFileEntry], dict[str, str]]] = field(default_factory=dict)
-    done: asyncio.Future[PreCommitResult] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
+    done: asyncio.Future[PreCommitResult] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
 class Coordinator:
@@ -167,9 +171,7 @@ class Coordinator:
         location = await self._catalog_call(self.tables.ensure_table, table, schema, tuple(partition_by))
 
         async with self.database.transaction() as session:
-            await repository.insert_sink_if_absent(
-                session, sink, table, self.tables.catalog_name, checkpointed_epoch
-            )
+            await repository.insert_sink_if_absent(session, sink, table, self.tables.catalog_name, checkpointed_epoch)
             row = await repository.sink_by_name(session, sink, lock="update")
             assert row is not None
             _check_same_table(row, table)
@@ -277,7 +279,11 @@ class Coordinator:
             raise
 
     async def _persist(
-        self, sink_id: int, request: PreCommitRequest, entries: list[DataFileEntry], properties: dict[str, str]
+        self,
+        sink_id: int,
+        request: PreCommitRequest,
+        entries: list[DataFileEntry],
+        properties: dict[str, str],
     ) -> PreCommitResult:
         async with self.database.transaction() as session:
             sink = await repository.sink_by_name(session, request.sink, lock="share")
@@ -286,9 +292,7 @@ class Coordinator:
             _check_term(sink, request.writer_term)
             if request.epoch <= sink.committed_epoch:
                 return PreCommitResult(PreCommitOutcome.ALREADY_COMMITTED, attempt=0, record_count=0)
-            metadata = PreCommitMetadata(
-                table=sink.table_identifier, data_files=tuple(entries), properties=properties
-            )
+            metadata = PreCommitMetadata(table=sink.table_identifier, data_files=tuple(entries), properties=properties)
             row = await repository.epoch_row(session, sink_id, request.epoch, for_update=True)
             if row is None:
                 await repository.insert_pending_epoch(
@@ -383,7 +387,7 @@ async def call_catalog(call: Awaitable[T]) -> T:
         raise Unavailable(f"the Iceberg catalog or its storage failed: {error}") from error
 
 
-async def _existing_sink(session: repository.AsyncSession, name: str, lock: str | None = None) -> Sink:
+async def _existing_sink(session: AsyncSession, name: str, lock: str | None = None) -> Sink:
     sink = await repository.sink_by_name(session, name, lock=lock)
     if sink is None:
         raise NotFound(f"sink {name} is not registered: call RegisterWriter first")
@@ -454,9 +458,7 @@ def _conflicting_precommit(request: PreCommitRequest) -> FailedPrecondition:
     )
 
 
-def _check_checkpoint_range(
-    sink: str, rows: Sequence[PendingSinkState], recorded: int, checkpoint: int
-) -> None:
+def _check_checkpoint_range(sink: str, rows: Sequence[PendingSinkState], recorded: int, checkpoint: int) -> None:
     """Every epoch a new checkpoint covers must be pre-committed and not aborted."""
     aborted = [row for row in rows if row.status == EpochStatus.ABORTED]
     if aborted:

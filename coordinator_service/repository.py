@@ -51,15 +51,15 @@ async def insert_sink_if_absent(
 async def epoch_row(
     session: AsyncSession, sink_id: int, epoch: int, *, for_update: bool = False
 ) -> PendingSinkState | None:
-    statement = select(PendingSinkState).where(
-        PendingSinkState.sink_id == sink_id, PendingSinkState.epoch == epoch
-    )
+    statement = select(PendingSinkState).where(PendingSinkState.sink_id == sink_id, PendingSinkState.epoch == epoch)
     if for_update:
         statement = statement.with_for_update()
     return (await session.execute(statement)).scalar_one_or_none()
 
 
-async def epochs_between(session: AsyncSession, sink_id: int, above: int, at_or_below: int) -> Sequence[PendingSinkState]:
+async def epochs_between(
+    session: AsyncSession, sink_id: int, above: int, at_or_below: int
+) -> Sequence[PendingSinkState]:
     """Rows with above < epoch <= at_or_below, in epoch order."""
     statement = (
         select(PendingSinkState)
@@ -135,9 +135,7 @@ async def abort_pending_above(session: AsyncSession, sink_id: int, epoch: int, r
     return sorted(result.scalars().all())
 
 
-async def mark_committed(
-    session: AsyncSession, sink_id: int, epochs: Sequence[int], snapshot_id: int | None
-) -> None:
+async def mark_committed(session: AsyncSession, sink_id: int, epochs: Sequence[int], snapshot_id: int | None) -> None:
     """Mark PENDING epochs COMMITTED and move the sink's committed_epoch up to the highest of them."""
     await session.execute(
         update(PendingSinkState)
@@ -149,9 +147,7 @@ async def mark_committed(
         .values(status=EpochStatus.COMMITTED, snapshot_id=snapshot_id, updated_at=func.now())
     )
     await session.execute(
-        update(Sink)
-        .where(Sink.id == sink_id, Sink.committed_epoch < max(epochs))
-        .values(committed_epoch=max(epochs))
+        update(Sink).where(Sink.id == sink_id, Sink.committed_epoch < max(epochs)).values(committed_epoch=max(epochs))
     )
 
 

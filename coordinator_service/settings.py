@@ -58,7 +58,9 @@ class Settings(BaseSettings):
         "Empty: a SQL catalog in the metastore database with a warehouse in DATA_DIR/warehouse.",
     )
     commit_max_epochs: int = Field(
-        default=100, ge=1, description="Most checkpointed epochs coalesced into one Iceberg snapshot (1: none)."
+        default=100,
+        ge=1,
+        description="Most checkpointed epochs coalesced into one Iceberg snapshot (1: none).",
     )
     commit_interval_seconds: float = Field(
         default=0.0, ge=0.0, description="Least time between two Iceberg commits of one sink."

@@ -1,1 +1,6 @@
-pytest_plugins = ["tests.fixtures.kafka_broker", "tests.fixtures.spark"]
+pytest_plugins = [
+    "tests.fixtures.postgres",
+    "tests.fixtures.coordinator",
+    "tests.fixtures.kafka_broker",
+    "tests.fixtures.spark",
+]

@@ -1,0 +1,245 @@
+"""The typed gRPC client that writers (the Spark driver) and the tests use.
+
+Calls that are safe to repeat (all of them: the protocol is idempotent) are
+retried on UNAVAILABLE with backoff until the call's deadline; every other
+status is raised at once as a CoordinatorRpcError carrying the server's message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import grpc
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
+
+from coordinator_service.rpc import sink_coordinator_pb2 as pb
+from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
+
+Response = TypeVar("Response")
+
+_STATUS_NAMES = {pb.PENDING: "PENDING", pb.COMMITTED: "COMMITTED", pb.ABORTED: "ABORTED"}
+
+
+class CoordinatorRpcError(Exception):
+    """A call the coordinator refused or could not answer."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class WriterRegistration:
+    writer_term: int
+    committed_epoch: int
+    checkpointed_epoch: int
+    aborted_epochs: tuple[int, ...]
+    recommitting_epochs: tuple[int, ...]
+    table_location: str
+
+
+@dataclass(frozen=True)
+class PreCommitAnswer:
+    persisted: bool
+    already_committed: bool
+    attempt: int
+    record_count: int
+
+
+@dataclass(frozen=True)
+class CheckpointAnswer:
+    committed_epoch: int
+    checkpointed_epoch: int
+
+
+@dataclass(frozen=True)
+class EpochInfo:
+    epoch: int
+    status: str
+    attempt: int
+    file_count: int
+    record_count: int
+    snapshot_id: int | None
+    reason: str | None
+    files_cleaned: bool
+
+
+@dataclass(frozen=True)
+class SinkInfo:
+    sink: str
+    table: str
+    catalog: str
+    checkpointed_epoch: int
+    committed_epoch: int
+    writer_term: int
+    writer_count: int
+    epochs: tuple[EpochInfo, ...]
+
+
+def _is_unavailable(error: BaseException) -> bool:
+    return isinstance(error, grpc.RpcError) and error.code() == grpc.StatusCode.UNAVAILABLE
+
+
+class CoordinatorClient:
+    """A blocking client of one coordinator; one channel, safe to share between threads."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        token: str | None = None,
+        timeout_seconds: float = 30.0,
+        retry_seconds: float = 60.0,
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
+        self.target = target
+        self.timeout_seconds = timeout_seconds
+        self.retry_seconds = retry_seconds
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._channel = (
+            grpc.secure_channel(target, credentials) if credentials is not None else grpc.insecure_channel(target)
+        )
+        self._stub = pb_grpc.SinkCoordinatorStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> CoordinatorClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def wait_until_ready(self, timeout_seconds: float) -> None:
+        """Block until the channel connects (the coordinator listens), or raise CoordinatorRpcError."""
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout_seconds)
+        except grpc.FutureTimeoutError:
+            raise CoordinatorRpcError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"no coordinator answered at {self.target} in {timeout_seconds} s",
+            ) from None
+
+    def _call(self, method: Callable[..., Response], request: object, timeout: float | None = None) -> Response:
+        deadline = timeout or self.timeout_seconds
+        retrying = Retrying(
+            retry=retry_if_exception(_is_unavailable),
+            wait=wait_exponential_jitter(multiplier=0.1, max=5.0),
+            stop=stop_after_delay(self.retry_seconds),
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    return method(request, timeout=deadline, metadata=self._metadata)
+        except grpc.RpcError as error:
+            raise CoordinatorRpcError(error.code(), error.details() or "") from error
+        raise AssertionError("unreachable")
+
+    def register_writer(
+        self,
+        sink: str,
+        table: str,
+        checkpointed_epoch: int,
+        *,
+        writer_count: int = 1,
+        arrow_schema: bytes = b"",
+        partition_by: Sequence[str] = (),
+    ) -> WriterRegistration:
+        response = self._call(
+            self._stub.RegisterWriter,
+            pb.RegisterWriterRequest(
+                sink=sink,
+                table=table,
+                checkpointed_epoch=checkpointed_epoch,
+                writer_count=writer_count,
+                arrow_schema=arrow_schema,
+                partition_by=list(partition_by),
+            ),
+        )
+        return WriterRegistration(
+            writer_term=response.writer_term,
+            committed_epoch=response.committed_epoch,
+            checkpointed_epoch=response.checkpointed_epoch,
+            aborted_epochs=tuple(response.aborted_epochs),
+            recommitting_epochs=tuple(response.recommitting_epochs),
+            table_location=response.table_location,
+        )
+
+    def pre_commit(
+        self,
+        sink: str,
+        epoch: int,
+        writer_term: int,
+        paths: Sequence[str],
+        *,
+        writer_id: int = 0,
+        properties: Mapping[str, str] | None = None,
+        evolve_schema: bool = False,
+        timeout_seconds: float | None = None,
+    ) -> PreCommitAnswer:
+        response = self._call(
+            self._stub.PreCommit,
+            pb.PreCommitRequest(
+                sink=sink,
+                epoch=epoch,
+                writer_term=writer_term,
+                writer_id=writer_id,
+                data_files=[pb.DataFile(path=path) for path in paths],
+                properties=dict(properties or {}),
+                evolve_schema=evolve_schema,
+            ),
+            timeout_seconds,
+        )
+        return PreCommitAnswer(
+            persisted=response.outcome == pb.PreCommitResponse.PERSISTED,
+            already_committed=response.outcome == pb.PreCommitResponse.ALREADY_COMMITTED,
+            attempt=response.attempt,
+            record_count=response.record_count,
+        )
+
+    def commit_checkpoint(
+        self,
+        sink: str,
+        epoch: int,
+        writer_term: int,
+        *,
+        wait: bool = False,
+        timeout_seconds: float | None = None,
+    ) -> CheckpointAnswer:
+        response = self._call(
+            self._stub.CommitCheckpoint,
+            pb.CommitCheckpointRequest(sink=sink, epoch=epoch, writer_term=writer_term, wait=wait),
+            timeout_seconds,
+        )
+        return CheckpointAnswer(
+            committed_epoch=response.committed_epoch, checkpointed_epoch=response.checkpointed_epoch
+        )
+
+    def sink_state(self, sink: str) -> SinkInfo:
+        response = self._call(self._stub.GetSinkState, pb.GetSinkStateRequest(sink=sink))
+        return SinkInfo(
+            sink=response.sink,
+            table=response.table,
+            catalog=response.catalog,
+            checkpointed_epoch=response.checkpointed_epoch,
+            committed_epoch=response.committed_epoch,
+            writer_term=response.writer_term,
+            writer_count=response.writer_count,
+            epochs=tuple(
+                EpochInfo(
+                    epoch=epoch.epoch,
+                    status=_STATUS_NAMES[epoch.status],
+                    attempt=epoch.attempt,
+                    file_count=epoch.file_count,
+                    record_count=epoch.record_count,
+                    snapshot_id=epoch.snapshot_id or None,
+                    reason=epoch.reason or None,
+                    files_cleaned=epoch.files_cleaned,
+                )
+                for epoch in response.epochs
+            ),
+        )
