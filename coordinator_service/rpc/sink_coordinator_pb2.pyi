@@ -61,7 +61,7 @@ class RegisterWriterRequest(_message.Message):
     checkpointed_epoch: _builtins.int
     """Last epoch (Spark batch id) that the writer's own checkpoint holds; -1: none."""
     writer_count: _builtins.int
-    """Number of writers that pre-commit every epoch (1 for a Spark driver)."""
+    """Number of writers that pre-commit every epoch (1 for a Spark driver; 0 means 1)."""
     arrow_schema: _builtins.bytes
     """Optional: Arrow IPC-serialized schema used to create the table when it
     does not exist (and to add new columns when it does).
