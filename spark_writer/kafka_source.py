@@ -396,7 +396,9 @@ def data_loss_message(offset_range: OffsetRange, earliest: int) -> str:
 
 
 def apply_data_loss_policy(
-    offset_range: OffsetRange, earliest: int, fail_on_data_loss: bool
+    offset_range: OffsetRange,
+    earliest: int,
+    fail_on_data_loss: bool,
 ) -> OffsetRange | None:
     """The part of the range that still exists, or DataLossError if some is gone and we must fail."""
     if offset_range.start >= earliest:
@@ -477,9 +479,11 @@ def _header_structs(headers: HeadersType | None) -> list[dict[str, Any]] | None:
     if not headers:
         return None
     pairs = headers.items() if isinstance(headers, dict) else headers
-    return [
-        {"key": key, "value": value.encode() if isinstance(value, str) else value} for key, value in pairs
-    ]
+    return [{"key": key, "value": _as_bytes(value)} for key, value in pairs]
+
+
+def _as_bytes(value: str | bytes | None) -> bytes | None:
+    return value.encode() if isinstance(value, str) else value
 
 
 class ArrowBatchBuilder:
@@ -706,13 +710,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         earliest = self.metadata.earliest(r.key for r in ranges)
         planned = []
         for offset_range in ranges:
-            kept = apply_data_loss_policy(
-                offset_range, earliest[offset_range.key], self._options.fail_on_data_loss
-            )
+            earliest_offset = earliest[offset_range.key]
+            kept = apply_data_loss_policy(offset_range, earliest_offset, self._options.fail_on_data_loss)
             if kept != offset_range:
                 log.warning(
                     "kafka_data_loss_skipped",
-                    message=data_loss_message(offset_range, earliest[offset_range.key]),
+                    message=data_loss_message(offset_range, earliest_offset),
                 )
             if kept is not None:
                 planned.append(KafkaInputPartition(kept))

@@ -17,7 +17,8 @@ import pytest
 from confluent_kafka import Producer
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.streaming import DataStreamReader, StreamingQuery
+from pyspark.sql.streaming.query import StreamingQuery
+from pyspark.sql.streaming.readwriter import DataStreamReader
 
 from spark_writer.kafka_source import (
     SOURCE_NAME,
@@ -39,6 +40,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
 QUERY_TIMEOUT_SECONDS = 120
 TopicFactory = Callable[..., str]
+BatchSink = Callable[[DataFrame, int], None]
 
 
 @dataclass
@@ -68,12 +70,17 @@ def kafka_stream(spark: SparkSession, bootstrap: str, topic: str, **options: str
     return reader
 
 
-def start(reader: DataStreamReader, sink: BatchCollector, checkpoint: Path, available_now: bool) -> StreamingQuery:
+def start(
+    reader: DataStreamReader,
+    sink: BatchSink,
+    checkpoint: Path,
+    available_now: bool,
+) -> StreamingQuery:
     writer = reader.load().writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint))
     return (writer.trigger(availableNow=True) if available_now else writer).start()
 
 
-def run_available_now(reader: DataStreamReader, sink: BatchCollector, checkpoint: Path) -> None:
+def run_available_now(reader: DataStreamReader, sink: BatchSink, checkpoint: Path) -> None:
     query = start(reader, sink, checkpoint, available_now=True)
     finished = query.awaitTermination(QUERY_TIMEOUT_SECONDS)
     if not finished:
@@ -103,7 +110,8 @@ def test_available_now_reads_every_record_once_in_capped_batches(
 
     assert [len(rows) for _, rows in sorted(sink.batches.items())] == [25, 25, 25, 25]
     first_batch = sink.batches[min(sink.batches)]
-    assert sorted({record.partition for record in first_batch}) == [0, 1, 2], "cap not shared across partitions"
+    partitions_in_first_batch = sorted({record.partition for record in first_batch})
+    assert partitions_in_first_batch == [0, 1, 2], "cap not shared across partitions"
     assert_exactly(sink.records(), produced)
 
 
@@ -120,12 +128,16 @@ def test_rows_carry_topic_value_timestamp_and_headers(
     def collect(frame: DataFrame, _batch_id: int) -> None:
         rows.extend(frame.orderBy("offset").collect())
 
-    query = kafka_stream(spark, kafka_bootstrap, topic).load().writeStream.foreachBatch(collect)
-    query = query.option("checkpointLocation", str(tmp_path)).trigger(availableNow=True).start()
-    assert query.awaitTermination(QUERY_TIMEOUT_SECONDS)
+    run_available_now(kafka_stream(spark, kafka_bootstrap, topic), collect, tmp_path)
 
     plain, with_headers = rows
-    assert (plain.key, plain.value, plain.topic, plain.partition, plain.offset) == (b"k", b"payload", topic, 0, 0)
+    assert (plain.key, plain.value, plain.topic, plain.partition, plain.offset) == (
+        b"k",
+        b"payload",
+        topic,
+        0,
+        0,
+    )
     assert plain.timestamp is not None
     assert plain.timestampType == 0
     assert plain.headers is None
@@ -154,7 +166,10 @@ def test_starting_offsets_latest_reads_only_new_records(
     produce_keyed(kafka_bootstrap, topic, spread(2, 10, "old"))
     sink = BatchCollector()
     query = start(
-        kafka_stream(spark, kafka_bootstrap, topic, startingOffsets="latest"), sink, tmp_path, available_now=False
+        kafka_stream(spark, kafka_bootstrap, topic, startingOffsets="latest"),
+        sink,
+        tmp_path,
+        available_now=False,
     )
     try:
         query.processAllAvailable()
@@ -222,7 +237,13 @@ def test_fail_on_data_loss_fails_then_skips_deleted_records(
     with pytest.raises(StreamingQueryException) as failure:
         run_available_now(kafka_stream(spark, kafka_bootstrap, topic), BatchCollector(), tmp_path)
     message = str(failure.value)
-    for expected in (repr(topic), "partition 0", "[10, 20)", "earliest available offset is 15", "failOnDataLoss"):
+    for expected in (
+        repr(topic),
+        "partition 0",
+        "[10, 20)",
+        "earliest available offset is 15",
+        "failOnDataLoss",
+    ):
         assert expected in message
 
     skipping = BatchCollector()
@@ -237,7 +258,11 @@ def test_records_deleted_after_planning_are_detected_while_reading(
     produced = produce_keyed(kafka_bootstrap, topic, spread(1, 10, "r"))
     delete_records_before(kafka_bootstrap, topic, partition=0, offset=6)
     planned_before_deletion = OffsetRange(topic, 0, 2, 10)
-    options = {"kafka.bootstrap.servers": kafka_bootstrap, "subscribe": topic, "kafkaConsumer.pollTimeoutMs": "20000"}
+    options = {
+        "kafka.bootstrap.servers": kafka_bootstrap,
+        "subscribe": topic,
+        "kafkaConsumer.pollTimeoutMs": "20000",
+    }
 
     with pytest.raises(DataLossError, match="earliest available offset is 6"):
         list(read_range(planned_before_deletion, parse_options(options)))

@@ -11,8 +11,10 @@ import pytest
 
 from spark_writer.java import JavaNotFoundError, ensure_java, parse_java_major
 
+VERSIONS = [("17.0.15", 17), ("21", 21), ("1.8.0_292", 8), ("11.0.2+9", 11)]
 
-@pytest.mark.parametrize(("version", "major"), [("17.0.15", 17), ("21", 21), ("1.8.0_292", 8), ("11.0.2+9", 11)])
+
+@pytest.mark.parametrize(("version", "major"), VERSIONS)
 def test_parse_java_major(version: str, major: int) -> None:
     assert parse_java_major(version) == major
 
@@ -23,7 +25,7 @@ def test_parse_java_major_rejects_garbage() -> None:
 
 
 @pytest.mark.skipif(shutil.which("java") is None, reason="needs java on PATH")
-def test_invalid_java_home_falls_back_to_java_on_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_invalid_java_home_falls_back_to_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-such-jdk"))
     java_home = ensure_java()
     assert (Path(java_home) / "bin" / "java").is_file()
