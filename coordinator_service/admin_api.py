@@ -1,21 +1,203 @@
-"""The HTTP adapter: health and readiness (the admin API's routes grow here)."""
+"""The HTTP adapter: health, readiness, metrics and the versioned admin API (/api/v1).
+
+Routes only translate: the rules live in coordinator_service.operations.
+Every error is JSON {"error": {"code", "message"}}; a CoordinatorError
+answers its http_status, a request that does not validate answers 422.
+"""
 
 from __future__ import annotations
 
 import asyncio
+from http import HTTPStatus
+from typing import Annotated, Any
 
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+import structlog
+from fastapi import APIRouter, Depends, FastAPI, Query, Request, Security
+from fastapi import Path as PathParameter
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
+from starlette.exceptions import HTTPException
 
-from coordinator_service import __version__
+from coordinator_service import __version__, metrics
+from coordinator_service.admin_auth import AdminAuth, bearer_scheme
+from coordinator_service.admin_schemas import (
+    MAX_EPOCH,
+    AbortRequest,
+    AbortResponse,
+    EpochDetailResponse,
+    EpochPage,
+    EpochResponse,
+    EpochStatusFilter,
+    ErrorResponse,
+    ResetRequest,
+    ResetResponse,
+    SinkList,
+    SinkResponse,
+    decode_cursor,
+    encode_cursor,
+)
 from coordinator_service.errors import CoordinatorError, SchemaNotCurrent
+from coordinator_service.operations import Operations, Operator
 from coordinator_service.runtime import Runtime
 from coordinator_service.schema import require_current_schema
 
+log = structlog.get_logger(__name__)
+
+API_PREFIX = "/api/v1"
+SinkName = Annotated[str, PathParameter(description="The sink's name, as its writer registered it.")]
+Epoch = Annotated[int, PathParameter(ge=0, le=MAX_EPOCH, description="The epoch (Spark batch id).")]
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Security(bearer_scheme)]
+
+
+def _error_responses(*statuses: HTTPStatus) -> dict[int | str, dict[str, Any]]:
+    return {int(status): {"model": ErrorResponse, "description": status.phrase} for status in statuses}
+
+
+def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
+
+
+def _validation_message(error: RequestValidationError) -> str:
+    problems = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item.get("loc", ()))
+        problems.append(f"{where}: {item.get('msg', 'invalid')}")
+    return "the request is invalid: " + "; ".join(problems)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(CoordinatorError)
+    async def coordinator_error(request: Request, error: CoordinatorError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if error.http_status == HTTPStatus.UNAUTHORIZED else None
+        return _error(error.http_status, error.grpc_code.name, error.message, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        return _error(HTTPStatus.UNPROCESSABLE_ENTITY, "INVALID_ARGUMENT", _validation_message(error))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
+        status = HTTPStatus(error.status_code)
+        message = (
+            str(error.detail)
+            if error.detail != status.phrase
+            else f"{request.method} {request.url.path}: {status.phrase}"
+        )
+        return _error(status, status.name, message, dict(error.headers or {}))
+
+
+def _admin_router(operations: Operations, auth: AdminAuth) -> APIRouter:
+    def reader(credentials: Credentials) -> None:
+        auth.check_reader(credentials)
+
+    def operator(request: Request, credentials: Credentials) -> Operator:
+        return auth.operator(request, credentials)
+
+    router = APIRouter(
+        prefix=API_PREFIX,
+        tags=["sinks"],
+        responses=_error_responses(
+            HTTPStatus.UNAUTHORIZED, HTTPStatus.UNPROCESSABLE_ENTITY, HTTPStatus.SERVICE_UNAVAILABLE
+        ),
+    )
+
+    @router.get("/sinks", response_model=SinkList)
+    async def list_sinks(_: None = Depends(reader)) -> SinkList:
+        """Every sink: its epochs, writer and committer health."""
+        return SinkList(sinks=[SinkResponse.of(overview) for overview in await operations.sinks()])
+
+    @router.get("/sinks/{sink}", response_model=SinkResponse, responses=_error_responses(HTTPStatus.NOT_FOUND))
+    async def get_sink(sink: SinkName, _: None = Depends(reader)) -> SinkResponse:
+        """One sink: checkpointed and committed epochs, writer term, pending and aborted epochs, committer health."""
+        return SinkResponse.of(await operations.sink(sink))
+
+    @router.get("/sinks/{sink}/epochs", response_model=EpochPage, responses=_error_responses(HTTPStatus.NOT_FOUND))
+    async def list_epochs(
+        sink: SinkName,
+        _: None = Depends(reader),
+        status: Annotated[EpochStatusFilter | None, Query(description="Only epochs in this state.")] = None,
+        limit: Annotated[int, Query(ge=1, le=1000, description="Most epochs on one page.")] = 100,
+        cursor: Annotated[
+            str | None, Query(max_length=200, description="next_cursor of the previous page; omit for the first.")
+        ] = None,
+    ) -> EpochPage:
+        """The sink's epochs in its log, newest first, a page at a time."""
+        below = None if cursor is None else decode_cursor(cursor)
+        rows, next_below = await operations.epochs(sink, status.as_status() if status else None, below, limit)
+        return EpochPage(
+            epochs=[EpochResponse.of(row) for row in rows],
+            next_cursor=None if next_below is None else encode_cursor(next_below),
+        )
+
+    @router.get(
+        "/sinks/{sink}/epochs/{epoch}",
+        response_model=EpochDetailResponse,
+        responses=_error_responses(HTTPStatus.NOT_FOUND),
+    )
+    async def get_epoch(sink: SinkName, epoch: Epoch, _: None = Depends(reader)) -> EpochDetailResponse:
+        """One epoch with its data files and the writer's properties."""
+        return EpochDetailResponse.of_detail(await operations.epoch(sink, epoch))
+
+    @router.post(
+        "/sinks/{sink}/epochs/{epoch}/abort",
+        response_model=AbortResponse,
+        responses=_error_responses(HTTPStatus.NOT_FOUND, HTTPStatus.CONFLICT),
+    )
+    async def abort_epoch(
+        sink: SinkName, epoch: Epoch, body: AbortRequest, caller: Operator = Depends(operator)
+    ) -> AbortResponse:
+        """Abort a PENDING epoch. One at or below the sink's checkpoint needs force=true, and its records are
+        lost; a COMMITTED one answers 409; an ABORTED one answers its state unchanged."""
+        return AbortResponse.of(await operations.abort_epoch(sink, epoch, body.reason, body.force, caller))
+
+    @router.post(
+        "/sinks/{sink}/reset",
+        response_model=ResetResponse,
+        responses=_error_responses(HTTPStatus.NOT_FOUND),
+    )
+    async def reset_sink(sink: SinkName, body: ResetRequest, caller: Operator = Depends(operator)) -> ResetResponse:
+        """After a lost Spark checkpoint: abort every PENDING epoch, fence the writer, and let the next
+        RegisterWriter start a new epoch numbering from its checkpoint (docs/operations.md)."""
+        return ResetResponse.of(await operations.reset_sink(sink, body.confirm, body.reason, caller))
+
+    return router
+
 
 def create_app(runtime: Runtime) -> FastAPI:
-    app = FastAPI(title="sink-coordinator admin API", version=__version__)
+    app = FastAPI(
+        title="sink-coordinator admin API",
+        version=__version__,
+        description="Operate the sink-coordinator: sinks, epochs, abort, reset. See docs/operations.md.",
+    )
+    settings = runtime.settings
+    operations = Operations(runtime.database, runtime.tables, runtime.committer, settings.admin_lock_timeout_seconds)
+    auth = AdminAuth(settings.admin_token, settings.admin_read_requires_token)
+    _install_error_handlers(app)
+    app.include_router(_admin_router(operations, auth))
+
+    @app.get("/metrics", tags=["health"], response_class=Response)
+    async def prometheus_metrics() -> Response:
+        """Prometheus metrics; the per-sink gauges are read from the metastore at each scrape."""
+        try:
+            overviews = await operations.sinks()
+        except CoordinatorError as error:
+            log.warning("metrics scrape could not read the metastore", error=error.message)
+            metrics.SCRAPE_METASTORE_UP.set(0)
+        else:
+            metrics.SCRAPE_METASTORE_UP.set(1)
+            metrics.clear_sink_gauges()
+            for overview in overviews:
+                metrics.set_sink_gauges(
+                    overview.sink.name,
+                    pending=overview.counts.pending,
+                    aborted=overview.counts.aborted,
+                    oldest_pending_age_seconds=overview.counts.oldest_pending_age_seconds,
+                    retrying=overview.health is not None and overview.health.retrying,
+                )
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 
+import grpc
 import structlog
 import uvicorn
 from grpc_health.v1 import health_pb2
@@ -30,10 +31,11 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
 
+    tls_credentials = _grpc_tls_credentials(settings)
     runtime = await Runtime.open(settings)
     writer_token = settings.writer_token.get_secret_value() if settings.writer_token else None
     grpc_server, health, grpc_port = build_server(
-        runtime.coordinator, f"{settings.bind_host}:{settings.grpc_port}", writer_token
+        runtime.coordinator, f"{settings.bind_host}:{settings.grpc_port}", writer_token, tls_credentials
     )
     http = uvicorn.Server(
         uvicorn.Config(
@@ -43,6 +45,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             log_config=None,
             access_log=False,
             lifespan="off",
+            ssl_certfile=settings.tls_cert_file,
+            ssl_keyfile=settings.tls_key_file,
         )
     )
     await grpc_server.start()
@@ -59,8 +63,11 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     log.info(
         "sink-coordinator serving",
         grpc=f"{settings.bind_host}:{grpc_port}",
-        http=f"http://{settings.bind_host}:{settings.http_port}",
+        http=f"{'https' if tls_credentials else 'http'}://{settings.bind_host}:{settings.http_port}",
+        tls=tls_credentials is not None,
         writer_auth=writer_token is not None,
+        admin_auth=settings.admin_token is not None,
+        admin_read_auth=settings.admin_read_requires_token,
     )
     stopped = asyncio.create_task(stop.wait())
     await asyncio.wait({stopped, http_task}, return_when=asyncio.FIRST_COMPLETED)
@@ -72,3 +79,14 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     stopped.cancel()
     await runtime.close()
     log.info("sink-coordinator stopped")
+
+
+def _grpc_tls_credentials(settings: Settings) -> grpc.ServerCredentials | None:
+    if settings.tls_cert_file is None or settings.tls_key_file is None:
+        return None
+    try:
+        certificate_chain = settings.tls_cert_file.read_bytes()
+        private_key = settings.tls_key_file.read_bytes()
+    except OSError as error:
+        raise OSError(f"cannot read the TLS certificate or key: {error}") from error
+    return grpc.ssl_server_credentials([(private_key, certificate_chain)])

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 import structlog
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
 
-from coordinator_service import failpoints, precommit_metadata, repository
+from coordinator_service import failpoints, metrics, precommit_metadata, repository
 from coordinator_service.database import Database
 from coordinator_service.failpoints import Failpoint
 from coordinator_service.iceberg import IcebergTables, Marker
@@ -56,6 +56,7 @@ class Committer:
         self._cleaner_event = asyncio.Event()
         self._progress = asyncio.Condition()
         self._last_commit: dict[int, float] = {}
+        self._sink_names: dict[int, str] = {}
         self._background: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
@@ -109,6 +110,8 @@ class Committer:
             await asyncio.sleep(self.settings.poll_interval_seconds)
 
     async def _drive(self, sink_id: int, event: asyncio.Event) -> None:
+        # Context variables are per task: every line this sink's committer logs carries the sink.
+        structlog.contextvars.bind_contextvars(sink_id=sink_id)
         while True:
             await event.wait()
             event.clear()
@@ -123,9 +126,9 @@ class Committer:
             health.attempts = state.attempt_number
             health.last_error = f"{type(error).__name__}: {error}"
             health.last_error_at = datetime.now(UTC)
+            metrics.COMMIT_RETRIES.labels(self._sink_names.get(sink_id, f"id {sink_id}")).inc()
             log.warning(
                 "commit failed; retrying",
-                sink_id=sink_id,
                 attempt=state.attempt_number,
                 retry_in_seconds=round(state.upcoming_sleep, 2),
                 error=health.last_error,
@@ -173,8 +176,16 @@ class Committer:
             )
         if not pending:
             return False
-        log_ = log.bind(sink=sink.name, table=sink.table_identifier)
-        markers = await asyncio.to_thread(self.tables.sink_markers, sink.table_identifier, sink.name, pending[0].epoch)
+        self._sink_names[sink_id] = sink.name
+        structlog.contextvars.bind_contextvars(sink=sink.name)
+        log_ = log.bind(table=sink.table_identifier, epochs=[row.epoch for row in pending])
+        markers = await asyncio.to_thread(
+            self.tables.sink_markers,
+            sink.table_identifier,
+            sink.name,
+            pending[0].epoch,
+            generation=sink.generation,
+        )
         if markers and markers[-1].epoch >= pending[0].epoch:
             await self._mark_already_in_table(sink, pending, markers)
             log_.info(
@@ -189,7 +200,13 @@ class Committer:
         if entries:
             commit_id = uuid.uuid4().hex
             snapshot_id = await asyncio.to_thread(
-                self.tables.append, sink.table_identifier, sink.name, epochs[-1], commit_id, entries
+                self.tables.append,
+                sink.table_identifier,
+                sink.name,
+                epochs[-1],
+                commit_id,
+                entries,
+                generation=sink.generation,
             )
             failpoints.hit(Failpoint.COMMIT_AFTER_APPEND)
         async with self.database.transaction() as session:
@@ -197,9 +214,9 @@ class Committer:
         failpoints.hit(Failpoint.COMMIT_AFTER_MARK)
         self._last_commit[sink_id] = time.monotonic()
         self.health.setdefault(sink_id, CommitterHealth()).last_commit_at = datetime.now(UTC)
+        metrics.record_commit(sink.name, len(epochs), appended=bool(entries), seconds=time.monotonic() - started)
         log_.info(
             "epochs committed",
-            epochs=epochs,
             snapshot_id=snapshot_id,
             files=len(entries),
             records=sum(row.record_count for row in pending),
@@ -223,6 +240,7 @@ class Committer:
         async with self.database.transaction() as session:
             for snapshot_id, epochs in by_snapshot.items():
                 await repository.mark_committed(session, sink.id, epochs, snapshot_id)
+        metrics.COMMITTED_EPOCHS.labels(sink.name).inc(sum(len(epochs) for epochs in by_snapshot.values()))
         async with self._progress:
             self._progress.notify_all()
 
@@ -263,6 +281,7 @@ class Committer:
             failpoints.hit(Failpoint.CLEANUP_AFTER_DELETE)
             async with self.database.transaction() as session:
                 await repository.mark_files_cleaned(session, row.sink_id, row.epoch, row.attempt)
+            metrics.CLEANED_FILES.labels(sink.name).inc(deleted)
             if len(stale) < len(paths):
                 log.error(
                     "files of an aborted epoch are referenced by the table; they were kept",

@@ -166,9 +166,15 @@ def _deny(message: str) -> grpc.RpcMethodHandler[Any, Any]:
 
 
 def build_server(
-    coordinator: Coordinator, bind_address: str, writer_token: str | None
+    coordinator: Coordinator,
+    bind_address: str,
+    writer_token: str | None,
+    tls_credentials: grpc.ServerCredentials | None = None,
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
-    """The gRPC server with the coordinator, health and reflection services; returns the bound port."""
+    """The gRPC server with the coordinator, health and reflection services; returns the bound port.
+
+    With tls_credentials it serves TLS only (there is no plaintext port beside it).
+    """
     interceptors = [WriterTokenInterceptor(writer_token)] if writer_token else []
     server = grpc.aio.server(interceptors=interceptors)
     pb_grpc.add_SinkCoordinatorServicer_to_server(SinkCoordinatorServicer(coordinator), server)
@@ -178,7 +184,11 @@ def build_server(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
         server,
     )
-    port = server.add_insecure_port(bind_address)
+    port = (
+        server.add_secure_port(bind_address, tls_credentials)
+        if tls_credentials is not None
+        else server.add_insecure_port(bind_address)
+    )
     if port == 0:
         raise OSError(f"cannot listen for gRPC on {bind_address}: the address is in use or not local")
     return server, health_servicer, port

@@ -53,6 +53,8 @@ log = structlog.get_logger(__name__)
 MARKER_SINK = "sink-coordinator.sink"
 MARKER_EPOCH = "sink-coordinator.epoch"
 MARKER_COMMIT_ID = "sink-coordinator.commit-id"
+# Absent on snapshots written before generations existed: those count as generation 0.
+MARKER_GENERATION = "sink-coordinator.generation"
 
 _PARTITION_FIELD = re.compile(
     r"^\s*(?:(?P<transform>identity|year|month|day|hour|bucket|truncate)\s*\(\s*"
@@ -269,14 +271,17 @@ class IcebergTables:
             split_offsets=None if serialized["split_offsets"] is None else tuple(serialized["split_offsets"]),
         )
 
-    def sink_markers(self, identifier: str, sink: str, down_to_epoch: int) -> list[Marker]:
-        """The sink's markers on the current branch, oldest first, back to the first below `down_to_epoch`."""
+    def sink_markers(self, identifier: str, sink: str, down_to_epoch: int, *, generation: int) -> list[Marker]:
+        """The sink's markers of a generation on the current branch, oldest first, back to the first below
+        `down_to_epoch` or to the newest marker of an older generation (whose epoch numbers mean nothing now)."""
         table = self.load(identifier)
         markers: list[Marker] = []
         for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
             summary = snapshot.summary
             if summary is None or summary.get(MARKER_SINK) != sink:
                 continue
+            if int(str(summary.get(MARKER_GENERATION, "0"))) != generation:
+                break
             epoch = int(str(summary.get(MARKER_EPOCH)))
             markers.append(Marker(epoch=epoch, snapshot_id=snapshot.snapshot_id))
             if epoch < down_to_epoch:
@@ -284,7 +289,16 @@ class IcebergTables:
         markers.reverse()
         return markers
 
-    def append(self, identifier: str, sink: str, epoch: int, commit_id: str, entries: Sequence[DataFileEntry]) -> int:
+    def append(
+        self,
+        identifier: str,
+        sink: str,
+        epoch: int,
+        commit_id: str,
+        entries: Sequence[DataFileEntry],
+        *,
+        generation: int,
+    ) -> int:
         """Fast-append the entries as one snapshot carrying the sink's marker; return its id.
 
         pyiceberg's own retry of a conflicting commit would re-apply the append
@@ -295,7 +309,12 @@ class IcebergTables:
         table.metadata = table.metadata.model_copy(
             update={"properties": {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}}
         )
-        markers = {MARKER_SINK: sink, MARKER_EPOCH: str(epoch), MARKER_COMMIT_ID: commit_id}
+        markers = {
+            MARKER_SINK: sink,
+            MARKER_EPOCH: str(epoch),
+            MARKER_COMMIT_ID: commit_id,
+            MARKER_GENERATION: str(generation),
+        }
         transaction = table.transaction()
         if table.metadata.name_mapping() is None:
             transaction.set_properties(

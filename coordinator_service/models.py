@@ -46,6 +46,11 @@ class Sink(Base):
     committed_epoch: Mapped[int] = mapped_column(BigInteger, default=-1, server_default="-1")
     writer_term: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     writer_count: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    # Bumped by an operator reset: epoch numbers (and the table's markers) of an older generation
+    # belong to a lost Spark checkpoint and say nothing about the epochs of the new one.
+    generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Set by a reset: the next RegisterWriter adopts whatever checkpoint the writer presents.
+    rebase_on_register: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), onupdate=func.now()

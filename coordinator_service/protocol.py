@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -21,7 +22,7 @@ from pyiceberg.exceptions import CommitFailedException, ServerError
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from coordinator_service import failpoints, precommit_metadata, repository
+from coordinator_service import failpoints, metrics, precommit_metadata, repository
 from coordinator_service.committer import Committer
 from coordinator_service.database import Database
 from coordinator_service.errors import (
@@ -175,6 +176,8 @@ class Coordinator:
             row = await repository.sink_by_name(session, sink, lock="update")
             assert row is not None
             _check_same_table(row, table)
+            if row.rebase_on_register:
+                await _rebase_after_reset(session, row, checkpointed_epoch)
             if checkpointed_epoch < row.checkpointed_epoch:
                 raise CheckpointBehind(
                     f"sink {sink}: the writer's checkpoint holds epoch {checkpointed_epoch}, but the coordinator "
@@ -193,6 +196,7 @@ class Coordinator:
                 checkpointed_epoch,
                 f"recovery: writer term {row.writer_term} restarted from checkpoint {checkpointed_epoch}",
             )
+            metrics.ABORTED_EPOCHS.labels(sink, "recovery").inc(len(aborted))
             recommitting = await repository.pending_epochs_at_or_below(
                 session, row.id, checkpointed_epoch, limit=MAX_FILES_PER_PRECOMMIT
             )
@@ -221,6 +225,7 @@ class Coordinator:
         return registration
 
     async def pre_commit(self, request: PreCommitRequest) -> PreCommitResult:
+        started = time.monotonic()
         _check_precommit_request(request)
         request = replace(request, paths=tuple(canonical_uri(path) for path in request.paths))
         if len(set(request.paths)) != len(request.paths):
@@ -250,6 +255,7 @@ class Coordinator:
             result = await self._persist(sink_id, request, entries, dict(request.properties))
         else:
             result = await self._gather(sink_id, writer_count, request, entries)
+        metrics.PRECOMMIT_SECONDS.labels(request.sink).observe(time.monotonic() - started)
         log_.info("pre-commit persisted", attempt=result.attempt, records=result.record_count, files=len(entries))
         return result
 
@@ -385,6 +391,26 @@ async def call_catalog(call: Awaitable[T]) -> T:
         raise
     except (CommitFailedException, ServerError, SQLAlchemyError, OSError) as error:
         raise Unavailable(f"the Iceberg catalog or its storage failed: {error}") from error
+
+
+async def _rebase_after_reset(session: AsyncSession, sink: Sink, checkpoint: int) -> None:
+    """The first registration after an operator reset: the writer's checkpoint starts a new epoch numbering.
+
+    Epochs at or below it are done as far as the new checkpoint is concerned;
+    the log's COMMITTED rows, and the table's markers, belong to the reset
+    generation (see coordinator_service.operations.reset_sink).
+    """
+    dropped = await repository.delete_epochs_of_old_generation(session, sink.id)
+    log.warning(
+        "sink rebased on the first writer after a reset",
+        sink=sink.name,
+        generation=sink.generation,
+        previous_committed_epoch=sink.committed_epoch,
+        checkpointed_epoch=checkpoint,
+        log_rows_dropped=dropped,
+    )
+    sink.checkpointed_epoch = sink.committed_epoch = checkpoint
+    sink.rebase_on_register = False
 
 
 async def _existing_sink(session: AsyncSession, name: str, lock: str | None = None) -> Sink:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+from psycopg.errors import LockNotAvailable
 from sqlalchemy import and_, delete, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.orm import defer
 
 from coordinator_service.models import EpochStatus, PendingSinkState, Sink
 
@@ -221,3 +225,101 @@ async def release_commit_lock(connection: AsyncConnection, sink_id: int) -> None
         text("SELECT pg_advisory_unlock(:class_id, :sink_id)"),
         {"class_id": _COMMIT_LOCK_CLASS, "sink_id": sink_id},
     )
+
+
+async def wait_commit_lock(connection: AsyncConnection, sink_id: int, timeout_seconds: float) -> bool:
+    """Take the sink's session-level commit lock, waiting at most timeout_seconds; False if still held."""
+    await connection.execute(
+        text("SELECT set_config('lock_timeout', :timeout, true)"),
+        {"timeout": f"{max(1, int(timeout_seconds * 1000))}ms"},
+    )
+    try:
+        await connection.execute(
+            text("SELECT pg_advisory_lock(:class_id, :sink_id)"),
+            {"class_id": _COMMIT_LOCK_CLASS, "sink_id": sink_id},
+        )
+    except DBAPIError as error:
+        if not isinstance(error.orig, LockNotAvailable):
+            raise
+        await connection.rollback()
+        return False
+    # The lock is session-level: it outlives this transaction, the lock_timeout does not.
+    await connection.commit()
+    return True
+
+
+@dataclass(frozen=True)
+class EpochCounts:
+    """A sink's epochs that are not committed yet."""
+
+    pending: int = 0
+    aborted: int = 0
+    # Seconds since the oldest PENDING epoch was (last) pre-committed; None without a PENDING epoch.
+    oldest_pending_age_seconds: float | None = None
+
+
+async def sinks_with_epoch_counts(session: AsyncSession, name: str | None = None) -> list[tuple[Sink, EpochCounts]]:
+    """Every sink (or the one named) with its pending and aborted counts, by name."""
+    pending = PendingSinkState.status == EpochStatus.PENDING
+    counts = (
+        select(
+            PendingSinkState.sink_id,
+            func.count().filter(pending).label("pending"),
+            func.count().filter(PendingSinkState.status == EpochStatus.ABORTED).label("aborted"),
+            func.extract("epoch", func.now() - func.min(PendingSinkState.updated_at).filter(pending)).label("age"),
+        )
+        .where(PendingSinkState.status != EpochStatus.COMMITTED)
+        .group_by(PendingSinkState.sink_id)
+        .subquery()
+    )
+    statement = (
+        select(Sink, counts.c.pending, counts.c.aborted, counts.c.age)
+        .outerjoin(counts, counts.c.sink_id == Sink.id)
+        .order_by(Sink.name)
+    )
+    if name is not None:
+        statement = statement.where(Sink.name == name)
+    return [
+        (
+            sink,
+            EpochCounts(
+                pending=pending_count or 0,
+                aborted=aborted_count or 0,
+                oldest_pending_age_seconds=None if age is None else float(age),
+            ),
+        )
+        for sink, pending_count, aborted_count, age in (await session.execute(statement)).all()
+    ]
+
+
+async def epochs_newest_first(
+    session: AsyncSession, sink_id: int, status: EpochStatus | None, below_epoch: int | None, limit: int
+) -> Sequence[PendingSinkState]:
+    """A page of the sink's epochs, newest first, without their (possibly large) metadata."""
+    statement = (
+        select(PendingSinkState)
+        .options(defer(PendingSinkState.metadata_, raiseload=True))
+        .where(PendingSinkState.sink_id == sink_id)
+        .order_by(PendingSinkState.epoch.desc())
+        .limit(limit)
+    )
+    if status is not None:
+        statement = statement.where(PendingSinkState.status == status)
+    if below_epoch is not None:
+        statement = statement.where(PendingSinkState.epoch < below_epoch)
+    return (await session.execute(statement)).scalars().all()
+
+
+async def delete_epochs_of_old_generation(session: AsyncSession, sink_id: int) -> int:
+    """Delete COMMITTED rows, and ABORTED rows whose files are cleaned: their epoch numbers are obsolete.
+
+    ABORTED rows whose files are not cleaned yet stay for the cleaner.
+    """
+    result = await session.execute(
+        delete(PendingSinkState).where(
+            PendingSinkState.sink_id == sink_id,
+            (PendingSinkState.status == EpochStatus.COMMITTED)
+            | and_(PendingSinkState.status == EpochStatus.ABORTED, PendingSinkState.files_cleaned.is_(True)),
+        )
+    )
+    return int(getattr(result, "rowcount", 0) or 0)

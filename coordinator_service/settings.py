@@ -51,6 +51,21 @@ class Settings(BaseSettings):
         default=None, description="Token gRPC writers send in the 'authorization' metadata."
     )
     writer_token_file: Path | None = Field(default=None, description="File holding WRITER_TOKEN.")
+    admin_read_requires_token: bool = Field(
+        default=False,
+        description="Require ADMIN_TOKEN on the admin API's read routes too (mutating routes always need it "
+        "once it is set). /healthz, /readyz and /metrics stay open.",
+    )
+    admin_lock_timeout_seconds: float = Field(
+        default=5.0,
+        gt=0.0,
+        description="How long a forced abort or a reset waits for a sink's committer to finish its Iceberg "
+        "commit before it answers 503.",
+    )
+    tls_cert_file: Path | None = Field(
+        default=None, description="PEM certificate (chain) that gRPC and HTTP serve; set TLS_KEY_FILE with it."
+    )
+    tls_key_file: Path | None = Field(default=None, description="PEM private key of TLS_CERT_FILE.")
     catalog_name: str = Field(default="default", description="Name of the pyiceberg catalog.")
     catalog: dict[str, str] = Field(
         default_factory=dict,
@@ -95,6 +110,13 @@ class Settings(BaseSettings):
             if not value:
                 raise ValueError(f"{ENV_PREFIX}{name.upper()}_FILE {path} is empty")
             setattr(self, name, SecretStr(value))
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError(f"set both {ENV_PREFIX}TLS_CERT_FILE and {ENV_PREFIX}TLS_KEY_FILE, or neither")
+        if self.admin_read_requires_token and self.admin_token is None:
+            raise ValueError(
+                f"{ENV_PREFIX}ADMIN_READ_REQUIRES_TOKEN is true but no {ENV_PREFIX}ADMIN_TOKEN is set: "
+                "set the token, or the read routes would be closed to everyone"
+            )
         return self
 
     @property

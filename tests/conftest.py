@@ -3,4 +3,5 @@ pytest_plugins = [
     "tests.fixtures.coordinator",
     "tests.fixtures.kafka_broker",
     "tests.fixtures.spark",
+    "tests.fixtures.admin",
 ]

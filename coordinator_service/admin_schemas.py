@@ -1,0 +1,221 @@
+"""The admin API's wire models (JSON), built from the operations' results."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field
+
+from coordinator_service.committer import CommitterHealth
+from coordinator_service.errors import InvalidArgument
+from coordinator_service.models import EpochStatus, PendingSinkState
+from coordinator_service.operations import AbortOutcome, EpochDetail, ResetOutcome, SinkOverview
+
+# Epochs are PostgreSQL bigints.
+MAX_EPOCH = 2**63 - 1
+# Free text that ends up in the log and in PostgreSQL, which refuses NUL in text.
+OperatorText = Annotated[str, Field(min_length=1, max_length=2000, pattern=r"^[^\x00]*$")]
+
+
+class EpochStatusFilter(StrEnum):
+    PENDING = "pending"
+    ABORTED = "aborted"
+    COMMITTED = "committed"
+
+    def as_status(self) -> EpochStatus:
+        return EpochStatus(self.value.upper())
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="The gRPC-style status name, e.g. NOT_FOUND, FAILED_PRECONDITION.")
+    message: str = Field(description="What was wrong and what to do about it.")
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class CommitterState(BaseModel):
+    state: Literal["healthy", "retrying", "idle"] = Field(
+        description="idle: this process has not committed the sink yet (another replica may have)."
+    )
+    failed_attempts: int
+    last_error: str | None
+    last_error_at: datetime | None
+    last_commit_at: datetime | None
+
+    @classmethod
+    def of(cls, health: CommitterHealth | None) -> CommitterState:
+        if health is None:
+            return cls(state="idle", failed_attempts=0, last_error=None, last_error_at=None, last_commit_at=None)
+        return cls(
+            state="retrying" if health.retrying else "healthy",
+            failed_attempts=health.attempts,
+            last_error=health.last_error,
+            last_error_at=health.last_error_at,
+            last_commit_at=health.last_commit_at,
+        )
+
+
+class SinkResponse(BaseModel):
+    sink: str
+    table: str
+    catalog: str
+    checkpointed_epoch: int
+    committed_epoch: int
+    writer_term: int
+    writer_count: int
+    generation: int = Field(description="Bumped by each reset; the table's markers carry it.")
+    awaiting_writer_after_reset: bool = Field(
+        description="True after a reset until a writer registers: that writer's checkpoint will be adopted."
+    )
+    pending_epochs: int
+    aborted_epochs: int
+    oldest_pending_age_seconds: float | None = Field(
+        description="Seconds since the oldest PENDING epoch was pre-committed; null without one."
+    )
+    committer: CommitterState
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, overview: SinkOverview) -> SinkResponse:
+        sink, counts = overview.sink, overview.counts
+        return cls(
+            sink=sink.name,
+            table=sink.table_identifier,
+            catalog=sink.catalog,
+            checkpointed_epoch=sink.checkpointed_epoch,
+            committed_epoch=sink.committed_epoch,
+            writer_term=sink.writer_term,
+            writer_count=sink.writer_count,
+            generation=sink.generation,
+            awaiting_writer_after_reset=sink.rebase_on_register,
+            pending_epochs=counts.pending,
+            aborted_epochs=counts.aborted,
+            oldest_pending_age_seconds=counts.oldest_pending_age_seconds,
+            committer=CommitterState.of(overview.health),
+            created_at=sink.created_at,
+            updated_at=sink.updated_at,
+        )
+
+
+class SinkList(BaseModel):
+    sinks: list[SinkResponse]
+
+
+class EpochResponse(BaseModel):
+    epoch: int
+    status: EpochStatus
+    attempt: int
+    file_count: int
+    record_count: int
+    snapshot_id: int | None
+    reason: str | None
+    files_cleaned: bool
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, row: PendingSinkState) -> EpochResponse:
+        return cls(
+            epoch=row.epoch,
+            status=row.status,
+            attempt=row.attempt,
+            file_count=row.file_count,
+            record_count=row.record_count,
+            snapshot_id=row.snapshot_id,
+            reason=row.reason,
+            files_cleaned=row.files_cleaned,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+        )
+
+
+class EpochPage(BaseModel):
+    epochs: list[EpochResponse]
+    next_cursor: str | None = Field(description="Pass as ?cursor= for the next (older) page; null on the last page.")
+
+
+class DataFileResponse(BaseModel):
+    path: str
+    writer_id: int
+    record_count: int
+    file_size_in_bytes: int
+    spec_id: int
+
+
+class EpochDetailResponse(EpochResponse):
+    table: str
+    files: list[DataFileResponse]
+    properties: dict[str, str]
+
+    @classmethod
+    def of_detail(cls, detail: EpochDetail) -> EpochDetailResponse:
+        return cls(
+            **EpochResponse.of(detail.row).model_dump(),
+            table=detail.metadata.table,
+            files=[
+                DataFileResponse(
+                    path=entry.path,
+                    writer_id=entry.writer_id,
+                    record_count=entry.record_count,
+                    file_size_in_bytes=entry.file_size_in_bytes,
+                    spec_id=entry.spec_id,
+                )
+                for entry in detail.metadata.data_files
+            ],
+            properties=detail.metadata.properties,
+        )
+
+
+class AbortRequest(BaseModel):
+    reason: OperatorText = Field(description="Why; kept in the epoch's reason and told to the writer.")
+    force: bool = Field(
+        default=False,
+        description="Also abort an epoch at or below the sink's checkpoint: its records will not reach the table.",
+    )
+
+
+class AbortResponse(BaseModel):
+    epoch: EpochResponse
+    changed: bool = Field(description="False when the epoch was already ABORTED (nothing changed).")
+    warning: str | None = Field(description="Set when a checkpointed epoch was aborted: what is lost.")
+
+    @classmethod
+    def of(cls, outcome: AbortOutcome) -> AbortResponse:
+        return cls(epoch=EpochResponse.of(outcome.row), changed=outcome.changed, warning=outcome.warning)
+
+
+class ResetRequest(BaseModel):
+    confirm: str = Field(max_length=300, description="The sink's name again, to confirm.")
+    reason: OperatorText
+
+
+class ResetResponse(BaseModel):
+    sink: SinkResponse
+    aborted_epochs: list[int]
+
+    @classmethod
+    def of(cls, outcome: ResetOutcome) -> ResetResponse:
+        return cls(sink=SinkResponse.of(outcome.sink), aborted_epochs=list(outcome.aborted_epochs))
+
+
+def encode_cursor(below_epoch: int) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"below": below_epoch}).encode()).decode()
+
+
+def decode_cursor(cursor: str) -> int:
+    """The epoch a page starts below; InvalidArgument for a token this API did not make."""
+    try:
+        below = json.loads(base64.urlsafe_b64decode(cursor.encode()))["below"]
+    except (binascii.Error, ValueError, TypeError, KeyError, UnicodeError):
+        below = None
+    if not isinstance(below, int) or isinstance(below, bool) or not 0 <= below <= MAX_EPOCH:
+        raise InvalidArgument("cursor is not a token from a previous page's next_cursor: omit it for the first page")
+    return below

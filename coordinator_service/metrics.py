@@ -1,0 +1,87 @@
+"""The coordinator's Prometheus metrics, in the default registry that /metrics exposes.
+
+Counters and histograms are updated where things happen (protocol, committer,
+operations); the per-sink gauges are set from one metastore query when
+/metrics is scraped, so that they hold what every replica did, not only this one.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+PRECOMMIT_SECONDS = Histogram(
+    "sink_coordinator_precommit_seconds",
+    "Time from a PreCommit request to its durable PERSISTED answer (multi-writer epochs include the wait "
+    "for the other writers).",
+    ["sink"],
+    buckets=_LATENCY_BUCKETS,
+)
+COMMIT_SECONDS = Histogram(
+    "sink_coordinator_commit_seconds",
+    "Time of one Iceberg commit: the append of a group of epochs and their COMMITTED update.",
+    ["sink"],
+    buckets=_LATENCY_BUCKETS,
+)
+COMMITS = Counter("sink_coordinator_commits_total", "Iceberg snapshots the committer appended.", ["sink"])
+COMMITTED_EPOCHS = Counter(
+    "sink_coordinator_committed_epochs_total",
+    "Epochs marked COMMITTED by this process (appended, empty, or found already in the table).",
+    ["sink"],
+)
+COMMIT_RETRIES = Counter(
+    "sink_coordinator_commit_retries_total",
+    "Failed commit passes that will be retried (catalog conflicts or outages, metastore errors).",
+    ["sink"],
+)
+ABORTED_EPOCHS = Counter(
+    "sink_coordinator_aborted_epochs_total",
+    "Epochs aborted, by cause: recovery (a writer restarted), operator (the abort route), reset.",
+    ["sink", "cause"],
+)
+CLEANED_FILES = Counter(
+    "sink_coordinator_cleaned_files_total", "Data files of aborted epochs deleted from storage.", ["sink"]
+)
+PENDING_EPOCHS = Gauge("sink_coordinator_pending_epochs", "PENDING epochs of the sink (at scrape time).", ["sink"])
+ABORTED_EPOCHS_IN_LOG = Gauge(
+    "sink_coordinator_aborted_epochs_in_log", "ABORTED epochs still in the sink's log (at scrape time).", ["sink"]
+)
+OLDEST_PENDING_SECONDS = Gauge(
+    "sink_coordinator_oldest_pending_epoch_age_seconds",
+    "Age of the sink's oldest PENDING epoch; 0 when there is none.",
+    ["sink"],
+)
+COMMITTER_RETRYING = Gauge(
+    "sink_coordinator_committer_retrying",
+    "1 while this process's committer of the sink is retrying a failed commit.",
+    ["sink"],
+)
+SCRAPE_METASTORE_UP = Gauge(
+    "sink_coordinator_metastore_up", "1 if the per-sink gauges could be read from the metastore at this scrape."
+)
+
+_SINK_GAUGES = (PENDING_EPOCHS, ABORTED_EPOCHS_IN_LOG, OLDEST_PENDING_SECONDS, COMMITTER_RETRYING)
+
+
+def clear_sink_gauges() -> None:
+    """Forget every sink's gauges, so that a deleted sink does not linger."""
+    for gauge in _SINK_GAUGES:
+        gauge.clear()
+
+
+def set_sink_gauges(
+    sink: str, *, pending: int, aborted: int, oldest_pending_age_seconds: float | None, retrying: bool
+) -> None:
+    PENDING_EPOCHS.labels(sink).set(pending)
+    ABORTED_EPOCHS_IN_LOG.labels(sink).set(aborted)
+    OLDEST_PENDING_SECONDS.labels(sink).set(oldest_pending_age_seconds or 0.0)
+    COMMITTER_RETRYING.labels(sink).set(1 if retrying else 0)
+
+
+def record_commit(sink: str, epochs: int, *, appended: bool, seconds: float) -> None:
+    """One group of epochs marked COMMITTED by the committer (appended as a snapshot unless all empty)."""
+    COMMITTED_EPOCHS.labels(sink).inc(epochs)
+    if appended:
+        COMMITS.labels(sink).inc()
+    COMMIT_SECONDS.labels(sink).observe(seconds)
