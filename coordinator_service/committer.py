@@ -208,10 +208,10 @@ class Committer:
                 entries,
                 generation=sink.generation,
             )
-            failpoints.hit(Failpoint.COMMIT_AFTER_APPEND)
+            await failpoints.hit(Failpoint.COMMIT_AFTER_APPEND)
         async with self.database.transaction() as session:
             await repository.mark_committed(session, sink_id, epochs, snapshot_id)
-        failpoints.hit(Failpoint.COMMIT_AFTER_MARK)
+        await failpoints.hit(Failpoint.COMMIT_AFTER_MARK)
         self._last_commit[sink_id] = time.monotonic()
         self.health.setdefault(sink_id, CommitterHealth()).last_commit_at = datetime.now(UTC)
         metrics.record_commit(sink.name, len(epochs), appended=bool(entries), seconds=time.monotonic() - started)
@@ -278,7 +278,7 @@ class Committer:
             paths = precommit_metadata.decode(row.metadata_).paths
             stale = await asyncio.to_thread(self.tables.unreferenced, sink.table_identifier, paths)
             deleted = await asyncio.to_thread(self.tables.delete_files, sink.table_identifier, stale)
-            failpoints.hit(Failpoint.CLEANUP_AFTER_DELETE)
+            await failpoints.hit(Failpoint.CLEANUP_AFTER_DELETE)
             async with self.database.transaction() as session:
                 await repository.mark_files_cleaned(session, row.sink_id, row.epoch, row.attempt)
             metrics.CLEANED_FILES.labels(sink.name).inc(deleted)

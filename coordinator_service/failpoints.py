@@ -1,11 +1,13 @@
 """Named failure-injection points on the commit path, off unless SINK_COORDINATOR_FAILPOINTS names them.
 
-Tests use them to kill the process (SIGKILL, as `kill -9` would) or raise
+Tests use them to kill the process (SIGKILL, as `kill -9` would), raise, or
+stall the step forever (holding whatever it holds, as a hung process would)
 exactly between two steps, e.g. `precommit.after_persist=kill`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from enum import StrEnum
@@ -33,6 +35,7 @@ class Failpoint(StrEnum):
 class Action(StrEnum):
     KILL = "kill"
     ERROR = "error"
+    PAUSE = "pause"
 
 
 class FailpointError(RuntimeError):
@@ -60,11 +63,13 @@ def configure(spec: str) -> None:
         log.warning("failpoints armed", failpoints={k.value: v.value for k, v in armed.items()})
 
 
-def hit(point: Failpoint) -> None:
+async def hit(point: Failpoint) -> None:
     action = _armed.get(point)
     if action is None:
         return
     log.warning("failpoint hit", failpoint=point.value, action=action.value)
     if action is Action.KILL:
         os.kill(os.getpid(), signal.SIGKILL)
+    if action is Action.PAUSE:
+        await asyncio.Event().wait()  # until the task is cancelled at shutdown
     raise FailpointError(f"failpoint {point.value}")

@@ -209,7 +209,7 @@ class Coordinator:
                 table_location=location,
             )
             sink_id = row.id
-        failpoints.hit(Failpoint.REGISTER_AFTER_RECOVERY)
+        await failpoints.hit(Failpoint.REGISTER_AFTER_RECOVERY)
         log.info(
             "writer registered",
             sink=sink,
@@ -331,7 +331,7 @@ class Coordinator:
                 row.reason = None
                 row.files_cleaned = False
                 attempt = row.attempt
-        failpoints.hit(Failpoint.PRECOMMIT_AFTER_PERSIST)
+        await failpoints.hit(Failpoint.PRECOMMIT_AFTER_PERSIST)
         return PreCommitResult(PreCommitOutcome.PERSISTED, attempt=attempt, record_count=metadata.record_count)
 
     async def _delete_files_of_aborted(self, row: PendingSinkState, table: str, keep: frozenset[str]) -> None:
@@ -355,7 +355,7 @@ class Coordinator:
                 row.checkpointed_epoch = epoch
             sink_id = row.id
             result = CheckpointResult(committed_epoch=row.committed_epoch, checkpointed_epoch=row.checkpointed_epoch)
-        failpoints.hit(Failpoint.CHECKPOINT_AFTER_RECORD)
+        await failpoints.hit(Failpoint.CHECKPOINT_AFTER_RECORD)
         log.info("checkpoint recorded", sink=sink, epoch=epoch, writer_term=writer_term)
         self.committer.wake(sink_id)
         if wait and result.committed_epoch < epoch:

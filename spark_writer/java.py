@@ -122,3 +122,11 @@ def ensure_java() -> str:
             log.debug("java_found", source=source, java_home=java_home)
             return java_home
     raise JavaNotFoundError(INSTALL_HINT)
+
+
+if __name__ == "__main__":
+    # `python -m spark_writer.java` exits 0 when a Java 17+ is usable (the Makefile asks).
+    try:
+        ensure_java()
+    except JavaNotFoundError as error:
+        raise SystemExit(str(error)) from None

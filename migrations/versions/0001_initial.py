@@ -53,9 +53,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("sink_id", "epoch"),
         sa.CheckConstraint("epoch >= 0", name="epoch_not_negative"),
     )
-    op.create_index(
-        "ix_pending_sink_state_sink_status_epoch", "pending_sink_state", ["sink_id", "status", "epoch"]
-    )
+    op.create_index("ix_pending_sink_state_sink_status_epoch", "pending_sink_state", ["sink_id", "status", "epoch"])
 
 
 def downgrade() -> None:

