@@ -13,7 +13,6 @@ from grpc_health.v1 import health_pb2
 from coordinator_service import failpoints
 from coordinator_service.admin_api import create_app
 from coordinator_service.grpc_server import SERVICE_NAME, build_server
-from coordinator_service.logs import configure_logging
 from coordinator_service.runtime import Runtime
 from coordinator_service.settings import Settings
 
@@ -24,7 +23,6 @@ GRACE_SECONDS = 5.0
 
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Run until SIGTERM/SIGINT (or `stop` is set), then drain and close."""
-    configure_logging(settings.log_level, settings.log_format)
     failpoints.configure(settings.failpoints)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()

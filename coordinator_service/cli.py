@@ -20,6 +20,7 @@ from rich.table import Table
 from coordinator_service import repository
 from coordinator_service.database import Database
 from coordinator_service.errors import SchemaNotCurrent
+from coordinator_service.logs import configure_logging
 from coordinator_service.models import EpochStatus
 from coordinator_service.runtime import metastore_url, require_migrated
 from coordinator_service.runtime import migrate as migrate_metastore
@@ -43,7 +44,7 @@ def _settings_from(options: dict[str, Any]) -> Settings:
             raise typer.BadParameter(f"--catalog takes key=value, got {bad}")
         given["catalog"] = dict(pair.split("=", 1) for pair in pairs)
     try:
-        return Settings(**given)
+        settings = Settings(**given)
     except ValidationError as error:
         problems = "; ".join(
             f"{ENV_PREFIX}{'_'.join(str(part) for part in item['loc']).upper() or 'SETTINGS'}: {item['msg']}"
@@ -51,6 +52,8 @@ def _settings_from(options: dict[str, Any]) -> Settings:
         )
         console.print(f"[red]invalid configuration:[/red] {problems}")
         raise typer.Exit(2) from None
+    configure_logging(settings.log_level, settings.log_format)
+    return settings
 
 
 def with_settings(command: Callable[[Settings], None]) -> Callable[..., None]:
@@ -60,7 +63,7 @@ def with_settings(command: Callable[[Settings], None]) -> Callable[..., None]:
         env = f"{ENV_PREFIX}{name.upper()}"
         if name == "catalog":
             env = f"{ENV_PREFIX}CATALOG__<KEY>"
-        help_text = f"{field.description} [env: {env}]"
+        help_text = f"{field.description} (env: {env})"
         annotation: Any = list[str] | None if name == "catalog" else str | None
         parameters.append(
             inspect.Parameter(

@@ -45,8 +45,8 @@ class FailpointError(RuntimeError):
 _armed: dict[Failpoint, Action] = {}
 
 
-def configure(spec: str) -> None:
-    """Arm the points of a 'name=action,name=action' spec; raise ValueError naming a bad entry."""
+def parse(spec: str) -> dict[Failpoint, Action]:
+    """Parse 'name=action,name=action'; raise ValueError naming a bad entry."""
     armed: dict[Failpoint, Action] = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
         name, _, action = item.partition("=")
@@ -57,6 +57,12 @@ def configure(spec: str) -> None:
                 f"failpoint {item!r} is not 'name=action' with a name in {[p.value for p in Failpoint]} "
                 f"and an action in {[a.value for a in Action]}"
             ) from None
+    return armed
+
+
+def configure(spec: str) -> None:
+    """Arm exactly the points of the spec."""
+    armed = parse(spec)
     _armed.clear()
     _armed.update(armed)
     if armed:

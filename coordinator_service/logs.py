@@ -7,13 +7,11 @@ import sys
 
 import structlog
 
-from coordinator_service.settings import LogFormat
+from coordinator_service.settings import LogFormat, LogLevel
 
 
-def configure_logging(level: str, log_format: LogFormat) -> None:
-    numeric_level = logging.getLevelName(level.upper())
-    if not isinstance(numeric_level, int):
-        raise ValueError(f"log level {level!r} is not one of DEBUG, INFO, WARNING, ERROR")
+def configure_logging(level: LogLevel, log_format: LogFormat) -> None:
+    numeric_level = logging.getLevelNamesMapping()[level.value]
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer()
         if log_format is LogFormat.JSON

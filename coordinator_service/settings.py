@@ -6,10 +6,23 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Self
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from coordinator_service import failpoints
+
 ENV_PREFIX = "SINK_COORDINATOR_"
+
+
+class LogLevel(StrEnum):
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+
+    @classmethod
+    def _missing_(cls, value: object) -> LogLevel | None:
+        return cls.__members__.get(str(value).upper())
 
 
 class LogFormat(StrEnum):
@@ -88,12 +101,18 @@ class Settings(BaseSettings):
     )
     retry_initial_seconds: float = Field(default=0.2, gt=0.0, description="First backoff of a failed commit.")
     retry_max_seconds: float = Field(default=30.0, gt=0.0, description="Longest backoff of a failed commit.")
-    log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR.")
+    log_level: LogLevel = Field(default=LogLevel.INFO, description="DEBUG, INFO, WARNING or ERROR.")
     log_format: LogFormat = Field(default=LogFormat.JSON, description="json or console.")
     failpoints: str = Field(
         default="",
         description="Testing only: comma-separated failure-injection points, e.g. precommit.after_persist=kill.",
     )
+
+    @field_validator("failpoints")
+    @classmethod
+    def _known_failpoints(cls, spec: str) -> str:
+        failpoints.parse(spec)
+        return spec
 
     @model_validator(mode="after")
     def _read_secret_files(self) -> Self:
