@@ -1,0 +1,129 @@
+"""Reset after a lost Spark checkpoint: the next writer's epochs are a new numbering, and are committed."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from pyiceberg.catalog import Catalog
+
+from coordinator_service.errors import CheckpointBehind, Fenced
+from coordinator_service.iceberg import MARKER_EPOCH, MARKER_GENERATION, Marker
+from coordinator_service.precommit_metadata import decode
+from coordinator_service.protocol import PreCommitRequest
+from tests.fixtures.admin import AdminApp, eventually
+from tests.fixtures.coordinator import table_order_ids
+from tests.fixtures.postgres import query
+
+RESET = {"confirm": "orders", "reason": "checkpoint volume lost"}
+
+
+async def test_the_writer_after_a_reset_starts_a_new_numbering_that_is_committed(
+    admin: AdminApp, catalog: Catalog
+) -> None:
+    old = await admin.register("orders")
+    for epoch in range(3):
+        await admin.pre_commit("orders", old, epoch, epoch * 10)
+    await admin.checkpoint("orders", old, 2)
+    stranded = await admin.pre_commit("orders", old, 3, 30)
+
+    # The Spark checkpoint is lost: a writer from a new one is refused until an operator resets the sink.
+    with pytest.raises(CheckpointBehind) as refused:
+        await admin.register("orders", checkpointed_epoch=-1)
+    assert "/api/v1/sinks/orders/reset" in refused.value.message
+
+    wrong = await admin.post("/api/v1/sinks/orders/reset", json={**RESET, "confirm": "other"})
+    assert wrong.status_code == 422
+    assert "confirm" in wrong.json()["error"]["message"]
+
+    response = await admin.post("/api/v1/sinks/orders/reset", json=RESET)
+    assert response.status_code == 200, response.text
+    reset = response.json()
+    assert reset["aborted_epochs"] == [3]
+    sink = reset["sink"]
+    assert (sink["checkpointed_epoch"], sink["committed_epoch"]) == (2, 2)
+    assert sink["writer_term"] == old.writer_term + 1
+    assert sink["generation"] == 1
+    assert sink["awaiting_writer_after_reset"] is True
+    aborted = (await admin.get("/api/v1/sinks/orders/epochs/3")).json()
+    assert aborted["status"] == "ABORTED"
+    assert aborted["reason"] == "reset by anonymous from 10.0.0.7:40123: checkpoint volume lost"
+
+    # A writer still running on the old checkpoint is fenced.
+    with pytest.raises(Fenced):
+        await admin.runtime.coordinator.pre_commit(
+            PreCommitRequest(sink="orders", epoch=4, writer_term=old.writer_term, paths=(stranded,))
+        )
+
+    async def stranded_files_cleaned() -> bool:
+        return bool((await admin.get("/api/v1/sinks/orders/epochs/3")).json()["files_cleaned"])
+
+    await eventually(stranded_files_cleaned, "the files of the epoch the reset aborted deleted")
+    assert not await asyncio.to_thread(Path(stranded.removeprefix("file://")).exists)
+
+    new = await admin.register("orders", checkpointed_epoch=-1)
+    assert (new.committed_epoch, new.checkpointed_epoch) == (-1, -1)
+    # The log's rows of the old numbering are gone; epoch numbers the old writer used are new epochs now.
+    assert (await admin.get("/api/v1/sinks/orders/epochs")).json()["epochs"] == []
+    for epoch in range(4):
+        await admin.pre_commit("orders", new, epoch, 100 + epoch * 10)
+    assert await admin.checkpoint("orders", new, 3) == 3
+
+    table = catalog.load_table("db.orders")
+    assert table_order_ids(table) == [*range(30), *range(100, 140)]
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    assert snapshot.summary is not None
+    assert (snapshot.summary[MARKER_EPOCH], snapshot.summary[MARKER_GENERATION]) == ("3", "1")
+
+    sink = (await admin.get("/api/v1/sinks/orders")).json()
+    assert (sink["committed_epoch"], sink["generation"], sink["awaiting_writer_after_reset"]) == (3, 1, False)
+    page = (await admin.get("/api/v1/sinks/orders/epochs")).json()
+    assert [(epoch["epoch"], epoch["status"]) for epoch in page["epochs"]] == [
+        (3, "COMMITTED"),
+        (2, "COMMITTED"),
+        (1, "COMMITTED"),
+        (0, "COMMITTED"),
+    ]
+
+
+async def test_a_reset_sink_adopts_a_checkpoint_ahead_too(admin: AdminApp, catalog: Catalog) -> None:
+    old = await admin.register("orders")
+    await admin.pre_commit("orders", old, 0, 0)
+    await admin.checkpoint("orders", old, 0)
+    assert (await admin.post("/api/v1/sinks/orders/reset", json=RESET)).status_code == 200
+
+    # E.g. a checkpoint restored from another copy: its batches up to 7 are done.
+    new = await admin.register("orders", checkpointed_epoch=7)
+    assert new.committed_epoch == 7
+    await admin.pre_commit("orders", new, 8, 80)
+    assert await admin.checkpoint("orders", new, 8) == 8
+    assert table_order_ids(catalog.load_table("db.orders")) == [*range(10), *range(80, 90)]
+
+
+async def test_reset_of_an_unknown_sink_is_404(admin: AdminApp) -> None:
+    response = await admin.post("/api/v1/sinks/nope/reset", json={"confirm": "nope", "reason": "x"})
+    assert response.status_code == 404
+
+
+async def test_markers_of_an_older_generation_do_not_count(admin: AdminApp, database_url: str) -> None:
+    """The ancestry walk stops at another generation's marker, whatever its epoch."""
+    registration = await admin.register("orders")
+    await admin.pre_commit("orders", registration, 0, 0)
+    [(metadata,)] = query(database_url, "SELECT metadata FROM pending_sink_state WHERE epoch = 0")
+    entries = decode(bytes(metadata)).data_files  # type: ignore[arg-type]
+    tables = admin.runtime.tables
+
+    def append(epoch: int, generation: int) -> int:
+        return tables.append("db.orders", "orders", epoch, f"c{epoch}-{generation}", entries, generation=generation)
+
+    def markers(generation: int) -> list[Marker]:
+        return tables.sink_markers("db.orders", "orders", 0, generation=generation)
+
+    first = await asyncio.to_thread(append, 5, 0)
+    second = await asyncio.to_thread(append, 9, 0)
+    assert await asyncio.to_thread(markers, 1) == []
+    assert await asyncio.to_thread(markers, 0) == [Marker(5, first), Marker(9, second)]
+    third = await asyncio.to_thread(append, 1, 1)
+    assert await asyncio.to_thread(markers, 1) == [Marker(1, third)]
