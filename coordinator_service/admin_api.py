@@ -81,6 +81,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, error: HTTPException) -> JSONResponse:
         status = HTTPStatus(error.status_code)
+        if status == HTTPStatus.BAD_REQUEST:
+            # FastAPI's answer to a body it cannot decode; every other malformed request is a 422.
+            return _error(
+                HTTPStatus.UNPROCESSABLE_ENTITY, "INVALID_ARGUMENT", f"the request is invalid: {error.detail}"
+            )
         message = (
             str(error.detail)
             if error.detail != status.phrase
