@@ -110,7 +110,9 @@ class Committer:
             await asyncio.sleep(self.settings.poll_interval_seconds)
 
     async def _drive(self, sink_id: int, event: asyncio.Event) -> None:
-        # Context variables are per task: every line this sink's committer logs carries the sink.
+        # Context variables are per task: every line this sink's committer logs carries the sink (and not
+        # the epoch of the request whose context the task was created from).
+        structlog.contextvars.clear_contextvars()
         structlog.contextvars.bind_contextvars(sink_id=sink_id)
         while True:
             await event.wait()

@@ -33,14 +33,18 @@ _OUTCOME = {
 }
 
 
-async def _answer(context: grpc.aio.ServicerContext[Any, Any], call: Awaitable[Response]) -> Response:
-    try:
-        return await call
-    except CoordinatorError as error:
-        if isinstance(error, Unavailable):
-            log.warning("request failed: dependency unavailable", error=error.message)
-        await context.abort(error.grpc_code, error.message)
-        raise  # unreachable: abort raises
+async def _answer(
+    context: grpc.aio.ServicerContext[Any, Any], call: Awaitable[Response], **log_context: object
+) -> Response:
+    """Await the protocol call with log_context (sink, epoch) on every line it logs; errors become statuses."""
+    with structlog.contextvars.bound_contextvars(**log_context):
+        try:
+            return await call
+        except CoordinatorError as error:
+            if isinstance(error, Unavailable):
+                log.warning("request failed: dependency unavailable", error=error.message)
+            await context.abort(error.grpc_code, error.message)
+            raise  # unreachable: abort raises
 
 
 class SinkCoordinatorServicer(pb_grpc.SinkCoordinatorServicer):
@@ -60,6 +64,7 @@ class SinkCoordinatorServicer(pb_grpc.SinkCoordinatorServicer):
                 arrow_schema=request.arrow_schema,
                 partition_by=tuple(request.partition_by),
             ),
+            sink=request.sink,
         )
         return pb.RegisterWriterResponse(
             writer_term=registration.writer_term,
@@ -86,6 +91,8 @@ class SinkCoordinatorServicer(pb_grpc.SinkCoordinatorServicer):
                     evolve_schema=request.evolve_schema,
                 )
             ),
+            sink=request.sink,
+            epoch=request.epoch,
         )
         return pb.PreCommitResponse(
             outcome=_OUTCOME[result.outcome], attempt=result.attempt, record_count=result.record_count
@@ -99,6 +106,8 @@ class SinkCoordinatorServicer(pb_grpc.SinkCoordinatorServicer):
             self.coordinator.commit_checkpoint(
                 sink=request.sink, epoch=request.epoch, writer_term=request.writer_term, wait=request.wait
             ),
+            sink=request.sink,
+            epoch=request.epoch,
         )
         return pb.CommitCheckpointResponse(
             committed_epoch=result.committed_epoch, checkpointed_epoch=result.checkpointed_epoch
@@ -107,7 +116,7 @@ class SinkCoordinatorServicer(pb_grpc.SinkCoordinatorServicer):
     async def GetSinkState(  # noqa: N802
         self, request: pb.GetSinkStateRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.GetSinkStateResponse:
-        view = await _answer(context, self.coordinator.sink_state(request.sink))
+        view = await _answer(context, self.coordinator.sink_state(request.sink), sink=request.sink)
         return pb.GetSinkStateResponse(
             sink=view.name,
             table=view.table,
