@@ -1,0 +1,306 @@
+"""Exactly-once from a Spark streaming DataFrame into an Iceberg table, through the commit coordinator.
+
+``write_to_iceberg(df, sink=..., table=..., coordinator=..., checkpoint_location=...)``
+starts a ``foreachBatch`` query whose every micro-batch (epoch = batch id) goes
+through the coordinator's two-phase commit:
+
+1. At start, the writer reads the highest batch id in ``<checkpoint>/commits/``
+   and calls RegisterWriter with it (and the data's Arrow schema, so that the
+   coordinator creates or evolves the table). The coordinator aborts the epochs
+   above it that an earlier run pre-committed (Spark will run them again) and
+   commits those at or below it (Spark will not).
+2. For batch N the executors write Parquet files under ``<table location>/data``
+   (``spark_writer.parquet_writer``); the driver pre-commits their paths as
+   epoch N. PreCommit answers once the epoch is durable in the coordinator's log;
+   any error fails the batch, so Spark does not checkpoint it.
+3. Spark writes ``commits/N``; then CommitCheckpoint(N) (``spark_writer.listener``)
+   lets the coordinator append the epoch to the table.
+
+A batch that Spark runs again after a crash is pre-committed again under the
+new writer term (a new attempt of the epoch); files of the aborted attempt are
+deleted by the coordinator and never reach the table.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import grpc
+import structlog
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
+
+from coordinator_service.client import CoordinatorClient, CoordinatorRpcError, WriterRegistration
+from spark_writer.arrow_schema import arrow_schema_of, serialize_schema
+from spark_writer.checkpoint import SparkCheckpoint
+from spark_writer.listener import CheckpointListener, CheckpointReporter
+from spark_writer.parquet_writer import WRITTEN_FILES_DDL, DataFileTarget, delete_files, task_writer
+from spark_writer.partitioning import parse_partition_fields
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_TARGET_FILE_SIZE_BYTES: Final = 128 * 1024 * 1024
+# The coordinator keeps at most 64 KiB of properties per epoch; offsets of thousands of partitions are left out.
+MAX_OFFSETS_PROPERTY_CHARS: Final = 48 * 1024
+# Refusals after which no pre-commit was recorded: the files just written belong to nobody and are deleted.
+REFUSED_CODES: Final = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+    }
+)
+
+BatchTransform = Callable[[DataFrame], DataFrame]
+
+
+class SinkRefusedError(RuntimeError):
+    """The coordinator refused this writer for good (fenced by a newer writer, epoch aborted, ...)."""
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    sink: str
+    partition_by: tuple[str, ...]
+    target_file_size_bytes: int
+    evolve_schema: bool
+
+
+class MicroBatchWriter:
+    """The ``foreachBatch`` function: write the batch's files on the executors, pre-commit them on the driver."""
+
+    def __init__(
+        self,
+        client: CoordinatorClient,
+        registration: WriterRegistration,
+        options: SinkOptions,
+        checkpoint: SparkCheckpoint,
+        reporter: CheckpointReporter,
+        transform: BatchTransform | None,
+    ) -> None:
+        self._client = client
+        self._registration = registration
+        self._options = options
+        self._checkpoint = checkpoint
+        self._reporter = reporter
+        self._transform = transform
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        # Spark starts batch N only once commits/N-1 exists: report it now in case no listener event did.
+        self._reporter.report(batch_id - 1)
+        frame = batch if self._transform is None else self._transform(batch)
+        schema = arrow_schema_of(frame.schema)
+        target = DataFileTarget(
+            table_location=self._registration.table_location,
+            batch_id=batch_id,
+            schema=schema,
+            partition_fields=parse_partition_fields(self._options.partition_by, schema),
+            target_file_size_bytes=self._options.target_file_size_bytes,
+        )
+        written = frame.mapInArrow(task_writer(target), WRITTEN_FILES_DDL).collect()
+        paths = [row.path for row in written]
+        records = sum(row.record_count for row in written)
+        try:
+            answer = self._client.pre_commit(
+                self._options.sink,
+                batch_id,
+                self._registration.writer_term,
+                paths,
+                properties=self._properties(batch_id),
+                evolve_schema=self._options.evolve_schema,
+            )
+        except CoordinatorRpcError as error:
+            if error.code in REFUSED_CODES:
+                delete_files(paths)
+            raise
+        if answer.already_committed:
+            # The table holds this epoch from an earlier run: these files would be a second copy.
+            delete_files(paths)
+            log.warning("batch already committed; its new files deleted", sink=self._options.sink, epoch=batch_id)
+            return
+        log.info(
+            "batch pre-committed",
+            sink=self._options.sink,
+            epoch=batch_id,
+            attempt=answer.attempt,
+            files=len(paths),
+            records=records,
+        )
+
+    def _properties(self, batch_id: int) -> dict[str, str]:
+        offsets = json.dumps([json.loads(line) for line in self._checkpoint.source_end_offsets(batch_id)])
+        return {"spark.end_offsets": offsets} if len(offsets) <= MAX_OFFSETS_PROPERTY_CHARS else {}
+
+
+class IcebergSinkQuery:
+    """A running ``write_to_iceberg`` query: the StreamingQuery plus the final checkpoint report."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        query: StreamingQuery,
+        registration: WriterRegistration,
+        reporter: CheckpointReporter,
+        listener: CheckpointListener,
+        client: CoordinatorClient,
+    ) -> None:
+        self._spark = spark
+        self.query = query
+        self.registration = registration
+        self._reporter = reporter
+        self._listener = listener
+        self._client = client
+        self._finished = False
+
+    def await_termination(self, timeout_seconds: int | None = None) -> bool:
+        """Wait for the query to end, then finish(); False if it is still running after the timeout.
+
+        Raises StreamingQueryException when the query failed (after reporting the
+        batches it did checkpoint), and SinkRefusedError when the coordinator
+        refused the writer.
+        """
+        try:
+            ended = self.query.awaitTermination(timeout_seconds)
+        except StreamingQueryException:
+            self._finish_after_failure()
+            raise
+        if ended is False:
+            return False
+        self.finish()
+        return True
+
+    def stop(self) -> int:
+        """Stop the query, then finish(); return the last checkpointed (and committed) batch."""
+        self.query.stop()
+        return self.finish()
+
+    def finish(self, *, wait_for_commit: bool = True) -> int:
+        """After the query ended: report Spark's last checkpointed batch to the coordinator and return it.
+
+        With `wait_for_commit` this returns once every checkpointed batch is in the table.
+        """
+        try:
+            if self._reporter.refusal is not None:
+                raise SinkRefusedError(f"the coordinator refused the writer: {self._reporter.refusal}")
+            return self._reporter.report_checkpointed(wait=wait_for_commit)
+        finally:
+            self._release()
+
+    def _finish_after_failure(self) -> None:
+        try:
+            self.finish()
+        except Exception as error:  # the query's own failure is the error to raise
+            log.warning("final checkpoint report failed", error=str(error))
+
+    def _release(self) -> None:
+        if self._finished:
+            return
+        self._finished = True
+        self._reporter.close()
+        self._spark.streams.removeListener(self._listener)
+        self._client.close()
+
+
+def write_to_iceberg(
+    df: DataFrame,
+    *,
+    sink: str,
+    table: str,
+    coordinator: str,
+    checkpoint_location: str,
+    partition_by: Sequence[str] = (),
+    target_file_size_bytes: int = DEFAULT_TARGET_FILE_SIZE_BYTES,
+    processing_time: str | None = None,
+    available_now: bool = False,
+    writer_token: str | None = None,
+    evolve_schema: bool = True,
+    transform: BatchTransform | None = None,
+    query_name: str | None = None,
+) -> IcebergSinkQuery:
+    """Start a streaming query writing `df` into the Iceberg table `table` exactly once.
+
+    Args:
+        df: a streaming DataFrame.
+        sink: the coordinator's name for this query+table (one running writer per sink).
+        table: Iceberg identifier "namespace.table"; created from the data's schema when missing.
+        coordinator: gRPC address of the coordinator, "host:port".
+        checkpoint_location: Spark's checkpoint; it holds the source offsets and decides the epochs.
+        partition_by: partition fields of a table created here ("region", "day(ts)", "truncate(4, s)");
+            data files are split so that each lies in one partition.
+        target_file_size_bytes: a task starts a new file once its current one reaches this size.
+        processing_time: trigger interval ("10 seconds"); default: a batch as soon as the last one ends.
+        available_now: process what is in the source now (in several batches) and stop.
+        writer_token: the coordinator's WRITER_TOKEN, when it has one.
+        evolve_schema: let the coordinator add columns that new data has and the table lacks.
+        transform: applied to each micro-batch on the driver before writing; it may change the schema
+            from batch to batch (new columns evolve the table when `evolve_schema` is on).
+        query_name: Spark query name.
+
+    Raises CoordinatorRpcError when the coordinator refuses the registration (for
+    example a checkpoint behind what it committed) and ValueError for bad options.
+    """
+    if target_file_size_bytes <= 0:
+        raise ValueError(f"target_file_size_bytes must be positive, got {target_file_size_bytes}")
+    if available_now and processing_time is not None:
+        raise ValueError("set processing_time or available_now, not both")
+    spark = df.sparkSession
+    initial = df if transform is None else transform(spark.createDataFrame([], df.schema))
+    arrow_schema = arrow_schema_of(initial.schema)
+    parse_partition_fields(partition_by, arrow_schema)
+    checkpoint = SparkCheckpoint(spark, checkpoint_location)
+    checkpointed = checkpoint.last_committed_batch()
+
+    client = CoordinatorClient(coordinator, token=writer_token)
+    try:
+        registration = client.register_writer(
+            sink,
+            table,
+            checkpointed,
+            arrow_schema=serialize_schema(arrow_schema),
+            partition_by=partition_by,
+        )
+    except BaseException:
+        client.close()
+        raise
+    log.info(
+        "writer registered",
+        sink=sink,
+        table=table,
+        writer_term=registration.writer_term,
+        checkpointed_epoch=checkpointed,
+        aborted_epochs=list(registration.aborted_epochs),
+        recommitting_epochs=list(registration.recommitting_epochs),
+        table_location=registration.table_location,
+    )
+    options = SinkOptions(sink, tuple(partition_by), target_file_size_bytes, evolve_schema)
+    reporter = CheckpointReporter(client, sink, registration.writer_term, checkpoint, checkpointed)
+    listener = CheckpointListener(reporter)
+    spark.streams.addListener(listener)
+
+    writer = df.writeStream.foreachBatch(
+        MicroBatchWriter(client, registration, options, checkpoint, reporter, transform)
+    ).option("checkpointLocation", checkpoint_location)
+    if query_name is not None:
+        writer = writer.queryName(query_name)
+    if available_now:
+        writer = writer.trigger(availableNow=True)
+    elif processing_time is not None:
+        writer = writer.trigger(processingTime=processing_time)
+    try:
+        query = writer.start()
+    except BaseException:
+        spark.streams.removeListener(listener)
+        reporter.close()
+        client.close()
+        raise
+    listener.query_id = str(query.id)
+    reporter.on_refused(query.stop)
+    # Progress events that came before the query id was known were dropped: look once now.
+    reporter.request()
+    return IcebergSinkQuery(spark, query, registration, reporter, listener, client)

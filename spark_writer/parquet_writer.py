@@ -1,0 +1,174 @@
+"""The executor side of the sink: each Spark task writes its rows as Parquet data files under the table.
+
+A task's rows arrive as Arrow record batches (``mapInArrow``). They are grouped
+by Iceberg partition, buffered into row groups and written with pyarrow; a file
+is closed and a new one started once it reaches the target size. File names
+carry the batch id, the Spark partition and task attempt, and a random part, so
+two attempts of a task (a retry, a speculative copy, a re-run of the batch after
+a crash) never write the same file. The task yields one row per file it wrote;
+the driver pre-commits exactly those files, so files of a failed attempt never
+reach the table (the attempt deletes them when it fails by an exception).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import structlog
+from pyspark import TaskContext
+
+from spark_writer.partitioning import PartitionField, PartitionKey, split_by_partition
+
+log = structlog.get_logger(__name__)
+
+DATA_DIRECTORY: Final = "data"
+# Larger row groups mean fewer, better compressed column chunks; this bounds a task's memory per partition.
+MAX_ROW_GROUP_BYTES: Final = 64 * 1024 * 1024
+PARQUET_COMPRESSION: Final = "zstd"
+
+# What every task yields: one row per data file (the DDL form is mapInArrow's output schema).
+WRITTEN_FILES_DDL: Final = "path string, record_count bigint, size_bytes bigint"
+WRITTEN_FILES_SCHEMA: Final = pa.schema(
+    [pa.field("path", pa.string()), pa.field("record_count", pa.int64()), pa.field("size_bytes", pa.int64())]
+)
+
+TaskWriter = Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    path: str
+    record_count: int
+    size_bytes: int
+
+
+@dataclass(frozen=True)
+class DataFileTarget:
+    """Everything a task needs to write one micro-batch's files; pickled to the executors."""
+
+    table_location: str
+    batch_id: int
+    schema: pa.Schema
+    partition_fields: tuple[PartitionField, ...]
+    target_file_size_bytes: int
+
+    @property
+    def row_group_bytes(self) -> int:
+        return min(self.target_file_size_bytes, MAX_ROW_GROUP_BYTES)
+
+
+def data_directory_uri(table_location: str) -> str:
+    return f"{table_location.rstrip('/')}/{DATA_DIRECTORY}"
+
+
+@dataclass
+class _OpenFile:
+    uri: str
+    stream: pa.NativeFile
+    writer: pq.ParquetWriter
+    record_count: int = 0
+    pending: list[pa.Table] = field(default_factory=list)
+    pending_bytes: int = 0
+
+
+class RollingParquetFiles:
+    """The files one task attempt writes: one open file per partition, rolled at the target size."""
+
+    def __init__(self, target: DataFileTarget, task_label: str) -> None:
+        self._target = target
+        self._directory = data_directory_uri(target.table_location)
+        self._filesystem, directory_path = pafs.FileSystem.from_uri(self._directory)
+        self._filesystem.create_dir(directory_path, recursive=True)
+        self._prefix = f"{target.batch_id:08d}-{task_label}-{uuid.uuid4().hex[:12]}"
+        self._open: dict[PartitionKey, _OpenFile] = {}
+        self._closed: list[WrittenFile] = []
+        self._started: list[str] = []
+
+    def write(self, key: PartitionKey, rows: pa.Table) -> None:
+        if rows.num_rows == 0:
+            return
+        current = self._open.get(key) or self._start_file(key)
+        current.pending.append(rows)
+        current.pending_bytes += rows.nbytes
+        if current.pending_bytes >= self._target.row_group_bytes:
+            self._flush_row_group(current)
+            if current.stream.tell() >= self._target.target_file_size_bytes:
+                self._close(key)
+
+    def close(self) -> list[WrittenFile]:
+        for key in list(self._open):
+            self._flush_row_group(self._open[key])
+            self._close(key)
+        return self._closed
+
+    def abort(self) -> None:
+        """Close and delete every file this attempt started (best effort: the attempt is failing anyway)."""
+        for current in self._open.values():
+            with contextlib.suppress(Exception):
+                current.writer.close()
+                current.stream.close()
+        self._open.clear()
+        delete_files(self._started)
+
+    def _start_file(self, key: PartitionKey) -> _OpenFile:
+        uri = f"{self._directory}/{self._prefix}-{len(self._started):04d}.parquet"
+        self._started.append(uri)
+        filesystem, path = pafs.FileSystem.from_uri(uri)
+        stream = filesystem.open_output_stream(path)
+        writer = pq.ParquetWriter(stream, self._target.schema, compression=PARQUET_COMPRESSION)
+        self._open[key] = _OpenFile(uri, stream, writer)
+        return self._open[key]
+
+    def _flush_row_group(self, current: _OpenFile) -> None:
+        if not current.pending:
+            return
+        rows = pa.concat_tables(current.pending)
+        current.writer.write_table(rows, row_group_size=rows.num_rows)
+        current.record_count += rows.num_rows
+        current.pending, current.pending_bytes = [], 0
+
+    def _close(self, key: PartitionKey) -> None:
+        current = self._open.pop(key)
+        current.writer.close()
+        size = current.stream.tell()
+        current.stream.close()
+        self._closed.append(WrittenFile(current.uri, current.record_count, size))
+
+
+def task_writer(target: DataFileTarget) -> TaskWriter:
+    """The ``mapInArrow`` function writing one task's rows of a micro-batch; yields WRITTEN_FILES_SCHEMA rows."""
+
+    def write(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        context = TaskContext.get()
+        label = "driver" if context is None else f"{context.partitionId():05d}-{context.taskAttemptId()}"
+        files = RollingParquetFiles(target, label)
+        try:
+            for batch in batches:
+                rows = pa.Table.from_batches([batch]).cast(target.schema)
+                for key, part in split_by_partition(rows, target.partition_fields):
+                    files.write(key, part)
+            written = files.close()
+        except BaseException:
+            files.abort()
+            raise
+        yield pa.RecordBatch.from_pylist(
+            [{"path": f.path, "record_count": f.record_count, "size_bytes": f.size_bytes} for f in written],
+            schema=WRITTEN_FILES_SCHEMA,
+        )
+
+    return write
+
+
+def delete_files(uris: Sequence[str]) -> None:
+    """Delete data files by URI; a file already gone is fine."""
+    for uri in uris:
+        filesystem, path = pafs.FileSystem.from_uri(uri)
+        with contextlib.suppress(FileNotFoundError):
+            filesystem.delete_file(path)
