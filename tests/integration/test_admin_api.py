@@ -5,16 +5,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pyiceberg.catalog import Catalog
 
 from coordinator_service.errors import EpochAborted
-from coordinator_service.precommit_metadata import decode
 from tests.fixtures.admin import (
     AdminApp,
     commit_lock_held,
+    epoch_metadata,
     eventually,
     wait_for_commit_lock_waiter,
 )
@@ -32,7 +33,7 @@ def error_of(response: object) -> dict[str, str]:
     return body["error"]  # type: ignore[no-any-return]
 
 
-async def epoch_state(admin: AdminApp, sink: str, epoch: int) -> dict[str, object]:
+async def epoch_state(admin: AdminApp, sink: str, epoch: int) -> dict[str, Any]:
     response = await admin.get(f"/api/v1/sinks/{sink}/epochs/{epoch}")
     assert response.status_code == 200, response.text
     return response.json()  # type: ignore[no-any-return]
@@ -144,10 +145,9 @@ async def test_one_epoch_with_its_files(admin: AdminApp, database_url: str) -> N
     assert (epoch["attempt"], epoch["file_count"], epoch["record_count"]) == (1, 1, 10)
     assert epoch["snapshot_id"] is not None
     assert epoch["table"] == "db.orders"
-    assert [file["path"] for file in epoch["files"]] == [path]  # type: ignore[attr-defined]
-    assert epoch["files"][0]["record_count"] == 10  # type: ignore[index]
-    [(metadata,)] = query(database_url, "SELECT metadata FROM pending_sink_state")
-    assert decode(bytes(metadata)).paths == {path}  # type: ignore[arg-type]
+    assert [file["path"] for file in epoch["files"]] == [path]
+    assert epoch["files"][0]["record_count"] == 10
+    assert epoch_metadata(database_url, 0).paths == {path}
 
 
 async def test_abort_of_a_pending_epoch_reaches_the_writer_with_who_and_why(
@@ -271,8 +271,7 @@ async def test_forced_abort_refuses_an_epoch_already_in_the_table(admin: AdminAp
     async with commit_lock_held(database_url, sink_id) as lock:
         await admin.checkpoint("orders", registration, 0, wait=False)
         # A committer that appended epoch 0 and died before its COMMITTED update.
-        [(metadata,)] = query(database_url, "SELECT metadata FROM pending_sink_state WHERE epoch = 0")
-        entries = decode(bytes(metadata)).data_files  # type: ignore[arg-type]
+        entries = epoch_metadata(database_url, 0).data_files
         await asyncio.to_thread(
             admin.runtime.tables.append, "db.orders", "orders", 0, "crashed-commit", entries, generation=0
         )
@@ -333,7 +332,7 @@ async def test_a_failing_committer_shows_as_retrying(admin: AdminApp, catalog: C
 
     async def retrying() -> bool:
         committer = (await admin.get(f"/api/v1/sinks/{sink}")).json()["committer"]
-        return committer["state"] == "retrying" and committer["failed_attempts"] >= 2
+        return bool(committer["state"] == "retrying" and committer["failed_attempts"] >= 2)
 
     await eventually(retrying, "the committer reported as retrying")
     committer = (await admin.get(f"/api/v1/sinks/{sink}")).json()["committer"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
@@ -45,7 +46,7 @@ def test_no_request_makes_the_admin_api_fail(coordinator_factory: Callable[..., 
         suppress_health_check=list(HealthCheck),
     )
     @given(case=cases)
-    def call(case: Case) -> None:
+    def call(case: Case[Any]) -> None:
         case.call_and_validate(base_url=process.http_url, checks=CHECKS)
 
     call()

@@ -27,7 +27,7 @@ WRITER_TOKEN = "writer-token-9a2e"
 ABORT = "/api/v1/sinks/orders/epochs/0/abort"
 READ_ROUTES = ("/api/v1/sinks", "/api/v1/sinks/orders", "/api/v1/sinks/orders/epochs", "/api/v1/sinks/orders/epochs/0")
 OPEN_ROUTES = ("/healthz", "/readyz", "/metrics", "/docs", "/openapi.json")
-WRONG_CREDENTIALS = (
+WRONG_CREDENTIALS: tuple[tuple[dict[str, str], str], ...] = (
     ({}, "needs the admin token"),
     ({"Authorization": "Bearer not-the-token"}, "the admin token is wrong"),
     ({"Authorization": f"Basic {ADMIN_TOKEN}"}, "needs the admin token"),

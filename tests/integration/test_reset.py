@@ -10,11 +10,9 @@ from pyiceberg.catalog import Catalog
 
 from coordinator_service.errors import CheckpointBehind, Fenced
 from coordinator_service.iceberg import MARKER_EPOCH, MARKER_GENERATION, Marker
-from coordinator_service.precommit_metadata import decode
 from coordinator_service.protocol import PreCommitRequest
-from tests.fixtures.admin import AdminApp, eventually
+from tests.fixtures.admin import AdminApp, epoch_metadata, eventually
 from tests.fixtures.coordinator import table_order_ids
-from tests.fixtures.postgres import query
 
 RESET = {"confirm": "orders", "reason": "checkpoint volume lost"}
 
@@ -111,8 +109,7 @@ async def test_markers_of_an_older_generation_do_not_count(admin: AdminApp, data
     """The ancestry walk stops at another generation's marker, whatever its epoch."""
     registration = await admin.register("orders")
     await admin.pre_commit("orders", registration, 0, 0)
-    [(metadata,)] = query(database_url, "SELECT metadata FROM pending_sink_state WHERE epoch = 0")
-    entries = decode(bytes(metadata)).data_files  # type: ignore[arg-type]
+    entries = epoch_metadata(database_url, 0).data_files
     tables = admin.runtime.tables
 
     def append(epoch: int, generation: int) -> int:
