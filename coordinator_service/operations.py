@@ -191,8 +191,9 @@ class Operations:
     async def reset_sink(self, name: str, confirm: str, reason: str, operator: Operator) -> ResetOutcome:
         """Prepare a sink for a writer whose Spark checkpoint was lost (see docs/operations.md).
 
-        Every PENDING epoch is aborted, the writer term is bumped (fencing a
-        running writer), the generation is bumped, and the next RegisterWriter
+        Every PENDING epoch is aborted, the checkpointed epoch goes back to the
+        committed one, the writer term is bumped (fencing a running writer),
+        the generation is bumped, and the next RegisterWriter
         adopts whatever checkpoint it presents (protocol._rebase_after_reset).
         """
         _check_known_name(name)
@@ -203,6 +204,8 @@ class Operations:
         async with self._holding_commit_lock(name, sink_id, "reset"), self.database.transaction() as session:
             sink = await _existing_sink(session, name, lock="update")
             aborted = await repository.abort_pending_above(session, sink.id, -1, f"reset by {operator}: {reason}")
+            # Checkpointed epochs not committed yet were aborted with the rest: the table's state is what stays.
+            sink.checkpointed_epoch = sink.committed_epoch
             sink.writer_term += 1
             sink.generation += 1
             sink.rebase_on_register = True

@@ -17,10 +17,10 @@ from tests.fixtures.admin import (
     commit_lock_held,
     epoch_metadata,
     eventually,
+    sink_id_of,
     wait_for_commit_lock_waiter,
 )
 from tests.fixtures.coordinator import table_files, table_order_ids
-from tests.fixtures.postgres import query
 
 AdminFactory = Callable[..., Awaitable[AdminApp]]
 TOKEN = "s3cret-admin-token"
@@ -192,12 +192,6 @@ async def test_abort_of_a_committed_epoch_is_409(admin: AdminApp) -> None:
         assert response.status_code == 409
         assert error_of(response)["code"] == "FAILED_PRECONDITION"
         assert "COMMITTED" in error_of(response)["message"]
-
-
-def sink_id_of(database_url: str, sink: str) -> int:
-    [(sink_id,)] = query(database_url, "SELECT id FROM sinks WHERE name = %s", sink)
-    assert isinstance(sink_id, int)
-    return sink_id
 
 
 async def test_abort_of_a_checkpointed_epoch_needs_force_and_waits_for_the_committer(

@@ -11,7 +11,14 @@ from pyiceberg.catalog import Catalog
 from coordinator_service.errors import CheckpointBehind, Fenced
 from coordinator_service.iceberg import MARKER_EPOCH, MARKER_GENERATION, Marker
 from coordinator_service.protocol import PreCommitRequest
-from tests.fixtures.admin import AdminApp, epoch_metadata, eventually
+from tests.fixtures.admin import (
+    AdminApp,
+    commit_lock_held,
+    epoch_metadata,
+    eventually,
+    sink_id_of,
+    wait_for_commit_lock_waiter,
+)
 from tests.fixtures.coordinator import table_order_ids
 
 RESET = {"confirm": "orders", "reason": "checkpoint volume lost"}
@@ -86,11 +93,20 @@ async def test_the_writer_after_a_reset_starts_a_new_numbering_that_is_committed
     ]
 
 
-async def test_a_reset_sink_adopts_a_checkpoint_ahead_too(admin: AdminApp, catalog: Catalog) -> None:
+async def test_a_reset_sink_adopts_a_checkpoint_ahead_too(admin: AdminApp, catalog: Catalog, database_url: str) -> None:
     old = await admin.register("orders")
     await admin.pre_commit("orders", old, 0, 0)
     await admin.checkpoint("orders", old, 0)
-    assert (await admin.post("/api/v1/sinks/orders/reset", json=RESET)).status_code == 200
+    await admin.pre_commit("orders", old, 1, 10)
+    async with commit_lock_held(database_url, sink_id_of(database_url, "orders")) as lock:
+        await admin.checkpoint("orders", old, 1, wait=False)  # checkpointed, not committed
+        reset = asyncio.create_task(admin.post("/api/v1/sinks/orders/reset", json=RESET))
+        await wait_for_commit_lock_waiter(lock, sink_id_of(database_url, "orders"))
+    response = await reset
+    assert response.status_code == 200
+    assert response.json()["aborted_epochs"] == [1]
+    sink = response.json()["sink"]
+    assert (sink["checkpointed_epoch"], sink["committed_epoch"]) == (0, 0)
 
     # E.g. a checkpoint restored from another copy: its batches up to 7 are done.
     new = await admin.register("orders", checkpointed_epoch=7)
