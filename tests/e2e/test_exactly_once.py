@@ -6,11 +6,13 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog import Catalog
 from pyspark.sql import DataFrame, SparkSession
 
 from spark_writer.iceberg_sink import write_to_iceberg
+from spark_writer.job import KafkaSettings, ParseSettings, SinkSettings, start_job
 from spark_writer.kafka_records import json_records, schema_from_ddl
 from spark_writer.kafka_source import SOURCE_NAME
 from tests.fixtures.coordinator import CoordinatorProcess
@@ -20,6 +22,7 @@ from tests.fixtures.pipeline import (
     order_ids,
     produce_orders,
     produced_positions,
+    table_arrow,
 )
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
@@ -69,3 +72,84 @@ def test_every_record_once_over_several_batches(
     with coordinator.client() as client:
         state = client.sink_state("orders")
     assert state.committed_epoch == state.checkpointed_epoch >= 4, "the records came in one batch"
+
+
+def test_partitioned_table_one_partition_per_file(
+    spark: SparkSession,
+    kafka_bootstrap: str,
+    kafka_topic: TopicFactory,
+    coordinator: CoordinatorProcess,
+    catalog: Catalog,
+    tmp_path: Path,
+) -> None:
+    topic = kafka_topic(partitions=2)
+    produced = produce_orders(kafka_bootstrap, topic, range(1200), partitions=2)
+    orders = json_records(
+        kafka_stream(spark, kafka_bootstrap, topic, max_offsets=600),
+        schema_from_ddl(ORDER_SCHEMA_DDL),
+        kafka_metadata=True,
+    )
+    running = write_to_iceberg(
+        orders,
+        sink="orders-by-country-day",
+        table="shop.orders_by_country_day",
+        coordinator=coordinator.target,
+        checkpoint_location=str(tmp_path / "checkpoint"),
+        partition_by=("country", "day(created_at)"),
+        available_now=True,
+    )
+    assert running.await_termination(QUERY_TIMEOUT_SECONDS)
+
+    assert kafka_positions(catalog, "shop.orders_by_country_day") == produced_positions(produced)
+    table = catalog.load_table("shop.orders_by_country_day")
+    assert [str(field) for field in table.spec().fields] == [
+        "1000: country: identity(4)",
+        "1001: created_at_day: day(5)",
+    ]
+    files = table.inspect.files().select(["file_path", "partition"]).to_pylist()
+    partitions = {(f["partition"]["country"], f["partition"]["created_at_day"]) for f in files}
+    assert len(partitions) == 9, "3 countries x 3 days"
+    for data_file in files:
+        rows = pq.read_table(data_file["file_path"].removeprefix("file://"), columns=["country", "created_at"])
+        days = {ts.date() for ts in rows.column("created_at").to_pylist()}
+        countries = set(rows.column("country").to_pylist())
+        expected = data_file["partition"]
+        assert (countries, days) == ({expected["country"]}, {expected["created_at_day"]}), data_file["file_path"]
+
+
+def test_new_json_field_mid_stream_becomes_a_column(
+    spark: SparkSession,
+    kafka_bootstrap: str,
+    kafka_topic: TopicFactory,
+    coordinator: CoordinatorProcess,
+    catalog: Catalog,
+    tmp_path: Path,
+) -> None:
+    """The job infers the schema from a sample, then a field appears: the table grows a column, no record is lost."""
+    topic = kafka_topic(partitions=2)
+    before = produce_orders(kafka_bootstrap, topic, range(1000), partitions=2)
+    running = start_job(
+        spark,
+        KafkaSettings(kafka_bootstrap, (topic,), max_offsets_per_trigger=500),
+        ParseSettings(evolve_schema=True, kafka_metadata=True),
+        SinkSettings(
+            sink="orders-evolving",
+            table="shop.orders_evolving",
+            coordinator=coordinator.target,
+            checkpoint_location=str(tmp_path / "checkpoint"),
+        ),
+    )
+    running.query.processAllAvailable()
+    assert "coupon" not in catalog.load_table("shop.orders_evolving").schema().column_names
+
+    after = produce_orders(kafka_bootstrap, topic, range(1000, 2000), partitions=2, coupon="SPRING")
+    running.query.processAllAvailable()
+    running.stop()
+
+    coordinator.wait_for_log("added columns to iceberg table", columns=["coupon"])
+    assert kafka_positions(catalog, "shop.orders_evolving") == produced_positions(before + after)
+    rows = table_arrow(catalog, "shop.orders_evolving", ("order_id", "coupon")).to_pylist()
+    assert {row["order_id"]: row["coupon"] for row in rows} == {
+        **dict.fromkeys(range(1000)),
+        **dict.fromkeys(range(1000, 2000), "SPRING"),
+    }

@@ -1,0 +1,296 @@
+"""`sink-writer`: stream Kafka topics into an Iceberg table exactly once, through the commit coordinator.
+
+Run it directly (a local Spark unless --master says otherwise)::
+
+    sink-writer --bootstrap-servers localhost:9092 --topic orders \\
+        --schema "order_id BIGINT, amount DOUBLE, created_at TIMESTAMP" \\
+        --sink orders --table shop.orders --coordinator localhost:50051 \\
+        --checkpoint-location /data/checkpoints/orders
+
+or hand the same module to spark-submit (the package and its dependencies must
+be importable on the driver and the executors: installed in their Python, or
+shipped with --py-files / --archives)::
+
+    spark-submit --master spark://host:7077 spark_writer/job.py --bootstrap-servers ... (same flags)
+
+Records are parsed as JSON objects (a given schema, or one inferred from a
+sample of the newest records, grown batch by batch when new fields appear) or
+kept raw (key, value, topic, partition, offset, timestamp). See
+docs/spark-writer.md for every flag and how exactly-once works.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import FrameType
+from typing import Annotated, Final
+
+import structlog
+import typer
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, SparkSession
+
+from coordinator_service.client import CoordinatorRpcError
+from coordinator_service.logs import configure_logging
+from coordinator_service.settings import LogFormat, LogLevel
+from spark_writer.iceberg_sink import (
+    DEFAULT_TARGET_FILE_SIZE_BYTES,
+    IcebergSinkQuery,
+    SinkRefusedError,
+    write_to_iceberg,
+)
+from spark_writer.kafka_records import (
+    EvolvingJsonParser,
+    json_records,
+    raw_records,
+    sampled_json_schema,
+    schema_from_ddl,
+)
+from spark_writer.kafka_source import SOURCE_NAME, KafkaDataSource
+from spark_writer.session import local_spark_session
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_SAMPLE_SIZE: Final = 1000
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+_SIZE_UNITS: Final = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_SIZE_UNITS.update({"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40})
+
+
+class RecordFormat(StrEnum):
+    JSON = "json"
+    RAW = "raw"
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    bootstrap_servers: str
+    topics: tuple[str, ...]
+    starting_offsets: str = "earliest"
+    max_offsets_per_trigger: int | None = None
+    fail_on_data_loss: bool = True
+    consumer_options: dict[str, str] = field(default_factory=dict)
+
+    def source_options(self) -> dict[str, str]:
+        """The options of the `sink_coordinator_kafka` source."""
+        options = {
+            "kafka.bootstrap.servers": self.bootstrap_servers,
+            "subscribe": ",".join(self.topics),
+            "startingOffsets": self.starting_offsets,
+            "failOnDataLoss": str(self.fail_on_data_loss).lower(),
+            **{f"kafka.{key}": value for key, value in self.consumer_options.items()},
+        }
+        if self.max_offsets_per_trigger is not None:
+            options["maxOffsetsPerTrigger"] = str(self.max_offsets_per_trigger)
+        return options
+
+
+@dataclass(frozen=True)
+class ParseSettings:
+    record_format: RecordFormat = RecordFormat.JSON
+    schema_ddl: str | None = None
+    sample_size: int = DEFAULT_SAMPLE_SIZE
+    evolve_schema: bool = True
+    kafka_metadata: bool = False
+
+
+@dataclass(frozen=True)
+class SinkSettings:
+    sink: str
+    table: str
+    coordinator: str
+    checkpoint_location: str
+    writer_token: str | None = None
+    partition_by: tuple[str, ...] = ()
+    target_file_size_bytes: int = DEFAULT_TARGET_FILE_SIZE_BYTES
+    processing_time: str | None = None
+    available_now: bool = False
+
+
+def parse_size(text: str) -> int:
+    """'134217728', '128MiB', '64 MB' -> bytes."""
+    match = _SIZE.match(text)
+    if match is None or int(match.group(1)) <= 0:
+        raise ValueError(f"size {text!r} is not a positive number of bytes like 134217728, 128MiB or 64MB")
+    return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "").lower()]
+
+
+def parse_key_values(pairs: list[str], flag: str) -> dict[str, str]:
+    bad = [pair for pair in pairs if "=" not in pair]
+    if bad:
+        raise typer.BadParameter(f"{flag} takes key=value, got {bad}")
+    return dict(pair.split("=", 1) for pair in pairs)
+
+
+def spark_session(master: str | None, app_name: str = "sink-writer") -> SparkSession:
+    """The session to run in: spark-submit's when it launched us, else a local one (Java found, source registered)."""
+    # spark-submit starts the JVM first and tells the Python driver its gateway port.
+    if master is None and "PYSPARK_GATEWAY_PORT" in os.environ:
+        spark = SparkSession.builder.appName(app_name).getOrCreate()
+        spark.dataSource.register(KafkaDataSource)
+        return spark
+    return local_spark_session(app_name, master or "local[*]")
+
+
+def table_records(
+    spark: SparkSession, kafka: KafkaSettings, parse: ParseSettings
+) -> tuple[DataFrame, EvolvingJsonParser | None]:
+    """The streaming DataFrame to write and, when the schema may grow, the per-batch parser that grows it."""
+    options = kafka.source_options()
+    stream = spark.readStream.format(SOURCE_NAME).options(**options).load()
+    if parse.record_format is RecordFormat.RAW:
+        return raw_records(stream), None
+    schema = (
+        schema_from_ddl(parse.schema_ddl)
+        if parse.schema_ddl
+        else sampled_json_schema(spark, options, parse.sample_size)
+    )
+    log.info("json schema", schema=schema.simpleString(), source="given" if parse.schema_ddl else "sampled")
+    if parse.evolve_schema:
+        return stream, EvolvingJsonParser(schema, kafka_metadata=parse.kafka_metadata)
+    if not schema.fields:
+        raise ValueError("the topics are empty, so no schema could be inferred: pass --schema or --evolve-schema")
+    return json_records(stream, schema, kafka_metadata=parse.kafka_metadata), None
+
+
+def start_job(spark: SparkSession, kafka: KafkaSettings, parse: ParseSettings, sink: SinkSettings) -> IcebergSinkQuery:
+    records, parser = table_records(spark, kafka, parse)
+    return write_to_iceberg(
+        records,
+        sink=sink.sink,
+        table=sink.table,
+        coordinator=sink.coordinator,
+        checkpoint_location=sink.checkpoint_location,
+        partition_by=sink.partition_by,
+        target_file_size_bytes=sink.target_file_size_bytes,
+        processing_time=sink.processing_time,
+        available_now=sink.available_now,
+        writer_token=sink.writer_token,
+        evolve_schema=parse.evolve_schema,
+        transform=parser,
+        query_name=sink.sink,
+    )
+
+
+def run_until_done(query: IcebergSinkQuery) -> None:
+    """Wait for the query (availableNow: until drained); on Ctrl-C or SIGTERM stop it cleanly first."""
+    try:
+        query.await_termination()
+    except KeyboardInterrupt:
+        log.warning("interrupted: stopping the query")
+        query.stop()
+
+
+app = typer.Typer(
+    name="sink-writer",
+    help="Stream Kafka topics into an Apache Iceberg table exactly once, through the sink coordinator.",
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.command()
+def main(
+    bootstrap_servers: Annotated[
+        str, typer.Option(help="Kafka bootstrap servers, host:port[,host:port].", envvar="KAFKA_BOOTSTRAP_SERVERS")
+    ],
+    topic: Annotated[list[str], typer.Option(help="Topic to read (repeat for several).")],
+    sink: Annotated[str, typer.Option(help="The coordinator's name for this query and table.")],
+    table: Annotated[str, typer.Option(help="Iceberg table, namespace.table (created when missing).")],
+    checkpoint_location: Annotated[str, typer.Option(help="Spark checkpoint directory (any Hadoop URI).")],
+    coordinator: Annotated[
+        str, typer.Option(help="gRPC address of the coordinator.", envvar="SINK_WRITER_COORDINATOR")
+    ] = "127.0.0.1:50051",
+    writer_token: Annotated[
+        str | None, typer.Option(help="The coordinator's writer token.", envvar="SINK_WRITER_TOKEN")
+    ] = None,
+    starting_offsets: Annotated[
+        str, typer.Option(help='earliest, latest or JSON {"topic": {"0": 42}}; only for a new checkpoint.')
+    ] = "earliest",
+    max_offsets_per_trigger: Annotated[
+        int | None, typer.Option(min=1, help="Most records per micro-batch (shared over partitions).")
+    ] = None,
+    kafka_option: Annotated[
+        list[str] | None,
+        typer.Option(help="librdkafka consumer setting key=value (repeat), e.g. security.protocol=SSL."),
+    ] = None,
+    fail_on_data_loss: Annotated[
+        bool, typer.Option(help="Fail when records were deleted before they were read.")
+    ] = True,
+    record_format: Annotated[
+        RecordFormat, typer.Option("--format", help="json: parse values as JSON objects; raw: keep Kafka columns.")
+    ] = RecordFormat.JSON,
+    schema: Annotated[
+        str | None, typer.Option(help='JSON schema as DDL, "order_id BIGINT, amount DOUBLE"; default: inferred.')
+    ] = None,
+    infer_sample: Annotated[
+        int, typer.Option(min=1, help="Newest records sampled to infer the JSON schema.")
+    ] = DEFAULT_SAMPLE_SIZE,
+    evolve_schema: Annotated[bool, typer.Option(help="Add new JSON fields as table columns as they appear.")] = True,
+    kafka_metadata: Annotated[
+        bool, typer.Option(help="Add kafka_topic, kafka_partition, kafka_offset, kafka_timestamp columns (json).")
+    ] = False,
+    partition_by: Annotated[
+        list[str] | None, typer.Option(help="Partition field of a new table: col, day(ts), truncate(4, s)... (repeat).")
+    ] = None,
+    target_file_size: Annotated[
+        str, typer.Option(help="Roll data files at this size: 128MiB, 64MB, bytes.")
+    ] = "128MiB",
+    trigger_interval: Annotated[
+        str | None, typer.Option(help='Micro-batch interval, e.g. "10 seconds"; default: back to back.')
+    ] = None,
+    available_now: Annotated[bool, typer.Option(help="Process what the topics hold now, then stop.")] = False,
+    master: Annotated[str | None, typer.Option(help="Spark master; default: spark-submit's, else local[*].")] = None,
+    log_level: Annotated[LogLevel, typer.Option(case_sensitive=False, help="Log level.")] = LogLevel.INFO,
+    log_format: Annotated[LogFormat, typer.Option(help="Log lines as console text or JSON.")] = LogFormat.CONSOLE,
+) -> None:
+    """Run the streaming job until it is stopped (or, with --available-now, until the topics are drained)."""
+    configure_logging(log_level, log_format)
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # one INFO line per callback from the JVM
+    try:
+        kafka = KafkaSettings(
+            bootstrap_servers=bootstrap_servers,
+            topics=tuple(topic),
+            starting_offsets=starting_offsets,
+            max_offsets_per_trigger=max_offsets_per_trigger,
+            fail_on_data_loss=fail_on_data_loss,
+            consumer_options=parse_key_values(kafka_option or [], "--kafka-option"),
+        )
+        parse = ParseSettings(record_format, schema, infer_sample, evolve_schema, kafka_metadata)
+        sink_settings = SinkSettings(
+            sink=sink,
+            table=table,
+            coordinator=coordinator,
+            checkpoint_location=checkpoint_location,
+            writer_token=writer_token,
+            partition_by=tuple(partition_by or ()),
+            target_file_size_bytes=parse_size(target_file_size),
+            processing_time=trigger_interval,
+            available_now=available_now,
+        )
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    signal.signal(signal.SIGTERM, _interrupt)
+    spark = spark_session(master)
+    try:
+        run_until_done(start_job(spark, kafka, parse, sink_settings))
+    except (CoordinatorRpcError, SinkRefusedError, StreamingQueryException) as error:
+        log.error("sink writer failed", error=str(error))
+        raise typer.Exit(1) from None
+    finally:
+        # Stops the listener bus before the interpreter exits, so that no event is sent to a closed gateway.
+        spark.stop()
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM (a pod or a supervisor stopping us) stops the query as Ctrl-C does."""
+    raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    app()
