@@ -23,6 +23,7 @@ from tests.fixtures.coordinator import CoordinatorProcess, table_files
 from tests.fixtures.kafka_broker import ProducedRecord
 from tests.fixtures.pipeline import (
     ORDER_SCHEMA_DDL,
+    QUERY_TIMEOUT_SECONDS,
     kafka_positions,
     produce_orders,
     produced_positions,
@@ -37,7 +38,6 @@ PARTITIONS = 4
 PER_BATCH = 200  # 4 batches
 KILLED_EPOCH = 1
 DRIVER_TIMEOUT_SECONDS = 180
-QUERY_TIMEOUT_SECONDS = 180
 
 TopicFactory = Callable[..., str]
 

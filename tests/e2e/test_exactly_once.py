@@ -9,16 +9,17 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog import Catalog
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 
 from spark_writer.iceberg_sink import write_to_iceberg
 from spark_writer.job import KafkaSettings, ParseSettings, SinkSettings, start_job
 from spark_writer.kafka_records import json_records, schema_from_ddl
-from spark_writer.kafka_source import SOURCE_NAME
 from tests.fixtures.coordinator import CoordinatorProcess
 from tests.fixtures.pipeline import (
     ORDER_SCHEMA_DDL,
+    QUERY_TIMEOUT_SECONDS,
     kafka_positions,
+    kafka_stream,
     order_ids,
     produce_orders,
     produced_positions,
@@ -27,19 +28,7 @@ from tests.fixtures.pipeline import (
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
-QUERY_TIMEOUT_SECONDS = 180
 TopicFactory = Callable[..., str]
-
-
-def kafka_stream(spark: SparkSession, bootstrap: str, topic: str, max_offsets: int) -> DataFrame:
-    return (
-        spark.readStream.format(SOURCE_NAME)
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", str(max_offsets))
-        .load()
-    )
 
 
 def test_every_record_once_over_several_batches(

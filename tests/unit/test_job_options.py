@@ -1,0 +1,40 @@
+"""The sink-writer job's option parsing, without Spark."""
+
+from __future__ import annotations
+
+import pytest
+
+from spark_writer.job import KafkaSettings, parse_size
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("134217728", 134217728), ("128MiB", 128 * 2**20), ("64 MB", 64 * 10**6), ("1gib", 2**30), ("512B", 512)],
+)
+def test_sizes(text: str, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "0", "-5MiB", "12 parsecs", "1.5GiB"])
+def test_bad_sizes_are_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="is not a positive number of bytes"):
+        parse_size(text)
+
+
+def test_kafka_settings_become_source_options() -> None:
+    settings = KafkaSettings(
+        "b1:9092,b2:9092",
+        ("orders", "refunds"),
+        starting_offsets="latest",
+        max_offsets_per_trigger=5000,
+        fail_on_data_loss=False,
+        consumer_options={"security.protocol": "SSL"},
+    )
+    assert settings.source_options() == {
+        "kafka.bootstrap.servers": "b1:9092,b2:9092",
+        "subscribe": "orders,refunds",
+        "startingOffsets": "latest",
+        "failOnDataLoss": "false",
+        "maxOffsetsPerTrigger": "5000",
+        "kafka.security.protocol": "SSL",
+    }
