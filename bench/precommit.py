@@ -1,0 +1,223 @@
+"""Part 1, the pre-commit path: PreCommit throughput and ack latency against raw PostgreSQL commits.
+
+The coordinator is the real process, driven over gRPC by `concurrency` writers (asyncio tasks on one
+grpc.aio channel in this process). The raw limit is the same number of psycopg connections in this
+process, each running single-row INSERT ... COMMIT transactions into a table identical to
+pending_sink_state (same server, same durability settings), with a row of the same size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import psycopg
+
+from bench.infra import ORDERS, Coordinator, Postgres, latency_stats, libpq, py_spy, spread, write_orders_file
+from coordinator_service.rpc import sink_coordinator_pb2 as pb
+from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
+
+FILES_PER_SINK = 8
+
+
+@dataclass
+class SinkSet:
+    """Registered sinks (one table each) with a pool of small Parquet files per sink."""
+
+    names: list[str]
+    terms: dict[str, int]
+    files: dict[str, list[str]]
+    next_epoch: dict[str, itertools.count[int]] = field(default_factory=dict)
+
+
+async def register_sinks(stub: pb_grpc.SinkCoordinatorStub, prefix: str, count: int, rows: int = 100) -> SinkSet:
+    schema = ORDERS.serialize().to_pybytes()
+    names = [f"{prefix}-{i}" for i in range(count)]
+    terms: dict[str, int] = {}
+    files: dict[str, list[str]] = {}
+    for name in names:
+        answer = await stub.RegisterWriter(
+            pb.RegisterWriterRequest(
+                sink=name, table=f"bench.{name.replace('-', '_')}", checkpointed_epoch=-1, arrow_schema=schema
+            )
+        )
+        terms[name] = answer.writer_term
+        files[name] = [
+            write_orders_file(answer.table_location, rows, first=i * rows) for i in range(FILES_PER_SINK)
+        ]
+    return SinkSet(names, terms, files, {name: itertools.count() for name in names})
+
+
+def _precommit_request(sinks: SinkSet, sink: str, with_file: bool) -> pb.PreCommitRequest:
+    epoch = next(sinks.next_epoch[sink])
+    paths = [sinks.files[sink][epoch % FILES_PER_SINK]] if with_file else []
+    return pb.PreCommitRequest(
+        sink=sink,
+        epoch=epoch,
+        writer_term=sinks.terms[sink],
+        data_files=[pb.DataFile(path=path) for path in paths],
+    )
+
+
+async def drive_precommits(
+    stub: pb_grpc.SinkCoordinatorStub, sinks: SinkSet, concurrency: int, seconds: float, with_file: bool
+) -> dict[str, Any]:
+    """`concurrency` writers, writer w on sink w mod len(sinks), each pre-committing its next epoch in a loop."""
+    latencies: list[float] = []
+    errors: list[str] = []
+    warmup_end = time.monotonic() + min(0.5, seconds / 4)
+    end = warmup_end + seconds
+
+    async def writer(index: int) -> None:
+        sink = sinks.names[index % len(sinks.names)]
+        while True:
+            started = time.monotonic()
+            if started >= end:
+                return
+            try:
+                answer = await stub.PreCommit(_precommit_request(sinks, sink, with_file), timeout=30)
+                assert answer.outcome == pb.PreCommitResponse.PERSISTED, answer
+            except grpc.aio.AioRpcError as error:
+                errors.append(f"{error.code().name}: {error.details()}")
+                continue
+            if started >= warmup_end:
+                latencies.append(time.monotonic() - started)
+
+    await asyncio.gather(*(writer(i) for i in range(concurrency)))
+    return {"rate": len(latencies) / seconds, **latency_stats(latencies), "errors": errors[:3], "error_count": len(errors)}
+
+
+RAW_TABLE = "raw_pending_sink_state"
+
+
+def prepare_raw_table(database_url: str) -> None:
+    with psycopg.connect(libpq(database_url), autocommit=True) as connection:
+        connection.execute(f"DROP TABLE IF EXISTS {RAW_TABLE}")
+        connection.execute(f"CREATE TABLE {RAW_TABLE} (LIKE pending_sink_state INCLUDING ALL)")
+        connection.execute(
+            f"ALTER TABLE {RAW_TABLE} ADD FOREIGN KEY (sink_id) REFERENCES sinks (id) ON DELETE CASCADE"
+        )
+
+
+async def drive_raw(
+    database_url: str, sink_ids: list[int], concurrency: int, seconds: float, metadata: bytes, epochs: itertools.count[int]
+) -> dict[str, Any]:
+    """`concurrency` connections, each: INSERT one row; COMMIT; in a loop."""
+    connections = [await psycopg.AsyncConnection.connect(libpq(database_url)) for _ in range(concurrency)]
+    latencies: list[float] = []
+    warmup_end = time.monotonic() + min(0.5, seconds / 4)
+    end = warmup_end + seconds
+    statement = (
+        f"INSERT INTO {RAW_TABLE} (sink_id, epoch, status, metadata, attempt, file_count, record_count, files_cleaned)"
+        " VALUES (%s, %s, 'PENDING', %s, 1, 1, 100, false)"
+    )
+
+    async def writer(index: int, connection: psycopg.AsyncConnection[Any]) -> None:
+        sink_id = sink_ids[index % len(sink_ids)]
+        while True:
+            started = time.monotonic()
+            if started >= end:
+                return
+            await connection.execute(statement, (sink_id, next(epochs), metadata))
+            await connection.commit()
+            if started >= warmup_end:
+                latencies.append(time.monotonic() - started)
+
+    try:
+        await asyncio.gather(*(writer(i, c) for i, c in enumerate(connections)))
+    finally:
+        for connection in connections:
+            await connection.close()
+    return {"rate": len(latencies) / seconds, **latency_stats(latencies)}
+
+
+def sink_ids(database_url: str, names: list[str]) -> list[int]:
+    with psycopg.connect(libpq(database_url), autocommit=True) as connection:
+        rows = connection.execute("SELECT id FROM sinks WHERE name = ANY(%s) ORDER BY id", (names,)).fetchall()
+    return [int(row[0]) for row in rows]
+
+
+def sample_metadata(database_url: str) -> bytes:
+    """The stored metadata of one one-file epoch (the raw rows carry the same bytes)."""
+    with psycopg.connect(libpq(database_url), autocommit=True) as connection:
+        row = connection.execute("SELECT metadata FROM pending_sink_state WHERE file_count = 1 LIMIT 1").fetchone()
+    return bytes(row[0]) if row else b"{}" * 400
+
+
+async def run(
+    postgres: Postgres,
+    root: Path,
+    *,
+    concurrencies: tuple[int, ...],
+    sink_counts: tuple[int, ...],
+    modes: tuple[str, ...],
+    seconds: float,
+    repetitions: int,
+    profile: Path | None,
+    coordinator_env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    database_url = postgres.new_database("precommit")
+    coordinator = Coordinator(database_url, root / "precommit", env=coordinator_env or {}).start()
+    try:
+        async with grpc.aio.insecure_channel(coordinator.target) as channel:
+            stub = pb_grpc.SinkCoordinatorStub(channel)
+            sink_sets = {count: await register_sinks(stub, f"pc{count}", count) for count in sink_counts}
+            # One pre-commit per sink set before measuring, so that the raw rows can copy a real metadata row.
+            for sinks in sink_sets.values():
+                await drive_precommits(stub, sinks, 1, 0.2, True)
+            prepare_raw_table(database_url)
+            metadata = sample_metadata(database_url)
+            raw_ids = sink_ids(database_url, sink_sets[max(sink_counts)].names)
+            raw_epochs = itertools.count()
+            raw: dict[int, list[dict[str, Any]]] = {c: [] for c in concurrencies}
+            cells: dict[tuple[str, int, int], list[dict[str, Any]]] = {
+                (mode, count, c): [] for mode in modes for count in sink_counts for c in concurrencies
+            }
+            for repetition in range(repetitions):
+                # Interleaved, so that the machine's drift hits the baseline and the coordinator alike.
+                for concurrency in concurrencies:
+                    raw[concurrency].append(
+                        await drive_raw(database_url, raw_ids, concurrency, seconds, metadata, raw_epochs)
+                    )
+                    for mode in modes:
+                        for count in sink_counts:
+                            profiled = (
+                                profile is not None
+                                and repetition == 0
+                                and mode == "one_file"
+                                and count == min(sink_counts)
+                                and concurrency == max(concurrencies)
+                            )
+                            with py_spy(coordinator.pid, profile or Path("unused"), profiled):
+                                cells[(mode, count, concurrency)].append(
+                                    await drive_precommits(
+                                        stub, sink_sets[count], concurrency, seconds, mode == "one_file"
+                                    )
+                                )
+    finally:
+        coordinator.stop()
+    return {
+        "seconds_per_cell": seconds,
+        "repetitions": repetitions,
+        "raw": {str(c): summarize(runs) for c, runs in raw.items()},
+        "coordinator": [
+            {"mode": mode, "sinks": count, "concurrency": c, **summarize(runs)}
+            for (mode, count, c), runs in cells.items()
+        ],
+    }
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "rate": spread([run["rate"] for run in runs]),
+        "p50_ms": spread([run["p50_ms"] for run in runs]),
+        "p99_ms": spread([run["p99_ms"] for run in runs]),
+        "errors": sum(run.get("error_count", 0) for run in runs),
+        "first_errors": next((run["errors"] for run in runs if run.get("errors")), []),
+        "runs": runs,
+    }
