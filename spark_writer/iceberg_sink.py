@@ -24,6 +24,7 @@ deleted by the coordinator and never reach the table.
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -44,6 +45,7 @@ from spark_writer.partitioning import parse_partition_fields
 log = structlog.get_logger(__name__)
 
 DEFAULT_TARGET_FILE_SIZE_BYTES: Final = 128 * 1024 * 1024
+DEFAULT_STOP_GRACE_SECONDS: Final = 60.0
 # The coordinator keeps at most 64 KiB of properties per epoch; offsets of thousands of partitions are left out.
 MAX_OFFSETS_PROPERTY_CHARS: Final = 48 * 1024
 # Refusals after which no pre-commit was recorded: the files just written belong to nobody and are deleted.
@@ -62,6 +64,10 @@ BatchTransform = Callable[[DataFrame], DataFrame]
 
 class SinkRefusedError(RuntimeError):
     """The coordinator refused this writer for good (fenced by a newer writer, epoch aborted, ...)."""
+
+
+class SinkStoppingError(RuntimeError):
+    """A batch started while the query was being stopped; it is not run (Spark runs it again at restart)."""
 
 
 @dataclass(frozen=True)
@@ -90,8 +96,32 @@ class MicroBatchWriter:
         self._checkpoint = checkpoint
         self._reporter = reporter
         self._transform = transform
+        self._state = threading.Condition()
+        self._stopping = False
+        self._in_batch = False
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        with self._state:
+            if self._stopping:
+                # Short on purpose: Spark ends the query with this message (the batch runs again at restart).
+                raise SinkStoppingError(
+                    f"sink {self._options.sink} is stopping; batch {batch_id} is left for the next run"
+                )
+            self._in_batch = True
+        try:
+            self._write(batch, batch_id)
+        finally:
+            with self._state:
+                self._in_batch = False
+                self._state.notify_all()
+
+    def stop_between_batches(self, timeout_seconds: float) -> bool:
+        """Let a running batch finish and start no other; False if the batch is still running after the timeout."""
+        with self._state:
+            self._stopping = True
+            return self._state.wait_for(lambda: not self._in_batch, timeout_seconds)
+
+    def _write(self, batch: DataFrame, batch_id: int) -> None:
         # Spark starts batch N only once commits/N-1 exists: report it now in case no listener event did.
         self._reporter.report(batch_id - 1)
         frame = batch if self._transform is None else self._transform(batch)
@@ -146,11 +176,13 @@ class IcebergSinkQuery:
         spark: SparkSession,
         query: StreamingQuery,
         registration: WriterRegistration,
+        writer: MicroBatchWriter,
         reporter: CheckpointReporter,
         listener: CheckpointListener,
         client: CoordinatorClient,
     ) -> None:
         self._spark = spark
+        self._writer = writer
         self.query = query
         self.registration = registration
         self._reporter = reporter
@@ -175,8 +207,15 @@ class IcebergSinkQuery:
         self.finish()
         return True
 
-    def stop(self) -> int:
-        """Stop the query, then finish(); return the last checkpointed (and committed) batch."""
+    def stop(self, grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS) -> int:
+        """Stop the query between two batches, then finish(); return the last checkpointed (and committed) batch.
+
+        A running batch gets `grace_seconds` to finish: Spark's own stop interrupts it,
+        which is safe (it runs again at restart) but leaves the files it wrote so far
+        behind, outside the table.
+        """
+        if not self._writer.stop_between_batches(grace_seconds):
+            log.warning("the running batch did not finish in time; interrupting it", grace_seconds=grace_seconds)
         self.query.stop()
         return self.finish()
 
@@ -283,9 +322,8 @@ def write_to_iceberg(
     listener = CheckpointListener(reporter)
     spark.streams.addListener(listener)
 
-    writer = df.writeStream.foreachBatch(
-        MicroBatchWriter(client, registration, options, checkpoint, reporter, transform)
-    ).option("checkpointLocation", checkpoint_location)
+    batch_writer = MicroBatchWriter(client, registration, options, checkpoint, reporter, transform)
+    writer = df.writeStream.foreachBatch(batch_writer).option("checkpointLocation", checkpoint_location)
     if query_name is not None:
         writer = writer.queryName(query_name)
     if available_now:
@@ -303,4 +341,4 @@ def write_to_iceberg(
     reporter.on_refused(query.stop)
     # Progress events that came before the query id was known were dropped: look once now.
     reporter.request()
-    return IcebergSinkQuery(spark, query, registration, reporter, listener, client)
+    return IcebergSinkQuery(spark, query, registration, batch_writer, reporter, listener, client)

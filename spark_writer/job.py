@@ -25,6 +25,9 @@ import logging
 import os
 import re
 import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import FrameType
@@ -53,10 +56,12 @@ from spark_writer.kafka_records import (
 )
 from spark_writer.kafka_source import SOURCE_NAME, KafkaDataSource
 from spark_writer.session import local_spark_session
+from spark_writer.worker_logging import set_worker_log_level
 
 log = structlog.get_logger(__name__)
 
 DEFAULT_SAMPLE_SIZE: Final = 1000
+INTERRUPT_CHECK_SECONDS: Final = 1
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 _SIZE_UNITS: Final = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 _SIZE_UNITS.update({"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40})
@@ -177,13 +182,36 @@ def start_job(spark: SparkSession, kafka: KafkaSettings, parse: ParseSettings, s
     )
 
 
-def run_until_done(query: IcebergSinkQuery) -> None:
-    """Wait for the query (availableNow: until drained); on Ctrl-C or SIGTERM stop it cleanly first."""
+@contextmanager
+def deferred_interrupts() -> Iterator[threading.Event]:
+    """Within: Ctrl-C and SIGTERM set the event instead of raising.
+
+    A KeyboardInterrupt raised inside a py4j call leaves the gateway connection
+    half-read and every later call to the JVM fails; the caller checks the event
+    between calls instead.
+    """
+    requested = threading.Event()
+
+    def request(signum: int, frame: FrameType | None) -> None:
+        requested.set()
+
+    previous = {signum: signal.signal(signum, request) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
-        query.await_termination()
-    except KeyboardInterrupt:
-        log.warning("interrupted: stopping the query")
-        query.stop()
+        yield requested
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def run_until_done(query: IcebergSinkQuery) -> bool:
+    """Wait for the query (availableNow: until drained); False if Ctrl-C or SIGTERM stopped it first."""
+    with deferred_interrupts() as interrupted:
+        while not query.await_termination(INTERRUPT_CHECK_SECONDS):
+            if interrupted.is_set():
+                log.warning("interrupted: stopping the query")
+                query.stop()
+                return False
+    return True
 
 
 app = typer.Typer(
@@ -252,6 +280,7 @@ def main(
     """Run the streaming job until it is stopped (or, with --available-now, until the topics are drained)."""
     configure_logging(log_level, log_format)
     logging.getLogger("py4j").setLevel(logging.WARNING)  # one INFO line per callback from the JVM
+    set_worker_log_level(log_level.value)
     try:
         kafka = KafkaSettings(
             bootstrap_servers=bootstrap_servers,
@@ -275,7 +304,7 @@ def main(
         )
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
-    signal.signal(signal.SIGTERM, _interrupt)
+    interrupt_on_sigterm()
     spark = spark_session(master)
     try:
         run_until_done(start_job(spark, kafka, parse, sink_settings))
@@ -287,9 +316,13 @@ def main(
         spark.stop()
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
+def interrupt_on_sigterm() -> None:
     """SIGTERM (a pod or a supervisor stopping us) stops the query as Ctrl-C does."""
-    raise KeyboardInterrupt
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,336 @@
+"""`python -m spark_writer.demo` (`make demo`): the whole pipeline on one machine, with nothing configured.
+
+It starts the coordinator (embedded PostgreSQL and SQL catalog in ./.sink-coordinator)
+and a local Kafka-protocol broker, produces a stream of order events, streams them
+into a new Iceberg table with the Spark writer in several micro-batches, then reads
+the table back and shows that every order is there exactly once. Each run uses a
+new topic, sink and table; --reset starts from an empty data directory. Flags point
+it at a real Kafka, PostgreSQL or catalog instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Final
+
+import pyarrow.compute as pc
+import typer
+from pydantic import SecretStr
+from pyiceberg.catalog import Catalog
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming.listener import (
+    QueryIdleEvent,
+    QueryProgressEvent,
+    QueryStartedEvent,
+    QueryTerminatedEvent,
+    StreamingQueryListener,
+)
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from coordinator_service.client import CoordinatorClient
+from coordinator_service.embedded import stop_embedded_postgres
+from coordinator_service.iceberg import MARKER_SINK
+from coordinator_service.logs import configure_logging
+from coordinator_service.runtime import metastore_url, open_catalog
+from coordinator_service.settings import LogFormat, LogLevel, Settings
+from spark_writer.demo_orders import ORDER_SCHEMA_DDL, create_topic, produce_orders
+from spark_writer.job import (
+    KafkaSettings,
+    ParseSettings,
+    SinkSettings,
+    interrupt_on_sigterm,
+    parse_key_values,
+    run_until_done,
+    start_job,
+)
+from spark_writer.local_services import CoordinatorService, LocalProcess, NoidaKafkaBroker, free_port
+from spark_writer.session import local_spark_session
+from spark_writer.worker_logging import set_worker_log_level
+
+DEFAULT_EVENTS: Final = 100_000
+DEFAULT_BATCHES: Final = 8
+
+console = Console()
+app = typer.Typer(
+    name="sink-coordinator-demo",
+    help="Kafka -> Spark -> Iceberg exactly once, through the sink coordinator, on this machine.",
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@dataclass
+class Phases:
+    """Wall-clock time of each step, in order."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        started = time.monotonic()
+        try:
+            yield
+        except BaseException:
+            console.print(f"[red]✗[/red] {name}")
+            raise
+        self.seconds[name] = time.monotonic() - started
+        console.print(f"[green]✓[/green] {name} [dim]({self.seconds[name]:.1f} s)[/dim]")
+
+
+@dataclass(frozen=True)
+class TableCheck:
+    rows: int
+    distinct_orders: int
+    duplicates: int
+    missing: int
+    snapshots: int
+    location: str
+
+
+class BatchProgress(StreamingQueryListener):
+    """Advances a progress bar by the records of every micro-batch of one query (by name)."""
+
+    def __init__(self, query_name: str, progress: Progress, task: TaskID) -> None:
+        self._query_name = query_name
+        self._progress = progress
+        self._task = task
+
+    def onQueryStarted(self, event: QueryStartedEvent) -> None:  # noqa: N802 (Spark's API)
+        """Nothing to show yet."""
+
+    def onQueryProgress(self, event: QueryProgressEvent) -> None:  # noqa: N802 (Spark's API)
+        progress = event.progress
+        if progress.name == self._query_name and progress.numInputRows > 0:
+            self._progress.update(
+                self._task, advance=progress.numInputRows, description=f"micro-batch {progress.batchId}"
+            )
+
+    def onQueryIdle(self, event: QueryIdleEvent) -> None:  # noqa: N802 (Spark's API)
+        """Nothing: no batch ran."""
+
+    def onQueryTerminated(self, event: QueryTerminatedEvent) -> None:  # noqa: N802 (Spark's API)
+        """Nothing: the demo waits for the query itself."""
+
+
+def quiet_spark() -> None:
+    """Keep Spark's start-up chatter out of the demo's output (the summary is what matters)."""
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    set_worker_log_level(LogLevel.WARNING.value)
+    # Without it Spark warns that the host name resolves to a loopback address, which is what we want here.
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    warnings.filterwarnings("ignore", category=FutureWarning, module="pyspark")
+
+
+def _bar(description: str) -> Progress:
+    return Progress(
+        TextColumn("  {task.description:<16}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    )
+
+
+def check_table(catalog: Catalog, table: str, sink: str, events: int) -> TableCheck:
+    """Count the table's orders: each of 1..events must be there exactly once."""
+    loaded = catalog.load_table(table)
+    ids = loaded.scan(selected_fields=("order_id",)).to_arrow().column("order_id")
+    counts = pc.value_counts(ids).flatten()
+    distinct = len(counts[0])
+    duplicates = pc.sum(pc.greater(counts[1], 1)).as_py() or 0
+    expected = pc.and_(pc.greater_equal(counts[0], 1), pc.less_equal(counts[0], events))
+    return TableCheck(
+        rows=len(ids),
+        distinct_orders=distinct,
+        duplicates=int(duplicates),
+        missing=events - int(pc.sum(expected).as_py() or 0),
+        snapshots=sum(1 for s in loaded.snapshots() if s.summary is not None and s.summary.get(MARKER_SINK) == sink),
+        location=str(loaded.location()),
+    )
+
+
+def reset_data_dir(data_dir: Path) -> None:
+    """Stop the embedded PostgreSQL of the data directory (if it runs) and delete the directory."""
+    if (data_dir / "postgres").exists():
+        stop_embedded_postgres(data_dir / "postgres")
+    shutil.rmtree(data_dir, ignore_errors=True)
+    console.print(f"[yellow]reset:[/yellow] deleted {data_dir}")
+
+
+def stream_orders(spark: SparkSession, kafka: KafkaSettings, sink: SinkSettings, events: int) -> None:
+    """Run the writer until the topic is drained, with a progress bar fed by the query's progress events."""
+    with _bar("stream") as progress:
+        task = progress.add_task("starting", total=events)
+        listener = BatchProgress(sink.sink, progress, task)
+        spark.streams.addListener(listener)
+        try:
+            running = start_job(spark, kafka, ParseSettings(schema_ddl=ORDER_SCHEMA_DDL, evolve_schema=False), sink)
+            if not run_until_done(running):
+                raise KeyboardInterrupt
+        finally:
+            spark.streams.removeListener(listener)
+        # The last progress event may come after the query ended: the table check counts the records.
+        progress.update(task, completed=events, description="drained")
+
+
+def print_summary(events: int, check: TableCheck, committed_epochs: int, phases: Phases, where: dict[str, str]) -> None:
+    ok = check.duplicates == 0 and check.missing == 0 and check.rows == events
+    results = Table(title="exactly once?" + (" [green]yes[/green]" if ok else " [red]NO[/red]"), show_header=False)
+    results.add_column(style="bold")
+    results.add_column(justify="right")
+    for label, value in [
+        ("records produced", events),
+        ("rows in the Iceberg table", check.rows),
+        ("distinct order ids", check.distinct_orders),
+        ("duplicates (order ids seen more than once)", check.duplicates),
+        ("missing (order ids not in the table)", check.missing),
+        ("epochs (Spark micro-batches) committed", committed_epochs),
+        ("Iceberg snapshots written by the sink", check.snapshots),
+    ]:
+        style = "red" if label.startswith(("duplicates", "missing")) and value else ""
+        results.add_row(label, f"[{style}]{value:,}[/{style}]" if style else f"{value:,}")
+    timings = Table(title="time per phase", show_header=False)
+    timings.add_column(style="bold")
+    timings.add_column(justify="right")
+    for name, seconds in phases.seconds.items():
+        timings.add_row(name, f"{seconds:.1f} s")
+    timings.add_row("total", f"{sum(phases.seconds.values()):.1f} s")
+    places = Table(title="where things are", show_header=False)
+    places.add_column(style="bold")
+    places.add_column()
+    for place, location in where.items():
+        places.add_row(place, location)
+    console.print(results, timings, places)
+    if not ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+def main(
+    events: Annotated[int, typer.Option(min=1, help="Order events to produce.")] = DEFAULT_EVENTS,
+    partitions: Annotated[int, typer.Option(min=1, help="Partitions of the new topic.")] = 4,
+    max_offsets_per_trigger: Annotated[
+        int | None, typer.Option(min=1, help=f"Records per micro-batch; default: events / {DEFAULT_BATCHES}.")
+    ] = None,
+    bootstrap_servers: Annotated[
+        str | None, typer.Option(help="A real Kafka; default: a local noida-db broker in DATA_DIR/kafka.")
+    ] = None,
+    replication_factor: Annotated[int, typer.Option(min=1, help="Replication of the new topic.")] = 1,
+    database_url: Annotated[
+        str | None, typer.Option(help="PostgreSQL for the coordinator; default: the embedded one in DATA_DIR.")
+    ] = None,
+    catalog: Annotated[
+        list[str] | None, typer.Option(help="pyiceberg catalog property key=value (repeat); default: SQL catalog.")
+    ] = None,
+    data_dir: Annotated[Path, typer.Option(help="Where the embedded services keep their data.")] = Path(
+        ".sink-coordinator"
+    ),
+    grpc_port: Annotated[int, typer.Option(help="Coordinator gRPC port (another one if taken).")] = 50051,
+    http_port: Annotated[int, typer.Option(help="Coordinator admin API port (another one if taken).")] = 8080,
+    master: Annotated[str, typer.Option(help="Spark master.")] = "local[2]",
+    reset: Annotated[bool, typer.Option(help="Delete DATA_DIR first (its PostgreSQL, warehouse, broker).")] = False,
+    keep_serving: Annotated[
+        bool, typer.Option(help="After the summary, keep the coordinator up (admin API) until Ctrl-C.")
+    ] = False,
+) -> None:
+    """Produce order events, stream them into a new Iceberg table exactly once, and check the table."""
+    configure_logging(LogLevel.WARNING, LogFormat.CONSOLE)
+    quiet_spark()
+    interrupt_on_sigterm()
+    catalog_properties = parse_key_values(catalog or [], "--catalog")
+    data_dir = data_dir.resolve()
+    if reset:
+        reset_data_dir(data_dir)
+    run = datetime.now().strftime("%Y%m%d_%H%M%S")
+    topic, sink_name, table = f"demo-orders-{run}", f"demo-orders-{run}", f"demo.orders_{run}"
+    settings = Settings(
+        data_dir=data_dir,
+        database_url=None if database_url is None else SecretStr(database_url),
+        catalog=catalog_properties,
+    )
+    coordinator_env = {
+        **({"DATABASE_URL": database_url} if database_url else {}),
+        **{f"CATALOG__{key}": value for key, value in catalog_properties.items()},
+    }
+    phases = Phases()
+    services: list[LocalProcess] = []
+    spark: SparkSession | None = None
+    try:
+        with phases.phase("start the coordinator (PostgreSQL, catalog)"):
+            coordinator = CoordinatorService(data_dir, free_port(grpc_port), free_port(http_port), coordinator_env)
+            services.append(coordinator)
+            coordinator.wait_serving()
+        if bootstrap_servers is None:
+            with phases.phase("start the Kafka broker (noida-db)"):
+                broker = NoidaKafkaBroker(data_dir / "kafka", free_port(9092))
+                services.append(broker)
+                broker.wait_ready()
+                bootstrap_servers = broker.bootstrap
+        with phases.phase(f"produce {events:,} orders"), _bar("produce") as progress:
+            create_topic(bootstrap_servers, topic, partitions, replication_factor)
+            task = progress.add_task(topic, total=events)
+            produce_orders(bootstrap_servers, topic, events, lambda n: progress.advance(task, n))
+        with phases.phase("start Spark"):
+            spark = local_spark_session("sink-coordinator-demo", master)
+            spark.sparkContext.setLogLevel("ERROR")
+        sink = SinkSettings(
+            sink=sink_name,
+            table=table,
+            coordinator=coordinator.target,
+            checkpoint_location=str(data_dir / "checkpoints" / sink_name),
+            available_now=True,
+        )
+        kafka = KafkaSettings(
+            bootstrap_servers,
+            (topic,),
+            max_offsets_per_trigger=max_offsets_per_trigger or -(-events // DEFAULT_BATCHES),
+        )
+        with phases.phase("stream into Iceberg"):
+            stream_orders(spark, kafka, sink, events)
+        with phases.phase("read the table back"):
+            url, _ = metastore_url(settings)
+            check = check_table(open_catalog(settings, url), table, sink_name, events)
+            with CoordinatorClient(coordinator.target) as client:
+                committed_epochs = client.sink_state(sink_name).committed_epoch + 1
+        print_summary(
+            events,
+            check,
+            committed_epochs,
+            phases,
+            {
+                "Kafka topic": f"{topic} on {bootstrap_servers}",
+                "Iceberg table": f"{table} in catalog {settings.catalog_name!r} "
+                + ("(the configured one)" if catalog_properties else "(SQL catalog in the coordinator's PostgreSQL)"),
+                "table location": check.location,
+                "Spark checkpoint": sink.checkpoint_location,
+                "admin API": f"{coordinator.admin_url}/api/v1/sinks (docs: {coordinator.admin_url}/docs)"
+                + ("" if keep_serving else ", while the coordinator runs: --keep-serving, or `make serve`"),
+                "coordinator log": str(coordinator.log_path),
+            },
+        )
+        if keep_serving:
+            console.print(f"coordinator serving at {coordinator.admin_url}/docs: Ctrl-C to stop")
+            coordinator.process.wait()
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: stopping[/yellow]")
+        raise typer.Exit(130) from None
+    finally:
+        if spark is not None:
+            spark.stop()
+        for service in reversed(services):
+            service.stop()
+
+
+if __name__ == "__main__":
+    app()

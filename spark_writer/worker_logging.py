@@ -1,0 +1,37 @@
+"""Log levels for the Python processes Spark starts, which no application configures.
+
+Spark runs this package's code in Python workers (the Kafka source's planning on
+the driver, the readers and Parquet writers on the executors). Their structlog
+would print every event, debug included. The driver sets SINK_WRITER_LOG_LEVEL
+before Spark starts; workers inherit the environment and keep to that level.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Final
+
+import structlog
+
+LOG_LEVEL_VARIABLE: Final = "SINK_WRITER_LOG_LEVEL"
+DEFAULT_LEVEL: Final = "INFO"
+
+
+def set_worker_log_level(level: str) -> None:
+    """Called by the driver before Spark starts its workers."""
+    os.environ[LOG_LEVEL_VARIABLE] = level.upper()
+
+
+def configure_unless_configured() -> None:
+    """Give structlog the environment's level, unless the process configured it itself (a driver does)."""
+    if structlog.is_configured():
+        return
+    level = logging.getLevelNamesMapping().get(os.environ.get(LOG_LEVEL_VARIABLE, DEFAULT_LEVEL).upper(), logging.INFO)
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        # Not cached: a driver that configures logging later must take over the loggers created before.
+        cache_logger_on_first_use=False,
+    )
