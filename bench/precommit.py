@@ -47,9 +47,7 @@ async def register_sinks(stub: pb_grpc.SinkCoordinatorStub, prefix: str, count: 
             )
         )
         terms[name] = answer.writer_term
-        files[name] = [
-            write_orders_file(answer.table_location, rows, first=i * rows) for i in range(FILES_PER_SINK)
-        ]
+        files[name] = [write_orders_file(answer.table_location, rows, first=i * rows) for i in range(FILES_PER_SINK)]
     return SinkSet(names, terms, files, {name: itertools.count() for name in names})
 
 
@@ -89,7 +87,12 @@ async def drive_precommits(
                 latencies.append(time.monotonic() - started)
 
     await asyncio.gather(*(writer(i) for i in range(concurrency)))
-    return {"rate": len(latencies) / seconds, **latency_stats(latencies), "errors": errors[:3], "error_count": len(errors)}
+    return {
+        "rate": len(latencies) / seconds,
+        **latency_stats(latencies),
+        "errors": errors[:3],
+        "error_count": len(errors),
+    }
 
 
 RAW_TABLE = "raw_pending_sink_state"
@@ -99,13 +102,16 @@ def prepare_raw_table(database_url: str) -> None:
     with psycopg.connect(libpq(database_url), autocommit=True) as connection:
         connection.execute(f"DROP TABLE IF EXISTS {RAW_TABLE}")
         connection.execute(f"CREATE TABLE {RAW_TABLE} (LIKE pending_sink_state INCLUDING ALL)")
-        connection.execute(
-            f"ALTER TABLE {RAW_TABLE} ADD FOREIGN KEY (sink_id) REFERENCES sinks (id) ON DELETE CASCADE"
-        )
+        connection.execute(f"ALTER TABLE {RAW_TABLE} ADD FOREIGN KEY (sink_id) REFERENCES sinks (id) ON DELETE CASCADE")
 
 
 async def drive_raw(
-    database_url: str, sink_ids: list[int], concurrency: int, seconds: float, metadata: bytes, epochs: itertools.count[int]
+    database_url: str,
+    sink_ids: list[int],
+    concurrency: int,
+    seconds: float,
+    metadata: bytes,
+    epochs: itertools.count[int],
 ) -> dict[str, Any]:
     """`concurrency` connections, each: INSERT one row; COMMIT; in a loop."""
     connections = [await psycopg.AsyncConnection.connect(libpq(database_url)) for _ in range(concurrency)]

@@ -1,0 +1,196 @@
+"""Part 3, end to end: records per second from Kafka to Iceberg, through the coordinator and without it.
+
+Both jobs read the same topic with the project's Kafka source (availableNow, maxOffsetsPerTrigger), parse
+the same JSON and write the same Parquet files with the same executor code (mapInArrow). The coordinated
+job is spark_writer.write_to_iceberg with the real coordinator process; the plain job is a foreachBatch that
+appends each batch's files with one pyiceberg append (add_files) on the same catalog, and nothing else.
+Rate = records / (query start to termination, including the last commit).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.infra import Coordinator, Postgres, free_port, spread
+
+ORDER_DDL = "order_id BIGINT, customer STRING, amount DOUBLE, country STRING"
+
+
+def start_broker(root: Path) -> tuple[subprocess.Popen[bytes], str]:
+    from tests.fixtures.kafka_broker import _noida_db_executable, wait_for_broker
+
+    data_dir = root / "noida-db"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    log_path = data_dir / "noida-db.log"
+    with log_path.open("wb") as log_file:
+        process = subprocess.Popen(
+            [
+                _noida_db_executable(),
+                "start",
+                "--only",
+                "kafka",
+                "--kafka-port",
+                str(port),
+                "--data-dir",
+                str(data_dir / "data"),
+            ],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    bootstrap = f"127.0.0.1:{port}"
+    wait_for_broker(bootstrap, process, log_path)
+    return process, bootstrap
+
+
+def stop_broker(process: subprocess.Popen[bytes]) -> None:
+    from tests.fixtures.kafka_broker import _stop
+
+    _stop(process)
+
+
+def produce(bootstrap: str, partitions: int, records: int) -> str:
+    from tests.fixtures.kafka_broker import create_topic, produce_records
+
+    topic = create_topic(bootstrap, partitions, prefix="bench")
+    countries = ("DE", "FR", "US")
+    produce_records(
+        bootstrap,
+        topic,
+        (
+            (
+                i % partitions,
+                str(i).encode(),
+                json.dumps(
+                    {"order_id": i, "customer": f"c{i % 11}", "amount": i * 1.25, "country": countries[i % 3]}
+                ).encode(),
+            )
+            for i in range(records)
+        ),
+    )
+    return topic
+
+
+def _stream(spark: Any, bootstrap: str, topic: str, max_offsets: int) -> Any:
+    from spark_writer.kafka_records import json_records, schema_from_ddl
+    from spark_writer.kafka_source import SOURCE_NAME
+
+    raw = (
+        spark.readStream.format(SOURCE_NAME)
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(max_offsets))
+        .load()
+    )
+    return json_records(raw, schema_from_ddl(ORDER_DDL), kafka_metadata=True)
+
+
+def run_coordinated(
+    spark: Any, coordinator: Coordinator, bootstrap: str, topic: str, max_offsets: int, root: Path
+) -> float:
+    from spark_writer.iceberg_sink import write_to_iceberg
+
+    name = f"e2e_{topic.replace('-', '_')}"
+    started = time.monotonic()
+    running = write_to_iceberg(
+        _stream(spark, bootstrap, topic, max_offsets),
+        sink=name,
+        table=f"bench.{name}",
+        coordinator=coordinator.target,
+        checkpoint_location=str(root / f"ckpt-{name}"),
+        available_now=True,
+    )
+    assert running.await_termination(600), "coordinated query did not finish"
+    return time.monotonic() - started
+
+
+def run_plain(spark: Any, catalog: Any, bootstrap: str, topic: str, max_offsets: int, root: Path) -> float:
+    from pyiceberg.table import TableProperties
+
+    from spark_writer.arrow_schema import arrow_schema_of
+    from spark_writer.parquet_writer import WRITTEN_FILES_DDL, DataFileTarget, task_writer
+
+    name = f"plain_{topic.replace('-', '_')}"
+    frame = _stream(spark, bootstrap, topic, max_offsets)
+    schema = arrow_schema_of(frame.schema)
+    table = catalog.create_table(f"bench.{name}", schema=schema)
+    with table.transaction() as transaction:
+        transaction.set_properties(
+            {TableProperties.DEFAULT_NAME_MAPPING: table.schema().name_mapping.model_dump_json()}
+        )
+    location = table.location()
+
+    def write_batch(batch: Any, batch_id: int) -> None:
+        target = DataFileTarget(
+            table_location=location,
+            batch_id=batch_id,
+            schema=schema,
+            partition_fields=(),
+            target_file_size_bytes=128 * 1024 * 1024,
+        )
+        paths = [row.path for row in batch.mapInArrow(task_writer(target), WRITTEN_FILES_DDL).collect()]
+        if paths:
+            catalog.load_table(f"bench.{name}").add_files(paths, check_duplicate_files=False)
+
+    started = time.monotonic()
+    query = (
+        frame.writeStream.foreachBatch(write_batch)
+        .option("checkpointLocation", str(root / f"ckpt-{name}"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(600)
+    return time.monotonic() - started
+
+
+def run(
+    postgres: Postgres, root: Path, *, partitions: tuple[int, ...], records: int, batches: int, repetitions: int
+) -> dict[str, Any]:
+    from pyiceberg.catalog import load_catalog
+
+    from spark_writer.session import local_spark_session
+
+    database_url = postgres.new_database("e2e")
+    broker, bootstrap = start_broker(root)
+    coordinator = Coordinator(database_url, root / "e2e").start()
+    coordinator.warehouse.mkdir(parents=True, exist_ok=True)
+    catalog = load_catalog("default", type="sql", uri=database_url, warehouse=coordinator.warehouse.as_uri())
+    catalog.create_namespace_if_not_exists("bench")
+    spark = local_spark_session("sink-coordinator-bench")
+    spark.sparkContext.setLogLevel("ERROR")
+    rows: list[dict[str, Any]] = []
+    try:
+        # Warm-up: JVM, Python workers, the source and both sinks once on a small topic.
+        warm = produce(bootstrap, 1, 1000)
+        run_coordinated(spark, coordinator, bootstrap, warm, 500, root)
+        run_plain(spark, catalog, bootstrap, warm, 500, root)
+        for count in partitions:
+            coordinated: list[float] = []
+            plain: list[float] = []
+            for _ in range(repetitions):
+                topic = produce(bootstrap, count, records)
+                max_offsets = max(1, records // batches)
+                plain.append(records / run_plain(spark, catalog, bootstrap, topic, max_offsets, root))
+                coordinated.append(records / run_coordinated(spark, coordinator, bootstrap, topic, max_offsets, root))
+            rows.append(
+                {
+                    "partitions": count,
+                    "records": records,
+                    "batches": batches,
+                    "coordinated_rps": spread(coordinated),
+                    "plain_rps": spread(plain),
+                    "ratio": spread([c / p for c, p in zip(coordinated, plain, strict=True)]),
+                }
+            )
+    finally:
+        coordinator.stop()
+        stop_broker(broker)
+        shutil.rmtree(root / "noida-db", ignore_errors=True)
+    return {"rows": rows}

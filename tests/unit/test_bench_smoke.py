@@ -1,0 +1,109 @@
+"""The benchmark code imports and renders its report (timings are not checked: bench/ measures, tests do not)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.infra import latency_stats, spread, top_frames
+from bench.report import render
+
+
+def _cell(value: float) -> dict[str, float]:
+    return spread([value, value * 0.9, value * 1.1])
+
+
+def test_report_renders_every_part(tmp_path: Path) -> None:
+    profile = tmp_path / "profile.txt"
+    profile.write_text(
+        "serve (coordinator_service/cli.py:10);pre_commit (coordinator_service/protocol.py:20) 7\n"
+        "serve (coordinator_service/cli.py:10) 3\n"
+    )
+    frames = top_frames(profile)
+    assert frames[0] == ("cli.py:serve", 1.0)
+    stats = latency_stats([0.001, 0.002, 0.003])
+    results = {
+        "quick": True,
+        "parts": [1, 2, 3, 4, 5],
+        "wall_seconds": 1.0,
+        "machine": {
+            "cpu_model": "cpu",
+            "cores": 2,
+            "ram_gib": 1.0,
+            "python": "3",
+            "pyiceberg": "x",
+            "pyspark": "x",
+            "grpcio": "x",
+            "psycopg": "x",
+            "pyarrow": "x",
+        },
+        "precommit": {
+            "seconds_per_cell": 1.0,
+            "repetitions": 3,
+            "raw": {"1": {"rate": _cell(100), "p50_ms": _cell(1), "p99_ms": _cell(2)}},
+            "coordinator": [
+                {
+                    "mode": "one_file",
+                    "sinks": 1,
+                    "concurrency": 1,
+                    "rate": _cell(60),
+                    "p50_ms": _cell(2),
+                    "p99_ms": _cell(4),
+                    "errors": 0,
+                    "first_errors": [],
+                }
+            ],
+        },
+        "commit": {
+            "commits": 3,
+            "coordinator": stats,
+            "raw": stats,
+            "coordinator_first_tenth": stats,
+            "coordinator_last_tenth": stats,
+            "raw_first_tenth": stats,
+            "raw_last_tenth": stats,
+            "ratio_p50": 1.0,
+        },
+        "coalescing": {
+            "interval_seconds": 1.0,
+            "max_epochs": 100,
+            "rows": [
+                {
+                    "offered_epochs_per_s": 5.0,
+                    "epochs": 10,
+                    "snapshots": 2,
+                    "snapshots_per_s": 1.0,
+                    "epochs_per_snapshot": 5.0,
+                }
+            ],
+        },
+        "e2e": {
+            "rows": [
+                {
+                    "partitions": 1,
+                    "records": 10,
+                    "batches": 1,
+                    "coordinated_rps": _cell(9),
+                    "plain_rps": _cell(10),
+                    "ratio": _cell(0.9),
+                }
+            ]
+        },
+        "recovery": {
+            "sinks": 10,
+            "tables": 1,
+            "rows": 100,
+            "pending_rows": 5,
+            "file_sinks": 1,
+            "serving_s": _cell(1),
+            "ready_s": _cell(2),
+        },
+        "scale": {
+            "files_per_epoch": [{"files": 1, "precommit": stats, "commit": stats}],
+            "big_log": {"c1": {"rate": 1.0, **stats}, "c8": {"rate": 1.0, **stats}},
+        },
+        "profiles": {"precommit": frames},
+    }
+    markdown = render(results)
+    for heading in ("## 1.", "## 2.", "## 3.", "## 4.", "## 5."):
+        assert heading in markdown
+    assert "| one file | 1 | 1 | 60 (54-66) |" in markdown
