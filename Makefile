@@ -35,6 +35,11 @@ pytest: $(INSTALLED)
 serve: $(INSTALLED)
 	$(BIN)/sink-coordinator serve --log-format console
 
+## demo: Kafka -> Spark -> coordinator -> Iceberg on local services, 100,000 events (EVENTS=N to change)
+EVENTS ?= 100000
+demo: $(INSTALLED)
+	$(BIN)/python -m spark_writer.demo --events $(EVENTS) $(DEMO_ARGS)
+
 ## proto: regenerate the gRPC code from proto/
 proto: $(INSTALLED)
 	$(BIN)/python scripts/generate_proto.py
