@@ -1,0 +1,60 @@
+"""A running query whose writer term is fenced by a newer writer stops with the coordinator's reason."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from pyiceberg.catalog import Catalog
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import SparkSession
+
+from spark_writer.arrow_schema import arrow_schema_of, serialize_schema
+from spark_writer.iceberg_sink import SinkRefusedError, write_to_iceberg
+from spark_writer.kafka_records import json_records, schema_from_ddl
+from tests.fixtures.coordinator import CoordinatorProcess
+from tests.fixtures.pipeline import ORDER_SCHEMA_DDL, QUERY_TIMEOUT_SECONDS, kafka_stream, order_ids, produce_orders
+
+pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+
+TopicFactory = Callable[..., str]
+
+
+def test_fenced_writer_stops_with_the_reason(
+    spark: SparkSession,
+    kafka_bootstrap: str,
+    kafka_topic: TopicFactory,
+    coordinator: CoordinatorProcess,
+    catalog: Catalog,
+    tmp_path: Path,
+) -> None:
+    topic = kafka_topic(partitions=2)
+    produce_orders(kafka_bootstrap, topic, range(4000), partitions=2)
+    orders = json_records(
+        kafka_stream(spark, kafka_bootstrap, topic, max_offsets=200), schema_from_ddl(ORDER_SCHEMA_DDL)
+    )
+    running = write_to_iceberg(
+        orders,
+        sink="orders",
+        table="shop.orders",
+        coordinator=coordinator.target,
+        checkpoint_location=str(tmp_path / "checkpoint"),
+        available_now=True,
+    )
+    coordinator.wait_for_log("pre-commit persisted", sink="orders", epoch=1)
+
+    # Another job takes the sink over (say, a second deployment started by mistake).
+    with coordinator.client() as client:
+        recorded = client.sink_state("orders").checkpointed_epoch
+        newer = client.register_writer(
+            "orders", "shop.orders", recorded, arrow_schema=serialize_schema(arrow_schema_of(orders.schema))
+        )
+    assert newer.writer_term == 2
+
+    with pytest.raises((StreamingQueryException, SinkRefusedError), match="fenced by term 2"):
+        running.await_termination(QUERY_TIMEOUT_SECONDS)
+    assert not running.query.isActive
+    in_table = order_ids(catalog, "shop.orders")
+    assert max(in_table.values(), default=1) == 1, "an order was written twice"
+    assert sum(in_table.values()) < 4000, "the fenced query went on to the end"
