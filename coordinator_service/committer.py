@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import structlog
+from pyiceberg.exceptions import CommitFailedException
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
 
 from coordinator_service import failpoints, metrics, precommit_metadata, repository
@@ -58,6 +59,9 @@ class Committer:
         self._last_commit: dict[int, float] = {}
         self._sink_names: dict[int, str] = {}
         self._background: list[asyncio.Task[None]] = []
+        # A pass holds two connections (its advisory lock's and a transaction's): bounding the passes keeps
+        # the pool from running dry with every sink's task holding a lock connection, waiting for a second.
+        self._passes = asyncio.Semaphore(max(1, settings.commit_concurrency))
 
     def start(self) -> None:
         """Start the poller (which first resumes whatever the log holds) and the cleaner."""
@@ -153,7 +157,7 @@ class Committer:
         health.attempts = 0
 
     async def _commit_pass(self, sink_id: int) -> None:
-        async with self.database.connection() as lock_connection:
+        async with self._passes, self.database.connection() as lock_connection:
             if not await repository.try_commit_lock(lock_connection, sink_id):
                 log.debug("another committer holds the sink", sink_id=sink_id)
                 return
@@ -181,26 +185,37 @@ class Committer:
         self._sink_names[sink_id] = sink.name
         structlog.contextvars.bind_contextvars(sink=sink.name)
         log_ = log.bind(table=sink.table_identifier, epochs=[row.epoch for row in pending])
+        epochs = [row.epoch for row in pending]
+        entries = [entry for row in pending for entry in precommit_metadata.decode(row.metadata_).data_files]
+        if not entries:
+            # Empty epochs are never appended, so no marker can hold them: mark them without reading the table.
+            await self._mark_committed(sink, pending, epochs, None, entries, time.monotonic(), log_)
+            return True
+        # The cached table (kept current by this process's own commits): the append asserts its branch head,
+        # so a stale one fails the commit and the next round walks a freshly loaded table.
+        table, from_cache = await asyncio.to_thread(self.tables.cached, sink.table_identifier)
         markers = await asyncio.to_thread(
             self.tables.sink_markers,
             sink.table_identifier,
             sink.name,
             pending[0].epoch,
             generation=sink.generation,
+            table=table,
         )
         if markers and markers[-1].epoch >= pending[0].epoch:
+            if from_cache:
+                # Marking needs the current table, not a remembered one: walk again on a fresh load.
+                self.tables.forget(sink.table_identifier)
+                return True
             await self._mark_already_in_table(sink, pending, markers)
             log_.info(
                 "epochs found already in the table; marked committed",
                 epochs=[row.epoch for row in pending if row.epoch <= markers[-1].epoch],
             )
             return True
-        epochs = [row.epoch for row in pending]
-        entries = [entry for row in pending for entry in precommit_metadata.decode(row.metadata_).data_files]
-        snapshot_id: int | None = None
         started = time.monotonic()
-        if entries:
-            commit_id = uuid.uuid4().hex
+        commit_id = uuid.uuid4().hex
+        try:
             snapshot_id = await asyncio.to_thread(
                 self.tables.append,
                 sink.table_identifier,
@@ -209,8 +224,29 @@ class Committer:
                 commit_id,
                 entries,
                 generation=sink.generation,
+                table=table,
             )
-            await failpoints.hit(Failpoint.COMMIT_AFTER_APPEND)
+        except CommitFailedException as error:
+            if not from_cache:
+                raise
+            # The remembered table was behind the catalog (append forgot it): walk the current one now.
+            log_.debug("cached table was stale; walking the current table", error=str(error))
+            return True
+        await failpoints.hit(Failpoint.COMMIT_AFTER_APPEND)
+        await self._mark_committed(sink, pending, epochs, snapshot_id, entries, started, log_)
+        return True
+
+    async def _mark_committed(
+        self,
+        sink: Sink,
+        pending: Sequence[PendingSinkState],
+        epochs: list[int],
+        snapshot_id: int | None,
+        entries: Sequence[object],
+        started: float,
+        log_: structlog.stdlib.BoundLogger,
+    ) -> None:
+        sink_id = sink.id
         async with self.database.transaction() as session:
             await repository.mark_committed(session, sink_id, epochs, snapshot_id)
         await failpoints.hit(Failpoint.COMMIT_AFTER_MARK)
@@ -227,7 +263,6 @@ class Committer:
         await self._prune(sink_id, epochs[-1])
         async with self._progress:
             self._progress.notify_all()
-        return True
 
     async def _mark_already_in_table(
         self, sink: Sink, pending: Sequence[PendingSinkState], markers: Sequence[Marker]

@@ -9,8 +9,10 @@ the protocol runs them in worker threads.
 from __future__ import annotations
 
 import contextlib
+import copy
 import posixpath
 import re
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +23,12 @@ import pyarrow.parquet as pq
 import structlog
 from pyiceberg.catalog import Catalog
 from pyiceberg.conversions import from_bytes, to_bytes
-from pyiceberg.exceptions import NamespaceAlreadyExistsError, NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.exceptions import (
+    CommitFailedException,
+    NamespaceAlreadyExistsError,
+    NoSuchTableError,
+    TableAlreadyExistsError,
+)
 from pyiceberg.io.pyarrow import (
     _check_pyarrow_schema_compatible,
     compute_statistics_plan,
@@ -121,23 +128,50 @@ def decode_arrow_schema(serialized: bytes) -> pa.Schema:
 
 
 class IcebergTables:
-    """The Iceberg side of the commit protocol, over one pyiceberg catalog."""
+    """The Iceberg side of the commit protocol, over one pyiceberg catalog.
 
-    def __init__(self, catalog: Catalog) -> None:
+    Table metadata is cached per table for `cache_seconds` (0: no cache), and replaced by the
+    result of every commit this process makes. Users of a cached table must tolerate staleness:
+    the pre-commit validates again on a fresh table before it refuses a file, and the committer's
+    append asserts the branch head it walked, so a stale base fails the commit instead of
+    appending twice (see docs/architecture.md, "The table-metadata cache").
+    """
+
+    def __init__(self, catalog: Catalog, cache_seconds: float = 0.0) -> None:
         self.catalog = catalog
+        self.cache_seconds = cache_seconds
+        self._cache: dict[str, tuple[float, Table]] = {}
+
+    def cached(self, identifier: str) -> tuple[Table, bool]:
+        """The table from the cache if it is young enough, else freshly loaded; and whether it came from the cache."""
+        entry = self._cache.get(identifier)
+        if entry is not None and time.monotonic() - entry[0] < self.cache_seconds:
+            return entry[1], True
+        return self.load(identifier), False
+
+    def remember(self, identifier: str, table: Table) -> None:
+        if self.cache_seconds > 0:
+            self._cache[identifier] = (time.monotonic(), table)
+
+    def forget(self, identifier: str) -> None:
+        self._cache.pop(identifier, None)
 
     @property
     def catalog_name(self) -> str:
         return str(self.catalog.name)
 
     def load(self, identifier: str) -> Table:
+        """The table as the catalog has it now (and remembered in the cache)."""
         try:
-            return self.catalog.load_table(parse_table_identifier(identifier))
+            table = self.catalog.load_table(parse_table_identifier(identifier))
         except NoSuchTableError as error:
+            self.forget(identifier)
             raise InvalidArgument(
                 f"table {identifier} does not exist in catalog {self.catalog_name}: create it, or register "
                 "the writer with the table's schema so that the coordinator creates it"
             ) from error
+        self.remember(identifier, table)
+        return table
 
     def ensure_table(self, identifier: str, schema: pa.Schema | None, partition_by: Sequence[str]) -> str:
         """Create the table when missing (given a schema), add new columns when present; return its location."""
@@ -155,6 +189,7 @@ class IcebergTables:
         else:
             if schema is not None:
                 self._add_missing_columns(table, schema)
+        self.forget(identifier)  # the schema may have just changed
         return str(table.location())
 
     def _create_table(
@@ -194,9 +229,21 @@ class IcebergTables:
         """Validate the files (canonical URIs) of a pre-commit and build their manifest entries.
 
         The entries come from the Parquet footers; the data pages are not read.
-        Raises InvalidArgument naming the first bad file.
+        Raises InvalidArgument naming the first bad file. A cached table may lag behind a change another
+        writer made (a new column): a file refused on it, or an evolution that conflicts, is tried once
+        more on the table freshly loaded.
         """
-        table = self.load(identifier)
+        table, from_cache = self.cached(identifier)
+        if not from_cache:
+            return self._read_data_files(table, uris, writer_id, evolve_schema)
+        try:
+            return self._read_data_files(table, uris, writer_id, evolve_schema)
+        except (InvalidArgument, CommitFailedException):
+            return self._read_data_files(self.load(identifier), uris, writer_id, evolve_schema)
+
+    def _read_data_files(
+        self, table: Table, uris: Sequence[str], writer_id: int, evolve_schema: bool
+    ) -> list[DataFileEntry]:
         for uri in uris:
             check_inside_location(uri, str(table.location()))
         footers = [self._read_footer(table, uri) for uri in uris]
@@ -224,7 +271,7 @@ class IcebergTables:
         for schema in schemas:
             if any(name not in known for name in schema.names):
                 self._add_missing_columns(table, schema)
-                table = self.catalog.load_table(table.name())
+                table = self.load(".".join(table.name()))
                 known = set(table.schema().column_names)
         return table
 
@@ -271,10 +318,14 @@ class IcebergTables:
             split_offsets=None if serialized["split_offsets"] is None else tuple(serialized["split_offsets"]),
         )
 
-    def sink_markers(self, identifier: str, sink: str, down_to_epoch: int, *, generation: int) -> list[Marker]:
+    def sink_markers(
+        self, identifier: str, sink: str, down_to_epoch: int, *, generation: int, table: Table | None = None
+    ) -> list[Marker]:
         """The sink's markers of a generation on the current branch, oldest first, back to the first below
-        `down_to_epoch` or to the newest marker of an older generation (whose epoch numbers mean nothing now)."""
-        table = self.load(identifier)
+        `down_to_epoch` or to the newest marker of an older generation (whose epoch numbers mean nothing now).
+
+        On `table` when given (the committer's cached table), else on the table loaded now."""
+        table = table if table is not None else self.load(identifier)
         markers: list[Marker] = []
         for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
             summary = snapshot.summary
@@ -298,14 +349,38 @@ class IcebergTables:
         entries: Sequence[DataFileEntry],
         *,
         generation: int,
+        table: Table | None = None,
     ) -> int:
         """Fast-append the entries as one snapshot carrying the sink's marker; return its id.
 
         pyiceberg's own retry of a conflicting commit would re-apply the append
         without looking at the markers, so it is turned off here: the caller's
-        retry re-runs the ancestry check first.
+        retry re-runs the ancestry check first. Given `table` (the one whose
+        ancestry the caller walked), the append builds on it, and the commit
+        asserts that the branch head is still that table's: a stale table fails
+        with CommitFailedException rather than append on an unseen history.
+        The committed table replaces the cached one; any failure drops it.
         """
-        table = self.load(identifier)
+        try:
+            snapshot_id, committed = self._append(identifier, sink, epoch, commit_id, entries, generation, table)
+        except BaseException:
+            self.forget(identifier)
+            raise
+        self.remember(identifier, committed)
+        return snapshot_id
+
+    def _append(
+        self,
+        identifier: str,
+        sink: str,
+        epoch: int,
+        commit_id: str,
+        entries: Sequence[DataFileEntry],
+        generation: int,
+        table: Table | None,
+    ) -> tuple[int, Table]:
+        # A copy: the cached table object is shared with other threads and must not change under them.
+        table = copy.copy(table) if table is not None else self.catalog.load_table(parse_table_identifier(identifier))
         table.metadata = table.metadata.model_copy(
             update={"properties": {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}}
         )
@@ -328,7 +403,7 @@ class IcebergTables:
         assert snapshot is not None
         assert snapshot.summary is not None
         assert snapshot.summary.get(MARKER_COMMIT_ID) == commit_id
-        return int(snapshot.snapshot_id)
+        return int(snapshot.snapshot_id), committed
 
     def unreferenced(self, identifier: str, paths: Iterable[str]) -> list[str]:
         """The given paths that no live data file of the table references."""

@@ -93,6 +93,19 @@ class Settings(BaseSettings):
     commit_interval_seconds: float = Field(
         default=0.0, ge=0.0, description="Least time between two Iceberg commits of one sink."
     )
+    commit_concurrency: int = Field(
+        default=4,
+        ge=1,
+        description="Most sinks committed at the same time by this process (each commit holds two metastore "
+        "connections while it runs).",
+    )
+    table_cache_seconds: float = Field(
+        default=10.0,
+        ge=0.0,
+        description="How long table metadata read from the catalog is reused for pre-commit validation and as "
+        "the committer's base before it is read again (0: read it every time). This process's own commits "
+        "refresh it; a stale copy is detected (refused file, failed commit) and read again.",
+    )
     retention_epochs: int = Field(
         default=1000, ge=0, description="COMMITTED epochs kept in the log per sink; older rows are pruned."
     )
