@@ -45,6 +45,11 @@ class Database:
         )
         self._sessions = async_sessionmaker(self.engine, expire_on_commit=False)
 
+    @property
+    def libpq_url(self) -> str:
+        """The URL for a plain psycopg connection (outside SQLAlchemy's pool)."""
+        return self.url.set(drivername="postgresql").render_as_string(hide_password=False)
+
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncSession]:
         """One transaction: committed when the block ends, rolled back on any error."""

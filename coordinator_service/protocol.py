@@ -9,13 +9,15 @@ Iceberg only through coordinator_service.iceberg, in worker threads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import psycopg
 import pyarrow as pa
 import structlog
 from pyiceberg.exceptions import CommitFailedException, ServerError
@@ -50,6 +52,8 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
 SINK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")
+# Most first pre-commits written by one statement of the group insert.
+GROUP_INSERT_MAX_ROWS = 256
 MAX_FILES_PER_PRECOMMIT = 100_000
 MAX_PROPERTIES_BYTES = 64 * 1024
 
@@ -139,6 +143,65 @@ class _Gathering:
     done: asyncio.Future[PreCommitResult] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
+class GroupInsert:
+    """Group commit of first pre-commits: those that arrive while one PostgreSQL transaction runs share the next.
+
+    No timer: a lone writer's row is written at once; under load, every transaction carries all the rows
+    that queued up meanwhile (up to GROUP_INSERT_MAX_ROWS), one statement and one WAL flush for all of them.
+    Each caller is answered only after the transaction holding its row has committed.
+    """
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
+        # Its own connection, outside the pool: one transaction at a time, two round trips (INSERT, COMMIT).
+        self._connection: psycopg.AsyncConnection[Any] | None = None
+        self._queue: list[tuple[repository.NewEpoch, asyncio.Future[bool]]] = []
+        self._draining = False
+        self._task: asyncio.Task[None] | None = None
+
+    async def insert(self, row: repository.NewEpoch) -> bool:
+        """True once the row is durably inserted; False if it was not (the general path decides then)."""
+        answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._queue.append((row, answer))
+        if not self._draining:
+            self._draining = True
+            self._task = asyncio.create_task(self._drain(), name="precommit-group-insert")
+        return await answer
+
+    async def _drain(self) -> None:
+        try:
+            while self._queue:
+                batch, self._queue = self._queue[:GROUP_INSERT_MAX_ROWS], self._queue[GROUP_INSERT_MAX_ROWS:]
+                await self._write(batch)
+        finally:
+            self._draining = False
+
+    async def _write(self, batch: list[tuple[repository.NewEpoch, asyncio.Future[bool]]]) -> None:
+        # One row per (sink, epoch): a second request for the same epoch goes the general way.
+        unique: dict[tuple[int, int], repository.NewEpoch] = {}
+        for row, _ in batch:
+            unique.setdefault((row.sink_id, row.epoch), row)
+        rows = sorted(unique.values(), key=lambda row: (row.sink_id, row.epoch))  # one lock order
+        try:
+            if self._connection is None or self._connection.closed:
+                self._connection = await psycopg.AsyncConnection.connect(self.database.libpq_url)
+            inserted = await repository.insert_new_epochs(self._connection, rows)
+            await self._connection.commit()
+        except Exception as error:
+            log.warning("group insert of pre-commits failed; each goes the general way", error=str(error))
+            inserted = set()
+            await self.close()
+        for row, answer in batch:
+            if not answer.done():  # a caller that gave up (deadline) is not answered
+                answer.set_result(unique[(row.sink_id, row.epoch)] is row and (row.sink_id, row.epoch) in inserted)
+
+    async def close(self) -> None:
+        if self._connection is not None:
+            with contextlib.suppress(Exception):
+                await self._connection.close()
+            self._connection = None
+
+
 class Coordinator:
     """The writer-facing operations of the protocol."""
 
@@ -147,6 +210,12 @@ class Coordinator:
         self.tables = tables
         self.committer = committer
         self._gatherings: dict[tuple[int, int, int], _Gathering] = {}
+        # Sink name -> (id, table), as last read; only a hint for the fast path, which re-checks it in SQL.
+        self._sink_hints: dict[str, tuple[int, str]] = {}
+        self._group_insert = GroupInsert(database)
+
+    async def close(self) -> None:
+        await self._group_insert.close()
 
     async def register_writer(
         self,
@@ -209,6 +278,7 @@ class Coordinator:
                 table_location=location,
             )
             sink_id = row.id
+            self._sink_hints[sink] = (row.id, row.table_identifier)
         await failpoints.hit(Failpoint.REGISTER_AFTER_RECOVERY)
         log.info(
             "writer registered",
@@ -231,8 +301,14 @@ class Coordinator:
         if len(set(request.paths)) != len(request.paths):
             raise InvalidArgument("the pre-commit names a data file more than once")
         log_ = log.bind(sink=request.sink, epoch=request.epoch, writer_term=request.writer_term)
+        fast = await self._pre_commit_first_attempt(request)
+        if fast is not None:
+            metrics.PRECOMMIT_SECONDS.labels(request.sink).observe(time.monotonic() - started)
+            log_.info("pre-commit persisted", attempt=fast.attempt, records=fast.record_count, files=len(request.paths))
+            return fast
         async with self.database.transaction() as session:
             sink = await _existing_sink(session, request.sink)
+            self._sink_hints[sink.name] = (sink.id, sink.table_identifier)
             _check_term(sink, request.writer_term)
             if request.writer_id >= sink.writer_count:
                 raise InvalidArgument(
@@ -258,6 +334,40 @@ class Coordinator:
         metrics.PRECOMMIT_SECONDS.labels(request.sink).observe(time.monotonic() - started)
         log_.info("pre-commit persisted", attempt=result.attempt, records=result.record_count, files=len(entries))
         return result
+
+    async def _pre_commit_first_attempt(self, request: PreCommitRequest) -> PreCommitResult | None:
+        """The common case in one statement: the first pre-commit of an epoch, by the only writer, term current.
+
+        Reads the footers on the (cached) table of the sink as last seen, then inserts the row through the
+        group insert, whose SQL checks the term, the committed epoch and the writer count under the sink's
+        share lock. Anything else (a repeat, a re-attempt, a refusal, a bad file, a multi-writer sink)
+        returns None, and the general path answers it from the start, in its order of checks.
+        """
+        hint = self._sink_hints.get(request.sink)
+        if hint is None or request.writer_id != 0:
+            return None
+        sink_id, table = hint
+        try:
+            # Never evolve here: the table must not change for a request that may yet be refused (a fenced
+            # term). Files that need new columns fail to fit, and the general path evolves after its checks.
+            entries = await self._catalog_call(
+                self.tables.read_data_files, table, request.paths, request.writer_id, False
+            )
+        except CoordinatorError:
+            return None
+        metadata = PreCommitMetadata(table=table, data_files=tuple(entries), properties=dict(request.properties))
+        row = repository.NewEpoch(
+            sink_id=sink_id,
+            epoch=request.epoch,
+            writer_term=request.writer_term,
+            metadata=precommit_metadata.encode(metadata),
+            file_count=len(entries),
+            record_count=metadata.record_count,
+        )
+        if not await self._group_insert.insert(row):
+            return None
+        await failpoints.hit(Failpoint.PRECOMMIT_AFTER_PERSIST)
+        return PreCommitResult(PreCommitOutcome.PERSISTED, attempt=1, record_count=metadata.record_count)
 
     async def _gather(
         self, sink_id: int, writer_count: int, request: PreCommitRequest, entries: list[DataFileEntry]

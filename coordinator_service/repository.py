@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import psycopg
 from psycopg.errors import LockNotAvailable
 from sqlalchemy import and_, delete, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
@@ -123,6 +125,54 @@ async def insert_pending_epoch(
         )
     )
     await session.flush()
+
+
+@dataclass(frozen=True)
+class NewEpoch:
+    """A first pre-commit of an epoch, to insert if its sink's term is current and the epoch is above committed."""
+
+    sink_id: int
+    epoch: int
+    writer_term: int
+    metadata: bytes
+    file_count: int
+    record_count: int
+
+
+_INSERT_NEW_EPOCHS = """
+    INSERT INTO pending_sink_state (sink_id, epoch, status, metadata, attempt, file_count, record_count, files_cleaned)
+    SELECT s.id, r.epoch, CAST('PENDING' AS epoch_status), r.metadata, 1, r.file_count, r.record_count, false
+    FROM unnest(CAST(%(sink_ids)s AS integer[]), CAST(%(epochs)s AS bigint[]), CAST(%(terms)s AS bigint[]),
+                CAST(%(metadata)s AS bytea[]), CAST(%(file_counts)s AS integer[]), CAST(%(record_counts)s AS bigint[]))
+         AS r(sink_id, epoch, term, metadata, file_count, record_count)
+    JOIN sinks s ON s.id = r.sink_id
+    WHERE s.writer_term = r.term AND s.committed_epoch < r.epoch AND s.writer_count = 1
+    FOR SHARE OF s
+    ON CONFLICT (sink_id, epoch) DO NOTHING
+    RETURNING sink_id, epoch
+"""
+
+
+async def insert_new_epochs(connection: psycopg.AsyncConnection[Any], rows: Sequence[NewEpoch]) -> set[tuple[int, int]]:
+    """Insert PENDING rows in one statement (on a plain psycopg connection); return the (sink_id, epoch) inserted.
+
+    A row is inserted only where it is the plain case of a pre-commit: no row for the epoch yet, the
+    writer's term current, the epoch above the committed one, one writer per sink. The sink rows are
+    share-locked like in every pre-commit, so that a concurrent RegisterWriter sees (and aborts) the
+    new rows or fences them. Rows not inserted are left to the general path, which answers them.
+    """
+    cursor = await connection.execute(
+        _INSERT_NEW_EPOCHS,
+        {
+            "sink_ids": [row.sink_id for row in rows],
+            "epochs": [row.epoch for row in rows],
+            "terms": [row.writer_term for row in rows],
+            "metadata": [row.metadata for row in rows],
+            "file_counts": [row.file_count for row in rows],
+            "record_counts": [row.record_count for row in rows],
+        },
+    )
+    return {(int(sink_id), int(epoch)) for sink_id, epoch in await cursor.fetchall()}
 
 
 async def abort_pending_above(session: AsyncSession, sink_id: int, epoch: int, reason: str) -> list[int]:

@@ -84,10 +84,11 @@ class Runtime:
             await asyncio.to_thread(require_migrated, url)
         catalog = await asyncio.to_thread(open_catalog, settings, url)
         database = Database(url)
-        tables = IcebergTables(catalog)
+        tables = IcebergTables(catalog, settings.table_cache_seconds)
         committer = Committer(database, tables, settings)
         return cls(settings, database, tables, committer, Coordinator(database, tables, committer))
 
     async def close(self) -> None:
         await self.committer.stop()
+        await self.coordinator.close()
         await self.database.dispose()
