@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: test check pytest serve demo proto helm-check clean
+.PHONY: test check pytest serve demo bench proto helm-check clean
 
 $(INSTALLED): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ serve: $(INSTALLED)
 EVENTS ?= 100000
 demo: $(INSTALLED)
 	$(BIN)/python -m spark_writer.demo --events $(EVENTS) $(DEMO_ARGS)
+
+## bench: speed against raw PostgreSQL, raw pyiceberg and plain Spark; writes bench/results/latest.md
+bench: $(INSTALLED)
+	$(BIN)/python -m pip install --quiet -e ".[bench]"
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 ## proto: regenerate the gRPC code from proto/
 proto: $(INSTALLED)
