@@ -164,6 +164,7 @@ class Committer:
             # The lock is session-level: end the transaction that took it, keep the connection.
             await lock_connection.commit()
             try:
+                await failpoints.hit(Failpoint.COMMIT_AFTER_LOCK)
                 while await self._commit_next(sink_id):
                     pass
             finally:
@@ -213,6 +214,7 @@ class Committer:
                 epochs=[row.epoch for row in pending if row.epoch <= markers[-1].epoch],
             )
             return True
+        await failpoints.hit(Failpoint.COMMIT_BEFORE_APPEND)
         started = time.monotonic()
         commit_id = uuid.uuid4().hex
         try:

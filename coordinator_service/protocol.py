@@ -239,6 +239,7 @@ class Coordinator:
         if existing is not None:
             _check_same_table(existing, table)
         location = await self._catalog_call(self.tables.ensure_table, table, schema, tuple(partition_by))
+        await failpoints.hit(Failpoint.REGISTER_BEFORE_RECOVERY)
 
         async with self.database.transaction() as session:
             await repository.insert_sink_if_absent(session, sink, table, self.tables.catalog_name, checkpointed_epoch)
@@ -364,6 +365,7 @@ class Coordinator:
             file_count=len(entries),
             record_count=metadata.record_count,
         )
+        await failpoints.hit(Failpoint.PRECOMMIT_BEFORE_PERSIST)
         if not await self._group_insert.insert(row):
             return None
         await failpoints.hit(Failpoint.PRECOMMIT_AFTER_PERSIST)
@@ -401,6 +403,7 @@ class Coordinator:
         entries: list[DataFileEntry],
         properties: dict[str, str],
     ) -> PreCommitResult:
+        await failpoints.hit(Failpoint.PRECOMMIT_BEFORE_PERSIST)
         async with self.database.transaction() as session:
             sink = await repository.sink_by_name(session, request.sink, lock="share")
             if sink is None:
