@@ -20,6 +20,8 @@ from pyspark.sql import SparkSession
 NO_BATCH: Final = -1
 COMMITS: Final = "commits"
 OFFSETS: Final = "offsets"
+# What Spark's offset log holds for a source with no offset in a batch.
+NO_OFFSET: Final = "-"
 
 
 class SparkCheckpoint:
@@ -45,11 +47,8 @@ class SparkCheckpoint:
         names = (status.getPath().getName() for status in self._filesystem.listStatus(directory))
         return max((int(name) for name in names if name.isdigit()), default=NO_BATCH)
 
-    def is_committed(self, batch_id: int) -> bool:
-        return bool(self._filesystem.exists(self._log_path(COMMITS, batch_id)))
-
     def source_end_offsets(self, batch_id: int) -> list[str]:
-        """The end offsets of every source for batch N, as Spark serialised them (JSON per source).
+        """The end offsets of every source for batch N, as Spark serialised them (JSON, or "-" for none).
 
         The offset log file is a version line, a metadata line, then one line per
         source; empty if the file is missing (it is written before the batch runs).

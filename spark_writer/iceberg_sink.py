@@ -37,7 +37,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from coordinator_service.client import CoordinatorClient, CoordinatorRpcError, WriterRegistration
 from spark_writer.arrow_schema import arrow_schema_of, serialize_schema
-from spark_writer.checkpoint import SparkCheckpoint
+from spark_writer.checkpoint import NO_OFFSET, SparkCheckpoint
 from spark_writer.listener import CheckpointListener, CheckpointReporter
 from spark_writer.parquet_writer import WRITTEN_FILES_DDL, DataFileTarget, delete_files, task_writer
 from spark_writer.partitioning import parse_partition_fields
@@ -164,7 +164,8 @@ class MicroBatchWriter:
         )
 
     def _properties(self, batch_id: int) -> dict[str, str]:
-        offsets = json.dumps([json.loads(line) for line in self._checkpoint.source_end_offsets(batch_id)])
+        lines = self._checkpoint.source_end_offsets(batch_id)
+        offsets = json.dumps([None if line == NO_OFFSET else json.loads(line) for line in lines])
         return {"spark.end_offsets": offsets} if len(offsets) <= MAX_OFFSETS_PROPERTY_CHARS else {}
 
 

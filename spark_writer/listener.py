@@ -64,25 +64,20 @@ class CheckpointReporter:
         self._thread = threading.Thread(target=self._run, name=f"checkpoint-reporter-{sink}", daemon=True)
         self._thread.start()
 
-    @property
-    def reported_epoch(self) -> int:
-        return self._reported_epoch
-
     def on_refused(self, callback: Callable[[], None]) -> None:
         """Called once, from the reporter thread, when the coordinator refuses a checkpoint for good."""
         self._on_refused = callback
 
-    def report(self, epoch: int, *, wait: bool = False) -> int:
+    def report(self, epoch: int, *, wait: bool = False) -> None:
         """CommitCheckpoint(epoch) unless it was reported already; with `wait`, until it is in the table.
 
-        Returns the coordinator's committed epoch (or -1 when nothing was sent).
         Raises the coordinator's refusal, also every time after the first one.
         """
         with self._lock:
             if self.refusal is not None:
                 raise self.refusal
             if epoch <= NO_BATCH or (epoch <= self._reported_epoch and not wait):
-                return NO_BATCH
+                return
             try:
                 answer = self._client.commit_checkpoint(self._sink, epoch, self._writer_term, wait=wait)
             except CoordinatorRpcError as error:
@@ -97,7 +92,6 @@ class CheckpointReporter:
                 committed_epoch=answer.committed_epoch,
                 waited=wait,
             )
-            return answer.committed_epoch
 
     def report_checkpointed(self, *, wait: bool = False) -> int:
         """Report the highest batch in the checkpoint's commit log; return it."""

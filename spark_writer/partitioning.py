@@ -46,7 +46,6 @@ PartitionKey = tuple[Any, ...]
 class PartitionField:
     """One field of the partition spec: a top-level source column and its transform."""
 
-    text: str
     source: str
     transform: Transform[Any, Any]
     source_type: IcebergType
@@ -93,7 +92,7 @@ def parse_partition_fields(partition_by: Sequence[str], schema: pa.Schema) -> tu
                 f"partition field {text!r}: {transform} cannot apply to column {source!r} of type "
                 f"{schema.field(source).type}"
             )
-        fields.append(PartitionField(text, source, transform, source_type))
+        fields.append(PartitionField(source, transform, source_type))
     return tuple(fields)
 
 
