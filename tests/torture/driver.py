@@ -1,0 +1,95 @@
+"""The torture runs' Spark driver: a warm driver process that runs the `sink-writer` job once per request.
+
+    python -m tests.torture.driver TIMEOUT RETRY
+
+It starts one local Spark (the JVM start is the slow part), then reads one JSON
+request per line on stdin: the job's settings and an optional kill point
+(tests/e2e/driver_process.py's). For each it runs the job (availableNow: until
+the topic is drained and the last batch is committed) and prints
+``{"event": "torture query finished", "id": ..., "code": 0|1}``. A fault kills
+it with its process group (JVM and Python workers); the harness starts another.
+
+TIMEOUT is the deadline of one coordinator call (a stalled coordinator fails
+the batch after it), RETRY how long UNAVAILABLE is retried (a coordinator
+restart must fit in it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+from unittest import mock
+
+import structlog
+
+from coordinator_service.client import CoordinatorClient
+from coordinator_service.logs import configure_logging
+from coordinator_service.settings import LogFormat, LogLevel
+from spark_writer import job
+from spark_writer.worker_logging import set_worker_log_level
+from tests.e2e.driver_process import arm
+
+log = structlog.get_logger(__name__)
+
+READY_EVENT = "torture driver ready"
+FINISHED_EVENT = "torture query finished"
+
+
+def shorten_deadlines(timeout_seconds: float, retry_seconds: float) -> None:
+    original = CoordinatorClient.__init__
+
+    def init(self: CoordinatorClient, target: str, **options: Any) -> None:
+        options.setdefault("timeout_seconds", timeout_seconds)
+        options.setdefault("retry_seconds", retry_seconds)
+        original(self, target, **options)
+
+    CoordinatorClient.__init__ = init  # type: ignore[method-assign]
+
+
+def emit(record: dict[str, Any]) -> None:
+    print(json.dumps(record), file=sys.stderr, flush=True)
+
+
+def run_query(spark: Any, request: dict[str, Any]) -> int:
+    kafka = job.KafkaSettings(
+        bootstrap_servers=request["bootstrap_servers"],
+        topics=(request["topic"],),
+        max_offsets_per_trigger=request["max_offsets_per_trigger"],
+    )
+    parse = job.ParseSettings(schema_ddl=request["schema"], evolve_schema=False)
+    sink = job.SinkSettings(
+        sink=request["sink"],
+        table=request["table"],
+        coordinator=request["coordinator"],
+        checkpoint_location=request["checkpoint_location"],
+        partition_by=tuple(request["partition_by"]),
+        available_now=True,
+    )
+    arm(request.get("kill_point", "none"), int(request.get("epoch", 0)))
+    try:
+        return 0 if job.run_until_done(job.start_job(spark, kafka, parse, sink)) else 1
+    except Exception as error:
+        log.error("sink writer failed", error=f"{type(error).__name__}: {str(error)[:500]}")
+        return 1
+    finally:
+        mock.patch.stopall()  # a kill point that was not reached must not kill a later query
+
+
+def main(argv: list[str]) -> None:
+    timeout, retry = argv
+    configure_logging(LogLevel.INFO, LogFormat.JSON)
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    set_worker_log_level("INFO")
+    shorten_deadlines(float(timeout), float(retry))
+    spark = job.spark_session("local[2]", app_name="sink-coordinator-torture")
+    emit({"event": READY_EVENT})
+    for line in sys.stdin:
+        request = json.loads(line)
+        code = run_query(spark, request)
+        emit({"event": FINISHED_EVENT, "id": request["id"], "code": code})
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,113 @@
+"""The faults a torture run injects, each planned from the run's seed before anything starts.
+
+A plan fixes everything random about a fault (its trigger: the k-th batch
+pre-committed by the run's drivers, then a delay; its parameters: how long a
+server stays down, which failpoint, which process). The moment it lands in the
+system's own timeline varies, which is the point; the seed replays the plan.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+FAULTS: tuple[str, ...] = (
+    "coordinator_kill",  # kill -9 of a serving coordinator, restarted on the same ports
+    "coordinator_failpoint",  # the coordinator kills itself exactly between two steps (name=kill@N)
+    "coordinator_stall",  # SIGSTOP longer than the writer's call deadline, then SIGCONT
+    "split_brain",  # a second coordinator on the same database; the writer's connections go to either
+    "driver_kill",  # kill -9 of the Spark driver's process group (driver, JVM, Python workers)
+    "driver_killpoint",  # the driver killed right after PreCommit(N) or right before CommitCheckpoint(N)
+    "executor_kill",  # kill -9 of one Python worker of the driver's JVM
+    "postgres_restart",  # the metastore's PostgreSQL: pg_ctl stop -m fast|immediate, then start
+    "catalog_outage",  # the catalog's PostgreSQL stopped for a while
+    "zombie_writer",  # after a driver restart, a late PreCommit/CommitCheckpoint with the old term
+)
+
+FAILPOINTS: tuple[tuple[str, int], ...] = (
+    # (name, most hits before it fires); each is hit once per batch, commit pass or registration
+    ("register.before_recovery", 1),
+    ("register.after_recovery", 1),
+    ("precommit.before_persist", 4),
+    ("precommit.after_persist", 4),
+    ("checkpoint.after_record", 4),
+    ("commit.after_lock", 4),
+    ("commit.before_append", 4),
+    ("commit.after_append", 4),
+    ("commit.after_mark", 4),
+)
+
+DRIVER_KILL_POINTS = ("after-precommit", "before-checkpoint-report")
+
+
+@dataclass
+class FaultPlan:
+    name: str
+    trigger_batch: int  # fires once the run's drivers pre-committed this many batches ...
+    delay_seconds: float  # ... and this long after
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class FaultRecord:
+    plan: FaultPlan
+    triggered: bool = False
+    started_at: float | None = None  # wall clock (time.time(), comparable with PostgreSQL's clock_timestamp())
+    ended_at: float | None = None
+    recovery_seconds: float | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "fault": self.plan.name,
+            "plan": asdict(self.plan),
+            "triggered": self.triggered,
+            "duration_seconds": None
+            if self.started_at is None or self.ended_at is None
+            else round(self.ended_at - self.started_at, 3),
+            "recovery_seconds": None if self.recovery_seconds is None else round(self.recovery_seconds, 3),
+            **self.detail,
+        }
+
+
+def plan_faults(rng: random.Random, pool: tuple[str, ...], batches: int, call_deadline: float) -> list[FaultPlan]:
+    """One fault (two in about a third of the runs), each with its trigger and parameters."""
+    count = 2 if rng.random() < 0.35 and len(pool) > 1 else 1
+    names = rng.sample(pool, count)
+    plans = []
+    for name in names:
+        params: dict[str, Any] = {}
+        if name == "coordinator_kill":
+            params = {"downtime_seconds": round(rng.uniform(0.0, 2.0), 3)}
+        elif name == "coordinator_failpoint":
+            point, most = rng.choice(FAILPOINTS)
+            params = {"failpoint": point, "hit": rng.randint(1, most), "downtime_seconds": round(rng.uniform(0, 1), 3)}
+        elif name == "coordinator_stall":
+            params = {"stall_seconds": round(call_deadline + rng.uniform(1.0, 4.0), 3)}
+        elif name == "split_brain":
+            params = {
+                "seconds": round(rng.uniform(2.0, 8.0), 3),
+                "survivor": rng.choice(("first", "second")),
+                "end_by": rng.choice(("kill", "stop")),
+                "proxy_seed": rng.randrange(2**31),
+            }
+        elif name == "driver_killpoint":
+            params = {"kill_point": rng.choice(DRIVER_KILL_POINTS), "epoch": rng.randint(0, max(0, batches - 2))}
+        elif name == "executor_kill":
+            params = {"pick": rng.random()}
+        elif name == "postgres_restart":
+            params = {"mode": rng.choice(("fast", "immediate")), "downtime_seconds": round(rng.uniform(0, 3), 3)}
+        elif name == "catalog_outage":
+            params = {"downtime_seconds": round(rng.uniform(2.0, 8.0), 3)}
+        elif name == "zombie_writer":
+            params = {"pick": rng.random()}
+        plans.append(
+            FaultPlan(
+                name=name,
+                trigger_batch=rng.randint(1, max(1, batches // 2)),
+                delay_seconds=round(rng.uniform(0.0, 1.5), 3),
+                params=params,
+            )
+        )
+    return plans

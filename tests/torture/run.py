@@ -1,0 +1,619 @@
+"""One torture run: a real coordinator, PostgreSQL, Kafka broker and Spark job, faults at random moments, checks.
+
+The session (two PostgreSQL servers: the metastore's and the catalog's; a
+Kafka-protocol broker) is shared by the runs; each run has its own databases,
+topic, warehouse, Spark checkpoint, coordinator process(es) and driver(s).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import psycopg
+from pyiceberg.catalog import Catalog, load_catalog
+
+from coordinator_service.client import CoordinatorClient, CoordinatorRpcError
+from coordinator_service.database import normalize_url
+from coordinator_service.runtime import migrate
+from tests.fixtures.coordinator import CoordinatorProcess
+from tests.fixtures.kafka_broker import _noida_db_executable, _stop, create_topic, wait_for_broker
+from tests.fixtures.pipeline import ORDER_SCHEMA_DDL, produce_orders
+from tests.torture import checks
+from tests.torture.faults import FAULTS, FaultPlan, FaultRecord, plan_faults
+from tests.torture.infra import Board, DriverServer, PgServer, Proxy, free_port, libpq, wait_for_change
+
+SINK = "orders"
+TABLE = "torture.orders"
+CALL_DEADLINE_SECONDS = 5.0  # the writer's deadline of one coordinator call
+RETRY_SECONDS = 25.0  # how long the writer retries UNAVAILABLE (a restart fits in it)
+DRIVER_SECONDS = 150.0  # one driver that runs longer than this is hung
+RUN_SECONDS = 300.0  # a run that has not settled by then has an anomaly
+MAX_DRIVER_STARTS = 8
+SETTLE_SECONDS = 90.0
+
+
+@dataclass
+class Session:
+    """What the runs share: PostgreSQL servers and the broker (restarted faults happen on these)."""
+
+    root: Path
+    metastore: PgServer
+    catalog: PgServer
+    bootstrap: str
+    _broker: subprocess.Popen[bytes] | None = None
+    _driver: DriverServer | None = None
+    _standby: DriverServer | None = None
+    driver_processes: int = 0
+
+    def driver(self) -> DriverServer:
+        """The warm Spark driver; when the last was killed, the standby (started beforehand) takes over.
+
+        A supervisor restarting a killed driver would start a JVM; the standby has
+        started it already, so a run pays the job's restart, not the JVM's start.
+        """
+        if self._driver is None or not self._driver.alive:
+            if self._driver is not None:
+                self._driver.stop()
+            standby = self._standby
+            self._driver, self._standby = (standby if standby is not None and standby.alive else self._spawn()), None
+        if self._standby is None or not self._standby.alive:
+            self._standby = self._spawn()
+        return self._driver
+
+    def _spawn(self) -> DriverServer:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SINK_COORDINATOR_", "SINK_WRITER_"))}
+        self.driver_processes += 1
+        return DriverServer(
+            [str(CALL_DEADLINE_SECONDS), str(RETRY_SECONDS)], self.root / f"driver-{self.driver_processes}.log", env
+        )
+
+    @classmethod
+    @contextlib.contextmanager
+    def open(cls, root: Path | None = None) -> Iterator[Session]:
+        # Not under a private tree: the embedded server runs as its own unprivileged user.
+        base = root or Path(tempfile.mkdtemp(prefix="sink-coordinator-torture-"))
+        base.mkdir(parents=True, exist_ok=True)
+        metastore = PgServer(base, "metastore-pg")
+        catalog = PgServer(base, "catalog-pg")
+        broker: subprocess.Popen[bytes] | None = None
+        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "")
+        if not bootstrap:
+            port = free_port()
+            log_path = base / "noida-db.log"
+            with log_path.open("wb") as log_file:
+                broker = subprocess.Popen(
+                    [
+                        _noida_db_executable(),
+                        "start",
+                        "--only",
+                        "kafka",
+                        "--kafka-port",
+                        str(port),
+                        "--data-dir",
+                        str(base / "noida-db"),
+                    ],
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            bootstrap = f"127.0.0.1:{port}"
+            wait_for_broker(bootstrap, broker, log_path)
+        session = cls(base, metastore, catalog, bootstrap, broker)
+        try:
+            yield session
+        finally:
+            for driver in (session._driver, session._standby):
+                if driver is not None:
+                    driver.stop()
+            if broker is not None:
+                _stop(broker)
+            for server in (metastore, catalog):
+                with contextlib.suppress(Exception):
+                    if not server.running:
+                        server.start()
+                    server.stop("fast")
+            if root is None:
+                shutil.rmtree(base, ignore_errors=True)
+
+
+@dataclass
+class RunResult:
+    seed: int
+    faults: list[FaultRecord]
+    anomalies: list[str]
+    notes: list[str]
+    facts: dict[str, Any]
+    seconds: float
+    work: Path
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "faults": [record.as_json() for record in self.faults],
+            "anomalies": self.anomalies,
+            "notes": self.notes,
+            "facts": self.facts,
+            "seconds": round(self.seconds, 2),
+            "work": str(self.work),
+        }
+
+
+@dataclass
+class Run:
+    seed: int
+    session: Session
+    pool: tuple[str, ...]
+    rng: random.Random = field(init=False)
+    board: Board = field(default_factory=Board)
+    lock: threading.RLock = field(default_factory=threading.RLock)  # faults act one at a time
+    coordinators: list[CoordinatorProcess] = field(default_factory=list)
+    driver: DriverServer | None = None
+    driver_starts: int = 0
+    zombie_paths: set[str] = field(default_factory=set)
+    notes: list[str] = field(default_factory=list)
+    anomalies: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+        self.work = self.session.root / f"run-{self.seed}"
+        shutil.rmtree(self.work, ignore_errors=True)
+        self.work.mkdir(parents=True)
+        os.chmod(self.work, 0o777)
+        # Everything random is drawn here, in this order, from the seed.
+        self.records = self.rng.randint(300, 1000)
+        self.partitions = self.rng.randint(1, 4)
+        self.batches = self.rng.randint(6, 10)
+        self.per_batch = math.ceil(self.records / self.batches)
+        self.partition_by = self.rng.choice(((), ("country",)))
+        self.plans = plan_faults(self.rng, self.pool, self.batches, CALL_DEADLINE_SECONDS)
+        self.records_of = {plan.name: FaultRecord(plan) for plan in self.plans}
+        self.database = f"torture_{self.seed}_{uuid.uuid4().hex[:6]}"
+        self.checkpoint = self.work / "checkpoint"
+        self.warehouse = self.work / "warehouse"
+        self.warehouse.mkdir()
+        self.proxy = Proxy(seed=self.rng.randrange(2**31))
+
+    # ---- the pieces -------------------------------------------------------------------------------------
+
+    @property
+    def metastore_url(self) -> str:
+        return _render(self.session.metastore.database_url(self.database))
+
+    @property
+    def catalog_url(self) -> str:
+        return _render(self.session.catalog.database_url(self.database))
+
+    def catalog_properties(self) -> dict[str, str]:
+        return {"type": "sql", "uri": self.catalog_url, "warehouse": self.warehouse.as_uri()}
+
+    def open_catalog(self) -> Catalog:
+        return load_catalog("torture", **self.catalog_properties())
+
+    def new_coordinator(self, grpc_port: int | None = None, http_port: int | None = None) -> CoordinatorProcess:
+        env = {f"SINK_COORDINATOR_CATALOG__{key.upper()}": value for key, value in self.catalog_properties().items()}
+        env["SINK_COORDINATOR_CATALOG_NAME"] = "torture"
+        process = CoordinatorProcess(database_url=self.metastore_url, data_dir=self.work / "coordinator", extra_env=env)
+        if grpc_port is not None and http_port is not None:
+            process.grpc_port, process.http_port = grpc_port, http_port
+        return process
+
+    def start_coordinator(self, process: CoordinatorProcess, **env: str) -> CoordinatorProcess:
+        """Start it (awaiting its health SERVING); a start that fails while a fault holds a server down retries."""
+        for attempt in range(3):
+            try:
+                return process.start(**env)
+            except RuntimeError as error:
+                if attempt == 2:
+                    raise
+                self.notes.append(f"coordinator start failed, started again: {str(error)[:200]}")
+                self.board.wait(lambda: self.board.has("up"), 60, unless=None)
+        raise AssertionError("unreachable")
+
+    def restart_if_current(self, process: CoordinatorProcess, downtime: float) -> bool:
+        """Start a successor on the same ports, unless another fault already replaced this one."""
+        with self.lock:
+            if process not in self.coordinators:
+                return False
+            time.sleep(downtime)  # the fault's random length: how long the coordinator stays down
+            successor = self.new_coordinator(process.grpc_port, process.http_port)
+            self.coordinators[self.coordinators.index(process)] = successor
+            self.start_coordinator(successor)
+            return True
+
+    def request(self, kill_point: str = "none", epoch: int = 0) -> dict[str, Any]:
+        return {
+            "bootstrap_servers": self.session.bootstrap,
+            "topic": self.topic,
+            "schema": ORDER_SCHEMA_DDL,
+            "max_offsets_per_trigger": self.per_batch,
+            "sink": SINK,
+            "table": TABLE,
+            "coordinator": self.proxy.target,
+            "checkpoint_location": str(self.checkpoint),
+            "partition_by": list(self.partition_by),
+            "kill_point": kill_point,
+            "epoch": epoch,
+        }
+
+    def run_job(self, kill_point: str = "none", epoch: int = 0) -> int:
+        """Run the job on the warm driver (a new one if needed); its code, or -9 if the driver was killed."""
+        with self.lock:  # a fault never sees a half-started driver
+            self.driver = self.session.driver()
+            self.driver.board = self.board
+            self.driver_starts += 1
+        return self.driver.run(self.request(kill_point, epoch), DRIVER_SECONDS)
+
+    # ---- the run ----------------------------------------------------------------------------------------
+
+    def execute(self) -> RunResult:
+        started = time.monotonic()
+        facts: dict[str, Any] = {
+            "records": self.records,
+            "partitions": self.partitions,
+            "max_offsets_per_trigger": self.per_batch,
+            "partition_by": list(self.partition_by),
+        }
+        findings = checks.Findings()
+        try:
+            self._prepare()
+            self._drive()
+            settled_at = self._settle()
+            if settled_at is not None:
+                self._recovery_times(settled_at)
+                findings = self._check()
+        except Exception as error:
+            self.anomalies.append(f"harness error: {type(error).__name__}: {error}")
+            self.notes.append(traceback.format_exc()[-3000:])
+        finally:
+            self._teardown()
+        facts.update(findings.facts, driver_starts=self.driver_starts)
+        anomalies = self.anomalies + findings.anomalies
+        result = RunResult(
+            self.seed,
+            list(self.records_of.values()),
+            anomalies,
+            self.notes + findings.notes,
+            facts,
+            time.monotonic() - started,
+            self.work,
+        )
+        (self.work / "result.json").write_text(json.dumps(result.as_json(), indent=2))
+        if not anomalies:
+            self._cleanup_files()
+        return result
+
+    def _prepare(self) -> None:
+        self.session.metastore.create_database(self.database)
+        self.session.catalog.create_database(self.database)
+        migrate(normalize_url(self.metastore_url))
+        with psycopg.connect(libpq(self.metastore_url), autocommit=True) as connection:
+            connection.execute(checks.AUDIT_SQL.encode())
+        self.topic = create_topic(self.session.bootstrap, self.partitions, prefix=f"torture-{self.seed}")
+        first_key = self.seed % 1000 * 10_000
+        self.produced_keys = list(range(first_key, first_key + self.records))
+        produce_orders(self.session.bootstrap, self.topic, self.produced_keys, partitions=self.partitions)
+        self.board.set("up")
+
+    def _drive(self) -> None:
+        failpoint = self.records_of.get("coordinator_failpoint")
+        killpoint = self.records_of.get("driver_killpoint")
+        first = self.new_coordinator()
+        self.coordinators.append(first)
+        env = {}
+        if failpoint is not None:
+            params = failpoint.plan.params
+            env["SINK_COORDINATOR_FAILPOINTS"] = f"{params['failpoint']}=kill@{params['hit']}"
+        self.proxy.set_targets([first.grpc_port], reset=False)
+        self.start_coordinator(first, **env)
+        threads = [
+            threading.Thread(target=self._fault, args=(record,), name=f"fault-{name}", daemon=True)
+            for name, record in self.records_of.items()
+        ]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + RUN_SECONDS
+        while True:
+            try:
+                if killpoint is not None and self.driver_starts == 0:
+                    code = self.run_job(killpoint.plan.params["kill_point"], killpoint.plan.params["epoch"])
+                    killpoint.triggered = code == -signal.SIGKILL
+                    killpoint.started_at = killpoint.ended_at = time.time()
+                    self.board.set("killpoint-fired")
+                else:
+                    code = self.run_job()
+            except subprocess.TimeoutExpired:
+                assert self.driver is not None
+                tail = self.driver.tail()
+                self.driver.kill()
+                self.anomalies.append(f"the job hung for {DRIVER_SECONDS:.0f} s (driver killed); log tail:\n{tail}")
+                break
+            if code == 0:
+                break
+            if code not in (-signal.SIGKILL, 1):
+                self.notes.append(f"job {self.driver_starts} ended with {code}")
+            if self.driver_starts >= MAX_DRIVER_STARTS or time.monotonic() > deadline:
+                self.anomalies.append(f"the job did not finish after {self.driver_starts} starts")
+                break
+            # Whatever a fault holds down is restored before the job starts again.
+            self.board.wait(lambda: self.board.has("up"), 120, unless=None)
+        self.board.set("done")
+        for thread in threads:
+            thread.join(timeout=180)
+            if thread.is_alive():
+                self.anomalies.append(f"{thread.name} did not finish")
+
+    def _settle(self) -> float | None:
+        with self.lock:
+            for index, process in enumerate(list(self.coordinators)):
+                assert process.process is not None
+                if process.process.poll() is not None:
+                    self.notes.append(f"coordinator {index} had exited ({process.process.returncode}); restarted")
+                    self.restart_if_current(process, 0.0)
+        try:
+            wait_for_change(self.metastore_url, lambda c: checks.settled(c, SINK), SETTLE_SECONDS)
+        except TimeoutError:
+            with psycopg.connect(libpq(self.metastore_url), autocommit=True) as connection:
+                state = connection.execute(
+                    "SELECT epoch, status, files_cleaned FROM pending_sink_state p JOIN sinks s ON s.id = p.sink_id "
+                    "WHERE status <> 'COMMITTED' ORDER BY epoch"
+                ).fetchall()
+                sink = connection.execute("SELECT checkpointed_epoch, committed_epoch FROM sinks").fetchall()
+            self.anomalies.append(f"the system did not settle in {SETTLE_SECONDS:.0f} s: sink {sink}, epochs {state}")
+            return None
+        return time.time()
+
+    def _recovery_times(self, settled_at: float) -> None:
+        """From each fault's end to the first commit progress after it (or, with nothing left, to the settle)."""
+        with psycopg.connect(libpq(self.metastore_url), autocommit=True) as connection:
+            rows = connection.execute(
+                "SELECT extract(epoch FROM at)::float8, committed_epoch FROM torture_sink_audit ORDER BY id"
+            ).fetchall()
+        progress: list[float] = []
+        previous = None
+        for at, committed in rows:
+            if previous is not None and committed > previous:
+                progress.append(float(at))
+            previous = committed
+        for record in self.records_of.values():
+            if record.triggered and record.ended_at is not None:
+                after = [at for at in progress if at >= record.ended_at]
+                record.recovery_seconds = (after[0] if after else settled_at) - record.ended_at
+
+    def _check(self) -> checks.Findings:
+        with psycopg.connect(libpq(self.metastore_url), autocommit=True) as connection:
+            return checks.check_run(
+                connection=connection,
+                catalog=self.open_catalog(),
+                sink=SINK,
+                table=TABLE,
+                produced_keys=self.produced_keys,
+                spark_checkpoint=self.checkpoint,
+                zombie_paths=self.zombie_paths,
+            )
+
+    def _teardown(self) -> None:
+        for process in self.coordinators:
+            with contextlib.suppress(Exception):
+                if process.process is not None:
+                    os.kill(process.process.pid, signal.SIGCONT)
+                process.stop()
+        self.proxy.close()
+        for server in (self.session.metastore, self.session.catalog):
+            if not server.running:
+                server.start()
+
+    def _cleanup_files(self) -> None:
+        for server in (self.session.metastore, self.session.catalog):
+            with contextlib.suppress(Exception):
+                server.drop_database(self.database)
+        for path in (self.warehouse, self.checkpoint):
+            shutil.rmtree(path, ignore_errors=True)
+
+    # ---- the faults -------------------------------------------------------------------------------------
+
+    def _fault(self, record: FaultRecord) -> None:
+        plan = record.plan
+        try:
+            if plan.name == "coordinator_failpoint":
+                self._failpoint(record)
+                return
+            if plan.name == "driver_killpoint":
+                self.board.wait(lambda: self.board.has("killpoint-fired"), RUN_SECONDS, unless=None)
+                return
+            if not self.board.wait(lambda: self.board.precommits >= plan.trigger_batch, RUN_SECONDS):
+                return
+            if self.board.wait(lambda: False, plan.delay_seconds):  # the random moment after the trigger
+                return
+            with self.lock:
+                if self.board.has("done"):
+                    return
+                getattr(self, f"_{plan.name}")(record)
+        except Exception as error:
+            self.anomalies.append(f"fault {plan.name} failed: {type(error).__name__}: {error}")
+            self.notes.append(traceback.format_exc()[-3000:])
+            self.board.set("up")
+
+    def _begin(self, record: FaultRecord) -> None:
+        record.triggered = True
+        record.started_at = time.time()
+
+    def _coordinator_kill(self, record: FaultRecord) -> None:
+        victim = self.coordinators[int(record.plan.params.get("which", 0)) % len(self.coordinators)]
+        self._begin(record)
+        self.board.set("up", False)
+        victim.kill()
+        self.restart_if_current(victim, record.plan.params["downtime_seconds"])
+        record.ended_at = time.time()
+        self.board.set("up")
+
+    def _failpoint(self, record: FaultRecord) -> None:
+        process = self.coordinators[0]
+        assert process.process is not None
+        died = threading.Event()
+
+        def await_exit() -> None:
+            assert process.process is not None
+            process.process.wait()
+            died.set()
+            self.board.set("coordinator-died")
+
+        threading.Thread(target=await_exit, daemon=True).start()
+        self.board.wait(lambda: self.board.has("coordinator-died"), RUN_SECONDS)
+        if not died.is_set():
+            return  # the job finished before the failpoint's hit: the coordinator stays up
+        with self.lock:
+            if process.process.returncode != -signal.SIGKILL or process not in self.coordinators:
+                return
+            self._begin(record)
+            record.detail["failpoint_logged"] = any(
+                line.get("event") == "failpoint hit" for line in process.drain_logs()
+            )
+            self.board.set("up", False)
+            self.restart_if_current(process, record.plan.params["downtime_seconds"])
+            record.ended_at = time.time()
+            self.board.set("up")
+
+    def _coordinator_stall(self, record: FaultRecord) -> None:
+        victim = self.coordinators[0]
+        assert victim.process is not None
+        self._begin(record)
+        self.board.set("up", False)
+        os.kill(victim.process.pid, signal.SIGSTOP)
+        try:
+            time.sleep(record.plan.params["stall_seconds"])  # the stall's random length
+        finally:
+            os.kill(victim.process.pid, signal.SIGCONT)
+        record.ended_at = time.time()
+        self.board.set("up")
+
+    def _split_brain(self, record: FaultRecord) -> None:
+        params = record.plan.params
+        first = self.coordinators[0]
+        self._begin(record)
+        second = self.start_coordinator(self.new_coordinator())
+        self.coordinators.append(second)
+        self.proxy.set_targets([first.grpc_port, second.grpc_port], reset=True)
+        time.sleep(params["seconds"])  # both serve this long
+        victim, survivor = (second, first) if params["survivor"] == "first" else (first, second)
+        self.proxy.set_targets([survivor.grpc_port], reset=False)
+        if params["end_by"] == "kill":
+            victim.kill()
+        else:
+            victim.stop()
+        self.proxy.reset()
+        self.coordinators.remove(victim)
+        record.ended_at = time.time()
+
+    def _driver_kill(self, record: FaultRecord) -> None:
+        driver = self.driver
+        if driver is None or not driver.alive:
+            return
+        self._begin(record)
+        driver.kill()
+        record.ended_at = time.time()
+
+    def _executor_kill(self, record: FaultRecord) -> None:
+        driver = self.driver
+        workers = driver.python_workers() if driver is not None else []
+        if not workers:
+            record.detail["skipped"] = "no Python worker running at that moment"
+            return
+        victim = workers[int(record.plan.params["pick"] * len(workers))]
+        self._begin(record)
+        record.detail["worker"] = " ".join(victim.cmdline()[-3:])
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim.pid, signal.SIGKILL)
+        record.ended_at = time.time()
+
+    def _postgres_restart(self, record: FaultRecord) -> None:
+        params = record.plan.params
+        self._begin(record)
+        self.board.set("up", False)
+        self.session.metastore.stop(params["mode"])
+        time.sleep(params["downtime_seconds"])  # how long PostgreSQL stays down
+        self.session.metastore.start()
+        record.ended_at = time.time()
+        self.board.set("up")
+
+    def _catalog_outage(self, record: FaultRecord) -> None:
+        self._begin(record)
+        self.board.set("up", False)
+        self.session.catalog.stop("fast")
+        time.sleep(record.plan.params["downtime_seconds"])  # how long the catalog is unavailable
+        self.session.catalog.start()
+        record.ended_at = time.time()
+        self.board.set("up")
+
+    def _zombie_writer(self, record: FaultRecord) -> None:
+        driver = self.driver
+        if driver is None or not driver.alive or not self.board.terms:
+            return
+        old_term = self.board.terms[-1]
+        self._begin(record)
+        driver.kill()  # the supervisor starts a new driver, which registers with a newer term
+        self.lock.release()  # let other faults act while the new driver starts (the supervisor needs no lock)
+        try:
+            registered = self.board.wait(lambda: bool(self.board.terms) and self.board.terms[-1] > old_term, 120)
+        finally:
+            self.lock.acquire()
+        if not registered:
+            record.detail["skipped"] = "no new registration"
+            return
+        location = self.open_catalog().load_table(TABLE).location().removeprefix("file://")
+        candidates = sorted(Path(location, "data").rglob("*.parquet"))
+        if not candidates:
+            record.detail["skipped"] = "no data file to imitate"
+            return
+        source = candidates[int(record.plan.params["pick"] * len(candidates))]
+        zombie = source.with_name(f"zombie-{uuid.uuid4().hex}.parquet")
+        shutil.copyfile(source, zombie)
+        self.zombie_paths.add(zombie.as_uri())
+        with psycopg.connect(libpq(self.metastore_url), autocommit=True) as connection:
+            row = connection.execute("SELECT checkpointed_epoch FROM sinks WHERE name = %s", (SINK,)).fetchone()
+        epoch = int(row[0]) + 1 if row else 0
+        codes: dict[str, str] = {}
+        with CoordinatorClient(self.proxy.target, timeout_seconds=10, retry_seconds=30) as client:
+            for call, invoke in (
+                ("pre_commit", lambda: client.pre_commit(SINK, epoch, old_term, [zombie.as_uri()])),
+                ("commit_checkpoint", lambda: client.commit_checkpoint(SINK, epoch, old_term)),
+            ):
+                try:
+                    invoke()
+                    codes[call] = "OK"
+                except CoordinatorRpcError as error:
+                    codes[call] = error.code.name
+                    record.detail[f"{call}_message"] = error.message[:200]
+        record.detail.update(old_term=old_term, epoch=epoch, codes=codes)
+        for call, code in codes.items():
+            if code != grpc.StatusCode.FAILED_PRECONDITION.name:
+                self.anomalies.append(f"zombie writer (term {old_term}) {call}({epoch}) answered {code}")
+        record.ended_at = time.time()
+
+
+def _render(url: str) -> str:
+    return normalize_url(url).render_as_string(hide_password=False)
+
+
+def replay_command(seed: int, pool: tuple[str, ...]) -> str:
+    faults = "" if set(pool) == set(FAULTS) else f" --faults {','.join(pool)}"
+    return f"python -m tests.torture --seed {seed}{faults}"
+
+
+__all__ = ["FAULTS", "FaultPlan", "Run", "RunResult", "Session", "replay_command"]
