@@ -10,6 +10,7 @@ it at a real Kafka, PostgreSQL or catalog instead.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -162,8 +163,10 @@ def check_table(catalog: Catalog, table: str, sink: str, events: int) -> TableCh
 
 def reset_data_dir(data_dir: Path) -> None:
     """Stop the embedded PostgreSQL of the data directory (if it runs) and delete the directory."""
-    if (data_dir / "postgres").exists():
-        stop_embedded_postgres(data_dir / "postgres")
+    if (data_dir / "postgres" / "postmaster.pid").exists():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # embedded-postgres warns that XDG_RUNTIME_DIR is unset
+            stop_embedded_postgres(data_dir / "postgres")
     shutil.rmtree(data_dir, ignore_errors=True)
     console.print(f"[yellow]reset:[/yellow] deleted {data_dir}")
 
@@ -208,7 +211,7 @@ def print_summary(events: int, check: TableCheck, committed_epochs: int, phases:
     timings.add_row("total", f"{sum(phases.seconds.values()):.1f} s")
     places = Table(title="where things are", show_header=False)
     places.add_column(style="bold")
-    places.add_column()
+    places.add_column(overflow="fold")
     for place, location in where.items():
         places.add_row(place, location)
     console.print(results, timings, places)
@@ -321,7 +324,8 @@ def main(
         )
         if keep_serving:
             console.print(f"coordinator serving at {coordinator.admin_url}/docs: Ctrl-C to stop")
-            coordinator.process.wait()
+            with contextlib.suppress(KeyboardInterrupt):  # the way to end a successful demo here
+                coordinator.process.wait()
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopping[/yellow]")
         raise typer.Exit(130) from None
