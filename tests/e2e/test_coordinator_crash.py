@@ -17,13 +17,11 @@ from pyiceberg.catalog import Catalog
 from pyspark.sql import SparkSession
 
 from spark_writer.iceberg_sink import write_to_iceberg
-from spark_writer.kafka_records import json_records, schema_from_ddl
 from tests.fixtures.coordinator import CoordinatorProcess
 from tests.fixtures.pipeline import (
-    ORDER_SCHEMA_DDL,
     QUERY_TIMEOUT_SECONDS,
     kafka_positions,
-    kafka_stream,
+    order_stream,
     produce_orders,
     produced_positions,
 )
@@ -64,11 +62,7 @@ def test_coordinator_killed_mid_query(
     topic = kafka_topic(partitions=3)
     produced = produce_orders(kafka_bootstrap, topic, range(1500), partitions=3)
     first = coordinator_factory(SINK_COORDINATOR_FAILPOINTS=f"{failpoint}=kill")
-    orders = json_records(
-        kafka_stream(spark, kafka_bootstrap, topic, max_offsets=300),
-        schema_from_ddl(ORDER_SCHEMA_DDL),
-        kafka_metadata=True,
-    )
+    orders = order_stream(spark, kafka_bootstrap, topic, max_offsets=300)
     running = write_to_iceberg(
         orders,
         sink="orders",

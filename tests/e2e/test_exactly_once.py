@@ -15,14 +15,12 @@ from pyspark.sql import SparkSession
 
 from spark_writer.iceberg_sink import write_to_iceberg
 from spark_writer.job import KafkaSettings, ParseSettings, SinkSettings, start_job
-from spark_writer.kafka_records import json_records, schema_from_ddl
 from tests.fixtures.coordinator import CoordinatorProcess
 from tests.fixtures.pipeline import (
-    ORDER_SCHEMA_DDL,
     QUERY_TIMEOUT_SECONDS,
     kafka_positions,
-    kafka_stream,
     order_ids,
+    order_stream,
     produce_orders,
     produced_positions,
     table_arrow,
@@ -43,11 +41,7 @@ def test_every_record_once_over_several_batches(
 ) -> None:
     topic = kafka_topic(partitions=3)
     produced = produce_orders(kafka_bootstrap, topic, range(3000), partitions=3)
-    orders = json_records(
-        kafka_stream(spark, kafka_bootstrap, topic, max_offsets=600),
-        schema_from_ddl(ORDER_SCHEMA_DDL),
-        kafka_metadata=True,
-    )
+    orders = order_stream(spark, kafka_bootstrap, topic, max_offsets=600)
     running = write_to_iceberg(
         orders,
         sink="orders",
@@ -77,11 +71,7 @@ def test_partitioned_table_one_partition_per_file(
 ) -> None:
     topic = kafka_topic(partitions=2)
     produced = produce_orders(kafka_bootstrap, topic, range(1200), partitions=2)
-    orders = json_records(
-        kafka_stream(spark, kafka_bootstrap, topic, max_offsets=600),
-        schema_from_ddl(ORDER_SCHEMA_DDL),
-        kafka_metadata=True,
-    )
+    orders = order_stream(spark, kafka_bootstrap, topic, max_offsets=600)
     running = write_to_iceberg(
         orders,
         sink="orders-by-country-day",

@@ -12,9 +12,8 @@ from pyspark.sql import SparkSession
 
 from spark_writer.arrow_schema import arrow_schema_of, serialize_schema
 from spark_writer.iceberg_sink import SinkRefusedError, write_to_iceberg
-from spark_writer.kafka_records import json_records, schema_from_ddl
 from tests.fixtures.coordinator import CoordinatorProcess
-from tests.fixtures.pipeline import ORDER_SCHEMA_DDL, QUERY_TIMEOUT_SECONDS, kafka_stream, order_ids, produce_orders
+from tests.fixtures.pipeline import QUERY_TIMEOUT_SECONDS, order_ids, order_stream, produce_orders
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -31,9 +30,7 @@ def test_fenced_writer_stops_with_the_reason(
 ) -> None:
     topic = kafka_topic(partitions=2)
     produce_orders(kafka_bootstrap, topic, range(4000), partitions=2)
-    orders = json_records(
-        kafka_stream(spark, kafka_bootstrap, topic, max_offsets=200), schema_from_ddl(ORDER_SCHEMA_DDL)
-    )
+    orders = order_stream(spark, kafka_bootstrap, topic, max_offsets=200)
     running = write_to_iceberg(
         orders,
         sink="orders",
