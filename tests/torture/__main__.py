@@ -33,6 +33,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--work-dir", type=Path, default=None, help="keep the runs' files here (default: temp)")
     parser.add_argument("--minutes", type=float, default=None, help="start no new run after this many minutes")
     parser.add_argument("--stop-on-anomaly", action="store_true", help="stop after the first run with anomalies")
+    parser.add_argument(
+        "--from-results",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="run nothing: write the report from the JSON lines earlier invocations printed (several batches)",
+    )
     args = parser.parse_args(argv)
     pool = tuple(name.strip() for name in args.faults.split(",") if name.strip())
     unknown = set(pool) - set(FAULTS)
@@ -44,6 +51,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    if args.from_results:
+        return report_from(args.from_results, args.report)
     first_seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
     started = time.monotonic()
     results: list[dict[str, object]] = []
@@ -74,6 +83,14 @@ def main(argv: list[str]) -> int:
     failed = sum(1 for r in results if r["anomalies"])
     print(f"{len(results)} runs in {wall:.0f} s, {failed} with anomalies", file=sys.stderr)
     return 1 if failed else 0
+
+
+def report_from(paths: list[Path], report: Path) -> int:
+    results = [json.loads(line) for path in paths for line in path.read_text().splitlines() if line.startswith("{")]
+    wall = sum(float(r["seconds"]) for r in results)  # the runs' own time (setup of the sessions not counted)
+    command = f"python -m tests.torture (batches: {', '.join(p.name for p in paths)})"
+    write(report, results, command, wall)
+    return 1 if any(r["anomalies"] for r in results) else 0
 
 
 if __name__ == "__main__":

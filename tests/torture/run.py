@@ -218,7 +218,7 @@ class Run:
         """Start it (awaiting its health SERVING); a start that fails while a fault holds a server down retries."""
         for attempt in range(3):
             try:
-                return process.start(**env)
+                return process.start(None, **env)
             except RuntimeError as error:
                 if attempt == 2:
                     raise
