@@ -40,7 +40,6 @@ from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import ancestors_of
 from pyiceberg.transforms import (
-    BucketTransform,
     DayTransform,
     HourTransform,
     IdentityTransform,
@@ -88,12 +87,16 @@ def parse_table_identifier(identifier: str) -> tuple[str, ...]:
 
 
 def parse_partition_field(text: str) -> tuple[str, Transform[Any, Any]]:
-    """'region', 'day(ts)', 'bucket(16, id)', 'truncate(4, name)' -> (source column, transform)."""
+    """'region', 'day(ts)', 'truncate(4, name)' -> (source column, transform).
+
+    bucket(N, col) is refused: the coordinator takes each file's partition
+    from the file's column bounds, and a hash bucket cannot be derived from them.
+    """
     match = _PARTITION_FIELD.match(text)
     if match is None:
         raise InvalidArgument(
             f"partition field {text!r} is not understood: use a column name or identity(col), year(col), "
-            "month(col), day(col), hour(col), bucket(N, col), truncate(W, col)"
+            "month(col), day(col), hour(col), truncate(W, col)"
         )
     if match["bare"]:
         return match["bare"], IdentityTransform()
@@ -102,10 +105,14 @@ def parse_partition_field(text: str) -> tuple[str, Transform[Any, Any]]:
     if needs_width != (width is not None):
         expected = f"{name}(N, {source})" if needs_width else f"{name}({source})"
         raise InvalidArgument(f"partition field {text!r}: write it as {expected}")
-    transform: Transform[Any, Any]
     if name == "bucket":
-        transform = BucketTransform(int(str(width)))
-    elif name == "truncate":
+        raise InvalidArgument(
+            f"partition field {text!r}: bucket partitioning is not supported, because the coordinator takes "
+            "each file's partition from its column bounds and a hash bucket cannot be derived from them; "
+            "use identity, year/month/day/hour or truncate"
+        )
+    transform: Transform[Any, Any]
+    if name == "truncate":
         transform = TruncateTransform(int(str(width)))
     else:
         transform = {

@@ -69,7 +69,7 @@ class RegisterWriterRequest(_message.Message):
     @_builtins.property
     def partition_by(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Optional partition fields for a table created here, e.g. "day(ts)",
-        "bucket(16, id)", "region".
+        "truncate(4, name)", "region" (not bucket: a file's partition is taken from its column bounds).
         """
 
     def __init__(
