@@ -27,9 +27,9 @@ import numpy as np
 import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sqlalchemy.engine import make_url
 
+from coordinator_service.client import CoordinatorClient
 from coordinator_service.database import normalize_url
 from coordinator_service.embedded import start_embedded_postgres, stop_embedded_postgres
 from coordinator_service.runtime import migrate
@@ -128,22 +128,14 @@ class Coordinator:
 
     def wait_serving(self, timeout: float = 60.0) -> float:
         """Block until gRPC health answers SERVING; return the seconds since start()."""
-        deadline = time.monotonic() + timeout
-        with grpc.insecure_channel(self.target) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            while True:
-                assert self.process is not None
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"coordinator exited with {self.process.returncode}; see {self.log_path}")
-                try:
-                    reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=0.5)
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        return time.monotonic() - self.started_at
-                except grpc.RpcError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"coordinator not serving after {timeout} s; see {self.log_path}")
-                time.sleep(0.01)
+        with CoordinatorClient(self.target) as client:
+            client.wait_serving(timeout, self._check_alive)
+        return time.monotonic() - self.started_at
+
+    def _check_alive(self) -> None:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise RuntimeError(f"coordinator exited with {self.process.returncode}; see {self.log_path}")
 
     @property
     def pid(self) -> int:

@@ -7,11 +7,13 @@ status is raised at once as a CoordinatorRpcError carrying the server's message.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
 from coordinator_service.rpc import sink_coordinator_pb2 as pb
@@ -113,15 +115,28 @@ class CoordinatorClient:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def wait_until_ready(self, timeout_seconds: float) -> None:
-        """Block until the channel connects (the coordinator listens), or raise CoordinatorRpcError."""
-        try:
-            grpc.channel_ready_future(self._channel).result(timeout=timeout_seconds)
-        except grpc.FutureTimeoutError:
-            raise CoordinatorRpcError(
-                grpc.StatusCode.UNAVAILABLE,
-                f"no coordinator answered at {self.target} in {timeout_seconds} s",
-            ) from None
+    def wait_serving(self, timeout_seconds: float, check_alive: Callable[[], None] | None = None) -> None:
+        """Block until the coordinator's gRPC health service says SERVING.
+
+        `check_alive` runs between short watches and may raise, so that a
+        coordinator process that died is noticed at once rather than at the timeout.
+        """
+        health = health_pb2_grpc.HealthStub(self._channel)
+        deadline = time.monotonic() + timeout_seconds
+        while True:
+            if check_alive is not None:
+                check_alive()
+            try:
+                for reply in health.Watch(
+                    health_pb2.HealthCheckRequest(service=""), timeout=1.0, wait_for_ready=True, metadata=self._metadata
+                ):
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+            except grpc.RpcError as error:
+                if time.monotonic() > deadline:
+                    raise CoordinatorRpcError(
+                        error.code(), f"the coordinator at {self.target} is not serving after {timeout_seconds} s"
+                    ) from error
 
     def _call(self, method: Callable[..., Response], request: object, timeout: float | None = None) -> Response:
         deadline = timeout or self.timeout_seconds

@@ -20,10 +20,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final, TextIO
 
-import grpc
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from coordinator_service.client import CoordinatorClient, CoordinatorRpcError
 
 STARTUP_TIMEOUT_SECONDS: Final = 120.0
 _silent_librdkafka = logging.getLogger("spark_writer.local_services.librdkafka")
@@ -121,21 +121,12 @@ class CoordinatorService(LocalProcess):
         return f"http://127.0.0.1:{self.http_port}"
 
     def wait_serving(self) -> None:
-        """Until the gRPC health service says SERVING (short watches, so that a dead process is noticed)."""
-        deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
-        with grpc.insecure_channel(self.target) as channel:
-            health = health_pb2_grpc.HealthStub(channel)
-            while True:
-                self.check_running()
-                try:
-                    for reply in health.Watch(
-                        health_pb2.HealthCheckRequest(service=""), timeout=1.0, wait_for_ready=True
-                    ):
-                        if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                            return
-                except grpc.RpcError as error:
-                    if time.monotonic() > deadline:
-                        raise ServiceError(f"the coordinator is not serving: {error}; see {self.log_path}") from error
+        """Until the gRPC health service says SERVING, or the process dies."""
+        with CoordinatorClient(self.target) as client:
+            try:
+                client.wait_serving(STARTUP_TIMEOUT_SECONDS, self.check_running)
+            except CoordinatorRpcError as error:
+                raise ServiceError(f"{error.message}; see {self.log_path}") from error
 
 
 class NoidaKafkaBroker(LocalProcess):

@@ -8,9 +8,8 @@ writes them.
 
 The partition fields use the coordinator's syntax (`region`, `day(ts)`,
 `truncate(4, name)`, ...), parsed by the coordinator's own parser so that both
-sides read them alike. `bucket(N, col)` is refused: a hash does not preserve
-order, so min/max statistics cannot tell a file's bucket and the coordinator
-could not accept the files.
+sides read them alike; it refuses `bucket(N, col)`, since a hash does not
+preserve order and min/max statistics cannot tell a file's bucket.
 """
 
 from __future__ import annotations
@@ -78,12 +77,6 @@ def parse_partition_fields(partition_by: Sequence[str], schema: pa.Schema) -> tu
             source, transform = parse_partition_field(text)
         except InvalidArgument as error:
             raise ValueError(str(error)) from None
-        if not transform.preserves_order:
-            raise ValueError(
-                f"partition field {text!r}: {transform} is not supported by the Spark writer, because the "
-                "coordinator takes a file's partition from its Parquet min/max statistics, which a hash does "
-                "not preserve; use identity, year, month, day, hour or truncate"
-            )
         if source not in schema.names:
             raise ValueError(f"partition field {text!r}: no top-level column {source!r} in {schema.names}")
         source_type = iceberg_type_of(schema.field(source).type)

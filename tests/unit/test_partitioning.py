@@ -60,7 +60,7 @@ def test_truncate_groups_by_prefix() -> None:
 @pytest.mark.parametrize(
     ("partition_by", "message"),
     [
-        ("bucket(16, id)", "min/max statistics"),
+        ("bucket(16, id)", "bucket partitioning is not supported"),
         ("country", "no top-level column 'country'"),
         ("day(id)", "cannot apply to column 'id'"),
         ("tags", "cannot apply to column 'tags'"),
