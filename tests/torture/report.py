@@ -76,6 +76,20 @@ def markdown(results: Sequence[dict[str, Any]], command: str, wall_seconds: floa
             f"| {row['fault']} | {row['runs']} | {row['fired']} | {row['anomalies']} | "
             f"{_seconds(row['recovery_p50'])} | {_seconds(row['recovery_p99'])} |"
         )
+    points: dict[str, list[int]] = {}
+    for result in results:
+        for fault in result["faults"]:
+            if fault["fault"] == "coordinator_failpoint":
+                counts = points.setdefault(fault["plan"]["params"]["failpoint"], [0, 0])
+                counts[0] += 1
+                counts[1] += int(fault["triggered"])
+    if points:
+        lines += [
+            "",
+            "Coordinator failpoints (planned/fired, `kill@N`): "
+            + ", ".join(f"`{name}` {planned}/{fired}" for name, (planned, fired) in sorted(points.items()))
+            + ".",
+        ]
     durations = [r["seconds"] for r in results]
     if durations:
         lines += [
