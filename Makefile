@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
 
-.PHONY: test check pytest serve demo bench proto helm-check clean
+.PHONY: test check pytest serve demo bench torture proto helm-check clean
 
 $(INSTALLED): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,11 @@ demo: $(INSTALLED)
 bench: $(INSTALLED)
 	$(BIN)/python -m pip install --quiet -e ".[bench]"
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+## torture: RUNS randomized fault runs (kill -9, outages, split brain, zombie writers); writes bench/results/torture.md
+RUNS ?= 20
+torture: $(INSTALLED)
+	$(BIN)/python -m tests.torture --runs $(RUNS) --report bench/results/torture.md $(TORTURE_ARGS)
 
 ## proto: regenerate the gRPC code from proto/
 proto: $(INSTALLED)
