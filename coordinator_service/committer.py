@@ -56,6 +56,7 @@ class Committer:
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._cleaner_event = asyncio.Event()
         self._progress = asyncio.Condition()
+        self._commits_here = 0
         self._last_commit: dict[int, float] = {}
         self._sink_names: dict[int, str] = {}
         self._background: list[asyncio.Task[None]] = []
@@ -91,6 +92,9 @@ class Committer:
     async def wait_committed(self, sink_id: int, epoch: int) -> int:
         """Wait until the sink's committed epoch reaches `epoch` (here or on another replica)."""
         while True:
+            # A commit here that lands while the sink is being read below bumps the counter, so it
+            # is not missed; a commit by another replica is seen at the next read.
+            seen = self._commits_here
             async with self.database.transaction() as session:
                 sink = await repository.sink_by_id(session, sink_id)
                 assert sink is not None
@@ -98,8 +102,14 @@ class Committer:
             if committed >= epoch:
                 return committed
             async with self._progress:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._progress.wait(), timeout=self.settings.poll_interval_seconds)
+                if self._commits_here == seen:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._progress.wait(), timeout=self.settings.poll_interval_seconds)
+
+    async def _notify_progress(self) -> None:
+        async with self._progress:
+            self._commits_here += 1
+            self._progress.notify_all()
 
     async def _poll_forever(self) -> None:
         while True:
@@ -263,8 +273,7 @@ class Committer:
             seconds=round(time.monotonic() - started, 4),
         )
         await self._prune(sink_id, epochs[-1])
-        async with self._progress:
-            self._progress.notify_all()
+        await self._notify_progress()
 
     async def _mark_already_in_table(
         self, sink: Sink, pending: Sequence[PendingSinkState], markers: Sequence[Marker]
@@ -280,8 +289,7 @@ class Committer:
             for snapshot_id, epochs in by_snapshot.items():
                 await repository.mark_committed(session, sink.id, epochs, snapshot_id)
         metrics.COMMITTED_EPOCHS.labels(sink.name).inc(sum(len(epochs) for epochs in by_snapshot.values()))
-        async with self._progress:
-            self._progress.notify_all()
+        await self._notify_progress()
 
     async def _respect_commit_interval(self, sink_id: int) -> None:
         last = self._last_commit.get(sink_id)
