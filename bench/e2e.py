@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.infra import Coordinator, Postgres, free_port, spread
+from bench.infra import Coordinator, Postgres, free_port, latency_stats, spread
 
 ORDER_DDL = "order_id BIGINT, customer STRING, amount DOUBLE, country STRING"
 
@@ -150,6 +152,70 @@ def run_plain(spark: Any, catalog: Any, bootstrap: str, topic: str, max_offsets:
     return time.monotonic() - started
 
 
+def _paced(records: Iterator[tuple[int, bytes, bytes]], rate: int) -> Iterator[tuple[int, bytes, bytes]]:
+    """The records at `rate` per second, as a steady source would send them."""
+    started = time.monotonic()
+    for index, record in enumerate(records):
+        if index % 100 == 0 and (delay := started + index / rate - time.monotonic()) > 0:
+            time.sleep(delay)
+        yield record
+
+
+def measure_freshness(
+    spark: Any, coordinator: Coordinator, catalog: Any, bootstrap: str, root: Path, *, rate: int, seconds: int
+) -> dict[str, Any]:
+    """Produce -> visible: a coordinated query with a 1 s trigger while records arrive at a steady rate.
+
+    A record's freshness is the commit time of the snapshot that made its file visible minus its Kafka
+    timestamp (set by the producer when it sent the record).
+    """
+    import pyarrow.parquet as pq
+
+    from spark_writer.iceberg_sink import write_to_iceberg
+    from tests.fixtures.kafka_broker import create_topic, produce_records
+
+    topic = create_topic(bootstrap, 4, prefix="fresh")
+    name = f"fresh_{topic.replace('-', '_')}"
+    running = write_to_iceberg(
+        _stream(spark, bootstrap, topic, rate * 10),
+        sink=name,
+        table=f"bench.{name}",
+        coordinator=coordinator.target,
+        checkpoint_location=str(root / f"ckpt-{name}"),
+        processing_time="1 second",
+    )
+    total = rate * seconds
+    values = (
+        (i % 4, str(i).encode(), json.dumps({"order_id": i, "customer": "c", "amount": 1.0, "country": "DE"}).encode())
+        for i in range(total)
+    )
+    producer = threading.Thread(target=produce_records, args=(bootstrap, topic, _paced(values, rate)))
+    producer.start()
+    producer.join()
+    table = catalog.load_table(f"bench.{name}")
+    deadline = time.monotonic() + 120
+    # A benchmark, not a test: poll the table until the last records are visible.
+    while _row_count(table) < total and time.monotonic() < deadline:
+        time.sleep(0.2)
+    running.stop()
+    table.refresh()
+    committed_at = {snapshot.snapshot_id: snapshot.timestamp_ms for snapshot in table.snapshots()}
+    entries = table.inspect.entries().to_pylist()
+    freshness: list[float] = []
+    for entry in entries:
+        visible_ms = committed_at[entry["snapshot_id"]]
+        path = entry["data_file"]["file_path"].removeprefix("file://")
+        produced = pq.read_table(path, columns=["kafka_timestamp"]).column("kafka_timestamp").cast("int64")
+        freshness.extend((visible_ms - value // 1000) / 1000 for value in produced.to_pylist())
+    return {"rate": rate, "seconds": seconds, "records": len(freshness), **latency_stats(freshness)}
+
+
+def _row_count(table: Any) -> int:
+    table.refresh()
+    snapshot = table.current_snapshot()
+    return 0 if snapshot is None else int(snapshot.summary.get("total-records", 0))
+
+
 def run(
     postgres: Postgres, root: Path, *, partitions: tuple[int, ...], records: int, batches: int, repetitions: int
 ) -> dict[str, Any]:
@@ -189,8 +255,9 @@ def run(
                     "ratio": spread([c / p for c, p in zip(coordinated, plain, strict=True)]),
                 }
             )
+        freshness = measure_freshness(spark, coordinator, catalog, bootstrap, root, rate=2_000, seconds=20)
     finally:
         coordinator.stop()
         stop_broker(broker)
         shutil.rmtree(root / "noida-db", ignore_errors=True)
-    return {"rows": rows}
+    return {"rows": rows, "freshness": freshness}
