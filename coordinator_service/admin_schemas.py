@@ -9,7 +9,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from coordinator_service.committer import CommitterHealth
 from coordinator_service.errors import InvalidArgument
@@ -121,20 +121,11 @@ class EpochResponse(BaseModel):
     created_at: datetime
     updated_at: datetime
 
+    model_config = ConfigDict(from_attributes=True)
+
     @classmethod
     def of(cls, row: PendingSinkState) -> EpochResponse:
-        return cls(
-            epoch=row.epoch,
-            status=row.status,
-            attempt=row.attempt,
-            file_count=row.file_count,
-            record_count=row.record_count,
-            snapshot_id=row.snapshot_id,
-            reason=row.reason,
-            files_cleaned=row.files_cleaned,
-            created_at=row.created_at,
-            updated_at=row.updated_at,
-        )
+        return cls.model_validate(row)
 
 
 class EpochPage(BaseModel):
