@@ -18,37 +18,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.infra import Coordinator, Postgres, free_port, latency_stats, spread
+from bench.infra import Coordinator, Postgres, latency_stats, spread
 
 ORDER_DDL = "order_id BIGINT, customer STRING, amount DOUBLE, country STRING"
 
 
 def start_broker(root: Path) -> tuple[subprocess.Popen[bytes], str]:
-    from tests.fixtures.kafka_broker import _noida_db_executable, wait_for_broker
+    from tests.fixtures.kafka_broker import start_broker as start_noida_broker
 
     data_dir = root / "noida-db"
     data_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    log_path = data_dir / "noida-db.log"
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(
-            [
-                _noida_db_executable(),
-                "start",
-                "--only",
-                "kafka",
-                "--kafka-port",
-                str(port),
-                "--data-dir",
-                str(data_dir / "data"),
-            ],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    bootstrap = f"127.0.0.1:{port}"
-    wait_for_broker(bootstrap, process, log_path)
-    return process, bootstrap
+    return start_noida_broker(data_dir)
 
 
 def stop_broker(process: subprocess.Popen[bytes]) -> None:

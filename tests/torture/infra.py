@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import psutil  # type: ignore[import-untyped]
+import psutil
 import psycopg
 from sqlalchemy.engine import make_url
 

@@ -33,11 +33,11 @@ from coordinator_service.client import CoordinatorClient, CoordinatorRpcError
 from coordinator_service.database import normalize_url
 from coordinator_service.runtime import migrate
 from tests.fixtures.coordinator import CoordinatorProcess
-from tests.fixtures.kafka_broker import _noida_db_executable, _stop, create_topic, wait_for_broker
+from tests.fixtures.kafka_broker import _stop, create_topic, start_broker
 from tests.fixtures.pipeline import ORDER_SCHEMA_DDL, produce_orders
 from tests.torture import checks
 from tests.torture.faults import FAULTS, FaultPlan, FaultRecord, plan_faults
-from tests.torture.infra import Board, DriverServer, PgServer, Proxy, free_port, libpq, wait_for_change
+from tests.torture.infra import Board, DriverServer, PgServer, Proxy, libpq, wait_for_change
 
 SINK = "orders"
 TABLE = "torture.orders"
@@ -95,26 +95,9 @@ class Session:
         broker: subprocess.Popen[bytes] | None = None
         bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "")
         if not bootstrap:
-            port = free_port()
-            log_path = base / "noida-db.log"
-            with log_path.open("wb") as log_file:
-                broker = subprocess.Popen(
-                    [
-                        _noida_db_executable(),
-                        "start",
-                        "--only",
-                        "kafka",
-                        "--kafka-port",
-                        str(port),
-                        "--data-dir",
-                        str(base / "noida-db"),
-                    ],
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            bootstrap = f"127.0.0.1:{port}"
-            wait_for_broker(bootstrap, broker, log_path)
+            broker_dir = base / "noida-db"
+            broker_dir.mkdir(parents=True, exist_ok=True)
+            broker, bootstrap = start_broker(broker_dir)
         session = cls(base, metastore, catalog, bootstrap, broker)
         try:
             yield session
