@@ -112,8 +112,12 @@ class Committer:
             self._progress.notify_all()
 
     async def _poll_forever(self) -> None:
+        resumed = False
         while True:
             try:
+                if not resumed:
+                    await self._commit_empty_backlogs()
+                    resumed = True
                 async with self.database.transaction() as session:
                     sink_ids = await repository.sink_ids_with_commit_work(session)
                 for sink_id in sink_ids:
@@ -122,6 +126,30 @@ class Committer:
             except Exception as error:
                 log.warning("looking for commit work failed; will look again", error=str(error))
             await asyncio.sleep(self.settings.poll_interval_seconds)
+
+    async def _commit_empty_backlogs(self) -> None:
+        """On start, mark the backlogs that hold no file in one transaction instead of one pass per sink."""
+        started = time.monotonic()
+        async with self.database.transaction() as session:
+            backlogs = await repository.commit_empty_backlogs(session)
+            await repository.prune_committed(
+                session, [backlog.sink_id for backlog in backlogs], self.settings.retention_epochs
+            )
+        if not backlogs:
+            return
+        seconds = time.monotonic() - started
+        now = datetime.now(UTC)
+        for backlog in backlogs:
+            self._sink_names[backlog.sink_id] = backlog.sink
+            self.health.setdefault(backlog.sink_id, CommitterHealth()).last_commit_at = now
+            metrics.record_commit(backlog.sink, backlog.epochs, appended=False, seconds=seconds)
+        log.info(
+            "empty checkpointed epochs committed",
+            sinks=len(backlogs),
+            epochs=sum(backlog.epochs for backlog in backlogs),
+            seconds=round(seconds, 4),
+        )
+        await self._notify_progress()
 
     async def _drive(self, sink_id: int, event: asyncio.Event) -> None:
         # Context variables are per task: every line this sink's committer logs carries the sink (and not
@@ -272,7 +300,7 @@ class Committer:
             records=sum(row.record_count for row in pending),
             seconds=round(time.monotonic() - started, 4),
         )
-        await self._prune(sink_id, epochs[-1])
+        await self._prune(sink_id)
         await self._notify_progress()
 
     async def _mark_already_in_table(
@@ -299,14 +327,11 @@ class Committer:
         if remaining > 0:
             await asyncio.sleep(remaining)
 
-    async def _prune(self, sink_id: int, committed_epoch: int) -> None:
-        below = committed_epoch - self.settings.retention_epochs + 1
-        if below <= 0:
-            return
+    async def _prune(self, sink_id: int) -> None:
         async with self.database.transaction() as session:
-            pruned = await repository.prune_committed(session, sink_id, below)
+            pruned = await repository.prune_committed(session, [sink_id], self.settings.retention_epochs)
         if pruned:
-            log.debug("pruned committed epochs", sink_id=sink_id, below_epoch=below, rows=pruned)
+            log.debug("pruned committed epochs", sink_id=sink_id, rows=pruned)
 
     async def _clean_forever(self) -> None:
         while True:

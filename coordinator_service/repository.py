@@ -16,8 +16,8 @@ from sqlalchemy.orm import defer
 
 from coordinator_service.models import EpochStatus, PendingSinkState, Sink
 
-# First key of the two-int advisory locks the committer takes per sink ("SC").
-_COMMIT_LOCK_CLASS = 0x5343
+# First key of the two-int advisory locks the committer takes per sink ("SC"); tests hold them as another committer.
+COMMIT_LOCK_CLASS = 0x5343
 
 
 async def sink_by_name(session: AsyncSession, name: str, *, lock: str | None = None) -> Sink | None:
@@ -205,17 +205,80 @@ async def mark_committed(session: AsyncSession, sink_id: int, epochs: Sequence[i
     )
 
 
-async def prune_committed(session: AsyncSession, sink_id: int, below_epoch: int) -> int:
-    """Delete COMMITTED rows, and ABORTED rows whose files are cleaned, below an epoch."""
+async def prune_committed(session: AsyncSession, sink_ids: Sequence[int], retention_epochs: int) -> int:
+    """Delete COMMITTED rows, and ABORTED rows whose files are cleaned, that are retention_epochs or more
+    below their sink's committed_epoch."""
     result = await session.execute(
         delete(PendingSinkState).where(
-            PendingSinkState.sink_id == sink_id,
-            PendingSinkState.epoch < below_epoch,
+            PendingSinkState.sink_id.in_(sink_ids),
+            PendingSinkState.epoch
+            <= select(Sink.committed_epoch).where(Sink.id == PendingSinkState.sink_id).scalar_subquery()
+            - retention_epochs,
             (PendingSinkState.status == EpochStatus.COMMITTED)
             | and_(PendingSinkState.status == EpochStatus.ABORTED, PendingSinkState.files_cleaned.is_(True)),
         )
     )
     return int(getattr(result, "rowcount", 0) or 0)
+
+
+@dataclass(frozen=True)
+class EmptyBacklog:
+    """A sink whose checkpointed PENDING epochs were all empty, marked COMMITTED in one statement."""
+
+    sink_id: int
+    sink: str
+    epochs: int
+    committed_epoch: int
+
+
+# Sinks whose PENDING epochs at or below the checkpoint exist and carry no file: nothing to append.
+_ONLY_EMPTY_BACKLOG = """
+    EXISTS (SELECT 1 FROM pending_sink_state p
+            WHERE p.sink_id = s.id AND p.status = 'PENDING' AND p.epoch <= s.checkpointed_epoch)
+    AND NOT EXISTS (SELECT 1 FROM pending_sink_state p
+                    WHERE p.sink_id = s.id AND p.status = 'PENDING' AND p.epoch <= s.checkpointed_epoch
+                      AND p.file_count > 0)
+"""
+
+# Transaction-level advisory locks conflict with the committer's session-level ones on the same keys: a sink
+# another committer is working on is skipped. MATERIALIZED keeps the lock function off sinks that do not qualify.
+_LOCK_EMPTY_BACKLOGS = f"""
+    WITH candidates AS MATERIALIZED (SELECT s.id FROM sinks s WHERE {_ONLY_EMPTY_BACKLOG} ORDER BY s.id)
+    SELECT id FROM candidates WHERE pg_try_advisory_xact_lock(:class_id, id)
+"""
+
+# Under the locks, in a new snapshot: the conditions are checked again, then the epochs and the sinks move together.
+_MARK_EMPTY_BACKLOGS = f"""
+    WITH marked AS (
+        UPDATE pending_sink_state p SET status = 'COMMITTED', snapshot_id = NULL, updated_at = now()
+        FROM sinks s
+        WHERE s.id = p.sink_id AND s.id = ANY(:sink_ids) AND p.status = 'PENDING'
+          AND p.epoch <= s.checkpointed_epoch AND {_ONLY_EMPTY_BACKLOG}
+        RETURNING p.sink_id, p.epoch
+    ), per_sink AS (
+        SELECT sink_id, max(epoch) AS top, count(*) AS epochs FROM marked GROUP BY sink_id
+    ), moved AS (
+        UPDATE sinks s SET committed_epoch = per_sink.top FROM per_sink
+        WHERE s.id = per_sink.sink_id AND s.committed_epoch < per_sink.top
+        RETURNING s.id
+    )
+    SELECT per_sink.sink_id, s.name, per_sink.epochs, GREATEST(s.committed_epoch, per_sink.top)
+    FROM per_sink JOIN sinks s ON s.id = per_sink.sink_id
+    ORDER BY per_sink.sink_id
+"""
+
+
+async def commit_empty_backlogs(session: AsyncSession) -> list[EmptyBacklog]:
+    """Mark COMMITTED every sink's checkpointed PENDING epochs where none of them has a file, in one pass.
+
+    Empty epochs are never appended to a table, so they need no Iceberg commit; a sink with any file among them
+    is left to its committer, which keeps the epochs in order. The sinks stay locked until the transaction ends.
+    """
+    locked = (await session.execute(text(_LOCK_EMPTY_BACKLOGS), {"class_id": COMMIT_LOCK_CLASS})).scalars().all()
+    if not locked:
+        return []
+    rows = await session.execute(text(_MARK_EMPTY_BACKLOGS), {"sink_ids": list(locked)})
+    return [EmptyBacklog(sink_id=row[0], sink=row[1], epochs=row[2], committed_epoch=row[3]) for row in rows]
 
 
 async def sink_ids_with_commit_work(session: AsyncSession) -> list[int]:
@@ -265,7 +328,7 @@ async def try_commit_lock(connection: AsyncConnection, sink_id: int) -> bool:
     """Take the sink's session-level commit lock without waiting; held until released or disconnected."""
     result = await connection.execute(
         text("SELECT pg_try_advisory_lock(:class_id, :sink_id)"),
-        {"class_id": _COMMIT_LOCK_CLASS, "sink_id": sink_id},
+        {"class_id": COMMIT_LOCK_CLASS, "sink_id": sink_id},
     )
     return bool(result.scalar_one())
 
@@ -273,7 +336,7 @@ async def try_commit_lock(connection: AsyncConnection, sink_id: int) -> bool:
 async def release_commit_lock(connection: AsyncConnection, sink_id: int) -> None:
     await connection.execute(
         text("SELECT pg_advisory_unlock(:class_id, :sink_id)"),
-        {"class_id": _COMMIT_LOCK_CLASS, "sink_id": sink_id},
+        {"class_id": COMMIT_LOCK_CLASS, "sink_id": sink_id},
     )
 
 
@@ -286,7 +349,7 @@ async def wait_commit_lock(connection: AsyncConnection, sink_id: int, timeout_se
     try:
         await connection.execute(
             text("SELECT pg_advisory_lock(:class_id, :sink_id)"),
-            {"class_id": _COMMIT_LOCK_CLASS, "sink_id": sink_id},
+            {"class_id": COMMIT_LOCK_CLASS, "sink_id": sink_id},
         )
     except DBAPIError as error:
         if not isinstance(error.orig, LockNotAvailable):

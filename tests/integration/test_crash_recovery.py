@@ -12,10 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+import psycopg
 import pytest
 from pyiceberg.catalog import Catalog
 
 from coordinator_service.client import CoordinatorRpcError
+from coordinator_service.repository import COMMIT_LOCK_CLASS
 from tests.fixtures.coordinator import (
     ORDERS,
     CoordinatorProcess,
@@ -24,7 +26,7 @@ from tests.fixtures.coordinator import (
     table_order_ids,
     write_parquet,
 )
-from tests.fixtures.postgres import query
+from tests.fixtures.postgres import libpq, query
 
 SCHEMA = ORDERS.serialize().to_pybytes()
 SINK = "orders-sink"
@@ -44,12 +46,12 @@ def statuses(database_url: str) -> dict[int, str]:
     }
 
 
-def sink_snapshots(catalog: Catalog) -> list[int]:
+def sink_snapshots(catalog: Catalog, sink: str = SINK) -> list[int]:
     table = catalog.load_table(TABLE)
     return [
         int(snapshot.summary["sink-coordinator.epoch"])
         for snapshot in table.snapshots()
-        if snapshot.summary is not None and snapshot.summary.get("sink-coordinator.sink") == SINK
+        if snapshot.summary is not None and snapshot.summary.get("sink-coordinator.sink") == sink
     ]
 
 
@@ -235,3 +237,50 @@ def test_two_coordinators_one_committer(coordinator_factory: Factory, catalog: C
     assert sink_snapshots(catalog) == [0, 5]
     assert Counter(table_order_ids(catalog.load_table(TABLE))) == Counter(range(600))
     assert set(statuses(database_url).values()) == {"COMMITTED"}
+
+
+def test_restart_commits_empty_backlogs_in_one_pass(
+    coordinator_factory: Factory, catalog: Catalog, database_url: str
+) -> None:
+    """A restart marks every sink's all-empty checkpointed backlog at once; a backlog with a file keeps its
+    order through the sink's committer, and a sink another committer holds is left alone until it is free."""
+    first = coordinator_factory(SINK_COORDINATOR_FAILPOINTS="commit.after_lock=pause")
+    with first.client() as client:
+        terms: dict[str, int] = {}
+        for sink in ("empty-a", "with-file", "held"):
+            terms[sink] = client.register_writer(sink, TABLE, -1, arrow_schema=SCHEMA).writer_term
+        location = catalog.load_table(TABLE).location()
+        for epoch in range(3):
+            client.pre_commit("empty-a", epoch, terms["empty-a"], [])
+            client.pre_commit("held", epoch, terms["held"], [])
+        client.pre_commit("with-file", 0, terms["with-file"], [])
+        client.pre_commit("with-file", 1, terms["with-file"], [write_parquet(location, epoch_rows(1))])
+        for sink in terms:
+            # Recorded; the committer woken by it stalls after taking the lock, before reading anything.
+            client.commit_checkpoint(sink, 2 if sink != "with-file" else 1, terms[sink])
+    first.kill()
+    assert set(statuses_by_sink(database_url).values()) == {"PENDING"}
+    held_id = query(database_url, "SELECT id FROM sinks WHERE name = 'held'")[0][0]
+    with psycopg.connect(libpq(database_url), autocommit=True) as other_committer:
+        other_committer.execute("SELECT pg_advisory_lock(%s, %s)", (COMMIT_LOCK_CLASS, held_id))
+        second = coordinator_factory()
+        second.wait_for_log("empty checkpointed epochs committed", sinks=1, epochs=3)
+        second.wait_for_log("epochs committed", sink="with-file", epochs=[0, 1])
+        by_sink = statuses_by_sink(database_url)
+        assert {epoch: by_sink["empty-a", epoch] for epoch in range(3)} == dict.fromkeys(range(3), "COMMITTED")
+        assert {epoch: by_sink["held", epoch] for epoch in range(3)} == dict.fromkeys(range(3), "PENDING")
+        committed = dict(query(database_url, "SELECT name, committed_epoch FROM sinks"))
+        assert committed == {"empty-a": 2, "with-file": 1, "held": -1}
+    # Released (the other committer is gone): the next poll commits it through its own pass.
+    second.wait_for_log("epochs committed", sink="held", epochs=[0, 1, 2])
+    assert set(statuses_by_sink(database_url).values()) == {"COMMITTED"}
+    assert table_order_ids(catalog.load_table(TABLE)) == list(range(100, 200))
+    assert sink_snapshots(catalog, "with-file") == [1]
+
+
+def statuses_by_sink(database_url: str) -> dict[tuple[str, int], str]:
+    rows = query(
+        database_url,
+        "SELECT s.name, p.epoch, p.status FROM pending_sink_state p JOIN sinks s ON s.id = p.sink_id",
+    )
+    return {(str(name), int(str(epoch))): str(status) for name, epoch, status in rows}
