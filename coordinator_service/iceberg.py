@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import posixpath
 import re
 import time
+import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
@@ -30,12 +32,15 @@ from pyiceberg.exceptions import (
     TableAlreadyExistsError,
 )
 from pyiceberg.io.pyarrow import (
+    StatisticsCollector,
     _check_pyarrow_schema_compatible,
     compute_statistics_plan,
     data_file_statistics_from_parquet_metadata,
     parquet_path_to_id_mapping,
 )
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.schema import Schema
 from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import ancestors_of
@@ -48,8 +53,8 @@ from pyiceberg.transforms import (
     TruncateTransform,
     YearTransform,
 )
-from pyiceberg.typedef import Record
-from pyiceberg.types import PrimitiveType
+from pyiceberg.typedef import Record, TableVersion
+from pyiceberg.types import PrimitiveType, StructType
 
 from coordinator_service.errors import InvalidArgument
 from coordinator_service.precommit_metadata import DataFileEntry
@@ -61,6 +66,9 @@ MARKER_EPOCH = "sink-coordinator.epoch"
 MARKER_COMMIT_ID = "sink-coordinator.commit-id"
 # Absent on snapshots written before generations existed: those count as generation 0.
 MARKER_GENERATION = "sink-coordinator.generation"
+
+# Table schema versions whose file-description rules are kept (the oldest is dropped first).
+_FILE_RULES_KEPT = 256
 
 _PARTITION_FIELD = re.compile(
     r"^\s*(?:(?P<transform>identity|year|month|day|hour|bucket|truncate)\s*\(\s*"
@@ -148,6 +156,7 @@ class IcebergTables:
         self.catalog = catalog
         self.cache_seconds = cache_seconds
         self._cache: dict[str, tuple[float, Table]] = {}
+        self._file_rules: dict[_RulesKey, _FileRules] = {}
 
     def cached(self, identifier: str) -> tuple[Table, bool]:
         """The table from the cache if it is young enough, else freshly loaded; and whether it came from the cache."""
@@ -273,6 +282,15 @@ class IcebergTables:
             raise InvalidArgument(f"data file {path} is not a readable Parquet file: {error}") from error
         return footer, size
 
+    def _rules(self, metadata: TableMetadata) -> _FileRules:
+        key = _FileRules.key_of(metadata)
+        rules = self._file_rules.get(key)
+        if rules is None:
+            if len(self._file_rules) >= _FILE_RULES_KEPT:
+                self._file_rules.pop(next(iter(self._file_rules)), None)
+            rules = self._file_rules[key] = _FileRules.of(key, metadata)
+        return rules
+
     def _evolve_for(self, table: Table, schemas: Iterable[pa.Schema]) -> Table:
         known = set(table.schema().column_names)
         for schema in schemas:
@@ -285,26 +303,22 @@ class IcebergTables:
     def _entry_from_footer(
         self, metadata: TableMetadata, path: str, footer: pq.FileMetaData, size: int, writer_id: int
     ) -> DataFileEntry:
-        schema = metadata.schema()
-        try:
-            _check_pyarrow_schema_compatible(
-                schema, footer.schema.to_arrow_schema(), format_version=metadata.format_version
-            )
-        except ValueError as error:
-            raise InvalidArgument(f"data file {path} does not fit the schema of the table: {error}") from error
+        rules = self._rules(metadata)
+        misfit = _schema_misfit(_FitKey(rules.key, footer.schema.to_arrow_schema().serialize().to_pybytes(), rules))
+        if misfit is not None:
+            raise InvalidArgument(f"data file {path} does not fit the schema of the table: {misfit}")
         statistics = data_file_statistics_from_parquet_metadata(
             parquet_metadata=footer,
-            stats_columns=compute_statistics_plan(schema, metadata.properties),
-            parquet_column_mapping=parquet_path_to_id_mapping(schema),
+            stats_columns=rules.statistics_plan,
+            parquet_column_mapping=rules.column_mapping,
         )
-        spec = metadata.spec()
+        spec, partition_type = rules.spec, rules.partition_type
         try:
-            partition = statistics.partition(spec, schema)
+            partition = statistics.partition(spec, rules.schema)
         except ValueError as error:
             raise InvalidArgument(
                 f"data file {path} cannot be placed in one partition of {spec}: {error}; write one file per partition"
             ) from error
-        partition_type = spec.partition_type(schema)
         serialized = statistics.to_serialized_dict()
         return DataFileEntry(
             path=path,
@@ -485,3 +499,65 @@ def _data_file(metadata: TableMetadata, entry: DataFileEntry) -> DataFile:
         equality_ids=None,
         key_metadata=None,
     )
+
+
+# A table's schema, spec, format version and properties: what describing one of its files depends on.
+_RulesKey = tuple[uuid.UUID, int, int, int, tuple[tuple[str, str], ...]]
+
+
+@dataclass(frozen=True)
+class _FileRules:
+    """How files of one table schema and spec are described: computed once, not per pre-committed file."""
+
+    key: _RulesKey
+    format_version: TableVersion
+    schema: Schema
+    spec: PartitionSpec
+    partition_type: StructType
+    statistics_plan: dict[int, StatisticsCollector]
+    column_mapping: dict[str, int]
+
+    @staticmethod
+    def key_of(metadata: TableMetadata) -> _RulesKey:
+        return (
+            metadata.table_uuid,
+            metadata.current_schema_id,
+            metadata.default_spec_id,
+            metadata.format_version,
+            tuple(sorted(metadata.properties.items())),
+        )
+
+    @classmethod
+    def of(cls, key: _RulesKey, metadata: TableMetadata) -> _FileRules:
+        schema = metadata.schema()
+        spec = metadata.spec()
+        return cls(
+            key=key,
+            format_version=metadata.format_version,
+            schema=schema,
+            spec=spec,
+            partition_type=spec.partition_type(schema),
+            statistics_plan=compute_statistics_plan(schema, metadata.properties),
+            column_mapping=parquet_path_to_id_mapping(schema),
+        )
+
+
+@dataclass(frozen=True)
+class _FitKey:
+    """A file's Arrow schema (serialized, with its field ids) against one table schema."""
+
+    rules_key: _RulesKey
+    file_schema: bytes
+    rules: _FileRules = field(compare=False, hash=False, repr=False)
+
+
+@functools.lru_cache(maxsize=1024)
+def _schema_misfit(key: _FitKey) -> str | None:
+    """Why files of this Arrow schema do not fit the table schema, or None: the writers of a stream write
+    files of the same few schemas, so the check runs once per schema, not per file."""
+    file_schema = pa.ipc.read_schema(pa.py_buffer(key.file_schema))
+    try:
+        _check_pyarrow_schema_compatible(key.rules.schema, file_schema, format_version=key.rules.format_version)
+    except ValueError as error:
+        return str(error)
+    return None
