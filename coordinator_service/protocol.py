@@ -153,7 +153,8 @@ class GroupInsert:
 
     def __init__(self, database: Database) -> None:
         self.database = database
-        # Its own connection, outside the pool: one transaction at a time, two round trips (INSERT, COMMIT).
+        # Its own connection, outside the pool, in autocommit: the one INSERT statement is the transaction,
+        # durable when it returns (one round trip, not an INSERT and a COMMIT).
         self._connection: psycopg.AsyncConnection[Any] | None = None
         self._queue: list[tuple[repository.NewEpoch, asyncio.Future[bool]]] = []
         self._draining = False
@@ -184,9 +185,8 @@ class GroupInsert:
         rows = sorted(unique.values(), key=lambda row: (row.sink_id, row.epoch))  # one lock order
         try:
             if self._connection is None or self._connection.closed:
-                self._connection = await psycopg.AsyncConnection.connect(self.database.libpq_url)
+                self._connection = await psycopg.AsyncConnection.connect(self.database.libpq_url, autocommit=True)
             inserted = await repository.insert_new_epochs(self._connection, rows)
-            await self._connection.commit()
         except Exception as error:
             log.warning("group insert of pre-commits failed; each goes the general way", error=str(error))
             inserted = set()
