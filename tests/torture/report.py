@@ -95,7 +95,7 @@ def markdown(results: Sequence[dict[str, Any]], command: str, wall_seconds: floa
         lines += [
             "",
             f"Run time: p50 {percentile(durations, 50) or 0:.1f} s, max {max(durations):.1f} s; "
-            f"driver starts per run: p50 {statistics.median(r['facts'].get('driver_starts', 0) for r in results)}, "
+            f"driver starts per run: p50 {statistics.median(r['facts'].get('driver_starts', 0) for r in results):g}, "
             f"max {max(r['facts'].get('driver_starts', 0) for r in results)}.",
         ]
     if failed:
