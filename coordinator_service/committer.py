@@ -195,19 +195,17 @@ class Committer:
         health.attempts = 0
 
     async def _commit_pass(self, sink_id: int) -> None:
-        async with self._passes, self.database.connection() as lock_connection:
+        async with self._passes, self.database.connection(autocommit=True) as lock_connection:
+            # The lock is session-level: it lives with the connection, outside any transaction.
             if not await repository.try_commit_lock(lock_connection, sink_id):
                 log.debug("another committer holds the sink", sink_id=sink_id)
                 return
-            # The lock is session-level: end the transaction that took it, keep the connection.
-            await lock_connection.commit()
             try:
                 await failpoints.hit(Failpoint.COMMIT_AFTER_LOCK)
                 while await self._commit_next(sink_id):
                     pass
             finally:
                 await repository.release_commit_lock(lock_connection, sink_id)
-                await lock_connection.commit()
 
     async def _commit_next(self, sink_id: int) -> bool:
         """Commit the next group of checkpointed epochs; False when there is nothing to commit."""
@@ -289,6 +287,7 @@ class Committer:
         sink_id = sink.id
         async with self.database.transaction() as session:
             await repository.mark_committed(session, sink_id, epochs, snapshot_id)
+            await repository.prune_committed(session, [sink_id], self.settings.retention_epochs)
         await failpoints.hit(Failpoint.COMMIT_AFTER_MARK)
         self._last_commit[sink_id] = time.monotonic()
         self.health.setdefault(sink_id, CommitterHealth()).last_commit_at = datetime.now(UTC)
@@ -300,7 +299,6 @@ class Committer:
             records=sum(row.record_count for row in pending),
             seconds=round(time.monotonic() - started, 4),
         )
-        await self._prune(sink_id)
         await self._notify_progress()
 
     async def _mark_already_in_table(
@@ -326,12 +324,6 @@ class Committer:
         remaining = self.settings.commit_interval_seconds - (time.monotonic() - last)
         if remaining > 0:
             await asyncio.sleep(remaining)
-
-    async def _prune(self, sink_id: int) -> None:
-        async with self.database.transaction() as session:
-            pruned = await repository.prune_committed(session, [sink_id], self.settings.retention_epochs)
-        if pruned:
-            log.debug("pruned committed epochs", sink_id=sink_id, rows=pruned)
 
     async def _clean_forever(self) -> None:
         while True:

@@ -60,10 +60,13 @@ class Database:
             raise Unavailable(f"the PostgreSQL metastore is unreachable: {_first_line(error)}") from error
 
     @asynccontextmanager
-    async def connection(self) -> AsyncIterator[AsyncConnection]:
-        """A connection outside any transaction block, for session-level advisory locks."""
+    async def connection(self, *, autocommit: bool = False) -> AsyncIterator[AsyncConnection]:
+        """A connection of its own, for session-level advisory locks; with autocommit, every statement is its
+        own transaction (no BEGIN and COMMIT round trips around a lock or an unlock)."""
         try:
             async with self.engine.connect() as connection:
+                if autocommit:
+                    await connection.execution_options(isolation_level="AUTOCOMMIT")
                 yield connection
         except _CONNECTIVITY_ERRORS as error:
             raise Unavailable(f"the PostgreSQL metastore is unreachable: {_first_line(error)}") from error

@@ -31,7 +31,7 @@ class Failpoint(StrEnum):
     COMMIT_BEFORE_APPEND = "commit.before_append"
     # The Iceberg snapshot is committed, the epochs not yet marked COMMITTED.
     COMMIT_AFTER_APPEND = "commit.after_append"
-    # The epochs are marked COMMITTED, older rows not yet pruned.
+    # The epochs are marked COMMITTED (and rows past the retention pruned in the same transaction).
     COMMIT_AFTER_MARK = "commit.after_mark"
     # RegisterWriter made sure of the table; its transaction (term, aborts, checkpoint) has not started.
     REGISTER_BEFORE_RECOVERY = "register.before_recovery"
