@@ -10,7 +10,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,9 +29,10 @@ import pyarrow.parquet as pq
 from sqlalchemy.engine import make_url
 
 from coordinator_service.client import CoordinatorClient
-from coordinator_service.database import normalize_url
+from coordinator_service.database import libpq_url, normalize_url
 from coordinator_service.embedded import start_embedded_postgres, stop_embedded_postgres
 from coordinator_service.runtime import migrate
+from spark_writer.local_services import free_port
 
 ORDERS = pa.schema(
     [
@@ -41,16 +41,6 @@ ORDERS = pa.schema(
         pa.field("amount", pa.float64()),
     ]
 )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def libpq(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 class Postgres:
@@ -63,13 +53,13 @@ class Postgres:
 
     def settings(self) -> dict[str, str]:
         names = ("server_version", "fsync", "synchronous_commit", "wal_sync_method", "max_connections")
-        with psycopg.connect(libpq(self.url), autocommit=True) as connection:
+        with psycopg.connect(libpq_url(self.url), autocommit=True) as connection:
             return {name: str(connection.execute(f"SHOW {name}").fetchone()[0]) for name in names}  # type: ignore[index]
 
     def new_database(self, prefix: str = "bench") -> str:
         """A new empty database with the coordinator's schema; returns its SQLAlchemy URL."""
         name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-        with psycopg.connect(libpq(self.url), autocommit=True) as connection:
+        with psycopg.connect(libpq_url(self.url), autocommit=True) as connection:
             connection.execute(f'CREATE DATABASE "{name}"')
         url = make_url(self.url).set(database=name).render_as_string(hide_password=False)
         migrate(normalize_url(url))

@@ -18,7 +18,8 @@ from typing import Any
 import grpc
 import psycopg
 
-from bench.infra import ORDERS, Coordinator, Postgres, latency_stats, libpq, py_spy, spread, write_orders_file
+from bench.infra import ORDERS, Coordinator, Postgres, latency_stats, py_spy, spread, write_orders_file
+from coordinator_service.database import libpq_url
 from coordinator_service.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
 
@@ -99,7 +100,7 @@ RAW_TABLE = "raw_pending_sink_state"
 
 
 def prepare_raw_table(database_url: str) -> None:
-    with psycopg.connect(libpq(database_url), autocommit=True) as connection:
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as connection:
         connection.execute(f"DROP TABLE IF EXISTS {RAW_TABLE}")
         connection.execute(f"CREATE TABLE {RAW_TABLE} (LIKE pending_sink_state INCLUDING ALL)")
         connection.execute(f"ALTER TABLE {RAW_TABLE} ADD FOREIGN KEY (sink_id) REFERENCES sinks (id) ON DELETE CASCADE")
@@ -114,7 +115,7 @@ async def drive_raw(
     epochs: itertools.count[int],
 ) -> dict[str, Any]:
     """`concurrency` connections, each: INSERT one row; COMMIT; in a loop."""
-    connections = [await psycopg.AsyncConnection.connect(libpq(database_url)) for _ in range(concurrency)]
+    connections = [await psycopg.AsyncConnection.connect(libpq_url(database_url)) for _ in range(concurrency)]
     latencies: list[float] = []
     warmup_end = time.monotonic() + min(0.5, seconds / 4)
     end = warmup_end + seconds
@@ -143,14 +144,14 @@ async def drive_raw(
 
 
 def sink_ids(database_url: str, names: list[str]) -> list[int]:
-    with psycopg.connect(libpq(database_url), autocommit=True) as connection:
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as connection:
         rows = connection.execute("SELECT id FROM sinks WHERE name = ANY(%s) ORDER BY id", (names,)).fetchall()
     return [int(row[0]) for row in rows]
 
 
 def sample_metadata(database_url: str) -> bytes:
     """The stored metadata of one one-file epoch (the raw rows carry the same bytes)."""
-    with psycopg.connect(libpq(database_url), autocommit=True) as connection:
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as connection:
         row = connection.execute("SELECT metadata FROM pending_sink_state WHERE file_count = 1 LIMIT 1").fetchone()
     return bytes(row[0]) if row else b"{}" * 400
 

@@ -17,8 +17,9 @@ import psycopg
 from pyiceberg.catalog import load_catalog
 from pyiceberg.table import TableProperties
 
-from bench.infra import ORDERS, Coordinator, Postgres, libpq, py_spy, spread, write_orders_file
+from bench.infra import ORDERS, Coordinator, Postgres, py_spy, spread, write_orders_file
 from coordinator_service import precommit_metadata
+from coordinator_service.database import libpq_url
 from coordinator_service.iceberg import IcebergTables
 from coordinator_service.precommit_metadata import PreCommitMetadata
 
@@ -53,7 +54,7 @@ def build_log(
             )
     checkpoint = epochs_per_sink - 1
     committed = checkpoint - pending_per_sink
-    with psycopg.connect(libpq(database_url), autocommit=True) as connection:
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as connection:
         connection.execute(
             "INSERT INTO sinks (name, table_identifier, catalog, checkpointed_epoch, committed_epoch, writer_term)"
             " SELECT 'r' || i, 'bench.rec' || (i %% %s), 'default', %s, %s, 1 FROM generate_series(0, %s - 1) i",
@@ -86,7 +87,7 @@ def build_log(
 
 
 def backlog(database_url: str) -> int:
-    with psycopg.connect(libpq(database_url), autocommit=True) as connection:
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as connection:
         row = connection.execute(BACKLOG_SQL).fetchone()
     return int(row[0]) if row else 0
 
@@ -99,7 +100,7 @@ def measure_restart(
     try:
         with py_spy(coordinator.pid, profile or Path("unused"), profile is not None):
             serving = coordinator.wait_serving()
-            with psycopg.connect(libpq(database_url), autocommit=True) as connection:
+            with psycopg.connect(libpq_url(database_url), autocommit=True) as connection:
                 while True:
                     row = connection.execute(BACKLOG_SQL).fetchone()
                     if row is not None and int(row[0]) == 0:

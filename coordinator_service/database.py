@@ -31,6 +31,11 @@ def normalize_url(url: str) -> URL:
     return parsed.set(drivername="postgresql+psycopg")
 
 
+def libpq_url(url: str | URL) -> str:
+    """The URL as libpq (a plain psycopg connection) takes it: no SQLAlchemy driver name, the password kept."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
 def create_sync_engine(url: URL) -> Engine:
     return create_engine(url, pool_pre_ping=True)
 
@@ -48,7 +53,7 @@ class Database:
     @property
     def libpq_url(self) -> str:
         """The URL for a plain psycopg connection (outside SQLAlchemy's pool)."""
-        return self.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        return libpq_url(self.url)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncSession]:

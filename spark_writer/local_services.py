@@ -44,9 +44,9 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
         return True
 
 
-def free_port(preferred: int, host: str = "127.0.0.1") -> int:
-    """`preferred` when nothing listens on it, else a port the system picks."""
-    if port_is_free(preferred, host):
+def free_port(preferred: int | None = None, host: str = "127.0.0.1") -> int:
+    """`preferred` when nothing listens on it, else (or without one) a port the system picks."""
+    if preferred is not None and port_is_free(preferred, host):
         return preferred
     with socket.socket() as sock:
         sock.bind((host, 0))

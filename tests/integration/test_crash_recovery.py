@@ -17,6 +17,7 @@ import pytest
 from pyiceberg.catalog import Catalog
 
 from coordinator_service.client import CoordinatorRpcError
+from coordinator_service.database import libpq_url
 from coordinator_service.repository import COMMIT_LOCK_CLASS
 from tests.fixtures.coordinator import (
     ORDERS,
@@ -26,7 +27,7 @@ from tests.fixtures.coordinator import (
     table_order_ids,
     write_parquet,
 )
-from tests.fixtures.postgres import libpq, query
+from tests.fixtures.postgres import query
 
 SCHEMA = ORDERS.serialize().to_pybytes()
 SINK = "orders-sink"
@@ -261,7 +262,7 @@ def test_restart_commits_empty_backlogs_in_one_pass(
     first.kill()
     assert set(statuses_by_sink(database_url).values()) == {"PENDING"}
     held_id = query(database_url, "SELECT id FROM sinks WHERE name = 'held'")[0][0]
-    with psycopg.connect(libpq(database_url), autocommit=True) as other_committer:
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as other_committer:
         other_committer.execute("SELECT pg_advisory_lock(%s, %s)", (COMMIT_LOCK_CLASS, held_id))
         second = coordinator_factory()
         second.wait_for_log("empty checkpointed epochs committed", sinks=1, epochs=3)

@@ -27,22 +27,13 @@ import psutil
 import psycopg
 from sqlalchemy.engine import make_url
 
+from coordinator_service.database import libpq_url
 from coordinator_service.embedded import start_embedded_postgres
 
 T = TypeVar("T")
 
 NOTIFY_CHANNEL = "torture"
 RECONNECT_PAUSE_SECONDS = 0.2
-
-
-def libpq(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class PgServer:
@@ -78,12 +69,12 @@ class PgServer:
         return make_url(self.url).set(database=database).render_as_string(hide_password=False)
 
     def create_database(self, database: str) -> str:
-        with psycopg.connect(libpq(self.url), autocommit=True) as connection:
+        with psycopg.connect(libpq_url(self.url), autocommit=True) as connection:
             connection.execute(f'CREATE DATABASE "{database}"')
         return self.database_url(database)
 
     def drop_database(self, database: str) -> None:
-        with psycopg.connect(libpq(self.url), autocommit=True) as connection:
+        with psycopg.connect(libpq_url(self.url), autocommit=True) as connection:
             connection.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
 
 
@@ -92,7 +83,7 @@ def connect_when_up(url: str, timeout: float) -> psycopg.Connection[Any]:
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return psycopg.connect(libpq(url), autocommit=True, connect_timeout=5)
+            return psycopg.connect(libpq_url(url), autocommit=True, connect_timeout=5)
         except psycopg.OperationalError:
             if time.monotonic() > deadline:
                 raise

@@ -30,14 +30,14 @@ import psycopg
 from pyiceberg.catalog import Catalog, load_catalog
 
 from coordinator_service.client import CoordinatorClient, CoordinatorRpcError
-from coordinator_service.database import normalize_url
+from coordinator_service.database import libpq_url, normalize_url
 from coordinator_service.runtime import migrate
 from tests.fixtures.coordinator import CoordinatorProcess
 from tests.fixtures.kafka_broker import _stop, create_topic, start_broker
 from tests.fixtures.pipeline import ORDER_SCHEMA_DDL, produce_orders
 from tests.torture import checks
 from tests.torture.faults import FAULTS, FaultPlan, FaultRecord, plan_faults
-from tests.torture.infra import Board, DriverServer, PgServer, Proxy, libpq, wait_for_change
+from tests.torture.infra import Board, DriverServer, PgServer, Proxy, wait_for_change
 
 SINK = "orders"
 TABLE = "torture.orders"
@@ -286,7 +286,7 @@ class Run:
         self.session.metastore.create_database(self.database)
         self.session.catalog.create_database(self.database)
         migrate(normalize_url(self.metastore_url))
-        with psycopg.connect(libpq(self.metastore_url), autocommit=True) as connection:
+        with psycopg.connect(libpq_url(self.metastore_url), autocommit=True) as connection:
             connection.execute(checks.AUDIT_SQL.encode())
         self.topic = create_topic(self.session.bootstrap, self.partitions, prefix=f"torture-{self.seed}")
         first_key = self.seed % 1000 * 10_000
@@ -352,7 +352,7 @@ class Run:
         try:
             wait_for_change(self.metastore_url, lambda c: checks.settled(c, SINK), SETTLE_SECONDS)
         except TimeoutError:
-            with psycopg.connect(libpq(self.metastore_url), autocommit=True) as connection:
+            with psycopg.connect(libpq_url(self.metastore_url), autocommit=True) as connection:
                 state = connection.execute(
                     "SELECT epoch, status, files_cleaned FROM pending_sink_state p JOIN sinks s ON s.id = p.sink_id "
                     "WHERE status <> 'COMMITTED' ORDER BY epoch"
@@ -364,7 +364,7 @@ class Run:
 
     def _recovery_times(self, settled_at: float) -> None:
         """From each fault's end to the first commit progress after it (or, with nothing left, to the settle)."""
-        with psycopg.connect(libpq(self.metastore_url), autocommit=True) as connection:
+        with psycopg.connect(libpq_url(self.metastore_url), autocommit=True) as connection:
             rows = connection.execute(
                 "SELECT extract(epoch FROM at)::float8, committed_epoch FROM torture_sink_audit ORDER BY id"
             ).fetchall()
@@ -380,7 +380,7 @@ class Run:
                 record.recovery_seconds = (after[0] if after else settled_at) - record.ended_at
 
     def _check(self) -> checks.Findings:
-        with psycopg.connect(libpq(self.metastore_url), autocommit=True) as connection:
+        with psycopg.connect(libpq_url(self.metastore_url), autocommit=True) as connection:
             return checks.check_run(
                 connection=connection,
                 catalog=self.open_catalog(),
@@ -568,7 +568,7 @@ class Run:
         zombie = source.with_name(f"zombie-{uuid.uuid4().hex}.parquet")
         shutil.copyfile(source, zombie)
         self.zombie_paths.add(zombie.as_uri())
-        with psycopg.connect(libpq(self.metastore_url), autocommit=True) as connection:
+        with psycopg.connect(libpq_url(self.metastore_url), autocommit=True) as connection:
             row = connection.execute("SELECT checkpointed_epoch FROM sinks WHERE name = %s", (SINK,)).fetchone()
         epoch = int(row[0]) + 1 if row else 0
         codes: dict[str, str] = {}
