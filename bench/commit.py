@@ -20,10 +20,9 @@ from typing import Any
 import grpc
 from pyiceberg.catalog import load_catalog
 from pyiceberg.io.pyarrow import parquet_file_to_data_file
-from pyiceberg.table import TableProperties
 
-from bench.infra import ORDERS, Coordinator, Postgres, latency_stats, py_spy, write_orders_file
-from coordinator_service.iceberg import MARKER_EPOCH, MARKER_SINK
+from bench.infra import ORDERS, Coordinator, Postgres, latency_stats, py_spy, register_orders_sink, write_orders_file
+from coordinator_service.iceberg import MARKER_EPOCH, MARKER_SINK, IcebergTables
 from coordinator_service.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
 
@@ -50,23 +49,13 @@ async def commit_latency(
     database_url = postgres.new_database("commit")
     coordinator = Coordinator(database_url, root / "commit").start()
     catalog = _catalog(database_url, coordinator.warehouse)
-    schema = ORDERS.serialize().to_pybytes()
     coordinated: list[float] = []
     raw: list[float] = []
     try:
         async with grpc.aio.insecure_channel(coordinator.target) as channel:
             stub = pb_grpc.SinkCoordinatorStub(channel)
-            registration = await stub.RegisterWriter(
-                pb.RegisterWriterRequest(
-                    sink="commit", table="bench.commit", checkpointed_epoch=-1, arrow_schema=schema
-                )
-            )
-            raw_table = catalog.create_table("bench.raw_commit", schema=ORDERS)
-            with raw_table.transaction() as transaction:
-                transaction.set_properties(
-                    {TableProperties.DEFAULT_NAME_MAPPING: raw_table.schema().name_mapping.model_dump_json()}
-                )
-            raw_location = raw_table.location()
+            registration = await register_orders_sink(stub, "commit", "bench.commit")
+            raw_location = IcebergTables(catalog).ensure_table("bench.raw_commit", ORDERS, ())
             with py_spy(coordinator.pid, profile or Path("unused"), profile is not None):
                 for epoch in range(commits):
                     path = write_orders_file(registration.table_location, rows, first=epoch * rows)
@@ -130,14 +119,7 @@ async def coalescing(
     try:
         async with grpc.aio.insecure_channel(coordinator.target) as channel:
             stub = pb_grpc.SinkCoordinatorStub(channel)
-            registration = await stub.RegisterWriter(
-                pb.RegisterWriterRequest(
-                    sink="coalesce",
-                    table="bench.coalesce",
-                    checkpointed_epoch=-1,
-                    arrow_schema=ORDERS.serialize().to_pybytes(),
-                )
-            )
+            registration = await register_orders_sink(stub, "coalesce", "bench.coalesce")
             term = registration.writer_term
             files = [write_orders_file(registration.table_location, 10, first=i * 10) for i in range(16)]
             epoch = 0

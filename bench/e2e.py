@@ -60,18 +60,9 @@ def produce(bootstrap: str, partitions: int, records: int) -> str:
 
 
 def _stream(spark: Any, bootstrap: str, topic: str, max_offsets: int) -> Any:
-    from spark_writer.kafka_records import json_records, schema_from_ddl
-    from spark_writer.kafka_source import SOURCE_NAME
+    from tests.fixtures.pipeline import order_stream
 
-    raw = (
-        spark.readStream.format(SOURCE_NAME)
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", str(max_offsets))
-        .load()
-    )
-    return json_records(raw, schema_from_ddl(ORDER_DDL), kafka_metadata=True)
+    return order_stream(spark, bootstrap, topic, max_offsets, ddl=ORDER_DDL)
 
 
 def run_coordinated(
@@ -94,20 +85,14 @@ def run_coordinated(
 
 
 def run_plain(spark: Any, catalog: Any, bootstrap: str, topic: str, max_offsets: int, root: Path) -> float:
-    from pyiceberg.table import TableProperties
-
+    from coordinator_service.iceberg import IcebergTables
     from spark_writer.arrow_schema import arrow_schema_of
     from spark_writer.parquet_writer import WRITTEN_FILES_DDL, DataFileTarget, task_writer
 
     name = f"plain_{topic.replace('-', '_')}"
     frame = _stream(spark, bootstrap, topic, max_offsets)
     schema = arrow_schema_of(frame.schema)
-    table = catalog.create_table(f"bench.{name}", schema=schema)
-    with table.transaction() as transaction:
-        transaction.set_properties(
-            {TableProperties.DEFAULT_NAME_MAPPING: table.schema().name_mapping.model_dump_json()}
-        )
-    location = table.location()
+    location = IcebergTables(catalog).ensure_table(f"bench.{name}", schema, ())
 
     def write_batch(batch: Any, batch_id: int) -> None:
         target = DataFileTarget(

@@ -31,6 +31,8 @@ from sqlalchemy.engine import make_url
 from coordinator_service.client import CoordinatorClient
 from coordinator_service.database import libpq_url, normalize_url
 from coordinator_service.embedded import start_embedded_postgres, stop_embedded_postgres
+from coordinator_service.rpc import sink_coordinator_pb2 as pb
+from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
 from coordinator_service.runtime import migrate
 from spark_writer.local_services import free_port
 
@@ -213,6 +215,17 @@ def top_frames(raw_profile: Path, limit: int = 12) -> list[tuple[str, float]]:
         return []
     ranked = sorted(inclusive.items(), key=lambda item: -item[1])[:limit]
     return [(label, count / total) for label, count in ranked]
+
+
+async def register_orders_sink(
+    stub: pb_grpc.SinkCoordinatorAsyncStub, sink: str, table: str
+) -> pb.RegisterWriterResponse:
+    """RegisterWriter of a sink with no checkpoint yet, on an ORDERS table the coordinator creates if missing."""
+    return await stub.RegisterWriter(
+        pb.RegisterWriterRequest(
+            sink=sink, table=table, checkpointed_epoch=-1, arrow_schema=ORDERS.serialize().to_pybytes()
+        )
+    )
 
 
 def write_orders_file(location: str, rows: int, first: int = 0, name: str = "") -> str:

@@ -18,7 +18,15 @@ from typing import Any
 import grpc
 import psycopg
 
-from bench.infra import ORDERS, Coordinator, Postgres, latency_stats, py_spy, spread, write_orders_file
+from bench.infra import (
+    Coordinator,
+    Postgres,
+    latency_stats,
+    py_spy,
+    register_orders_sink,
+    spread,
+    write_orders_file,
+)
 from coordinator_service.database import libpq_url
 from coordinator_service.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
@@ -37,16 +45,11 @@ class SinkSet:
 
 
 async def register_sinks(stub: pb_grpc.SinkCoordinatorStub, prefix: str, count: int, rows: int = 100) -> SinkSet:
-    schema = ORDERS.serialize().to_pybytes()
     names = [f"{prefix}-{i}" for i in range(count)]
     terms: dict[str, int] = {}
     files: dict[str, list[str]] = {}
     for name in names:
-        answer = await stub.RegisterWriter(
-            pb.RegisterWriterRequest(
-                sink=name, table=f"bench.{name.replace('-', '_')}", checkpointed_epoch=-1, arrow_schema=schema
-            )
-        )
+        answer = await register_orders_sink(stub, name, f"bench.{name.replace('-', '_')}")
         terms[name] = answer.writer_term
         files[name] = [write_orders_file(answer.table_location, rows, first=i * rows) for i in range(FILES_PER_SINK)]
     return SinkSet(names, terms, files, {name: itertools.count() for name in names})

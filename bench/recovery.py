@@ -15,7 +15,6 @@ from typing import Any
 
 import psycopg
 from pyiceberg.catalog import load_catalog
-from pyiceberg.table import TableProperties
 
 from bench.infra import ORDERS, Coordinator, Postgres, py_spy, spread, write_orders_file
 from coordinator_service import precommit_metadata
@@ -44,14 +43,10 @@ def build_log(
     warehouse = data_dir / "warehouse"
     warehouse.mkdir(parents=True)
     catalog = load_catalog("default", type="sql", uri=database_url, warehouse=warehouse.as_uri())
-    catalog.create_namespace("bench")
+    tables_ = IcebergTables(catalog)
     identifiers = [f"bench.rec{t}" for t in range(tables)]
     for identifier in identifiers:
-        table = catalog.create_table(identifier, schema=ORDERS)
-        with table.transaction() as transaction:
-            transaction.set_properties(
-                {TableProperties.DEFAULT_NAME_MAPPING: table.schema().name_mapping.model_dump_json()}
-            )
+        tables_.ensure_table(identifier, ORDERS, ())
     checkpoint = epochs_per_sink - 1
     committed = checkpoint - pending_per_sink
     with psycopg.connect(libpq_url(database_url), autocommit=True) as connection:
@@ -69,7 +64,6 @@ def build_log(
                 " false FROM sinks s, generate_series(0, %s - 1) e WHERE s.table_identifier = %s",
                 (committed, empty, epochs_per_sink, identifier),
             )
-        tables_ = IcebergTables(catalog)
         for index in range(file_sinks):
             identifier = identifiers[index % tables]
             location = catalog.load_table(identifier).location()

@@ -8,7 +8,7 @@ from typing import Any
 
 import grpc
 
-from bench.infra import ORDERS, Coordinator, Postgres, latency_stats, write_orders_file
+from bench.infra import Coordinator, Postgres, latency_stats, register_orders_sink, write_orders_file
 from bench.precommit import drive_precommits, register_sinks
 from coordinator_service.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
@@ -24,14 +24,7 @@ async def files_per_epoch(
     try:
         async with grpc.aio.insecure_channel(coordinator.target) as channel:
             stub = pb_grpc.SinkCoordinatorStub(channel)
-            registration = await stub.RegisterWriter(
-                pb.RegisterWriterRequest(
-                    sink="files",
-                    table="bench.files",
-                    checkpointed_epoch=-1,
-                    arrow_schema=ORDERS.serialize().to_pybytes(),
-                )
-            )
+            registration = await register_orders_sink(stub, "files", "bench.files")
             term = registration.writer_term
             epoch = 0
             for count in file_counts:
