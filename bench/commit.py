@@ -21,7 +21,16 @@ import grpc
 from pyiceberg.catalog import load_catalog
 from pyiceberg.io.pyarrow import parquet_file_to_data_file
 
-from bench.infra import ORDERS, Coordinator, Postgres, latency_stats, py_spy, register_orders_sink, write_orders_file
+from bench.infra import (
+    ORDERS,
+    Coordinator,
+    Postgres,
+    latency_stats,
+    linked_copy,
+    py_spy,
+    register_orders_sink,
+    write_orders_file,
+)
 from coordinator_service.iceberg import MARKER_EPOCH, MARKER_SINK, IcebergTables
 from coordinator_service.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
@@ -136,7 +145,7 @@ async def coalescing(
                             sink="coalesce",
                             epoch=epoch,
                             writer_term=term,
-                            data_files=[pb.DataFile(path=files[epoch % 16])],
+                            data_files=[pb.DataFile(path=linked_copy(files[epoch % 16]))],
                         )
                     )
                     await stub.CommitCheckpoint(

@@ -246,6 +246,15 @@ def write_orders_file(location: str, rows: int, first: int = 0, name: str = "") 
     return path.as_uri()
 
 
+def linked_copy(uri: str) -> str:
+    """The same Parquet file under a new name (a hard link: no data written), for one more epoch. The
+    coordinator refuses a file another epoch already holds, so every pre-commit names files of its own."""
+    source = Path(uri.removeprefix("file://"))
+    target = source.with_name(f"{uuid.uuid4().hex}.parquet")
+    os.link(source, target)
+    return target.as_uri()
+
+
 def latency_stats(seconds: Sequence[float]) -> dict[str, float]:
     """p50/p99/max in milliseconds (NaN without samples)."""
     if not seconds:

@@ -22,6 +22,7 @@ from bench.infra import (
     Coordinator,
     Postgres,
     latency_stats,
+    linked_copy,
     py_spy,
     register_orders_sink,
     spread,
@@ -57,7 +58,7 @@ async def register_sinks(stub: pb_grpc.SinkCoordinatorStub, prefix: str, count: 
 
 def _precommit_request(sinks: SinkSet, sink: str, with_file: bool) -> pb.PreCommitRequest:
     epoch = next(sinks.next_epoch[sink])
-    paths = [sinks.files[sink][epoch % FILES_PER_SINK]] if with_file else []
+    paths = [linked_copy(sinks.files[sink][epoch % FILES_PER_SINK])] if with_file else []
     return pb.PreCommitRequest(
         sink=sink,
         epoch=epoch,
@@ -78,11 +79,12 @@ async def drive_precommits(
     async def writer(index: int) -> None:
         sink = sinks.names[index % len(sinks.names)]
         while True:
+            request = _precommit_request(sinks, sink, with_file)
             started = time.monotonic()
             if started >= end:
                 return
             try:
-                answer = await stub.PreCommit(_precommit_request(sinks, sink, with_file), timeout=30)
+                answer = await stub.PreCommit(request, timeout=30)
                 assert answer.outcome == pb.PreCommitResponse.PERSISTED, answer
             except grpc.aio.AioRpcError as error:
                 errors.append(f"{error.code().name}: {error.details()}")

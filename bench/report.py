@@ -50,6 +50,8 @@ def render(results: dict[str, Any]) -> str:
         lines += _recovery(results["recovery"])
     if "scale" in results:
         lines += _scale(results["scale"], results)
+    if "fairness" in results:
+        lines += _fairness(results["fairness"])
     if "profiles" in results:
         lines += ["## Profiles (py-spy, share of samples in which a function is on the stack)", ""]
         for name, frames in results["profiles"].items():
@@ -211,4 +213,29 @@ def _scale(part: dict[str, Any], results: dict[str, Any]) -> list[str]:
             "file and its snapshot list grow with every commit, for the coordinator and the raw append alike).",
             "",
         ]
+    return lines
+
+
+def _fairness(part: dict[str, Any]) -> list[str]:
+    alone, crowd = part["alone"], part["crowd"]
+    lines = [
+        "## 6. Fairness: many busy sinks, few commit slots",
+        "",
+        f"{crowd['sinks']} sinks, a one-file epoch each every {crowd['batch_seconds']:g} s for {crowd['seconds']:g} s, "
+        f"COMMIT_CONCURRENCY={crowd['concurrency']}, COMMIT_INTERVAL_SECONDS={crowd['interval_seconds']:g}. "
+        "Latency: from an epoch's CommitCheckpoint to the commit of the snapshot that holds it. Baseline: one "
+        "sink alone on the same settings, in the same run. Goal: every sink bounded (worst sink's p99 within "
+        "2 x the baseline's).",
+        "",
+        "| | sinks | epochs | p50 ms (median sink) | p99 ms: median sink | p99 ms: worst sink | max ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, cell in (("alone (baseline)", alone), ("crowd", crowd)):
+        lines.append(
+            f"| {label} | {cell['sinks']} | {cell['epochs']:,} | {_f(cell['sink_p50_ms_median'])} | "
+            f"{_f(cell['sink_p99_ms']['median'])} | {_f(cell['sink_p99_ms']['max'])} | "
+            f"{_f(cell['worst_sink_max_ms'])} |"
+        )
+    ratio = part["ratio_worst_p99_to_alone_p99"]
+    lines += ["", f"Worst sink's p99 / baseline p99: **{ratio:.2f}** — goal {_goal(ratio <= 2.0)}.", ""]
     return lines

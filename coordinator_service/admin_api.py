@@ -154,8 +154,10 @@ def _admin_router(operations: Operations, auth: AdminAuth) -> APIRouter:
     async def abort_epoch(
         sink: SinkName, epoch: Epoch, body: AbortRequest, caller: Operator = Depends(operator)
     ) -> AbortResponse:
-        """Abort a PENDING epoch. One at or below the sink's checkpoint needs force=true, and its records are
-        lost; a COMMITTED one answers 409; an ABORTED one answers its state unchanged."""
+        """Abort a PENDING epoch, with force=true only: its records will not reach the table (Spark may already
+        have checkpointed it). An epoch the table already holds is marked COMMITTED and answers 409, as a
+        COMMITTED one does; an ABORTED one answers its state unchanged; a committer busy past the lock timeout
+        answers 503 with nothing changed."""
         return AbortResponse.of(await operations.abort_epoch(sink, epoch, body.reason, body.force, caller))
 
     @router.post(
@@ -164,8 +166,9 @@ def _admin_router(operations: Operations, auth: AdminAuth) -> APIRouter:
         responses=_error_responses(HTTPStatus.NOT_FOUND),
     )
     async def reset_sink(sink: SinkName, body: ResetRequest, caller: Operator = Depends(operator)) -> ResetResponse:
-        """After a lost Spark checkpoint: abort every PENDING epoch, fence the writer, and let the next
-        RegisterWriter start a new epoch numbering from its checkpoint (docs/operations.md)."""
+        """After a lost Spark checkpoint: mark COMMITTED the PENDING epochs the table already holds, abort the
+        others, fence the writer, and let the next RegisterWriter start a new epoch numbering from its checkpoint
+        (docs/operations.md). A catalog that cannot be read answers 503 with nothing changed."""
         return ResetResponse.of(await operations.reset_sink(sink, body.confirm, body.reason, caller))
 
     return router

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import uuid
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Literal
@@ -13,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from coordinator_service.committer import CommitterHealth
 from coordinator_service.errors import InvalidArgument
-from coordinator_service.models import EpochStatus, PendingSinkState
+from coordinator_service.models import AbortCause, EpochStatus, PendingSinkState
 from coordinator_service.operations import AbortOutcome, EpochDetail, ResetOutcome, SinkOverview
 
 # Epochs are PostgreSQL bigints.
@@ -71,6 +72,10 @@ class SinkResponse(BaseModel):
     writer_term: int
     writer_count: int
     generation: int = Field(description="Bumped by each reset; the table's markers carry it.")
+    incarnation: uuid.UUID = Field(
+        description="Created with the sink; the table's markers carry it, so a sink created again under the same "
+        "name never takes an earlier one's markers as its own."
+    )
     awaiting_writer_after_reset: bool = Field(
         description="True after a reset until a writer registers: that writer's checkpoint will be adopted."
     )
@@ -95,6 +100,7 @@ class SinkResponse(BaseModel):
             writer_term=sink.writer_term,
             writer_count=sink.writer_count,
             generation=sink.generation,
+            incarnation=sink.incarnation,
             awaiting_writer_after_reset=sink.rebase_on_register,
             pending_epochs=counts.pending,
             aborted_epochs=counts.aborted,
@@ -117,6 +123,8 @@ class EpochResponse(BaseModel):
     record_count: int
     snapshot_id: int | None
     reason: str | None
+    abort_cause: AbortCause | None = Field(description="Set while ABORTED: RECOVERY, OPERATOR or RESET.")
+    aborted_at: datetime | None = Field(description="Set while ABORTED: when; the cleaner's delays count from it.")
     files_cleaned: bool
     created_at: datetime
     updated_at: datetime
@@ -169,7 +177,9 @@ class AbortRequest(BaseModel):
     reason: OperatorText = Field(description="Why; kept in the epoch's reason and told to the writer.")
     force: bool = Field(
         default=False,
-        description="Also abort an epoch at or below the sink's checkpoint: its records will not reach the table.",
+        description="Required to abort a PENDING epoch: its records will not reach the table. Spark may already "
+        "have checkpointed it (at or below the sink's checkpoint, or above it with its report on the way), and "
+        "then will not write it again; a checkpoint that covers the aborted epoch is accepted.",
     )
 
 

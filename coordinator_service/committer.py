@@ -21,13 +21,16 @@ from datetime import UTC, datetime
 
 import structlog
 from pyiceberg.exceptions import CommitFailedException
+from sqlalchemy.ext.asyncio import AsyncSession
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
 
-from coordinator_service import failpoints, metrics, precommit_metadata, repository
+from coordinator_service import commit_lock, failpoints, metrics, precommit_metadata, repository, settlement
+from coordinator_service.catalog_calls import in_catalog
+from coordinator_service.commit_lock import CommitLock
 from coordinator_service.database import Database
 from coordinator_service.failpoints import Failpoint
 from coordinator_service.iceberg import IcebergTables, Marker
-from coordinator_service.models import PendingSinkState, Sink
+from coordinator_service.models import EpochStatus, PendingSinkState, Sink
 from coordinator_service.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -62,7 +65,12 @@ class Committer:
         self._background: list[asyncio.Task[None]] = []
         # A pass holds two connections (its advisory lock's and a transaction's): bounding the passes keeps
         # the pool from running dry with every sink's task holding a lock connection, waiting for a second.
+        # asyncio's semaphore hands its slots out in arrival order: a sink that just committed queues behind
+        # the sinks already waiting.
         self._passes = asyncio.Semaphore(max(1, settings.commit_concurrency))
+        self.cleanup_delays = repository.CleanupDelays(
+            delay_seconds=settings.cleanup_delay_seconds, keep_seconds=settings.recovery_files_keep_seconds
+        )
 
     def start(self) -> None:
         """Start the poller (which first resumes whatever the log holds) and the cleaner."""
@@ -159,9 +167,13 @@ class Committer:
         while True:
             await event.wait()
             event.clear()
-            await self._commit_with_retries(sink_id)
+            # Outside the slot: a sink waiting out its interval leaves the slot to the others.
+            await self._respect_commit_interval(sink_id)
+            if await self._commit_with_retries(sink_id):
+                event.set()  # more to commit: go on after the sinks that wait for a slot
 
-    async def _commit_with_retries(self, sink_id: int) -> None:
+    async def _commit_with_retries(self, sink_id: int) -> bool:
+        """One commit pass, retried until it succeeds; whether more checkpointed epochs wait."""
         health = self.health.setdefault(sink_id, CommitterHealth())
 
         def record_failure(state: RetryCallState) -> None:
@@ -188,56 +200,51 @@ class Committer:
             before_sleep=record_failure,
             reraise=True,
         )
+        more = False
         async for attempt in retrying:
             with attempt:
-                await self._commit_pass(sink_id)
+                more = await self._commit_pass(sink_id)
         health.retrying = False
         health.attempts = 0
+        return more
 
-    async def _commit_pass(self, sink_id: int) -> None:
-        async with self._passes, self.database.connection(autocommit=True) as lock_connection:
-            # The lock is session-level: it lives with the connection, outside any transaction.
-            if not await repository.try_commit_lock(lock_connection, sink_id):
+    async def _commit_pass(self, sink_id: int) -> bool:
+        """Commit the next group of checkpointed epochs under a slot and the sink's lock; whether more wait."""
+        async with self._passes, commit_lock.try_holding(self.database, sink_id) as lock:
+            if lock is None:
                 log.debug("another committer holds the sink", sink_id=sink_id)
-                return
-            try:
-                await failpoints.hit(Failpoint.COMMIT_AFTER_LOCK)
-                while await self._commit_next(sink_id):
-                    pass
-            finally:
-                await repository.release_commit_lock(lock_connection, sink_id)
+                return False
+            await failpoints.hit(Failpoint.COMMIT_AFTER_LOCK)
+            return await self._commit_next(sink_id, lock)
 
-    async def _commit_next(self, sink_id: int) -> bool:
-        """Commit the next group of checkpointed epochs; False when there is nothing to commit."""
-        await self._respect_commit_interval(sink_id)
+    async def _commit_next(self, sink_id: int, lock: CommitLock) -> bool:
+        """Commit the next group of checkpointed epochs; whether more may wait (or the group must be walked again)."""
+        limit = self.settings.commit_max_epochs
         async with self.database.transaction() as session:
             sink = await repository.sink_by_id(session, sink_id)
             if sink is None:
                 return False
-            pending = await repository.pending_epochs_at_or_below(
-                session, sink_id, sink.checkpointed_epoch, limit=self.settings.commit_max_epochs
+            waiting = await repository.pending_epochs_at_or_below(
+                session, sink_id, sink.checkpointed_epoch, limit=limit + 1
             )
-        if not pending:
+        if not waiting:
             return False
+        pending, more = waiting[:limit], len(waiting) > limit
         self._sink_names[sink_id] = sink.name
         structlog.contextvars.bind_contextvars(sink=sink.name)
         log_ = log.bind(table=sink.table_identifier, epochs=[row.epoch for row in pending])
-        epochs = [row.epoch for row in pending]
         entries = [entry for row in pending for entry in precommit_metadata.decode(row.metadata_).data_files]
+        started = time.monotonic()
         if not entries:
             # Empty epochs are never appended, so no marker can hold them: mark them without reading the table.
-            await self._mark_committed(sink, pending, epochs, None, entries, time.monotonic(), log_)
-            return True
+            await self._record_commit(sink, pending, None, entries, started, log_)
+            return more
+        identity = settlement.identity_of(sink)
         # The cached table (kept current by this process's own commits): the append asserts its branch head,
         # so a stale one fails the commit and the next round walks a freshly loaded table.
         table, from_cache = await asyncio.to_thread(self.tables.cached, sink.table_identifier)
         markers = await asyncio.to_thread(
-            self.tables.sink_markers,
-            sink.table_identifier,
-            sink.name,
-            pending[0].epoch,
-            generation=sink.generation,
-            table=table,
+            self.tables.sink_markers, sink.table_identifier, identity, pending[0].epoch, table
         )
         if markers and markers[-1].epoch >= pending[0].epoch:
             if from_cache:
@@ -251,18 +258,19 @@ class Committer:
             )
             return True
         await failpoints.hit(Failpoint.COMMIT_BEFORE_APPEND)
+        # The lock's connection may have died since the walk: then another committer, an operator or the
+        # cleaner may be deciding about these epochs, and the append must not happen.
+        await lock.verify()
         started = time.monotonic()
-        commit_id = uuid.uuid4().hex
         try:
             snapshot_id = await asyncio.to_thread(
                 self.tables.append,
                 sink.table_identifier,
-                sink.name,
-                epochs[-1],
-                commit_id,
+                identity,
+                pending[-1].epoch,
+                uuid.uuid4().hex,
                 entries,
-                generation=sink.generation,
-                table=table,
+                table,
             )
         except CommitFailedException as error:
             if not from_cache:
@@ -271,26 +279,60 @@ class Committer:
             log_.debug("cached table was stale; walking the current table", error=str(error))
             return True
         await failpoints.hit(Failpoint.COMMIT_AFTER_APPEND)
-        await self._mark_committed(sink, pending, epochs, snapshot_id, entries, started, log_)
-        return True
+        await self._record_commit(sink, pending, snapshot_id, entries, started, log_)
+        return more
 
-    async def _mark_committed(
+    async def _record_commit(
         self,
         sink: Sink,
         pending: Sequence[PendingSinkState],
-        epochs: list[int],
         snapshot_id: int | None,
         entries: Sequence[object],
         started: float,
         log_: structlog.stdlib.BoundLogger,
     ) -> None:
-        sink_id = sink.id
+        """The COMMITTED transaction: each epoch is re-checked under its row lock before it is marked.
+
+        An epoch that is no longer PENDING with the attempt the committer read (an abort or a new attempt
+        got in while the commit lock was lost) but whose files were just appended takes the table's side.
+        """
+        epochs = [row.epoch for row in pending]
         async with self.database.transaction() as session:
-            await repository.mark_committed(session, sink_id, epochs, snapshot_id)
-            await repository.prune_committed(session, [sink_id], self.settings.retention_epochs)
+            current = await repository.sink_by_id(session, sink.id, lock=True)
+            rows = await repository.epochs_for_update(session, sink.id, epochs)
+            recorded = [
+                epoch
+                for epoch in epochs
+                if (now := rows.get(epoch)) is not None
+                and now.status == EpochStatus.COMMITTED
+                and now.snapshot_id == snapshot_id
+            ]
+            if current is None or (current.incarnation, current.generation) != (sink.incarnation, sink.generation):
+                # A reset (or a new incarnation) took over: what it found in the table it recorded.
+                if snapshot_id is not None and len(recorded) < len(epochs):
+                    settlement.alert(sink.name, "appended_after_reset", epochs=epochs, snapshot_id=snapshot_id)
+                return
+            as_read = [
+                row.epoch
+                for row in pending
+                if (now := rows.get(row.epoch)) is not None
+                and (now.status, now.attempt) == (EpochStatus.PENDING, row.attempt)
+            ]
+            if as_read:
+                await repository.mark_committed(session, sink.id, as_read, snapshot_id)
+            for appended in pending:
+                now = rows.get(appended.epoch)
+                # Recorded already: an abort or a reset walked the table after the append and marked it.
+                if appended.epoch in as_read or appended.epoch in recorded or snapshot_id is None:
+                    continue
+                if now is None:
+                    settlement.alert(sink.name, "appended_epoch_gone", epoch=appended.epoch, snapshot_id=snapshot_id)
+                else:
+                    await settlement.adopt_appended(session, sink, now, appended, snapshot_id)
+            await repository.prune_committed(session, [sink.id], self.settings.retention_epochs)
         await failpoints.hit(Failpoint.COMMIT_AFTER_MARK)
-        self._last_commit[sink_id] = time.monotonic()
-        self.health.setdefault(sink_id, CommitterHealth()).last_commit_at = datetime.now(UTC)
+        self._last_commit[sink.id] = time.monotonic()
+        self.health.setdefault(sink.id, CommitterHealth()).last_commit_at = datetime.now(UTC)
         metrics.record_commit(sink.name, len(epochs), appended=bool(entries), seconds=time.monotonic() - started)
         log_.info(
             "epochs committed",
@@ -305,16 +347,10 @@ class Committer:
         self, sink: Sink, pending: Sequence[PendingSinkState], markers: Sequence[Marker]
     ) -> None:
         """Mark the pending epochs a marker covers, each with the snapshot that added it."""
-        by_snapshot: dict[int, list[int]] = {}
-        for row in pending:
-            covering = next((marker for marker in markers if marker.epoch >= row.epoch), None)
-            if covering is None:
-                break
-            by_snapshot.setdefault(covering.snapshot_id, []).append(row.epoch)
+        held = settlement.held_by_snapshot([row.epoch for row in pending], markers)
         async with self.database.transaction() as session:
-            for snapshot_id, epochs in by_snapshot.items():
-                await repository.mark_committed(session, sink.id, epochs, snapshot_id)
-        metrics.COMMITTED_EPOCHS.labels(sink.name).inc(sum(len(epochs) for epochs in by_snapshot.values()))
+            marked = await settlement.mark_held(session, sink.id, held)
+        metrics.COMMITTED_EPOCHS.labels(sink.name).inc(len(marked))
         await self._notify_progress()
 
     async def _respect_commit_interval(self, sink_id: int) -> None:
@@ -335,32 +371,96 @@ class Committer:
                 log.warning("cleaning aborted epochs failed; will try again", error=str(error))
 
     async def clean_aborted(self) -> int:
-        """Delete the files of ABORTED epochs that no snapshot references; return the epochs cleaned."""
+        """Delete the files of aborted attempts that are due (see repository.CleanupDelays) and that the table
+        does not reference; return the epochs whose files were looked at."""
         async with self.database.transaction() as session:
-            rows = await repository.aborted_epochs_to_clean(session, CLEANUP_BATCH)
-        for sink, row in rows:
-            paths = precommit_metadata.decode(row.metadata_).paths
-            stale = await asyncio.to_thread(self.tables.unreferenced, sink.table_identifier, paths)
-            deleted = await asyncio.to_thread(self.tables.delete_files, sink.table_identifier, stale)
-            await failpoints.hit(Failpoint.CLEANUP_AFTER_DELETE)
+            sink_ids = await repository.sinks_with_cleanup_work(session, self.cleanup_delays)
+        handled = 0
+        for sink_id in sink_ids:
+            handled += await self._clean_sink(sink_id)
+        return handled
+
+    async def _clean_sink(self, sink_id: int) -> int:
+        async with commit_lock.try_holding(self.database, sink_id) as lock:
+            if lock is None:
+                return 0  # its committer (or an operator) holds the sink: the next round
+            candidates: set[str] = set()
             async with self.database.transaction() as session:
-                await repository.mark_files_cleaned(session, row.sink_id, row.epoch, row.attempt)
-            metrics.CLEANED_FILES.labels(sink.name).inc(deleted)
-            if len(stale) < len(paths):
-                log.error(
-                    "files of an aborted epoch are referenced by the table; they were kept",
-                    sink=sink.name,
-                    epoch=row.epoch,
-                    files=sorted(paths - set(stale)),
+                sink = await repository.sink_by_id(session, sink_id)
+                epochs = await repository.cleanable_epochs(session, sink_id, self.cleanup_delays, CLEANUP_BATCH)
+                for epoch in epochs:
+                    row = await repository.epoch_row(session, sink_id, epoch)
+                    if row is not None:
+                        candidates.update(await repository.files_to_clean(session, row, self.cleanup_delays))
+            if sink is None or not epochs:
+                return 0
+            # On a fresh load, under the commit lock: no append of this sink can land meanwhile.
+            stale = set(await in_catalog(self.tables.unreferenced, sink.table_identifier, sorted(candidates)))
+            markers: list[Marker] | None = None
+            if candidates - stale:
+                markers = await in_catalog(
+                    self.tables.sink_markers, sink.table_identifier, settlement.identity_of(sink), min(epochs)
                 )
-            log.info(
-                "aborted epoch cleaned",
-                sink=sink.name,
-                epoch=row.epoch,
-                attempt=row.attempt,
-                files_deleted=deleted,
-                files_kept=len(paths) - len(stale),
-            )
-        if len(rows) == CLEANUP_BATCH:
-            self.wake_cleaner()
-        return len(rows)
+            for epoch in epochs:
+                await self._clean_epoch(sink, epoch, candidates, stale, markers or [], lock)
+            if len(epochs) == CLEANUP_BATCH:
+                self.wake_cleaner()
+            return len(epochs)
+
+    async def _clean_epoch(
+        self,
+        sink: Sink,
+        epoch: int,
+        checked: set[str],
+        unreferenced: set[str],
+        markers: Sequence[Marker],
+        lock: CommitLock,
+    ) -> None:
+        """Delete the epoch's due files among those `checked` against the table (`unreferenced`: not in it)."""
+        async with self.database.transaction() as session:
+            # The row lock orders this with a new attempt of the epoch (PreCommit takes it too): a path the new
+            # attempt holds is no longer due, and a path deleted here is seen as gone by the new attempt.
+            row = await repository.epoch_row(session, sink.id, epoch, for_update=True)
+            if row is None:
+                return
+            due = [
+                path for path in await repository.files_to_clean(session, row, self.cleanup_delays) if path in checked
+            ]
+            if not due:
+                return
+            referenced = sorted(set(due) - unreferenced)
+            if referenced:
+                await self._keep_referenced(session, sink, row, referenced, markers)
+                return
+            await lock.verify()
+            deleted = await in_catalog(self.tables.delete_files, sink.table_identifier, due)
+            await failpoints.hit(Failpoint.CLEANUP_AFTER_DELETE)
+            await repository.forget_files(session, due)
+            if row.status == EpochStatus.ABORTED and not await repository.paths_held(session, sink.id, epoch):
+                row.files_cleaned = True
+        metrics.CLEANED_FILES.labels(sink.name).inc(deleted)
+        log.info(
+            "aborted epoch cleaned",
+            sink=sink.name,
+            epoch=epoch,
+            status=row.status.value,
+            attempt=row.attempt,
+            files_deleted=deleted,
+        )
+
+    async def _keep_referenced(
+        self, session: AsyncSession, sink: Sink, row: PendingSinkState, referenced: list[str], markers: Sequence[Marker]
+    ) -> None:
+        """Files due for deletion that the table references: an append landed after the abort (its committer
+        had lost the commit lock). They are kept, and the epoch takes the table's side where the log can say so."""
+        held = settlement.held_by_snapshot([row.epoch], markers)
+        if row.status == EpochStatus.ABORTED and held and row.epoch <= sink.checkpointed_epoch:
+            [snapshot_id] = held
+            await settlement.adopt_appended(session, sink, row, row, snapshot_id)
+            return
+        # No marker of this generation holds it (a reset came in between) or the files are a replaced
+        # attempt's: keep them, held by the epoch, and stop trying to delete them.
+        await repository.keep_files(session, sink.id, row.epoch, referenced)
+        if row.status == EpochStatus.ABORTED:
+            row.files_cleaned = True
+        settlement.alert(sink.name, "aborted_files_in_table", epoch=row.epoch, files=referenced[:10])

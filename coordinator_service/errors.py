@@ -63,3 +63,7 @@ class Unauthenticated(CoordinatorError):
 
 class SchemaNotCurrent(Exception):
     """The metastore schema is missing, older or newer than this release knows."""
+
+
+class CommitLockLost(Unavailable):
+    """The sink's commit lock vanished with its connection: nothing relying on it was done; retry."""

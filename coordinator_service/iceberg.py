@@ -15,7 +15,7 @@ import posixpath
 import re
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
@@ -66,6 +66,8 @@ MARKER_EPOCH = "sink-coordinator.epoch"
 MARKER_COMMIT_ID = "sink-coordinator.commit-id"
 # Absent on snapshots written before generations existed: those count as generation 0.
 MARKER_GENERATION = "sink-coordinator.generation"
+# The sink row's incarnation (a UUID); absent on snapshots written before incarnations existed.
+MARKER_SINK_ID = "sink-coordinator.sink-id"
 
 # Table schema versions whose file-description rules are kept (the oldest is dropped first).
 _FILE_RULES_KEPT = 256
@@ -74,6 +76,38 @@ _PARTITION_FIELD = re.compile(
     r"^\s*(?:(?P<transform>identity|year|month|day|hour|bucket|truncate)\s*\(\s*"
     r"(?:(?P<width>\d+)\s*,\s*)?(?P<source>[A-Za-z_][\w.]*)\s*\)|(?P<bare>[A-Za-z_][\w.]*))\s*$"
 )
+
+
+@dataclass(frozen=True)
+class SinkIdentity:
+    """Which markers are a sink's own: its name, incarnation and generation (see sink_markers)."""
+
+    name: str
+    incarnation: str
+    generation: int
+    # Markers without an incarnation (written before incarnations existed) count as this sink's.
+    legacy_markers: bool = False
+
+    def owns(self, summary: Mapping[str, str]) -> bool | None:
+        """True: this sink's marker; False: the marker of an earlier incarnation or generation of its
+        name (nothing older is its own); None: not a marker of this name."""
+        if summary.get(MARKER_SINK) != self.name:
+            return None
+        incarnation = summary.get(MARKER_SINK_ID)
+        if incarnation is None and not self.legacy_markers:
+            return False
+        if incarnation is not None and incarnation != self.incarnation:
+            return False
+        return int(str(summary.get(MARKER_GENERATION, "0"))) == self.generation
+
+    def marker(self, epoch: int, commit_id: str) -> dict[str, str]:
+        return {
+            MARKER_SINK: self.name,
+            MARKER_SINK_ID: self.incarnation,
+            MARKER_EPOCH: str(epoch),
+            MARKER_COMMIT_ID: commit_id,
+            MARKER_GENERATION: str(self.generation),
+        }
 
 
 @dataclass(frozen=True)
@@ -340,21 +374,23 @@ class IcebergTables:
         )
 
     def sink_markers(
-        self, identifier: str, sink: str, down_to_epoch: int, *, generation: int, table: Table | None = None
+        self, identifier: str, sink: SinkIdentity, down_to_epoch: int, table: Table | None = None
     ) -> list[Marker]:
-        """The sink's markers of a generation on the current branch, oldest first, back to the first below
-        `down_to_epoch` or to the newest marker of an older generation (whose epoch numbers mean nothing now).
+        """The sink's own markers on the current branch, oldest first, back to the first below `down_to_epoch`,
+        or to a marker of its name that is not its own (an earlier incarnation or generation, whose epoch
+        numbers mean nothing now): the walk stops there.
 
         On `table` when given (the committer's cached table), else on the table loaded now."""
         table = table if table is not None else self.load(identifier)
         markers: list[Marker] = []
         for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
-            summary = snapshot.summary
-            if summary is None or summary.get(MARKER_SINK) != sink:
+            owned = None if snapshot.summary is None else sink.owns(snapshot.summary)
+            if owned is None:
                 continue
-            if int(str(summary.get(MARKER_GENERATION, "0"))) != generation:
+            if not owned:
                 break
-            epoch = int(str(summary.get(MARKER_EPOCH)))
+            assert snapshot.summary is not None
+            epoch = int(str(snapshot.summary.get(MARKER_EPOCH)))
             markers.append(Marker(epoch=epoch, snapshot_id=snapshot.snapshot_id))
             if epoch < down_to_epoch:
                 break
@@ -364,12 +400,10 @@ class IcebergTables:
     def append(
         self,
         identifier: str,
-        sink: str,
+        sink: SinkIdentity,
         epoch: int,
         commit_id: str,
         entries: Sequence[DataFileEntry],
-        *,
-        generation: int,
         table: Table | None = None,
     ) -> int:
         """Fast-append the entries as one snapshot carrying the sink's marker; return its id.
@@ -383,7 +417,7 @@ class IcebergTables:
         The committed table replaces the cached one; any failure drops it.
         """
         try:
-            snapshot_id, committed = self._append(identifier, sink, epoch, commit_id, entries, generation, table)
+            snapshot_id, committed = self._append(identifier, sink.marker(epoch, commit_id), entries, table)
         except BaseException:
             self.forget(identifier)
             raise
@@ -391,26 +425,13 @@ class IcebergTables:
         return snapshot_id
 
     def _append(
-        self,
-        identifier: str,
-        sink: str,
-        epoch: int,
-        commit_id: str,
-        entries: Sequence[DataFileEntry],
-        generation: int,
-        table: Table | None,
+        self, identifier: str, markers: dict[str, str], entries: Sequence[DataFileEntry], table: Table | None
     ) -> tuple[int, Table]:
         # A copy: the cached table object is shared with other threads and must not change under them.
         table = copy.copy(table) if table is not None else self.catalog.load_table(parse_table_identifier(identifier))
         table.metadata = table.metadata.model_copy(
             update={"properties": {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}}
         )
-        markers = {
-            MARKER_SINK: sink,
-            MARKER_EPOCH: str(epoch),
-            MARKER_COMMIT_ID: commit_id,
-            MARKER_GENERATION: str(generation),
-        }
         transaction = table.transaction()
         if table.metadata.name_mapping() is None:
             transaction.set_properties(
@@ -423,7 +444,7 @@ class IcebergTables:
         snapshot = committed.current_snapshot()
         assert snapshot is not None
         assert snapshot.summary is not None
-        assert snapshot.summary.get(MARKER_COMMIT_ID) == commit_id
+        assert snapshot.summary.get(MARKER_COMMIT_ID) == markers[MARKER_COMMIT_ID]
         return int(snapshot.snapshot_id), committed
 
     def unreferenced(self, identifier: str, paths: Iterable[str]) -> list[str]:
@@ -434,6 +455,16 @@ class IcebergTables:
         table = self.load(identifier)
         referenced = set(table.inspect.data_files().column("file_path").to_pylist())
         return sorted(candidates - referenced)
+
+    def require_files(self, identifier: str, paths: Iterable[str]) -> None:
+        """Raise InvalidArgument naming the first of the paths that is not on the table's storage."""
+        table = self.cached(identifier)[0]
+        for path in paths:
+            if not table.io.new_input(path).exists():
+                raise InvalidArgument(
+                    f"data file {path} does not exist (an earlier attempt of its epoch named it too, and its files "
+                    "were deleted): write it again"
+                )
 
     def delete_files(self, identifier: str, paths: Iterable[str]) -> int:
         """Delete files from the table's storage; a file already gone counts as deleted."""

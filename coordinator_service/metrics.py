@@ -40,6 +40,12 @@ ABORTED_EPOCHS = Counter(
     "Epochs aborted, by cause: recovery (a writer restarted), operator (the abort route), reset.",
     ["sink", "cause"],
 )
+COMMIT_ANOMALIES = Counter(
+    "sink_coordinator_commit_anomalies_total",
+    "Commits that landed although the log had moved on (only a lost commit lock explains them): the table's "
+    "content was kept and the log corrected. Alert on any increase.",
+    ["sink", "kind"],
+)
 CLEANED_FILES = Counter(
     "sink_coordinator_cleaned_files_total", "Data files of aborted epochs deleted from storage.", ["sink"]
 )

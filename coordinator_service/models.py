@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import uuid
 from datetime import datetime
 
 from sqlalchemy import (
@@ -12,11 +13,14 @@ from sqlalchemy import (
     DateTime,
     Enum,
     ForeignKey,
+    ForeignKeyConstraint,
     Index,
     Integer,
     LargeBinary,
     Text,
+    Uuid,
     func,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -29,6 +33,15 @@ class EpochStatus(enum.StrEnum):
     PENDING = "PENDING"
     COMMITTED = "COMMITTED"
     ABORTED = "ABORTED"
+
+
+class AbortCause(enum.StrEnum):
+    # RegisterWriter: the writer restarted from a checkpoint below the epoch; Spark runs the batch again.
+    RECOVERY = "RECOVERY"
+    # An operator aborted the epoch (admin API).
+    OPERATOR = "OPERATOR"
+    # An operator reset the sink (a lost Spark checkpoint).
+    RESET = "RESET"
 
 
 class Sink(Base):
@@ -51,6 +64,11 @@ class Sink(Base):
     generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # Set by a reset: the next RegisterWriter adopts whatever checkpoint the writer presents.
     rebase_on_register: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
+    # Created with the row and written into every snapshot marker: a sink created again under the same name
+    # (a recreated or restored metastore, a deleted row) never takes an earlier incarnation's markers as its own.
+    incarnation: Mapped[uuid.UUID] = mapped_column(Uuid, unique=True, server_default=text("gen_random_uuid()"))
+    # Sinks that existed before incarnations (migration 0003): markers without one count as theirs.
+    legacy_markers: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
@@ -80,6 +98,11 @@ class PendingSinkState(Base):
     snapshot_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     files_cleaned: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
+    # Set exactly while the epoch is ABORTED: why, and since when (the cleaner's delays count from it).
+    abort_cause: Mapped[AbortCause | None] = mapped_column(
+        Enum(AbortCause, name="abort_cause", native_enum=True, validate_strings=True), nullable=True
+    )
+    aborted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
@@ -87,6 +110,36 @@ class PendingSinkState(Base):
 
     __table_args__ = (
         CheckConstraint("epoch >= 0", name="epoch_not_negative"),
+        CheckConstraint(
+            "(status = 'ABORTED') = (abort_cause IS NOT NULL AND aborted_at IS NOT NULL)",
+            name="abort_cause_iff_aborted",
+        ),
         # The committer and the cleaner look up epochs by status, not by key.
         Index("ix_pending_sink_state_sink_status_epoch", "sink_id", "status", "epoch"),
+    )
+
+
+class EpochFile(Base):
+    """A data file path and the epoch that holds it: one epoch of one sink per path.
+
+    The current attempt's files (discarded_at NULL), and the files of an attempt a newer one replaced,
+    waiting for the cleaner (discarded_at set). Rows go with their epoch's row (pruning cascades).
+    """
+
+    __tablename__ = "epoch_files"
+
+    path: Mapped[str] = mapped_column(Text, primary_key=True)
+    sink_id: Mapped[int] = mapped_column(Integer)
+    epoch: Mapped[int] = mapped_column(BigInteger)
+    attempt: Mapped[int] = mapped_column(Integer)
+    discarded_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["sink_id", "epoch"],
+            ["pending_sink_state.sink_id", "pending_sink_state.epoch"],
+            ondelete="CASCADE",
+        ),
+        Index("ix_epoch_files_sink_epoch", "sink_id", "epoch"),
+        Index("ix_epoch_files_discarded", "discarded_at", postgresql_where=text("discarded_at IS NOT NULL")),
     )

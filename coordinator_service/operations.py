@@ -3,30 +3,30 @@
 Like coordinator_service.protocol, this module knows no transport: the admin
 API (admin_api.py) maps its results and errors to HTTP.
 
-An abort or a reset that can race with the committer (a forced abort of a
-checkpointed epoch, a reset) first takes the sink's commit lock, the same
-PostgreSQL advisory lock a committer holds while it appends to Iceberg, so
-that no epoch is aborted while its files are being committed.
+An abort and a reset first take the sink's commit lock (coordinator_service.
+commit_lock), the lock a committer holds while it appends to Iceberg, and walk
+the table's markers on a fresh load: epochs the table already holds are marked
+COMMITTED, only the others are aborted. Nothing is aborted while its files are
+being committed, and nothing the table holds is ever reported as aborted.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import structlog
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from coordinator_service import metrics, precommit_metadata, repository
+from coordinator_service import commit_lock, metrics, precommit_metadata, repository, settlement
+from coordinator_service.commit_lock import CommitLock
 from coordinator_service.committer import Committer, CommitterHealth
 from coordinator_service.database import Database
-from coordinator_service.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from coordinator_service.errors import FailedPrecondition, InvalidArgument, NotFound
 from coordinator_service.iceberg import IcebergTables
-from coordinator_service.models import EpochStatus, PendingSinkState, Sink
+from coordinator_service.models import AbortCause, EpochStatus, PendingSinkState, Sink
 from coordinator_service.precommit_metadata import PreCommitMetadata
-from coordinator_service.protocol import SINK_NAME, call_catalog
+from coordinator_service.protocol import SINK_NAME
 from coordinator_service.repository import EpochCounts
 
 log = structlog.get_logger(__name__)
@@ -115,50 +115,56 @@ class Operations:
         return EpochDetail(row, precommit_metadata.decode(row.metadata_))
 
     async def abort_epoch(self, name: str, epoch: int, reason: str, force: bool, operator: Operator) -> AbortOutcome:
-        """Abort a PENDING epoch; one at or below the sink's checkpoint only with force.
+        """Abort a PENDING epoch, only with force: its records will not reach the table.
 
-        A checkpointed epoch may be in the middle of its Iceberg commit, so a
-        forced abort holds the commit lock and then checks the table itself.
+        Without force nothing changes: Spark may already have checkpointed the epoch (at or below the
+        recorded checkpoint, or above it with its report still on the way), and will not write it again.
+        With force the abort holds the commit lock and walks the table first: an epoch the table holds is
+        marked COMMITTED instead. A later checkpoint that covers an epoch aborted here is accepted.
         """
         _check_known_name(name)
-        if not force:
-            return await self._abort(name, epoch, reason, force, operator)
         async with self.database.transaction() as session:
-            sink_id = (await _existing_sink(session, name)).id
-        async with self._holding_commit_lock(name, sink_id, f"abort epoch {epoch}"):
-            return await self._abort(name, epoch, reason, force, operator)
+            sink = await _existing_sink(session, name)
+            row = await _existing_epoch(session, sink, epoch)
+            _check_abortable(sink, row, force)
+            if row.status == EpochStatus.ABORTED:
+                return AbortOutcome(row, changed=False)
+        async with commit_lock.holding(
+            self.database, sink.id, self.lock_timeout_seconds, f"abort epoch {epoch}"
+        ) as lock:
+            return await self._abort(name, epoch, reason, operator, lock)
 
-    async def _abort(self, name: str, epoch: int, reason: str, force: bool, operator: Operator) -> AbortOutcome:
+    async def _abort(self, name: str, epoch: int, reason: str, operator: Operator, lock: CommitLock) -> AbortOutcome:
+        async with self.database.transaction() as session:
+            sink = await _existing_sink(session, name)
+            pending = await _pending_epochs(session, sink, at_or_below=epoch)
+        held = await settlement.pending_held_by_table(self.tables, sink, pending)
+        if held:
+            async with self.database.transaction() as session:
+                marked = await settlement.mark_held(session, sink.id, held)
+            self.committer.wake(sink.id)
+            if epoch in marked:
+                raise FailedPrecondition(
+                    f"sink {name} epoch {epoch} is already in the table (snapshot "
+                    f"{next(snapshot for snapshot, epochs in held.items() if epoch in epochs)}): it was marked "
+                    "COMMITTED and cannot be aborted"
+                )
+        await lock.verify()
         async with self.database.transaction() as session:
             # The sink row lock orders this abort with CommitCheckpoint, which moves checkpointed_epoch under it.
             sink = await _existing_sink(session, name, lock="update")
             row = await _existing_epoch(session, sink, epoch, for_update=True)
+            _check_abortable(sink, row, force=True)
             if row.status == EpochStatus.ABORTED:
                 return AbortOutcome(row, changed=False)
-            if row.status == EpochStatus.COMMITTED:
-                raise FailedPrecondition(
-                    f"sink {name} epoch {epoch} is COMMITTED: its files are in the table (snapshot "
-                    f"{row.snapshot_id}); an abort cannot take them out"
-                )
             checkpointed = epoch <= sink.checkpointed_epoch
-            if checkpointed and not force:
-                raise FailedPrecondition(
-                    f"sink {name} epoch {epoch} is at or below the checkpointed epoch {sink.checkpointed_epoch}: "
-                    "Spark considers its batch done and will not write it again, and the committer is about to "
-                    f"append it. Send force=true only if its {row.record_count} records must never reach the table"
-                )
-            if checkpointed:
-                await self._refuse_if_in_table(sink, epoch)
-            row.status = EpochStatus.ABORTED
-            row.reason = f"operator abort by {operator}: {reason}"
-            row.files_cleaned = False
-            await session.flush()
-            await session.refresh(row)  # updated_at is the server's
-        warning = (
-            f"epoch {epoch} was checkpointed: its {row.record_count} records will not reach the table, "
-            "and the writer will not write them again"
-            if checkpointed
-            else None
+            await repository.abort_epoch(
+                session, sink.id, epoch, f"operator abort by {operator}: {reason}", AbortCause.OPERATOR
+            )
+            await repository.advance_committed_epoch(session, sink.id)
+            await session.refresh(row)  # the new status, and updated_at as the server set it
+        warning = f"epoch {epoch} was aborted: its {row.record_count} records will not reach the table" + (
+            ", and the writer will not write them again" if checkpointed else ""
         )
         log.warning(
             "epoch aborted by an operator",
@@ -167,48 +173,46 @@ class Operations:
             who=operator.identity,
             client=operator.address,
             reason=reason,
-            forced=force,
             checkpointed=checkpointed,
-            records_lost=row.record_count if checkpointed else 0,
+            records_lost=row.record_count,
         )
         metrics.ABORTED_EPOCHS.labels(name, "operator").inc()
+        self.committer.wake(sink.id)
         self.committer.wake_cleaner()
         return AbortOutcome(row, changed=True, warning=warning)
-
-    async def _refuse_if_in_table(self, sink: Sink, epoch: int) -> None:
-        """A crash between the append and the COMMITTED update leaves an epoch PENDING but in the table."""
-        markers = await call_catalog(
-            asyncio.to_thread(
-                self.tables.sink_markers, sink.table_identifier, sink.name, epoch, generation=sink.generation
-            )
-        )
-        if markers and markers[-1].epoch >= epoch:
-            raise FailedPrecondition(
-                f"sink {sink.name} epoch {epoch} is already in the table (snapshot {markers[-1].snapshot_id}); "
-                "the committer will mark it COMMITTED. It cannot be aborted"
-            )
 
     async def reset_sink(self, name: str, confirm: str, reason: str, operator: Operator) -> ResetOutcome:
         """Prepare a sink for a writer whose Spark checkpoint was lost (see docs/operations.md).
 
-        Every PENDING epoch is aborted, the checkpointed epoch goes back to the
-        committed one, the writer term is bumped (fencing a running writer),
-        the generation is bumped, and the next RegisterWriter
-        adopts whatever checkpoint it presents (protocol._rebase_after_reset).
+        Under the commit lock, on a fresh load of the table: every PENDING epoch the table holds is marked
+        COMMITTED, every other one is aborted, the checkpointed epoch goes back to the committed one, the
+        writer term is bumped (fencing a running writer), the generation is bumped, and the next
+        RegisterWriter adopts whatever checkpoint it presents (protocol._rebase_after_reset). A catalog that
+        cannot be read makes the reset fail with nothing changed (Unavailable).
         """
         _check_known_name(name)
         if confirm != name:
             raise InvalidArgument(f"confirm must repeat the sink name {name!r} exactly, got {confirm!r}")
         async with self.database.transaction() as session:
             sink_id = (await _existing_sink(session, name)).id
-        async with self._holding_commit_lock(name, sink_id, "reset"), self.database.transaction() as session:
-            sink = await _existing_sink(session, name, lock="update")
-            aborted = await repository.abort_pending_above(session, sink.id, -1, f"reset by {operator}: {reason}")
-            # Checkpointed epochs not committed yet were aborted with the rest: the table's state is what stays.
-            sink.checkpointed_epoch = sink.committed_epoch
-            sink.writer_term += 1
-            sink.generation += 1
-            sink.rebase_on_register = True
+        async with commit_lock.holding(self.database, sink_id, self.lock_timeout_seconds, "reset") as lock:
+            async with self.database.transaction() as session:
+                sink = await _existing_sink(session, name)
+                pending = await _pending_epochs(session, sink, at_or_below=None)
+            held = await settlement.pending_held_by_table(self.tables, sink, pending)
+            await lock.verify()
+            async with self.database.transaction() as session:
+                sink = await _existing_sink(session, name, lock="update")
+                committed = await settlement.mark_held(session, sink.id, held)
+                await session.refresh(sink)
+                aborted = await repository.abort_pending_above(
+                    session, sink.id, -1, f"reset by {operator}: {reason}", AbortCause.RESET
+                )
+                # Checkpointed epochs the table does not hold were aborted with the rest: the table's state stays.
+                sink.checkpointed_epoch = sink.committed_epoch
+                sink.writer_term += 1
+                sink.generation += 1
+                sink.rebase_on_register = True
         log.warning(
             "sink reset by an operator",
             sink=name,
@@ -216,6 +220,7 @@ class Operations:
             client=operator.address,
             reason=reason,
             aborted_epochs=aborted,
+            found_in_table=committed,
             writer_term=sink.writer_term,
             generation=sink.generation,
             committed_epoch=sink.committed_epoch,
@@ -224,20 +229,34 @@ class Operations:
         self.committer.wake_cleaner()
         return ResetOutcome(await self.sink(name), tuple(aborted))
 
-    @asynccontextmanager
-    async def _holding_commit_lock(self, name: str, sink_id: int, action: str) -> AsyncIterator[None]:
-        async with self.database.connection() as connection:
-            if not await repository.wait_commit_lock(connection, sink_id, self.lock_timeout_seconds):
-                raise Unavailable(
-                    f"sink {name}: its committer has been committing to Iceberg for more than "
-                    f"{self.lock_timeout_seconds:g} s, so the {action} could not start; nothing was changed. "
-                    "Retry; if this persists, look at the committer's last error in GET /api/v1/sinks/" + name
-                )
-            try:
-                yield
-            finally:
-                await repository.release_commit_lock(connection, sink_id)
-                await connection.commit()
+
+async def _pending_epochs(session: AsyncSession, sink: Sink, at_or_below: int | None) -> list[int]:
+    rows = await repository.epochs_not_committed(session, sink.id)
+    return [
+        row.epoch
+        for row in rows
+        if row.status == EpochStatus.PENDING and (at_or_below is None or row.epoch <= at_or_below)
+    ]
+
+
+def _check_abortable(sink: Sink, row: PendingSinkState, force: bool) -> None:
+    if row.status == EpochStatus.COMMITTED:
+        raise FailedPrecondition(
+            f"sink {sink.name} epoch {row.epoch} is COMMITTED: its files are in the table (snapshot "
+            f"{row.snapshot_id}); an abort cannot take them out"
+        )
+    if row.status == EpochStatus.PENDING and not force:
+        where = (
+            f"at or below the checkpointed epoch {sink.checkpointed_epoch}: Spark considers its batch done and "
+            "will not write it again, and the committer is about to append it"
+            if row.epoch <= sink.checkpointed_epoch
+            else "pre-committed, and Spark may already have checkpointed its batch (the report is on its way): "
+            "then it will not write it again"
+        )
+        raise FailedPrecondition(
+            f"sink {sink.name} epoch {row.epoch} is {where}. Nothing was changed. Send force=true only if its "
+            f"{row.record_count} records must never reach the table"
+        )
 
 
 def _check_known_name(name: str) -> None:

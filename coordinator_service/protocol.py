@@ -12,19 +12,18 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 import pyarrow as pa
 import structlog
-from pyiceberg.exceptions import CommitFailedException, ServerError
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from coordinator_service import failpoints, metrics, precommit_metadata, repository
+from coordinator_service import commit_lock, failpoints, metrics, precommit_metadata, repository, settlement
+from coordinator_service.catalog_calls import in_catalog
 from coordinator_service.committer import Committer
 from coordinator_service.database import Database
 from coordinator_service.errors import (
@@ -35,7 +34,6 @@ from coordinator_service.errors import (
     Fenced,
     InvalidArgument,
     NotFound,
-    Unavailable,
 )
 from coordinator_service.failpoints import Failpoint
 from coordinator_service.iceberg import (
@@ -44,12 +42,10 @@ from coordinator_service.iceberg import (
     decode_arrow_schema,
     parse_table_identifier,
 )
-from coordinator_service.models import EpochStatus, PendingSinkState, Sink
+from coordinator_service.models import AbortCause, EpochStatus, PendingSinkState, Sink
 from coordinator_service.precommit_metadata import DataFileEntry, PreCommitMetadata
 
 log = structlog.get_logger(__name__)
-
-T = TypeVar("T")
 
 SINK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")
 # Most first pre-commits written by one statement of the group insert.
@@ -234,52 +230,38 @@ class Coordinator:
             raise InvalidArgument(f"writer_count {writer_count} must be at least 1")
         schema: pa.Schema | None = decode_arrow_schema(arrow_schema) if arrow_schema else None
 
+        # Every check first: a writer that will be refused changes nothing, the table included.
         async with self.database.transaction() as session:
             existing = await repository.sink_by_name(session, sink)
-        if existing is not None:
-            _check_same_table(existing, table)
-        location = await self._catalog_call(self.tables.ensure_table, table, schema, tuple(partition_by))
+            if existing is not None:
+                await _check_registration(session, existing, table, checkpointed_epoch)
+                above = [
+                    row.epoch for row in await repository.pending_epochs_above(session, existing.id, checkpointed_epoch)
+                ]
+        location = await in_catalog(self.tables.ensure_table, table, schema, tuple(partition_by))
         await failpoints.hit(Failpoint.REGISTER_BEFORE_RECOVERY)
 
-        async with self.database.transaction() as session:
-            await repository.insert_sink_if_absent(session, sink, table, self.tables.catalog_name, checkpointed_epoch)
-            row = await repository.sink_by_name(session, sink, lock="update")
-            assert row is not None
-            _check_same_table(row, table)
-            if row.rebase_on_register:
-                await _rebase_after_reset(session, row, checkpointed_epoch)
-            if checkpointed_epoch < row.checkpointed_epoch:
-                raise CheckpointBehind(
-                    f"sink {sink}: the writer's checkpoint holds epoch {checkpointed_epoch}, but the coordinator "
-                    f"recorded checkpoint {row.checkpointed_epoch} (committed {row.committed_epoch}): the Spark "
-                    f"checkpoint was lost or rolled back. Nothing was changed. Restore the checkpoint, or reset "
-                    f"the sink with POST /api/v1/sinks/{sink}/reset and start from a new checkpoint"
-                )
-            between = await repository.epochs_between(session, row.id, row.checkpointed_epoch, checkpointed_epoch)
-            _check_checkpoint_range(sink, between, row.checkpointed_epoch, checkpointed_epoch)
-            row.writer_term += 1
-            row.writer_count = writer_count
-            row.checkpointed_epoch = checkpointed_epoch
-            aborted = await repository.abort_pending_above(
-                session,
-                row.id,
-                checkpointed_epoch,
-                f"recovery: writer term {row.writer_term} restarted from checkpoint {checkpointed_epoch}",
-            )
-            metrics.ABORTED_EPOCHS.labels(sink, "recovery").inc(len(aborted))
-            recommitting = await repository.pending_epochs_at_or_below(
-                session, row.id, checkpointed_epoch, limit=MAX_FILES_PER_PRECOMMIT
-            )
-            registration = Registration(
-                writer_term=row.writer_term,
-                committed_epoch=row.committed_epoch,
-                checkpointed_epoch=row.checkpointed_epoch,
-                aborted_epochs=tuple(aborted),
-                recommitting_epochs=tuple(r.epoch for r in recommitting),
-                table_location=location,
-            )
-            sink_id = row.id
-            self._sink_hints[sink] = (row.id, row.table_identifier)
+        if existing is not None and above:
+            # Epochs are about to be aborted: under the commit lock, what the table holds is settled first.
+            async with commit_lock.holding(
+                self.database, existing.id, self.committer.settings.admin_lock_timeout_seconds, f"sink {sink}: register"
+            ) as lock:
+                held = await settlement.pending_held_by_table(self.tables, existing, above)
+                if held:
+                    # Above the writer's checkpoint, yet in the table: the checkpoint is behind the table.
+                    # Unreachable while the log is sound (only checkpointed epochs are appended).
+                    async with self.database.transaction() as session:
+                        marked = await settlement.mark_held(session, existing.id, held)
+                    raise CheckpointBehind(
+                        f"sink {sink}: the table already holds epochs {marked}, above the writer's checkpoint "
+                        f"{checkpointed_epoch}: the Spark checkpoint was lost or rolled back. They were marked "
+                        f"COMMITTED and nothing else changed; reset the sink with POST /api/v1/sinks/{sink}/reset "
+                        "and start from a new checkpoint"
+                    )
+                await lock.verify()
+                registration, sink_id = await self._register(sink, table, checkpointed_epoch, writer_count, location)
+        else:
+            registration, sink_id = await self._register(sink, table, checkpointed_epoch, writer_count, location)
         await failpoints.hit(Failpoint.REGISTER_AFTER_RECOVERY)
         log.info(
             "writer registered",
@@ -294,6 +276,51 @@ class Coordinator:
         if registration.aborted_epochs:
             self.committer.wake_cleaner()
         return registration
+
+    async def _register(
+        self,
+        sink: str,
+        table: str,
+        checkpointed_epoch: int,
+        writer_count: int,
+        location: str,
+    ) -> tuple[Registration, int]:
+        """The registration's one transaction: the checks again, under the sink's row lock, then the new term."""
+        async with self.database.transaction() as session:
+            await repository.insert_sink_if_absent(session, sink, table, self.tables.catalog_name, checkpointed_epoch)
+            row = await repository.sink_by_name(session, sink, lock="update")
+            assert row is not None
+            if row.rebase_on_register:
+                await _rebase_after_reset(session, row, checkpointed_epoch)
+            await _check_registration(session, row, table, checkpointed_epoch)
+            row.writer_term += 1
+            row.writer_count = writer_count
+            row.checkpointed_epoch = checkpointed_epoch
+            aborted = await repository.abort_pending_above(
+                session,
+                row.id,
+                checkpointed_epoch,
+                f"recovery: writer term {row.writer_term} restarted from checkpoint {checkpointed_epoch}",
+                AbortCause.RECOVERY,
+            )
+            metrics.ABORTED_EPOCHS.labels(sink, "recovery").inc(len(aborted))
+            await repository.advance_committed_epoch(session, row.id)
+            await session.refresh(row)
+            recommitting = await repository.pending_epochs_at_or_below(
+                session, row.id, checkpointed_epoch, limit=MAX_FILES_PER_PRECOMMIT
+            )
+            self._sink_hints[sink] = (row.id, row.table_identifier)
+            return (
+                Registration(
+                    writer_term=row.writer_term,
+                    committed_epoch=row.committed_epoch,
+                    checkpointed_epoch=row.checkpointed_epoch,
+                    aborted_epochs=tuple(aborted),
+                    recommitting_epochs=tuple(r.epoch for r in recommitting),
+                    table_location=location,
+                ),
+                row.id,
+            )
 
     async def pre_commit(self, request: PreCommitRequest) -> PreCommitResult:
         started = time.monotonic()
@@ -325,7 +352,7 @@ class Coordinator:
             repeated = _answer_if_repeated(current, request)
             if repeated is not None:
                 return repeated
-        entries = await self._catalog_call(
+        entries = await in_catalog(
             self.tables.read_data_files, table, request.paths, request.writer_id, request.evolve_schema
         )
         if writer_count == 1:
@@ -351,9 +378,7 @@ class Coordinator:
         try:
             # Never evolve here: the table must not change for a request that may yet be refused (a fenced
             # term). Files that need new columns fail to fit, and the general path evolves after its checks.
-            entries = await self._catalog_call(
-                self.tables.read_data_files, table, request.paths, request.writer_id, False
-            )
+            entries = await in_catalog(self.tables.read_data_files, table, request.paths, request.writer_id, False)
         except CoordinatorError:
             return None
         metadata = PreCommitMetadata(table=table, data_files=tuple(entries), properties=dict(request.properties))
@@ -364,6 +389,7 @@ class Coordinator:
             metadata=precommit_metadata.encode(metadata),
             file_count=len(entries),
             record_count=metadata.record_count,
+            paths=request.paths,
         )
         await failpoints.hit(Failpoint.PRECOMMIT_BEFORE_PERSIST)
         if not await self._group_insert.insert(row):
@@ -413,7 +439,9 @@ class Coordinator:
                 return PreCommitResult(PreCommitOutcome.ALREADY_COMMITTED, attempt=0, record_count=0)
             metadata = PreCommitMetadata(table=sink.table_identifier, data_files=tuple(entries), properties=properties)
             row = await repository.epoch_row(session, sink_id, request.epoch, for_update=True)
+            paths = sorted(metadata.paths)
             if row is None:
+                await _check_files_free(session, sink, request.epoch, paths)
                 await repository.insert_pending_epoch(
                     session,
                     sink_id,
@@ -434,7 +462,11 @@ class Coordinator:
                         f"sink {request.sink} epoch {request.epoch} was aborted ({row.reason}) after its "
                         "checkpoint; it cannot be pre-committed again"
                     )
-                await self._delete_files_of_aborted(row, sink.table_identifier, keep=metadata.paths)
+                await _check_files_free(session, sink, request.epoch, paths)
+                # A path the aborted attempt named is kept for this one; but the cleaner may have deleted it
+                # before this transaction took the epoch's row lock.
+                reused = sorted(metadata.paths & precommit_metadata.decode(row.metadata_).paths)
+                await in_catalog(self.tables.require_files, sink.table_identifier, reused)
                 row.status = EpochStatus.PENDING
                 row.attempt += 1
                 row.metadata_ = precommit_metadata.encode(metadata)
@@ -442,18 +474,17 @@ class Coordinator:
                 row.record_count = metadata.record_count
                 row.snapshot_id = None
                 row.reason = None
+                row.abort_cause = None
+                row.aborted_at = None
                 row.files_cleaned = False
                 attempt = row.attempt
+                await session.flush()
+            if not await repository.claim_files(session, sink_id, request.epoch, attempt, paths):
+                raise InvalidArgument(
+                    f"sink {request.sink} epoch {request.epoch}: another epoch took one of its data files meanwhile"
+                )
         await failpoints.hit(Failpoint.PRECOMMIT_AFTER_PERSIST)
         return PreCommitResult(PreCommitOutcome.PERSISTED, attempt=attempt, record_count=metadata.record_count)
-
-    async def _delete_files_of_aborted(self, row: PendingSinkState, table: str, keep: frozenset[str]) -> None:
-        """Before a new attempt overwrites an aborted epoch, remove the files of the attempt it replaces."""
-        if row.files_cleaned:
-            return
-        old = precommit_metadata.decode(row.metadata_).paths - keep
-        stale = await self._catalog_call(self.tables.unreferenced, table, old)
-        await self._catalog_call(self.tables.delete_files, table, stale)
 
     async def commit_checkpoint(self, sink: str, epoch: int, writer_term: int, wait: bool) -> CheckpointResult:
         _check_sink_name(sink)
@@ -466,6 +497,10 @@ class Coordinator:
                 between = await repository.epochs_between(session, row.id, row.checkpointed_epoch, epoch)
                 _check_checkpoint_range(sink, between, row.checkpointed_epoch, epoch)
                 row.checkpointed_epoch = epoch
+                await session.flush()
+                # Epochs an operator aborted at the front of the checkpoint leave nothing to commit there.
+                await repository.advance_committed_epoch(session, row.id)
+                await session.refresh(row)
             sink_id = row.id
             result = CheckpointResult(committed_epoch=row.committed_epoch, checkpointed_epoch=row.checkpointed_epoch)
         await failpoints.hit(Failpoint.CHECKPOINT_AFTER_RECORD)
@@ -491,19 +526,6 @@ class Coordinator:
                 writer_count=row.writer_count,
                 epochs=tuple(EpochView.of(epoch) for epoch in epochs),
             )
-
-    async def _catalog_call(self, function: Callable[..., T], *args: object) -> T:
-        return await call_catalog(asyncio.to_thread(function, *args))
-
-
-async def call_catalog(call: Awaitable[T]) -> T:
-    """Await a catalog operation; outages and commit conflicts become Unavailable (retryable)."""
-    try:
-        return await call
-    except CoordinatorError:
-        raise
-    except (CommitFailedException, ServerError, SQLAlchemyError, OSError) as error:
-        raise Unavailable(f"the Iceberg catalog or its storage failed: {error}") from error
 
 
 async def _rebase_after_reset(session: AsyncSession, sink: Sink, checkpoint: int) -> None:
@@ -538,6 +560,40 @@ def _check_sink_name(name: str) -> None:
         raise InvalidArgument(
             f"sink name {name!r} is invalid: use 1 to 200 letters, digits, '_', '.', '-', "
             "starting with a letter or digit"
+        )
+
+
+async def _check_registration(session: AsyncSession, sink: Sink, table: str, checkpoint: int) -> None:
+    """Refuse a writer that does not fit the sink: another table, a checkpoint behind the recorded one, or one
+    over epochs never pre-committed or aborted. After a reset, the first writer's checkpoint is adopted."""
+    _check_same_table(sink, table)
+    if sink.rebase_on_register:
+        return
+    if checkpoint < sink.checkpointed_epoch:
+        raise CheckpointBehind(
+            f"sink {sink.name}: the writer's checkpoint holds epoch {checkpoint}, but the coordinator "
+            f"recorded checkpoint {sink.checkpointed_epoch} (committed {sink.committed_epoch}): the Spark "
+            f"checkpoint was lost or rolled back. Nothing was changed. Restore the checkpoint, or reset "
+            f"the sink with POST /api/v1/sinks/{sink.name}/reset and start from a new checkpoint"
+        )
+    between = await repository.epochs_between(session, sink.id, sink.checkpointed_epoch, checkpoint)
+    _check_checkpoint_range(sink.name, between, sink.checkpointed_epoch, checkpoint)
+
+
+async def _check_files_free(session: AsyncSession, sink: Sink, epoch: int, paths: Sequence[str]) -> None:
+    """Refuse data files that another epoch holds: a file of a COMMITTED epoch is in the table (its rows would
+    be there twice), a file of another PENDING or ABORTED epoch belongs to it (and its cleaner)."""
+    holders = await repository.other_holders(session, sink.id, epoch, paths)
+    if holders:
+        described = "; ".join(
+            f"{holder.path} is {'in the table: ' if holder.status == EpochStatus.COMMITTED else 'held by '}"
+            f"epoch {holder.epoch} of sink {holder.sink}"
+            + ("" if holder.status == EpochStatus.COMMITTED else f" ({holder.status.value})")
+            for holder in holders[:3]
+        )
+        raise InvalidArgument(
+            f"sink {sink.name} epoch {epoch}: {len(holders)} data file(s) belong to another epoch: {described}. "
+            "Every pre-commit must name files of its own; nothing was changed"
         )
 
 
@@ -598,8 +654,9 @@ def _conflicting_precommit(request: PreCommitRequest) -> FailedPrecondition:
 
 
 def _check_checkpoint_range(sink: str, rows: Sequence[PendingSinkState], recorded: int, checkpoint: int) -> None:
-    """Every epoch a new checkpoint covers must be pre-committed and not aborted."""
-    aborted = [row for row in rows if row.status == EpochStatus.ABORTED]
+    """Every epoch a new checkpoint covers must be pre-committed, and not aborted unless by an operator (who
+    gave its records up on purpose, and was told so)."""
+    aborted = [row for row in rows if row.status == EpochStatus.ABORTED and row.abort_cause != AbortCause.OPERATOR]
     if aborted:
         first = aborted[0]
         raise EpochAborted(

@@ -14,7 +14,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import defer
 
-from coordinator_service.models import EpochStatus, PendingSinkState, Sink
+from coordinator_service.models import AbortCause, EpochFile, EpochStatus, PendingSinkState, Sink
 
 # First key of the two-int advisory locks the committer takes per sink ("SC"); tests hold them as another committer.
 COMMIT_LOCK_CLASS = 0x5343
@@ -30,8 +30,9 @@ async def sink_by_name(session: AsyncSession, name: str, *, lock: str | None = N
     return (await session.execute(statement)).scalar_one_or_none()
 
 
-async def sink_by_id(session: AsyncSession, sink_id: int) -> Sink | None:
-    return await session.get(Sink, sink_id, populate_existing=True)
+async def sink_by_id(session: AsyncSession, sink_id: int, *, lock: bool = False) -> Sink | None:
+    """The sink row, read again; with lock, row-locked (FOR UPDATE) for the rest of the transaction."""
+    return await session.get(Sink, sink_id, populate_existing=True, with_for_update=lock or None)
 
 
 async def all_sinks(session: AsyncSession) -> Sequence[Sink]:
@@ -95,6 +96,20 @@ async def pending_epochs_at_or_below(
     return (await session.execute(statement)).scalars().all()
 
 
+async def pending_epochs_above(session: AsyncSession, sink_id: int, epoch: int) -> Sequence[PendingSinkState]:
+    statement = (
+        select(PendingSinkState)
+        .options(defer(PendingSinkState.metadata_, raiseload=True))
+        .where(
+            PendingSinkState.sink_id == sink_id,
+            PendingSinkState.status == EpochStatus.PENDING,
+            PendingSinkState.epoch > epoch,
+        )
+        .order_by(PendingSinkState.epoch)
+    )
+    return (await session.execute(statement)).scalars().all()
+
+
 async def epochs_not_committed(session: AsyncSession, sink_id: int) -> Sequence[PendingSinkState]:
     statement = (
         select(PendingSinkState)
@@ -137,30 +152,48 @@ class NewEpoch:
     metadata: bytes
     file_count: int
     record_count: int
+    paths: tuple[str, ...]
 
 
 _INSERT_NEW_EPOCHS = """
-    INSERT INTO pending_sink_state (sink_id, epoch, status, metadata, attempt, file_count, record_count, files_cleaned)
-    SELECT s.id, r.epoch, CAST('PENDING' AS epoch_status), r.metadata, 1, r.file_count, r.record_count, false
-    FROM unnest(CAST(%(sink_ids)s AS integer[]), CAST(%(epochs)s AS bigint[]), CAST(%(terms)s AS bigint[]),
-                CAST(%(metadata)s AS bytea[]), CAST(%(file_counts)s AS integer[]), CAST(%(record_counts)s AS bigint[]))
-         AS r(sink_id, epoch, term, metadata, file_count, record_count)
-    JOIN sinks s ON s.id = r.sink_id
-    WHERE s.writer_term = r.term AND s.committed_epoch < r.epoch AND s.writer_count = 1
-    FOR SHARE OF s
-    ON CONFLICT (sink_id, epoch) DO NOTHING
-    RETURNING sink_id, epoch
+    WITH files AS (
+        SELECT * FROM unnest(CAST(%(file_sink_ids)s AS integer[]), CAST(%(file_epochs)s AS bigint[]),
+                             CAST(%(file_paths)s AS text[])) AS f(sink_id, epoch, path)
+    ), inserted AS (
+        INSERT INTO pending_sink_state (sink_id, epoch, status, metadata, attempt, file_count, record_count,
+                                        files_cleaned)
+        SELECT s.id, r.epoch, CAST('PENDING' AS epoch_status), r.metadata, 1, r.file_count, r.record_count, false
+        FROM unnest(CAST(%(sink_ids)s AS integer[]), CAST(%(epochs)s AS bigint[]), CAST(%(terms)s AS bigint[]),
+                    CAST(%(metadata)s AS bytea[]), CAST(%(file_counts)s AS integer[]),
+                    CAST(%(record_counts)s AS bigint[]))
+             AS r(sink_id, epoch, term, metadata, file_count, record_count)
+        JOIN sinks s ON s.id = r.sink_id
+        WHERE s.writer_term = r.term AND s.committed_epoch < r.epoch AND s.writer_count = 1
+          AND NOT EXISTS (SELECT 1 FROM files JOIN epoch_files e ON e.path = files.path
+                          WHERE files.sink_id = r.sink_id AND files.epoch = r.epoch)
+        FOR SHARE OF s
+        ON CONFLICT (sink_id, epoch) DO NOTHING
+        RETURNING sink_id, epoch
+    ), claimed AS (
+        INSERT INTO epoch_files (path, sink_id, epoch, attempt)
+        SELECT files.path, files.sink_id, files.epoch, 1
+        FROM files JOIN inserted ON inserted.sink_id = files.sink_id AND inserted.epoch = files.epoch
+    )
+    SELECT sink_id, epoch FROM inserted
 """
 
 
 async def insert_new_epochs(connection: psycopg.AsyncConnection[Any], rows: Sequence[NewEpoch]) -> set[tuple[int, int]]:
-    """Insert PENDING rows in one statement (on a plain psycopg connection); return the (sink_id, epoch) inserted.
+    """Insert PENDING rows, and the files they hold, in one statement (on a plain psycopg connection); return
+    the (sink_id, epoch) inserted.
 
     A row is inserted only where it is the plain case of a pre-commit: no row for the epoch yet, the
-    writer's term current, the epoch above the committed one, one writer per sink. The sink rows are
-    share-locked like in every pre-commit, so that a concurrent RegisterWriter sees (and aborts) the
-    new rows or fences them. Rows not inserted are left to the general path, which answers them.
+    writer's term current, the epoch above the committed one, one writer per sink, no file another epoch
+    holds. The sink rows are share-locked like in every pre-commit, so that a concurrent RegisterWriter sees
+    (and aborts) the new rows or fences them. Rows not inserted are left to the general path, which answers
+    them; two rows of one statement naming the same file fail the statement, and the general path answers.
     """
+    files = [(row.sink_id, row.epoch, path) for row in rows for path in row.paths]
     cursor = await connection.execute(
         _INSERT_NEW_EPOCHS,
         {
@@ -170,12 +203,17 @@ async def insert_new_epochs(connection: psycopg.AsyncConnection[Any], rows: Sequ
             "metadata": [row.metadata for row in rows],
             "file_counts": [row.file_count for row in rows],
             "record_counts": [row.record_count for row in rows],
+            "file_sink_ids": [sink_id for sink_id, _, _ in files],
+            "file_epochs": [epoch for _, epoch, _ in files],
+            "file_paths": [path for _, _, path in files],
         },
     )
     return {(int(sink_id), int(epoch)) for sink_id, epoch in await cursor.fetchall()}
 
 
-async def abort_pending_above(session: AsyncSession, sink_id: int, epoch: int, reason: str) -> list[int]:
+async def abort_pending_above(
+    session: AsyncSession, sink_id: int, epoch: int, reason: str, cause: AbortCause
+) -> list[int]:
     result = await session.execute(
         update(PendingSinkState)
         .where(
@@ -183,14 +221,34 @@ async def abort_pending_above(session: AsyncSession, sink_id: int, epoch: int, r
             PendingSinkState.status == EpochStatus.PENDING,
             PendingSinkState.epoch > epoch,
         )
-        .values(status=EpochStatus.ABORTED, reason=reason, files_cleaned=False, updated_at=func.now())
+        .values(_aborted(reason, cause))
         .returning(PendingSinkState.epoch)
     )
     return sorted(result.scalars().all())
 
 
+def _aborted(reason: str, cause: AbortCause) -> dict[str, object]:
+    """The columns of an epoch that becomes ABORTED now."""
+    return {
+        "status": EpochStatus.ABORTED,
+        "reason": reason,
+        "abort_cause": cause,
+        "aborted_at": func.now(),
+        "files_cleaned": False,
+        "updated_at": func.now(),
+    }
+
+
+async def abort_epoch(session: AsyncSession, sink_id: int, epoch: int, reason: str, cause: AbortCause) -> None:
+    await session.execute(
+        update(PendingSinkState)
+        .where(PendingSinkState.sink_id == sink_id, PendingSinkState.epoch == epoch)
+        .values(_aborted(reason, cause))
+    )
+
+
 async def mark_committed(session: AsyncSession, sink_id: int, epochs: Sequence[int], snapshot_id: int | None) -> None:
-    """Mark PENDING epochs COMMITTED and move the sink's committed_epoch up to the highest of them."""
+    """Mark PENDING epochs COMMITTED (the table holds them) and move the sink's committed_epoch."""
     await session.execute(
         update(PendingSinkState)
         .where(
@@ -200,9 +258,39 @@ async def mark_committed(session: AsyncSession, sink_id: int, epochs: Sequence[i
         )
         .values(status=EpochStatus.COMMITTED, snapshot_id=snapshot_id, updated_at=func.now())
     )
-    await session.execute(
-        update(Sink).where(Sink.id == sink_id, Sink.committed_epoch < max(epochs)).values(committed_epoch=max(epochs))
+    await advance_committed_epoch(session, sink_id)
+
+
+_ADVANCE_COMMITTED_EPOCH = """
+    UPDATE sinks s SET committed_epoch = settled.epoch, updated_at = now()
+    FROM (SELECT LEAST(s2.checkpointed_epoch,
+                       COALESCE((SELECT min(p.epoch) - 1 FROM pending_sink_state p
+                                 WHERE p.sink_id = s2.id AND p.status = 'PENDING'), s2.checkpointed_epoch)) AS epoch
+          FROM sinks s2 WHERE s2.id = :sink_id) AS settled
+    WHERE s.id = :sink_id AND s.committed_epoch < settled.epoch
+"""
+
+
+async def advance_committed_epoch(session: AsyncSession, sink_id: int) -> None:
+    """committed_epoch := the newest checkpointed epoch with no PENDING epoch at or below it.
+
+    Every epoch between the committed and the checkpointed one is in the log (a checkpoint covers only
+    pre-committed epochs), and none of them can be aborted by recovery (a checkpoint never covers one):
+    what is not PENDING there is COMMITTED, or aborted by an operator on purpose.
+    """
+    await session.execute(text(_ADVANCE_COMMITTED_EPOCH), {"sink_id": sink_id})
+
+
+async def epochs_for_update(session: AsyncSession, sink_id: int, epochs: Sequence[int]) -> dict[int, PendingSinkState]:
+    """The rows of these epochs (those that still exist), row-locked for the rest of the transaction."""
+    statement = (
+        select(PendingSinkState)
+        .where(PendingSinkState.sink_id == sink_id, PendingSinkState.epoch.in_(epochs))
+        .order_by(PendingSinkState.epoch)
+        .with_for_update()
+        .execution_options(populate_existing=True)
     )
+    return {row.epoch: row for row in (await session.execute(statement)).scalars().all()}
 
 
 async def prune_committed(session: AsyncSession, sink_ids: Sequence[int], retention_epochs: int) -> int:
@@ -216,9 +304,23 @@ async def prune_committed(session: AsyncSession, sink_ids: Sequence[int], retent
             - retention_epochs,
             (PendingSinkState.status == EpochStatus.COMMITTED)
             | and_(PendingSinkState.status == EpochStatus.ABORTED, PendingSinkState.files_cleaned.is_(True)),
+            ~_has_discarded_files(),
         )
     )
     return int(getattr(result, "rowcount", 0) or 0)
+
+
+def _has_discarded_files() -> Any:
+    """The epoch row still has files of a replaced attempt waiting for the cleaner (it must not be pruned)."""
+    return (
+        select(EpochFile.path)
+        .where(
+            EpochFile.sink_id == PendingSinkState.sink_id,
+            EpochFile.epoch == PendingSinkState.epoch,
+            EpochFile.discarded_at.is_not(None),
+        )
+        .exists()
+    )
 
 
 @dataclass(frozen=True)
@@ -299,29 +401,141 @@ async def sink_ids_with_commit_work(session: AsyncSession) -> list[int]:
     return list((await session.execute(statement)).scalars().all())
 
 
-async def aborted_epochs_to_clean(session: AsyncSession, limit: int) -> Sequence[tuple[Sink, PendingSinkState]]:
+_CLEANABLE_ABORTED = """
+    p.status = 'ABORTED' AND NOT p.files_cleaned
+    AND p.aborted_at <= now() - make_interval(secs => CASE p.abort_cause WHEN 'RECOVERY'
+                                                        THEN GREATEST(:keep_seconds, :delay_seconds)
+                                                        ELSE :delay_seconds END)
+"""
+
+_SINKS_WITH_CLEANUP_WORK = f"""
+    SELECT p.sink_id FROM pending_sink_state p WHERE {_CLEANABLE_ABORTED}
+    UNION
+    SELECT f.sink_id FROM epoch_files f
+    WHERE f.discarded_at IS NOT NULL AND f.discarded_at <= now() - make_interval(secs => :delay_seconds)
+    ORDER BY 1
+"""
+
+
+@dataclass(frozen=True)
+class CleanupDelays:
+    """How long files of an aborted attempt are kept: every abort `delay_seconds` at least; an abort by
+    recovery (Spark runs the batch again) `keep_seconds`, unless the new attempt comes first."""
+
+    delay_seconds: float
+    keep_seconds: float
+
+    def parameters(self) -> dict[str, float]:
+        return {"delay_seconds": self.delay_seconds, "keep_seconds": self.keep_seconds}
+
+
+async def sinks_with_cleanup_work(session: AsyncSession, delays: CleanupDelays) -> list[int]:
+    """Sinks with an aborted epoch, or a replaced attempt's files, whose files are due for deletion."""
+    return list((await session.execute(text(_SINKS_WITH_CLEANUP_WORK), delays.parameters())).scalars().all())
+
+
+async def cleanable_epochs(session: AsyncSession, sink_id: int, delays: CleanupDelays, limit: int) -> list[int]:
+    """Epochs of the sink whose files are due: ABORTED ones past their delay, and those holding due discards."""
+    statement = f"""
+        SELECT p.epoch FROM pending_sink_state p WHERE p.sink_id = :sink_id AND {_CLEANABLE_ABORTED}
+        UNION
+        SELECT f.epoch FROM epoch_files f
+        WHERE f.sink_id = :sink_id AND f.discarded_at IS NOT NULL
+          AND f.discarded_at <= now() - make_interval(secs => :delay_seconds)
+        ORDER BY 1 LIMIT :limit
+    """
+    parameters = {"sink_id": sink_id, "limit": limit, **delays.parameters()}
+    return list((await session.execute(text(statement), parameters)).scalars().all())
+
+
+async def files_to_clean(session: AsyncSession, row: PendingSinkState, delays: CleanupDelays) -> list[str]:
+    """Under the epoch's row lock: the paths due for deletion. An ABORTED epoch's own files once its delay
+    passed, and discarded files of replaced attempts past theirs; never a path the current attempt holds."""
     statement = (
-        select(Sink, PendingSinkState)
-        .join(PendingSinkState, PendingSinkState.sink_id == Sink.id)
-        .where(PendingSinkState.status == EpochStatus.ABORTED, PendingSinkState.files_cleaned.is_(False))
-        .order_by(PendingSinkState.sink_id, PendingSinkState.epoch)
-        .limit(limit)
+        """
+        SELECT f.path FROM epoch_files f JOIN pending_sink_state p ON p.sink_id = f.sink_id AND p.epoch = f.epoch
+        WHERE f.sink_id = :sink_id AND f.epoch = :epoch AND (
+              (f.discarded_at IS NOT NULL AND f.discarded_at <= now() - make_interval(secs => :delay_seconds))
+           OR (f.discarded_at IS NULL AND """
+        + _CLEANABLE_ABORTED
+        + """))
+        ORDER BY f.path
+    """
     )
-    return [(row[0], row[1]) for row in (await session.execute(statement)).all()]
+    parameters = {"sink_id": row.sink_id, "epoch": row.epoch, **delays.parameters()}
+    return list((await session.execute(text(statement), parameters)).scalars().all())
 
 
-async def mark_files_cleaned(session: AsyncSession, sink_id: int, epoch: int, attempt: int) -> None:
-    """Set files_cleaned, unless the epoch was re-attempted meanwhile."""
+async def keep_files(session: AsyncSession, sink_id: int, epoch: int, paths: Sequence[str]) -> None:
+    """The table references these files: the epoch holds them again, and the cleaner leaves them."""
     await session.execute(
-        update(PendingSinkState)
-        .where(
-            PendingSinkState.sink_id == sink_id,
-            PendingSinkState.epoch == epoch,
-            PendingSinkState.attempt == attempt,
-            PendingSinkState.status == EpochStatus.ABORTED,
-        )
-        .values(files_cleaned=True, updated_at=func.now())
+        update(EpochFile)
+        .where(EpochFile.sink_id == sink_id, EpochFile.epoch == epoch, EpochFile.path.in_(paths))
+        .values(discarded_at=None)
     )
+
+
+async def forget_files(session: AsyncSession, paths: Sequence[str]) -> None:
+    """The files are deleted from storage: no epoch holds them any more."""
+    await session.execute(delete(EpochFile).where(EpochFile.path.in_(paths)))
+
+
+@dataclass(frozen=True)
+class FileHolder:
+    """An epoch that holds a data file path."""
+
+    path: str
+    sink: str
+    epoch: int
+    status: EpochStatus
+
+
+async def other_holders(session: AsyncSession, sink_id: int, epoch: int, paths: Sequence[str]) -> list[FileHolder]:
+    """The paths among `paths` that another epoch, of this sink or another, holds (at most 10)."""
+    statement = (
+        select(EpochFile.path, Sink.name, EpochFile.epoch, PendingSinkState.status)
+        .join(
+            PendingSinkState,
+            and_(PendingSinkState.sink_id == EpochFile.sink_id, PendingSinkState.epoch == EpochFile.epoch),
+        )
+        .join(Sink, Sink.id == EpochFile.sink_id)
+        .where(EpochFile.path.in_(paths), ~and_(EpochFile.sink_id == sink_id, EpochFile.epoch == epoch))
+        .order_by(EpochFile.path)
+        .limit(10)
+    )
+    return [FileHolder(*row) for row in (await session.execute(statement)).all()]
+
+
+async def paths_held(session: AsyncSession, sink_id: int, epoch: int) -> set[str]:
+    """The paths the epoch's current attempt holds (not those of replaced attempts)."""
+    statement = select(EpochFile.path).where(
+        EpochFile.sink_id == sink_id, EpochFile.epoch == epoch, EpochFile.discarded_at.is_(None)
+    )
+    return set((await session.execute(statement)).scalars().all())
+
+
+_CLAIM_FILES = """
+    WITH claimed AS (
+        INSERT INTO epoch_files (path, sink_id, epoch, attempt)
+        SELECT path, :sink_id, :epoch, :attempt FROM unnest(CAST(:paths AS text[])) AS path
+        ON CONFLICT (path) DO UPDATE SET attempt = EXCLUDED.attempt, discarded_at = NULL
+        WHERE epoch_files.sink_id = EXCLUDED.sink_id AND epoch_files.epoch = EXCLUDED.epoch
+        RETURNING path
+    ), discarded AS (
+        UPDATE epoch_files SET discarded_at = now()
+        WHERE sink_id = :sink_id AND epoch = :epoch AND discarded_at IS NULL AND path <> ALL(CAST(:paths AS text[]))
+    )
+    SELECT count(*) FROM claimed
+"""
+
+
+async def claim_files(session: AsyncSession, sink_id: int, epoch: int, attempt: int, paths: Sequence[str]) -> bool:
+    """The epoch's attempt now holds exactly `paths`: a path an earlier attempt of the epoch held is taken over,
+    the earlier attempts' other paths are discarded (queued for the cleaner). False when another epoch holds
+    one of the paths (nothing is claimed then; the caller rolls back)."""
+    parameters = {"sink_id": sink_id, "epoch": epoch, "attempt": attempt, "paths": list(paths)}
+    claimed = (await session.execute(text(_CLAIM_FILES), parameters)).scalar_one()
+    return int(claimed) == len(paths)
 
 
 async def try_commit_lock(connection: AsyncConnection, sink_id: int) -> bool:
@@ -341,9 +555,10 @@ async def release_commit_lock(connection: AsyncConnection, sink_id: int) -> None
 
 
 async def wait_commit_lock(connection: AsyncConnection, sink_id: int, timeout_seconds: float) -> bool:
-    """Take the sink's session-level commit lock, waiting at most timeout_seconds; False if still held."""
+    """Take the sink's session-level commit lock on an autocommit connection, waiting at most timeout_seconds;
+    False if it is still held by another session then."""
     await connection.execute(
-        text("SELECT set_config('lock_timeout', :timeout, true)"),
+        text("SELECT set_config('lock_timeout', :timeout, false)"),
         {"timeout": f"{max(1, int(timeout_seconds * 1000))}ms"},
     )
     try:
@@ -354,11 +569,22 @@ async def wait_commit_lock(connection: AsyncConnection, sink_id: int, timeout_se
     except DBAPIError as error:
         if not isinstance(error.orig, LockNotAvailable):
             raise
-        await connection.rollback()
         return False
-    # The lock is session-level: it outlives this transaction, the lock_timeout does not.
-    await connection.commit()
+    finally:
+        await connection.execute(text("RESET lock_timeout"))
     return True
+
+
+async def holds_commit_lock(connection: AsyncConnection, sink_id: int) -> bool:
+    """Whether this connection's session holds the sink's commit lock, in PostgreSQL's own view of its locks."""
+    result = await connection.execute(
+        text(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() "
+            "AND classid = :class_id AND objid = :sink_id AND objsubid = 2 AND granted)"
+        ),
+        {"class_id": COMMIT_LOCK_CLASS, "sink_id": sink_id},
+    )
+    return bool(result.scalar_one())
 
 
 @dataclass(frozen=True)
@@ -433,6 +659,7 @@ async def delete_epochs_of_old_generation(session: AsyncSession, sink_id: int) -
             PendingSinkState.sink_id == sink_id,
             (PendingSinkState.status == EpochStatus.COMMITTED)
             | and_(PendingSinkState.status == EpochStatus.ABORTED, PendingSinkState.files_cleaned.is_(True)),
+            ~_has_discarded_files(),
         )
     )
     return int(getattr(result, "rowcount", 0) or 0)

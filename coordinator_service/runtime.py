@@ -31,7 +31,7 @@ def migrate(url: URL) -> str:
     engine = create_sync_engine(url)
     try:
         with engine.begin() as connection:
-            schema.upgrade_to_head(connection)
+            schema.upgrade(connection)
             revision = schema.current_revision(connection)
     finally:
         engine.dispose()

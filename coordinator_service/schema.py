@@ -32,8 +32,8 @@ def current_revision(connection: Connection) -> str | None:
     return MigrationContext.configure(connection).get_current_revision()
 
 
-def upgrade_to_head(connection: Connection) -> None:
-    command.upgrade(_alembic_config(connection), "head")
+def upgrade(connection: Connection, revision: str = "head") -> None:
+    command.upgrade(_alembic_config(connection), revision)
 
 
 def require_current_schema(connection: Connection) -> None:

@@ -109,6 +109,21 @@ class Settings(BaseSettings):
     retention_epochs: int = Field(
         default=1000, ge=0, description="COMMITTED epochs kept in the log per sink; older rows are pruned."
     )
+    cleanup_delay_seconds: float = Field(
+        default=60.0,
+        ge=0.0,
+        description="Least time between the abort of an epoch (or the replacement of an attempt) and the deletion "
+        "of its files: longer than an Iceberg append can still be in flight after its committer lost the commit "
+        "lock (the committer checks the lock right before it appends).",
+    )
+    recovery_files_keep_seconds: float = Field(
+        default=7 * 24 * 3600.0,
+        ge=0.0,
+        description="How long the files of an epoch aborted by recovery (a writer restarted below it) are kept "
+        "while Spark has not run the batch again: if Kafka's retention removed the batch's records meanwhile, "
+        "they are the last copy. The batch's new attempt releases them at once (after CLEANUP_DELAY_SECONDS). "
+        "Default: Kafka's default retention, 7 days.",
+    )
     poll_interval_seconds: float = Field(
         default=2.0, gt=0.0, description="How often the committer looks for work recorded by other replicas."
     )

@@ -3,26 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pyiceberg.catalog import Catalog
 
-from coordinator_service.errors import EpochAborted
 from tests.fixtures.admin import (
     AdminApp,
+    AdminFactory,
     commit_lock_held,
     epoch_metadata,
     eventually,
     sink_id_of,
+    sink_identity,
     wait_for_commit_lock_waiter,
 )
 from tests.fixtures.coordinator import table_files, table_order_ids
 
-AdminFactory = Callable[..., Awaitable[AdminApp]]
 TOKEN = "s3cret-admin-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -114,7 +112,7 @@ async def test_epochs_page_newest_first_by_status(admin: AdminApp) -> None:
     for epoch in range(5):
         await admin.pre_commit("orders", registration, epoch, epoch * 10)
     await admin.checkpoint("orders", registration, 1)
-    await admin.post("/api/v1/sinks/orders/epochs/4/abort", json={"reason": "test"})
+    await admin.post("/api/v1/sinks/orders/epochs/4/abort", json={"reason": "test", "force": True})
 
     seen: list[list[int]] = []
     cursor = None
@@ -150,37 +148,44 @@ async def test_one_epoch_with_its_files(admin: AdminApp, database_url: str) -> N
     assert epoch_metadata(database_url, 0).paths == {path}
 
 
-async def test_abort_of_a_pending_epoch_reaches_the_writer_with_who_and_why(
+async def test_abort_of_a_pending_epoch_needs_force_and_does_not_wedge_the_writer(
     admin_factory: AdminFactory, catalog: Catalog
 ) -> None:
+    """Item 10: Spark may have checkpointed a PENDING epoch already (its report not yet arrived)."""
     admin = await admin_factory(admin_token=TOKEN)
     registration = await admin.register("orders")
     path = await admin.pre_commit("orders", registration, 0, 0)
 
-    response = await admin.post("/api/v1/sinks/orders/epochs/0/abort", json={"reason": "poison pill"}, headers=AUTH)
-    assert response.status_code == 200, response.text
-    body = response.json()
-    assert body["changed"] is True
-    assert body["warning"] is None
-    assert body["epoch"]["status"] == "ABORTED"
-    assert body["epoch"]["reason"] == "operator abort by admin from 10.0.0.7:40123: poison pill"
+    refused = await admin.post("/api/v1/sinks/orders/epochs/0/abort", json={"reason": "poison pill"}, headers=AUTH)
+    assert refused.status_code == 409, refused.text
+    assert "force=true" in error_of(refused)["message"]
+    assert (await epoch_state(admin, "orders", 0))["status"] == "PENDING"
 
-    again = await admin.post("/api/v1/sinks/orders/epochs/0/abort", json={"reason": "twice"}, headers=AUTH)
+    body = {"reason": "poison pill", "force": True}
+    response = await admin.post("/api/v1/sinks/orders/epochs/0/abort", json=body, headers=AUTH)
+    assert response.status_code == 200, response.text
+    aborted = response.json()
+    assert aborted["changed"] is True
+    assert "10 records will not reach the table" in aborted["warning"]
+    assert aborted["epoch"]["status"] == "ABORTED"
+    assert aborted["epoch"]["reason"] == "operator abort by admin from 10.0.0.7:40123: poison pill"
+
+    again = await admin.post("/api/v1/sinks/orders/epochs/0/abort", json=body, headers=AUTH)
     assert again.status_code == 200
     assert again.json()["changed"] is False
-    assert again.json()["epoch"]["reason"] == body["epoch"]["reason"]
+    assert again.json()["epoch"]["reason"] == aborted["epoch"]["reason"]
 
-    with pytest.raises(EpochAborted) as refused:
-        await admin.checkpoint("orders", registration, 0)
-    assert "operator abort by admin" in refused.value.message
-    assert "poison pill" in refused.value.message
+    # Spark had checkpointed batch 0: its report is taken, the epoch stays aborted, and the stream goes on.
+    assert await admin.checkpoint("orders", registration, 0) == 0
+    await admin.pre_commit("orders", registration, 1, 10)
+    assert await admin.checkpoint("orders", registration, 1) == 1
 
     async def cleaned() -> bool:
         return bool((await epoch_state(admin, "orders", 0))["files_cleaned"])
 
     await eventually(cleaned, "the aborted epoch's files deleted")
     assert not await asyncio.to_thread(Path(path.removeprefix("file://")).exists)
-    assert table_files(catalog.load_table("db.orders")) == set()
+    assert table_order_ids(catalog.load_table("db.orders")) == list(range(10, 20))
 
 
 async def test_abort_of_a_committed_epoch_is_409(admin: AdminApp) -> None:
@@ -258,7 +263,7 @@ async def test_forced_abort_rechecks_the_epoch_once_it_holds_the_lock(admin: Adm
     assert "is COMMITTED" in error_of(response)["message"]
 
 
-async def test_forced_abort_refuses_an_epoch_already_in_the_table(admin: AdminApp, database_url: str) -> None:
+async def test_forced_abort_marks_committed_an_epoch_already_in_the_table(admin: AdminApp, database_url: str) -> None:
     registration = await admin.register("orders")
     sink_id = sink_id_of(database_url, "orders")
     await admin.pre_commit("orders", registration, 0, 0)
@@ -266,8 +271,8 @@ async def test_forced_abort_refuses_an_epoch_already_in_the_table(admin: AdminAp
         await admin.checkpoint("orders", registration, 0, wait=False)
         # A committer that appended epoch 0 and died before its COMMITTED update.
         entries = epoch_metadata(database_url, 0).data_files
-        await asyncio.to_thread(
-            admin.runtime.tables.append, "db.orders", "orders", 0, "crashed-commit", entries, generation=0
+        snapshot_id = await asyncio.to_thread(
+            admin.runtime.tables.append, "db.orders", await sink_identity(admin, "orders"), 0, "crashed", entries
         )
         forced = asyncio.create_task(
             admin.post("/api/v1/sinks/orders/epochs/0/abort", json={"reason": "bad", "force": True})
@@ -276,6 +281,8 @@ async def test_forced_abort_refuses_an_epoch_already_in_the_table(admin: AdminAp
     response = await forced
     assert response.status_code == 409
     assert "already in the table" in error_of(response)["message"]
+    epoch = await epoch_state(admin, "orders", 0)
+    assert (epoch["status"], epoch["snapshot_id"]) == ("COMMITTED", snapshot_id)
 
 
 def scrape(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -293,7 +300,7 @@ async def test_metrics_count_commits_aborts_and_pending_epochs(admin: AdminApp) 
     await admin.checkpoint(sink, registration, 0)
     await admin.pre_commit(sink, registration, 1, 10)
     await admin.pre_commit(sink, registration, 2, 20)
-    await admin.post(f"/api/v1/sinks/{sink}/epochs/2/abort", json={"reason": "metrics"})
+    await admin.post(f"/api/v1/sinks/{sink}/epochs/2/abort", json={"reason": "metrics", "force": True})
 
     response = await admin.get("/metrics")
     assert response.status_code == 200

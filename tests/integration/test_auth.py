@@ -61,7 +61,7 @@ async def test_mutating_routes_need_the_admin_token(admin_factory: AdminFactory)
     sink = (await admin.get("/api/v1/sinks/orders")).json()
     assert (sink["writer_term"], sink["generation"], sink["pending_epochs"]) == (1, 0, 1)
 
-    response = await admin.post(ABORT, json={"reason": "with the token"}, headers=RIGHT)
+    response = await admin.post(ABORT, json={"reason": "with the token", "force": True}, headers=RIGHT)
     assert response.status_code == 200
     assert response.json()["epoch"]["reason"].startswith("operator abort by admin from ")
 

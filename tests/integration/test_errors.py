@@ -174,10 +174,9 @@ def test_checkpoint_of_aborted_and_missing_epochs(
     # The writer restarts from a checkpoint holding epoch 0: epochs 1 and 2 are aborted by recovery.
     restarted = client.register_writer("orders-sink", "shop.orders", 0, arrow_schema=SCHEMA)
     assert restarted.aborted_epochs == (1, 2)
-    # Let the background work of the recovery finish before comparing the metastore.
+    # Let the background work of the recovery finish before comparing the metastore (the files of epochs 1
+    # and 2 are kept for Spark's re-run: the cleaner leaves their rows alone).
     coordinator.wait_for_log("epochs committed", sink="orders-sink", epochs=[0])
-    for epoch in (1, 2):
-        coordinator.wait_for_log("aborted epoch cleaned", sink="orders-sink", epoch=epoch)
     failed = grpc.StatusCode.FAILED_PRECONDITION
     error = refused(
         database_url,

@@ -12,7 +12,7 @@ COMMIT_PATH_EVENTS = {"pre-commit persisted", "checkpoint recorded", "epochs com
 def test_every_commit_path_line_names_its_sink_and_epoch(
     coordinator_factory: Callable[..., CoordinatorProcess],
 ) -> None:
-    process = coordinator_factory()
+    process = coordinator_factory(SINK_COORDINATOR_RECOVERY_FILES_KEEP_SECONDS="0")
     with process.client() as client:
         writer = client.register_writer("orders", "db.orders", -1, arrow_schema=ORDERS.serialize().to_pybytes())
         for epoch in range(2):

@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from pyiceberg.catalog import Catalog
 
 from coordinator_service.errors import CheckpointBehind, Fenced
+from coordinator_service.failpoints import Failpoint
 from coordinator_service.iceberg import MARKER_EPOCH, MARKER_GENERATION, Marker
 from coordinator_service.protocol import PreCommitRequest
 from tests.fixtures.admin import (
     AdminApp,
+    Gate,
     commit_lock_held,
     epoch_metadata,
     eventually,
     sink_id_of,
+    sink_identity,
+    terminate_commit_lock_holder,
     wait_for_commit_lock_waiter,
 )
 from tests.fixtures.coordinator import table_order_ids
@@ -127,12 +133,14 @@ async def test_markers_of_an_older_generation_do_not_count(admin: AdminApp, data
     await admin.pre_commit("orders", registration, 0, 0)
     entries = epoch_metadata(database_url, 0).data_files
     tables = admin.runtime.tables
+    sink = await sink_identity(admin, "orders")
 
     def append(epoch: int, generation: int) -> int:
-        return tables.append("db.orders", "orders", epoch, f"c{epoch}-{generation}", entries, generation=generation)
+        marked = replace(sink, generation=generation)
+        return tables.append("db.orders", marked, epoch, f"c{epoch}-{generation}", entries)
 
     def markers(generation: int) -> list[Marker]:
-        return tables.sink_markers("db.orders", "orders", 0, generation=generation)
+        return tables.sink_markers("db.orders", replace(sink, generation=generation), 0)
 
     first = await asyncio.to_thread(append, 5, 0)
     second = await asyncio.to_thread(append, 9, 0)
@@ -140,3 +148,35 @@ async def test_markers_of_an_older_generation_do_not_count(admin: AdminApp, data
     assert await asyncio.to_thread(markers, 0) == [Marker(5, first), Marker(9, second)]
     third = await asyncio.to_thread(append, 1, 1)
     assert await asyncio.to_thread(markers, 1) == [Marker(1, third)]
+
+
+async def test_reset_marks_committed_an_epoch_the_table_already_holds(
+    admin: AdminApp, catalog: Catalog, database_url: str, gates: Callable[[Failpoint], Gate]
+) -> None:
+    """Defect 1: the committer appended epoch 1 and died before marking it; a reset must not abort it."""
+    registration = await admin.register("orders")
+    await admin.pre_commit("orders", registration, 0, 0)
+    assert await admin.checkpoint("orders", registration, 0) == 0
+    await admin.pre_commit("orders", registration, 1, 10)
+    appended = gates(Failpoint.COMMIT_AFTER_APPEND)
+    await admin.checkpoint("orders", registration, 1, wait=False)
+    await appended.wait_reached()
+    # The committer dies here: its session, and the commit lock with it, are gone; epoch 1 is in the table.
+    assert await terminate_commit_lock_holder(database_url, sink_id_of(database_url, "orders")) == 1
+
+    response = await admin.post("/api/v1/sinks/orders/reset", json=RESET)
+    assert response.status_code == 200, response.text
+    reset = response.json()
+    assert reset["aborted_epochs"] == []
+    assert (reset["sink"]["checkpointed_epoch"], reset["sink"]["committed_epoch"]) == (1, 1)
+    table = catalog.load_table("db.orders")
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    epoch = (await admin.get("/api/v1/sinks/orders/epochs/1")).json()
+    assert (epoch["status"], epoch["snapshot_id"]) == ("COMMITTED", snapshot.snapshot_id)
+    appended.open()  # the old committer's COMMITTED transaction finds the reset already recorded its snapshot
+    # The documented restart after a reset goes on from the committed epoch: nothing is written twice.
+    new = await admin.register("orders", checkpointed_epoch=1)
+    await admin.pre_commit("orders", new, 2, 20)
+    assert await admin.checkpoint("orders", new, 2) == 2
+    assert table_order_ids(catalog.load_table("db.orders")) == list(range(30))

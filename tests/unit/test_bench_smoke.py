@@ -12,6 +12,20 @@ def _cell(value: float) -> dict[str, float]:
     return spread([value, value * 0.9, value * 1.1])
 
 
+def _fairness_cell(sinks: int, p99_ms: float) -> dict[str, object]:
+    return {
+        "sinks": sinks,
+        "concurrency": 4,
+        "interval_seconds": 2.5,
+        "batch_seconds": 1.0,
+        "seconds": 60.0,
+        "epochs": sinks * 60,
+        "sink_p99_ms": {"median": p99_ms, "max": p99_ms, "min": p99_ms},
+        "sink_p50_ms_median": p99_ms / 2,
+        "worst_sink_max_ms": p99_ms,
+    }
+
+
 def test_report_renders_every_part(tmp_path: Path) -> None:
     profile = tmp_path / "profile.txt"
     profile.write_text(
@@ -101,9 +115,15 @@ def test_report_renders_every_part(tmp_path: Path) -> None:
             "files_per_epoch": [{"files": 1, "precommit": stats, "commit": stats}],
             "big_log": {"c1": {"rate": 1.0, **stats}, "c8": {"rate": 1.0, **stats}},
         },
+        "fairness": {
+            "alone": _fairness_cell(1, 1000.0),
+            "crowd": _fairness_cell(50, 1500.0),
+            "ratio_worst_p99_to_alone_p99": 1.5,
+        },
         "profiles": {"precommit": frames},
     }
     markdown = render(results)
-    for heading in ("## 1.", "## 2.", "## 3.", "## 4.", "## 5."):
+    for heading in ("## 1.", "## 2.", "## 3.", "## 4.", "## 5.", "## 6."):
         assert heading in markdown
+    assert "Worst sink's p99 / baseline p99: **1.50** — goal met." in markdown
     assert "| one file | 1 | 1 | 60 (54-66) |" in markdown

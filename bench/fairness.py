@@ -1,0 +1,128 @@
+"""Part 6, fairness: many busy sinks and few commit slots; every sink's checkpoint -> COMMITTED stays bounded.
+
+`sinks` sinks (a table each) each pre-commit a one-file epoch every `batch_seconds` and report its checkpoint
+(CommitCheckpoint without waiting), as a Spark writer does. The coordinator runs with COMMIT_CONCURRENCY and
+COMMIT_INTERVAL_SECONDS as the chart's production values set them. An epoch's latency runs from its
+CommitCheckpoint call to the commit time of the snapshot that holds it (the snapshot's own timestamp: same
+machine, same clock), so measuring adds no load. The baseline, in the same run: one sink alone on the same
+settings. Reported: each sink's p50/p99, the worst sink's p99 against the baseline's p99, and the interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+from pyiceberg.catalog import load_catalog
+
+from bench.infra import Coordinator, Postgres, latency_stats, linked_copy, register_orders_sink, write_orders_file
+from coordinator_service.iceberg import MARKER_EPOCH, MARKER_SINK
+from coordinator_service.rpc import sink_coordinator_pb2 as pb
+from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
+
+
+async def _stream(
+    stub: pb_grpc.SinkCoordinatorStub, sink: str, seconds: float, batch_seconds: float, offset: float
+) -> dict[int, float]:
+    """One writer: an epoch per batch for `seconds`; returns each epoch's checkpoint time (wall clock)."""
+    registration = await register_orders_sink(stub, sink, f"bench.{sink.replace('-', '_')}")
+    term = registration.writer_term
+    sample = write_orders_file(registration.table_location, 10)
+    checkpoints: dict[int, float] = {}
+    await asyncio.sleep(offset)  # the writers' batches are spread over the batch interval, as real streams are
+    started = time.monotonic()
+    epoch = 0
+    while time.monotonic() - started < seconds:
+        due = started + epoch * batch_seconds
+        if due > time.monotonic():
+            await asyncio.sleep(due - time.monotonic())
+        await stub.PreCommit(
+            pb.PreCommitRequest(
+                sink=sink, epoch=epoch, writer_term=term, data_files=[pb.DataFile(path=linked_copy(sample))]
+            ),
+            timeout=60,
+        )
+        checkpoints[epoch] = time.time()
+        await stub.CommitCheckpoint(pb.CommitCheckpointRequest(sink=sink, epoch=epoch, writer_term=term), timeout=60)
+        epoch += 1
+    # The last epoch in the table: the run ends once every sink is drained.
+    await stub.CommitCheckpoint(
+        pb.CommitCheckpointRequest(sink=sink, epoch=epoch - 1, writer_term=term, wait=True), timeout=300
+    )
+    return checkpoints
+
+
+def _latencies(catalog: Any, sink: str, checkpoints: dict[int, float]) -> list[float]:
+    """Seconds from each epoch's checkpoint to the commit of the snapshot that holds it."""
+    table = catalog.load_table(f"bench.{sink.replace('-', '_')}")
+    committed = sorted(
+        (int(str(snapshot.summary.get(MARKER_EPOCH))), snapshot.timestamp_ms / 1000.0)
+        for snapshot in table.snapshots()
+        if snapshot.summary is not None and snapshot.summary.get(MARKER_SINK) == sink
+    )
+    latencies = []
+    for epoch, checkpointed_at in checkpoints.items():
+        holder = next(at for marker, at in committed if marker >= epoch)
+        latencies.append(max(0.0, holder - checkpointed_at))
+    return latencies
+
+
+async def _measure(
+    postgres: Postgres, root: Path, name: str, *, sinks: int, concurrency: int, interval: float, seconds: float
+) -> dict[str, Any]:
+    database_url = postgres.new_database(name)
+    coordinator = Coordinator(
+        database_url,
+        root / name,
+        env={
+            "SINK_COORDINATOR_COMMIT_CONCURRENCY": str(concurrency),
+            "SINK_COORDINATOR_COMMIT_INTERVAL_SECONDS": str(interval),
+        },
+    ).start()
+    batch_seconds = 1.0
+    try:
+        async with grpc.aio.insecure_channel(coordinator.target) as channel:
+            stub = pb_grpc.SinkCoordinatorStub(channel)
+            names = [f"{name}-{index}" for index in range(sinks)]
+            runs = await asyncio.gather(
+                *(
+                    _stream(stub, sink, seconds, batch_seconds, offset=batch_seconds * index / sinks)
+                    for index, sink in enumerate(names)
+                )
+            )
+    finally:
+        coordinator.stop()
+    catalog = load_catalog("default", type="sql", uri=database_url, warehouse=coordinator.warehouse.as_uri())
+    per_sink = {sink: latency_stats(_latencies(catalog, sink, run)) for sink, run in zip(names, runs, strict=True)}
+    p99s = [stats["p99_ms"] for stats in per_sink.values()]
+    return {
+        "sinks": sinks,
+        "concurrency": concurrency,
+        "interval_seconds": interval,
+        "batch_seconds": batch_seconds,
+        "seconds": seconds,
+        "epochs": sum(stats["n"] for stats in per_sink.values()),
+        "sink_p99_ms": {"median": float(np.median(p99s)), "max": float(max(p99s)), "min": float(min(p99s))},
+        "sink_p50_ms_median": float(np.median([stats["p50_ms"] for stats in per_sink.values()])),
+        "worst_sink_max_ms": float(max(stats["max_ms"] for stats in per_sink.values())),
+    }
+
+
+async def run(
+    postgres: Postgres, root: Path, *, sinks: int, concurrency: int, interval: float, seconds: float
+) -> dict[str, Any]:
+    alone = await _measure(
+        postgres, root, "alone", sinks=1, concurrency=concurrency, interval=interval, seconds=seconds
+    )
+    crowd = await _measure(
+        postgres, root, "crowd", sinks=sinks, concurrency=concurrency, interval=interval, seconds=seconds
+    )
+    return {
+        "alone": alone,
+        "crowd": crowd,
+        "ratio_worst_p99_to_alone_p99": crowd["sink_p99_ms"]["max"] / alone["sink_p99_ms"]["max"],
+    }

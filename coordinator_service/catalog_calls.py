@@ -1,0 +1,24 @@
+"""Calling the Iceberg catalog from the event loop: blocking pyiceberg work in a thread, outages as Unavailable."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TypeVar
+
+from pyiceberg.exceptions import CommitFailedException, ServerError
+from sqlalchemy.exc import SQLAlchemyError
+
+from coordinator_service.errors import CoordinatorError, Unavailable
+
+T = TypeVar("T")
+
+
+async def in_catalog(function: Callable[..., T], *args: object) -> T:
+    """Run a blocking catalog function in a worker thread; outages and commit conflicts become Unavailable."""
+    try:
+        return await asyncio.to_thread(function, *args)
+    except CoordinatorError:
+        raise
+    except (CommitFailedException, ServerError, SQLAlchemyError, OSError) as error:
+        raise Unavailable(f"the Iceberg catalog or its storage failed: {error}") from error

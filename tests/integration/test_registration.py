@@ -1,0 +1,35 @@
+"""RegisterWriter changes nothing, the table included, for a writer it refuses."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from pyiceberg.catalog import Catalog
+
+from coordinator_service.errors import CheckpointBehind, FailedPrecondition
+from tests.fixtures.admin import AdminApp
+from tests.fixtures.coordinator import ORDERS
+
+
+async def test_a_refused_writer_does_not_evolve_the_table(admin: AdminApp, catalog: Catalog) -> None:
+    """Item 8: the checkpoint check comes before the table is created or altered."""
+    registration = await admin.register("orders")
+    await admin.pre_commit("orders", registration, 0, 0)
+    assert await admin.checkpoint("orders", registration, 0) == 0
+    wider = ORDERS.append(pa.field("coupon", pa.string()))
+    with pytest.raises(CheckpointBehind):
+        await admin.runtime.coordinator.register_writer(
+            "orders", "db.orders", -1, arrow_schema=wider.serialize().to_pybytes()
+        )
+    assert "coupon" not in catalog.load_table("db.orders").schema().column_names
+
+
+async def test_a_refused_writer_does_not_create_a_table(admin: AdminApp, catalog: Catalog) -> None:
+    registration = await admin.register("orders")
+    await admin.pre_commit("orders", registration, 0, 0)
+    assert await admin.checkpoint("orders", registration, 0) == 0
+    with pytest.raises(FailedPrecondition, match=r"writes table db\.orders"):
+        await admin.runtime.coordinator.register_writer(
+            "orders", "db.elsewhere", 0, arrow_schema=ORDERS.serialize().to_pybytes()
+        )
+    assert not catalog.table_exists("db.elsewhere")
