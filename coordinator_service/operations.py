@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from coordinator_service import metrics, precommit_metadata, repository
 from coordinator_service.committer import Committer, CommitterHealth
 from coordinator_service.database import Database
-from coordinator_service.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from coordinator_service.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable, quote
 from coordinator_service.iceberg import IcebergTables
 from coordinator_service.models import EpochStatus, PendingSinkState, Sink
 from coordinator_service.precommit_metadata import PreCommitMetadata
@@ -198,7 +198,7 @@ class Operations:
         """
         _check_known_name(name)
         if confirm != name:
-            raise InvalidArgument(f"confirm must repeat the sink name {name!r} exactly, got {confirm!r}")
+            raise InvalidArgument(f"confirm must repeat the sink name {name!r} exactly, got {quote(confirm)}")
         async with self.database.transaction() as session:
             sink_id = (await _existing_sink(session, name)).id
         async with self._holding_commit_lock(name, sink_id, "reset"), self.database.transaction() as session:
@@ -247,7 +247,7 @@ def _check_known_name(name: str) -> None:
 
 
 def _unknown_sink(name: str) -> NotFound:
-    return NotFound(f"sink {name!r} is not registered (GET /api/v1/sinks lists the sinks)")
+    return NotFound(f"sink {quote(name)} is not registered (GET /api/v1/sinks lists the sinks)")
 
 
 async def _existing_sink(session: AsyncSession, name: str, lock: str | None = None) -> Sink:

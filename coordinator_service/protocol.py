@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -28,6 +29,7 @@ from coordinator_service import failpoints, metrics, precommit_metadata, reposit
 from coordinator_service.committer import Committer
 from coordinator_service.database import Database
 from coordinator_service.errors import (
+    DATA_ERRORS,
     CheckpointBehind,
     CoordinatorError,
     EpochAborted,
@@ -36,13 +38,16 @@ from coordinator_service.errors import (
     InvalidArgument,
     NotFound,
     Unavailable,
+    cause,
+    quote,
+    unstorable,
 )
 from coordinator_service.failpoints import Failpoint
 from coordinator_service.iceberg import (
     IcebergTables,
     canonical_uri,
+    check_table_identifier,
     decode_arrow_schema,
-    parse_table_identifier,
 )
 from coordinator_service.models import EpochStatus, PendingSinkState, Sink
 from coordinator_service.precommit_metadata import DataFileEntry, PreCommitMetadata
@@ -227,7 +232,7 @@ class Coordinator:
         partition_by: Sequence[str] = (),
     ) -> Registration:
         _check_sink_name(sink)
-        parse_table_identifier(table)
+        check_table_identifier(table)
         if checkpointed_epoch < -1:
             raise InvalidArgument(f"checkpointed_epoch {checkpointed_epoch} is below -1 (-1 means no checkpoint)")
         if writer_count < 1:
@@ -497,13 +502,16 @@ class Coordinator:
 
 
 async def call_catalog(call: Awaitable[T]) -> T:
-    """Await a catalog operation; outages and commit conflicts become Unavailable (retryable)."""
+    """Await a catalog operation; outages and commit conflicts become Unavailable (retryable), a value the
+    catalog's database cannot store InvalidArgument."""
     try:
         return await call
     except CoordinatorError:
         raise
+    except DATA_ERRORS as error:
+        raise unstorable(error) from error
     except (CommitFailedException, ServerError, SQLAlchemyError, OSError) as error:
-        raise Unavailable(f"the Iceberg catalog or its storage failed: {error}") from error
+        raise Unavailable(f"the Iceberg catalog or its storage failed: {cause(error)}") from error
 
 
 async def _rebase_after_reset(session: AsyncSession, sink: Sink, checkpoint: int) -> None:
@@ -536,7 +544,7 @@ async def _existing_sink(session: AsyncSession, name: str, lock: str | None = No
 def _check_sink_name(name: str) -> None:
     if not SINK_NAME.match(name):
         raise InvalidArgument(
-            f"sink name {name!r} is invalid: use 1 to 200 letters, digits, '_', '.', '-', "
+            f"sink name {quote(name)} is invalid: use 1 to 200 letters, digits, '_', '.', '-', "
             "starting with a letter or digit"
         )
 
@@ -544,7 +552,7 @@ def _check_sink_name(name: str) -> None:
 def _check_same_table(sink: Sink, table: str) -> None:
     if sink.table_identifier != table:
         raise FailedPrecondition(
-            f"sink {sink.name} writes table {sink.table_identifier}, not {table}: "
+            f"sink {sink.name} writes table {sink.table_identifier}, not {quote(table)}: "
             "use another sink name for another table"
         )
 
@@ -607,7 +615,10 @@ def _check_checkpoint_range(sink: str, rows: Sequence[PendingSinkState], recorde
             f"({first.reason}); its records will not reach the table. Nothing was changed"
         )
     present = {row.epoch for row in rows}
-    missing = [epoch for epoch in range(recorded + 1, checkpoint + 1) if epoch not in present]
+    # The first 11 at most: the range may reach 2**63 - 1, and every epoch but len(present) of it is missing.
+    missing = list(
+        itertools.islice((epoch for epoch in range(recorded + 1, checkpoint + 1) if epoch not in present), 11)
+    )
     if missing:
         shown = ", ".join(str(epoch) for epoch in missing[:10]) + (" ..." if len(missing) > 10 else "")
         raise FailedPrecondition(
