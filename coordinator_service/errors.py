@@ -17,9 +17,7 @@ MESSAGE_BYTES = 2000
 
 def quote(value: str) -> str:
     """Client input as an error message shows it: repr() of at most QUOTED_CHARACTERS characters."""
-    if len(value) <= QUOTED_CHARACTERS:
-        return repr(value)
-    return f"{value[:QUOTED_CHARACTERS]!r}... ({len(value)} characters)"
+    return repr(value[:QUOTED_CHARACTERS]) + _rest(value)
 
 
 def cause(error: BaseException) -> str:
@@ -27,9 +25,11 @@ def cause(error: BaseException) -> str:
     statement and parameters, which hold client input), cut like quoted input, since it may repeat some."""
     text = str(getattr(error, "orig", None) or error).strip()
     line = text.splitlines()[0] if text else type(error).__name__
-    if len(line) <= QUOTED_CHARACTERS:
-        return line
-    return f"{line[:QUOTED_CHARACTERS]}... ({len(line)} characters)"
+    return line[:QUOTED_CHARACTERS] + _rest(line)
+
+
+def _rest(text: str) -> str:
+    return f"... ({len(text)} characters)" if len(text) > QUOTED_CHARACTERS else ""
 
 
 def _fitted(message: str) -> str:

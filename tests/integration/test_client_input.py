@@ -24,7 +24,7 @@ from sqlalchemy import text
 
 from coordinator_service.client import CoordinatorClient, WriterRegistration
 from coordinator_service.database import normalize_url
-from coordinator_service.errors import InvalidArgument
+from coordinator_service.errors import MESSAGE_BYTES, InvalidArgument
 from coordinator_service.grpc_server import build_server
 from coordinator_service.protocol import SinkView, call_catalog
 from coordinator_service.rpc import sink_coordinator_pb2 as pb
@@ -200,7 +200,7 @@ def test_a_long_schema_mismatch_fits_in_the_answer(service: Service) -> None:
     misfit = pa.schema([*columns[:-1], pa.field(columns[-1].name, pa.string())])
     path = write_parquet(wide.table_location, [{field.name: None for field in misfit}], misfit)
     message = service.refused(lambda: client.pre_commit("wide", 0, wide.writer_term, [path]), "does not fit")
-    assert len(message.encode()) <= 2000
+    assert len(message.encode()) <= MESSAGE_BYTES
 
 
 def test_a_malformed_request_is_invalid_argument(service: Service) -> None:
