@@ -39,7 +39,7 @@ from coordinator_service.admin_schemas import (
     decode_cursor,
     encode_cursor,
 )
-from coordinator_service.errors import CoordinatorError, SchemaNotCurrent
+from coordinator_service.errors import DATA_ERRORS, CoordinatorError, SchemaNotCurrent, unstorable
 from coordinator_service.operations import Operations, Operator
 from coordinator_service.runtime import Runtime
 from coordinator_service.schema import require_current_schema
@@ -73,6 +73,13 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def coordinator_error(request: Request, error: CoordinatorError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if error.http_status == HTTPStatus.UNAUTHORIZED else None
         return _error(error.http_status, error.grpc_code.name, error.message, headers)
+
+    async def data_error(request: Request, error: Exception) -> JSONResponse:
+        # A value PostgreSQL refused that reached this far unchecked is still the request's fault: 422.
+        return await coordinator_error(request, unstorable(error))
+
+    for data_error_type in DATA_ERRORS:
+        app.add_exception_handler(data_error_type, data_error)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:

@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
-from coordinator_service.errors import Unavailable
+from coordinator_service.errors import Unavailable, cause
 
 _CONNECTIVITY_ERRORS = (exc.OperationalError, exc.InterfaceError, exc.DisconnectionError, OSError)
 
@@ -62,7 +62,7 @@ class Database:
             async with self._sessions() as session, session.begin():
                 yield session
         except _CONNECTIVITY_ERRORS as error:
-            raise Unavailable(f"the PostgreSQL metastore is unreachable: {_first_line(error)}") from error
+            raise Unavailable(f"the PostgreSQL metastore is unreachable: {cause(error)}") from error
 
     @asynccontextmanager
     async def connection(self, *, autocommit: bool = False) -> AsyncIterator[AsyncConnection]:
@@ -74,12 +74,7 @@ class Database:
                     await connection.execution_options(isolation_level="AUTOCOMMIT")
                 yield connection
         except _CONNECTIVITY_ERRORS as error:
-            raise Unavailable(f"the PostgreSQL metastore is unreachable: {_first_line(error)}") from error
+            raise Unavailable(f"the PostgreSQL metastore is unreachable: {cause(error)}") from error
 
     async def dispose(self) -> None:
         await self.engine.dispose()
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(getattr(error, "orig", None) or error).strip()
-    return text.splitlines()[0] if text else type(error).__name__

@@ -5,15 +5,48 @@ from __future__ import annotations
 from http import HTTPStatus
 
 import grpc
+import psycopg
+import sqlalchemy.exc
+
+# Most characters of client input an error message quotes.
+QUOTED_CHARACTERS = 200
+# Most bytes (UTF-8) of an error message. gRPC sends it percent-encoded in a trailer, where each non-ASCII
+# byte takes three, and clients refuse trailers over 8 KiB with RESOURCE_EXHAUSTED instead of the error.
+MESSAGE_BYTES = 2000
+
+
+def quote(value: str) -> str:
+    """Client input as an error message shows it: repr() of at most QUOTED_CHARACTERS characters."""
+    return repr(value[:QUOTED_CHARACTERS]) + _rest(value)
+
+
+def cause(error: BaseException) -> str:
+    """A library's error as a message cites it: the first line of the driver's own error (not SQLAlchemy's
+    statement and parameters, which hold client input), cut like quoted input, since it may repeat some."""
+    text = str(getattr(error, "orig", None) or error).strip()
+    line = text.splitlines()[0] if text else type(error).__name__
+    return line[:QUOTED_CHARACTERS] + _rest(line)
+
+
+def _rest(text: str) -> str:
+    return f"... ({len(text)} characters)" if len(text) > QUOTED_CHARACTERS else ""
+
+
+def _fitted(message: str) -> str:
+    encoded = message.encode()
+    if len(encoded) <= MESSAGE_BYTES:
+        return message
+    return encoded[: MESSAGE_BYTES - 20].decode(errors="ignore") + " ... (message cut)"
 
 
 class CoordinatorError(Exception):
-    """An error a caller can act on; the message says what was wrong and how to fix it."""
+    """An error a caller can act on; the message says what was wrong and how to fix it (cut to MESSAGE_BYTES)."""
 
     grpc_code: grpc.StatusCode = grpc.StatusCode.INTERNAL
     http_status: HTTPStatus = HTTPStatus.INTERNAL_SERVER_ERROR
 
     def __init__(self, message: str) -> None:
+        message = _fitted(message)
         super().__init__(message)
         self.message = message
 
@@ -59,6 +92,16 @@ class Unavailable(CoordinatorError):
 class Unauthenticated(CoordinatorError):
     grpc_code = grpc.StatusCode.UNAUTHENTICATED
     http_status = HTTPStatus.UNAUTHORIZED
+
+
+# SQLSTATE class 22, "data exception" (a NUL byte in text, a string longer than its column, a number out of
+# range), from PostgreSQL or raised by psycopg before sending: no retry can store the value.
+DATA_ERRORS: tuple[type[Exception], ...] = (sqlalchemy.exc.DataError, psycopg.DataError)
+
+
+def unstorable(error: BaseException) -> InvalidArgument:
+    """A DATA_ERRORS failure as the caller hears it: the request's fault, not an outage to retry."""
+    return InvalidArgument(f"the request holds a value that cannot be stored: {cause(error)}")
 
 
 class SchemaNotCurrent(Exception):

@@ -1,5 +1,8 @@
 """Named failure-injection points on the commit path, off unless SINK_COORDINATOR_FAILPOINTS names them.
 
+Settings refuse a non-empty FAILPOINTS unless SINK_COORDINATOR_ENABLE_FAILPOINTS is true, so that a
+production process cannot be armed by a stray variable; configure() logs the armed points as a warning.
+
 Tests use them to kill the process (SIGKILL, as `kill -9` would), raise, or
 stall the step forever (holding whatever it holds, as a hung process would)
 exactly between two steps, e.g. `precommit.after_persist=kill`. `name=kill@3` acts on the third

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar, cast
 
 import grpc
 import structlog
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from coordinator_service.errors import CoordinatorError, Unavailable
+from coordinator_service.errors import DATA_ERRORS, CoordinatorError, Unavailable, cause, unstorable
 from coordinator_service.models import EpochStatus
 from coordinator_service.protocol import Coordinator, PreCommitOutcome, PreCommitRequest
 from coordinator_service.rpc import sink_coordinator_pb2 as pb
@@ -36,15 +37,22 @@ _OUTCOME = {
 async def _answer(
     context: grpc.aio.ServicerContext[Any, Any], call: Awaitable[Response], **log_context: object
 ) -> Response:
-    """Await the protocol call with log_context (sink, epoch) on every line it logs; errors become statuses."""
+    """Await the protocol call with log_context (sink, epoch) on every line it logs; errors become statuses.
+
+    A value PostgreSQL refused that reached this far unchecked is still the request's fault: INVALID_ARGUMENT."""
     with structlog.contextvars.bound_contextvars(**log_context):
         try:
             return await call
         except CoordinatorError as error:
-            if isinstance(error, Unavailable):
-                log.warning("request failed: dependency unavailable", error=error.message)
-            await context.abort(error.grpc_code, error.message)
-            raise  # unreachable: abort raises
+            await _abort(context, error)
+        except DATA_ERRORS as error:
+            await _abort(context, unstorable(error))
+
+
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: CoordinatorError) -> NoReturn:
+    if isinstance(error, Unavailable):
+        log.warning("request failed: dependency unavailable", error=error.message)
+    await context.abort(error.grpc_code, error.message)
 
 
 class SinkCoordinatorServicer(pb_grpc.SinkCoordinatorServicer):
@@ -167,6 +175,47 @@ class WriterTokenInterceptor(grpc.aio.ServerInterceptor):
         return await continuation(handler_call_details)
 
 
+class RequestDecodingInterceptor(grpc.aio.ServerInterceptor):
+    """Answers a request that does not decode (corrupt bytes, a string that is not UTF-8) with INVALID_ARGUMENT.
+
+    grpc would answer UNKNOWN ("Unexpected DecodeError"); here the unary handlers take the raw bytes and decode
+    them themselves. Wrapped handlers are kept per method: they do not change while the server runs.
+    """
+
+    def __init__(self) -> None:
+        self._wrapped: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        method = handler_call_details.method or ""
+        wrapped = self._wrapped.get(method)
+        if wrapped is not None:
+            return wrapped
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None or handler.request_deserializer is None:
+            return handler
+        decode = handler.request_deserializer
+        # On the asyncio server, every unary handler (ours, health) is a coroutine function.
+        behavior = cast(Callable[..., Awaitable[Any]], handler.unary_unary)
+
+        async def decoding(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            try:
+                request = decode(raw)
+            except DecodeError as error:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a valid {method} message: {cause(error)}"
+                )
+            return await behavior(request, context)
+
+        wrapped = self._wrapped[method] = grpc.unary_unary_rpc_method_handler(
+            decoding, response_serializer=handler.response_serializer
+        )
+        return wrapped
+
+
 def _deny(message: str) -> grpc.RpcMethodHandler[Any, Any]:
     async def abort(request: object, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
@@ -184,8 +233,9 @@ def build_server(
 
     With tls_credentials it serves TLS only (there is no plaintext port beside it).
     """
-    interceptors = [WriterTokenInterceptor(writer_token)] if writer_token else []
-    server = grpc.aio.server(interceptors=interceptors)
+    # The token is checked first: a caller without it learns nothing, not even whether its request decodes.
+    interceptors: list[grpc.aio.ServerInterceptor] = [WriterTokenInterceptor(writer_token)] if writer_token else []
+    server = grpc.aio.server(interceptors=[*interceptors, RequestDecodingInterceptor()])
     pb_grpc.add_SinkCoordinatorServicer_to_server(SinkCoordinatorServicer(coordinator), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -15,7 +15,7 @@ import posixpath
 import re
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 import pyarrow as pa
 import pyarrow.parquet as pq
 import structlog
-from pyiceberg.catalog import Catalog
+from pyiceberg.catalog import Catalog, MetastoreCatalog
 from pyiceberg.conversions import from_bytes, to_bytes
 from pyiceberg.exceptions import (
     CommitFailedException,
@@ -32,6 +32,7 @@ from pyiceberg.exceptions import (
     TableAlreadyExistsError,
 )
 from pyiceberg.io.pyarrow import (
+    PyArrowFileIO,
     StatisticsCollector,
     _check_pyarrow_schema_compatible,
     compute_statistics_plan,
@@ -39,11 +40,12 @@ from pyiceberg.io.pyarrow import (
     parquet_path_to_id_mapping,
 )
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
-from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
 from pyiceberg.schema import Schema
-from pyiceberg.table import Table, TableProperties
-from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table import CreateTableTransaction, StagedTable, Table, TableProperties, Transaction
+from pyiceberg.table.metadata import TableMetadata, new_table_metadata
 from pyiceberg.table.snapshots import ancestors_of
+from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
 from pyiceberg.transforms import (
     DayTransform,
     HourTransform,
@@ -56,7 +58,7 @@ from pyiceberg.transforms import (
 from pyiceberg.typedef import Record, TableVersion
 from pyiceberg.types import PrimitiveType, StructType
 
-from coordinator_service.errors import InvalidArgument
+from coordinator_service.errors import InvalidArgument, cause, quote
 from coordinator_service.precommit_metadata import DataFileEntry
 
 log = structlog.get_logger(__name__)
@@ -71,6 +73,15 @@ MARKER_SINK_ID = "sink-coordinator.sink-id"
 
 # Table schema versions whose file-description rules are kept (the oldest is dropped first).
 _FILE_RULES_KEPT = 256
+
+# Longest namespace (its parts joined with '.') and table name: the SQL catalog keeps each in a VARCHAR(255),
+# and a file-system warehouse makes a directory of each, whose name is at most 255 bytes.
+MAX_NAME_BYTES = 255
+_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# Iceberg keeps a truncate width as an int.
+MAX_TRUNCATE_WIDTH = 2**31 - 1
+# Where a new table's metadata is built in memory, to be checked before anything is created.
+_CHECK_LOCATION = "memory://sink-coordinator/check"
 
 _PARTITION_FIELD = re.compile(
     r"^\s*(?:(?P<transform>identity|year|month|day|hour|bucket|truncate)\s*\(\s*"
@@ -122,9 +133,26 @@ def parse_table_identifier(identifier: str) -> tuple[str, ...]:
     parts = tuple(identifier.split("."))
     if len(parts) < 2 or any(not part.strip() or part != part.strip() for part in parts):
         raise InvalidArgument(
-            f"table identifier {identifier!r} must be 'namespace.table' (namespaces may be dotted), "
+            f"table identifier {quote(identifier)} must be 'namespace.table' (namespaces may be dotted), "
             "with no empty or space-padded parts"
         )
+    return parts
+
+
+def check_table_identifier(identifier: str) -> tuple[str, ...]:
+    """Parse a table identifier a writer sent, refusing what a catalog or a warehouse cannot store."""
+    parts = parse_table_identifier(identifier)
+    if _CONTROL_CHARACTER.search(identifier):
+        raise InvalidArgument(
+            f"table identifier {quote(identifier)} contains a control character (such as NUL or a line break)"
+        )
+    for what, name in (("namespace", ".".join(parts[:-1])), ("table name", parts[-1])):
+        size = len(name.encode())
+        if size > MAX_NAME_BYTES:
+            raise InvalidArgument(
+                f"table identifier {quote(identifier)}: the {what} is {size} bytes long (UTF-8); catalogs and "
+                f"warehouses store at most {MAX_NAME_BYTES}"
+            )
     return parts
 
 
@@ -137,7 +165,7 @@ def parse_partition_field(text: str) -> tuple[str, Transform[Any, Any]]:
     match = _PARTITION_FIELD.match(text)
     if match is None:
         raise InvalidArgument(
-            f"partition field {text!r} is not understood: use a column name or identity(col), year(col), "
+            f"partition field {quote(text)} is not understood: use a column name or identity(col), year(col), "
             "month(col), day(col), hour(col), truncate(W, col)"
         )
     if match["bare"]:
@@ -146,15 +174,17 @@ def parse_partition_field(text: str) -> tuple[str, Transform[Any, Any]]:
     needs_width = name in ("bucket", "truncate")
     if needs_width != (width is not None):
         expected = f"{name}(N, {source})" if needs_width else f"{name}({source})"
-        raise InvalidArgument(f"partition field {text!r}: write it as {expected}")
+        raise InvalidArgument(f"partition field {quote(text)}: write it as {quote(expected)}")
     if name == "bucket":
         raise InvalidArgument(
-            f"partition field {text!r}: bucket partitioning is not supported, because the coordinator takes "
+            f"partition field {quote(text)}: bucket partitioning is not supported, because the coordinator takes "
             "each file's partition from its column bounds and a hash bucket cannot be derived from them; "
             "use identity, year/month/day/hour or truncate"
         )
     transform: Transform[Any, Any]
     if name == "truncate":
+        if not 1 <= int(str(width)) <= MAX_TRUNCATE_WIDTH:
+            raise InvalidArgument(f"partition field {quote(text)}: the width must be 1 to {MAX_TRUNCATE_WIDTH}")
         transform = TruncateTransform(int(str(width)))
     else:
         transform = {
@@ -169,11 +199,28 @@ def parse_partition_field(text: str) -> tuple[str, Transform[Any, Any]]:
 
 def decode_arrow_schema(serialized: bytes) -> pa.Schema:
     try:
-        return pa.ipc.read_schema(pa.py_buffer(serialized))
+        schema = pa.ipc.read_schema(pa.py_buffer(serialized))
     except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as error:
         raise InvalidArgument(
-            f"arrow_schema is not an Arrow IPC-serialized schema ({error}); send schema.serialize()"
+            f"arrow_schema is not an Arrow IPC-serialized schema ({cause(error)}); send schema.serialize()"
         ) from error
+    for name in _field_names(schema):
+        if "\x00" in name:
+            raise InvalidArgument(f"arrow_schema: the field name {quote(name)} contains a NUL character")
+    return schema
+
+
+def _field_names(fields: Iterable[pa.Field]) -> Iterator[str]:
+    """The names of the fields and of every field nested in them (struct fields, list items, map keys and values)."""
+    for column in fields:
+        yield column.name
+        kind = column.type
+        if pa.types.is_struct(kind):
+            yield from _field_names(kind.fields)
+        elif pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
+            yield from _field_names([kind.value_field])
+        elif pa.types.is_map(kind):
+            yield from _field_names([kind.key_field, kind.item_field])
 
 
 class IcebergTables:
@@ -226,13 +273,18 @@ class IcebergTables:
     def ensure_table(self, identifier: str, schema: pa.Schema | None, partition_by: Sequence[str]) -> str:
         """Create the table when missing (given a schema), add new columns when present; return its location."""
         parts = parse_table_identifier(identifier)
+        if len(parts) > 2 and isinstance(self.catalog, MetastoreCatalog):
+            raise InvalidArgument(
+                f"table identifier {quote(identifier)}: catalog {self.catalog_name} "
+                f"({type(self.catalog).__name__}) has no nested namespaces: use 'namespace.table'"
+            )
         fields = [parse_partition_field(text) for text in partition_by]
         try:
             table = self.catalog.load_table(parts)
         except NoSuchTableError:
             if schema is None:
                 raise InvalidArgument(
-                    f"table {identifier} does not exist in catalog {self.catalog_name} and the writer sent no "
+                    f"table {quote(identifier)} does not exist in catalog {self.catalog_name} and the writer sent no "
                     "schema to create it: create the table, or send arrow_schema"
                 ) from None
             table = self._create_table(parts, schema, fields)
@@ -245,32 +297,56 @@ class IcebergTables:
     def _create_table(
         self, parts: tuple[str, ...], schema: pa.Schema, fields: list[tuple[str, Transform[Any, Any]]]
     ) -> Table:
-        namespace = parts[:-1]
+        self._check_new_table(parts, schema, fields)
         with contextlib.suppress(NamespaceAlreadyExistsError):
-            self.catalog.create_namespace(namespace)
-        missing = [source for source, _ in fields if source not in schema.names]
-        if missing:
-            raise InvalidArgument(f"partition columns {missing} are not in the schema {schema.names}")
+            self.catalog.create_namespace(parts[:-1])
         try:
             with self.catalog.create_table_transaction(parts, schema=schema) as transaction:
-                if fields:
-                    with transaction.update_spec() as spec:
-                        for source, transform in fields:
-                            spec.add_field(source, transform)
-                name_mapping = transaction.table_metadata.schema().name_mapping
-                transaction.set_properties({TableProperties.DEFAULT_NAME_MAPPING: name_mapping.model_dump_json()})
+                _describe_new_table(transaction, fields)
             log.info("created iceberg table", table=".".join(parts), partition_by=[str(f) for f in fields])
         except TableAlreadyExistsError:
             pass  # another registration created it first
         return self.catalog.load_table(parts)
+
+    def _check_new_table(
+        self, parts: tuple[str, ...], schema: pa.Schema, fields: list[tuple[str, Transform[Any, Any]]]
+    ) -> None:
+        """Build the new table's metadata in memory, as _create_table does, so that a schema or a partitioning
+        pyiceberg refuses is refused before the namespace or the table is created."""
+        missing = [source for source, _ in fields if source not in schema.names]
+        if missing:
+            raise InvalidArgument(
+                f"partition columns {quote(', '.join(missing))} are not in arrow_schema, whose columns are "
+                f"{quote(', '.join(schema.names))}"
+            )
+        try:
+            metadata = new_table_metadata(
+                schema=Catalog._convert_schema_if_needed(schema),
+                partition_spec=UNPARTITIONED_PARTITION_SPEC,
+                sort_order=UNSORTED_SORT_ORDER,
+                location=_CHECK_LOCATION,
+                properties={},
+            )
+            staged = StagedTable(parts, metadata, f"{_CHECK_LOCATION}/metadata.json", PyArrowFileIO(), self.catalog)
+            _describe_new_table(CreateTableTransaction(staged), fields)
+        except ValueError as error:
+            raise InvalidArgument(
+                f"table {quote('.'.join(parts))} cannot be created from the writer's arrow_schema and "
+                f"partition_by: {cause(error)}"
+            ) from error
 
     def _add_missing_columns(self, table: Table, schema: pa.Schema) -> None:
         known = set(table.schema().column_names)
         new = [name for name in schema.names if name not in known]
         if not new:
             return
-        with table.update_schema() as update:
-            update.union_by_name(schema)
+        try:
+            with table.update_schema() as update:
+                update.union_by_name(schema)
+        except ValueError as error:  # raised before the commit: nothing changed
+            raise InvalidArgument(
+                f"table {quote('.'.join(table.name()))} cannot add the columns {quote(', '.join(new))}: {cause(error)}"
+            ) from error
         log.info("added columns to iceberg table", table=".".join(table.name()), columns=new)
 
     def read_data_files(
@@ -311,9 +387,9 @@ class IcebergTables:
                 footer = pq.read_metadata(stream)
             size = len(input_file)
         except FileNotFoundError:
-            raise InvalidArgument(f"data file {path} does not exist: write it before the pre-commit") from None
+            raise InvalidArgument(f"data file {quote(path)} does not exist: write it before the pre-commit") from None
         except (pa.ArrowInvalid, OSError) as error:
-            raise InvalidArgument(f"data file {path} is not a readable Parquet file: {error}") from error
+            raise InvalidArgument(f"data file {quote(path)} is not a readable Parquet file: {cause(error)}") from error
         return footer, size
 
     def _rules(self, metadata: TableMetadata) -> _FileRules:
@@ -340,7 +416,7 @@ class IcebergTables:
         rules = self._rules(metadata)
         misfit = _schema_misfit(_FitKey(rules.key, footer.schema.to_arrow_schema().serialize().to_pybytes(), rules))
         if misfit is not None:
-            raise InvalidArgument(f"data file {path} does not fit the schema of the table: {misfit}")
+            raise InvalidArgument(f"data file {quote(path)} does not fit the schema of the table: {misfit}")
         statistics = data_file_statistics_from_parquet_metadata(
             parquet_metadata=footer,
             stats_columns=rules.statistics_plan,
@@ -351,7 +427,8 @@ class IcebergTables:
             partition = statistics.partition(spec, rules.schema)
         except ValueError as error:
             raise InvalidArgument(
-                f"data file {path} cannot be placed in one partition of {spec}: {error}; write one file per partition"
+                f"data file {quote(path)} cannot be placed in one partition of {spec}: {cause(error)}; "
+                "write one file per partition"
             ) from error
         serialized = statistics.to_serialized_dict()
         return DataFileEntry(
@@ -462,8 +539,8 @@ class IcebergTables:
         for path in paths:
             if not table.io.new_input(path).exists():
                 raise InvalidArgument(
-                    f"data file {path} does not exist (an earlier attempt of its epoch named it too, and its files "
-                    "were deleted): write it again"
+                    f"data file {quote(path)} does not exist (an earlier attempt of its epoch named it too, and its "
+                    "files were deleted): write it again"
                 )
 
     def delete_files(self, identifier: str, paths: Iterable[str]) -> int:
@@ -477,15 +554,27 @@ class IcebergTables:
         return deleted
 
 
+def _describe_new_table(transaction: Transaction, fields: list[tuple[str, Transform[Any, Any]]]) -> None:
+    """A new table's partitioning and name mapping, on its creation transaction."""
+    if fields:
+        with transaction.update_spec() as spec:
+            for source, transform in fields:
+                spec.add_field(source, transform)
+    name_mapping = transaction.table_metadata.schema().name_mapping
+    transaction.set_properties({TableProperties.DEFAULT_NAME_MAPPING: name_mapping.model_dump_json()})
+
+
 def canonical_uri(path: str) -> str:
     """The one spelling of a data file path the log keeps: a URI, file:// for local paths, normalized."""
     if not path:
         raise InvalidArgument("a data file path is empty")
+    if "\x00" in path:
+        raise InvalidArgument(f"data file path {quote(path)} contains a NUL character")
     parsed = urlparse(path)
     if ".." in parsed.path.split("/"):
-        raise InvalidArgument(f"data file path {path} contains '..': send the normalized path")
+        raise InvalidArgument(f"data file path {quote(path)} contains '..': send the normalized path")
     if not posixpath.isabs(parsed.path):
-        raise InvalidArgument(f"data file path {path} is relative: send an absolute path or URI")
+        raise InvalidArgument(f"data file path {quote(path)} is relative: send an absolute path or URI")
     scheme = parsed.scheme or "file"
     return f"{scheme}://{parsed.netloc}{posixpath.normpath(parsed.path)}"
 
@@ -494,7 +583,7 @@ def check_inside_location(uri: str, location: str) -> None:
     parsed, root = urlparse(uri), urlparse(canonical_uri(location))
     inside = parsed.path.startswith(root.path.rstrip("/") + "/")
     if (parsed.scheme, parsed.netloc) != (root.scheme, root.netloc) or not inside:
-        raise InvalidArgument(f"data file {uri} lies outside the table location {location}")
+        raise InvalidArgument(f"data file {quote(uri)} lies outside the table location {location}")
 
 
 def _primitive(field_type: object) -> PrimitiveType:

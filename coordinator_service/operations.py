@@ -22,7 +22,7 @@ from coordinator_service import commit_lock, metrics, precommit_metadata, reposi
 from coordinator_service.commit_lock import CommitLock
 from coordinator_service.committer import Committer, CommitterHealth
 from coordinator_service.database import Database
-from coordinator_service.errors import FailedPrecondition, InvalidArgument, NotFound
+from coordinator_service.errors import FailedPrecondition, InvalidArgument, NotFound, quote
 from coordinator_service.iceberg import IcebergTables
 from coordinator_service.models import AbortCause, EpochStatus, PendingSinkState, Sink
 from coordinator_service.precommit_metadata import PreCommitMetadata
@@ -192,7 +192,7 @@ class Operations:
         """
         _check_known_name(name)
         if confirm != name:
-            raise InvalidArgument(f"confirm must repeat the sink name {name!r} exactly, got {confirm!r}")
+            raise InvalidArgument(f"confirm must repeat the sink name {name!r} exactly, got {quote(confirm)}")
         async with self.database.transaction() as session:
             sink_id = (await _existing_sink(session, name)).id
         async with commit_lock.holding(self.database, sink_id, self.lock_timeout_seconds, "reset") as lock:
@@ -266,7 +266,7 @@ def _check_known_name(name: str) -> None:
 
 
 def _unknown_sink(name: str) -> NotFound:
-    return NotFound(f"sink {name!r} is not registered (GET /api/v1/sinks lists the sinks)")
+    return NotFound(f"sink {quote(name)} is not registered (GET /api/v1/sinks lists the sinks)")
 
 
 async def _existing_sink(session: AsyncSession, name: str, lock: str | None = None) -> Sink:

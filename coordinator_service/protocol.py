@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -34,13 +35,14 @@ from coordinator_service.errors import (
     Fenced,
     InvalidArgument,
     NotFound,
+    quote,
 )
 from coordinator_service.failpoints import Failpoint
 from coordinator_service.iceberg import (
     IcebergTables,
     canonical_uri,
+    check_table_identifier,
     decode_arrow_schema,
-    parse_table_identifier,
 )
 from coordinator_service.models import AbortCause, EpochStatus, PendingSinkState, Sink
 from coordinator_service.precommit_metadata import DataFileEntry, PreCommitMetadata
@@ -223,7 +225,7 @@ class Coordinator:
         partition_by: Sequence[str] = (),
     ) -> Registration:
         _check_sink_name(sink)
-        parse_table_identifier(table)
+        check_table_identifier(table)
         if checkpointed_epoch < -1:
             raise InvalidArgument(f"checkpointed_epoch {checkpointed_epoch} is below -1 (-1 means no checkpoint)")
         if writer_count < 1:
@@ -558,7 +560,7 @@ async def _existing_sink(session: AsyncSession, name: str, lock: str | None = No
 def _check_sink_name(name: str) -> None:
     if not SINK_NAME.match(name):
         raise InvalidArgument(
-            f"sink name {name!r} is invalid: use 1 to 200 letters, digits, '_', '.', '-', "
+            f"sink name {quote(name)} is invalid: use 1 to 200 letters, digits, '_', '.', '-', "
             "starting with a letter or digit"
         )
 
@@ -586,7 +588,7 @@ async def _check_files_free(session: AsyncSession, sink: Sink, epoch: int, paths
     holders = await repository.other_holders(session, sink.id, epoch, paths)
     if holders:
         described = "; ".join(
-            f"{holder.path} is {'in the table: ' if holder.status == EpochStatus.COMMITTED else 'held by '}"
+            f"{quote(holder.path)} is {'in the table: ' if holder.status == EpochStatus.COMMITTED else 'held by '}"
             f"epoch {holder.epoch} of sink {holder.sink}"
             + ("" if holder.status == EpochStatus.COMMITTED else f" ({holder.status.value})")
             for holder in holders[:3]
@@ -600,7 +602,7 @@ async def _check_files_free(session: AsyncSession, sink: Sink, epoch: int, paths
 def _check_same_table(sink: Sink, table: str) -> None:
     if sink.table_identifier != table:
         raise FailedPrecondition(
-            f"sink {sink.name} writes table {sink.table_identifier}, not {table}: "
+            f"sink {sink.name} writes table {sink.table_identifier}, not {quote(table)}: "
             "use another sink name for another table"
         )
 
@@ -664,7 +666,10 @@ def _check_checkpoint_range(sink: str, rows: Sequence[PendingSinkState], recorde
             f"({first.reason}); its records will not reach the table. Nothing was changed"
         )
     present = {row.epoch for row in rows}
-    missing = [epoch for epoch in range(recorded + 1, checkpoint + 1) if epoch not in present]
+    # The first 11 at most: the range may reach 2**63 - 1, and every epoch but len(present) of it is missing.
+    missing = list(
+        itertools.islice((epoch for epoch in range(recorded + 1, checkpoint + 1) if epoch not in present), 11)
+    )
     if missing:
         shown = ", ".join(str(epoch) for epoch in missing[:10]) + (" ..." if len(missing) > 10 else "")
         raise FailedPrecondition(

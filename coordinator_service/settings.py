@@ -6,7 +6,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Self
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from coordinator_service import failpoints
@@ -131,15 +131,25 @@ class Settings(BaseSettings):
     retry_max_seconds: float = Field(default=30.0, gt=0.0, description="Longest backoff of a failed commit.")
     log_level: LogLevel = Field(default=LogLevel.INFO, description="DEBUG, INFO, WARNING or ERROR.")
     log_format: LogFormat = Field(default=LogFormat.JSON, description="json or console.")
+    enable_failpoints: bool = Field(
+        default=False,
+        description="Testing only: allow FAILPOINTS, which kill or stall this process on purpose. Without it a "
+        "non-empty FAILPOINTS is refused at start.",
+    )
     failpoints: str = Field(
         default="",
-        description="Testing only: comma-separated failure-injection points, e.g. precommit.after_persist=kill.",
+        description="Testing only, with ENABLE_FAILPOINTS: comma-separated failure-injection points, e.g. "
+        "precommit.after_persist=kill.",
     )
 
     @field_validator("failpoints")
     @classmethod
-    def _known_failpoints(cls, spec: str) -> str:
-        failpoints.parse(spec)
+    def _known_failpoints(cls, spec: str, info: ValidationInfo) -> str:
+        if failpoints.parse(spec) and not info.data.get("enable_failpoints", False):
+            raise ValueError(
+                f"failpoints ({spec}) kill or stall the coordinator on purpose, for tests: set "
+                f"{ENV_PREFIX}ENABLE_FAILPOINTS=true to arm them, or unset {ENV_PREFIX}FAILPOINTS"
+            )
         return spec
 
     @model_validator(mode="after")

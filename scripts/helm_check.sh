@@ -10,8 +10,12 @@
 #   .tools/venv       kubernetes-validate (bundles the Kubernetes OpenAPI schemas, no network)
 #
 # For each value set: helm lint --strict, helm template, kubernetes-validate --strict
-# against the oldest Kubernetes the chart supports and the newest the validator knows.
-# Then a few value sets that must be rejected, to prove the schema and the
+# against the oldest Kubernetes the chart supports and the newest the validator knows,
+# and the authentication the render wires (tokens in the Deployment's env from the
+# token Secret, unless auth.insecure). Then `helm install --dry-run=server` against a
+# stand-in Kubernetes API (a Python HTTP server on 127.0.0.1 holding one Secret), which
+# proves that an upgrade keeps the tokens of the release's Secret and what NOTES.txt
+# says. Then a few value sets that must be rejected, to prove the schema and the
 # required checks work. Exits non-zero on any failure.
 set -euo pipefail
 
@@ -196,8 +200,195 @@ check_rejected() {
   fi
 }
 
+# The authentication a render wires. $2 is the mode:
+#   generated  the chart's Secret holds 48-character tokens, the Deployment reads them from it
+#   given      the same with the tokens $3 and $4
+#   existing   no chart Secret: the Deployment reads both tokens from existingSecret
+#   insecure   no token anywhere
+# Every mode: no failpoint setting anywhere; the admin read routes closed unless insecure.
+check_auth() {
+  "$VENV/bin/python" - "$@" <<'PY'
+import base64, sys, yaml
+path, mode, *given = sys.argv[1:]
+docs = [d for d in yaml.safe_load_all(open(path)) if d]
+TOKENS = ("SINK_COORDINATOR_ADMIN_TOKEN", "SINK_COORDINATOR_WRITER_TOKEN")
+FAILPOINTS = ("SINK_COORDINATOR_FAILPOINTS", "SINK_COORDINATOR_ENABLE_FAILPOINTS")
+errors = []
+[deployment] = [d for d in docs if d["kind"] == "Deployment"]
+[container] = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "coordinator"]
+env = {e["name"]: e for e in container.get("env", [])}
+[secret_name] = [s["secretRef"]["name"] for s in container["envFrom"] if "secretRef" in s]
+secrets = {d["metadata"]["name"]: d.get("data") or {} for d in docs if d["kind"] == "Secret"}
+config = {k: v for d in docs if d["kind"] == "ConfigMap" for k, v in (d.get("data") or {}).items()}
+for name in FAILPOINTS:
+    if name in config or name in env or any(name in data for data in secrets.values()):
+        errors.append(f"{name} is set: the chart must never arm failpoints")
+read_closed = config.get("SINK_COORDINATOR_ADMIN_READ_REQUIRES_TOKEN") == "true"
+if mode == "insecure":
+    for key in TOKENS:
+        if key in env or any(key in data for data in secrets.values()):
+            errors.append(f"auth.insecure renders {key}")
+    if read_closed:
+        errors.append("auth.insecure renders SINK_COORDINATOR_ADMIN_READ_REQUIRES_TOKEN")
+else:
+    if not read_closed:
+        errors.append("the admin API's read routes are open (no SINK_COORDINATOR_ADMIN_READ_REQUIRES_TOKEN=true)")
+    for key in TOKENS:
+        ref = (env.get(key, {}).get("valueFrom") or {}).get("secretKeyRef") or {}
+        if ref.get("name") != secret_name or ref.get("key") != key or ref.get("optional"):
+            errors.append(f"the Deployment does not read {key} from Secret {secret_name}: {env.get(key)}")
+    if mode == "existing":
+        if secret_name in secrets:
+            errors.append(f"existingSecret {secret_name} is rendered by the chart")
+    else:
+        data = secrets.get(secret_name, {})
+        values = [base64.b64decode(data.get(key, "")).decode() for key in TOKENS]
+        if mode == "given" and values != given:
+            errors.append(f"Secret {secret_name} holds {values}, not the configured tokens {given}")
+        if mode == "generated" and not all(len(v) == 48 and v.isalnum() for v in values):
+            errors.append(f"Secret {secret_name} does not hold two generated 48-character tokens")
+for e in errors:
+    print(e, file=sys.stderr)
+sys.exit(1 if errors else 0)
+PY
+}
+
+auth_checked() {
+  local name=$1; shift
+  [[ -f "$WORK/$name.yaml" ]] || return 0  # not rendered: check_value_set reported why
+  if check_auth "$WORK/$name.yaml" "$@"; then
+    SUMMARY+=("$(printf '%-11s ok: authentication %s' "$name" "$1")")
+  else
+    fail "$name: authentication is not $1"
+  fi
+}
+
+# A stand-in Kubernetes API on 127.0.0.1: discovery for the chart's kinds, and one Secret,
+# sink/sc-sink-coordinator, as an earlier install of release "sc" left it (Helm's ownership
+# labels; tokens "kept-admin" and "kept-writer"). Enough for `helm install --dry-run=server`,
+# whose lookup reads it. Prints its port, then serves until killed.
+fake_cluster() {
+  exec "$VENV/bin/python" - <<'PY'
+import json
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+KINDS = {
+    "v1": [("secrets", "Secret"), ("configmaps", "ConfigMap"), ("services", "Service"),
+           ("serviceaccounts", "ServiceAccount")],
+    "apps/v1": [("deployments", "Deployment")],
+    "batch/v1": [("jobs", "Job")],
+    "policy/v1": [("poddisruptionbudgets", "PodDisruptionBudget")],
+    "monitoring.coreos.com/v1": [("servicemonitors", "ServiceMonitor")],
+}
+KEPT = {
+    "apiVersion": "v1", "kind": "Secret",
+    "metadata": {"name": "sc-sink-coordinator", "namespace": "sink",
+                 "labels": {"app.kubernetes.io/managed-by": "Helm"},
+                 "annotations": {"meta.helm.sh/release-name": "sc", "meta.helm.sh/release-namespace": "sink"}},
+    "data": {"SINK_COORDINATOR_ADMIN_TOKEN": "a2VwdC1hZG1pbg==", "SINK_COORDINATOR_WRITER_TOKEN": "a2VwdC13cml0ZXI="},
+}
+def resources(group_version):
+    return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": [
+        {"name": name, "singularName": kind.lower(), "namespaced": True, "kind": kind, "verbs": ["get", "list", "create"]}
+        for name, kind in KINDS[group_version]]}
+ANSWERS = {
+    "/version": {"major": "1", "minor": "30", "gitVersion": "v1.30.0"},
+    "/api": {"kind": "APIVersions", "versions": ["v1"]},
+    "/apis": {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+        {"name": gv.split("/")[0], "versions": [{"groupVersion": gv, "version": "v1"}],
+         "preferredVersion": {"groupVersion": gv, "version": "v1"}} for gv in KINDS if gv != "v1"]},
+    "/api/v1": resources("v1"),
+    **{f"/apis/{gv}": resources(gv) for gv in KINDS if gv != "v1"},
+    "/api/v1/namespaces/sink/secrets": {"kind": "SecretList", "apiVersion": "v1", "metadata": {}, "items": []},
+    "/api/v1/namespaces/sink/secrets/sc-sink-coordinator": KEPT,
+}
+NOT_FOUND = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        answer = ANSWERS.get(self.path.split("?")[0])
+        body = json.dumps(answer or NOT_FOUND).encode()
+        self.send_response(200 if answer else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+PY
+}
+
+# `helm install --dry-run=server` of release $1 against the stand-in API (rest: helm args); the
+# rendered manifest goes to $WORK/in-cluster.yaml, the whole output (NOTES included) to $WORK/in-cluster.txt.
+install_dry_run() {
+  local release=$1; shift
+  KUBECONFIG="$WORK/kubeconfig" "$HELM" install "$release" "$CHART" --namespace sink --dry-run=server \
+    --disable-openapi-validation "$@" >"$WORK/in-cluster.txt" 2>&1 || return 1
+  sed -n '/^MANIFEST:/,/^NOTES:/p' "$WORK/in-cluster.txt" | sed '1d;$d' >"$WORK/in-cluster.yaml"
+}
+
+in_cluster_case() {
+  local what=$1; shift
+  if "$@"; then
+    IN_CLUSTER_OK=$((IN_CLUSTER_OK + 1))
+  else
+    cat "$WORK/in-cluster.txt" >&2
+    fail "in-cluster: $what"
+  fi
+}
+
+upgrade_keeps_tokens() {
+  install_dry_run sc --set "database.url=$DB_URL" \
+    && check_auth "$WORK/in-cluster.yaml" given kept-admin kept-writer \
+    && grep -qF "kubectl -n sink get secret sc-sink-coordinator -o jsonpath='{.data.SINK_COORDINATOR_ADMIN_TOKEN}' | base64 -d" "$WORK/in-cluster.txt" \
+    && grep -qF "kubectl -n sink get secret sc-sink-coordinator -o jsonpath='{.data.SINK_COORDINATOR_WRITER_TOKEN}' | base64 -d" "$WORK/in-cluster.txt"
+}
+
+first_install_generates() {
+  install_dry_run fresh --set "database.url=$DB_URL" && check_auth "$WORK/in-cluster.yaml" generated
+}
+
+values_win_over_the_secret() {
+  install_dry_run sc --set "database.url=$DB_URL" --set auth.adminToken=from-values \
+    --set auth.writerToken=writer-from-values \
+    && check_auth "$WORK/in-cluster.yaml" given from-values writer-from-values
+}
+
+insecure_is_announced() {
+  install_dry_run open --set "database.url=$DB_URL" --set auth.insecure=true \
+    && grep -qF "WARNING: auth.insecure is true" "$WORK/in-cluster.txt"
+}
+
+check_in_cluster() {
+  coproc FAKE_CLUSTER { fake_cluster; }
+  FAKE_PID=$FAKE_CLUSTER_PID
+  local port
+  read -r port <&"${FAKE_CLUSTER[0]}"
+  cat >"$WORK/kubeconfig" <<KUBECONFIG
+apiVersion: v1
+kind: Config
+clusters: [{name: stand-in, cluster: {server: "http://127.0.0.1:$port"}}]
+users: [{name: nobody, user: {token: none}}]
+contexts: [{name: stand-in, context: {cluster: stand-in, user: nobody, namespace: sink}}]
+current-context: stand-in
+KUBECONFIG
+  IN_CLUSTER_OK=0
+  in_cluster_case "an upgrade did not keep the Secret's tokens, or NOTES.txt does not say how to read them" \
+    upgrade_keeps_tokens
+  in_cluster_case "a first install did not generate tokens" first_install_generates
+  in_cluster_case "configured tokens did not replace the Secret's" values_win_over_the_secret
+  in_cluster_case "NOTES.txt does not warn about auth.insecure" insecure_is_announced
+  kill "$FAKE_PID"
+  wait "$FAKE_PID" 2>/dev/null || true
+  FAKE_PID=
+  SUMMARY+=("$(printf '%-11s ok: %d of 4 installs on a stand-in API (upgrade keeps the tokens, NOTES.txt)' \
+    in-cluster "$IN_CLUSTER_OK")")
+}
+
 WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
+FAKE_PID=
+trap '[[ -n "$FAKE_PID" ]] && kill "$FAKE_PID" 2>/dev/null; rm -rf "$WORK"' EXIT
 
 install_helm
 install_kubernetes_validate
@@ -210,10 +401,23 @@ DB_URL="postgresql+psycopg://sink:secret@postgres.sink.svc:5432/sink_coordinator
 log "checking $CHART with $("$HELM" version --short)"
 # The defaults need a database URL on purpose (there is no safe default); the
 # rejected checks below prove they fail without one.
+# Each render's authentication: the default and minimal sets generate tokens, production reads
+# them from its existingSecret, insecure.yaml is the one set that renders without them.
 check_value_set default --set "database.url=$DB_URL"
+auth_checked default generated
+check_value_set tokens --set "database.url=$DB_URL" --set auth.adminToken=admin-from-values \
+  --set auth.writerToken=writer-from-values
+auth_checked tokens given admin-from-values writer-from-values
 for values in "$CI_VALUES_DIR"/*.yaml; do
-  check_value_set "$(basename "$values" .yaml)" -f "$values"
+  name=$(basename "$values" .yaml)
+  check_value_set "$name" -f "$values"
+  case "$name" in
+    insecure) auth_checked "$name" insecure ;;
+    production) auth_checked "$name" existing ;;
+    *) auth_checked "$name" generated ;;
+  esac
 done
+check_in_cluster
 
 REJECTED_OK=0
 check_rejected no-database-url "database.url"
@@ -222,6 +426,14 @@ check_rejected url-and-existing-secret "database.url" --set "database.url=$DB_UR
 check_rejected non-psycopg-url "database.url" --set database.url=postgres://u:p@h/db
 check_rejected tls-without-secret "secretName" --set "database.url=$DB_URL" --set tls.enabled=true
 check_rejected unknown-key "Additional property" --set "database.url=$DB_URL" --set replicas=2
+check_rejected insecure-with-token "auth.insecure" --set "database.url=$DB_URL" --set auth.insecure=true \
+  --set auth.adminToken=x
+check_rejected failpoints-in-extra "SINK_COORDINATOR_FAILPOINTS" --set "database.url=$DB_URL" \
+  --set config.extra.SINK_COORDINATOR_FAILPOINTS=commit.after_append=kill
+check_rejected failpoint-switch-in-extra "SINK_COORDINATOR_ENABLE_FAILPOINTS" --set "database.url=$DB_URL" \
+  --set-string config.extra.SINK_COORDINATOR_ENABLE_FAILPOINTS=true
+check_rejected failpoints-in-extra-env "SINK_COORDINATOR_ENABLE_FAILPOINTS is set" --set "database.url=$DB_URL" \
+  --set "extraEnv[0].name=SINK_COORDINATOR_ENABLE_FAILPOINTS" --set-string "extraEnv[0].value=true"
 SUMMARY+=("$(printf '%-11s ok: %d invalid value sets refused' rejected "$REJECTED_OK")")
 
 echo

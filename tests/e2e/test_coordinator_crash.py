@@ -17,7 +17,7 @@ from pyiceberg.catalog import Catalog
 from pyspark.sql import SparkSession
 
 from spark_writer.iceberg_sink import write_to_iceberg
-from tests.fixtures.coordinator import CoordinatorProcess
+from tests.fixtures.coordinator import CoordinatorProcess, failpoints_env
 from tests.fixtures.pipeline import (
     QUERY_TIMEOUT_SECONDS,
     kafka_positions,
@@ -61,7 +61,7 @@ def test_coordinator_killed_mid_query(
 ) -> None:
     topic = kafka_topic(partitions=3)
     produced = produce_orders(kafka_bootstrap, topic, range(1500), partitions=3)
-    first = coordinator_factory(SINK_COORDINATOR_FAILPOINTS=f"{failpoint}=kill")
+    first = coordinator_factory(**failpoints_env(f"{failpoint}=kill"))
     orders = order_stream(spark, kafka_bootstrap, topic, max_offsets=300)
     running = write_to_iceberg(
         orders,

@@ -6,9 +6,12 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pyiceberg.catalog import Catalog
+from sqlalchemy import text
 
+from coordinator_service.operations import Operations, SinkOverview
 from tests.fixtures.admin import (
     AdminApp,
     AdminFactory,
@@ -105,6 +108,36 @@ async def test_bad_parameters_are_422_not_500(admin: AdminApp) -> None:
     )
     assert response.status_code == 422
     assert (await epoch_state(admin, "orders", 0))["status"] == "PENDING"
+
+
+async def test_messages_quote_at_most_200_characters_of_the_input(admin: AdminApp) -> None:
+    await admin.register("orders")
+    response = await admin.get("/api/v1/sinks/" + "n" * 5000)
+    assert response.status_code == 404
+    message = error_of(response)["message"]
+    assert "is not registered" in message and "n" * 201 not in message, message
+    response = await admin.post("/api/v1/sinks/orders/reset", json={"confirm": "c" * 300, "reason": "why"})
+    assert response.status_code == 422, response.text
+    message = error_of(response)["message"]
+    assert "confirm must repeat" in message and "c" * 201 not in message, message
+
+
+async def test_a_value_postgresql_refuses_is_422_not_500(admin: AdminApp, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last net: a psycopg DataError that reaches the adapter unchecked is still the request's fault."""
+
+    async def refused_by_postgresql(operations: Operations) -> list[SinkOverview]:
+        async with admin.runtime.database.transaction() as session:
+            await session.execute(text("SELECT CAST(:value AS text)"), {"value": "nul \x00 byte"})
+        raise AssertionError("PostgreSQL stored a NUL byte")
+
+    monkeypatch.setattr(Operations, "sinks", refused_by_postgresql)
+    response = await admin.get("/api/v1/sinks")
+    assert response.status_code == 422, response.text
+    assert error_of(response) == {
+        "code": "INVALID_ARGUMENT",
+        "message": "the request holds a value that cannot be stored: "
+        "PostgreSQL text fields cannot contain NUL (0x00) bytes",
+    }
 
 
 async def test_epochs_page_newest_first_by_status(admin: AdminApp) -> None:

@@ -22,6 +22,7 @@ from coordinator_service.repository import COMMIT_LOCK_CLASS
 from tests.fixtures.coordinator import (
     ORDERS,
     CoordinatorProcess,
+    failpoints_env,
     orders,
     table_files,
     table_order_ids,
@@ -80,7 +81,9 @@ def test_acknowledged_precommit_survives_kill(coordinator_factory: Factory, data
 
 def test_kill_between_persist_and_ack(coordinator_factory: Factory, database_url: str, catalog: Catalog) -> None:
     """Killed after the row is committed but before the answer: the writer's retry is the same epoch, once."""
-    first = coordinator_factory(SINK_COORDINATOR_FAILPOINTS="precommit.after_persist=kill")
+    first = coordinator_factory(**failpoints_env("precommit.after_persist=kill"))
+    # Armed failpoints are announced at start: a process that will kill itself on purpose says so.
+    first.wait_for_log("failpoints armed", level="warning", failpoints={"precommit.after_persist": "kill@1"})
     with first.client(retry_seconds=0) as client:
         writer = client.register_writer(SINK, TABLE, -1, arrow_schema=SCHEMA)
         path = write_parquet(writer.table_location, epoch_rows(0))
@@ -99,7 +102,7 @@ def test_kill_between_checkpoint_record_and_append(
     coordinator_factory: Factory, database_url: str, catalog: Catalog
 ) -> None:
     """Invariant 3 and recovery: the recorded checkpoint alone makes a restarted coordinator commit."""
-    first = coordinator_factory(SINK_COORDINATOR_FAILPOINTS="checkpoint.after_record=kill")
+    first = coordinator_factory(**failpoints_env("checkpoint.after_record=kill"))
     with first.client(retry_seconds=0) as client:
         writer = client.register_writer(SINK, TABLE, -1, arrow_schema=SCHEMA)
         for epoch in range(3):
@@ -118,7 +121,7 @@ def test_kill_between_append_and_committed_update(
     coordinator_factory: Factory, database_url: str, catalog: Catalog
 ) -> None:
     """Invariant 2: the snapshot marker stops a restarted coordinator from appending the epoch again."""
-    first = coordinator_factory(SINK_COORDINATOR_FAILPOINTS="commit.after_append=kill")
+    first = coordinator_factory(**failpoints_env("commit.after_append=kill"))
     with first.client(retry_seconds=0) as client:
         writer = client.register_writer(SINK, TABLE, -1, arrow_schema=SCHEMA)
         path = write_parquet(writer.table_location, epoch_rows(0))
@@ -221,7 +224,7 @@ def test_coalesced_commits_and_retention(coordinator_factory: Factory, catalog: 
 
 def test_two_coordinators_one_committer(coordinator_factory: Factory, catalog: Catalog, database_url: str) -> None:
     """Two processes on one database: a commit held by one is never repeated by the other."""
-    stalled = coordinator_factory(SINK_COORDINATOR_FAILPOINTS="commit.after_append=pause")
+    stalled = coordinator_factory(**failpoints_env("commit.after_append=pause"))
     other = coordinator_factory(SINK_COORDINATOR_LOG_LEVEL="DEBUG")
     with stalled.client() as a, other.client() as b:
         writer = a.register_writer(SINK, TABLE, -1, arrow_schema=SCHEMA)
@@ -247,7 +250,7 @@ def test_restart_commits_empty_backlogs_in_one_pass(
 ) -> None:
     """A restart marks every sink's all-empty checkpointed backlog at once; a backlog with a file keeps its
     order through the sink's committer, and a sink another committer holds is left alone until it is free."""
-    first = coordinator_factory(SINK_COORDINATOR_FAILPOINTS="commit.after_lock=pause")
+    first = coordinator_factory(**failpoints_env("commit.after_lock=pause"))
     with first.client() as client:
         terms: dict[str, int] = {}
         for sink in ("empty-a", "with-file", "held"):

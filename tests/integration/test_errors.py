@@ -11,7 +11,7 @@ import pytest
 
 from coordinator_service.client import CoordinatorClient, CoordinatorRpcError, WriterRegistration
 from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, orders, write_parquet
-from tests.fixtures.postgres import query
+from tests.fixtures.refusals import refused
 
 SCHEMA = ORDERS.serialize().to_pybytes()
 
@@ -25,26 +25,6 @@ def client(coordinator: CoordinatorProcess) -> Iterator[CoordinatorClient]:
 @pytest.fixture
 def writer(client: CoordinatorClient) -> WriterRegistration:
     return client.register_writer("orders-sink", "shop.orders", -1, arrow_schema=SCHEMA)
-
-
-def metastore_rows(database_url: str) -> list[tuple[object, ...]]:
-    return [
-        *query(database_url, "SELECT * FROM sinks ORDER BY id"),
-        *query(database_url, "SELECT * FROM pending_sink_state ORDER BY sink_id, epoch"),
-    ]
-
-
-def refused(
-    database_url: str, call: Callable[[], object], code: grpc.StatusCode, *fragments: str
-) -> CoordinatorRpcError:
-    before = metastore_rows(database_url)
-    with pytest.raises(CoordinatorRpcError) as raised:
-        call()
-    assert raised.value.code == code, raised.value
-    for fragment in fragments:
-        assert fragment in raised.value.message, raised.value.message
-    assert metastore_rows(database_url) == before, "a refused call changed the metastore"
-    return raised.value
 
 
 def test_register_bad_arguments(client: CoordinatorClient, database_url: str) -> None:

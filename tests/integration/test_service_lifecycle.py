@@ -60,6 +60,23 @@ def test_serve_refuses_an_unmigrated_metastore(database_url: str, tmp_path: Path
     assert query(database_url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'") == [(0,)]
 
 
+def test_serve_refuses_failpoints_without_their_switch(database_url: str) -> None:
+    """Failpoints kill or stall the process on purpose: armed by mistake, the service does not start."""
+    result = cli(
+        "serve",
+        "--grpc-port",
+        "0",
+        "--http-port",
+        "0",
+        SINK_COORDINATOR_DATABASE_URL=database_url,
+        SINK_COORDINATOR_FAILPOINTS="commit.after_append=kill",
+    )
+    assert result.returncode == 2, result.stderr
+    stderr = " ".join(result.stderr.split())
+    assert "SINK_COORDINATOR_FAILPOINTS:" in stderr
+    assert "set SINK_COORDINATOR_ENABLE_FAILPOINTS=true to arm them" in stderr
+
+
 def test_serve_refuses_a_newer_schema(database_url: str) -> None:
     migrate(normalize_url(database_url))
     query(database_url, "UPDATE alembic_version SET version_num = '9999'")

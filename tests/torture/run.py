@@ -32,7 +32,7 @@ from pyiceberg.catalog import Catalog, load_catalog
 from coordinator_service.client import CoordinatorClient, CoordinatorRpcError
 from coordinator_service.database import libpq_url, normalize_url
 from coordinator_service.runtime import migrate
-from tests.fixtures.coordinator import CoordinatorProcess
+from tests.fixtures.coordinator import CoordinatorProcess, failpoints_env
 from tests.fixtures.kafka_broker import _stop, create_topic, start_broker
 from tests.fixtures.pipeline import ORDER_SCHEMA_DDL, produce_orders
 from tests.torture import checks
@@ -299,10 +299,10 @@ class Run:
         killpoint = self.records_of.get("driver_killpoint")
         first = self.new_coordinator()
         self.coordinators.append(first)
-        env = {}
+        env: dict[str, str] = {}
         if failpoint is not None:
             params = failpoint.plan.params
-            env["SINK_COORDINATOR_FAILPOINTS"] = f"{params['failpoint']}=kill@{params['hit']}"
+            env.update(failpoints_env(f"{params['failpoint']}=kill@{params['hit']}"))
         self.proxy.set_targets([first.grpc_port], reset=False)
         self.start_coordinator(first, **env)
         threads = [

@@ -35,7 +35,7 @@ def test_secrets_from_files(tmp_path: Path) -> None:
         ({"admin_token": "a", "admin_token_file": Path("/dev/null")}, "not both"),
         ({"writer_token_file": Path("/nonexistent/token")}, "cannot read"),
         ({"grpc_port": 70000}, "less than or equal to 65535"),
-        ({"failpoints": "precommit.after_persist=explode"}, "is not 'name=action'"),
+        ({"failpoints": "precommit.after_persist=explode", "enable_failpoints": True}, "is not 'name=action'"),
         ({"commit_max_epochs": 0}, "greater than or equal to 1"),
     ],
 )
@@ -49,6 +49,17 @@ def test_empty_secret_file(tmp_path: Path) -> None:
     empty.write_text("  \n")
     with pytest.raises(ValidationError, match="is empty"):
         Settings(writer_token_file=empty)
+
+
+def test_failpoints_need_their_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValidationError, match="set SINK_COORDINATOR_ENABLE_FAILPOINTS=true to arm them"):
+        Settings(failpoints="commit.after_append=kill")
+    monkeypatch.setenv("SINK_COORDINATOR_FAILPOINTS", "commit.after_append=kill")
+    with pytest.raises(ValidationError, match="SINK_COORDINATOR_FAILPOINTS"):
+        Settings()
+    monkeypatch.setenv("SINK_COORDINATOR_ENABLE_FAILPOINTS", "true")
+    assert Settings().failpoints == "commit.after_append=kill"
+    assert Settings(failpoints="").failpoints == "", "the switch alone arms nothing"
 
 
 def test_failpoint_parsing() -> None:

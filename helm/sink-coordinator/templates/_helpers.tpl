@@ -102,6 +102,24 @@ The Secret the coordinator pods read (envFrom): existingSecret or the chart's ow
 {{- end }}
 
 {{/*
+A token for the chart's Secret, base64: the configured value, else the value the
+release's Secret in the cluster already holds (an upgrade keeps it), else 48
+new random letters and digits. lookup returns nothing under `helm template`:
+every offline render makes new tokens. Called with (list $ key configured).
+*/}}
+{{- define "sink-coordinator.token" -}}
+{{- $root := index . 0 }}
+{{- $key := index . 1 }}
+{{- $configured := index . 2 }}
+{{- if $configured }}
+{{- $configured | b64enc }}
+{{- else }}
+{{- $current := lookup "v1" "Secret" $root.Release.Namespace (include "sink-coordinator.fullname" $root) | default dict }}
+{{- dig "data" $key "" $current | default (randAlphaNum 48 | b64enc) }}
+{{- end }}
+{{- end }}
+
+{{/*
 The Secret the migration hook reads: existingSecret (it exists before install),
 or a hook-managed copy of the database URL, because the chart's regular Secret
 is only created after the pre-install hooks have run.
@@ -128,6 +146,19 @@ failures only) from the templates that depend on them.
 {{- else }}
 {{- if or .Values.database.url .Values.auth.adminToken .Values.auth.writerToken .Values.catalog.secretProperties }}
 {{- fail "existingSecret is set: leave database.url, auth.adminToken, auth.writerToken and catalog.secretProperties empty and put them in that Secret" }}
+{{- end }}
+{{- end }}
+{{- if and .Values.auth.insecure (or .Values.auth.adminToken .Values.auth.writerToken) }}
+{{- fail "auth.insecure is true, which serves both APIs without tokens: leave auth.adminToken and auth.writerToken empty, or drop auth.insecure" }}
+{{- end }}
+{{- $failpoints := list "SINK_COORDINATOR_FAILPOINTS" "SINK_COORDINATOR_ENABLE_FAILPOINTS" }}
+{{- $names := keys .Values.config.extra }}
+{{- range .Values.extraEnv }}
+{{- $names = append $names .name }}
+{{- end }}
+{{- range $name := $names }}
+{{- if has $name $failpoints }}
+{{- fail (printf "%s is set (config.extra or extraEnv): failpoints kill or stall the coordinator on purpose, for tests only, and the chart never arms them" $name) }}
 {{- end }}
 {{- end }}
 {{- if and .Values.tls.enabled (not .Values.tls.secretName) }}
