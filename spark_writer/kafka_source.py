@@ -14,8 +14,9 @@ as a Python Data Source (``pyspark.sql.datasource``) on top of confluent-kafka:
   isolation. Aborted transactions and transaction markers leave holes in the offset
   sequence, so a range ends when the consumer position reaches ``end``, not after
   ``end - start`` messages.
-* ``maxOffsetsPerTrigger`` caps a batch; the cap is shared fairly between partitions
-  (water-filling: no partition gets more than it has, the rest is split evenly).
+* ``maxOffsetsPerTrigger`` caps a batch; the cap is split in proportion to the
+  partitions' backlogs, and every partition with a backlog gets at least one record
+  per batch (Spark's split), so none starves under a small cap.
 * ``failOnDataLoss`` decides what happens when retention (or delete-records) removed
   records before they were read: fail with an explicit error, or skip ahead.
 * Partitions added to a subscribed topic are discovered on every trigger and read
@@ -318,20 +319,18 @@ def _check_spec_covers_partitions(spec: Mapping[str, Mapping[int, int]], existin
 
 
 def spread_max_rows(available: Mapping[PartitionKey, int], max_rows: int) -> dict[PartitionKey, int]:
-    """Share ``max_rows`` between partitions fairly (max-min fair / water-filling).
+    """Share ``max_rows`` between partitions in proportion to their backlogs, as Spark's Kafka source does.
 
-    Partitions are served from the smallest backlog up: each takes what it has or an
-    even share of what is left, whichever is smaller, so the largest backlogs get the
-    rounding remainder. Never gives a partition more than it has available.
+    Each partition's share is rounded down, except that a partition with a backlog
+    always gets at least one record: no partition waits behind the others, however
+    small the cap. A batch can therefore exceed the cap by at most one record per
+    partition whose share was below one. Everything is granted when the backlogs
+    fit under the cap; no partition is given more than it has.
     """
-    allocation = dict.fromkeys(available, 0)
-    waiting = sorted((key for key, rows in available.items() if rows > 0), key=lambda k: (available[k], k))
-    remaining = max_rows
-    for index, key in enumerate(waiting):
-        take = min(available[key], remaining // (len(waiting) - index))
-        allocation[key] = take
-        remaining -= take
-    return allocation
+    total = sum(rows for rows in available.values() if rows > 0)
+    if total <= max_rows:
+        return {key: max(0, rows) for key, rows in available.items()}
+    return {key: min(rows, max(1, max_rows * rows // total)) if rows > 0 else 0 for key, rows in available.items()}
 
 
 def cap_to_target(latest: Mapping[PartitionKey, int], target: Mapping[PartitionKey, int]) -> Offsets:

@@ -108,10 +108,13 @@ def test_available_now_reads_every_record_once_in_capped_batches(
 
     run_available_now(kafka_stream(spark, kafka_bootstrap, topic, maxOffsetsPerTrigger="25"), sink, tmp_path)
 
-    assert [len(rows) for _, rows in sorted(sink.batches.items())] == [25, 25, 25, 25]
-    first_batch = sink.batches[min(sink.batches)]
-    partitions_in_first_batch = sorted({record.partition for record in first_batch})
-    assert partitions_in_first_batch == [0, 1, 2], "cap not shared across partitions"
+    # Every share is at least one record here, so no batch exceeds the cap.
+    assert all(len(rows) <= 25 for rows in sink.batches.values())
+    read_so_far: list[ProducedRecord] = []
+    for _, rows in sorted(sink.batches.items()):
+        waiting = {r.partition for r in produced if r not in read_so_far}
+        assert {r.partition for r in rows} == waiting, "a partition with a backlog got nothing"
+        read_so_far += rows
     assert_exactly(sink.records(), produced)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
@@ -81,25 +83,68 @@ def test_resolve_json_must_name_exactly_the_partitions(spec: dict[str, dict[int,
 # ------------------------------------------------------------------ maxOffsetsPerTrigger
 
 
-def test_spread_even_when_all_partitions_have_enough() -> None:
+def test_spread_proportional_to_backlogs() -> None:
     assert spread_max_rows({A0: 100, A1: 100, A2: 100}, 30) == {A0: 10, A1: 10, A2: 10}
+    # Spark's split: each share rounded down, but never below one record.
+    assert spread_max_rows({A0: 2, A1: 100, A2: 50}, 60) == {A0: 1, A1: 39, A2: 19}
 
 
-def test_spread_gives_what_small_partitions_leave_to_the_big_ones() -> None:
-    assert spread_max_rows({A0: 2, A1: 100, A2: 50}, 60) == {A0: 2, A1: 29, A2: 29}
-
-
-def test_spread_never_exceeds_available_nor_cap() -> None:
+def test_spread_grants_everything_under_the_cap() -> None:
     available = {A0: 3, A1: 0, A2: 4}
     assert spread_max_rows(available, 100) == available
-    granted = spread_max_rows({A0: 7, A1: 9, A2: 11, B0: 1}, 13)
-    assert sum(granted.values()) == 13
-    assert granted[B0] == 1
+    assert spread_max_rows(available, 7) == available
 
 
-def test_spread_remainder_goes_to_the_largest_backlog() -> None:
-    assert spread_max_rows({A0: 10, A1: 30, A2: 20}, 2) == {A0: 0, A1: 1, A2: 1}
-    assert spread_max_rows({A0: 10, A1: 30, A2: 20}, 1) == {A0: 0, A1: 1, A2: 0}
+def test_spread_gives_every_backlog_a_record_even_under_a_tiny_cap() -> None:
+    assert spread_max_rows({A0: 10, A1: 30, A2: 20, B0: 0}, 2) == {A0: 1, A1: 1, A2: 1, B0: 0}
+
+
+def test_small_cap_starves_no_partition_over_many_triggers() -> None:
+    """4 partitions with a backlog, a cap of 2: every record produced is read within the triggers."""
+    keys = (A0, A1, A2, B0)
+    latest = {A0: 1, A1: 40, A2: 40, B0: 40}
+    start = dict.fromkeys(keys, 0)
+    for _ in range(50):
+        for key in (A1, A2, B0):
+            latest[key] += 1  # the big partitions keep growing
+        start = plan_end_offsets(start, dict.fromkeys(keys, 0), latest, max_rows=2)
+    assert start[A0] == latest[A0], f"partition a-0 starved: read up to {start[A0]} of {latest[A0]}"
+    assert all(start[key] >= 50 for key in (A1, A2, B0))
+
+
+backlogs = st.dictionaries(
+    st.builds(PartitionKey, st.sampled_from("abc"), st.integers(0, 7)), st.integers(0, 10_000), max_size=24
+)
+
+
+@given(available=backlogs, max_rows=st.integers(1, 50_000))
+def test_spread_properties(available: dict[PartitionKey, int], max_rows: int) -> None:
+    granted = spread_max_rows(available, max_rows)
+    assert granted.keys() == available.keys()
+    assert all(0 <= granted[key] <= available[key] for key in available), "more than a partition has"
+    waiting = [key for key, rows in available.items() if rows > 0]
+    assert all(granted[key] >= 1 for key in waiting), "a partition with a backlog got nothing"
+    total = sum(available.values())
+    if total <= max_rows:
+        assert granted == available
+    else:
+        # Over the cap by at most the one record each starved share is rounded up to.
+        assert sum(granted.values()) <= max_rows + len(waiting)
+
+
+@given(available=backlogs, max_rows=st.integers(1, 200), triggers=st.integers(1, 5))
+def test_every_backlog_drains_in_bounded_triggers(
+    available: dict[PartitionKey, int], max_rows: int, triggers: int
+) -> None:
+    """Each trigger reads at least one record of every partition with a backlog: none waits behind the others."""
+    remaining = dict(available)
+    for _ in range(triggers):
+        granted = spread_max_rows(remaining, max_rows)
+        for key, rows in remaining.items():
+            assert granted[key] >= min(1, rows)
+        remaining = {key: rows - granted[key] for key, rows in remaining.items()}
+    for key, rows in available.items():
+        assert remaining[key] <= max(0, rows - triggers)
 
 
 def test_max_rows_of_read_limits() -> None:
@@ -122,7 +167,7 @@ def test_plan_end_reads_everything_without_cap() -> None:
 
 def test_plan_end_respects_cap() -> None:
     end = plan_end_offsets({A0: 0, A1: 0}, {A0: 0, A1: 0}, {A0: 100, A1: 4}, 10)
-    assert end == {A0: 6, A1: 4}
+    assert end == {A0: 9, A1: 1}
 
 
 def test_plan_end_new_partition_starts_at_zero() -> None:
