@@ -9,6 +9,13 @@ as a Python Data Source (``pyspark.sql.datasource``) on top of confluent-kafka:
   checkpoint; the reader itself stores nothing. A micro-batch is therefore fully
   described by its (start, end) offsets, and Spark can re-run an unfinished batch
   after a crash and get exactly the same records - the basis of exactly-once.
+* Batch 0 has no stored start in Spark's checkpoint, and Spark asks
+  ``initialOffset`` again each time it plans, runs or re-runs it. The starting
+  offsets (``earliest``/``latest`` turned into numbers) are therefore resolved
+  once, and batch 0's end offsets carry them under ``$start``: Spark writes them to
+  ``offsets/0`` before the batch runs, so a re-run reads exactly the same records
+  (and ``failOnDataLoss`` applies to them), as Spark's own source does with its
+  ``sources/0/0`` file.
 * Every micro-batch reads explicit ranges ``[start, end)`` per topic-partition with
   ``assign`` + seek (no consumer group, no offset commits) at ``read_committed``
   isolation. Aborted transactions and transaction markers leave holes in the offset
@@ -68,6 +75,13 @@ SOURCE_NAME: Final = "sink_coordinator_kafka"
 
 EARLIEST: Final = -2
 LATEST: Final = -1
+
+# Keys of the offsets JSON that are not topics (a Kafka topic name cannot contain '$').
+RESERVED_KEY_PREFIX: Final = "$"
+# initialOffset's answer: {"$initial": {topic: {partition: offset}}}, the starting offsets resolved once.
+INITIAL_KEY: Final = "$initial"
+# Batch 0's end offsets also hold its start, so that Spark's offset log (offsets/0) keeps it durably.
+START_KEY: Final = "$start"
 
 ARROW_BATCH_MAX_ROWS: Final = 10_000
 ARROW_BATCH_MAX_BYTES: Final = 16 * 1024 * 1024
@@ -282,12 +296,38 @@ def offsets_to_json(offsets: Mapping[PartitionKey, int]) -> dict[str, dict[str, 
     return result
 
 
-def offsets_from_json(data: Mapping[str, Mapping[str, int]]) -> Offsets:
+def offsets_from_json(data: Mapping[str, Any]) -> Offsets:
+    """Offsets of the topics in an offsets JSON (the reserved ``$`` keys are left out)."""
     return {
         PartitionKey(topic, int(partition)): int(offset)
         for topic, partitions in data.items()
+        if not topic.startswith(RESERVED_KEY_PREFIX)
         for partition, offset in partitions.items()
     }
+
+
+def initial_offsets_json(starting: Mapping[PartitionKey, int]) -> dict[str, Any]:
+    """What ``initialOffset`` answers: the resolved starting offsets, marked as not yet in the checkpoint."""
+    return {INITIAL_KEY: offsets_to_json(starting)}
+
+
+def planned_end_json(start: Mapping[str, Any], end: Mapping[PartitionKey, int]) -> dict[str, Any]:
+    """End offsets of a batch as Spark stores them; batch 0's also carry its start (the resolved starting
+    offsets), so that Spark's offset log keeps them durably before the batch runs."""
+    result: dict[str, Any] = offsets_to_json(end)
+    if INITIAL_KEY in start:
+        result = {START_KEY: start[INITIAL_KEY], **result}
+    return result
+
+
+def batch_start_offsets(start: Mapping[str, Any], end: Mapping[str, Any] | None = None) -> Offsets:
+    """Where a batch starts: for batch 0 the starting offsets its end recorded when it was planned (never
+    those resolved again when Spark asks ``initialOffset`` once more), else its start."""
+    if end is not None and START_KEY in end:
+        return offsets_from_json(end[START_KEY])
+    if INITIAL_KEY in start:
+        return offsets_from_json(start[INITIAL_KEY])
+    return offsets_from_json(start)
 
 
 def resolve_starting_offsets(
@@ -651,6 +691,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._metadata: KafkaMetadata | None = None
         self._available_now_target: Offsets | None = None
         self._last_seen_latest: Offsets | None = None
+        self._starting: Offsets | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -664,11 +705,19 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._metadata
 
     def initialOffset(self) -> dict[str, Any]:  # noqa: N802 (Spark's API)
-        keys = self.metadata.partitions(self._options.topics)
-        earliest, latest = self.metadata.earliest(keys), self.metadata.latest(keys)
-        start = resolve_starting_offsets(self._options.starting_offsets, earliest, latest)
-        log.info("kafka_initial_offsets", offsets=offsets_to_json(start))
-        return offsets_to_json(start)
+        """The starting offsets, resolved once per reader (Spark asks again when it runs batch 0).
+
+        Only the answer Spark plans batch 0 with counts: ``latestOffset`` copies it
+        into batch 0's end offsets, which Spark writes to its offset log before the
+        batch runs, and ``partitions`` reads batch 0 from there. A restart (a new
+        reader resolving again) therefore re-runs batch 0 from the same offsets.
+        """
+        if self._starting is None:
+            keys = self.metadata.partitions(self._options.topics)
+            earliest, latest = self.metadata.earliest(keys), self.metadata.latest(keys)
+            self._starting = resolve_starting_offsets(self._options.starting_offsets, earliest, latest)
+            log.info("kafka_initial_offsets", offsets=offsets_to_json(self._starting))
+        return initial_offsets_json(self._starting)
 
     def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802 (Spark's API)
         if self._options.max_offsets_per_trigger is None:
@@ -681,7 +730,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         log.info("kafka_available_now_target", offsets=offsets_to_json(self._available_now_target))
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802 (Spark's API)
-        start_offsets = offsets_from_json(start)
+        start_offsets = batch_start_offsets(start)
         keys = self.metadata.partitions(self._options.topics)
         latest = self.metadata.latest(keys)
         self._last_seen_latest = latest
@@ -690,7 +739,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             latest = cap_to_target(latest, self._available_now_target)
         earliest = self.metadata.earliest(latest)
         end = plan_end_offsets(start_offsets, earliest, latest, max_rows_of(limit))
-        return offsets_to_json(end)
+        return planned_end_json(start, end)
 
     def _check_no_lost_partitions(self, start: Offsets, latest: Offsets) -> None:
         problems = find_lost_partitions(start, latest)
@@ -705,7 +754,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return None if self._last_seen_latest is None else offsets_to_json(self._last_seen_latest)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[KafkaInputPartition]:
-        ranges = plan_ranges(offsets_from_json(start), offsets_from_json(end))
+        ranges = plan_ranges(batch_start_offsets(start, end), offsets_from_json(end))
         earliest = self.metadata.earliest(r.key for r in ranges)
         planned = []
         for offset_range in ranges:

@@ -23,6 +23,7 @@ from pyspark.sql.streaming.readwriter import DataStreamReader
 from spark_writer.kafka_source import (
     SOURCE_NAME,
     DataLossError,
+    KafkaStreamReader,
     OffsetRange,
     parse_options,
     read_range,
@@ -306,3 +307,43 @@ def test_aborted_and_open_transactions_are_not_read(
     after_commit = BatchCollector()
     run_available_now(reader, after_commit, tmp_path)
     assert sorted(r.key for r in after_commit.records()) == sorted(key for _, key in spread(2, 4, "pending"))
+
+
+def test_latest_start_is_resolved_once_for_planning_running_and_rerunning_batch_0(
+    kafka_bootstrap: str, kafka_topic: TopicFactory
+) -> None:
+    """The reader driven as Spark drives it: initialOffset when batch 0 is planned, again when it runs and when
+    it runs again after a crash. Records that arrive in between must neither be skipped nor read twice."""
+    topic = kafka_topic(partitions=1)
+    produce_keyed(kafka_bootstrap, topic, spread(1, 3, "before"))
+    options = parse_options({"kafka.bootstrap.servers": kafka_bootstrap, "subscribe": topic})
+    reader = KafkaStreamReader(options)
+
+    planned_start = reader.initialOffset()
+    arrived = produce_keyed(kafka_bootstrap, topic, spread(1, 5, "during-planning"))
+    end = reader.latestOffset(planned_start, reader.getDefaultReadLimit())
+    produce_keyed(kafka_bootstrap, topic, spread(1, 5, "after-planning"))
+    ran = reader.partitions(reader.initialOffset(), end)
+    rerun_after_crash = KafkaStreamReader(options)  # a new driver: nothing kept in memory
+    reran = rerun_after_crash.partitions(rerun_after_crash.initialOffset(), end)
+
+    # Resolved when batch 0 was first planned (as Spark's own Kafka source does): offset 3.
+    batch_0 = [OffsetRange(topic, 0, 3, 8)]
+    assert [record.offset for record in arrived] == [3, 4, 5, 6, 7]
+    assert [p.offset_range for p in ran] == batch_0, f"batch 0 was planned as [3, 8) but ran {ran}"
+    assert [p.offset_range for p in reran] == batch_0, f"the re-run of batch 0 read {reran}"
+
+
+def test_rerun_of_batch_0_after_retention_applies_fail_on_data_loss(
+    spark: SparkSession, kafka_bootstrap: str, kafka_topic: TopicFactory, tmp_path: Path
+) -> None:
+    topic = kafka_topic(partitions=1)
+    produce_keyed(kafka_bootstrap, topic, spread(1, 10, "r"))
+    crashing = BatchCollector(fail_batch_once=0)
+    with pytest.raises(StreamingQueryException, match="injected failure in batch 0"):
+        run_available_now(kafka_stream(spark, kafka_bootstrap, topic), crashing, tmp_path)
+    assert len(crashing.failed_attempt) == 10
+    delete_records_before(kafka_bootstrap, topic, partition=0, offset=5)
+
+    with pytest.raises(StreamingQueryException, match=r"\[0, 10\).*earliest available offset is 5"):
+        run_available_now(kafka_stream(spark, kafka_bootstrap, topic), BatchCollector(), tmp_path)

@@ -18,9 +18,11 @@ from spark_writer.kafka_source import (
     OffsetRange,
     PartitionKey,
     apply_data_loss_policy,
+    batch_start_offsets,
     cap_to_target,
     consumer_config,
     find_lost_partitions,
+    initial_offsets_json,
     max_rows_of,
     offsets_from_json,
     offsets_to_json,
@@ -28,6 +30,7 @@ from spark_writer.kafka_source import (
     parse_starting_offsets,
     plan_end_offsets,
     plan_ranges,
+    planned_end_json,
     resolve_starting_offsets,
     spread_max_rows,
 )
@@ -233,6 +236,22 @@ def test_offsets_json_round_trip_is_canonical() -> None:
     as_json = offsets_to_json(offsets)
     assert json.dumps(as_json) == '{"a": {"0": 7, "2": 3, "10": 4}, "b": {"0": 1}}'
     assert offsets_from_json(json.loads(json.dumps(as_json))) == offsets
+
+
+def test_batch_0_end_carries_its_start_and_later_batches_ignore_it() -> None:
+    initial = initial_offsets_json({A0: 3, B0: 0})
+    assert initial == {"$initial": {"a": {"0": 3}, "b": {"0": 0}}}
+    end_0 = planned_end_json(initial, {A0: 8, B0: 2})
+    assert json.dumps(end_0) == '{"$start": {"a": {"0": 3}, "b": {"0": 0}}, "a": {"0": 8}, "b": {"0": 2}}'
+    # Planning and running batch 0: its start is the one recorded in its end, whatever initialOffset says now.
+    assert batch_start_offsets(initial) == {A0: 3, B0: 0}
+    assert batch_start_offsets(initial_offsets_json({A0: 9, B0: 5}), end_0) == {A0: 3, B0: 0}
+    # Batch 1 starts at batch 0's end; its own end carries no start.
+    assert batch_start_offsets(end_0) == {A0: 8, B0: 2}
+    end_1 = planned_end_json(end_0, {A0: 9, B0: 2})
+    assert end_1 == {"a": {"0": 9}, "b": {"0": 2}}
+    assert batch_start_offsets(end_0, end_1) == {A0: 8, B0: 2}
+    assert offsets_from_json(end_0) == {A0: 8, B0: 2}
 
 
 # ------------------------------------------------------------------ options
