@@ -67,7 +67,7 @@ def infer_json_schema(spark: SparkSession, texts: DataFrame) -> StructType:
 def sample_values(kafka_options: Mapping[str, str], sample_size: int) -> list[str]:
     """Up to `sample_size` of the newest values of the topics, spread over their partitions (UTF-8 text)."""
     options = parse_options(kafka_options)
-    metadata = KafkaMetadata(options.kafka_config)
+    metadata = KafkaMetadata(options)
     keys = metadata.partitions(options.topics)
     if not keys:
         return []

@@ -40,9 +40,9 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple, TypeVar
 
 import pyarrow as pa
 import structlog
@@ -65,11 +65,14 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 if TYPE_CHECKING:
     from confluent_kafka._types import HeadersType
 
 log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
 
 SOURCE_NAME: Final = "sink_coordinator_kafka"
 
@@ -88,6 +91,11 @@ ARROW_BATCH_MAX_BYTES: Final = 16 * 1024 * 1024
 CONSUME_BATCH_SIZE: Final = 1_000
 CONSUME_WAIT_SECONDS: Final = 0.5
 METADATA_TIMEOUT_SECONDS: Final = 30.0
+METADATA_MAX_BACKOFF_SECONDS: Final = 30.0
+DEFAULT_FETCH_OFFSET_RETRIES: Final = 6
+DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS: Final = 1000
+# How long a range reader waits without a record before it looks at the partition's log itself.
+LOG_CHECK_INTERVAL_SECONDS: Final = 1.0
 DEFAULT_POLL_TIMEOUT_MS: Final = 120_000
 
 # Consumer settings the reader depends on; a `kafka.` option may not override them.
@@ -111,6 +119,22 @@ UNSUPPORTED_OPTIONS: Final = frozenset(
         "endingoffsets",
         "minoffsetspertrigger",
         "maxtriggerdelay",
+    }
+)
+
+# Retried on top of what librdkafka reports as retriable: the broker is restarting or unreachable.
+TRANSIENT_KAFKA_ERRORS: Final = frozenset(
+    {
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._RESOLVE,
+        KafkaError._NOENT,  # "no leaders found": a leader election under way
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.BROKER_NOT_AVAILABLE,
+        KafkaError.NETWORK_EXCEPTION,
     }
 )
 
@@ -151,6 +175,11 @@ KAFKA_ARROW_SCHEMA: Final = pa.schema(
 
 class DataLossError(RuntimeError):
     """Records that a batch must read are gone from Kafka (and failOnDataLoss is true)."""
+
+
+FAIL_ON_DATA_LOSS_HINT: Final = (
+    "Set the option failOnDataLoss=false (sink-writer: --no-fail-on-data-loss) to skip what is gone instead of failing"
+)
 
 
 class PartitionKey(NamedTuple):
@@ -194,6 +223,8 @@ class KafkaSourceOptions:
     fail_on_data_loss: bool
     poll_timeout_ms: int
     kafka_config: dict[str, str] = field(default_factory=dict)
+    fetch_offset_retries: int = DEFAULT_FETCH_OFFSET_RETRIES
+    fetch_offset_retry_interval_ms: int = DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS
 
 
 def parse_starting_offsets(value: str) -> StartingOffsets:
@@ -246,6 +277,16 @@ def _parse_positive_int(name: str, value: str) -> int:
     return number
 
 
+def _parse_non_negative_int(name: str, value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError as error:
+        raise ValueError(f"option {name} must be an integer >= 0, got {value!r}") from error
+    if number < 0:
+        raise ValueError(f"option {name} must be an integer >= 0, got {value!r}")
+    return number
+
+
 def kafka_config_from_options(options: Mapping[str, str]) -> dict[str, str]:
     """Every ``kafka.*`` option, prefix removed, for confluent-kafka (librdkafka) clients."""
     config = {key[len("kafka.") :]: value for key, value in options.items() if key.startswith("kafka.")}
@@ -282,6 +323,13 @@ def parse_options(options: Mapping[str, str]) -> KafkaSourceOptions:
             lowered.get("kafkaconsumer.polltimeoutms", str(DEFAULT_POLL_TIMEOUT_MS)),
         ),
         kafka_config=kafka_config_from_options(lowered),
+        fetch_offset_retries=_parse_non_negative_int(
+            "fetchOffset.numRetries", lowered.get("fetchoffset.numretries", str(DEFAULT_FETCH_OFFSET_RETRIES))
+        ),
+        fetch_offset_retry_interval_ms=_parse_positive_int(
+            "fetchOffset.retryIntervalMs",
+            lowered.get("fetchoffset.retryintervalms", str(DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS)),
+        ),
     )
 
 
@@ -403,12 +451,14 @@ def plan_end_offsets(
     New partitions (in ``latest`` but not in ``start``) start at 0. Where records
     below the start were deleted, reading resumes from ``earliest`` (whether that is
     allowed is decided per range by ``apply_data_loss_policy``). Partitions that
-    vanished keep their start offset; a log end below the start becomes the end.
+    vanished are left out, so that a topic created again is new and read from its
+    start (``find_lost_partitions`` decides first whether losing them is allowed);
+    a log end below the start becomes the end.
     """
     read_from = {key: max(start.get(key, 0), earliest.get(key, 0)) for key in latest}
     available = {key: max(0, latest[key] - read_from[key]) for key in latest}
     granted = available if max_rows is None else spread_max_rows(available, max_rows)
-    end: Offsets = dict(start)
+    end: Offsets = {}
     for key in latest:
         if key in start and latest[key] < start[key]:
             end[key] = latest[key]
@@ -423,29 +473,55 @@ def plan_ranges(start: Mapping[PartitionKey, int], end: Mapping[PartitionKey, in
     return sorted((r for r in ranges if r.size > 0), key=lambda r: r.key)
 
 
-def data_loss_message(offset_range: OffsetRange, earliest: int) -> str:
-    lost = min(earliest, offset_range.end) - offset_range.start
-    return (
+@dataclass(frozen=True)
+class LogBounds:
+    """What an existing partition's log holds now: records from ``low`` on, up to ``high`` (None: not looked up)."""
+
+    low: int
+    high: int | None = None
+
+
+def lost_records(offset_range: OffsetRange, bounds: LogBounds | None) -> tuple[OffsetRange | None, str | None]:
+    """The part of the range that can still be read, and what cannot (None: nothing is lost).
+
+    ``bounds`` None means the partition no longer exists.
+    """
+    requested = (
         f"Kafka data loss in topic {offset_range.topic!r} partition {offset_range.partition}: "
-        f"offsets [{offset_range.start}, {offset_range.end}) were requested but the earliest "
-        f"available offset is {earliest}; {lost} record(s) were deleted (retention or delete-records) "
-        "before they were read. Set the option failOnDataLoss=false to skip to the earliest "
-        "available offset instead of failing."
+        f"offsets [{offset_range.start}, {offset_range.end}) were requested but "
     )
+    if bounds is None:
+        return None, requested + f"the partition no longer exists (topic deleted?); {offset_range.size} record(s) lost"
+    if offset_range.start < bounds.low:
+        lost = min(bounds.low, offset_range.end) - offset_range.start
+        remaining = OffsetRange(offset_range.topic, offset_range.partition, bounds.low, offset_range.end)
+        return (remaining if remaining.size > 0 else None), (
+            requested + f"the earliest available offset is {bounds.low}; {lost} record(s) were deleted "
+            "(retention or delete-records) before they were read"
+        )
+    if bounds.high is not None and bounds.high <= offset_range.start < offset_range.end:
+        return None, (
+            requested + f"the log ends at offset {bounds.high}; {offset_range.size} record(s) are gone "
+            "(the log was truncated or the topic created again)"
+        )
+    return offset_range, None
+
+
+def report_data_loss(problem: str, fail_on_data_loss: bool) -> None:
+    """Fail with DataLossError saying what to do, or log what is skipped."""
+    if fail_on_data_loss:
+        raise DataLossError(f"{problem}. {FAIL_ON_DATA_LOSS_HINT}")
+    log.warning("kafka_data_loss_skipped", message=f"{problem}; skipped (failOnDataLoss=false)")
 
 
 def apply_data_loss_policy(
-    offset_range: OffsetRange,
-    earliest: int,
-    fail_on_data_loss: bool,
+    offset_range: OffsetRange, bounds: LogBounds | None, fail_on_data_loss: bool
 ) -> OffsetRange | None:
-    """The part of the range that still exists, or DataLossError if some is gone and we must fail."""
-    if offset_range.start >= earliest:
-        return offset_range
-    if fail_on_data_loss:
-        raise DataLossError(data_loss_message(offset_range, earliest))
-    remaining = OffsetRange(offset_range.topic, offset_range.partition, earliest, offset_range.end)
-    return remaining if remaining.size > 0 else None
+    """The part of the range that still exists; what is gone fails the batch or is skipped with a warning."""
+    kept, problem = lost_records(offset_range, bounds)
+    if problem is not None:
+        report_data_loss(problem, fail_on_data_loss)
+    return kept
 
 
 def max_rows_of(limit: ReadLimit) -> int | None:
@@ -472,14 +548,51 @@ def consumer_config(options: KafkaSourceOptions) -> dict[str, str | bool]:
     }
 
 
-class KafkaMetadata:
-    """Partition discovery and offset look-ups on the driver, through an AdminClient."""
+def is_transient(error: BaseException) -> bool:
+    """A Kafka error worth retrying: a broker restarting or unreachable, a leader being elected, a timeout."""
+    if not isinstance(error, KafkaException) or not error.args or not isinstance(error.args[0], KafkaError):
+        return False
+    kafka_error: KafkaError = error.args[0]
+    return bool(kafka_error.retriable()) or kafka_error.code() in TRANSIENT_KAFKA_ERRORS
 
-    def __init__(self, kafka_config: Mapping[str, str]) -> None:
-        self._admin = AdminClient(dict(kafka_config))
+
+class KafkaMetadata:
+    """Partition discovery and offset look-ups on the driver, through an AdminClient.
+
+    Every call is retried on transient errors with exponential backoff (``fetchOffset.*``
+    options), so that a leader election or a broker restart delays planning instead
+    of failing the query.
+    """
+
+    def __init__(self, options: KafkaSourceOptions) -> None:
+        self._admin = AdminClient(dict(options.kafka_config))
+        self._retries = options.fetch_offset_retries
+        self._retry_interval_seconds = options.fetch_offset_retry_interval_ms / 1000
+
+    def _retried(self, call: str, function: Callable[[], T]) -> T:
+        def warn(state: RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome is not None else None
+            log.warning("kafka_metadata_retry", call=call, attempt=state.attempt_number, error=str(error))
+
+        retrying = Retrying(
+            retry=retry_if_exception(is_transient),
+            wait=wait_exponential_jitter(
+                multiplier=self._retry_interval_seconds,
+                jitter=self._retry_interval_seconds,
+                max=METADATA_MAX_BACKOFF_SECONDS,
+            ),
+            stop=stop_after_attempt(self._retries + 1),
+            before_sleep=warn,
+            reraise=True,
+        )
+        return retrying(function)
 
     def partitions(self, topics: Iterable[str]) -> list[PartitionKey]:
-        """Partitions of the topics that exist; missing topics have none (yet)."""
+        """Partitions of the topics that exist; missing topics have none (yet, or any more)."""
+        wanted = tuple(topics)
+        return self._retried("list_topics", lambda: self._existing(wanted))
+
+    def _existing(self, topics: Iterable[str]) -> list[PartitionKey]:
         cluster = self._admin.list_topics(timeout=METADATA_TIMEOUT_SECONDS)
         keys: list[PartitionKey] = []
         for topic in topics:
@@ -491,23 +604,32 @@ class KafkaMetadata:
         return sorted(keys)
 
     def earliest(self, keys: Iterable[PartitionKey]) -> Offsets:
+        """Earliest offsets of those of the partitions that exist."""
         return self._list_offsets(keys, OffsetSpec.earliest())  # type: ignore[no-untyped-call]
 
     def latest(self, keys: Iterable[PartitionKey]) -> Offsets:
-        """Last stable offsets: what a read_committed consumer can read up to."""
+        """Last stable offsets (what a read_committed consumer can read up to) of those that exist."""
         return self._list_offsets(keys, OffsetSpec.latest())  # type: ignore[no-untyped-call]
 
     def _list_offsets(self, keys: Iterable[PartitionKey], spec: OffsetSpec) -> Offsets:
-        request = {TopicPartition(key.topic, key.partition): spec for key in keys}
-        if not request:
+        wanted = frozenset(keys)
+        if not wanted:
             return {}
-        futures = self._admin.list_offsets(
-            request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=METADATA_TIMEOUT_SECONDS
-        )
-        return {
-            PartitionKey(tp.topic, tp.partition): int(future.result(timeout=METADATA_TIMEOUT_SECONDS).offset)
-            for tp, future in futures.items()
-        }
+
+        def attempt() -> Offsets:
+            existing = wanted.intersection(self._existing({key.topic for key in wanted}))
+            request = {TopicPartition(key.topic, key.partition): spec for key in existing}
+            if not request:
+                return {}
+            futures = self._admin.list_offsets(
+                request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=METADATA_TIMEOUT_SECONDS
+            )
+            return {
+                PartitionKey(tp.topic, tp.partition): int(future.result(timeout=METADATA_TIMEOUT_SECONDS).offset)
+                for tp, future in futures.items()
+            }
+
+        return self._retried("list_offsets", attempt)
 
 
 # --------------------------------------------------------------------------- reading one range
@@ -580,13 +702,19 @@ class ArrowBatchBuilder:
 
 
 class RangeReader:
-    """Reads exactly the committed records of one OffsetRange with an assigned consumer."""
+    """Reads exactly the committed records of one OffsetRange with an assigned consumer.
+
+    When the log cannot deliver the rest of the range (records deleted below the
+    position, a log that ends below it, a partition that no longer exists), the
+    data-loss policy decides at once, rather than waiting for the poll timeout.
+    """
 
     def __init__(self, consumer: Consumer, offset_range: OffsetRange, options: KafkaSourceOptions) -> None:
         self._consumer = consumer
         self._range = offset_range
         self._options = options
         self._position = offset_range.start
+        self._checked_at = 0.0
 
     def messages(self) -> Iterator[Message]:
         self._seek(self._position)
@@ -595,9 +723,13 @@ class RangeReader:
             batch = self._consumer.consume(num_messages=CONSUME_BATCH_SIZE, timeout=CONSUME_WAIT_SECONDS)
             before = self._position
             yield from self._accept(batch)
+            now = time.monotonic()
             if self._position > before:
-                last_progress = time.monotonic()
-            else:
+                last_progress = now
+            elif now - max(last_progress, self._checked_at) >= LOG_CHECK_INTERVAL_SECONDS:
+                # No record and no error for a while: a deleted partition, for one, says nothing.
+                self._check_log()
+            if self._position < self._range.end and self._position == before:
                 self._check_stalled(last_progress)
 
     def _seek(self, offset: int) -> None:
@@ -619,24 +751,52 @@ class RangeReader:
     def _handle_error(self, error: KafkaError, message: Message) -> None:
         if error.code() == KafkaError._PARTITION_EOF:
             # End of the readable log: every committed record before it has been delivered.
-            self._position = max(self._position, min(int(message.offset() or 0), self._range.end))
+            log_end = int(message.offset() or 0)
+            self._position = max(self._position, min(log_end, self._range.end))
+            if log_end < self._range.end:
+                self._check_log()  # the log ends below the planned range
         elif error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
-            self._skip_deleted_records()
+            if not self._check_log():
+                self._seek(self._position)
         else:
             raise KafkaException(error)
 
-    def _skip_deleted_records(self) -> None:
-        low, _ = self._consumer.get_watermark_offsets(
-            TopicPartition(self._range.topic, self._range.partition),
-            timeout=METADATA_TIMEOUT_SECONDS,
-            cached=False,
-        )
+    def _check_log(self) -> bool:
+        """Apply the data-loss policy to what the log can no longer deliver; True if the position moved."""
+        self._checked_at = time.monotonic()
+        known, bounds = self._log_bounds()
+        if not known:
+            return False
         remaining = OffsetRange(self._range.topic, self._range.partition, self._position, self._range.end)
-        kept = apply_data_loss_policy(remaining, low, self._options.fail_on_data_loss)
-        log.warning("kafka_data_loss_skipped", message=data_loss_message(remaining, low))
+        kept = apply_data_loss_policy(remaining, bounds, self._options.fail_on_data_loss)
+        if kept == remaining:
+            return False
         self._position = self._range.end if kept is None else kept.start
         if kept is not None:
             self._seek(kept.start)
+        return True
+
+    def _log_bounds(self) -> tuple[bool, LogBounds | None]:
+        """(known, bounds): bounds None when the partition is gone; not known when the broker cannot tell now."""
+        topic, partition = self._range.topic, self._range.partition
+        try:
+            cluster = self._consumer.list_topics(topic, timeout=METADATA_TIMEOUT_SECONDS)
+            metadata = cluster.topics.get(topic)
+            if metadata is None or (
+                metadata.error is not None and metadata.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+            ):
+                return True, None
+            if metadata.error is not None:
+                return False, None
+            if partition not in metadata.partitions:
+                return True, None
+            low, high = self._consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=METADATA_TIMEOUT_SECONDS, cached=False
+            )
+        except KafkaException as error:
+            log.debug("kafka_log_bounds_unknown", topic=topic, partition=partition, error=str(error))
+            return False, None
+        return True, LogBounds(int(low), int(high))
 
     def _check_stalled(self, last_progress: float) -> None:
         waited_ms = (time.monotonic() - last_progress) * 1000
@@ -701,7 +861,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @property
     def metadata(self) -> KafkaMetadata:
         if self._metadata is None:
-            self._metadata = KafkaMetadata(self._options.kafka_config)
+            self._metadata = KafkaMetadata(self._options)
         return self._metadata
 
     def initialOffset(self) -> dict[str, Any]:  # noqa: N802 (Spark's API)
@@ -742,13 +902,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return planned_end_json(start, end)
 
     def _check_no_lost_partitions(self, start: Offsets, latest: Offsets) -> None:
-        problems = find_lost_partitions(start, latest)
-        if problems and self._options.fail_on_data_loss:
-            raise DataLossError(
-                "Kafka data loss: " + "; ".join(problems) + ". Set the option failOnDataLoss=false to go on."
-            )
-        for problem in problems:
-            log.warning("kafka_partition_lost", problem=problem)
+        for problem in find_lost_partitions(start, latest):
+            report_data_loss(f"Kafka data loss: {problem}", self._options.fail_on_data_loss)
 
     def reportLatestOffset(self) -> dict[str, Any] | None:  # noqa: N802 (Spark's API)
         return None if self._last_seen_latest is None else offsets_to_json(self._last_seen_latest)
@@ -758,13 +913,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         earliest = self.metadata.earliest(r.key for r in ranges)
         planned = []
         for offset_range in ranges:
-            earliest_offset = earliest[offset_range.key]
-            kept = apply_data_loss_policy(offset_range, earliest_offset, self._options.fail_on_data_loss)
-            if kept != offset_range:
-                log.warning(
-                    "kafka_data_loss_skipped",
-                    message=data_loss_message(offset_range, earliest_offset),
-                )
+            bounds = LogBounds(earliest[offset_range.key]) if offset_range.key in earliest else None
+            kept = apply_data_loss_policy(offset_range, bounds, self._options.fail_on_data_loss)
             if kept is not None:
                 planned.append(KafkaInputPartition(kept))
         log.debug("kafka_batch_planned", ranges=[str(p.offset_range) for p in planned])

@@ -19,6 +19,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.readwriter import DataStreamReader
+from structlog.testing import capture_logs
 
 from spark_writer.kafka_source import (
     SOURCE_NAME,
@@ -32,7 +33,9 @@ from tests.fixtures.kafka_broker import (
     ADMIN_TIMEOUT_SECONDS,
     ProducedRecord,
     add_partitions,
+    create_topic,
     delete_records_before,
+    delete_topics,
     produce_in_transaction,
     produce_keyed,
 )
@@ -347,3 +350,68 @@ def test_rerun_of_batch_0_after_retention_applies_fail_on_data_loss(
 
     with pytest.raises(StreamingQueryException, match=r"\[0, 10\).*earliest available offset is 5"):
         run_available_now(kafka_stream(spark, kafka_bootstrap, topic), BatchCollector(), tmp_path)
+
+
+def test_topic_deleted_between_planning_and_reading_follows_the_data_loss_policy(
+    spark: SparkSession, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    topic = create_topic(kafka_bootstrap, partitions=1)
+    produce_keyed(kafka_bootstrap, topic, spread(1, 10, "gone"))
+    with pytest.raises(StreamingQueryException, match="injected failure in batch 0"):
+        run_available_now(kafka_stream(spark, kafka_bootstrap, topic), BatchCollector(fail_batch_once=0), tmp_path)
+    delete_topics(kafka_bootstrap, [topic])
+
+    # Spark re-runs batch 0 with the offsets it planned: the data-loss error, on every restart, says what to do.
+    with pytest.raises(StreamingQueryException) as failure:
+        run_available_now(kafka_stream(spark, kafka_bootstrap, topic), BatchCollector(), tmp_path)
+    for expected in (f"{topic}", "partition 0", "[0, 10)", "no longer exists", "failOnDataLoss=false"):
+        assert expected in str(failure.value)
+
+    skipping = BatchCollector()
+    run_available_now(kafka_stream(spark, kafka_bootstrap, topic, failOnDataLoss="false"), skipping, tmp_path)
+    assert skipping.records() == []
+
+    # The topic is created again: it is new, read from its start.
+    create_topic(kafka_bootstrap, partitions=1, name=topic)
+    try:
+        again = produce_keyed(kafka_bootstrap, topic, spread(1, 4, "again"))
+        resumed = BatchCollector()
+        run_available_now(kafka_stream(spark, kafka_bootstrap, topic), resumed, tmp_path)
+        assert_exactly(resumed.records(), again)
+    finally:
+        delete_topics(kafka_bootstrap, [topic])
+
+
+def test_deleted_partition_while_reading_follows_the_data_loss_policy(kafka_bootstrap: str) -> None:
+    topic = create_topic(kafka_bootstrap, partitions=1)
+    produce_keyed(kafka_bootstrap, topic, spread(1, 5, "r"))
+    delete_topics(kafka_bootstrap, [topic])
+    options = {"kafka.bootstrap.servers": kafka_bootstrap, "subscribe": topic, "kafkaConsumer.pollTimeoutMs": "10000"}
+    planned = OffsetRange(topic, 0, 0, 5)
+
+    with pytest.raises(DataLossError, match=r"\[0, 5\).*no longer exists.*failOnDataLoss=false"):
+        list(read_range(planned, parse_options(options)))
+    with capture_logs() as logs:
+        assert list(read_range(planned, parse_options({**options, "failOnDataLoss": "false"}))) == []
+    skipped = [line for line in logs if line["event"] == "kafka_data_loss_skipped"]
+    assert len(skipped) == 1
+    assert "[0, 5)" in skipped[0]["message"]
+
+
+def test_range_above_the_log_end_follows_the_data_loss_policy_without_waiting(
+    kafka_bootstrap: str, kafka_topic: TopicFactory
+) -> None:
+    """The log ends below the planned range (truncated, or the topic re-created): no spinning until a timeout."""
+    topic = kafka_topic(partitions=1)
+    produced = produce_keyed(kafka_bootstrap, topic, spread(1, 5, "r"))
+    options = {"kafka.bootstrap.servers": kafka_bootstrap, "subscribe": topic, "kafkaConsumer.pollTimeoutMs": "10000"}
+
+    with pytest.raises(DataLossError, match=r"\[5, 9\).*log ends at offset 5"):
+        list(read_range(OffsetRange(topic, 0, 3, 9), parse_options(options)))
+    with capture_logs() as logs:
+        batches = list(read_range(OffsetRange(topic, 0, 3, 9), parse_options({**options, "failOnDataLoss": "false"})))
+    assert [offset for b in batches for offset in b["offset"].to_pylist()] == [r.offset for r in produced][3:]
+    skipped = [line for line in logs if line["event"] == "kafka_data_loss_skipped"]
+    assert len(skipped) == 1, skipped
+    assert "[5, 9)" in skipped[0]["message"]
+    assert not [line for line in logs if line["log_level"] in ("warning", "error") and line not in skipped]

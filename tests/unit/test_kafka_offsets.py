@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 import json
+from concurrent.futures import Future
+from types import SimpleNamespace
+from typing import Any, ClassVar
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from hypothesis import given
 from hypothesis import strategies as st
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+from structlog.testing import capture_logs
 
+from spark_writer import kafka_source
 from spark_writer.kafka_source import (
     KAFKA_ARROW_SCHEMA,
     KAFKA_SCHEMA,
     DataLossError,
     KafkaStreamReader,
+    LogBounds,
     OffsetRange,
     PartitionKey,
     apply_data_loss_policy,
@@ -23,6 +30,7 @@ from spark_writer.kafka_source import (
     consumer_config,
     find_lost_partitions,
     initial_offsets_json,
+    lost_records,
     max_rows_of,
     offsets_from_json,
     offsets_to_json,
@@ -185,8 +193,9 @@ def test_plan_end_after_deleted_records_counts_from_earliest() -> None:
     assert plan_ranges({A0: 10}, end) == [OffsetRange("a", 0, 10, 25)]
 
 
-def test_plan_end_keeps_vanished_partitions_and_follows_regressed_ones() -> None:
-    assert plan_end_offsets({A0: 5, A1: 9}, {A1: 0}, {A1: 2}, None) == {A0: 5, A1: 2}
+def test_plan_end_leaves_out_vanished_partitions_and_follows_regressed_ones() -> None:
+    # a-0 is gone: left out, so that the topic created again is new (read from 0) in a later batch.
+    assert plan_end_offsets({A0: 5, A1: 9}, {A1: 0}, {A1: 2}, None) == {A1: 2}
     assert find_lost_partitions({A0: 5, A1: 9}, {A1: 2}) == [
         "partition a-0 no longer exists (topic deleted?)",
         "partition a-1: latest offset 2 is below the start offset 9 (topic re-created or records truncated)",
@@ -208,12 +217,13 @@ def test_cap_to_target_leaves_out_partitions_born_after_it() -> None:
 
 def test_data_loss_policy_passes_intact_ranges() -> None:
     intact = OffsetRange("a", 0, 20, 30)
-    assert apply_data_loss_policy(intact, 20, fail_on_data_loss=True) is intact
+    assert apply_data_loss_policy(intact, LogBounds(20), fail_on_data_loss=True) is intact
+    assert apply_data_loss_policy(intact, LogBounds(0, 25), fail_on_data_loss=True) is intact
 
 
 def test_data_loss_policy_fails_with_a_clear_message() -> None:
     with pytest.raises(DataLossError) as raised:
-        apply_data_loss_policy(OffsetRange("orders", 3, 10, 30), 15, fail_on_data_loss=True)
+        apply_data_loss_policy(OffsetRange("orders", 3, 10, 30), LogBounds(15), fail_on_data_loss=True)
     message = str(raised.value)
     assert "'orders' partition 3" in message
     assert "[10, 30)" in message
@@ -223,9 +233,32 @@ def test_data_loss_policy_fails_with_a_clear_message() -> None:
 
 
 def test_data_loss_policy_skips_to_earliest_when_allowed() -> None:
-    assert apply_data_loss_policy(OffsetRange("a", 0, 10, 30), 15, False) == OffsetRange("a", 0, 15, 30)
-    assert apply_data_loss_policy(OffsetRange("a", 0, 10, 30), 30, False) is None
-    assert apply_data_loss_policy(OffsetRange("a", 0, 10, 30), 99, False) is None
+    with capture_logs() as logs:
+        assert apply_data_loss_policy(OffsetRange("a", 0, 10, 30), LogBounds(15), False) == OffsetRange("a", 0, 15, 30)
+        assert apply_data_loss_policy(OffsetRange("a", 0, 10, 30), LogBounds(30), False) is None
+        assert apply_data_loss_policy(OffsetRange("a", 0, 10, 30), LogBounds(99), False) is None
+        assert apply_data_loss_policy(OffsetRange("a", 0, 20, 30), LogBounds(15), False) == OffsetRange("a", 0, 20, 30)
+    assert [line["event"] for line in logs] == ["kafka_data_loss_skipped"] * 3, "only what was skipped is logged"
+
+
+@pytest.mark.parametrize(
+    ("bounds", "kept", "described"),
+    [
+        (None, None, "[10, 30) were requested but the partition no longer exists (topic deleted?); 20 record(s)"),
+        (LogBounds(0, 10), None, "[10, 30) were requested but the log ends at offset 10; 20 record(s) are gone"),
+        (LogBounds(0, 4), None, "the log ends at offset 4"),
+        (LogBounds(0, 12), OffsetRange("a", 0, 10, 30), None),  # readable up to 12: read it, look again then
+    ],
+)
+def test_lost_records_of_a_missing_or_truncated_log(
+    bounds: LogBounds | None, kept: OffsetRange | None, described: str | None
+) -> None:
+    remaining, problem = lost_records(OffsetRange("a", 0, 10, 30), bounds)
+    assert remaining == kept
+    if described is None:
+        assert problem is None
+    else:
+        assert problem is not None and described in problem
 
 
 # ------------------------------------------------------------------ offsets JSON
@@ -298,6 +331,8 @@ def test_parse_options_names_are_case_insensitive() -> None:
         ({**BOOTSTRAP, "assign": '{"a": [0]}'}, "not supported.*assign"),
         ({**BOOTSTRAP, "maxOffsetsPerTrigger": "0"}, "maxOffsetsPerTrigger must be a positive integer"),
         ({**BOOTSTRAP, "failOnDataLoss": "maybe"}, "failOnDataLoss must be true or false"),
+        ({**BOOTSTRAP, "fetchOffset.numRetries": "-1"}, "fetchOffset.numRetries must be an integer >= 0"),
+        ({**BOOTSTRAP, "fetchOffset.retryIntervalMs": "soon"}, "fetchOffset.retryIntervalMs must be a positive"),
     ],
 )
 def test_parse_options_rejects_invalid(options: dict[str, str], message: str) -> None:
@@ -310,3 +345,58 @@ def test_parse_options_rejects_invalid(options: dict[str, str], message: str) ->
 
 def test_arrow_schema_is_what_spark_expects() -> None:
     assert KAFKA_ARROW_SCHEMA.equals(to_arrow_schema(KAFKA_SCHEMA, timezone="UTC"))
+
+
+# ------------------------------------------------------------------ transient metadata errors
+
+
+class FlakyAdmin:
+    """An AdminClient whose first calls fail as during a broker restart or a leader election."""
+
+    failures: ClassVar[list[KafkaError]] = []
+
+    def __init__(self, config: dict[str, str]) -> None:
+        self.config = config
+
+    def _maybe_fail(self) -> None:
+        if FlakyAdmin.failures:
+            raise KafkaException(FlakyAdmin.failures.pop(0))
+
+    def list_topics(self, timeout: float) -> Any:
+        self._maybe_fail()
+        return SimpleNamespace(topics={"a": SimpleNamespace(error=None, partitions={0: None})})
+
+    def list_offsets(self, request: dict[TopicPartition, Any], **_: Any) -> dict[TopicPartition, Future[Any]]:
+        self._maybe_fail()
+        answers = {}
+        for tp in request:
+            answer: Future[Any] = Future()
+            answer.set_result(SimpleNamespace(offset=7))
+            answers[tp] = answer
+        return answers
+
+
+def test_planning_retries_transient_metadata_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kafka_source, "AdminClient", FlakyAdmin)
+    FlakyAdmin.failures = [
+        KafkaError(KafkaError._TRANSPORT),
+        KafkaError(KafkaError.LEADER_NOT_AVAILABLE),
+        KafkaError(KafkaError._ALL_BROKERS_DOWN),
+    ]
+    reader = KafkaStreamReader(parse_options({**BOOTSTRAP, "fetchOffset.retryIntervalMs": "1"}))
+    with capture_logs() as logs:
+        end = reader.latestOffset({"a": {"0": 0}}, ReadAllAvailable())
+    assert end == {"a": {"0": 7}}
+    assert [line["event"] for line in logs].count("kafka_metadata_retry") == 3
+
+
+def test_planning_gives_up_after_the_retries_and_at_once_on_other_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kafka_source, "AdminClient", FlakyAdmin)
+    options = {**BOOTSTRAP, "fetchOffset.retryIntervalMs": "1", "fetchOffset.numRetries": "2"}
+    FlakyAdmin.failures = [KafkaError(KafkaError._TRANSPORT)] * 3
+    with pytest.raises(KafkaException, match="_TRANSPORT"):
+        KafkaStreamReader(parse_options(options)).latestOffset({"a": {"0": 0}}, ReadAllAvailable())
+    FlakyAdmin.failures = [KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)]
+    with capture_logs() as logs, pytest.raises(KafkaException, match="TOPIC_AUTHORIZATION_FAILED"):
+        KafkaStreamReader(parse_options(options)).latestOffset({"a": {"0": 0}}, ReadAllAvailable())
+    assert logs == []
