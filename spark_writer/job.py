@@ -48,14 +48,16 @@ from spark_writer.iceberg_sink import (
     write_to_iceberg,
 )
 from spark_writer.kafka_records import (
+    DEFAULT_JSON_TIME_ZONE,
     EvolvingJsonParser,
+    check_time_zone,
     json_records,
     raw_records,
     sampled_json_schema,
     schema_from_ddl,
 )
 from spark_writer.kafka_source import SOURCE_NAME, KafkaDataSource
-from spark_writer.session import local_spark_session
+from spark_writer.session import local_spark_session, retries_tasks
 from spark_writer.worker_logging import set_worker_log_level
 
 log = structlog.get_logger(__name__)
@@ -102,6 +104,7 @@ class ParseSettings:
     sample_size: int = DEFAULT_SAMPLE_SIZE
     evolve_schema: bool = True
     kafka_metadata: bool = False
+    json_time_zone: str = DEFAULT_JSON_TIME_ZONE
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,12 @@ def spark_session(master: str | None, app_name: str = "sink-writer") -> SparkSes
     if master is None and "PYSPARK_GATEWAY_PORT" in os.environ:
         spark = SparkSession.builder.appName(app_name).getOrCreate()
         spark.dataSource.register(KafkaDataSource)
+        submitted_master = spark.sparkContext.master or ""
+        if not retries_tasks(submitted_master):
+            log.warning(
+                "failed tasks are not retried under this master: pass spark-submit --master 'local[N, 4]'",
+                master=submitted_master,
+            )
         return spark
     return local_spark_session(app_name, master or "local[*]")
 
@@ -157,10 +166,10 @@ def table_records(
     )
     log.info("json schema", schema=schema.simpleString(), source="given" if parse.schema_ddl else "sampled")
     if parse.evolve_schema:
-        return stream, EvolvingJsonParser(schema, kafka_metadata=parse.kafka_metadata)
+        return stream, EvolvingJsonParser(schema, kafka_metadata=parse.kafka_metadata, time_zone=parse.json_time_zone)
     if not schema.fields:
         raise ValueError("the topics are empty, so no schema could be inferred: pass --schema or --evolve-schema")
-    return json_records(stream, schema, kafka_metadata=parse.kafka_metadata), None
+    return json_records(stream, schema, kafka_metadata=parse.kafka_metadata, time_zone=parse.json_time_zone), None
 
 
 def start_job(spark: SparkSession, kafka: KafkaSettings, parse: ParseSettings, sink: SinkSettings) -> IcebergSinkQuery:
@@ -263,6 +272,9 @@ def main(
     kafka_metadata: Annotated[
         bool, typer.Option(help="Add kafka_topic, kafka_partition, kafka_offset, kafka_timestamp columns (json).")
     ] = False,
+    json_time_zone: Annotated[
+        str, typer.Option(help="Zone of JSON timestamps written without one (any session zone).")
+    ] = DEFAULT_JSON_TIME_ZONE,
     partition_by: Annotated[
         list[str] | None, typer.Option(help="Partition field of a new table: col, day(ts), truncate(4, s)... (repeat).")
     ] = None,
@@ -290,7 +302,9 @@ def main(
             fail_on_data_loss=fail_on_data_loss,
             consumer_options=parse_key_values(kafka_option or [], "--kafka-option"),
         )
-        parse = ParseSettings(record_format, schema, infer_sample, evolve_schema, kafka_metadata)
+        parse = ParseSettings(
+            record_format, schema, infer_sample, evolve_schema, kafka_metadata, check_time_zone(json_time_zone)
+        )
         sink_settings = SinkSettings(
             sink=sink,
             table=table,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Final
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -22,6 +23,8 @@ from pyspark.sql.types import StructType
 
 from spark_writer.kafka_source import KafkaMetadata, OffsetRange, parse_options, read_range
 
+# The zone of JSON timestamps that carry none (the same in every session: local, spark-submit, ...).
+DEFAULT_JSON_TIME_ZONE: Final = "UTC"
 RAW_COLUMNS: Final = ("key", "value", "topic", "partition", "offset", "timestamp")
 # Optional columns telling where each JSON record came from (table column -> Kafka source column).
 KAFKA_METADATA_COLUMNS: Final = {
@@ -49,11 +52,26 @@ def _json_text() -> Column:
     return sql.col("value").cast("string")
 
 
-def json_records(kafka: DataFrame, schema: StructType, *, kafka_metadata: bool = False) -> DataFrame:
-    """The JSON object in each value as columns of `schema` (missing or unparsable fields are null)."""
+def check_time_zone(name: str) -> str:
+    """A time zone name Spark and Python both know ("UTC", "Europe/Paris"); ValueError otherwise."""
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"unknown time zone {name!r}: use a name like UTC or Europe/Paris") from None
+    return name
+
+
+def json_records(
+    kafka: DataFrame, schema: StructType, *, kafka_metadata: bool = False, time_zone: str = DEFAULT_JSON_TIME_ZONE
+) -> DataFrame:
+    """The JSON object in each value as columns of `schema` (missing or unparsable fields are null).
+
+    Timestamps written without a zone or offset are read in `time_zone`, whatever the
+    session's time zone is (a spark-submit session has the JVM's default zone).
+    """
     metadata = list(KAFKA_METADATA_COLUMNS) if kafka_metadata else []
     parsed = kafka.select(
-        sql.from_json(_json_text(), schema).alias("record"),
+        sql.from_json(_json_text(), schema, {"timeZone": check_time_zone(time_zone)}).alias("record"),
         *[sql.col(KAFKA_METADATA_COLUMNS[name]).alias(name) for name in metadata],
     )
     return parsed.select(*[sql.col("record").getField(name).alias(name) for name in schema.fieldNames()], *metadata)
@@ -100,13 +118,16 @@ class EvolvingJsonParser:
     type than the table's makes the coordinator refuse the batch, with a message.
     """
 
-    def __init__(self, schema: StructType, *, kafka_metadata: bool = False) -> None:
+    def __init__(
+        self, schema: StructType, *, kafka_metadata: bool = False, time_zone: str = DEFAULT_JSON_TIME_ZONE
+    ) -> None:
         self.schema = schema
         self._kafka_metadata = kafka_metadata
+        self._time_zone = check_time_zone(time_zone)
 
     def __call__(self, batch: DataFrame) -> DataFrame:
         self._learn_new_fields(batch)
-        return json_records(batch, self.schema, kafka_metadata=self._kafka_metadata)
+        return json_records(batch, self.schema, kafka_metadata=self._kafka_metadata, time_zone=self._time_zone)
 
     def _learn_new_fields(self, batch: DataFrame) -> None:
         texts = batch.select(_json_text().alias("json"))
