@@ -42,6 +42,7 @@ from coordinator_service.client import CoordinatorRpcError
 from coordinator_service.logs import configure_logging
 from coordinator_service.settings import LogFormat, LogLevel
 from spark_writer.iceberg_sink import (
+    DEFAULT_COORDINATOR_RETRY_SECONDS,
     DEFAULT_TARGET_FILE_SIZE_BYTES,
     IcebergSinkQuery,
     SinkRefusedError,
@@ -118,6 +119,7 @@ class SinkSettings:
     target_file_size_bytes: int = DEFAULT_TARGET_FILE_SIZE_BYTES
     processing_time: str | None = None
     available_now: bool = False
+    coordinator_retry_seconds: float = DEFAULT_COORDINATOR_RETRY_SECONDS
 
 
 def parse_size(text: str) -> int:
@@ -188,6 +190,7 @@ def start_job(spark: SparkSession, kafka: KafkaSettings, parse: ParseSettings, s
         evolve_schema=parse.evolve_schema,
         transform=parser,
         query_name=sink.sink,
+        coordinator_retry_seconds=sink.coordinator_retry_seconds,
     )
 
 
@@ -246,6 +249,9 @@ def main(
     writer_token: Annotated[
         str | None, typer.Option(help="The coordinator's writer token.", envvar="SINK_WRITER_TOKEN")
     ] = None,
+    coordinator_retry_seconds: Annotated[
+        float, typer.Option(min=0.1, help="How long a coordinator call retries while it is unreachable.")
+    ] = DEFAULT_COORDINATOR_RETRY_SECONDS,
     starting_offsets: Annotated[
         str, typer.Option(help='earliest, latest or JSON {"topic": {"0": 42}}; only for a new checkpoint.')
     ] = "earliest",
@@ -315,6 +321,7 @@ def main(
             target_file_size_bytes=parse_size(target_file_size),
             processing_time=trigger_interval,
             available_now=available_now,
+            coordinator_retry_seconds=coordinator_retry_seconds,
         )
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
