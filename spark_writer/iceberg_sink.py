@@ -27,7 +27,7 @@ import json
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol, runtime_checkable
 
 import grpc
 import structlog
@@ -61,6 +61,13 @@ REFUSED_CODES: Final = frozenset(
 )
 
 BatchTransform = Callable[[DataFrame], DataFrame]
+
+
+@runtime_checkable
+class ReportsBatchProperties(Protocol):
+    """A transform that has epoch properties to add once the batch's rows are written (counts, for one)."""
+
+    def batch_properties(self) -> dict[str, str]: ...
 
 
 class SinkRefusedError(RuntimeError):
@@ -137,13 +144,16 @@ class MicroBatchWriter:
         written = frame.mapInArrow(task_writer(target), WRITTEN_FILES_DDL).collect()
         paths = [row.path for row in written]
         records = sum(row.record_count for row in written)
+        properties = self._properties(batch_id)
+        if isinstance(self._transform, ReportsBatchProperties):
+            properties.update(self._transform.batch_properties())
         try:
             answer = self._client.pre_commit(
                 self._options.sink,
                 batch_id,
                 self._registration.writer_term,
                 paths,
-                properties=self._properties(batch_id),
+                properties=properties,
                 evolve_schema=self._options.evolve_schema,
             )
         except CoordinatorRpcError as error:

@@ -41,6 +41,7 @@ from pyspark.sql import DataFrame, SparkSession
 from coordinator_service.client import CoordinatorRpcError
 from coordinator_service.logs import configure_logging
 from coordinator_service.settings import LogFormat, LogLevel
+from spark_writer.dead_letters import DeadLetterTarget
 from spark_writer.iceberg_sink import (
     DEFAULT_COORDINATOR_RETRY_SECONDS,
     DEFAULT_TARGET_FILE_SIZE_BYTES,
@@ -50,9 +51,9 @@ from spark_writer.iceberg_sink import (
 )
 from spark_writer.kafka_records import (
     DEFAULT_JSON_TIME_ZONE,
-    EvolvingJsonParser,
+    BadRecordPolicy,
+    JsonBatchParser,
     check_time_zone,
-    json_records,
     raw_records,
     sampled_json_schema,
     schema_from_ddl,
@@ -97,6 +98,10 @@ class KafkaSettings:
             options["maxOffsetsPerTrigger"] = str(self.max_offsets_per_trigger)
         return options
 
+    def producer_config(self) -> dict[str, str]:
+        """librdkafka settings of a producer to the same cluster (dead letters)."""
+        return {"bootstrap.servers": self.bootstrap_servers, **self.consumer_options}
+
 
 @dataclass(frozen=True)
 class ParseSettings:
@@ -106,6 +111,12 @@ class ParseSettings:
     evolve_schema: bool = True
     kafka_metadata: bool = False
     json_time_zone: str = DEFAULT_JSON_TIME_ZONE
+    on_bad_record: BadRecordPolicy = BadRecordPolicy.FAIL
+    dead_letter_topic: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.on_bad_record is BadRecordPolicy.DEAD_LETTER) != (self.dead_letter_topic is not None):
+            raise ValueError("--dead-letter-topic is required with --on-bad-record dead-letter, and only then")
 
 
 @dataclass(frozen=True)
@@ -154,9 +165,9 @@ def spark_session(master: str | None, app_name: str = "sink-writer") -> SparkSes
 
 
 def table_records(
-    spark: SparkSession, kafka: KafkaSettings, parse: ParseSettings
-) -> tuple[DataFrame, EvolvingJsonParser | None]:
-    """The streaming DataFrame to write and, when the schema may grow, the per-batch parser that grows it."""
+    spark: SparkSession, kafka: KafkaSettings, parse: ParseSettings, sink: str
+) -> tuple[DataFrame, JsonBatchParser | None]:
+    """The streaming DataFrame to write and, for JSON, the per-batch parser that turns it into table rows."""
     options = kafka.source_options()
     stream = spark.readStream.format(SOURCE_NAME).options(**options).load()
     if parse.record_format is RecordFormat.RAW:
@@ -167,15 +178,25 @@ def table_records(
         else sampled_json_schema(spark, options, parse.sample_size)
     )
     log.info("json schema", schema=schema.simpleString(), source="given" if parse.schema_ddl else "sampled")
-    if parse.evolve_schema:
-        return stream, EvolvingJsonParser(schema, kafka_metadata=parse.kafka_metadata, time_zone=parse.json_time_zone)
-    if not schema.fields:
+    if not parse.evolve_schema and not schema.fields:
         raise ValueError("the topics are empty, so no schema could be inferred: pass --schema or --evolve-schema")
-    return json_records(stream, schema, kafka_metadata=parse.kafka_metadata, time_zone=parse.json_time_zone), None
+    dead_letters = (
+        None
+        if parse.dead_letter_topic is None
+        else DeadLetterTarget(parse.dead_letter_topic, sink, kafka.producer_config())
+    )
+    return stream, JsonBatchParser(
+        schema,
+        evolve=parse.evolve_schema,
+        kafka_metadata=parse.kafka_metadata,
+        time_zone=parse.json_time_zone,
+        on_bad_record=parse.on_bad_record,
+        dead_letters=dead_letters,
+    )
 
 
 def start_job(spark: SparkSession, kafka: KafkaSettings, parse: ParseSettings, sink: SinkSettings) -> IcebergSinkQuery:
-    records, parser = table_records(spark, kafka, parse)
+    records, parser = table_records(spark, kafka, parse, sink.sink)
     return write_to_iceberg(
         records,
         sink=sink.sink,
@@ -281,6 +302,13 @@ def main(
     json_time_zone: Annotated[
         str, typer.Option(help="Zone of JSON timestamps written without one (any session zone).")
     ] = DEFAULT_JSON_TIME_ZONE,
+    on_bad_record: Annotated[
+        BadRecordPolicy,
+        typer.Option(help="A JSON record that does not fit the schema: fail the batch, write nulls, or dead-letter."),
+    ] = BadRecordPolicy.FAIL,
+    dead_letter_topic: Annotated[
+        str | None, typer.Option(help="Topic of the dead letters (with --on-bad-record dead-letter).")
+    ] = None,
     partition_by: Annotated[
         list[str] | None, typer.Option(help="Partition field of a new table: col, day(ts), truncate(4, s)... (repeat).")
     ] = None,
@@ -309,7 +337,14 @@ def main(
             consumer_options=parse_key_values(kafka_option or [], "--kafka-option"),
         )
         parse = ParseSettings(
-            record_format, schema, infer_sample, evolve_schema, kafka_metadata, check_time_zone(json_time_zone)
+            record_format,
+            schema,
+            infer_sample,
+            evolve_schema,
+            kafka_metadata,
+            check_time_zone(json_time_zone),
+            on_bad_record,
+            dead_letter_topic,
         )
         sink_settings = SinkSettings(
             sink=sink,

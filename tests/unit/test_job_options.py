@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from spark_writer.job import KafkaSettings, parse_size
-from spark_writer.kafka_records import check_time_zone
+from spark_writer.job import KafkaSettings, ParseSettings, parse_size
+from spark_writer.kafka_records import BadRecordPolicy, check_time_zone
 from spark_writer.session import retries_tasks, with_task_retries
 
 
@@ -62,3 +62,12 @@ def test_unknown_json_time_zone_is_refused() -> None:
     assert check_time_zone("Europe/Paris") == "Europe/Paris"
     with pytest.raises(ValueError, match="unknown time zone 'Mars/Olympus'"):
         check_time_zone("Mars/Olympus")
+
+
+@pytest.mark.parametrize(
+    ("policy", "topic"),
+    [(BadRecordPolicy.DEAD_LETTER, None), (BadRecordPolicy.NULL, "dead"), (BadRecordPolicy.FAIL, "d")],
+)
+def test_dead_letter_topic_goes_with_the_dead_letter_policy(policy: BadRecordPolicy, topic: str | None) -> None:
+    with pytest.raises(ValueError, match="--dead-letter-topic is required with --on-bad-record dead-letter"):
+        ParseSettings(on_bad_record=policy, dead_letter_topic=topic)
