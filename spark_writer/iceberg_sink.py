@@ -27,7 +27,7 @@ import json
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol, runtime_checkable
 
 import grpc
 import structlog
@@ -46,6 +46,7 @@ log = structlog.get_logger(__name__)
 
 DEFAULT_TARGET_FILE_SIZE_BYTES: Final = 128 * 1024 * 1024
 DEFAULT_STOP_GRACE_SECONDS: Final = 60.0
+DEFAULT_COORDINATOR_RETRY_SECONDS: Final = 60.0
 # The coordinator keeps at most 64 KiB of properties per epoch; offsets of thousands of partitions are left out.
 MAX_OFFSETS_PROPERTY_CHARS: Final = 48 * 1024
 # Refusals after which no pre-commit was recorded: the files just written belong to nobody and are deleted.
@@ -60,6 +61,13 @@ REFUSED_CODES: Final = frozenset(
 )
 
 BatchTransform = Callable[[DataFrame], DataFrame]
+
+
+@runtime_checkable
+class ReportsBatchProperties(Protocol):
+    """A transform that has epoch properties to add once the batch's rows are written (counts, for one)."""
+
+    def batch_properties(self) -> dict[str, str]: ...
 
 
 class SinkRefusedError(RuntimeError):
@@ -136,13 +144,16 @@ class MicroBatchWriter:
         written = frame.mapInArrow(task_writer(target), WRITTEN_FILES_DDL).collect()
         paths = [row.path for row in written]
         records = sum(row.record_count for row in written)
+        properties = self._properties(batch_id)
+        if isinstance(self._transform, ReportsBatchProperties):
+            properties.update(self._transform.batch_properties())
         try:
             answer = self._client.pre_commit(
                 self._options.sink,
                 batch_id,
                 self._registration.writer_term,
                 paths,
-                properties=self._properties(batch_id),
+                properties=properties,
                 evolve_schema=self._options.evolve_schema,
             )
         except CoordinatorRpcError as error:
@@ -262,6 +273,7 @@ def write_to_iceberg(
     evolve_schema: bool = True,
     transform: BatchTransform | None = None,
     query_name: str | None = None,
+    coordinator_retry_seconds: float = DEFAULT_COORDINATOR_RETRY_SECONDS,
 ) -> IcebergSinkQuery:
     """Start a streaming query writing `df` into the Iceberg table `table` exactly once.
 
@@ -281,6 +293,8 @@ def write_to_iceberg(
         transform: applied to each micro-batch on the driver before writing; it may change the schema
             from batch to batch (new columns evolve the table when `evolve_schema` is on).
         query_name: Spark query name.
+        coordinator_retry_seconds: how long a call to the coordinator retries while it is unreachable before
+            the batch fails; a failed checkpoint report is sent again on its own until it lands.
 
     Raises CoordinatorRpcError when the coordinator refuses the registration (for
     example a checkpoint behind what it committed) and ValueError for bad options.
@@ -296,7 +310,9 @@ def write_to_iceberg(
     checkpoint = SparkCheckpoint(spark, checkpoint_location)
     checkpointed = checkpoint.last_committed_batch()
 
-    client = CoordinatorClient(coordinator, token=writer_token)
+    if coordinator_retry_seconds <= 0:
+        raise ValueError(f"coordinator_retry_seconds must be positive, got {coordinator_retry_seconds}")
+    client = CoordinatorClient(coordinator, token=writer_token, retry_seconds=coordinator_retry_seconds)
     try:
         registration = client.register_writer(
             sink,

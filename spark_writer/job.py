@@ -41,21 +41,25 @@ from pyspark.sql import DataFrame, SparkSession
 from coordinator_service.client import CoordinatorRpcError
 from coordinator_service.logs import configure_logging
 from coordinator_service.settings import LogFormat, LogLevel
+from spark_writer.dead_letters import DeadLetterTarget
 from spark_writer.iceberg_sink import (
+    DEFAULT_COORDINATOR_RETRY_SECONDS,
     DEFAULT_TARGET_FILE_SIZE_BYTES,
     IcebergSinkQuery,
     SinkRefusedError,
     write_to_iceberg,
 )
 from spark_writer.kafka_records import (
-    EvolvingJsonParser,
-    json_records,
+    DEFAULT_JSON_TIME_ZONE,
+    BadRecordPolicy,
+    JsonBatchParser,
+    check_time_zone,
     raw_records,
     sampled_json_schema,
     schema_from_ddl,
 )
 from spark_writer.kafka_source import SOURCE_NAME, KafkaDataSource
-from spark_writer.session import local_spark_session
+from spark_writer.session import local_spark_session, retries_tasks
 from spark_writer.worker_logging import set_worker_log_level
 
 log = structlog.get_logger(__name__)
@@ -94,6 +98,10 @@ class KafkaSettings:
             options["maxOffsetsPerTrigger"] = str(self.max_offsets_per_trigger)
         return options
 
+    def producer_config(self) -> dict[str, str]:
+        """librdkafka settings of a producer to the same cluster (dead letters)."""
+        return {"bootstrap.servers": self.bootstrap_servers, **self.consumer_options}
+
 
 @dataclass(frozen=True)
 class ParseSettings:
@@ -102,6 +110,13 @@ class ParseSettings:
     sample_size: int = DEFAULT_SAMPLE_SIZE
     evolve_schema: bool = True
     kafka_metadata: bool = False
+    json_time_zone: str = DEFAULT_JSON_TIME_ZONE
+    on_bad_record: BadRecordPolicy = BadRecordPolicy.FAIL
+    dead_letter_topic: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.on_bad_record is BadRecordPolicy.DEAD_LETTER) != (self.dead_letter_topic is not None):
+            raise ValueError("--dead-letter-topic is required with --on-bad-record dead-letter, and only then")
 
 
 @dataclass(frozen=True)
@@ -115,6 +130,7 @@ class SinkSettings:
     target_file_size_bytes: int = DEFAULT_TARGET_FILE_SIZE_BYTES
     processing_time: str | None = None
     available_now: bool = False
+    coordinator_retry_seconds: float = DEFAULT_COORDINATOR_RETRY_SECONDS
 
 
 def parse_size(text: str) -> int:
@@ -138,14 +154,20 @@ def spark_session(master: str | None, app_name: str = "sink-writer") -> SparkSes
     if master is None and "PYSPARK_GATEWAY_PORT" in os.environ:
         spark = SparkSession.builder.appName(app_name).getOrCreate()
         spark.dataSource.register(KafkaDataSource)
+        submitted_master = spark.sparkContext.master or ""
+        if not retries_tasks(submitted_master):
+            log.warning(
+                "failed tasks are not retried under this master: pass spark-submit --master 'local[N, 4]'",
+                master=submitted_master,
+            )
         return spark
     return local_spark_session(app_name, master or "local[*]")
 
 
 def table_records(
-    spark: SparkSession, kafka: KafkaSettings, parse: ParseSettings
-) -> tuple[DataFrame, EvolvingJsonParser | None]:
-    """The streaming DataFrame to write and, when the schema may grow, the per-batch parser that grows it."""
+    spark: SparkSession, kafka: KafkaSettings, parse: ParseSettings, sink: str
+) -> tuple[DataFrame, JsonBatchParser | None]:
+    """The streaming DataFrame to write and, for JSON, the per-batch parser that turns it into table rows."""
     options = kafka.source_options()
     stream = spark.readStream.format(SOURCE_NAME).options(**options).load()
     if parse.record_format is RecordFormat.RAW:
@@ -156,15 +178,25 @@ def table_records(
         else sampled_json_schema(spark, options, parse.sample_size)
     )
     log.info("json schema", schema=schema.simpleString(), source="given" if parse.schema_ddl else "sampled")
-    if parse.evolve_schema:
-        return stream, EvolvingJsonParser(schema, kafka_metadata=parse.kafka_metadata)
-    if not schema.fields:
+    if not parse.evolve_schema and not schema.fields:
         raise ValueError("the topics are empty, so no schema could be inferred: pass --schema or --evolve-schema")
-    return json_records(stream, schema, kafka_metadata=parse.kafka_metadata), None
+    dead_letters = (
+        None
+        if parse.dead_letter_topic is None
+        else DeadLetterTarget(parse.dead_letter_topic, sink, kafka.producer_config())
+    )
+    return stream, JsonBatchParser(
+        schema,
+        evolve=parse.evolve_schema,
+        kafka_metadata=parse.kafka_metadata,
+        time_zone=parse.json_time_zone,
+        on_bad_record=parse.on_bad_record,
+        dead_letters=dead_letters,
+    )
 
 
 def start_job(spark: SparkSession, kafka: KafkaSettings, parse: ParseSettings, sink: SinkSettings) -> IcebergSinkQuery:
-    records, parser = table_records(spark, kafka, parse)
+    records, parser = table_records(spark, kafka, parse, sink.sink)
     return write_to_iceberg(
         records,
         sink=sink.sink,
@@ -179,6 +211,7 @@ def start_job(spark: SparkSession, kafka: KafkaSettings, parse: ParseSettings, s
         evolve_schema=parse.evolve_schema,
         transform=parser,
         query_name=sink.sink,
+        coordinator_retry_seconds=sink.coordinator_retry_seconds,
     )
 
 
@@ -237,6 +270,9 @@ def main(
     writer_token: Annotated[
         str | None, typer.Option(help="The coordinator's writer token.", envvar="SINK_WRITER_TOKEN")
     ] = None,
+    coordinator_retry_seconds: Annotated[
+        float, typer.Option(min=0.1, help="How long a coordinator call retries while it is unreachable.")
+    ] = DEFAULT_COORDINATOR_RETRY_SECONDS,
     starting_offsets: Annotated[
         str, typer.Option(help='earliest, latest or JSON {"topic": {"0": 42}}; only for a new checkpoint.')
     ] = "earliest",
@@ -263,6 +299,16 @@ def main(
     kafka_metadata: Annotated[
         bool, typer.Option(help="Add kafka_topic, kafka_partition, kafka_offset, kafka_timestamp columns (json).")
     ] = False,
+    json_time_zone: Annotated[
+        str, typer.Option(help="Zone of JSON timestamps written without one (any session zone).")
+    ] = DEFAULT_JSON_TIME_ZONE,
+    on_bad_record: Annotated[
+        BadRecordPolicy,
+        typer.Option(help="A JSON record that does not fit the schema: fail the batch, write nulls, or dead-letter."),
+    ] = BadRecordPolicy.FAIL,
+    dead_letter_topic: Annotated[
+        str | None, typer.Option(help="Topic of the dead letters (with --on-bad-record dead-letter).")
+    ] = None,
     partition_by: Annotated[
         list[str] | None, typer.Option(help="Partition field of a new table: col, day(ts), truncate(4, s)... (repeat).")
     ] = None,
@@ -290,7 +336,16 @@ def main(
             fail_on_data_loss=fail_on_data_loss,
             consumer_options=parse_key_values(kafka_option or [], "--kafka-option"),
         )
-        parse = ParseSettings(record_format, schema, infer_sample, evolve_schema, kafka_metadata)
+        parse = ParseSettings(
+            record_format,
+            schema,
+            infer_sample,
+            evolve_schema,
+            kafka_metadata,
+            check_time_zone(json_time_zone),
+            on_bad_record,
+            dead_letter_topic,
+        )
         sink_settings = SinkSettings(
             sink=sink,
             table=table,
@@ -301,6 +356,7 @@ def main(
             target_file_size_bytes=parse_size(target_file_size),
             processing_time=trigger_interval,
             available_now=available_now,
+            coordinator_retry_seconds=coordinator_retry_seconds,
         )
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None

@@ -9,13 +9,21 @@ as a Python Data Source (``pyspark.sql.datasource``) on top of confluent-kafka:
   checkpoint; the reader itself stores nothing. A micro-batch is therefore fully
   described by its (start, end) offsets, and Spark can re-run an unfinished batch
   after a crash and get exactly the same records - the basis of exactly-once.
+* Batch 0 has no stored start in Spark's checkpoint, and Spark asks
+  ``initialOffset`` again each time it plans, runs or re-runs it. The starting
+  offsets (``earliest``/``latest`` turned into numbers) are therefore resolved
+  once, and batch 0's end offsets carry them under ``$start``: Spark writes them to
+  ``offsets/0`` before the batch runs, so a re-run reads exactly the same records
+  (and ``failOnDataLoss`` applies to them), as Spark's own source does with its
+  ``sources/0/0`` file.
 * Every micro-batch reads explicit ranges ``[start, end)`` per topic-partition with
   ``assign`` + seek (no consumer group, no offset commits) at ``read_committed``
   isolation. Aborted transactions and transaction markers leave holes in the offset
   sequence, so a range ends when the consumer position reaches ``end``, not after
   ``end - start`` messages.
-* ``maxOffsetsPerTrigger`` caps a batch; the cap is shared fairly between partitions
-  (water-filling: no partition gets more than it has, the rest is split evenly).
+* ``maxOffsetsPerTrigger`` caps a batch; the cap is split in proportion to the
+  partitions' backlogs, and every partition with a backlog gets at least one record
+  per batch (Spark's split), so none starves under a small cap.
 * ``failOnDataLoss`` decides what happens when retention (or delete-records) removed
   records before they were read: fail with an explicit error, or skip ahead.
 * Partitions added to a subscribed topic are discovered on every trigger and read
@@ -32,9 +40,9 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple, TypeVar
 
 import pyarrow as pa
 import structlog
@@ -57,22 +65,37 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
 if TYPE_CHECKING:
     from confluent_kafka._types import HeadersType
 
 log = structlog.get_logger(__name__)
 
+T = TypeVar("T")
+
 SOURCE_NAME: Final = "sink_coordinator_kafka"
 
 EARLIEST: Final = -2
 LATEST: Final = -1
+
+# Keys of the offsets JSON that are not topics (a Kafka topic name cannot contain '$').
+RESERVED_KEY_PREFIX: Final = "$"
+# initialOffset's answer: {"$initial": {topic: {partition: offset}}}, the starting offsets resolved once.
+INITIAL_KEY: Final = "$initial"
+# Batch 0's end offsets also hold its start, so that Spark's offset log (offsets/0) keeps it durably.
+START_KEY: Final = "$start"
 
 ARROW_BATCH_MAX_ROWS: Final = 10_000
 ARROW_BATCH_MAX_BYTES: Final = 16 * 1024 * 1024
 CONSUME_BATCH_SIZE: Final = 1_000
 CONSUME_WAIT_SECONDS: Final = 0.5
 METADATA_TIMEOUT_SECONDS: Final = 30.0
+METADATA_MAX_BACKOFF_SECONDS: Final = 30.0
+DEFAULT_FETCH_OFFSET_RETRIES: Final = 6
+DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS: Final = 1000
+# How long a range reader waits without a record before it looks at the partition's log itself.
+LOG_CHECK_INTERVAL_SECONDS: Final = 1.0
 DEFAULT_POLL_TIMEOUT_MS: Final = 120_000
 
 # Consumer settings the reader depends on; a `kafka.` option may not override them.
@@ -96,6 +119,22 @@ UNSUPPORTED_OPTIONS: Final = frozenset(
         "endingoffsets",
         "minoffsetspertrigger",
         "maxtriggerdelay",
+    }
+)
+
+# Retried on top of what librdkafka reports as retriable: the broker is restarting or unreachable.
+TRANSIENT_KAFKA_ERRORS: Final = frozenset(
+    {
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._RESOLVE,
+        KafkaError._NOENT,  # "no leaders found": a leader election under way
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.BROKER_NOT_AVAILABLE,
+        KafkaError.NETWORK_EXCEPTION,
     }
 )
 
@@ -136,6 +175,11 @@ KAFKA_ARROW_SCHEMA: Final = pa.schema(
 
 class DataLossError(RuntimeError):
     """Records that a batch must read are gone from Kafka (and failOnDataLoss is true)."""
+
+
+FAIL_ON_DATA_LOSS_HINT: Final = (
+    "Set the option failOnDataLoss=false (sink-writer: --no-fail-on-data-loss) to skip what is gone instead of failing"
+)
 
 
 class PartitionKey(NamedTuple):
@@ -179,6 +223,8 @@ class KafkaSourceOptions:
     fail_on_data_loss: bool
     poll_timeout_ms: int
     kafka_config: dict[str, str] = field(default_factory=dict)
+    fetch_offset_retries: int = DEFAULT_FETCH_OFFSET_RETRIES
+    fetch_offset_retry_interval_ms: int = DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS
 
 
 def parse_starting_offsets(value: str) -> StartingOffsets:
@@ -231,6 +277,16 @@ def _parse_positive_int(name: str, value: str) -> int:
     return number
 
 
+def _parse_non_negative_int(name: str, value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError as error:
+        raise ValueError(f"option {name} must be an integer >= 0, got {value!r}") from error
+    if number < 0:
+        raise ValueError(f"option {name} must be an integer >= 0, got {value!r}")
+    return number
+
+
 def kafka_config_from_options(options: Mapping[str, str]) -> dict[str, str]:
     """Every ``kafka.*`` option, prefix removed, for confluent-kafka (librdkafka) clients."""
     config = {key[len("kafka.") :]: value for key, value in options.items() if key.startswith("kafka.")}
@@ -267,6 +323,13 @@ def parse_options(options: Mapping[str, str]) -> KafkaSourceOptions:
             lowered.get("kafkaconsumer.polltimeoutms", str(DEFAULT_POLL_TIMEOUT_MS)),
         ),
         kafka_config=kafka_config_from_options(lowered),
+        fetch_offset_retries=_parse_non_negative_int(
+            "fetchOffset.numRetries", lowered.get("fetchoffset.numretries", str(DEFAULT_FETCH_OFFSET_RETRIES))
+        ),
+        fetch_offset_retry_interval_ms=_parse_positive_int(
+            "fetchOffset.retryIntervalMs",
+            lowered.get("fetchoffset.retryintervalms", str(DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS)),
+        ),
     )
 
 
@@ -281,12 +344,38 @@ def offsets_to_json(offsets: Mapping[PartitionKey, int]) -> dict[str, dict[str, 
     return result
 
 
-def offsets_from_json(data: Mapping[str, Mapping[str, int]]) -> Offsets:
+def offsets_from_json(data: Mapping[str, Any]) -> Offsets:
+    """Offsets of the topics in an offsets JSON (the reserved ``$`` keys are left out)."""
     return {
         PartitionKey(topic, int(partition)): int(offset)
         for topic, partitions in data.items()
+        if not topic.startswith(RESERVED_KEY_PREFIX)
         for partition, offset in partitions.items()
     }
+
+
+def initial_offsets_json(starting: Mapping[PartitionKey, int]) -> dict[str, Any]:
+    """What ``initialOffset`` answers: the resolved starting offsets, marked as not yet in the checkpoint."""
+    return {INITIAL_KEY: offsets_to_json(starting)}
+
+
+def planned_end_json(start: Mapping[str, Any], end: Mapping[PartitionKey, int]) -> dict[str, Any]:
+    """End offsets of a batch as Spark stores them; batch 0's also carry its start (the resolved starting
+    offsets), so that Spark's offset log keeps them durably before the batch runs."""
+    result: dict[str, Any] = offsets_to_json(end)
+    if INITIAL_KEY in start:
+        result = {START_KEY: start[INITIAL_KEY], **result}
+    return result
+
+
+def batch_start_offsets(start: Mapping[str, Any], end: Mapping[str, Any] | None = None) -> Offsets:
+    """Where a batch starts: for batch 0 the starting offsets its end recorded when it was planned (never
+    those resolved again when Spark asks ``initialOffset`` once more), else its start."""
+    if end is not None and START_KEY in end:
+        return offsets_from_json(end[START_KEY])
+    if INITIAL_KEY in start:
+        return offsets_from_json(start[INITIAL_KEY])
+    return offsets_from_json(start)
 
 
 def resolve_starting_offsets(
@@ -318,20 +407,18 @@ def _check_spec_covers_partitions(spec: Mapping[str, Mapping[int, int]], existin
 
 
 def spread_max_rows(available: Mapping[PartitionKey, int], max_rows: int) -> dict[PartitionKey, int]:
-    """Share ``max_rows`` between partitions fairly (max-min fair / water-filling).
+    """Share ``max_rows`` between partitions in proportion to their backlogs, as Spark's Kafka source does.
 
-    Partitions are served from the smallest backlog up: each takes what it has or an
-    even share of what is left, whichever is smaller, so the largest backlogs get the
-    rounding remainder. Never gives a partition more than it has available.
+    Each partition's share is rounded down, except that a partition with a backlog
+    always gets at least one record: no partition waits behind the others, however
+    small the cap. A batch can therefore exceed the cap by at most one record per
+    partition whose share was below one. Everything is granted when the backlogs
+    fit under the cap; no partition is given more than it has.
     """
-    allocation = dict.fromkeys(available, 0)
-    waiting = sorted((key for key, rows in available.items() if rows > 0), key=lambda k: (available[k], k))
-    remaining = max_rows
-    for index, key in enumerate(waiting):
-        take = min(available[key], remaining // (len(waiting) - index))
-        allocation[key] = take
-        remaining -= take
-    return allocation
+    total = sum(rows for rows in available.values() if rows > 0)
+    if total <= max_rows:
+        return {key: max(0, rows) for key, rows in available.items()}
+    return {key: min(rows, max(1, max_rows * rows // total)) if rows > 0 else 0 for key, rows in available.items()}
 
 
 def cap_to_target(latest: Mapping[PartitionKey, int], target: Mapping[PartitionKey, int]) -> Offsets:
@@ -364,12 +451,14 @@ def plan_end_offsets(
     New partitions (in ``latest`` but not in ``start``) start at 0. Where records
     below the start were deleted, reading resumes from ``earliest`` (whether that is
     allowed is decided per range by ``apply_data_loss_policy``). Partitions that
-    vanished keep their start offset; a log end below the start becomes the end.
+    vanished are left out, so that a topic created again is new and read from its
+    start (``find_lost_partitions`` decides first whether losing them is allowed);
+    a log end below the start becomes the end.
     """
     read_from = {key: max(start.get(key, 0), earliest.get(key, 0)) for key in latest}
     available = {key: max(0, latest[key] - read_from[key]) for key in latest}
     granted = available if max_rows is None else spread_max_rows(available, max_rows)
-    end: Offsets = dict(start)
+    end: Offsets = {}
     for key in latest:
         if key in start and latest[key] < start[key]:
             end[key] = latest[key]
@@ -384,29 +473,55 @@ def plan_ranges(start: Mapping[PartitionKey, int], end: Mapping[PartitionKey, in
     return sorted((r for r in ranges if r.size > 0), key=lambda r: r.key)
 
 
-def data_loss_message(offset_range: OffsetRange, earliest: int) -> str:
-    lost = min(earliest, offset_range.end) - offset_range.start
-    return (
+@dataclass(frozen=True)
+class LogBounds:
+    """What an existing partition's log holds now: records from ``low`` on, up to ``high`` (None: not looked up)."""
+
+    low: int
+    high: int | None = None
+
+
+def lost_records(offset_range: OffsetRange, bounds: LogBounds | None) -> tuple[OffsetRange | None, str | None]:
+    """The part of the range that can still be read, and what cannot (None: nothing is lost).
+
+    ``bounds`` None means the partition no longer exists.
+    """
+    requested = (
         f"Kafka data loss in topic {offset_range.topic!r} partition {offset_range.partition}: "
-        f"offsets [{offset_range.start}, {offset_range.end}) were requested but the earliest "
-        f"available offset is {earliest}; {lost} record(s) were deleted (retention or delete-records) "
-        "before they were read. Set the option failOnDataLoss=false to skip to the earliest "
-        "available offset instead of failing."
+        f"offsets [{offset_range.start}, {offset_range.end}) were requested but "
     )
+    if bounds is None:
+        return None, requested + f"the partition no longer exists (topic deleted?); {offset_range.size} record(s) lost"
+    if offset_range.start < bounds.low:
+        lost = min(bounds.low, offset_range.end) - offset_range.start
+        remaining = OffsetRange(offset_range.topic, offset_range.partition, bounds.low, offset_range.end)
+        return (remaining if remaining.size > 0 else None), (
+            requested + f"the earliest available offset is {bounds.low}; {lost} record(s) were deleted "
+            "(retention or delete-records) before they were read"
+        )
+    if bounds.high is not None and bounds.high <= offset_range.start < offset_range.end:
+        return None, (
+            requested + f"the log ends at offset {bounds.high}; {offset_range.size} record(s) are gone "
+            "(the log was truncated or the topic created again)"
+        )
+    return offset_range, None
+
+
+def report_data_loss(problem: str, fail_on_data_loss: bool) -> None:
+    """Fail with DataLossError saying what to do, or log what is skipped."""
+    if fail_on_data_loss:
+        raise DataLossError(f"{problem}. {FAIL_ON_DATA_LOSS_HINT}")
+    log.warning("kafka_data_loss_skipped", message=f"{problem}; skipped (failOnDataLoss=false)")
 
 
 def apply_data_loss_policy(
-    offset_range: OffsetRange,
-    earliest: int,
-    fail_on_data_loss: bool,
+    offset_range: OffsetRange, bounds: LogBounds | None, fail_on_data_loss: bool
 ) -> OffsetRange | None:
-    """The part of the range that still exists, or DataLossError if some is gone and we must fail."""
-    if offset_range.start >= earliest:
-        return offset_range
-    if fail_on_data_loss:
-        raise DataLossError(data_loss_message(offset_range, earliest))
-    remaining = OffsetRange(offset_range.topic, offset_range.partition, earliest, offset_range.end)
-    return remaining if remaining.size > 0 else None
+    """The part of the range that still exists; what is gone fails the batch or is skipped with a warning."""
+    kept, problem = lost_records(offset_range, bounds)
+    if problem is not None:
+        report_data_loss(problem, fail_on_data_loss)
+    return kept
 
 
 def max_rows_of(limit: ReadLimit) -> int | None:
@@ -433,14 +548,51 @@ def consumer_config(options: KafkaSourceOptions) -> dict[str, str | bool]:
     }
 
 
-class KafkaMetadata:
-    """Partition discovery and offset look-ups on the driver, through an AdminClient."""
+def is_transient(error: BaseException) -> bool:
+    """A Kafka error worth retrying: a broker restarting or unreachable, a leader being elected, a timeout."""
+    if not isinstance(error, KafkaException) or not error.args or not isinstance(error.args[0], KafkaError):
+        return False
+    kafka_error: KafkaError = error.args[0]
+    return bool(kafka_error.retriable()) or kafka_error.code() in TRANSIENT_KAFKA_ERRORS
 
-    def __init__(self, kafka_config: Mapping[str, str]) -> None:
-        self._admin = AdminClient(dict(kafka_config))
+
+class KafkaMetadata:
+    """Partition discovery and offset look-ups on the driver, through an AdminClient.
+
+    Every call is retried on transient errors with exponential backoff (``fetchOffset.*``
+    options), so that a leader election or a broker restart delays planning instead
+    of failing the query.
+    """
+
+    def __init__(self, options: KafkaSourceOptions) -> None:
+        self._admin = AdminClient(dict(options.kafka_config))
+        self._retries = options.fetch_offset_retries
+        self._retry_interval_seconds = options.fetch_offset_retry_interval_ms / 1000
+
+    def _retried(self, call: str, function: Callable[[], T]) -> T:
+        def warn(state: RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome is not None else None
+            log.warning("kafka_metadata_retry", call=call, attempt=state.attempt_number, error=str(error))
+
+        retrying = Retrying(
+            retry=retry_if_exception(is_transient),
+            wait=wait_exponential_jitter(
+                multiplier=self._retry_interval_seconds,
+                jitter=self._retry_interval_seconds,
+                max=METADATA_MAX_BACKOFF_SECONDS,
+            ),
+            stop=stop_after_attempt(self._retries + 1),
+            before_sleep=warn,
+            reraise=True,
+        )
+        return retrying(function)
 
     def partitions(self, topics: Iterable[str]) -> list[PartitionKey]:
-        """Partitions of the topics that exist; missing topics have none (yet)."""
+        """Partitions of the topics that exist; missing topics have none (yet, or any more)."""
+        wanted = tuple(topics)
+        return self._retried("list_topics", lambda: self._existing(wanted))
+
+    def _existing(self, topics: Iterable[str]) -> list[PartitionKey]:
         cluster = self._admin.list_topics(timeout=METADATA_TIMEOUT_SECONDS)
         keys: list[PartitionKey] = []
         for topic in topics:
@@ -452,23 +604,32 @@ class KafkaMetadata:
         return sorted(keys)
 
     def earliest(self, keys: Iterable[PartitionKey]) -> Offsets:
+        """Earliest offsets of those of the partitions that exist."""
         return self._list_offsets(keys, OffsetSpec.earliest())  # type: ignore[no-untyped-call]
 
     def latest(self, keys: Iterable[PartitionKey]) -> Offsets:
-        """Last stable offsets: what a read_committed consumer can read up to."""
+        """Last stable offsets (what a read_committed consumer can read up to) of those that exist."""
         return self._list_offsets(keys, OffsetSpec.latest())  # type: ignore[no-untyped-call]
 
     def _list_offsets(self, keys: Iterable[PartitionKey], spec: OffsetSpec) -> Offsets:
-        request = {TopicPartition(key.topic, key.partition): spec for key in keys}
-        if not request:
+        wanted = frozenset(keys)
+        if not wanted:
             return {}
-        futures = self._admin.list_offsets(
-            request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=METADATA_TIMEOUT_SECONDS
-        )
-        return {
-            PartitionKey(tp.topic, tp.partition): int(future.result(timeout=METADATA_TIMEOUT_SECONDS).offset)
-            for tp, future in futures.items()
-        }
+
+        def attempt() -> Offsets:
+            existing = wanted.intersection(self._existing({key.topic for key in wanted}))
+            request = {TopicPartition(key.topic, key.partition): spec for key in existing}
+            if not request:
+                return {}
+            futures = self._admin.list_offsets(
+                request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=METADATA_TIMEOUT_SECONDS
+            )
+            return {
+                PartitionKey(tp.topic, tp.partition): int(future.result(timeout=METADATA_TIMEOUT_SECONDS).offset)
+                for tp, future in futures.items()
+            }
+
+        return self._retried("list_offsets", attempt)
 
 
 # --------------------------------------------------------------------------- reading one range
@@ -541,13 +702,19 @@ class ArrowBatchBuilder:
 
 
 class RangeReader:
-    """Reads exactly the committed records of one OffsetRange with an assigned consumer."""
+    """Reads exactly the committed records of one OffsetRange with an assigned consumer.
+
+    When the log cannot deliver the rest of the range (records deleted below the
+    position, a log that ends below it, a partition that no longer exists), the
+    data-loss policy decides at once, rather than waiting for the poll timeout.
+    """
 
     def __init__(self, consumer: Consumer, offset_range: OffsetRange, options: KafkaSourceOptions) -> None:
         self._consumer = consumer
         self._range = offset_range
         self._options = options
         self._position = offset_range.start
+        self._checked_at = 0.0
 
     def messages(self) -> Iterator[Message]:
         self._seek(self._position)
@@ -556,9 +723,13 @@ class RangeReader:
             batch = self._consumer.consume(num_messages=CONSUME_BATCH_SIZE, timeout=CONSUME_WAIT_SECONDS)
             before = self._position
             yield from self._accept(batch)
+            now = time.monotonic()
             if self._position > before:
-                last_progress = time.monotonic()
-            else:
+                last_progress = now
+            elif now - max(last_progress, self._checked_at) >= LOG_CHECK_INTERVAL_SECONDS:
+                # No record and no error for a while: a deleted partition, for one, says nothing.
+                self._check_log()
+            if self._position < self._range.end and self._position == before:
                 self._check_stalled(last_progress)
 
     def _seek(self, offset: int) -> None:
@@ -580,24 +751,52 @@ class RangeReader:
     def _handle_error(self, error: KafkaError, message: Message) -> None:
         if error.code() == KafkaError._PARTITION_EOF:
             # End of the readable log: every committed record before it has been delivered.
-            self._position = max(self._position, min(int(message.offset() or 0), self._range.end))
+            log_end = int(message.offset() or 0)
+            self._position = max(self._position, min(log_end, self._range.end))
+            if log_end < self._range.end:
+                self._check_log()  # the log ends below the planned range
         elif error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
-            self._skip_deleted_records()
+            if not self._check_log():
+                self._seek(self._position)
         else:
             raise KafkaException(error)
 
-    def _skip_deleted_records(self) -> None:
-        low, _ = self._consumer.get_watermark_offsets(
-            TopicPartition(self._range.topic, self._range.partition),
-            timeout=METADATA_TIMEOUT_SECONDS,
-            cached=False,
-        )
+    def _check_log(self) -> bool:
+        """Apply the data-loss policy to what the log can no longer deliver; True if the position moved."""
+        self._checked_at = time.monotonic()
+        known, bounds = self._log_bounds()
+        if not known:
+            return False
         remaining = OffsetRange(self._range.topic, self._range.partition, self._position, self._range.end)
-        kept = apply_data_loss_policy(remaining, low, self._options.fail_on_data_loss)
-        log.warning("kafka_data_loss_skipped", message=data_loss_message(remaining, low))
+        kept = apply_data_loss_policy(remaining, bounds, self._options.fail_on_data_loss)
+        if kept == remaining:
+            return False
         self._position = self._range.end if kept is None else kept.start
         if kept is not None:
             self._seek(kept.start)
+        return True
+
+    def _log_bounds(self) -> tuple[bool, LogBounds | None]:
+        """(known, bounds): bounds None when the partition is gone; not known when the broker cannot tell now."""
+        topic, partition = self._range.topic, self._range.partition
+        try:
+            cluster = self._consumer.list_topics(topic, timeout=METADATA_TIMEOUT_SECONDS)
+            metadata = cluster.topics.get(topic)
+            if metadata is None or (
+                metadata.error is not None and metadata.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+            ):
+                return True, None
+            if metadata.error is not None:
+                return False, None
+            if partition not in metadata.partitions:
+                return True, None
+            low, high = self._consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=METADATA_TIMEOUT_SECONDS, cached=False
+            )
+        except KafkaException as error:
+            log.debug("kafka_log_bounds_unknown", topic=topic, partition=partition, error=str(error))
+            return False, None
+        return True, LogBounds(int(low), int(high))
 
     def _check_stalled(self, last_progress: float) -> None:
         waited_ms = (time.monotonic() - last_progress) * 1000
@@ -652,6 +851,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._metadata: KafkaMetadata | None = None
         self._available_now_target: Offsets | None = None
         self._last_seen_latest: Offsets | None = None
+        self._starting: Offsets | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -661,15 +861,23 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @property
     def metadata(self) -> KafkaMetadata:
         if self._metadata is None:
-            self._metadata = KafkaMetadata(self._options.kafka_config)
+            self._metadata = KafkaMetadata(self._options)
         return self._metadata
 
     def initialOffset(self) -> dict[str, Any]:  # noqa: N802 (Spark's API)
-        keys = self.metadata.partitions(self._options.topics)
-        earliest, latest = self.metadata.earliest(keys), self.metadata.latest(keys)
-        start = resolve_starting_offsets(self._options.starting_offsets, earliest, latest)
-        log.info("kafka_initial_offsets", offsets=offsets_to_json(start))
-        return offsets_to_json(start)
+        """The starting offsets, resolved once per reader (Spark asks again when it runs batch 0).
+
+        Only the answer Spark plans batch 0 with counts: ``latestOffset`` copies it
+        into batch 0's end offsets, which Spark writes to its offset log before the
+        batch runs, and ``partitions`` reads batch 0 from there. A restart (a new
+        reader resolving again) therefore re-runs batch 0 from the same offsets.
+        """
+        if self._starting is None:
+            keys = self.metadata.partitions(self._options.topics)
+            earliest, latest = self.metadata.earliest(keys), self.metadata.latest(keys)
+            self._starting = resolve_starting_offsets(self._options.starting_offsets, earliest, latest)
+            log.info("kafka_initial_offsets", offsets=offsets_to_json(self._starting))
+        return initial_offsets_json(self._starting)
 
     def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802 (Spark's API)
         if self._options.max_offsets_per_trigger is None:
@@ -682,7 +890,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         log.info("kafka_available_now_target", offsets=offsets_to_json(self._available_now_target))
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802 (Spark's API)
-        start_offsets = offsets_from_json(start)
+        start_offsets = batch_start_offsets(start)
         keys = self.metadata.partitions(self._options.topics)
         latest = self.metadata.latest(keys)
         self._last_seen_latest = latest
@@ -691,32 +899,22 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             latest = cap_to_target(latest, self._available_now_target)
         earliest = self.metadata.earliest(latest)
         end = plan_end_offsets(start_offsets, earliest, latest, max_rows_of(limit))
-        return offsets_to_json(end)
+        return planned_end_json(start, end)
 
     def _check_no_lost_partitions(self, start: Offsets, latest: Offsets) -> None:
-        problems = find_lost_partitions(start, latest)
-        if problems and self._options.fail_on_data_loss:
-            raise DataLossError(
-                "Kafka data loss: " + "; ".join(problems) + ". Set the option failOnDataLoss=false to go on."
-            )
-        for problem in problems:
-            log.warning("kafka_partition_lost", problem=problem)
+        for problem in find_lost_partitions(start, latest):
+            report_data_loss(f"Kafka data loss: {problem}", self._options.fail_on_data_loss)
 
     def reportLatestOffset(self) -> dict[str, Any] | None:  # noqa: N802 (Spark's API)
         return None if self._last_seen_latest is None else offsets_to_json(self._last_seen_latest)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[KafkaInputPartition]:
-        ranges = plan_ranges(offsets_from_json(start), offsets_from_json(end))
+        ranges = plan_ranges(batch_start_offsets(start, end), offsets_from_json(end))
         earliest = self.metadata.earliest(r.key for r in ranges)
         planned = []
         for offset_range in ranges:
-            earliest_offset = earliest[offset_range.key]
-            kept = apply_data_loss_policy(offset_range, earliest_offset, self._options.fail_on_data_loss)
-            if kept != offset_range:
-                log.warning(
-                    "kafka_data_loss_skipped",
-                    message=data_loss_message(offset_range, earliest_offset),
-                )
+            bounds = LogBounds(earliest[offset_range.key]) if offset_range.key in earliest else None
+            kept = apply_data_loss_policy(offset_range, bounds, self._options.fail_on_data_loss)
             if kept is not None:
                 planned.append(KafkaInputPartition(kept))
         log.debug("kafka_batch_planned", ranges=[str(p.offset_range) for p in planned])

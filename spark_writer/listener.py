@@ -12,10 +12,17 @@ Every report is idempotent on the coordinator, so the same epoch may be reported
 from several places: the reporter thread, the start of the next batch (batch
 N+1 only starts once ``commits/N`` exists), and the final report after the query
 stopped.
+
+A report that fails for a transient reason (the coordinator unreachable longer
+than the client's own retries) is sent again by the reporter thread, with
+backoff, until it lands, the reporter closes or the coordinator refuses: an idle
+query posts no progress event, and its last epoch must not wait for the next
+batch (possibly hours) to reach the table.
 """
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Callable
 from typing import Final
@@ -35,9 +42,13 @@ from spark_writer.checkpoint import NO_BATCH, SparkCheckpoint
 
 log = structlog.get_logger(__name__)
 
-# Worth retrying at the next report; every other refusal (fenced term, aborted epoch, unknown sink,
-# bad token) means this writer must stop.
+# Worth retrying; every other refusal (fenced term, aborted epoch, unknown sink, bad token) means this
+# writer must stop.
 TRANSIENT_CODES: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+# A report that failed transiently is sent again after this wait, doubled (with jitter) up to the maximum,
+# until it lands: an idle query sends no other report that could carry it.
+REPORT_RETRY_INITIAL_SECONDS: Final = 1.0
+REPORT_RETRY_MAX_SECONDS: Final = 30.0
 
 
 class CheckpointReporter:
@@ -110,22 +121,34 @@ class CheckpointReporter:
             self._thread.join(timeout=self._client.timeout_seconds)
 
     def _run(self) -> None:
+        failures = 0
         while True:
-            self._wake.wait()
+            # After a transient failure, wake up on our own: no progress event comes while the query is idle.
+            self._wake.wait(timeout=None if failures == 0 else retry_delay(failures))
             self._wake.clear()
             if self._closing:
                 return
             try:
                 self.report_checkpointed()
+                failures = 0
             except CoordinatorRpcError as error:
                 if error.code in TRANSIENT_CODES:
-                    log.warning("checkpoint report failed; retried at the next one", sink=self._sink, error=str(error))
+                    failures += 1
+                    log.warning(
+                        "checkpoint report failed; retrying", sink=self._sink, failures=failures, error=str(error)
+                    )
                     continue
                 log.error("the coordinator refused a checkpoint; stopping the query", sink=self._sink, error=str(error))
                 self._on_refused()
                 return
             except Exception as error:  # the reporter thread must survive anything a report throws
                 log.exception("checkpoint report failed", sink=self._sink, error=str(error))
+
+
+def retry_delay(failures: int) -> float:
+    """Seconds before the next try after `failures` failures in a row: doubling up to the maximum, jittered."""
+    base: float = min(REPORT_RETRY_MAX_SECONDS, REPORT_RETRY_INITIAL_SECONDS * 2.0 ** min(failures - 1, 16))
+    return base * random.uniform(0.5, 1.0)
 
 
 class CheckpointListener(StreamingQueryListener):

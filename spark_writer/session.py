@@ -3,13 +3,16 @@
 Tests, benchmarks and the single-machine deployment all need the same things:
 a Java 17+ found before the JVM starts, Python workers running the very
 interpreter of the driver (so they import this package and its dependencies),
-small shuffles, no web UI, and the Kafka Python data source registered.
+small shuffles, no web UI, failed tasks retried (local mode retries none unless
+its master says so), and the Kafka Python data source registered.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
+from typing import Final
 
 from pyspark.sql import SparkSession
 
@@ -29,6 +32,28 @@ LOCAL_SPARK_CONF: dict[str, str] = {
 }
 
 
+# Attempts of a task before its job fails: Spark's default spark.task.maxFailures, which local mode ignores.
+TASK_MAX_FAILURES: Final = 4
+_LOCAL_MASTER = re.compile(r"^local(?:\[(?P<threads>\*|\d+)\])?$")
+
+
+def with_task_retries(master: str) -> str:
+    """``local`` / ``local[N]`` / ``local[*]`` as ``local[N, 4]``: local mode allows one attempt per task otherwise.
+
+    Other masters (``local[N, F]``, clusters) are returned as they are: on a cluster
+    ``spark.task.maxFailures`` (4 by default) applies.
+    """
+    match = _LOCAL_MASTER.match(master.strip())
+    if match is None:
+        return master
+    return f"local[{match.group('threads') or 1}, {TASK_MAX_FAILURES}]"
+
+
+def retries_tasks(master: str) -> bool:
+    """False for a local master that lets a task fail only once (the job warns about it)."""
+    return _LOCAL_MASTER.match(master.strip()) is None
+
+
 def _use_this_interpreter_for_workers() -> None:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -38,7 +63,7 @@ def local_spark_session(app_name: str, master: str = "local[2]") -> SparkSession
     """Start (or reuse) a local SparkSession and register the ``sink_coordinator_kafka`` source."""
     ensure_java()
     _use_this_interpreter_for_workers()
-    builder = SparkSession.builder.master(master).appName(app_name)
+    builder = SparkSession.builder.master(with_task_retries(master)).appName(app_name)
     for key, value in LOCAL_SPARK_CONF.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -58,7 +58,9 @@ def test_every_record_once_over_several_batches(
         state = client.sink_state("orders")
     assert state.committed_epoch == state.checkpointed_epoch == 4
     first = httpx.get(f"{coordinator.http_url}/api/v1/sinks/orders/epochs/0").json()
-    assert json.loads(first["properties"]["spark.end_offsets"]) == [{topic: {"0": 200, "1": 200, "2": 200}}]
+    assert json.loads(first["properties"]["spark.end_offsets"]) == [
+        {"$start": {topic: {"0": 0, "1": 0, "2": 0}}, topic: {"0": 200, "1": 200, "2": 200}}
+    ]
 
 
 def test_partitioned_table_one_partition_per_file(

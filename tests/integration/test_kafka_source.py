@@ -19,10 +19,12 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.readwriter import DataStreamReader
+from structlog.testing import capture_logs
 
 from spark_writer.kafka_source import (
     SOURCE_NAME,
     DataLossError,
+    KafkaStreamReader,
     OffsetRange,
     parse_options,
     read_range,
@@ -31,7 +33,9 @@ from tests.fixtures.kafka_broker import (
     ADMIN_TIMEOUT_SECONDS,
     ProducedRecord,
     add_partitions,
+    create_topic,
     delete_records_before,
+    delete_topics,
     produce_in_transaction,
     produce_keyed,
 )
@@ -108,10 +112,13 @@ def test_available_now_reads_every_record_once_in_capped_batches(
 
     run_available_now(kafka_stream(spark, kafka_bootstrap, topic, maxOffsetsPerTrigger="25"), sink, tmp_path)
 
-    assert [len(rows) for _, rows in sorted(sink.batches.items())] == [25, 25, 25, 25]
-    first_batch = sink.batches[min(sink.batches)]
-    partitions_in_first_batch = sorted({record.partition for record in first_batch})
-    assert partitions_in_first_batch == [0, 1, 2], "cap not shared across partitions"
+    # Every share is at least one record here, so no batch exceeds the cap.
+    assert all(len(rows) <= 25 for rows in sink.batches.values())
+    read_so_far: list[ProducedRecord] = []
+    for _, rows in sorted(sink.batches.items()):
+        waiting = {r.partition for r in produced if r not in read_so_far}
+        assert {r.partition for r in rows} == waiting, "a partition with a backlog got nothing"
+        read_so_far += rows
     assert_exactly(sink.records(), produced)
 
 
@@ -303,3 +310,108 @@ def test_aborted_and_open_transactions_are_not_read(
     after_commit = BatchCollector()
     run_available_now(reader, after_commit, tmp_path)
     assert sorted(r.key for r in after_commit.records()) == sorted(key for _, key in spread(2, 4, "pending"))
+
+
+def test_latest_start_is_resolved_once_for_planning_running_and_rerunning_batch_0(
+    kafka_bootstrap: str, kafka_topic: TopicFactory
+) -> None:
+    """The reader driven as Spark drives it: initialOffset when batch 0 is planned, again when it runs and when
+    it runs again after a crash. Records that arrive in between must neither be skipped nor read twice."""
+    topic = kafka_topic(partitions=1)
+    produce_keyed(kafka_bootstrap, topic, spread(1, 3, "before"))
+    options = parse_options({"kafka.bootstrap.servers": kafka_bootstrap, "subscribe": topic})
+    reader = KafkaStreamReader(options)
+
+    planned_start = reader.initialOffset()
+    arrived = produce_keyed(kafka_bootstrap, topic, spread(1, 5, "during-planning"))
+    end = reader.latestOffset(planned_start, reader.getDefaultReadLimit())
+    produce_keyed(kafka_bootstrap, topic, spread(1, 5, "after-planning"))
+    ran = reader.partitions(reader.initialOffset(), end)
+    rerun_after_crash = KafkaStreamReader(options)  # a new driver: nothing kept in memory
+    reran = rerun_after_crash.partitions(rerun_after_crash.initialOffset(), end)
+
+    # Resolved when batch 0 was first planned (as Spark's own Kafka source does): offset 3.
+    batch_0 = [OffsetRange(topic, 0, 3, 8)]
+    assert [record.offset for record in arrived] == [3, 4, 5, 6, 7]
+    assert [p.offset_range for p in ran] == batch_0, f"batch 0 was planned as [3, 8) but ran {ran}"
+    assert [p.offset_range for p in reran] == batch_0, f"the re-run of batch 0 read {reran}"
+
+
+def test_rerun_of_batch_0_after_retention_applies_fail_on_data_loss(
+    spark: SparkSession, kafka_bootstrap: str, kafka_topic: TopicFactory, tmp_path: Path
+) -> None:
+    topic = kafka_topic(partitions=1)
+    produce_keyed(kafka_bootstrap, topic, spread(1, 10, "r"))
+    crashing = BatchCollector(fail_batch_once=0)
+    with pytest.raises(StreamingQueryException, match="injected failure in batch 0"):
+        run_available_now(kafka_stream(spark, kafka_bootstrap, topic), crashing, tmp_path)
+    assert len(crashing.failed_attempt) == 10
+    delete_records_before(kafka_bootstrap, topic, partition=0, offset=5)
+
+    with pytest.raises(StreamingQueryException, match=r"\[0, 10\).*earliest available offset is 5"):
+        run_available_now(kafka_stream(spark, kafka_bootstrap, topic), BatchCollector(), tmp_path)
+
+
+def test_topic_deleted_between_planning_and_reading_follows_the_data_loss_policy(
+    spark: SparkSession, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    topic = create_topic(kafka_bootstrap, partitions=1)
+    produce_keyed(kafka_bootstrap, topic, spread(1, 10, "gone"))
+    with pytest.raises(StreamingQueryException, match="injected failure in batch 0"):
+        run_available_now(kafka_stream(spark, kafka_bootstrap, topic), BatchCollector(fail_batch_once=0), tmp_path)
+    delete_topics(kafka_bootstrap, [topic])
+
+    # Spark re-runs batch 0 with the offsets it planned: the data-loss error, on every restart, says what to do.
+    with pytest.raises(StreamingQueryException) as failure:
+        run_available_now(kafka_stream(spark, kafka_bootstrap, topic), BatchCollector(), tmp_path)
+    for expected in (f"{topic}", "partition 0", "[0, 10)", "no longer exists", "failOnDataLoss=false"):
+        assert expected in str(failure.value)
+
+    skipping = BatchCollector()
+    run_available_now(kafka_stream(spark, kafka_bootstrap, topic, failOnDataLoss="false"), skipping, tmp_path)
+    assert skipping.records() == []
+
+    # The topic is created again: it is new, read from its start.
+    create_topic(kafka_bootstrap, partitions=1, name=topic)
+    try:
+        again = produce_keyed(kafka_bootstrap, topic, spread(1, 4, "again"))
+        resumed = BatchCollector()
+        run_available_now(kafka_stream(spark, kafka_bootstrap, topic), resumed, tmp_path)
+        assert_exactly(resumed.records(), again)
+    finally:
+        delete_topics(kafka_bootstrap, [topic])
+
+
+def test_deleted_partition_while_reading_follows_the_data_loss_policy(kafka_bootstrap: str) -> None:
+    topic = create_topic(kafka_bootstrap, partitions=1)
+    produce_keyed(kafka_bootstrap, topic, spread(1, 5, "r"))
+    delete_topics(kafka_bootstrap, [topic])
+    options = {"kafka.bootstrap.servers": kafka_bootstrap, "subscribe": topic, "kafkaConsumer.pollTimeoutMs": "10000"}
+    planned = OffsetRange(topic, 0, 0, 5)
+
+    with pytest.raises(DataLossError, match=r"\[0, 5\).*no longer exists.*failOnDataLoss=false"):
+        list(read_range(planned, parse_options(options)))
+    with capture_logs() as logs:
+        assert list(read_range(planned, parse_options({**options, "failOnDataLoss": "false"}))) == []
+    skipped = [line for line in logs if line["event"] == "kafka_data_loss_skipped"]
+    assert len(skipped) == 1
+    assert "[0, 5)" in skipped[0]["message"]
+
+
+def test_range_above_the_log_end_follows_the_data_loss_policy_without_waiting(
+    kafka_bootstrap: str, kafka_topic: TopicFactory
+) -> None:
+    """The log ends below the planned range (truncated, or the topic re-created): no spinning until a timeout."""
+    topic = kafka_topic(partitions=1)
+    produced = produce_keyed(kafka_bootstrap, topic, spread(1, 5, "r"))
+    options = {"kafka.bootstrap.servers": kafka_bootstrap, "subscribe": topic, "kafkaConsumer.pollTimeoutMs": "10000"}
+
+    with pytest.raises(DataLossError, match=r"\[5, 9\).*log ends at offset 5"):
+        list(read_range(OffsetRange(topic, 0, 3, 9), parse_options(options)))
+    with capture_logs() as logs:
+        batches = list(read_range(OffsetRange(topic, 0, 3, 9), parse_options({**options, "failOnDataLoss": "false"})))
+    assert [offset for b in batches for offset in b["offset"].to_pylist()] == [r.offset for r in produced][3:]
+    skipped = [line for line in logs if line["event"] == "kafka_data_loss_skipped"]
+    assert len(skipped) == 1, skipped
+    assert "[5, 9)" in skipped[0]["message"]
+    assert not [line for line in logs if line["log_level"] in ("warning", "error") and line not in skipped]

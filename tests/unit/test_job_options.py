@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from spark_writer.job import KafkaSettings, parse_size
+from spark_writer.job import KafkaSettings, ParseSettings, parse_size
+from spark_writer.kafka_records import BadRecordPolicy, check_time_zone
+from spark_writer.session import retries_tasks, with_task_retries
 
 
 @pytest.mark.parametrize(
@@ -38,3 +40,34 @@ def test_kafka_settings_become_source_options() -> None:
         "maxOffsetsPerTrigger": "5000",
         "kafka.security.protocol": "SSL",
     }
+
+
+@pytest.mark.parametrize(
+    ("master", "expected"),
+    [
+        ("local", "local[1, 4]"),
+        ("local[2]", "local[2, 4]"),
+        ("local[*]", "local[*, 4]"),
+        ("local[2, 8]", "local[2, 8]"),
+        ("spark://host:7077", "spark://host:7077"),
+        ("yarn", "yarn"),
+    ],
+)
+def test_local_masters_get_task_retries(master: str, expected: str) -> None:
+    assert with_task_retries(master) == expected
+    assert retries_tasks(expected)
+
+
+def test_unknown_json_time_zone_is_refused() -> None:
+    assert check_time_zone("Europe/Paris") == "Europe/Paris"
+    with pytest.raises(ValueError, match="unknown time zone 'Mars/Olympus'"):
+        check_time_zone("Mars/Olympus")
+
+
+@pytest.mark.parametrize(
+    ("policy", "topic"),
+    [(BadRecordPolicy.DEAD_LETTER, None), (BadRecordPolicy.NULL, "dead"), (BadRecordPolicy.FAIL, "d")],
+)
+def test_dead_letter_topic_goes_with_the_dead_letter_policy(policy: BadRecordPolicy, topic: str | None) -> None:
+    with pytest.raises(ValueError, match="--dead-letter-topic is required with --on-bad-record dead-letter"):
+        ParseSettings(on_bad_record=policy, dead_letter_topic=topic)
