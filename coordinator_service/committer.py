@@ -426,18 +426,26 @@ class Committer:
             due = [
                 path for path in await repository.files_to_clean(session, row, self.cleanup_delays) if path in checked
             ]
-            if not due:
-                return
             referenced = sorted(set(due) - unreferenced)
             if referenced:
                 await self._keep_referenced(session, sink, row, referenced, markers)
                 return
-            await lock.verify()
-            deleted = await in_catalog(self.tables.delete_files, sink.table_identifier, due)
-            await failpoints.hit(Failpoint.CLEANUP_AFTER_DELETE)
-            await repository.forget_files(session, due)
-            if row.status == EpochStatus.ABORTED and not await repository.paths_held(session, sink.id, epoch):
+            deleted = 0
+            if due:
+                await lock.verify()
+                deleted = await in_catalog(self.tables.delete_files, sink.table_identifier, due)
+                await failpoints.hit(Failpoint.CLEANUP_AFTER_DELETE)
+                await repository.forget_files(session, due)
+            # An ABORTED epoch is cleaned once it holds no file (an empty epoch holds none from the start).
+            cleaned = (
+                row.status == EpochStatus.ABORTED
+                and not row.files_cleaned
+                and not await repository.paths_held(session, sink.id, epoch)
+            )
+            if cleaned:
                 row.files_cleaned = True
+        if not (due or cleaned):
+            return
         metrics.CLEANED_FILES.labels(sink.name).inc(deleted)
         log.info(
             "aborted epoch cleaned",

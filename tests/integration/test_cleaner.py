@@ -12,6 +12,7 @@ from pyiceberg.catalog import Catalog
 from coordinator_service.protocol import PreCommitRequest
 from tests.fixtures.admin import AdminFactory, eventually
 from tests.fixtures.coordinator import orders, table_files, table_order_ids, write_parquet
+from tests.fixtures.postgres import query
 
 
 def exists(uri: str) -> bool:
@@ -84,3 +85,19 @@ async def test_files_of_an_epoch_aborted_by_recovery_are_kept_until_it_runs_agai
     assert await admin.checkpoint("orders", second, 1) == 1
     assert table_files(catalog.load_table("db.orders")) >= {rerun}
     assert table_order_ids(catalog.load_table("db.orders")) == list(range(20))
+
+
+async def test_an_aborted_empty_epoch_is_cleaned(admin_factory: AdminFactory, database_url: str) -> None:
+    """An epoch with no file holds nothing: once due, it is cleaned (the torture runs settle on it)."""
+    admin = await admin_factory(recovery_files_keep_seconds=0)
+    first = await admin.register("orders")
+    await admin.runtime.coordinator.pre_commit(
+        PreCommitRequest(sink="orders", epoch=0, writer_term=first.writer_term, paths=())
+    )
+    second = await admin.register("orders", checkpointed_epoch=-1)
+    assert second.aborted_epochs == (0,)
+
+    async def cleaned() -> bool:
+        return query(database_url, "SELECT files_cleaned FROM pending_sink_state WHERE epoch = 0") == [(True,)]
+
+    await eventually(cleaned, "the aborted empty epoch cleaned")

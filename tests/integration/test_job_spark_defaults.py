@@ -12,6 +12,7 @@ from pyspark import TaskContext
 from pyspark.sql import SparkSession
 
 from spark_writer.kafka_records import json_records, schema_from_ddl
+from spark_writer.kafka_source import KAFKA_SCHEMA
 
 pytestmark = pytest.mark.spark
 
@@ -41,8 +42,9 @@ def new_york_session(spark: SparkSession) -> Iterator[SparkSession]:
 
 
 def test_zone_less_json_timestamps_are_utc_whatever_the_session_zone(new_york_session: SparkSession) -> None:
-    values = [('{"id": 1, "at": "2025-03-01T23:30:00"}',), ('{"id": 2, "at": "2025-03-01T23:30:00-05:00"}',)]
-    kafka = new_york_session.createDataFrame(values, "json string").selectExpr("cast(json as binary) as value")
+    values = ['{"id": 1, "at": "2025-03-01T23:30:00"}', '{"id": 2, "at": "2025-03-01T23:30:00-05:00"}']
+    records = [(None, value.encode(), "t", 0, offset, None, -1, None) for offset, value in enumerate(values)]
+    kafka = new_york_session.createDataFrame(records, KAFKA_SCHEMA)
 
     parsed = json_records(kafka, schema_from_ddl("id BIGINT, at TIMESTAMP")).toArrow()
 
