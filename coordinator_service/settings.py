@@ -72,8 +72,8 @@ class Settings(BaseSettings):
     admin_lock_timeout_seconds: float = Field(
         default=5.0,
         gt=0.0,
-        description="How long a forced abort or a reset waits for a sink's committer to finish its Iceberg "
-        "commit before it answers 503.",
+        description="How long an abort, a reset, or a RegisterWriter that aborts epochs waits for a sink's "
+        "commit lock (a committer finishing its Iceberg commit, the cleaner) before it answers 503 / UNAVAILABLE.",
     )
     tls_cert_file: Path | None = Field(
         default=None, description="PEM certificate (chain) that gRPC and HTTP serve; set TLS_KEY_FILE with it."
