@@ -27,9 +27,7 @@ from pyiceberg.catalog import Catalog, MetastoreCatalog
 from pyiceberg.conversions import from_bytes, to_bytes
 from pyiceberg.exceptions import (
     CommitFailedException,
-    NamespaceAlreadyExistsError,
     NoSuchTableError,
-    TableAlreadyExistsError,
 )
 from pyiceberg.io.pyarrow import (
     PyArrowFileIO,
@@ -298,14 +296,21 @@ class IcebergTables:
         self, parts: tuple[str, ...], schema: pa.Schema, fields: list[tuple[str, Transform[Any, Any]]]
     ) -> Table:
         self._check_new_table(parts, schema, fields)
-        with contextlib.suppress(NamespaceAlreadyExistsError):
-            self.catalog.create_namespace(parts[:-1])
+        namespace = parts[:-1]
+        try:
+            self.catalog.create_namespace(namespace)
+        except Exception:
+            # Another registration created it first: the SQL catalog says so with its database's unique-key
+            # error rather than NamespaceAlreadyExistsError when both checked before either inserted.
+            if not self.catalog.namespace_exists(namespace):
+                raise
         try:
             with self.catalog.create_table_transaction(parts, schema=schema) as transaction:
                 _describe_new_table(transaction, fields)
             log.info("created iceberg table", table=".".join(parts), partition_by=[str(f) for f in fields])
-        except TableAlreadyExistsError:
-            pass  # another registration created it first
+        except Exception:
+            if not self.catalog.table_exists(parts):  # likewise for the table
+                raise
         return self.catalog.load_table(parts)
 
     def _check_new_table(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pyarrow as pa
 import pytest
 from pyiceberg.catalog import Catalog
@@ -33,3 +35,15 @@ async def test_a_refused_writer_does_not_create_a_table(admin: AdminApp, catalog
             "orders", "db.elsewhere", 0, arrow_schema=ORDERS.serialize().to_pybytes()
         )
     assert not catalog.table_exists("db.elsewhere")
+
+
+async def test_writers_registering_at_once_create_their_tables_in_one_new_namespace(admin: AdminApp) -> None:
+    """Concurrent creations race in the catalog (the SQL catalog's unique keys): none is refused for it."""
+    schema = ORDERS.serialize().to_pybytes()
+    registrations = await asyncio.gather(
+        *(
+            admin.runtime.coordinator.register_writer(f"sink-{index}", f"fresh.table_{index}", -1, arrow_schema=schema)
+            for index in range(12)
+        )
+    )
+    assert [registration.writer_term for registration in registrations] == [1] * 12
