@@ -55,7 +55,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             await runtime.close()
             raise OSError(f"cannot serve HTTP on {settings.bind_host}:{settings.http_port}; is the port in use?")
         await asyncio.sleep(0.01)
-    runtime.committer.start()
+    runtime.start()
     for service in ("", SERVICE_NAME):
         await health.set(service, health_pb2.HealthCheckResponse.SERVING)
     log.info(

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -32,6 +32,7 @@ from coordinator_service.failpoints import Failpoint
 from coordinator_service.iceberg import IcebergTables, Marker
 from coordinator_service.models import EpochStatus, PendingSinkState, Sink
 from coordinator_service.settings import Settings
+from coordinator_service.table_maintenance import table_properties_for
 
 log = structlog.get_logger(__name__)
 
@@ -271,6 +272,7 @@ class Committer:
                 uuid.uuid4().hex,
                 entries,
                 table,
+                self._table_properties(sink),
             )
         except CommitFailedException as error:
             if not from_cache:
@@ -281,6 +283,12 @@ class Committer:
         await failpoints.hit(Failpoint.COMMIT_AFTER_APPEND)
         await self._record_commit(sink, pending, snapshot_id, entries, started, log_)
         return more
+
+    def _table_properties(self, sink: Sink) -> Mapping[str, str]:
+        """What the sink's commits make sure its table has: manifest merging and old metadata files removed
+        when its maintenance is on (coordinator_service.maintenance)."""
+        policy = self.settings.with_overrides(sink.maintenance_overrides)
+        return table_properties_for(policy.manifest_merge_min_count) if policy.maintenance_enabled else {}
 
     async def _record_commit(
         self,

@@ -42,6 +42,14 @@ class Failpoint(StrEnum):
     REGISTER_AFTER_RECOVERY = "register.after_recovery"
     # An aborted epoch's files are deleted, files_cleaned not yet set.
     CLEANUP_AFTER_DELETE = "cleanup.after_delete"
+    # Snapshots are expired in the table's metadata; the files only they referenced are not deleted yet.
+    MAINTENANCE_AFTER_EXPIRE = "maintenance.after_expire"
+    # Compacted files are written under the table location; the replace snapshot is not committed yet.
+    MAINTENANCE_BEFORE_COMPACTION_COMMIT = "maintenance.before_compaction_commit"
+    # The replace snapshot is committed; the run is not recorded yet.
+    MAINTENANCE_AFTER_COMPACTION_COMMIT = "maintenance.after_compaction_commit"
+    # Some orphan files are deleted, the others not yet.
+    MAINTENANCE_DURING_SWEEP = "maintenance.during_sweep"
 
 
 class Action(StrEnum):

@@ -53,7 +53,7 @@ from pyiceberg.transforms import (
     TruncateTransform,
     YearTransform,
 )
-from pyiceberg.typedef import Record, TableVersion
+from pyiceberg.typedef import EMPTY_DICT, Record, TableVersion
 from pyiceberg.types import PrimitiveType, StructType
 
 from coordinator_service.errors import InvalidArgument, cause, quote
@@ -487,9 +487,13 @@ class IcebergTables:
         commit_id: str,
         entries: Sequence[DataFileEntry],
         table: Table | None = None,
+        properties: Mapping[str, str] = EMPTY_DICT,
     ) -> int:
-        """Fast-append the entries as one snapshot carrying the sink's marker; return its id.
+        """Append the entries as one snapshot carrying the sink's marker; return its id.
 
+        `properties` are table properties the commit makes sure of (maintenance: manifest merging, old
+        metadata files removed); with manifest merging on, the append merges the table's manifests once
+        enough have accumulated (pyiceberg's merge append), else it is a fast append.
         pyiceberg's own retry of a conflicting commit would re-apply the append
         without looking at the markers, so it is turned off here: the caller's
         retry re-runs the ancestry check first. Given `table` (the one whose
@@ -499,7 +503,7 @@ class IcebergTables:
         The committed table replaces the cached one; any failure drops it.
         """
         try:
-            snapshot_id, committed = self._append(identifier, sink.marker(epoch, commit_id), entries, table)
+            snapshot_id, committed = self._append(identifier, sink.marker(epoch, commit_id), entries, table, properties)
         except BaseException:
             self.forget(identifier)
             raise
@@ -507,19 +511,27 @@ class IcebergTables:
         return snapshot_id
 
     def _append(
-        self, identifier: str, markers: dict[str, str], entries: Sequence[DataFileEntry], table: Table | None
+        self,
+        identifier: str,
+        markers: dict[str, str],
+        entries: Sequence[DataFileEntry],
+        table: Table | None,
+        properties: Mapping[str, str],
     ) -> tuple[int, Table]:
         # A copy: the cached table object is shared with other threads and must not change under them.
-        table = copy.copy(table) if table is not None else self.catalog.load_table(parse_table_identifier(identifier))
-        table.metadata = table.metadata.model_copy(
-            update={"properties": {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}}
+        table = without_retries(
+            table if table is not None else self.catalog.load_table(parse_table_identifier(identifier))
         )
         transaction = table.transaction()
+        wanted = dict(properties)
         if table.metadata.name_mapping() is None:
-            transaction.set_properties(
-                {TableProperties.DEFAULT_NAME_MAPPING: table.schema().name_mapping.model_dump_json()}
-            )
-        with transaction.update_snapshot(snapshot_properties=markers).fast_append() as append:
+            wanted[TableProperties.DEFAULT_NAME_MAPPING] = table.schema().name_mapping.model_dump_json()
+        changed = {key: value for key, value in wanted.items() if table.metadata.properties.get(key) != value}
+        if changed:
+            transaction.set_properties(changed)
+        update = transaction.update_snapshot(snapshot_properties=markers)
+        merge = transaction.table_metadata.properties.get(TableProperties.MANIFEST_MERGE_ENABLED) == "true"
+        with update.merge_append() if merge else update.fast_append() as append:
             for entry in entries:
                 append.append_data_file(_data_file(table.metadata, entry))
         committed = transaction.commit_transaction()
@@ -567,6 +579,16 @@ def _describe_new_table(transaction: Transaction, fields: list[tuple[str, Transf
                 spec.add_field(source, transform)
     name_mapping = transaction.table_metadata.schema().name_mapping
     transaction.set_properties({TableProperties.DEFAULT_NAME_MAPPING: name_mapping.model_dump_json()})
+
+
+def without_retries(table: Table) -> Table:
+    """A copy of the table whose commits pyiceberg does not retry by itself: its retry re-applies the change to
+    whatever the table has become, where the coordinator must look again (markers, plans) on a fresh load."""
+    table = copy.copy(table)
+    table.metadata = table.metadata.model_copy(
+        update={"properties": {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}}
+    )
+    return table
 
 
 def canonical_uri(path: str) -> str:

@@ -7,7 +7,12 @@ operations); the per-sink gauges are set from one metastore query when
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from coordinator_service.models import MaintenanceRun
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -48,6 +53,35 @@ COMMIT_ANOMALIES = Counter(
 )
 CLEANED_FILES = Counter(
     "sink_coordinator_cleaned_files_total", "Data files of aborted epochs deleted from storage.", ["sink"]
+)
+MAINTENANCE_RUNS = Counter(
+    "sink_coordinator_maintenance_runs_total", "Table maintenance runs, by outcome (ok, failed).", ["sink", "outcome"]
+)
+MAINTENANCE_SECONDS = Histogram(
+    "sink_coordinator_maintenance_seconds",
+    "Time of one maintenance run (expiration, compaction, and the orphan sweep when due).",
+    ["sink"],
+    buckets=_LATENCY_BUCKETS,
+)
+SNAPSHOTS_EXPIRED = Counter("sink_coordinator_snapshots_expired_total", "Snapshots expired.", ["sink"])
+EXPIRED_FILES_DELETED = Counter(
+    "sink_coordinator_expired_files_deleted_total",
+    "Files (data files, manifests, manifest lists) that only expired snapshots referenced, deleted.",
+    ["sink"],
+)
+FILES_COMPACTED = Counter(
+    "sink_coordinator_files_compacted_total", "Small data files replaced by compaction.", ["sink"]
+)
+FILES_WRITTEN_BY_COMPACTION = Counter(
+    "sink_coordinator_compaction_files_written_total", "Data files written by compaction.", ["sink"]
+)
+BYTES_REWRITTEN = Counter(
+    "sink_coordinator_compaction_bytes_rewritten_total", "Bytes of data files rewritten by compaction.", ["sink"]
+)
+ORPHANS_DELETED = Counter(
+    "sink_coordinator_orphan_files_deleted_total",
+    "Files under a table's location that nothing referenced, deleted by the orphan sweep.",
+    ["sink"],
 )
 PENDING_EPOCHS = Gauge("sink_coordinator_pending_epochs", "PENDING epochs of the sink (at scrape time).", ["sink"])
 ABORTED_EPOCHS_IN_LOG = Gauge(
@@ -91,3 +125,14 @@ def record_commit(sink: str, epochs: int, *, appended: bool, seconds: float) -> 
     if appended:
         COMMITS.labels(sink).inc()
     COMMIT_SECONDS.labels(sink).observe(seconds)
+
+
+def record_maintenance(sink: str, run: MaintenanceRun, seconds: float) -> None:
+    MAINTENANCE_RUNS.labels(sink, run.outcome).inc()
+    MAINTENANCE_SECONDS.labels(sink).observe(seconds)
+    SNAPSHOTS_EXPIRED.labels(sink).inc(run.snapshots_expired)
+    EXPIRED_FILES_DELETED.labels(sink).inc(run.expired_files_deleted)
+    FILES_COMPACTED.labels(sink).inc(run.files_compacted)
+    FILES_WRITTEN_BY_COMPACTION.labels(sink).inc(run.files_written)
+    BYTES_REWRITTEN.labels(sink).inc(run.bytes_rewritten)
+    ORPHANS_DELETED.labels(sink).inc(run.orphans_deleted)

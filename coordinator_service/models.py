@@ -14,6 +14,7 @@ from sqlalchemy import (
     Enum,
     ForeignKey,
     ForeignKeyConstraint,
+    Identity,
     Index,
     Integer,
     LargeBinary,
@@ -22,6 +23,7 @@ from sqlalchemy import (
     func,
     text,
 )
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -69,6 +71,8 @@ class Sink(Base):
     incarnation: Mapped[uuid.UUID] = mapped_column(Uuid, unique=True, server_default=text("gen_random_uuid()"))
     # Sinks that existed before incarnations (migration 0003): markers without one count as theirs.
     legacy_markers: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
+    # Settings of its table's maintenance that differ from the coordinator's (maintenance.MaintenancePolicy).
+    maintenance_overrides: Mapped[dict[str, object] | None] = mapped_column(JSONB, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
@@ -142,4 +146,32 @@ class EpochFile(Base):
         ),
         Index("ix_epoch_files_sink_epoch", "sink_id", "epoch"),
         Index("ix_epoch_files_discarded", "discarded_at", postgresql_where=text("discarded_at IS NOT NULL")),
+    )
+
+
+class MaintenanceRun(Base):
+    """One maintenance run of a sink's table: what it did, or why it failed."""
+
+    __tablename__ = "maintenance_runs"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    sink_id: Mapped[int] = mapped_column(Integer, ForeignKey("sinks.id", ondelete="CASCADE"))
+    # 'schedule' (the coordinator's own timing) or 'operator' (the admin API's run-now).
+    trigger: Mapped[str] = mapped_column(Text)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    outcome: Mapped[str] = mapped_column(Text, server_default="running")
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    snapshots_expired: Mapped[int] = mapped_column(Integer, server_default="0")
+    expired_files_deleted: Mapped[int] = mapped_column(Integer, server_default="0")
+    files_compacted: Mapped[int] = mapped_column(Integer, server_default="0")
+    files_written: Mapped[int] = mapped_column(Integer, server_default="0")
+    bytes_rewritten: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    swept: Mapped[bool] = mapped_column(Boolean, server_default="false")
+    orphans_deleted: Mapped[int] = mapped_column(Integer, server_default="0")
+
+    __table_args__ = (
+        CheckConstraint("trigger IN ('schedule', 'operator')", name="maintenance_trigger_known"),
+        CheckConstraint("outcome IN ('running', 'ok', 'failed')", name="maintenance_outcome_known"),
+        Index("ix_maintenance_runs_sink_started", "sink_id", "started_at"),
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -14,7 +15,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import defer
 
-from coordinator_service.models import AbortCause, EpochFile, EpochStatus, PendingSinkState, Sink
+from coordinator_service.models import AbortCause, EpochFile, EpochStatus, MaintenanceRun, PendingSinkState, Sink
 
 # First key of the two-int advisory locks the committer takes per sink ("SC"); tests hold them as another committer.
 COMMIT_LOCK_CLASS = 0x5343
@@ -663,3 +664,85 @@ async def delete_epochs_of_old_generation(session: AsyncSession, sink_id: int) -
         )
     )
     return int(getattr(result, "rowcount", 0) or 0)
+
+
+# ---------------------------------------------------------------------------------------------- maintenance
+
+
+async def sinks_of_table(session: AsyncSession, table: str) -> Sequence[Sink]:
+    """Every sink writing the table (usually one): whose markers its snapshots carry."""
+    return (await session.execute(select(Sink).where(Sink.table_identifier == table).order_by(Sink.id))).scalars().all()
+
+
+async def paths_held_by_uncommitted(session: AsyncSession, paths: Sequence[str]) -> set[str]:
+    """The paths among `paths` that an epoch holds which is not COMMITTED, or that wait for the cleaner."""
+    statement = (
+        select(EpochFile.path)
+        .join(
+            PendingSinkState,
+            and_(PendingSinkState.sink_id == EpochFile.sink_id, PendingSinkState.epoch == EpochFile.epoch),
+        )
+        .where(
+            EpochFile.path.in_(paths),
+            (PendingSinkState.status != EpochStatus.COMMITTED) | EpochFile.discarded_at.is_not(None),
+        )
+    )
+    return set((await session.execute(statement)).scalars().all())
+
+
+async def paths_held_by_any(session: AsyncSession, paths: Sequence[str]) -> set[str]:
+    """The paths among `paths` that any epoch of any sink holds."""
+    statement = select(EpochFile.path).where(EpochFile.path.in_(paths))
+    return set((await session.execute(statement)).scalars().all())
+
+
+async def maintenance_candidates(session: AsyncSession) -> Sequence[tuple[Sink, datetime | None, datetime | None]]:
+    """Every sink with the start of its last maintenance run and of its last orphan sweep (None: never)."""
+    last_run = select(func.max(MaintenanceRun.started_at)).where(MaintenanceRun.sink_id == Sink.id).scalar_subquery()
+    last_sweep = (
+        select(func.max(MaintenanceRun.started_at))
+        .where(MaintenanceRun.sink_id == Sink.id, MaintenanceRun.swept.is_(True))
+        .scalar_subquery()
+    )
+    rows = await session.execute(select(Sink, last_run, last_sweep).order_by(Sink.id))
+    return [(row[0], row[1], row[2]) for row in rows.all()]
+
+
+async def last_sweep_at(session: AsyncSession, sink_id: int) -> datetime | None:
+    statement = select(func.max(MaintenanceRun.started_at)).where(
+        MaintenanceRun.sink_id == sink_id, MaintenanceRun.swept.is_(True)
+    )
+    return (await session.execute(statement)).scalar_one_or_none()
+
+
+async def start_maintenance_run(session: AsyncSession, sink_id: int, trigger: str) -> MaintenanceRun:
+    run = MaintenanceRun(sink_id=sink_id, trigger=trigger)
+    session.add(run)
+    await session.flush()
+    await session.refresh(run)
+    return run
+
+
+async def finish_maintenance_run(session: AsyncSession, run: MaintenanceRun, keep: int) -> None:
+    """Record the run's end (the caller set its outcome and counts) and forget runs older than the last `keep`."""
+    run.finished_at = datetime.now(UTC)
+    merged = await session.merge(run)
+    await session.flush()
+    oldest_kept = (
+        select(MaintenanceRun.id)
+        .where(MaintenanceRun.sink_id == merged.sink_id)
+        .order_by(MaintenanceRun.id.desc())
+        .offset(keep - 1)
+        .limit(1)
+        .scalar_subquery()
+    )
+    await session.execute(
+        delete(MaintenanceRun).where(MaintenanceRun.sink_id == merged.sink_id, MaintenanceRun.id < oldest_kept)
+    )
+
+
+async def maintenance_runs(session: AsyncSession, sink_id: int, limit: int) -> Sequence[MaintenanceRun]:
+    statement = (
+        select(MaintenanceRun).where(MaintenanceRun.sink_id == sink_id).order_by(MaintenanceRun.id.desc()).limit(limit)
+    )
+    return (await session.execute(statement)).scalars().all()

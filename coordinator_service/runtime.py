@@ -14,6 +14,7 @@ from coordinator_service.committer import Committer
 from coordinator_service.database import Database, create_sync_engine, normalize_url
 from coordinator_service.embedded import start_embedded_postgres
 from coordinator_service.iceberg import IcebergTables
+from coordinator_service.maintenance import Maintainer
 from coordinator_service.protocol import Coordinator
 from coordinator_service.settings import Settings
 
@@ -73,6 +74,7 @@ class Runtime:
     tables: IcebergTables
     committer: Committer
     coordinator: Coordinator
+    maintainer: Maintainer
 
     @classmethod
     async def open(cls, settings: Settings) -> Runtime:
@@ -86,9 +88,22 @@ class Runtime:
         database = Database(url)
         tables = IcebergTables(catalog, settings.table_cache_seconds)
         committer = Committer(database, tables, settings)
-        return cls(settings, database, tables, committer, Coordinator(database, tables, committer))
+        return cls(
+            settings,
+            database,
+            tables,
+            committer,
+            Coordinator(database, tables, committer),
+            Maintainer(database, tables, committer, settings),
+        )
+
+    def start(self) -> None:
+        """The background work: the committer (with its poller and cleaner) and table maintenance."""
+        self.committer.start()
+        self.maintainer.start()  # always: a sink's overrides may turn maintenance on where the default is off
 
     async def close(self) -> None:
+        await self.maintainer.stop()
         await self.committer.stop()
         await self.coordinator.close()
         await self.database.dispose()

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Self
+from typing import ClassVar, Self
 
-from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from coordinator_service import failpoints
@@ -30,7 +31,76 @@ class LogFormat(StrEnum):
     CONSOLE = "console"
 
 
-class Settings(BaseSettings):
+class MaintenancePolicy(BaseModel):
+    """How the coordinator maintains a sink's table: the coordinator's settings, or a sink's overrides of them
+    (the admin API's PUT /api/v1/sinks/{sink}/maintenance), validated by the same rules."""
+
+    model_config: ClassVar[ConfigDict] = ConfigDict(extra="forbid")
+
+    maintenance_enabled: bool = Field(
+        default=True,
+        description="Keep every sink's table healthy between its commits: expire snapshots, merge manifests, "
+        "compact small files, sweep orphan files (docs/operations.md, Maintenance).",
+    )
+    maintenance_interval_seconds: float = Field(
+        default=300.0,
+        gt=0.0,
+        description="How often a table's snapshots are expired and its small files compacted (per sink).",
+    )
+    snapshot_max_age_seconds: float = Field(
+        default=24 * 3600.0,
+        gt=0.0,
+        description="Snapshots older than this are expired (time travel reaches this far back at most).",
+    )
+    snapshot_max_count: int = Field(
+        default=500,
+        ge=1,
+        description="At most this many snapshots are kept, the newest; older ones are expired whatever their "
+        "age. Bounds the table's metadata.json, which every commit rewrites.",
+    )
+    manifest_merge_min_count: int = Field(
+        default=16,
+        ge=2,
+        description="A commit merges the table's manifests once this many have accumulated "
+        "(Iceberg's commit.manifest.min-count-to-merge, set on the tables the coordinator commits to).",
+    )
+    compaction_target_file_bytes: int = Field(
+        default=128 * 1024 * 1024,
+        ge=1024,
+        description="Compaction rewrites data files smaller than 3/4 of this into files of about this size.",
+    )
+    compaction_min_files: int = Field(
+        default=5, ge=2, description="Fewest small files of one partition that are worth a compaction."
+    )
+    compaction_max_bytes_per_run: int = Field(
+        default=1024 * 1024 * 1024,
+        ge=1024,
+        description="Most bytes of data files one maintenance run rewrites (the rest waits for the next run).",
+    )
+    orphan_sweep_interval_seconds: float = Field(
+        default=3600.0,
+        gt=0.0,
+        description="How often the files under a table's location that nothing references are looked for.",
+    )
+    orphan_grace_seconds: float = Field(
+        default=24 * 3600.0,
+        ge=0.0,
+        description="An unreferenced file is deleted only once it is this old: a writer may be about to "
+        "pre-commit it (Spark tasks write their files before the batch's pre-commit).",
+    )
+    orphan_max_files_per_run: int = Field(
+        default=10_000, ge=1, description="Most orphan files one maintenance run deletes."
+    )
+
+    def with_overrides(self, overrides: Mapping[str, object] | None) -> MaintenancePolicy:
+        """This policy with a sink's overrides; ValidationError for an unknown name or a value out of range."""
+        policy: MaintenancePolicy = MaintenancePolicy.model_validate(
+            {**self.model_dump(include=set(MaintenancePolicy.model_fields)), **(overrides or {})}
+        )
+        return policy
+
+
+class Settings(BaseSettings, MaintenancePolicy):
     """The coordinator's configuration.
 
     Values come from (highest first) command-line flags, environment variables

@@ -1,0 +1,261 @@
+"""Table maintenance run by the coordinator, in step with the sink's commits.
+
+A sink's table is maintained every MAINTENANCE_INTERVAL_SECONDS (and when an
+operator asks), under the sink's commit lock, so never while the sink's own
+append runs; against any other writer of the table the commits are optimistic
+(a conflict fails the run, and the next run plans again on a fresh load). A run:
+
+1. expires the snapshots older than SNAPSHOT_MAX_AGE_SECONDS or beyond the
+   newest SNAPSHOT_MAX_COUNT, except branch and tag heads and every snapshot
+   whose marker the recovery walk may still need (a sink's marker above its
+   committed epoch), then deletes the files only the expired snapshots
+   referenced;
+2. compacts the small files of each partition (smaller than 3/4 of
+   COMPACTION_TARGET_FILE_BYTES, at least COMPACTION_MIN_FILES of them, at most
+   COMPACTION_MAX_BYTES_PER_RUN in all) into a `replace` snapshot with the same
+   rows; a file that a non-COMMITTED epoch holds is never compacted;
+3. every ORPHAN_SWEEP_INTERVAL_SECONDS, deletes the files under the table's
+   data and metadata directories that no snapshot references and no log row
+   holds, once they are older than ORPHAN_GRACE_SECONDS (at most
+   ORPHAN_MAX_FILES_PER_RUN of them).
+
+Manifests are merged by the commits themselves (the committer sets the table
+properties of manifest merging; see IcebergTables.append). Every step that
+deletes files verifies the commit lock right before it (coordinator_service.
+commit_lock). A run is recorded in maintenance_runs, counted in metrics, and
+its failure never stops the sink's commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+
+import structlog
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.table import Table
+
+from coordinator_service import commit_lock, failpoints, metrics, repository, settlement
+from coordinator_service import table_maintenance as tm
+from coordinator_service.catalog_calls import in_catalog
+from coordinator_service.commit_lock import CommitLock
+from coordinator_service.committer import Committer
+from coordinator_service.database import Database
+from coordinator_service.errors import NotFound, cause
+from coordinator_service.failpoints import Failpoint
+from coordinator_service.iceberg import MARKER_EPOCH, IcebergTables
+from coordinator_service.models import MaintenanceRun, Sink
+from coordinator_service.settings import MaintenancePolicy, Settings
+
+log = structlog.get_logger(__name__)
+
+# Runs kept in maintenance_runs per sink.
+RUNS_KEPT = 100
+# Orphan files deleted between two verifications of the commit lock.
+ORPHAN_DELETE_BATCH = 100
+SCHEDULE = "schedule"
+OPERATOR = "operator"
+
+
+def policy_of(settings: Settings, sink: Sink) -> MaintenancePolicy:
+    return settings.with_overrides(sink.maintenance_overrides)
+
+
+def protected_by_markers(table: Table, sinks: Sequence[Sink]) -> set[int]:
+    """Snapshots whose marker the recovery walk may still need: a sink's own marker above its committed
+    epoch (an append whose COMMITTED update has not happened yet)."""
+    identities = [(settlement.identity_of(sink), sink.committed_epoch) for sink in sinks]
+    protected = set()
+    for snapshot in table.metadata.snapshots:
+        if snapshot.summary is None:
+            continue
+        for identity, committed_epoch in identities:
+            if identity.owns(snapshot.summary) and int(str(snapshot.summary.get(MARKER_EPOCH))) > committed_epoch:
+                protected.add(snapshot.snapshot_id)
+    return protected
+
+
+class Maintainer:
+    """Runs every sink's table maintenance when it is due (one run at a time in this process)."""
+
+    def __init__(self, database: Database, tables: IcebergTables, committer: Committer, settings: Settings) -> None:
+        self.database = database
+        self.tables = tables
+        self.committer = committer
+        self.settings = settings
+        self._task: asyncio.Task[None] | None = None
+        self._running = asyncio.Lock()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._schedule_forever(), name="table-maintenance")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _schedule_forever(self) -> None:
+        while True:
+            try:
+                for sink_id in await self._due():
+                    async with self._running, commit_lock.try_holding(self.database, sink_id) as lock:
+                        if lock is not None:  # else its committer is at work: the next round
+                            await self._run(sink_id, SCHEDULE, lock)
+            except Exception as error:
+                log.warning("table maintenance could not run; will try again", error=cause(error))
+            await asyncio.sleep(self.settings.poll_interval_seconds)
+
+    async def _due(self) -> list[int]:
+        now = datetime.now(UTC)
+        async with self.database.transaction() as session:
+            candidates = await repository.maintenance_candidates(session)
+        due = []
+        for sink, last_run, _ in candidates:
+            policy = policy_of(self.settings, sink)
+            interval = timedelta(seconds=policy.maintenance_interval_seconds)
+            # A new sink's first run comes one interval after its creation.
+            if policy.maintenance_enabled and now - (last_run or sink.created_at) >= interval:
+                due.append(sink.id)
+        return due
+
+    async def run_now(self, sink_id: int) -> MaintenanceRun:
+        """An operator's run: every step, the orphan sweep included, waiting for the commit lock (Unavailable
+        after ADMIN_LOCK_TIMEOUT_SECONDS, nothing done)."""
+        async with (
+            self._running,
+            commit_lock.holding(
+                self.database, sink_id, self.settings.admin_lock_timeout_seconds, "maintenance"
+            ) as lock,
+        ):
+            return await self._run(sink_id, OPERATOR, lock)
+
+    async def _run(self, sink_id: int, trigger: str, lock: CommitLock) -> MaintenanceRun:
+        async with self.database.transaction() as session:
+            sink = await repository.sink_by_id(session, sink_id)
+            if sink is None:
+                raise NotFound(f"sink id {sink_id} no longer exists")
+            last_sweep = await repository.last_sweep_at(session, sink_id)
+            run = await repository.start_maintenance_run(session, sink_id, trigger)
+        policy = policy_of(self.settings, sink)
+        started = time.monotonic()
+        log_ = log.bind(sink=sink.name, table=sink.table_identifier, trigger=trigger)
+        try:
+            await self._expire(sink, policy, lock, run)
+            await self._compact(sink, policy, lock, run)
+            interval = timedelta(seconds=policy.orphan_sweep_interval_seconds)
+            if trigger == OPERATOR or last_sweep is None or datetime.now(UTC) - last_sweep >= interval:
+                await self._sweep(sink, policy, lock, run)
+            run.outcome = "ok"
+        except Exception as error:
+            run.outcome = "failed"
+            run.error = f"{type(error).__name__}: {cause(error)}"
+            log_.warning("table maintenance failed; the next run plans again", error=run.error)
+        finally:
+            async with self.database.transaction() as session:
+                await repository.finish_maintenance_run(session, run, RUNS_KEPT)
+            metrics.record_maintenance(sink.name, run, time.monotonic() - started)
+            self.committer.wake(sink_id)  # commits waited for the lock meanwhile
+        if run.outcome == "ok":
+            log_.info(
+                "table maintained",
+                snapshots_expired=run.snapshots_expired,
+                expired_files_deleted=run.expired_files_deleted,
+                files_compacted=run.files_compacted,
+                files_written=run.files_written,
+                bytes_rewritten=run.bytes_rewritten,
+                swept=run.swept,
+                orphans_deleted=run.orphans_deleted,
+                seconds=round(time.monotonic() - started, 3),
+            )
+        return run
+
+    async def _expire(self, sink: Sink, policy: MaintenancePolicy, lock: CommitLock, run: MaintenanceRun) -> None:
+        table = await in_catalog(self.tables.load, sink.table_identifier)
+        async with self.database.transaction() as session:
+            sinks = await repository.sinks_of_table(session, sink.table_identifier)
+        keep = tm.protected_by_refs(table) | protected_by_markers(table, sinks)
+        expired = tm.snapshots_to_expire(
+            table.metadata.snapshots,
+            now_ms=int(time.time() * 1000),
+            max_age_ms=int(policy.snapshot_max_age_seconds * 1000),
+            max_count=policy.snapshot_max_count,
+            keep=keep,
+        )
+        if not expired:
+            return
+        await lock.verify()
+        committed, gone = await in_catalog(tm.expire, table, expired)
+        self.tables.remember(sink.table_identifier, committed)
+        run.snapshots_expired = len(expired)
+        await failpoints.hit(Failpoint.MAINTENANCE_AFTER_EXPIRE)
+        paths = sorted(gone.all())
+        async with self.database.transaction() as session:
+            # Never a file an epoch that is not COMMITTED holds (only a lost commit lock could put one there).
+            held = await repository.paths_held_by_uncommitted(session, paths)
+        await lock.verify()
+        run.expired_files_deleted = await in_catalog(
+            self.tables.delete_files, sink.table_identifier, [path for path in paths if path not in held]
+        )
+
+    async def _compact(self, sink: Sink, policy: MaintenancePolicy, lock: CommitLock, run: MaintenanceRun) -> None:
+        table = await in_catalog(self.tables.load, sink.table_identifier)
+        files = await asyncio.to_thread(tm.live_data_files, table)
+        small = [tm.as_small_file(data_file) for data_file in files]
+        async with self.database.transaction() as session:
+            held = await repository.paths_held_by_uncommitted(session, [file.path for file in small])
+        groups = tm.compaction_groups(
+            [file for file in small if file.path not in held],
+            target_bytes=policy.compaction_target_file_bytes,
+            min_files=policy.compaction_min_files,
+            max_bytes=policy.compaction_max_bytes_per_run,
+            spec_id=table.metadata.default_spec_id,
+        )
+        if not groups:
+            return
+        replaced, written = await in_catalog(tm.write_compacted, table, groups, policy.compaction_target_file_bytes)
+        await failpoints.hit(Failpoint.MAINTENANCE_BEFORE_COMPACTION_COMMIT)
+        try:
+            committed = await asyncio.to_thread(tm.commit_compaction, table, replaced, written)
+        except CommitFailedException:
+            # The commit did not happen (a conflict): the files written are nobody's.
+            await in_catalog(self.tables.delete_files, sink.table_identifier, [f.file_path for f in written])
+            raise
+        self.tables.remember(sink.table_identifier, committed)
+        await failpoints.hit(Failpoint.MAINTENANCE_AFTER_COMPACTION_COMMIT)
+        run.files_compacted = len(replaced)
+        run.files_written = len(written)
+        run.bytes_rewritten = sum(data_file.file_size_in_bytes for data_file in replaced)
+
+    async def _sweep(self, sink: Sink, policy: MaintenancePolicy, lock: CommitLock, run: MaintenanceRun) -> None:
+        table = await in_catalog(self.tables.load, sink.table_identifier)
+        candidates = await in_catalog(_unreferenced_files, table, policy.orphan_grace_seconds)
+        async with self.database.transaction() as session:
+            held = await repository.paths_held_by_any(session, [file.uri for file in candidates])
+        orphans = [file.uri for file in candidates if file.uri not in held][: policy.orphan_max_files_per_run]
+        run.swept = True
+        for first in range(0, len(orphans), ORPHAN_DELETE_BATCH):
+            batch = orphans[first : first + ORPHAN_DELETE_BATCH]
+            await lock.verify()
+            run.orphans_deleted += await in_catalog(self.tables.delete_files, sink.table_identifier, batch)
+            await failpoints.hit(Failpoint.MAINTENANCE_DURING_SWEEP)
+
+
+def _unreferenced_files(table: Table, grace_seconds: float) -> list[tm.StoredFile]:
+    """Files under the table's data and metadata directories that no snapshot references and that are older
+    than the grace (data files, manifests and manifest lists, metadata files no longer in the metadata log)."""
+    referenced = {tm.same_file(uri) for uri in tm.reachable(table.io, table.metadata.snapshots).all()}
+    referenced |= {tm.same_file(uri) for uri in tm.metadata_files(table)}
+    oldest = (time.time() - grace_seconds) * 1000
+    stored = tm.stored_files(table, "data") + tm.stored_files(table, "metadata")
+    return sorted(
+        (
+            file
+            for file in stored
+            if tm.same_file(file.uri) not in referenced
+            and file.modified_ms < oldest
+            and file.uri.endswith((".parquet", ".avro", ".metadata.json"))
+        ),
+        key=lambda file: file.modified_ms,
+    )

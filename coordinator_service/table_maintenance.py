@@ -1,0 +1,265 @@
+"""Keeping an Iceberg table healthy, on pyiceberg; blocking (the caller runs it in worker threads).
+
+Snapshot expiration that also deletes the files only the expired snapshots referenced, small-file
+compaction as a `replace` snapshot (the rows stay exactly the same), and the files under the table's
+location that nothing references. What may be expired, rewritten or deleted is the caller's decision
+(coordinator_service.maintenance): it knows the commit log, the table does not.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from urllib.parse import urlparse
+
+import pyarrow.fs as pafs
+from pyiceberg.expressions import AlwaysTrue
+from pyiceberg.io import FileIO
+from pyiceberg.io.pyarrow import ArrowScan, PyArrowFileIO, _dataframe_to_data_files
+from pyiceberg.manifest import DataFile
+from pyiceberg.table import FileScanTask, Table, TableProperties
+from pyiceberg.table.snapshots import Operation, Snapshot, Summary
+from pyiceberg.table.update.snapshot import ExpireSnapshots, _OverwriteFiles
+from pyiceberg.typedef import EMPTY_DICT
+
+from coordinator_service.iceberg import without_retries
+
+# Files smaller than this share of the target size are compacted (Iceberg's rewrite default, 75 %).
+SMALL_FILE_SHARE = 0.75
+# The summary property of the coordinator's compaction snapshots (they carry no sink marker).
+COMPACTION_MARKER = "sink-coordinator.maintenance"
+
+
+@dataclass
+class Reachable:
+    """The files a set of snapshots reaches: manifest lists, manifests and live data files."""
+
+    manifest_lists: set[str] = field(default_factory=set)
+    manifests: set[str] = field(default_factory=set)
+    data_files: set[str] = field(default_factory=set)
+
+    def __sub__(self, other: Reachable) -> Reachable:
+        return Reachable(
+            self.manifest_lists - other.manifest_lists,
+            self.manifests - other.manifests,
+            self.data_files - other.data_files,
+        )
+
+    def all(self) -> set[str]:
+        return self.manifest_lists | self.manifests | self.data_files
+
+
+def reachable(io: FileIO, snapshots: Iterable[Snapshot]) -> Reachable:
+    """Every file the snapshots reference; each manifest is read once, however many snapshots share it."""
+    found = Reachable()
+    for snapshot in snapshots:
+        found.manifest_lists.add(snapshot.manifest_list)
+        for manifest in snapshot.manifests(io):
+            if manifest.manifest_path in found.manifests:
+                continue
+            found.manifests.add(manifest.manifest_path)
+            found.data_files.update(
+                entry.data_file.file_path for entry in manifest.fetch_manifest_entry(io, discard_deleted=True)
+            )
+    return found
+
+
+def snapshots_to_expire(
+    snapshots: Sequence[Snapshot], *, now_ms: int, max_age_ms: int, max_count: int, keep: set[int]
+) -> list[int]:
+    """Snapshots older than max_age_ms, or beyond the newest max_count; never one in `keep`."""
+    newest_first = sorted(snapshots, key=lambda snapshot: snapshot.timestamp_ms, reverse=True)
+    return [
+        snapshot.snapshot_id
+        for rank, snapshot in enumerate(newest_first)
+        if snapshot.snapshot_id not in keep and (rank >= max_count or snapshot.timestamp_ms < now_ms - max_age_ms)
+    ]
+
+
+def protected_by_refs(table: Table) -> set[int]:
+    """Branch and tag heads: Iceberg never expires them."""
+    return {ref.snapshot_id for ref in table.metadata.refs.values()}
+
+
+def expire(table: Table, snapshot_ids: Sequence[int]) -> tuple[Table, Reachable]:
+    """Remove the snapshots from the table's metadata; return the committed table and the files that only
+    they referenced (for the caller to delete once the commit stands)."""
+    expired_ids = set(snapshot_ids) - protected_by_refs(table)
+    snapshots = table.metadata.snapshots
+    kept = reachable(table.io, (s for s in snapshots if s.snapshot_id not in expired_ids))
+    gone = reachable(table.io, (s for s in snapshots if s.snapshot_id in expired_ids)) - kept
+    transaction = without_retries(table).transaction()
+    ExpireSnapshots(transaction).by_ids(sorted(expired_ids)).commit()
+    return transaction.commit_transaction(), gone
+
+
+@dataclass(frozen=True)
+class SmallFile:
+    """What compaction planning needs of a live data file."""
+
+    path: str
+    size: int
+    spec_id: int
+    partition: tuple[object, ...]
+
+
+def compaction_groups(
+    files: Sequence[SmallFile], *, target_bytes: int, min_files: int, max_bytes: int, spec_id: int
+) -> list[list[SmallFile]]:
+    """Groups of small files of one partition of the current spec, each about target_bytes in all.
+
+    A partition is compacted only when it has at least min_files small files; groups of one file are
+    left alone; the groups together rewrite at most max_bytes (the largest partitions first).
+    """
+    limit = target_bytes * SMALL_FILE_SHARE
+    by_partition: dict[tuple[object, ...], list[SmallFile]] = defaultdict(list)
+    for small in files:
+        if small.spec_id == spec_id and small.size < limit:
+            by_partition[small.partition].append(small)
+    groups: list[list[SmallFile]] = []
+    budget = max_bytes
+    candidates = sorted(
+        (files for files in by_partition.values() if len(files) >= min_files),
+        key=lambda files: -sum(small.size for small in files),
+    )
+    for partition_files in candidates:
+        group: list[SmallFile] = []
+        size = 0
+        for small in sorted(partition_files, key=lambda small: (small.size, small.path)):
+            if small.size > budget:
+                break
+            group.append(small)
+            size += small.size
+            budget -= small.size
+            if size >= target_bytes:
+                groups.append(group)
+                group, size = [], 0
+        if len(group) > 1:
+            groups.append(group)
+        if budget <= 0:
+            break
+    return groups
+
+
+def live_data_files(table: Table) -> list[DataFile]:
+    snapshot = table.current_snapshot()
+    if snapshot is None:
+        return []
+    return [
+        entry.data_file
+        for manifest in snapshot.manifests(table.io)
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
+    ]
+
+
+def as_small_file(data_file: DataFile) -> SmallFile:
+    return SmallFile(
+        path=data_file.file_path,
+        size=data_file.file_size_in_bytes,
+        spec_id=data_file.spec_id,
+        partition=tuple(data_file.partition[index] for index in range(len(data_file.partition))),
+    )
+
+
+class _ReplaceFiles(_OverwriteFiles):
+    """A compaction's snapshot, with Iceberg's `replace` operation (no row changed), which incremental
+    readers skip. pyiceberg writes overwrites of files; its summaries do not know `replace`, so they are
+    computed as for the overwrite of the same files (the same figures) and then labelled `replace`."""
+
+    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
+        summary = super()._summary(snapshot_properties)
+        return Summary(Operation.REPLACE, **summary.additional_properties)
+
+
+def write_compacted(
+    table: Table, groups: Sequence[Sequence[SmallFile]], target_bytes: int
+) -> tuple[list[DataFile], list[DataFile]]:
+    """Rewrite each group into files of about target_bytes with pyiceberg's own writer (the table's schema with
+    its field ids, the partition, the statistics); return the files replaced and those written. Nothing is
+    committed: the files written are unreferenced until commit_compaction."""
+    by_path = {data_file.file_path: data_file for data_file in live_data_files(table)}
+    table = without_retries(table)
+    table.metadata = table.metadata.model_copy(
+        update={
+            "properties": {**table.metadata.properties, TableProperties.WRITE_TARGET_FILE_SIZE_BYTES: str(target_bytes)}
+        }
+    )
+    replaced = [by_path[small.path] for group in groups for small in group]
+    written: list[DataFile] = []
+    scan = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue())
+    for group in groups:
+        rows = scan.to_table([FileScanTask(by_path[small.path]) for small in group])
+        written.extend(_dataframe_to_data_files(table.metadata, rows, table.io, write_uuid=uuid.uuid4()))
+    return replaced, written
+
+
+def commit_compaction(table: Table, replaced: Sequence[DataFile], written: Sequence[DataFile]) -> Table:
+    """One `replace` snapshot: the replaced files out, the written ones in (on the table they were planned on:
+    a commit in between fails this one, and the next run plans again)."""
+    transaction = without_retries(table).transaction()
+    producer = _ReplaceFiles(
+        operation=Operation.OVERWRITE,
+        transaction=transaction,
+        io=table.io,
+        snapshot_properties={COMPACTION_MARKER: "compaction"},
+    )
+    with producer as rewrite:
+        for data_file in replaced:
+            rewrite.delete_data_file(data_file)
+        for data_file in written:
+            rewrite.append_data_file(data_file)
+    return transaction.commit_transaction()
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    uri: str
+    modified_ms: int
+
+
+def stored_files(table: Table, subdirectory: str) -> list[StoredFile]:
+    """Every file under the table's location/subdirectory, with its modification time (object stores: the
+    upload's)."""
+    io = table.io
+    if not isinstance(io, PyArrowFileIO):
+        raise NotImplementedError(f"listing files needs pyiceberg's PyArrowFileIO, the table uses {type(io)}")
+    root = f"{table.location().rstrip('/')}/{subdirectory}"
+    scheme, netloc, path = io.parse_location(root)
+    filesystem = io.fs_by_scheme(scheme, netloc)
+    try:
+        infos = filesystem.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
+    except FileNotFoundError:
+        return []
+    files = []
+    for info in infos:
+        if info.type != pafs.FileType.File or info.mtime_ns is None:
+            continue
+        uri = f"{scheme}://{info.path}" if scheme != "file" else f"file://{info.path}"
+        files.append(StoredFile(uri=uri, modified_ms=info.mtime_ns // 1_000_000))
+    return files
+
+
+def metadata_files(table: Table) -> set[str]:
+    """The table's current metadata file and those its metadata log still names."""
+    files = {entry.metadata_file for entry in table.metadata.metadata_log}
+    files.add(table.metadata_location)
+    return files
+
+
+def same_file(uri: str) -> str:
+    """One spelling per file for comparisons: file:/x, file:///x and /x are the same local file."""
+    parsed = urlparse(uri)
+    scheme = parsed.scheme or "file"
+    return f"{scheme}://{parsed.netloc}{parsed.path}"
+
+
+def table_properties_for(merge_min_count: int) -> Mapping[str, str]:
+    """What the coordinator sets on tables it maintains: commits merge manifests, and metadata files of
+    older versions go with the commit that supersedes them (Iceberg keeps previous-versions-max of them)."""
+    return {
+        TableProperties.MANIFEST_MERGE_ENABLED: "true",
+        TableProperties.MANIFEST_MIN_MERGE_COUNT: str(merge_min_count),
+        TableProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED: "true",
+    }

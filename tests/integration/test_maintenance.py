@@ -1,0 +1,232 @@
+"""Table maintenance by the coordinator: expiration, manifest merging, compaction, orphan sweep."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import time
+from pathlib import Path
+
+import pyarrow as pa
+from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table, TableProperties
+
+from coordinator_service import table_maintenance as tm
+from coordinator_service.precommit_metadata import DataFileEntry
+from coordinator_service.protocol import PreCommitRequest, Registration
+from tests.fixtures.admin import AdminApp, AdminFactory, epoch_metadata, sink_id_of, sink_identity
+from tests.fixtures.coordinator import ORDERS, orders, table_files, table_order_ids, write_parquet
+from tests.fixtures.duckdb_reader import duckdb_rows
+
+NO_COMPACTION = {"compaction_min_files": 1_000_000}
+
+
+def rows_digest(table: Table) -> tuple[int, str]:
+    """The table's rows as a count and a checksum of their sorted contents (order-independent)."""
+    table.refresh()
+    rows = table.scan().to_arrow().sort_by([("order_id", "ascending")]).to_pylist()
+    return len(rows), hashlib.sha256(repr(rows).encode()).hexdigest()
+
+
+def existing(uris: object) -> set[str]:
+    """The files among `uris` that are on storage."""
+    assert isinstance(uris, (set, list, tuple))
+    return {uri for uri in uris if Path(str(uri).removeprefix("file://")).exists()}
+
+
+def epoch_metadata_of(database_url: str, epoch: int) -> tuple[DataFileEntry, ...]:
+    return epoch_metadata(database_url, epoch).data_files
+
+
+async def pre_commit_paths(admin: AdminApp, registration: Registration, epoch: int, paths: list[str]) -> None:
+    await admin.runtime.coordinator.pre_commit(
+        PreCommitRequest(sink="orders", epoch=epoch, writer_term=registration.writer_term, paths=tuple(paths))
+    )
+
+
+async def commit_epochs(admin: AdminApp, sink: str, count: int, first_epoch: int = 0) -> None:
+    registration = await admin.register(sink)
+    for epoch in range(first_epoch, first_epoch + count):
+        await admin.pre_commit(sink, registration, epoch, epoch * 10)
+        assert await admin.checkpoint(sink, registration, epoch) == epoch
+
+
+async def test_expiration_keeps_the_newest_snapshots_and_deletes_only_what_they_do_not_reference(
+    admin_factory: AdminFactory, catalog: Catalog, database_url: str
+) -> None:
+    admin = await admin_factory(snapshot_max_count=3, **NO_COMPACTION)
+    await commit_epochs(admin, "orders", 6)
+    table = catalog.load_table("db.orders")
+    before = rows_digest(table)
+    expired_lists = [snapshot.manifest_list for snapshot in table.snapshots()[:-3]]
+
+    run = await admin.runtime.maintainer.run_now(sink_id_of(database_url, "orders"))
+
+    assert (run.outcome, run.snapshots_expired) == ("ok", 3), run.error
+    table = catalog.load_table("db.orders")
+    assert len(table.snapshots()) == 3
+    assert rows_digest(table) == before
+    assert await asyncio.to_thread(existing, expired_lists) == set()
+    referenced = (await asyncio.to_thread(tm.reachable, table.io, table.snapshots())).all()
+    assert await asyncio.to_thread(existing, referenced) == referenced
+    assert run.expired_files_deleted >= len(expired_lists)
+
+
+async def test_expiration_keeps_a_marker_the_recovery_walk_still_needs(
+    admin_factory: AdminFactory, catalog: Catalog, database_url: str
+) -> None:
+    """A snapshot whose marker is above the log's committed epoch (appended, not yet marked) is never expired."""
+    admin = await admin_factory(snapshot_max_count=1, **NO_COMPACTION)
+    await commit_epochs(admin, "orders", 2)
+    registration = await admin.register("orders", checkpointed_epoch=1)
+    path = await admin.pre_commit("orders", registration, 2, 20)
+    entries = (await admin.runtime.coordinator.sink_state("orders")).epochs
+    assert [epoch.epoch for epoch in entries] == [2]
+    # A committer appended epoch 2 and died before marking it; then another writer appended to the table.
+    metadata = epoch_metadata_of(database_url, 2)
+    marked = await asyncio.to_thread(
+        admin.runtime.tables.append, "db.orders", await sink_identity(admin, "orders"), 2, "crashed", metadata
+    )
+    table = catalog.load_table("db.orders")
+    table.append(pa.Table.from_pylist(orders(1000, 5), schema=ORDERS))
+
+    run = await admin.runtime.maintainer.run_now(sink_id_of(database_url, "orders"))
+
+    assert run.outcome == "ok", run.error
+    kept = {snapshot.snapshot_id for snapshot in catalog.load_table("db.orders").snapshots()}
+    assert marked in kept
+    assert len(kept) == 2  # the protected marker and the head: the rest went
+    # The walk still finds epoch 2 in the table: it is marked, not appended twice.
+    assert await admin.checkpoint("orders", registration, 2) == 2
+    assert table_order_ids(catalog.load_table("db.orders")) == [*range(20), *range(20, 30), *range(1000, 1005)]
+    assert path in table_files(catalog.load_table("db.orders"))
+
+
+async def test_compaction_rewrites_small_files_keeping_the_rows_and_the_markers(
+    admin_factory: AdminFactory, catalog: Catalog, database_url: str
+) -> None:
+    admin = await admin_factory(compaction_min_files=3)
+    await commit_epochs(admin, "orders", 6)
+    table = catalog.load_table("db.orders")
+    before = rows_digest(table)
+    small = table_files(table)
+
+    run = await admin.runtime.maintainer.run_now(sink_id_of(database_url, "orders"))
+
+    assert (run.outcome, run.files_compacted, run.files_written) == ("ok", 6, 1), run.error
+    table = catalog.load_table("db.orders")
+    snapshot = table.current_snapshot()
+    assert snapshot is not None and snapshot.summary is not None
+    assert snapshot.summary.operation.value == "replace"
+    assert len(table_files(table)) == 1 and not table_files(table) & small
+    assert rows_digest(table) == before
+    assert duckdb_rows(table.metadata_location, "order_id") == [
+        (row["order_id"], row["customer"], row["amount"]) for row in orders(0, 60)
+    ]
+    # The sink goes on: its next epoch is appended once, its earlier ones are not taken for new.
+    registration = await admin.register("orders", checkpointed_epoch=5)
+    await admin.pre_commit("orders", registration, 6, 60)
+    assert await admin.checkpoint("orders", registration, 6) == 6
+    assert table_order_ids(catalog.load_table("db.orders")) == list(range(70))
+
+
+async def test_compaction_works_partition_by_partition(
+    admin_factory: AdminFactory, catalog: Catalog, database_url: str
+) -> None:
+    admin = await admin_factory(compaction_min_files=2)
+    registration = await admin.runtime.coordinator.register_writer(
+        "orders", "db.orders", -1, arrow_schema=ORDERS.serialize().to_pybytes(), partition_by=("customer",)
+    )
+    location = registration.table_location
+    epoch = 0
+    for customer in ("a", "b"):
+        for first in (0, 10, 20):
+            rows = [
+                {"order_id": first + i + (100 if customer == "b" else 0), "customer": customer, "amount": 1.0}
+                for i in range(10)
+            ]
+            await pre_commit_paths(admin, registration, epoch, [write_parquet(location, rows)])
+            assert await admin.checkpoint("orders", registration, epoch) == epoch
+            epoch += 1
+    before = rows_digest(catalog.load_table("db.orders"))
+
+    run = await admin.runtime.maintainer.run_now(sink_id_of(database_url, "orders"))
+
+    assert (run.outcome, run.files_compacted, run.files_written) == ("ok", 6, 2), run.error
+    table = catalog.load_table("db.orders")
+    assert rows_digest(table) == before
+    partitions = sorted(
+        tuple(row["partition"].values()) for row in table.inspect.data_files().select(["partition"]).to_pylist()
+    )
+    assert partitions == [("a",), ("b",)]
+
+
+async def test_compaction_never_rewrites_a_file_of_an_epoch_that_is_not_committed(
+    admin_factory: AdminFactory, catalog: Catalog, database_url: str
+) -> None:
+    """A PENDING epoch's file in the table (appended by a committer that died before marking it): the log
+    still has to settle it, by that very file, so compaction leaves it as it is."""
+    admin = await admin_factory(compaction_min_files=2)
+    await commit_epochs(admin, "orders", 3)
+    registration = await admin.register("orders", checkpointed_epoch=2)
+    pending = await admin.pre_commit("orders", registration, 3, 30)
+    await asyncio.to_thread(
+        admin.runtime.tables.append,
+        "db.orders",
+        await sink_identity(admin, "orders"),
+        3,
+        "crashed",
+        epoch_metadata_of(database_url, 3),
+    )
+
+    run = await admin.runtime.maintainer.run_now(sink_id_of(database_url, "orders"))
+
+    assert (run.outcome, run.files_compacted) == ("ok", 3), run.error
+    assert pending in table_files(catalog.load_table("db.orders"))
+    assert table_order_ids(catalog.load_table("db.orders")) == list(range(40))
+
+
+async def test_the_orphan_sweep_deletes_only_old_files_that_nothing_references_or_holds(
+    admin_factory: AdminFactory, catalog: Catalog, database_url: str
+) -> None:
+    admin = await admin_factory(orphan_grace_seconds=3600, **NO_COMPACTION)
+    await commit_epochs(admin, "orders", 2)
+    registration = await admin.register("orders", checkpointed_epoch=1)
+    location = registration.table_location
+    two_hours_ago = time.time() - 7200
+
+    def backdate(uri: str) -> str:
+        os.utime(uri.removeprefix("file://"), (two_hours_ago, two_hours_ago))
+        return uri
+
+    killed_executor = backdate(write_parquet(location, orders(500, 3)))  # written, never pre-committed
+    in_flight = write_parquet(location, orders(600, 3))  # a batch being written right now
+    pending = backdate(await admin.pre_commit("orders", registration, 2, 20))  # held by a PENDING epoch
+    stray_manifest = Path(location.removeprefix("file://"), "metadata", "stray-m0.avro")
+    await asyncio.to_thread(stray_manifest.write_bytes, b"left by a failed commit")
+    backdate(stray_manifest.as_uri())
+    before = rows_digest(catalog.load_table("db.orders"))
+    table = catalog.load_table("db.orders")
+    referenced = (await asyncio.to_thread(tm.reachable, table.io, table.snapshots())).all()
+
+    run = await admin.runtime.maintainer.run_now(sink_id_of(database_url, "orders"))
+
+    assert (run.outcome, run.swept, run.orphans_deleted) == ("ok", True, 2), run.error
+    assert await asyncio.to_thread(existing, [killed_executor, stray_manifest.as_uri()]) == set()
+    assert await asyncio.to_thread(existing, [in_flight, pending]) == {in_flight, pending}
+    assert await asyncio.to_thread(existing, referenced) == referenced
+    assert rows_digest(catalog.load_table("db.orders")) == before
+
+
+async def test_commits_merge_manifests_so_that_their_number_stays_bounded(
+    admin_factory: AdminFactory, catalog: Catalog
+) -> None:
+    admin = await admin_factory(manifest_merge_min_count=4, **NO_COMPACTION)
+    await commit_epochs(admin, "orders", 12)
+    table = catalog.load_table("db.orders")
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    assert len(snapshot.manifests(table.io)) <= 4
+    assert table_order_ids(table) == list(range(120))
+    assert table.metadata.properties[TableProperties.MANIFEST_MERGE_ENABLED] == "true"
