@@ -32,6 +32,9 @@ from coordinator_service.admin_schemas import (
     EpochResponse,
     EpochStatusFilter,
     ErrorResponse,
+    MaintenanceOverridesRequest,
+    MaintenanceResponse,
+    MaintenanceRunResponse,
     ResetRequest,
     ResetResponse,
     SinkList,
@@ -50,6 +53,7 @@ API_PREFIX = "/api/v1"
 SinkName = Annotated[str, PathParameter(description="The sink's name, as its writer registered it.")]
 Epoch = Annotated[int, PathParameter(ge=0, le=MAX_EPOCH, description="The epoch (Spark batch id).")]
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Security(bearer_scheme)]
+Runs = Annotated[int, Query(ge=1, le=100, description="How many of the last maintenance runs to list.")]
 
 
 def _error_responses(*statuses: HTTPStatus) -> dict[int | str, dict[str, Any]]:
@@ -178,6 +182,38 @@ def _admin_router(operations: Operations, auth: AdminAuth) -> APIRouter:
         (docs/operations.md). A catalog that cannot be read answers 503 with nothing changed."""
         return ResetResponse.of(await operations.reset_sink(sink, body.confirm, body.reason, caller))
 
+    @router.get(
+        "/sinks/{sink}/maintenance",
+        response_model=MaintenanceResponse,
+        responses=_error_responses(HTTPStatus.NOT_FOUND),
+    )
+    async def get_maintenance(sink: SinkName, _: None = Depends(reader), runs: Runs = 20) -> MaintenanceResponse:
+        """The maintenance of the sink's table: the settings in force, the sink's overrides, the last runs."""
+        return MaintenanceResponse.of(await operations.maintenance(sink, runs))
+
+    @router.put(
+        "/sinks/{sink}/maintenance",
+        response_model=MaintenanceResponse,
+        responses=_error_responses(HTTPStatus.NOT_FOUND),
+    )
+    async def set_maintenance(
+        sink: SinkName, body: MaintenanceOverridesRequest, caller: Operator = Depends(operator), runs: Runs = 20
+    ) -> MaintenanceResponse:
+        """Replace the sink's overrides of the maintenance settings ({} goes back to the defaults)."""
+        view = await operations.set_maintenance_overrides(sink, dict(body.overrides), caller, runs)
+        return MaintenanceResponse.of(view)
+
+    @router.post(
+        "/sinks/{sink}/maintenance/run",
+        response_model=MaintenanceRunResponse,
+        responses=_error_responses(HTTPStatus.NOT_FOUND),
+    )
+    async def run_maintenance(sink: SinkName, caller: Operator = Depends(operator)) -> MaintenanceRunResponse:
+        """Maintain the sink's table now (expiration, compaction and the orphan sweep), under its commit lock;
+        answers when the run is over, with what it did (its outcome says whether it failed, and why). 503 when
+        the sink's committer holds the lock past ADMIN_LOCK_TIMEOUT_SECONDS, nothing done."""
+        return MaintenanceRunResponse.model_validate(await operations.run_maintenance(sink, caller))
+
     return router
 
 
@@ -188,7 +224,7 @@ def create_app(runtime: Runtime) -> FastAPI:
         description="Operate the sink-coordinator: sinks, epochs, abort, reset. See docs/operations.md.",
     )
     settings = runtime.settings
-    operations = Operations(runtime.database, runtime.tables, runtime.committer, settings.admin_lock_timeout_seconds)
+    operations = Operations(runtime.database, runtime.tables, runtime.committer, runtime.maintainer, settings)
     auth = AdminAuth(settings.admin_token, settings.admin_read_requires_token)
     _install_error_handlers(app)
     app.include_router(_admin_router(operations, auth))

@@ -8,14 +8,15 @@ import json
 import uuid
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 from coordinator_service.committer import CommitterHealth
 from coordinator_service.errors import InvalidArgument
 from coordinator_service.models import AbortCause, EpochStatus, PendingSinkState
-from coordinator_service.operations import AbortOutcome, EpochDetail, ResetOutcome, SinkOverview
+from coordinator_service.operations import AbortOutcome, EpochDetail, MaintenanceView, ResetOutcome, SinkOverview
+from coordinator_service.settings import MaintenancePolicy
 
 # Epochs are PostgreSQL bigints.
 MAX_EPOCH = 2**63 - 1
@@ -205,6 +206,46 @@ class ResetResponse(BaseModel):
     @classmethod
     def of(cls, outcome: ResetOutcome) -> ResetResponse:
         return cls(sink=SinkResponse.of(outcome.sink), aborted_epochs=list(outcome.aborted_epochs))
+
+
+class MaintenanceRunResponse(BaseModel):
+    id: int
+    trigger: str = Field(description="schedule (the coordinator's timing) or operator (POST .../maintenance/run).")
+    started_at: datetime
+    finished_at: datetime | None
+    outcome: str = Field(description="running, ok or failed.")
+    error: str | None
+    snapshots_expired: int
+    expired_files_deleted: int = Field(description="Files only the expired snapshots referenced, deleted.")
+    files_compacted: int
+    files_written: int
+    bytes_rewritten: int
+    swept: bool = Field(description="Whether the run looked for orphan files.")
+    orphans_deleted: int
+
+    model_config = ConfigDict(from_attributes=True)
+
+
+class MaintenanceResponse(BaseModel):
+    policy: MaintenancePolicy = Field(description="The settings in force for this sink's table.")
+    overrides: dict[str, Any] = Field(description="The sink's own values, over the coordinator's defaults.")
+    runs: list[MaintenanceRunResponse] = Field(description="The last runs, newest first.")
+
+    @classmethod
+    def of(cls, view: MaintenanceView) -> MaintenanceResponse:
+        return cls(
+            policy=view.policy,
+            overrides=view.overrides,
+            runs=[MaintenanceRunResponse.model_validate(run) for run in view.runs],
+        )
+
+
+class MaintenanceOverridesRequest(BaseModel):
+    overrides: dict[str, StrictBool | StrictInt | StrictFloat] = Field(
+        description="Settings of the maintenance policy (the names of GET .../maintenance's policy) that this "
+        "sink's table uses instead of the coordinator's; {} goes back to the defaults.",
+        max_length=50,
+    )
 
 
 def encode_cursor(below_epoch: int) -> str:

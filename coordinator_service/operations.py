@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import structlog
+from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from coordinator_service import commit_lock, metrics, precommit_metadata, repository, settlement
@@ -24,10 +25,12 @@ from coordinator_service.committer import Committer, CommitterHealth
 from coordinator_service.database import Database
 from coordinator_service.errors import FailedPrecondition, InvalidArgument, NotFound, quote
 from coordinator_service.iceberg import IcebergTables
-from coordinator_service.models import AbortCause, EpochStatus, PendingSinkState, Sink
+from coordinator_service.maintenance import Maintainer, policy_of
+from coordinator_service.models import AbortCause, EpochStatus, MaintenanceRun, PendingSinkState, Sink
 from coordinator_service.precommit_metadata import PreCommitMetadata
 from coordinator_service.protocol import SINK_NAME
 from coordinator_service.repository import EpochCounts
+from coordinator_service.settings import MaintenancePolicy, Settings
 
 log = structlog.get_logger(__name__)
 
@@ -72,14 +75,30 @@ class ResetOutcome:
     aborted_epochs: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class MaintenanceView:
+    """A sink's table maintenance: the policy in force, the sink's overrides of the defaults, the last runs."""
+
+    policy: MaintenancePolicy
+    overrides: dict[str, object]
+    runs: Sequence[MaintenanceRun]
+
+
 class Operations:
     def __init__(
-        self, database: Database, tables: IcebergTables, committer: Committer, lock_timeout_seconds: float
+        self,
+        database: Database,
+        tables: IcebergTables,
+        committer: Committer,
+        maintainer: Maintainer,
+        settings: Settings,
     ) -> None:
         self.database = database
         self.tables = tables
         self.committer = committer
-        self.lock_timeout_seconds = lock_timeout_seconds
+        self.maintainer = maintainer
+        self.settings = settings
+        self.lock_timeout_seconds = settings.admin_lock_timeout_seconds
 
     async def sinks(self) -> list[SinkOverview]:
         async with self.database.transaction() as session:
@@ -228,6 +247,45 @@ class Operations:
         metrics.ABORTED_EPOCHS.labels(name, "reset").inc(len(aborted))
         self.committer.wake_cleaner()
         return ResetOutcome(await self.sink(name), tuple(aborted))
+
+    async def maintenance(self, name: str, runs: int) -> MaintenanceView:
+        _check_known_name(name)
+        async with self.database.transaction() as session:
+            sink = await _existing_sink(session, name)
+            recorded = await repository.maintenance_runs(session, sink.id, runs)
+        return MaintenanceView(policy_of(self.settings, sink), dict(sink.maintenance_overrides or {}), recorded)
+
+    async def set_maintenance_overrides(
+        self, name: str, overrides: dict[str, object], operator: Operator, runs: int
+    ) -> MaintenanceView:
+        """Replace the sink's overrides of the maintenance defaults ({} goes back to the defaults); a name that
+        is no setting or a value out of range is refused, nothing changed."""
+        _check_known_name(name)
+        try:
+            self.settings.with_overrides(overrides)
+        except ValidationError as error:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+            raise InvalidArgument(f"maintenance overrides refused: {quote(problems)}") from None
+        async with self.database.transaction() as session:
+            sink = await _existing_sink(session, name, lock="update")
+            sink.maintenance_overrides = overrides or None
+        log.warning(
+            "maintenance settings of a sink changed",
+            sink=name,
+            who=operator.identity,
+            client=operator.address,
+            overrides=overrides,
+        )
+        return await self.maintenance(name, runs)
+
+    async def run_maintenance(self, name: str, operator: Operator) -> MaintenanceRun:
+        """Maintain the sink's table now (the orphan sweep included), holding its commit lock; Unavailable,
+        nothing done, when its committer keeps the lock past ADMIN_LOCK_TIMEOUT_SECONDS."""
+        _check_known_name(name)
+        async with self.database.transaction() as session:
+            sink = await _existing_sink(session, name)
+        log.info("maintenance run asked by an operator", sink=name, who=operator.identity, client=operator.address)
+        return await self.maintainer.run_now(sink.id)
 
 
 async def _pending_epochs(session: AsyncSession, sink: Sink, at_or_below: int | None) -> list[int]:

@@ -15,7 +15,7 @@ from pyiceberg.table import Table, TableProperties
 from coordinator_service import table_maintenance as tm
 from coordinator_service.precommit_metadata import DataFileEntry
 from coordinator_service.protocol import PreCommitRequest, Registration
-from tests.fixtures.admin import AdminApp, AdminFactory, epoch_metadata, sink_id_of, sink_identity
+from tests.fixtures.admin import AdminApp, AdminFactory, epoch_metadata, eventually, sink_id_of, sink_identity
 from tests.fixtures.coordinator import ORDERS, orders, table_files, table_order_ids, write_parquet
 from tests.fixtures.duckdb_reader import duckdb_rows
 
@@ -230,3 +230,53 @@ async def test_commits_merge_manifests_so_that_their_number_stays_bounded(
     assert len(snapshot.manifests(table.io)) <= 4
     assert table_order_ids(table) == list(range(120))
     assert table.metadata.properties[TableProperties.MANIFEST_MERGE_ENABLED] == "true"
+
+
+async def test_operators_see_set_and_trigger_a_sinks_maintenance(admin_factory: AdminFactory, catalog: Catalog) -> None:
+    admin = await admin_factory(admin_token="token")
+    auth = {"Authorization": "Bearer token"}
+    await commit_epochs(admin, "orders", 4)
+
+    shown = (await admin.get("/api/v1/sinks/orders/maintenance")).json()
+    assert shown["overrides"] == {} and shown["runs"] == []
+    assert shown["policy"]["snapshot_max_count"] == 500
+
+    refused = await admin.put(
+        "/api/v1/sinks/orders/maintenance", json={"overrides": {"snapshot_max_count": 0}}, headers=auth
+    )
+    assert refused.status_code == 422
+    assert "snapshot_max_count" in refused.json()["error"]["message"]
+    unknown = await admin.put("/api/v1/sinks/orders/maintenance", json={"overrides": {"nope": 1}}, headers=auth)
+    assert unknown.status_code == 422 and "nope" in unknown.json()["error"]["message"]
+    assert (await admin.get("/api/v1/sinks/orders/maintenance")).json()["overrides"] == {}
+
+    overrides = {"snapshot_max_count": 2, "compaction_min_files": 2}
+    changed = await admin.put("/api/v1/sinks/orders/maintenance", json={"overrides": overrides}, headers=auth)
+    assert changed.status_code == 200, changed.text
+    assert changed.json()["overrides"] == overrides
+    assert changed.json()["policy"]["snapshot_max_count"] == 2
+
+    assert (await admin.post("/api/v1/sinks/orders/maintenance/run")).status_code == 401
+    run = await admin.post("/api/v1/sinks/orders/maintenance/run", headers=auth)
+    assert run.status_code == 200, run.text
+    body = run.json()
+    assert (body["outcome"], body["trigger"], body["files_compacted"], body["swept"]) == ("ok", "operator", 4, True)
+    assert body["snapshots_expired"] == 2  # of 4: expiration comes before the compaction adds its snapshot
+    runs = (await admin.get("/api/v1/sinks/orders/maintenance")).json()["runs"]
+    assert [item["id"] for item in runs] == [body["id"]]
+    assert table_order_ids(catalog.load_table("db.orders")) == list(range(40))
+
+    cleared = await admin.put("/api/v1/sinks/orders/maintenance", json={"overrides": {}}, headers=auth)
+    assert cleared.json()["overrides"] == {} and cleared.json()["policy"]["snapshot_max_count"] == 500
+
+
+async def test_maintenance_runs_by_itself_when_due(admin_factory: AdminFactory, catalog: Catalog) -> None:
+    admin = await admin_factory(maintenance_interval_seconds=0.5, compaction_min_files=3)
+    await commit_epochs(admin, "orders", 3)
+
+    async def compacted() -> bool:
+        runs = (await admin.get("/api/v1/sinks/orders/maintenance")).json()["runs"]
+        return any(run["trigger"] == "schedule" and run["files_compacted"] == 3 for run in runs)
+
+    await eventually(compacted, "a scheduled run compacting the table's three small files")
+    assert table_order_ids(catalog.load_table("db.orders")) == list(range(30))
