@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import math
 import posixpath
 import re
 import time
@@ -30,6 +31,7 @@ from pyiceberg.exceptions import (
     NoSuchTableError,
 )
 from pyiceberg.io.pyarrow import (
+    PyArrowFile,
     PyArrowFileIO,
     StatisticsCollector,
     _check_pyarrow_schema_compatible,
@@ -231,9 +233,11 @@ class IcebergTables:
     appending twice (see docs/architecture.md, "The table-metadata cache").
     """
 
-    def __init__(self, catalog: Catalog, cache_seconds: float = 0.0) -> None:
+    def __init__(self, catalog: Catalog, cache_seconds: float = 0.0, orphan_grace_seconds: float = math.inf) -> None:
         self.catalog = catalog
         self.cache_seconds = cache_seconds
+        # A pre-commit refuses a file older than this: the orphan sweep may delete such a file under it.
+        self.orphan_grace_seconds = orphan_grace_seconds
         self._cache: dict[str, tuple[float, Table]] = {}
         self._file_rules: dict[_RulesKey, _FileRules] = {}
 
@@ -390,11 +394,19 @@ class IcebergTables:
         try:
             with input_file.open() as stream:
                 footer = pq.read_metadata(stream)
-            size = len(input_file)
+            info = input_file._file_info() if isinstance(input_file, PyArrowFile) else None
+            size = info.size if info is not None else len(input_file)
         except FileNotFoundError:
             raise InvalidArgument(f"data file {quote(path)} does not exist: write it before the pre-commit") from None
         except (pa.ArrowInvalid, OSError) as error:
             raise InvalidArgument(f"data file {quote(path)} is not a readable Parquet file: {cause(error)}") from error
+        if info is not None and info.mtime_ns is not None:
+            age = time.time() - info.mtime_ns / 1e9
+            if age > self.orphan_grace_seconds:
+                raise InvalidArgument(
+                    f"data file {quote(path)} was written {age:.0f} s ago, longer than ORPHAN_GRACE_SECONDS "
+                    f"({self.orphan_grace_seconds:g} s): the orphan sweep may be deleting it. Write the batch again"
+                )
         return footer, size
 
     def _rules(self, metadata: TableMetadata) -> _FileRules:

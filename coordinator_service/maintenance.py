@@ -230,7 +230,9 @@ class Maintainer:
 
     async def _sweep(self, sink: Sink, policy: MaintenancePolicy, lock: CommitLock, run: MaintenanceRun) -> None:
         table = await in_catalog(self.tables.load, sink.table_identifier)
-        candidates = await in_catalog(_unreferenced_files, table, policy.orphan_grace_seconds)
+        # A sink's override can only lengthen the grace: pre-commits refuse files older than the coordinator's.
+        grace = max(policy.orphan_grace_seconds, self.settings.orphan_grace_seconds)
+        candidates = await in_catalog(_unreferenced_files, table, grace)
         async with self.database.transaction() as session:
             held = await repository.paths_held_by_any(session, [file.uri for file in candidates])
         orphans = [file.uri for file in candidates if file.uri not in held][: policy.orphan_max_files_per_run]

@@ -86,7 +86,7 @@ class Runtime:
             await asyncio.to_thread(require_migrated, url)
         catalog = await asyncio.to_thread(open_catalog, settings, url)
         database = Database(url)
-        tables = IcebergTables(catalog, settings.table_cache_seconds)
+        tables = IcebergTables(catalog, settings.table_cache_seconds, settings.orphan_grace_seconds)
         committer = Committer(database, tables, settings)
         return cls(
             settings,

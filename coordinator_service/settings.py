@@ -86,7 +86,8 @@ class MaintenancePolicy(BaseModel):
         default=24 * 3600.0,
         ge=0.0,
         description="An unreferenced file is deleted only once it is this old: a writer may be about to "
-        "pre-commit it (Spark tasks write their files before the batch's pre-commit).",
+        "pre-commit it (Spark tasks write their files before the batch's pre-commit). A pre-commit refuses a "
+        "file older than the coordinator's value; a sink's override can only lengthen it.",
     )
     orphan_max_files_per_run: int = Field(
         default=10_000, ge=1, description="Most orphan files one maintenance run deletes."

@@ -9,10 +9,12 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table, TableProperties
 
 from coordinator_service import table_maintenance as tm
+from coordinator_service.errors import InvalidArgument
 from coordinator_service.precommit_metadata import DataFileEntry
 from coordinator_service.protocol import PreCommitRequest, Registration
 from tests.fixtures.admin import AdminApp, AdminFactory, epoch_metadata, eventually, sink_id_of, sink_identity
@@ -280,3 +282,18 @@ async def test_maintenance_runs_by_itself_when_due(admin_factory: AdminFactory, 
 
     await eventually(compacted, "a scheduled run compacting the table's three small files")
     assert table_order_ids(catalog.load_table("db.orders")) == list(range(30))
+
+
+async def test_a_pre_commit_refuses_a_file_older_than_the_orphan_grace(
+    admin_factory: AdminFactory, database_url: str
+) -> None:
+    """The sweep may be deleting such a file: refusing it closes the race between the sweep and a pre-commit."""
+    admin = await admin_factory(orphan_grace_seconds=3600)
+    registration = await admin.register("orders")
+    stale = write_parquet(registration.table_location, orders(0, 3))
+    day_ago = time.time() - 86400
+    os.utime(stale.removeprefix("file://"), (day_ago, day_ago))
+    with pytest.raises(InvalidArgument) as refused:
+        await pre_commit_paths(admin, registration, 0, [stale])
+    assert "ORPHAN_GRACE_SECONDS" in refused.value.message
+    assert (await admin.runtime.coordinator.sink_state("orders")).epochs == ()
