@@ -104,6 +104,10 @@ class Coordinator:
             "SINK_COORDINATOR_GRPC_PORT": str(self.grpc_port),
             "SINK_COORDINATOR_HTTP_PORT": str(self.http_port),
             "SINK_COORDINATOR_LOG_FORMAT": "json",
+            # Each part measures one thing: commits at once, no maintenance run in the middle (a part that
+            # measures coalescing or maintenance sets its own).
+            "SINK_COORDINATOR_COMMIT_INTERVAL_SECONDS": "0",
+            "SINK_COORDINATOR_MAINTENANCE_ENABLED": "false",
             **self.env,
         }
         with self.log_path.open("ab") as log_file:
