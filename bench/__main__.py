@@ -1,4 +1,4 @@
-"""`python -m bench [--quick] [--parts 1,2,3,4,5,6] [--profile]`: run the benchmarks, write bench/results/latest.md
+"""`python -m bench [--quick] [--parts 1,2,3,4,5,6,7] [--profile]`: run the benchmarks, write bench/results/latest.md
 and latest.json, print the tables.
 
 Every figure that has a goal is reported as a ratio to a baseline measured in the same run on the same
@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from bench import commit, fairness, precommit, recovery, scale
+from bench import commit, fairness, precommit, recovery, scale, soak
 from bench.infra import Postgres, machine_facts, temp_root, top_frames
 from bench.report import render
 
@@ -28,7 +28,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a short run (about 2 minutes) for CI: fewer cells")
-    parser.add_argument("--parts", default="1,2,3,4,5,6", help="which parts to run (default: all)")
+    parser.add_argument("--parts", default="1,2,3,4,5,6,7", help="which parts to run (default: all)")
     parser.add_argument("--profile", action="store_true", help="py-spy the coordinator during parts 1, 2 and 4")
     parser.add_argument("--output", type=Path, default=RESULTS, help="directory of latest.md and latest.json")
     args = parser.parse_args(argv)
@@ -118,6 +118,16 @@ def main(argv: list[str] | None = None) -> int:
             results["fairness"] = asyncio.run(
                 fairness.run(
                     postgres, root, sinks=50, concurrency=4, interval=2.5, seconds=15.0 if args.quick else 60.0
+                )
+            )
+        if 7 in parts:
+            print("part 7: soak ...", flush=True)
+            results["soak"] = asyncio.run(
+                soak.run(
+                    postgres,
+                    root,
+                    commits=1000 if args.quick else 10_000,
+                    raw_commits=200 if args.quick else 1000,
                 )
             )
         if 3 in parts and not args.quick:

@@ -26,6 +26,10 @@ def _fairness_cell(sinks: int, p99_ms: float) -> dict[str, object]:
     }
 
 
+def _shape(files: int) -> dict[str, int]:
+    return {"metadata_json_bytes": 4096, "snapshots": 5, "manifests": 2, "data_files": files, "rows": 1000}
+
+
 def test_report_renders_every_part(tmp_path: Path) -> None:
     profile = tmp_path / "profile.txt"
     profile.write_text(
@@ -120,10 +124,24 @@ def test_report_renders_every_part(tmp_path: Path) -> None:
             "crowd": _fairness_cell(50, 1500.0),
             "ratio_worst_p99_to_alone_p99": 1.5,
         },
+        "soak": {
+            "commits": 100,
+            "raw_commits": 20,
+            "rows_per_file": 10,
+            "wall_seconds": 9.0,
+            "maintenance": {"SINK_COORDINATOR_SNAPSHOT_MAX_COUNT": "100"},
+            "coordinator": {"commits": 100, "first_tenth": stats, "last_tenth": stats, "ratio": 1.0},
+            "raw": {"commits": 20, "first_tenth": stats, "last_tenth": stats, "ratio": 3.0},
+            "table": _shape(20),
+            "raw_table": _shape(20),
+            "twin_table": _shape(100),
+            "scan_seconds": {"maintained": 0.1, "uncompacted_twin": 0.5, "ratio": 0.2},
+        },
         "profiles": {"precommit": frames},
     }
     markdown = render(results)
-    for heading in ("## 1.", "## 2.", "## 3.", "## 4.", "## 5.", "## 6."):
+    for heading in ("## 1.", "## 2.", "## 3.", "## 4.", "## 5.", "## 6.", "## 7."):
         assert heading in markdown
+    assert "Ours: **1.00** — goal met; raw: 3.00 after only 20 commits." in markdown
     assert "Worst sink's p99 / baseline p99: **1.50** — goal met." in markdown
     assert "| one file | 1 | 1 | 60 (54-66) |" in markdown
