@@ -78,7 +78,8 @@ def protected_by_markers(table: Table, sinks: Sequence[Sink]) -> set[int]:
 
 
 class Maintainer:
-    """Runs every sink's table maintenance when it is due (one run at a time in this process)."""
+    """Runs every sink's table maintenance when it is due (the scheduled runs one at a time in this process;
+    an operator's run at once, the sink's commit lock keeping it apart from anything else on the sink)."""
 
     def __init__(self, database: Database, tables: IcebergTables, committer: Committer, settings: Settings) -> None:
         self.database = database
@@ -86,7 +87,6 @@ class Maintainer:
         self.committer = committer
         self.settings = settings
         self._task: asyncio.Task[None] | None = None
-        self._running = asyncio.Lock()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._schedule_forever(), name="table-maintenance")
@@ -100,7 +100,7 @@ class Maintainer:
         while True:
             try:
                 for sink_id in await self._due():
-                    async with self._running, commit_lock.try_holding(self.database, sink_id) as lock:
+                    async with commit_lock.try_holding(self.database, sink_id) as lock:
                         if lock is not None:  # else its committer is at work: the next round
                             await self._run(sink_id, SCHEDULE, lock)
             except Exception as error:
@@ -123,12 +123,9 @@ class Maintainer:
     async def run_now(self, sink_id: int) -> MaintenanceRun:
         """An operator's run: every step, the orphan sweep included, waiting for the commit lock (Unavailable
         after ADMIN_LOCK_TIMEOUT_SECONDS, nothing done)."""
-        async with (
-            self._running,
-            commit_lock.holding(
-                self.database, sink_id, self.settings.admin_lock_timeout_seconds, "maintenance"
-            ) as lock,
-        ):
+        async with commit_lock.holding(
+            self.database, sink_id, self.settings.admin_lock_timeout_seconds, "maintenance"
+        ) as lock:
             return await self._run(sink_id, OPERATOR, lock)
 
     async def _run(self, sink_id: int, trigger: str, lock: CommitLock) -> MaintenanceRun:
