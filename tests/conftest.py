@@ -4,4 +4,5 @@ pytest_plugins = [
     "tests.fixtures.kafka_broker",
     "tests.fixtures.spark",
     "tests.fixtures.admin",
+    "tests.fixtures.object_store",
 ]
