@@ -182,6 +182,12 @@ def _admin_router(operations: Operations, auth: AdminAuth) -> APIRouter:
         (docs/operations.md). A catalog that cannot be read answers 503 with nothing changed."""
         return ResetResponse.of(await operations.reset_sink(sink, body.confirm, body.reason, caller))
 
+    @router.post("/sinks/{sink}/resume", response_model=SinkResponse, responses=_error_responses(HTTPStatus.NOT_FOUND))
+    async def resume_sink(sink: SinkName, caller: Operator = Depends(operator)) -> SinkResponse:
+        """Retry the commits of a stuck sink (committer state `stuck`: a failure no retry could fix), once its
+        cause is fixed; answers the sink as it is then (stuck again if the cause is still there)."""
+        return SinkResponse.of(await operations.resume_sink(sink, caller))
+
     @router.get(
         "/sinks/{sink}/maintenance",
         response_model=MaintenanceResponse,
@@ -247,6 +253,7 @@ def create_app(runtime: Runtime) -> FastAPI:
                     aborted=overview.counts.aborted,
                     oldest_pending_age_seconds=overview.counts.oldest_pending_age_seconds,
                     retrying=overview.health is not None and overview.health.retrying,
+                    stuck=overview.health is not None and overview.health.stuck is not None,
                 )
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 

@@ -43,8 +43,9 @@ class ErrorResponse(BaseModel):
 
 
 class CommitterState(BaseModel):
-    state: Literal["healthy", "retrying", "idle"] = Field(
-        description="idle: this process has not committed the sink yet (another replica may have)."
+    state: Literal["healthy", "retrying", "stuck", "idle"] = Field(
+        description="idle: this process has not committed the sink yet (another replica may have). stuck: its "
+        "commits failed in a way no retry can fix (last_error says why); fix the cause, then POST .../resume."
     )
     failed_attempts: int
     last_error: str | None
@@ -55,8 +56,13 @@ class CommitterState(BaseModel):
     def of(cls, health: CommitterHealth | None) -> CommitterState:
         if health is None:
             return cls(state="idle", failed_attempts=0, last_error=None, last_error_at=None, last_commit_at=None)
+        state: Literal["healthy", "retrying", "stuck"] = "healthy"
+        if health.stuck is not None:
+            state = "stuck"
+        elif health.retrying:
+            state = "retrying"
         return cls(
-            state="retrying" if health.retrying else "healthy",
+            state=state,
             failed_attempts=health.attempts,
             last_error=health.last_error,
             last_error_at=health.last_error_at,

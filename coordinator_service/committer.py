@@ -15,22 +15,27 @@ import asyncio
 import contextlib
 import time
 import uuid
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+import pydantic
 import structlog
+from pyiceberg import exceptions as pyiceberg_errors
 from pyiceberg.exceptions import CommitFailedException
 from sqlalchemy.ext.asyncio import AsyncSession
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential_jitter
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
 
 from coordinator_service import commit_lock, failpoints, metrics, precommit_metadata, repository, settlement
 from coordinator_service.catalog_calls import in_catalog
 from coordinator_service.commit_lock import CommitLock
 from coordinator_service.database import Database
+from coordinator_service.errors import InvalidArgument, cause
 from coordinator_service.failpoints import Failpoint
 from coordinator_service.iceberg import IcebergTables, Marker
 from coordinator_service.models import EpochStatus, PendingSinkState, Sink
+from coordinator_service.precommit_metadata import MetadataDecodeError
 from coordinator_service.settings import Settings
 from coordinator_service.table_maintenance import table_properties_for
 
@@ -48,6 +53,33 @@ class CommitterHealth:
     last_error: str | None = None
     last_error_at: datetime | None = None
     last_commit_at: datetime | None = None
+    # Set when a commit failed in a way no retry can fix: the committer waits for an operator's resume.
+    stuck: str | None = None
+
+
+# Failures of a commit pass that retrying cannot fix: the log's record cannot be decoded, the table is gone or
+# refuses what the pass built, the catalog refuses the coordinator's credentials, or the code met a state it
+# does not expect. Everything else (conflicts, outages, a lost lock, timeouts) is retried.
+_PERMANENT_FAILURES: tuple[type[BaseException], ...] = (
+    MetadataDecodeError,
+    InvalidArgument,
+    pyiceberg_errors.NoSuchTableError,
+    pyiceberg_errors.NoSuchNamespaceError,
+    pyiceberg_errors.ValidationError,
+    pyiceberg_errors.ValidationException,
+    pyiceberg_errors.BadRequestError,
+    pyiceberg_errors.UnauthorizedError,
+    pyiceberg_errors.ForbiddenError,
+    pydantic.ValidationError,
+    AssertionError,
+    TypeError,
+    AttributeError,
+    KeyError,
+)
+
+
+def cannot_succeed_by_retrying(error: BaseException) -> bool:
+    return isinstance(error, _PERMANENT_FAILURES)
 
 
 class Committer:
@@ -63,6 +95,9 @@ class Committer:
         self._commits_here = 0
         self._last_commit: dict[int, float] = {}
         self._sink_names: dict[int, str] = {}
+        # Commit passes finished per sink (whatever their outcome), and that count when the sink was last resumed.
+        self._passes_done: defaultdict[int, int] = defaultdict(int)
+        self._resumed_at: dict[int, int] = {}
         self._background: list[asyncio.Task[None]] = []
         # A pass holds two connections (its advisory lock's and a transaction's): bounding the passes keeps
         # the pool from running dry with every sink's task holding a lock connection, waiting for a second.
@@ -165,13 +200,51 @@ class Committer:
         # the epoch of the request whose context the task was created from).
         structlog.contextvars.clear_contextvars()
         structlog.contextvars.bind_contextvars(sink_id=sink_id)
+        health = self.health.setdefault(sink_id, CommitterHealth())
         while True:
             await event.wait()
             event.clear()
+            if health.stuck is not None:
+                continue  # until an operator resumes the sink
             # Outside the slot: a sink waiting out its interval leaves the slot to the others.
             await self._respect_commit_interval(sink_id)
-            if await self._commit_with_retries(sink_id):
-                event.set()  # more to commit: go on after the sinks that wait for a slot
+            try:
+                if await self._commit_with_retries(sink_id):
+                    event.set()  # more to commit: go on after the sinks that wait for a slot
+            except Exception as error:  # only what retrying cannot fix comes out of the retries
+                self._stick(sink_id, health, error)
+            finally:
+                self._passes_done[sink_id] += 1
+                await self._notify_progress()
+
+    def _stick(self, sink_id: int, health: CommitterHealth, error: BaseException) -> None:
+        health.stuck = f"{type(error).__name__}: {cause(error)}"
+        health.retrying = False
+        health.last_error, health.last_error_at = health.stuck, datetime.now(UTC)
+        sink = self._sink_names.get(sink_id, f"id {sink_id}")
+        metrics.COMMITTER_STUCK_EVENTS.labels(sink).inc()
+        log.error(
+            "the sink's commits cannot succeed by retrying; they wait for an operator to fix the cause and "
+            "resume the sink (POST /api/v1/sinks/<name>/resume)",
+            error=health.stuck,
+        )
+
+    def resume(self, sink_id: int) -> bool:
+        """Retry a stuck sink's commits (after an operator fixed the cause); whether it was stuck here."""
+        health = self.health.get(sink_id)
+        was_stuck = health is not None and health.stuck is not None
+        if health is not None:
+            health.stuck = None
+        self._resumed_at[sink_id] = self._passes_done[sink_id]
+        self.wake(sink_id)
+        return was_stuck
+
+    async def wait_for_pass(self, sink_id: int, timeout_seconds: float) -> None:
+        """Wait (at most timeout_seconds) until the sink's committer finished a pass since its last resume."""
+        target = self._resumed_at.get(sink_id, self._passes_done[sink_id])
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_seconds), self._progress:
+                await self._progress.wait_for(lambda: self._passes_done[sink_id] > target)
 
     async def _commit_with_retries(self, sink_id: int) -> bool:
         """One commit pass, retried until it succeeds; whether more checkpointed epochs wait."""
@@ -192,7 +265,7 @@ class Committer:
             )
 
         retrying = AsyncRetrying(
-            retry=retry_if_exception_type(Exception),
+            retry=retry_if_exception(lambda error: not cannot_succeed_by_retrying(error)),
             wait=wait_exponential_jitter(
                 multiplier=self.settings.retry_initial_seconds,
                 max=self.settings.retry_max_seconds,

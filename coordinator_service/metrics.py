@@ -97,11 +97,20 @@ COMMITTER_RETRYING = Gauge(
     "1 while this process's committer of the sink is retrying a failed commit.",
     ["sink"],
 )
+COMMITTER_STUCK = Gauge(
+    "sink_coordinator_committer_stuck",
+    "1 while this process's committer of the sink waits for an operator: its commits failed in a way no retry "
+    "can fix (the sink's committer.last_error says why).",
+    ["sink"],
+)
+COMMITTER_STUCK_EVENTS = Counter(
+    "sink_coordinator_committer_stuck_events", "Times a sink's committer got stuck (see committer_stuck).", ["sink"]
+)
 SCRAPE_METASTORE_UP = Gauge(
     "sink_coordinator_metastore_up", "1 if the per-sink gauges could be read from the metastore at this scrape."
 )
 
-_SINK_GAUGES = (PENDING_EPOCHS, ABORTED_EPOCHS_IN_LOG, OLDEST_PENDING_SECONDS, COMMITTER_RETRYING)
+_SINK_GAUGES = (PENDING_EPOCHS, ABORTED_EPOCHS_IN_LOG, OLDEST_PENDING_SECONDS, COMMITTER_RETRYING, COMMITTER_STUCK)
 
 
 def clear_sink_gauges() -> None:
@@ -111,12 +120,19 @@ def clear_sink_gauges() -> None:
 
 
 def set_sink_gauges(
-    sink: str, *, pending: int, aborted: int, oldest_pending_age_seconds: float | None, retrying: bool
+    sink: str,
+    *,
+    pending: int,
+    aborted: int,
+    oldest_pending_age_seconds: float | None,
+    retrying: bool,
+    stuck: bool,
 ) -> None:
     PENDING_EPOCHS.labels(sink).set(pending)
     ABORTED_EPOCHS_IN_LOG.labels(sink).set(aborted)
     OLDEST_PENDING_SECONDS.labels(sink).set(oldest_pending_age_seconds or 0.0)
     COMMITTER_RETRYING.labels(sink).set(1 if retrying else 0)
+    COMMITTER_STUCK.labels(sink).set(1 if stuck else 0)
 
 
 def record_commit(sink: str, epochs: int, *, appended: bool, seconds: float) -> None:

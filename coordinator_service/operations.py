@@ -248,6 +248,22 @@ class Operations:
         self.committer.wake_cleaner()
         return ResetOutcome(await self.sink(name), tuple(aborted))
 
+    async def resume_sink(self, name: str, operator: Operator) -> SinkOverview:
+        """Retry a stuck sink's commits; the sink as it is once the first pass has run (stuck again, or not)."""
+        _check_known_name(name)
+        async with self.database.transaction() as session:
+            sink = await _existing_sink(session, name)
+        was_stuck = self.committer.resume(sink.id)
+        log.warning(
+            "sink resumed by an operator",
+            sink=name,
+            who=operator.identity,
+            client=operator.address,
+            was_stuck=was_stuck,
+        )
+        await self.committer.wait_for_pass(sink.id, self.lock_timeout_seconds)
+        return await self.sink(name)
+
     async def maintenance(self, name: str, runs: int) -> MaintenanceView:
         _check_known_name(name)
         async with self.database.transaction() as session:

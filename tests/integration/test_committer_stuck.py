@@ -1,0 +1,58 @@
+"""A commit that no retry can fix puts the sink in a visible `stuck` state instead of retrying forever."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyiceberg.catalog import Catalog
+
+from tests.fixtures.admin import AdminApp, eventually
+from tests.fixtures.postgres import query
+
+
+async def committer_of(admin: AdminApp) -> dict[str, Any]:
+    committer = (await admin.get("/api/v1/sinks/orders")).json()["committer"]
+    assert isinstance(committer, dict)
+    return committer
+
+
+async def test_an_undecodable_log_record_sticks_the_sink_until_an_operator_resumes_it(
+    admin: AdminApp, database_url: str
+) -> None:
+    registration = await admin.register("orders")
+    await admin.pre_commit("orders", registration, 0, 0)
+    [(record,)] = query(database_url, "SELECT metadata FROM pending_sink_state WHERE epoch = 0")
+    query(database_url, "UPDATE pending_sink_state SET metadata = 'not json' WHERE epoch = 0")
+    await admin.checkpoint("orders", registration, 0, wait=False)
+
+    async def stuck() -> bool:
+        return (await committer_of(admin))["state"] == "stuck"
+
+    await eventually(stuck, "the sink stuck")
+    committer = await committer_of(admin)
+    assert "MetadataDecodeError" in committer["last_error"]
+    assert committer["failed_attempts"] == 0  # not retried as if it were an outage
+    metrics = (await admin.get("/metrics")).text
+    assert 'sink_coordinator_committer_stuck{sink="orders"} 1.0' in metrics
+
+    query(database_url, "UPDATE pending_sink_state SET metadata = %s WHERE epoch = 0", record)  # the fix
+    resumed = await admin.post("/api/v1/sinks/orders/resume")
+    assert resumed.status_code == 200, resumed.text
+    assert resumed.json()["committer"]["state"] == "healthy"
+    assert resumed.json()["committed_epoch"] == 0
+
+
+async def test_a_table_dropped_under_the_sink_sticks_it(admin: AdminApp, catalog: Catalog) -> None:
+    registration = await admin.register("orders")
+    await admin.pre_commit("orders", registration, 0, 0)
+    catalog.drop_table("db.orders")
+    await admin.checkpoint("orders", registration, 0, wait=False)
+
+    async def stuck() -> bool:
+        return (await committer_of(admin))["state"] == "stuck"
+
+    await eventually(stuck, "the sink stuck")
+    assert "does not exist" in (await committer_of(admin))["last_error"]
+    # Resuming without fixing the cause: stuck again, and it says so.
+    resumed = await admin.post("/api/v1/sinks/orders/resume")
+    assert resumed.json()["committer"]["state"] == "stuck"
