@@ -12,7 +12,8 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from coordinator_service.errors import DATA_ERRORS, CoordinatorError, Unavailable, cause, unstorable
+from coordinator_service.database import DATA_ERRORS, unstorable
+from coordinator_service.errors import CoordinatorError, Unavailable, cause
 from coordinator_service.models import EpochStatus
 from coordinator_service.protocol import Coordinator, PreCommitOutcome, PreCommitRequest
 from coordinator_service.rpc import sink_coordinator_pb2 as pb

@@ -58,6 +58,7 @@ from pyiceberg.transforms import (
 from pyiceberg.typedef import EMPTY_DICT, Record, TableVersion
 from pyiceberg.types import PrimitiveType, StructType
 
+from coordinator_service import partition_syntax
 from coordinator_service.errors import InvalidArgument, cause, quote
 from coordinator_service.precommit_metadata import DataFileEntry
 
@@ -78,15 +79,8 @@ _FILE_RULES_KEPT = 256
 # and a file-system warehouse makes a directory of each, whose name is at most 255 bytes.
 MAX_NAME_BYTES = 255
 _CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-# Iceberg keeps a truncate width as an int.
-MAX_TRUNCATE_WIDTH = 2**31 - 1
 # Where a new table's metadata is built in memory, to be checked before anything is created.
 _CHECK_LOCATION = "memory://sink-coordinator/check"
-
-_PARTITION_FIELD = re.compile(
-    r"^\s*(?:(?P<transform>identity|year|month|day|hour|bucket|truncate)\s*\(\s*"
-    r"(?:(?P<width>\d+)\s*,\s*)?(?P<source>[A-Za-z_][\w.]*)\s*\)|(?P<bare>[A-Za-z_][\w.]*))\s*$"
-)
 
 
 @dataclass(frozen=True)
@@ -157,44 +151,18 @@ def check_table_identifier(identifier: str) -> tuple[str, ...]:
 
 
 def parse_partition_field(text: str) -> tuple[str, Transform[Any, Any]]:
-    """'region', 'day(ts)', 'truncate(4, name)' -> (source column, transform).
-
-    bucket(N, col) is refused: the coordinator takes each file's partition
-    from the file's column bounds, and a hash bucket cannot be derived from them.
-    """
-    match = _PARTITION_FIELD.match(text)
-    if match is None:
-        raise InvalidArgument(
-            f"partition field {quote(text)} is not understood: use a column name or identity(col), year(col), "
-            "month(col), day(col), hour(col), truncate(W, col)"
-        )
-    if match["bare"]:
-        return match["bare"], IdentityTransform()
-    name, width, source = match["transform"], match["width"], match["source"]
-    needs_width = name in ("bucket", "truncate")
-    if needs_width != (width is not None):
-        expected = f"{name}(N, {source})" if needs_width else f"{name}({source})"
-        raise InvalidArgument(f"partition field {quote(text)}: write it as {quote(expected)}")
-    if name == "bucket":
-        raise InvalidArgument(
-            f"partition field {quote(text)}: bucket partitioning is not supported, because the coordinator takes "
-            "each file's partition from its column bounds and a hash bucket cannot be derived from them; "
-            "use identity, year/month/day/hour or truncate"
-        )
-    transform: Transform[Any, Any]
-    if name == "truncate":
-        if not 1 <= int(str(width)) <= MAX_TRUNCATE_WIDTH:
-            raise InvalidArgument(f"partition field {quote(text)}: the width must be 1 to {MAX_TRUNCATE_WIDTH}")
-        transform = TruncateTransform(int(str(width)))
-    else:
-        transform = {
-            "identity": IdentityTransform(),
-            "year": YearTransform(),
-            "month": MonthTransform(),
-            "day": DayTransform(),
-            "hour": HourTransform(),
-        }[name]
-    return source, transform
+    """'region', 'day(ts)', 'truncate(4, name)' -> (source column, transform); the syntax is partition_syntax's."""
+    spec = partition_syntax.parse_partition_field(text)
+    if spec.transform == "truncate":
+        return spec.source, TruncateTransform(int(str(spec.width)))
+    transforms: dict[str, Transform[Any, Any]] = {
+        "identity": IdentityTransform(),
+        "year": YearTransform(),
+        "month": MonthTransform(),
+        "day": DayTransform(),
+        "hour": HourTransform(),
+    }
+    return spec.source, transforms[spec.transform]
 
 
 def decode_arrow_schema(serialized: bytes) -> pa.Schema:
