@@ -31,7 +31,6 @@ from pyiceberg.exceptions import (
     NoSuchTableError,
 )
 from pyiceberg.io.pyarrow import (
-    PyArrowFile,
     PyArrowFileIO,
     StatisticsCollector,
     _check_pyarrow_schema_compatible,
@@ -60,6 +59,7 @@ from pyiceberg.types import PrimitiveType, StructType
 
 from coordinator_service import partition_syntax
 from coordinator_service.errors import InvalidArgument, cause, quote
+from coordinator_service.precommit_files import FileChecks, FileFacts
 from coordinator_service.precommit_metadata import DataFileEntry
 
 log = structlog.get_logger(__name__)
@@ -204,8 +204,7 @@ class IcebergTables:
     def __init__(self, catalog: Catalog, cache_seconds: float = 0.0, orphan_grace_seconds: float = math.inf) -> None:
         self.catalog = catalog
         self.cache_seconds = cache_seconds
-        # A pre-commit refuses a file older than this: the orphan sweep may delete such a file under it.
-        self.orphan_grace_seconds = orphan_grace_seconds
+        self._file_checks = FileChecks(orphan_grace_seconds)
         self._cache: dict[str, tuple[float, Table]] = {}
         self._file_rules: dict[_RulesKey, _FileRules] = {}
 
@@ -327,55 +326,37 @@ class IcebergTables:
         log.info("added columns to iceberg table", table=".".join(table.name()), columns=new)
 
     def read_data_files(
-        self, identifier: str, uris: Sequence[str], writer_id: int, evolve_schema: bool
+        self,
+        identifier: str,
+        uris: Sequence[str],
+        writer_id: int,
+        evolve_schema: bool,
+        facts: Mapping[str, FileFacts] = EMPTY_DICT,
     ) -> list[DataFileEntry]:
         """Validate the files (canonical URIs) of a pre-commit and build their manifest entries.
 
-        The entries come from the Parquet footers; the data pages are not read.
-        Raises InvalidArgument naming the first bad file. A cached table may lag behind a change another
-        writer made (a new column): a file refused on it, or an evolution that conflicts, is tried once
-        more on the table freshly loaded.
+        The entries come from the Parquet footers (the ones the writer sent in `facts`, else read from storage);
+        the data pages are not read. Raises InvalidArgument naming the first bad file. A cached table may lag
+        behind a change another writer made (a new column): a file refused on it, or an evolution that
+        conflicts, is tried once more on the table freshly loaded.
         """
         table, from_cache = self.cached(identifier)
         if not from_cache:
-            return self._read_data_files(table, uris, writer_id, evolve_schema)
+            return self._read_data_files(table, uris, writer_id, evolve_schema, facts)
         try:
-            return self._read_data_files(table, uris, writer_id, evolve_schema)
+            return self._read_data_files(table, uris, writer_id, evolve_schema, facts)
         except (InvalidArgument, CommitFailedException):
-            return self._read_data_files(self.load(identifier), uris, writer_id, evolve_schema)
+            return self._read_data_files(self.load(identifier), uris, writer_id, evolve_schema, facts)
 
     def _read_data_files(
-        self, table: Table, uris: Sequence[str], writer_id: int, evolve_schema: bool
+        self, table: Table, uris: Sequence[str], writer_id: int, evolve_schema: bool, facts: Mapping[str, FileFacts]
     ) -> list[DataFileEntry]:
         for uri in uris:
             check_inside_location(uri, str(table.location()))
-        footers = [self._read_footer(table, uri) for uri in uris]
+        files = self._file_checks.check(table.io, uris, facts)
         if evolve_schema:
-            table = self._evolve_for(table, [footer.schema.to_arrow_schema() for footer, _ in footers])
-        return [
-            self._entry_from_footer(table.metadata, path, footer, size, writer_id)
-            for path, (footer, size) in zip(uris, footers, strict=True)
-        ]
-
-    def _read_footer(self, table: Table, path: str) -> tuple[pq.FileMetaData, int]:
-        input_file = table.io.new_input(path)
-        try:
-            with input_file.open() as stream:
-                footer = pq.read_metadata(stream)
-            info = input_file._file_info() if isinstance(input_file, PyArrowFile) else None
-            size = info.size if info is not None else len(input_file)
-        except FileNotFoundError:
-            raise InvalidArgument(f"data file {quote(path)} does not exist: write it before the pre-commit") from None
-        except (pa.ArrowInvalid, OSError) as error:
-            raise InvalidArgument(f"data file {quote(path)} is not a readable Parquet file: {cause(error)}") from error
-        if info is not None and info.mtime_ns is not None:
-            age = time.time() - info.mtime_ns / 1e9
-            if age > self.orphan_grace_seconds:
-                raise InvalidArgument(
-                    f"data file {quote(path)} was written {age:.0f} s ago, longer than ORPHAN_GRACE_SECONDS "
-                    f"({self.orphan_grace_seconds:g} s): the orphan sweep may be deleting it. Write the batch again"
-                )
-        return footer, size
+            table = self._evolve_for(table, [file.footer.schema.to_arrow_schema() for file in files])
+        return [self._entry_from_footer(table.metadata, file.path, file.footer, file.size, writer_id) for file in files]
 
     def _rules(self, metadata: TableMetadata) -> _FileRules:
         key = _FileRules.key_of(metadata)
