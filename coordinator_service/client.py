@@ -3,6 +3,8 @@
 Calls that are safe to repeat (all of them: the protocol is idempotent) are
 retried on UNAVAILABLE with backoff until the call's deadline; every other
 status is raised at once as a CoordinatorRpcError carrying the server's message.
+It imports only the base dependencies (grpcio, protobuf, tenacity): the Spark
+writer uses it where the server's are not installed.
 """
 
 from __future__ import annotations
