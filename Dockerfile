@@ -13,8 +13,10 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY coordinator_service/ coordinator_service/
 COPY spark_writer/ spark_writer/
+COPY sink_coordinator_demo/ sink_coordinator_demo/
 COPY migrations/ migrations/
-RUN /opt/venv/bin/pip install . \
+# The server's dependencies only: the Spark writer's (pyspark, confluent-kafka) stay out of the image.
+RUN /opt/venv/bin/pip install ".[server]" \
  && /opt/venv/bin/sink-coordinator --help >/dev/null
 
 FROM ${PYTHON_IMAGE}

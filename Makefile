@@ -38,7 +38,7 @@ serve: $(INSTALLED)
 ## demo: Kafka -> Spark -> coordinator -> Iceberg on local services, 100,000 events (EVENTS=N to change)
 EVENTS ?= 100000
 demo: $(INSTALLED)
-	$(BIN)/python -m spark_writer.demo --events $(EVENTS) $(DEMO_ARGS)
+	$(BIN)/python -m sink_coordinator_demo --events $(EVENTS) $(DEMO_ARGS)
 
 ## bench: speed against raw PostgreSQL, raw pyiceberg and plain Spark; writes bench/results/latest.md
 bench: $(INSTALLED)

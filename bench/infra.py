@@ -34,7 +34,7 @@ from coordinator_service.embedded import start_embedded_postgres, stop_embedded_
 from coordinator_service.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
 from coordinator_service.runtime import migrate
-from spark_writer.local_services import free_port
+from sink_coordinator_demo.ports import free_port
 
 ORDERS = pa.schema(
     [

@@ -2,22 +2,41 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 import grpc
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from bench.infra import Coordinator, Postgres, latency_stats, register_orders_sink, write_orders_file
 from bench.precommit import drive_precommits, register_sinks
 from coordinator_service.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
 
+FOOTER_MODES = ("read", "sent")
+
+
+def _data_file(path: str, footers: str) -> pb.DataFile:
+    """A file as an old writer names it (footers "read": the coordinator reads the footer) or as the Spark
+    writer sends it, with its footer and size (the coordinator makes one metadata request)."""
+    if footers == "read":
+        return pb.DataFile(path=path)
+    local = path.removeprefix("file://")
+    buffer = pa.BufferOutputStream()
+    pq.read_metadata(local).write_metadata_file(buffer)
+    return pb.DataFile(
+        path=path, parquet_footer=buffer.getvalue().to_pybytes(), file_size_in_bytes=os.path.getsize(local)
+    )
+
 
 async def files_per_epoch(
     postgres: Postgres, root: Path, *, file_counts: tuple[int, ...], epochs: int
 ) -> list[dict[str, Any]]:
-    """Pre-commit latency and CommitCheckpoint(wait) latency of epochs of 1, 10, 100 small files."""
+    """Pre-commit latency and CommitCheckpoint(wait) latency of epochs of 1, 10, 100 small files, with the
+    footers read by the coordinator or sent by the writer (epochs of both kinds alternate)."""
     database_url = postgres.new_database("files")
     coordinator = Coordinator(database_url, root / "files").start()
     rows: list[dict[str, Any]] = []
@@ -28,25 +47,34 @@ async def files_per_epoch(
             term = registration.writer_term
             epoch = 0
             for count in file_counts:
-                precommits: list[float] = []
-                commits: list[float] = []
+                precommits: dict[str, list[float]] = {mode: [] for mode in FOOTER_MODES}
+                commits: dict[str, list[float]] = {mode: [] for mode in FOOTER_MODES}
                 for _ in range(epochs):
-                    paths = [write_orders_file(registration.table_location, 10, first=i * 10) for i in range(count)]
-                    started = time.monotonic()
-                    await stub.PreCommit(
-                        pb.PreCommitRequest(
-                            sink="files", epoch=epoch, writer_term=term, data_files=[pb.DataFile(path=p) for p in paths]
-                        ),
-                        timeout=60,
-                    )
-                    precommits.append(time.monotonic() - started)
-                    started = time.monotonic()
-                    await stub.CommitCheckpoint(
-                        pb.CommitCheckpointRequest(sink="files", epoch=epoch, writer_term=term, wait=True), timeout=60
-                    )
-                    commits.append(time.monotonic() - started)
-                    epoch += 1
-                rows.append({"files": count, "precommit": latency_stats(precommits), "commit": latency_stats(commits)})
+                    for mode in FOOTER_MODES:
+                        paths = [write_orders_file(registration.table_location, 10, first=i * 10) for i in range(count)]
+                        files = [_data_file(path, mode) for path in paths]
+                        started = time.monotonic()
+                        await stub.PreCommit(
+                            pb.PreCommitRequest(sink="files", epoch=epoch, writer_term=term, data_files=files),
+                            timeout=60,
+                        )
+                        precommits[mode].append(time.monotonic() - started)
+                        started = time.monotonic()
+                        await stub.CommitCheckpoint(
+                            pb.CommitCheckpointRequest(sink="files", epoch=epoch, writer_term=term, wait=True),
+                            timeout=60,
+                        )
+                        commits[mode].append(time.monotonic() - started)
+                        epoch += 1
+                rows += [
+                    {
+                        "files": count,
+                        "footers": mode,
+                        "precommit": latency_stats(precommits[mode]),
+                        "commit": latency_stats(commits[mode]),
+                    }
+                    for mode in FOOTER_MODES
+                ]
     finally:
         coordinator.stop()
     return rows

@@ -42,7 +42,8 @@ from coordinator_service.admin_schemas import (
     decode_cursor,
     encode_cursor,
 )
-from coordinator_service.errors import DATA_ERRORS, CoordinatorError, SchemaNotCurrent, unstorable
+from coordinator_service.database import DATA_ERRORS, unstorable
+from coordinator_service.errors import CoordinatorError, SchemaNotCurrent
 from coordinator_service.operations import Operations, Operator
 from coordinator_service.runtime import Runtime
 from coordinator_service.schema import require_current_schema

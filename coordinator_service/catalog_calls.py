@@ -9,7 +9,8 @@ from typing import TypeVar
 from pyiceberg.exceptions import CommitFailedException, ServerError
 from sqlalchemy.exc import SQLAlchemyError
 
-from coordinator_service.errors import DATA_ERRORS, CoordinatorError, Unavailable, cause, unstorable
+from coordinator_service.database import DATA_ERRORS, unstorable
+from coordinator_service.errors import CoordinatorError, Unavailable, cause
 
 T = TypeVar("T")
 

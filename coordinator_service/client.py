@@ -3,6 +3,8 @@
 Calls that are safe to repeat (all of them: the protocol is idempotent) are
 retried on UNAVAILABLE with backoff until the call's deadline; every other
 status is raised at once as a CoordinatorRpcError carrying the server's message.
+It imports only the base dependencies (grpcio, protobuf, tenacity): the Spark
+writer uses it where the server's are not installed.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ from coordinator_service.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
 
 Response = TypeVar("Response")
+
+# Footers sent in one PreCommit at most: the coordinator reads those of the files beyond (gRPC refuses
+# messages over 4 MiB by default; a footer is a few KiB per file, more with many columns or row groups).
+MAX_FOOTER_BYTES_PER_PRECOMMIT = 2 * 1024 * 1024
 
 _STATUS_NAMES = {pb.PENDING: "PENDING", pb.COMMITTED: "COMMITTED", pb.ABORTED: "ABORTED"}
 
@@ -41,6 +47,17 @@ class WriterRegistration:
     aborted_epochs: tuple[int, ...]
     recommitting_epochs: tuple[int, ...]
     table_location: str
+
+
+@dataclass(frozen=True)
+class PreCommitFile:
+    """A data file to pre-commit. A writer that holds the file's Parquet footer sends it (pyarrow's FileMetaData
+    written with write_metadata_file) with the file's size: the coordinator then checks the file with one metadata
+    request instead of reading its footer from storage."""
+
+    path: str
+    parquet_footer: bytes = b""
+    file_size_in_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -79,6 +96,23 @@ class SinkInfo:
     writer_term: int
     writer_count: int
     epochs: tuple[EpochInfo, ...]
+
+
+def _data_files(files: Sequence[str | PreCommitFile]) -> list[pb.DataFile]:
+    """The files as PreCommit sends them, with their footers as long as MAX_FOOTER_BYTES_PER_PRECOMMIT allows
+    (the coordinator reads the others' from storage)."""
+    budget = MAX_FOOTER_BYTES_PER_PRECOMMIT
+    data_files = []
+    for file in files:
+        if isinstance(file, str):
+            data_files.append(pb.DataFile(path=file))
+            continue
+        footer = file.parquet_footer if len(file.parquet_footer) <= budget else b""
+        budget -= len(footer)
+        data_files.append(
+            pb.DataFile(path=file.path, parquet_footer=footer, file_size_in_bytes=file.file_size_in_bytes)
+        )
+    return data_files
 
 
 def _is_unavailable(error: BaseException) -> bool:
@@ -189,7 +223,7 @@ class CoordinatorClient:
         sink: str,
         epoch: int,
         writer_term: int,
-        paths: Sequence[str],
+        files: Sequence[str | PreCommitFile],
         *,
         writer_id: int = 0,
         properties: Mapping[str, str] | None = None,
@@ -203,7 +237,7 @@ class CoordinatorClient:
                 epoch=epoch,
                 writer_term=writer_term,
                 writer_id=writer_id,
-                data_files=[pb.DataFile(path=path) for path in paths],
+                data_files=_data_files(files),
                 properties=dict(properties or {}),
                 evolve_schema=evolve_schema,
             ),

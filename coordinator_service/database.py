@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import psycopg
 from sqlalchemy import Engine, create_engine, exc
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import (
@@ -15,9 +16,18 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
-from coordinator_service.errors import Unavailable, cause
+from coordinator_service.errors import InvalidArgument, Unavailable, cause
 
 _CONNECTIVITY_ERRORS = (exc.OperationalError, exc.InterfaceError, exc.DisconnectionError, OSError)
+
+# SQLSTATE class 22, "data exception" (a NUL byte in text, a string longer than its column, a number out of
+# range), from PostgreSQL or raised by psycopg before sending: no retry can store the value.
+DATA_ERRORS: tuple[type[Exception], ...] = (exc.DataError, psycopg.DataError)
+
+
+def unstorable(error: BaseException) -> InvalidArgument:
+    """A DATA_ERRORS failure as the caller hears it: the request's fault, not an outage to retry."""
+    return InvalidArgument(f"the request holds a value that cannot be stored: {cause(error)}")
 
 
 def normalize_url(url: str) -> URL:

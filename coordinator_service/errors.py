@@ -1,12 +1,13 @@
-"""The coordinator's errors: each maps to one gRPC status code and one HTTP status."""
+"""The coordinator's errors: each maps to one gRPC status code and one HTTP status.
+
+The Spark writer reads partition fields with the coordinator's parser (partition_syntax), which raises these:
+this module imports grpc and the standard library only (tests/unit/test_writer_imports.py)."""
 
 from __future__ import annotations
 
 from http import HTTPStatus
 
 import grpc
-import psycopg
-import sqlalchemy.exc
 
 # Most characters of client input an error message quotes.
 QUOTED_CHARACTERS = 200
@@ -92,16 +93,6 @@ class Unavailable(CoordinatorError):
 class Unauthenticated(CoordinatorError):
     grpc_code = grpc.StatusCode.UNAUTHENTICATED
     http_status = HTTPStatus.UNAUTHORIZED
-
-
-# SQLSTATE class 22, "data exception" (a NUL byte in text, a string longer than its column, a number out of
-# range), from PostgreSQL or raised by psycopg before sending: no retry can store the value.
-DATA_ERRORS: tuple[type[Exception], ...] = (sqlalchemy.exc.DataError, psycopg.DataError)
-
-
-def unstorable(error: BaseException) -> InvalidArgument:
-    """A DATA_ERRORS failure as the caller hears it: the request's fault, not an outage to retry."""
-    return InvalidArgument(f"the request holds a value that cannot be stored: {cause(error)}")
 
 
 class SchemaNotCurrent(Exception):

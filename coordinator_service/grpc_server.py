@@ -12,8 +12,10 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from coordinator_service.errors import DATA_ERRORS, CoordinatorError, Unavailable, cause, unstorable
+from coordinator_service.database import DATA_ERRORS, unstorable
+from coordinator_service.errors import CoordinatorError, Unavailable, cause
 from coordinator_service.models import EpochStatus
+from coordinator_service.precommit_files import FileFacts
 from coordinator_service.protocol import Coordinator, PreCommitOutcome, PreCommitRequest
 from coordinator_service.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
@@ -97,6 +99,11 @@ class SinkCoordinatorServicer(pb_grpc.SinkCoordinatorServicer):
                     paths=tuple(data_file.path for data_file in request.data_files),
                     properties=dict(request.properties),
                     evolve_schema=request.evolve_schema,
+                    file_facts={
+                        data_file.path: FileFacts(data_file.parquet_footer, data_file.file_size_in_bytes)
+                        for data_file in request.data_files
+                        if data_file.parquet_footer or data_file.file_size_in_bytes
+                    },
                 )
             ),
             sink=request.sink,

@@ -31,7 +31,6 @@ from pyiceberg.exceptions import (
     NoSuchTableError,
 )
 from pyiceberg.io.pyarrow import (
-    PyArrowFile,
     PyArrowFileIO,
     StatisticsCollector,
     _check_pyarrow_schema_compatible,
@@ -58,7 +57,9 @@ from pyiceberg.transforms import (
 from pyiceberg.typedef import EMPTY_DICT, Record, TableVersion
 from pyiceberg.types import PrimitiveType, StructType
 
+from coordinator_service import partition_syntax
 from coordinator_service.errors import InvalidArgument, cause, quote
+from coordinator_service.precommit_files import FileChecks, FileFacts
 from coordinator_service.precommit_metadata import DataFileEntry
 
 log = structlog.get_logger(__name__)
@@ -78,15 +79,8 @@ _FILE_RULES_KEPT = 256
 # and a file-system warehouse makes a directory of each, whose name is at most 255 bytes.
 MAX_NAME_BYTES = 255
 _CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-# Iceberg keeps a truncate width as an int.
-MAX_TRUNCATE_WIDTH = 2**31 - 1
 # Where a new table's metadata is built in memory, to be checked before anything is created.
 _CHECK_LOCATION = "memory://sink-coordinator/check"
-
-_PARTITION_FIELD = re.compile(
-    r"^\s*(?:(?P<transform>identity|year|month|day|hour|bucket|truncate)\s*\(\s*"
-    r"(?:(?P<width>\d+)\s*,\s*)?(?P<source>[A-Za-z_][\w.]*)\s*\)|(?P<bare>[A-Za-z_][\w.]*))\s*$"
-)
 
 
 @dataclass(frozen=True)
@@ -157,44 +151,18 @@ def check_table_identifier(identifier: str) -> tuple[str, ...]:
 
 
 def parse_partition_field(text: str) -> tuple[str, Transform[Any, Any]]:
-    """'region', 'day(ts)', 'truncate(4, name)' -> (source column, transform).
-
-    bucket(N, col) is refused: the coordinator takes each file's partition
-    from the file's column bounds, and a hash bucket cannot be derived from them.
-    """
-    match = _PARTITION_FIELD.match(text)
-    if match is None:
-        raise InvalidArgument(
-            f"partition field {quote(text)} is not understood: use a column name or identity(col), year(col), "
-            "month(col), day(col), hour(col), truncate(W, col)"
-        )
-    if match["bare"]:
-        return match["bare"], IdentityTransform()
-    name, width, source = match["transform"], match["width"], match["source"]
-    needs_width = name in ("bucket", "truncate")
-    if needs_width != (width is not None):
-        expected = f"{name}(N, {source})" if needs_width else f"{name}({source})"
-        raise InvalidArgument(f"partition field {quote(text)}: write it as {quote(expected)}")
-    if name == "bucket":
-        raise InvalidArgument(
-            f"partition field {quote(text)}: bucket partitioning is not supported, because the coordinator takes "
-            "each file's partition from its column bounds and a hash bucket cannot be derived from them; "
-            "use identity, year/month/day/hour or truncate"
-        )
-    transform: Transform[Any, Any]
-    if name == "truncate":
-        if not 1 <= int(str(width)) <= MAX_TRUNCATE_WIDTH:
-            raise InvalidArgument(f"partition field {quote(text)}: the width must be 1 to {MAX_TRUNCATE_WIDTH}")
-        transform = TruncateTransform(int(str(width)))
-    else:
-        transform = {
-            "identity": IdentityTransform(),
-            "year": YearTransform(),
-            "month": MonthTransform(),
-            "day": DayTransform(),
-            "hour": HourTransform(),
-        }[name]
-    return source, transform
+    """'region', 'day(ts)', 'truncate(4, name)' -> (source column, transform); the syntax is partition_syntax's."""
+    spec = partition_syntax.parse_partition_field(text)
+    if spec.transform == "truncate":
+        return spec.source, TruncateTransform(int(str(spec.width)))
+    transforms: dict[str, Transform[Any, Any]] = {
+        "identity": IdentityTransform(),
+        "year": YearTransform(),
+        "month": MonthTransform(),
+        "day": DayTransform(),
+        "hour": HourTransform(),
+    }
+    return spec.source, transforms[spec.transform]
 
 
 def decode_arrow_schema(serialized: bytes) -> pa.Schema:
@@ -236,8 +204,7 @@ class IcebergTables:
     def __init__(self, catalog: Catalog, cache_seconds: float = 0.0, orphan_grace_seconds: float = math.inf) -> None:
         self.catalog = catalog
         self.cache_seconds = cache_seconds
-        # A pre-commit refuses a file older than this: the orphan sweep may delete such a file under it.
-        self.orphan_grace_seconds = orphan_grace_seconds
+        self._file_checks = FileChecks(orphan_grace_seconds)
         self._cache: dict[str, tuple[float, Table]] = {}
         self._file_rules: dict[_RulesKey, _FileRules] = {}
 
@@ -359,55 +326,37 @@ class IcebergTables:
         log.info("added columns to iceberg table", table=".".join(table.name()), columns=new)
 
     def read_data_files(
-        self, identifier: str, uris: Sequence[str], writer_id: int, evolve_schema: bool
+        self,
+        identifier: str,
+        uris: Sequence[str],
+        writer_id: int,
+        evolve_schema: bool,
+        facts: Mapping[str, FileFacts] = EMPTY_DICT,
     ) -> list[DataFileEntry]:
         """Validate the files (canonical URIs) of a pre-commit and build their manifest entries.
 
-        The entries come from the Parquet footers; the data pages are not read.
-        Raises InvalidArgument naming the first bad file. A cached table may lag behind a change another
-        writer made (a new column): a file refused on it, or an evolution that conflicts, is tried once
-        more on the table freshly loaded.
+        The entries come from the Parquet footers (the ones the writer sent in `facts`, else read from storage);
+        the data pages are not read. Raises InvalidArgument naming the first bad file. A cached table may lag
+        behind a change another writer made (a new column): a file refused on it, or an evolution that
+        conflicts, is tried once more on the table freshly loaded.
         """
         table, from_cache = self.cached(identifier)
         if not from_cache:
-            return self._read_data_files(table, uris, writer_id, evolve_schema)
+            return self._read_data_files(table, uris, writer_id, evolve_schema, facts)
         try:
-            return self._read_data_files(table, uris, writer_id, evolve_schema)
+            return self._read_data_files(table, uris, writer_id, evolve_schema, facts)
         except (InvalidArgument, CommitFailedException):
-            return self._read_data_files(self.load(identifier), uris, writer_id, evolve_schema)
+            return self._read_data_files(self.load(identifier), uris, writer_id, evolve_schema, facts)
 
     def _read_data_files(
-        self, table: Table, uris: Sequence[str], writer_id: int, evolve_schema: bool
+        self, table: Table, uris: Sequence[str], writer_id: int, evolve_schema: bool, facts: Mapping[str, FileFacts]
     ) -> list[DataFileEntry]:
         for uri in uris:
             check_inside_location(uri, str(table.location()))
-        footers = [self._read_footer(table, uri) for uri in uris]
+        files = self._file_checks.check(table.io, uris, facts)
         if evolve_schema:
-            table = self._evolve_for(table, [footer.schema.to_arrow_schema() for footer, _ in footers])
-        return [
-            self._entry_from_footer(table.metadata, path, footer, size, writer_id)
-            for path, (footer, size) in zip(uris, footers, strict=True)
-        ]
-
-    def _read_footer(self, table: Table, path: str) -> tuple[pq.FileMetaData, int]:
-        input_file = table.io.new_input(path)
-        try:
-            with input_file.open() as stream:
-                footer = pq.read_metadata(stream)
-            info = input_file._file_info() if isinstance(input_file, PyArrowFile) else None
-            size = info.size if info is not None else len(input_file)
-        except FileNotFoundError:
-            raise InvalidArgument(f"data file {quote(path)} does not exist: write it before the pre-commit") from None
-        except (pa.ArrowInvalid, OSError) as error:
-            raise InvalidArgument(f"data file {quote(path)} is not a readable Parquet file: {cause(error)}") from error
-        if info is not None and info.mtime_ns is not None:
-            age = time.time() - info.mtime_ns / 1e9
-            if age > self.orphan_grace_seconds:
-                raise InvalidArgument(
-                    f"data file {quote(path)} was written {age:.0f} s ago, longer than ORPHAN_GRACE_SECONDS "
-                    f"({self.orphan_grace_seconds:g} s): the orphan sweep may be deleting it. Write the batch again"
-                )
-        return footer, size
+            table = self._evolve_for(table, [file.footer.schema.to_arrow_schema() for file in files])
+        return [self._entry_from_footer(table.metadata, file.path, file.footer, file.size, writer_id) for file in files]
 
     def _rules(self, metadata: TableMetadata) -> _FileRules:
         key = _FileRules.key_of(metadata)

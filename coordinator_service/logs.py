@@ -1,13 +1,30 @@
-"""Structured logging: JSON lines (or a console rendering) through structlog."""
+"""Structured logging: JSON lines (or a console rendering) through structlog.
+
+Shared by the coordinator and the Spark writer: it imports only structlog (see tests/unit/test_writer_imports.py)."""
 
 from __future__ import annotations
 
 import logging
 import sys
+from enum import StrEnum
 
 import structlog
 
-from coordinator_service.settings import LogFormat, LogLevel
+
+class LogLevel(StrEnum):
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+
+    @classmethod
+    def _missing_(cls, value: object) -> LogLevel | None:
+        return cls.__members__.get(str(value).upper())
+
+
+class LogFormat(StrEnum):
+    JSON = "json"
+    CONSOLE = "console"
 
 
 def configure_logging(level: LogLevel, log_format: LogFormat) -> None:

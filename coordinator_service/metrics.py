@@ -23,6 +23,12 @@ PRECOMMIT_SECONDS = Histogram(
     ["sink"],
     buckets=_LATENCY_BUCKETS,
 )
+PRECOMMIT_FOOTERS = Counter(
+    "sink_coordinator_precommit_footers_total",
+    "Parquet footers of pre-committed data files, by source: sent by the writer (the file checked with one "
+    "metadata request) or read from storage.",
+    ["source"],
+)
 COMMIT_SECONDS = Histogram(
     "sink_coordinator_commit_seconds",
     "Time of one Iceberg commit: the append of a group of epochs and their COMMITTED update.",

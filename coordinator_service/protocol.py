@@ -45,6 +45,7 @@ from coordinator_service.iceberg import (
     decode_arrow_schema,
 )
 from coordinator_service.models import AbortCause, EpochStatus, PendingSinkState, Sink
+from coordinator_service.precommit_files import FileFacts, check_facts
 from coordinator_service.precommit_metadata import DataFileEntry, PreCommitMetadata
 
 log = structlog.get_logger(__name__)
@@ -75,6 +76,8 @@ class PreCommitRequest:
     writer_id: int = 0
     properties: Mapping[str, str] = field(default_factory=dict)
     evolve_schema: bool = False
+    # What the writer sent about some of the files besides their paths (their footers, sizes), by path.
+    file_facts: Mapping[str, FileFacts] = field(default_factory=dict)
 
 
 class PreCommitOutcome(StrEnum):
@@ -327,7 +330,11 @@ class Coordinator:
     async def pre_commit(self, request: PreCommitRequest) -> PreCommitResult:
         started = time.monotonic()
         _check_precommit_request(request)
-        request = replace(request, paths=tuple(canonical_uri(path) for path in request.paths))
+        request = replace(
+            request,
+            paths=tuple(canonical_uri(path) for path in request.paths),
+            file_facts={canonical_uri(path): facts for path, facts in request.file_facts.items()},
+        )
         if len(set(request.paths)) != len(request.paths):
             raise InvalidArgument("the pre-commit names a data file more than once")
         log_ = log.bind(sink=request.sink, epoch=request.epoch, writer_term=request.writer_term)
@@ -355,7 +362,12 @@ class Coordinator:
             if repeated is not None:
                 return repeated
         entries = await in_catalog(
-            self.tables.read_data_files, table, request.paths, request.writer_id, request.evolve_schema
+            self.tables.read_data_files,
+            table,
+            request.paths,
+            request.writer_id,
+            request.evolve_schema,
+            request.file_facts,
         )
         if writer_count == 1:
             result = await self._persist(sink_id, request, entries, dict(request.properties))
@@ -380,7 +392,9 @@ class Coordinator:
         try:
             # Never evolve here: the table must not change for a request that may yet be refused (a fenced
             # term). Files that need new columns fail to fit, and the general path evolves after its checks.
-            entries = await in_catalog(self.tables.read_data_files, table, request.paths, request.writer_id, False)
+            entries = await in_catalog(
+                self.tables.read_data_files, table, request.paths, request.writer_id, False, request.file_facts
+            )
         except CoordinatorError:
             return None
         metadata = PreCommitMetadata(table=table, data_files=tuple(entries), properties=dict(request.properties))
@@ -634,6 +648,8 @@ def _check_precommit_request(request: PreCommitRequest) -> None:
         )
     if sum(len(k) + len(v) for k, v in request.properties.items()) > MAX_PROPERTIES_BYTES:
         raise InvalidArgument(f"pre-commit properties exceed {MAX_PROPERTIES_BYTES} bytes")
+    for path, facts in request.file_facts.items():
+        check_facts(path, facts)
 
 
 def _answer_if_repeated(row: PendingSinkState, request: PreCommitRequest) -> PreCommitResult | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from enum import StrEnum
 from pathlib import Path
 from typing import ClassVar, Self
 
@@ -11,24 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, fi
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from coordinator_service import failpoints
+from coordinator_service.logs import LogFormat, LogLevel
 
 ENV_PREFIX = "SINK_COORDINATOR_"
-
-
-class LogLevel(StrEnum):
-    DEBUG = "DEBUG"
-    INFO = "INFO"
-    WARNING = "WARNING"
-    ERROR = "ERROR"
-
-    @classmethod
-    def _missing_(cls, value: object) -> LogLevel | None:
-        return cls.__members__.get(str(value).upper())
-
-
-class LogFormat(StrEnum):
-    JSON = "json"
-    CONSOLE = "console"
 
 
 class MaintenancePolicy(BaseModel):

@@ -10,8 +10,8 @@ through the coordinator's two-phase commit:
    above it that an earlier run pre-committed (Spark will run them again) and
    commits those at or below it (Spark will not).
 2. For batch N the executors write Parquet files under ``<table location>/data``
-   (``spark_writer.parquet_writer``); the driver pre-commits their paths as
-   epoch N. PreCommit answers once the epoch is durable in the coordinator's log;
+   (``spark_writer.parquet_writer``); the driver pre-commits their paths, with
+   their footers and sizes, as epoch N. PreCommit answers once the epoch is durable in the coordinator's log;
    any error fails the batch, so Spark does not checkpoint it.
 3. Spark writes ``commits/N``; then CommitCheckpoint(N) (``spark_writer.listener``)
    lets the coordinator append the epoch to the table.
@@ -35,7 +35,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from coordinator_service.client import CoordinatorClient, CoordinatorRpcError, WriterRegistration
+from coordinator_service.client import CoordinatorClient, CoordinatorRpcError, PreCommitFile, WriterRegistration
 from spark_writer.arrow_schema import arrow_schema_of, serialize_schema
 from spark_writer.checkpoint import NO_OFFSET, SparkCheckpoint
 from spark_writer.listener import CheckpointListener, CheckpointReporter
@@ -143,6 +143,7 @@ class MicroBatchWriter:
         )
         written = frame.mapInArrow(task_writer(target), WRITTEN_FILES_DDL).collect()
         paths = [row.path for row in written]
+        files = [PreCommitFile(row.path, bytes(row.parquet_footer), row.size_bytes) for row in written]
         records = sum(row.record_count for row in written)
         properties = self._properties(batch_id)
         if isinstance(self._transform, ReportsBatchProperties):
@@ -152,7 +153,7 @@ class MicroBatchWriter:
                 self._options.sink,
                 batch_id,
                 self._registration.writer_term,
-                paths,
+                files,
                 properties=properties,
                 evolve_schema=self._options.evolve_schema,
             )

@@ -39,8 +39,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
 from coordinator_service.client import CoordinatorRpcError
-from coordinator_service.logs import configure_logging
-from coordinator_service.settings import LogFormat, LogLevel
+from coordinator_service.logs import LogFormat, LogLevel, configure_logging
 from spark_writer.dead_letters import DeadLetterTarget
 from spark_writer.iceberg_sink import (
     DEFAULT_COORDINATOR_RETRY_SECONDS,

@@ -5,9 +5,11 @@ by Iceberg partition, buffered into row groups and written with pyarrow; a file
 is closed and a new one started once it reaches the target size. File names
 carry the batch id, the Spark partition and task attempt, and a random part, so
 two attempts of a task (a retry, a speculative copy, a re-run of the batch after
-a crash) never write the same file. The task yields one row per file it wrote;
-the driver pre-commits exactly those files, so files of a failed attempt never
-reach the table (the attempt deletes them when it fails by an exception).
+a crash) never write the same file. The task yields one row per file it wrote,
+with the file's Parquet footer (serialized), which the driver sends with the
+path so that the coordinator need not read it from storage; the driver
+pre-commits exactly those files, so files of a failed attempt never reach the
+table (the attempt deletes them when it fails by an exception).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Final
 
 import pyarrow as pa
@@ -34,9 +36,14 @@ MAX_ROW_GROUP_BYTES: Final = 64 * 1024 * 1024
 PARQUET_COMPRESSION: Final = "zstd"
 
 # What every task yields: one row per data file (the DDL form is mapInArrow's output schema).
-WRITTEN_FILES_DDL: Final = "path string, record_count bigint, size_bytes bigint"
+WRITTEN_FILES_DDL: Final = "path string, record_count bigint, size_bytes bigint, parquet_footer binary"
 WRITTEN_FILES_SCHEMA: Final = pa.schema(
-    [pa.field("path", pa.string()), pa.field("record_count", pa.int64()), pa.field("size_bytes", pa.int64())]
+    [
+        pa.field("path", pa.string()),
+        pa.field("record_count", pa.int64()),
+        pa.field("size_bytes", pa.int64()),
+        pa.field("parquet_footer", pa.binary()),
+    ]
 )
 
 TaskWriter = Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]
@@ -47,6 +54,8 @@ class WrittenFile:
     path: str
     record_count: int
     size_bytes: int
+    # The file's footer as a standalone Parquet metadata file (pyarrow's FileMetaData.write_metadata_file).
+    parquet_footer: bytes
 
 
 @dataclass(frozen=True)
@@ -73,6 +82,8 @@ class _OpenFile:
     uri: str
     stream: pa.NativeFile
     writer: pq.ParquetWriter
+    # Receives the file's footer when the writer closes.
+    footer: list[pq.FileMetaData]
     record_count: int = 0
     pending: list[pa.Table] = field(default_factory=list)
     pending_bytes: int = 0
@@ -122,8 +133,11 @@ class RollingParquetFiles:
         self._started.append(uri)
         filesystem, path = pafs.FileSystem.from_uri(uri)
         stream = filesystem.open_output_stream(path)
-        writer = pq.ParquetWriter(stream, self._target.schema, compression=PARQUET_COMPRESSION)
-        self._open[key] = _OpenFile(uri, stream, writer)
+        footer: list[pq.FileMetaData] = []
+        writer = pq.ParquetWriter(
+            stream, self._target.schema, compression=PARQUET_COMPRESSION, metadata_collector=footer
+        )
+        self._open[key] = _OpenFile(uri, stream, writer, footer)
         return self._open[key]
 
     def _flush_row_group(self, current: _OpenFile) -> None:
@@ -139,7 +153,8 @@ class RollingParquetFiles:
         current.writer.close()
         size = current.stream.tell()
         current.stream.close()
-        self._closed.append(WrittenFile(current.uri, current.record_count, size))
+        (footer,) = current.footer
+        self._closed.append(WrittenFile(current.uri, current.record_count, size, serialize_footer(footer)))
 
 
 def task_writer(target: DataFileTarget) -> TaskWriter:
@@ -159,11 +174,18 @@ def task_writer(target: DataFileTarget) -> TaskWriter:
             files.abort()
             raise
         yield pa.RecordBatch.from_pylist(
-            [{"path": f.path, "record_count": f.record_count, "size_bytes": f.size_bytes} for f in written],
+            [asdict(file) for file in written],
             schema=WRITTEN_FILES_SCHEMA,
         )
 
     return write
+
+
+def serialize_footer(footer: pq.FileMetaData) -> bytes:
+    """A footer as PreCommit sends it: a standalone Parquet metadata file (pq.read_metadata reads it back)."""
+    buffer = pa.BufferOutputStream()
+    footer.write_metadata_file(buffer)
+    return bytes(buffer.getvalue().to_pybytes())
 
 
 def delete_files(uris: Sequence[str]) -> None:

@@ -7,66 +7,89 @@ each task's rows by the transformed values of the partition fields before it
 writes them.
 
 The partition fields use the coordinator's syntax (`region`, `day(ts)`,
-`truncate(4, name)`, ...), parsed by the coordinator's own parser so that both
-sides read them alike; it refuses `bucket(N, col)`, since a hash does not
-preserve order and min/max statistics cannot tell a file's bucket.
+`truncate(4, name)`, ...), parsed by the coordinator's own parser
+(coordinator_service.partition_syntax) so that both sides read them alike; it
+refuses `bucket(N, col)`, since a hash does not preserve order and min/max
+statistics cannot tell a file's bucket. The transforms are Iceberg's, written
+here without pyiceberg (executors do not install the coordinator's
+dependencies); tests/unit/test_partitioning.py checks them against pyiceberg's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from datetime import date, datetime, timedelta
+from decimal import Decimal
+from enum import StrEnum
+from typing import Any, Final
 
 import pyarrow as pa
-from pyiceberg.transforms import IdentityTransform, TimeTransform, Transform
-from pyiceberg.types import (
-    BinaryType,
-    BooleanType,
-    DateType,
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IcebergType,
-    IntegerType,
-    LongType,
-    StringType,
-    TimestampType,
-    TimestamptzType,
-)
 
 from coordinator_service.errors import InvalidArgument
-from coordinator_service.iceberg import parse_partition_field
+from coordinator_service.partition_syntax import TIME_TRANSFORMS, PartitionFieldSpec, parse_partition_field
 
 PartitionKey = tuple[Any, ...]
+
+_EPOCH_DATE: Final = date(1970, 1, 1)
+_EPOCH_TIMESTAMP: Final = datetime(1970, 1, 1)
+_MICROS_PER_DAY: Final = 86_400_000_000
+_MICROS_PER_HOUR: Final = 3_600_000_000
+_MAX_DECIMAL_PRECISION: Final = 38
+
+
+class ValueKind(StrEnum):
+    """What Iceberg type a primitive Arrow column becomes, as far as partition transforms care."""
+
+    BOOLEAN = "boolean"
+    INTEGER = "integer"  # Iceberg int and long
+    FLOATING = "floating"
+    DECIMAL = "decimal"
+    DATE = "date"
+    TIMESTAMP = "timestamp"  # with or without a zone
+    STRING = "string"
+    BINARY = "binary"
+
+
+# Which kinds of source column each transform applies to (Iceberg's rules, as pyiceberg's can_transform).
+_APPLIES_TO: Final[dict[str, frozenset[ValueKind]]] = {
+    "identity": frozenset(ValueKind),
+    "year": frozenset({ValueKind.DATE, ValueKind.TIMESTAMP}),
+    "month": frozenset({ValueKind.DATE, ValueKind.TIMESTAMP}),
+    "day": frozenset({ValueKind.DATE, ValueKind.TIMESTAMP}),
+    "hour": frozenset({ValueKind.TIMESTAMP}),
+    "truncate": frozenset({ValueKind.INTEGER, ValueKind.DECIMAL, ValueKind.STRING, ValueKind.BINARY}),
+}
 
 
 @dataclass(frozen=True)
 class PartitionField:
-    """One field of the partition spec: a top-level source column and its transform."""
+    """One field of the partition spec: a top-level source column, its transform and the column's kind."""
 
-    source: str
-    transform: Transform[Any, Any]
-    source_type: IcebergType
+    spec: PartitionFieldSpec
+    kind: ValueKind
+
+    @property
+    def source(self) -> str:
+        return self.spec.source
 
 
-def iceberg_type_of(arrow_type: pa.DataType) -> IcebergType | None:
-    """The Iceberg type of a primitive Arrow column as the coordinator creates it; None for nested types."""
+def value_kind_of(arrow_type: pa.DataType) -> ValueKind | None:
+    """The kind of a primitive Arrow column as the coordinator creates its Iceberg column; None for the rest."""
     if pa.types.is_timestamp(arrow_type):
-        return TimestamptzType() if arrow_type.tz is not None else TimestampType()
+        return ValueKind.TIMESTAMP
     if isinstance(arrow_type, pa.Decimal128Type):
-        return DecimalType(arrow_type.precision, arrow_type.scale)
-    simple: list[tuple[Callable[[pa.DataType], bool], IcebergType]] = [
-        (pa.types.is_boolean, BooleanType()),
-        (lambda t: pa.types.is_int8(t) or pa.types.is_int16(t) or pa.types.is_int32(t), IntegerType()),
-        (pa.types.is_int64, LongType()),
-        (pa.types.is_float32, FloatType()),
-        (pa.types.is_float64, DoubleType()),
-        (pa.types.is_date32, DateType()),
-        (lambda t: pa.types.is_string(t) or pa.types.is_large_string(t), StringType()),
-        (lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t), BinaryType()),
+        return ValueKind.DECIMAL
+    simple: list[tuple[Callable[[pa.DataType], bool], ValueKind]] = [
+        (pa.types.is_boolean, ValueKind.BOOLEAN),
+        (lambda t: pa.types.is_int8(t) or pa.types.is_int16(t) or pa.types.is_int32(t), ValueKind.INTEGER),
+        (pa.types.is_int64, ValueKind.INTEGER),
+        (lambda t: pa.types.is_float32(t) or pa.types.is_float64(t), ValueKind.FLOATING),
+        (pa.types.is_date32, ValueKind.DATE),
+        (lambda t: pa.types.is_string(t) or pa.types.is_large_string(t), ValueKind.STRING),
+        (lambda t: pa.types.is_binary(t) or pa.types.is_large_binary(t), ValueKind.BINARY),
     ]
-    return next((iceberg for matches, iceberg in simple if matches(arrow_type)), None)
+    return next((kind for matches, kind in simple if matches(arrow_type)), None)
 
 
 def parse_partition_fields(partition_by: Sequence[str], schema: pa.Schema) -> tuple[PartitionField, ...]:
@@ -74,19 +97,73 @@ def parse_partition_fields(partition_by: Sequence[str], schema: pa.Schema) -> tu
     fields = []
     for text in partition_by:
         try:
-            source, transform = parse_partition_field(text)
+            spec = parse_partition_field(text)
         except InvalidArgument as error:
             raise ValueError(str(error)) from None
-        if source not in schema.names:
-            raise ValueError(f"partition field {text!r}: no top-level column {source!r} in {schema.names}")
-        source_type = iceberg_type_of(schema.field(source).type)
-        if source_type is None or not transform.can_transform(source_type):
+        if spec.source not in schema.names:
+            raise ValueError(f"partition field {text!r}: no top-level column {spec.source!r} in {schema.names}")
+        kind = value_kind_of(schema.field(spec.source).type)
+        if kind is None or kind not in _APPLIES_TO[spec.transform]:
             raise ValueError(
-                f"partition field {text!r}: {transform} cannot apply to column {source!r} of type "
-                f"{schema.field(source).type}"
+                f"partition field {text!r}: {spec} cannot apply to column {spec.source!r} of type "
+                f"{schema.field(spec.source).type}"
             )
-        fields.append(PartitionField(source, transform, source_type))
+        fields.append(PartitionField(spec, kind))
     return tuple(fields)
+
+
+def _truncate_decimal(value: Decimal, width: int) -> Decimal:
+    """Iceberg's truncate of a decimal: on its unscaled value, keeping its scale."""
+    sign, digits, exponent = value.as_tuple()
+    assert isinstance(exponent, int), f"decimal {value} is not finite"
+    unscaled = int(Decimal((sign, digits, 0)))
+    truncated_sign, truncated_digits, _ = Decimal(unscaled - unscaled % width).as_tuple()
+    return Decimal((truncated_sign, truncated_digits, exponent))
+
+
+def _date_of(days: int) -> date:
+    return _EPOCH_DATE + timedelta(days=days)
+
+
+def _timestamp_of(micros: int) -> datetime:
+    return _EPOCH_TIMESTAMP + timedelta(microseconds=micros)
+
+
+def _years(moment: date) -> int:
+    return moment.year - _EPOCH_DATE.year
+
+
+def _months(moment: date) -> int:
+    return (moment.year - _EPOCH_DATE.year) * 12 + moment.month - 1
+
+
+_DATE_TRANSFORMS: Final[dict[str, Callable[[int], int]]] = {
+    "year": lambda days: _years(_date_of(days)),
+    "month": lambda days: _months(_date_of(days)),
+    "day": lambda days: days,
+}
+_TIMESTAMP_TRANSFORMS: Final[dict[str, Callable[[int], int]]] = {
+    "year": lambda micros: _years(_timestamp_of(micros)),
+    "month": lambda micros: _months(_timestamp_of(micros)),
+    "day": lambda micros: micros // _MICROS_PER_DAY,
+    "hour": lambda micros: micros // _MICROS_PER_HOUR,
+}
+
+
+def transform_function(field: PartitionField) -> Callable[[Any], Any]:
+    """Iceberg's transform of one non-null source value, as _internal_values gives it (dates as days and
+    timestamps as microseconds since the epoch)."""
+    spec, kind = field.spec, field.kind
+    if spec.transform == "identity":
+        return lambda value: value
+    if spec.transform == "truncate":
+        width = int(str(spec.width))
+        if kind is ValueKind.INTEGER:
+            return lambda value: value - value % width
+        if kind is ValueKind.DECIMAL:
+            return lambda value: _truncate_decimal(value, width)
+        return lambda value: value[:width]
+    return (_DATE_TRANSFORMS if kind is ValueKind.DATE else _TIMESTAMP_TRANSFORMS)[spec.transform]
 
 
 def _internal_values(column: pa.Array) -> pa.Array:
@@ -98,14 +175,27 @@ def _internal_values(column: pa.Array) -> pa.Array:
     return column
 
 
+def _result_type(field: PartitionField, internal: pa.DataType) -> pa.DataType:
+    """Time transforms give ints; truncate keeps the type, but a number's may fall below the smallest value of
+    a narrow type (truncate(7) of -127 is -133), so integers are truncated as longs and decimals at the
+    largest precision Iceberg has."""
+    if field.spec.transform in TIME_TRANSFORMS:
+        return pa.int32()
+    if field.kind is ValueKind.INTEGER:
+        return pa.int64()
+    if field.kind is ValueKind.DECIMAL:
+        return pa.decimal128(_MAX_DECIMAL_PRECISION, internal.scale)
+    return internal
+
+
 def partition_values(column: pa.Array, field: PartitionField) -> pa.Array:
     """The transformed value of every row; the transform runs once per distinct source value."""
-    if isinstance(field.transform, IdentityTransform):
+    if field.spec.transform == "identity":
         return column
     internal = _internal_values(column)
     encoded = internal.dictionary_encode()
-    apply = field.transform.transform(field.source_type)
-    result_type = pa.int32() if isinstance(field.transform, TimeTransform) else internal.type
+    apply = transform_function(field)
+    result_type = _result_type(field, internal.type)
     transformed = pa.array([apply(value) for value in encoded.dictionary.to_pylist()], type=result_type)
     return transformed.take(encoded.indices)
 

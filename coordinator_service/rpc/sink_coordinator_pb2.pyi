@@ -136,16 +136,31 @@ class DataFile(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     PATH_FIELD_NUMBER: _builtins.int
+    PARQUET_FOOTER_FIELD_NUMBER: _builtins.int
+    FILE_SIZE_IN_BYTES_FIELD_NUMBER: _builtins.int
     path: _builtins.str
     """Full URI or absolute path of a Parquet file under the table location."""
+    parquet_footer: _builtins.bytes
+    """Optional: the file's Parquet footer, serialized as a standalone Parquet
+    metadata file (pyarrow: FileMetaData.write_metadata_file). The coordinator
+    then takes the file's statistics from it and checks the file on storage
+    with one metadata request (it exists, its size is file_size_in_bytes)
+    instead of reading the footer; without it, the coordinator reads it.
+    """
+    file_size_in_bytes: _builtins.int
+    """The file's size in bytes: required with parquet_footer, optional without;
+    when sent, a file of another size on storage is refused.
+    """
     def __init__(
         self,
         *,
         path: _builtins.str = ...,
+        parquet_footer: _builtins.bytes = ...,
+        file_size_in_bytes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["path", b"path"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["file_size_in_bytes", b"file_size_in_bytes", "parquet_footer", b"parquet_footer", "path", b"path"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -61,6 +61,14 @@ def test_every_record_once_over_several_batches(
     assert json.loads(first["properties"]["spark.end_offsets"]) == [
         {"$start": {topic: {"0": 0, "1": 0, "2": 0}}, topic: {"0": 200, "1": 200, "2": 200}}
     ]
+    # The executors shipped every file's footer: the coordinator read none from storage.
+    footers = {
+        source: float(line.rsplit(" ", 1)[1])
+        for source in ("sent", "read")
+        for line in httpx.get(f"{coordinator.http_url}/metrics").text.splitlines()
+        if line.startswith(f'sink_coordinator_precommit_footers_total{{source="{source}"}}')
+    }
+    assert footers.get("sent", 0) > 0 and footers.get("read", 0) == 0, footers
 
 
 def test_partitioned_table_one_partition_per_file(

@@ -25,8 +25,7 @@ from unittest import mock
 import structlog
 
 from coordinator_service.client import CoordinatorClient
-from coordinator_service.logs import configure_logging
-from coordinator_service.settings import LogFormat, LogLevel
+from coordinator_service.logs import LogFormat, LogLevel, configure_logging
 from spark_writer import job
 from spark_writer.worker_logging import set_worker_log_level
 from tests.e2e.driver_process import arm

@@ -116,7 +116,7 @@ def test_report_renders_every_part(tmp_path: Path) -> None:
             "ready_s": _cell(2),
         },
         "scale": {
-            "files_per_epoch": [{"files": 1, "precommit": stats, "commit": stats}],
+            "files_per_epoch": [{"files": 1, "footers": "sent", "precommit": stats, "commit": stats}],
             "big_log": {"c1": {"rate": 1.0, **stats}, "c8": {"rate": 1.0, **stats}},
         },
         "fairness": {

@@ -3,7 +3,8 @@
 import psycopg
 import sqlalchemy.exc
 
-from coordinator_service.errors import MESSAGE_BYTES, InvalidArgument, cause, quote, unstorable
+from coordinator_service.database import unstorable
+from coordinator_service.errors import MESSAGE_BYTES, InvalidArgument, cause, quote
 
 
 def test_quote_cuts_client_input_at_200_characters() -> None:

@@ -54,6 +54,9 @@ def test_files_roll_at_the_target_size_and_hold_every_row_once(tmp_path: Path) -
         table = pq.read_table(path)
         assert table.num_rows == entry["record_count"]
         assert Path(path).stat().st_size == entry["size_bytes"]
+        # The footer the task ships to the driver (and the driver to the coordinator) is the file's.
+        shipped = pq.read_metadata(pa.BufferReader(entry["parquet_footer"]))
+        assert shipped.equals(pq.read_metadata(path)) and shipped.to_dict() == pq.read_metadata(path).to_dict()
         ids.extend(table.column("id").to_pylist())
     assert sorted(ids) == list(range(10_000))
     # A file is closed at the first row group that takes it past the target.

@@ -5,7 +5,8 @@ from pydantic import ValidationError
 
 from coordinator_service import failpoints
 from coordinator_service.failpoints import Action, Failpoint, FailpointError
-from coordinator_service.settings import LogLevel, Settings
+from coordinator_service.logs import LogLevel
+from coordinator_service.settings import Settings
 
 
 def test_environment_names(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""`python -m spark_writer.demo` (`make demo`): the whole pipeline on one machine, with nothing configured.
+"""`python -m sink_coordinator_demo` (`make demo`): the whole pipeline on one machine, with nothing configured.
 
 It starts the coordinator (embedded PostgreSQL and SQL catalog in ./.sink-coordinator)
 and a local Kafka-protocol broker, produces a stream of order events, streams them
@@ -42,10 +42,12 @@ from rich.table import Table
 from coordinator_service.client import CoordinatorClient
 from coordinator_service.embedded import stop_embedded_postgres
 from coordinator_service.iceberg import MARKER_SINK
-from coordinator_service.logs import configure_logging
+from coordinator_service.logs import LogFormat, LogLevel, configure_logging
 from coordinator_service.runtime import metastore_url, open_catalog
-from coordinator_service.settings import LogFormat, LogLevel, Settings
-from spark_writer.demo_orders import ORDER_SCHEMA_DDL, create_topic, produce_orders
+from coordinator_service.settings import Settings
+from sink_coordinator_demo.local_services import CoordinatorService, LocalProcess, NoidaKafkaBroker
+from sink_coordinator_demo.orders import ORDER_SCHEMA_DDL, create_topic, produce_orders
+from sink_coordinator_demo.ports import free_port
 from spark_writer.job import (
     KafkaSettings,
     ParseSettings,
@@ -55,7 +57,6 @@ from spark_writer.job import (
     run_until_done,
     start_job,
 )
-from spark_writer.local_services import CoordinatorService, LocalProcess, NoidaKafkaBroker, free_port
 from spark_writer.session import local_spark_session
 from spark_writer.worker_logging import set_worker_log_level
 
@@ -334,7 +335,3 @@ def main(
             spark.stop()
         for service in reversed(services):
             service.stop()
-
-
-if __name__ == "__main__":
-    app()

@@ -12,7 +12,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,31 +25,13 @@ from confluent_kafka.admin import AdminClient
 from coordinator_service.client import CoordinatorClient, CoordinatorRpcError
 
 STARTUP_TIMEOUT_SECONDS: Final = 120.0
-_silent_librdkafka = logging.getLogger("spark_writer.local_services.librdkafka")
+_silent_librdkafka = logging.getLogger("sink_coordinator_demo.local_services.librdkafka")
 _silent_librdkafka.setLevel(logging.CRITICAL)
 STOP_TIMEOUT_SECONDS: Final = 20.0
 
 
 class ServiceError(RuntimeError):
     """A local service did not start; the message names its log file."""
-
-
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-        return True
-
-
-def free_port(preferred: int | None = None, host: str = "127.0.0.1") -> int:
-    """`preferred` when nothing listens on it, else (or without one) a port the system picks."""
-    if preferred is not None and port_is_free(preferred, host):
-        return preferred
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def _log_tail(path: Path, lines: int = 30) -> str:

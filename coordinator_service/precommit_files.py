@@ -1,0 +1,141 @@
+"""The data files of a pre-commit on storage: their Parquet footers, sent by the writer or read, and their checks.
+
+A writer that wrote a file holds its footer: it may send it with the path (PreCommit's DataFile.parquet_footer,
+with file_size_in_bytes). The coordinator then makes one metadata request per file (it exists, its size is the
+one sent, it is not older than ORPHAN_GRACE_SECONDS) instead of reading the footer, which on an object store
+costs one or two more requests of tens of milliseconds each. It reads the footer itself when none was sent.
+The files of one pre-commit are checked concurrently, on a pool shared by all pre-commits (pyarrow releases
+the GIL while it waits on storage or parses a footer).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyiceberg.io import FileIO, InputFile
+from pyiceberg.io.pyarrow import PyArrowFile
+
+from coordinator_service import metrics
+from coordinator_service.errors import InvalidArgument, cause, quote
+
+# Storage requests of pre-commits in flight at once, over all sinks.
+MAX_CONCURRENT_FILE_CHECKS = 16
+
+
+@dataclass(frozen=True)
+class FileFacts:
+    """What a writer sent about a data file besides its path; b"" and 0 when it did not send them."""
+
+    parquet_footer: bytes = b""
+    file_size_in_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class CheckedFile:
+    """A data file that exists, with its footer and its size on storage."""
+
+    path: str
+    footer: pq.FileMetaData
+    size: int
+
+
+def check_facts(path: str, facts: FileFacts) -> None:
+    """Refuse facts that cannot be checked, before any storage request."""
+    if facts.file_size_in_bytes < 0:
+        raise InvalidArgument(f"data file {quote(path)}: file_size_in_bytes {facts.file_size_in_bytes} is negative")
+    if facts.parquet_footer and not facts.file_size_in_bytes:
+        raise InvalidArgument(
+            f"data file {quote(path)}: a parquet_footer was sent without file_size_in_bytes; send the file's size "
+            "with its footer (the coordinator checks it against storage), or neither"
+        )
+
+
+class FileChecks:
+    """Checks the data files of pre-commits against storage, a bounded number at a time."""
+
+    def __init__(self, orphan_grace_seconds: float = math.inf) -> None:
+        # A pre-commit refuses a file older than this: the orphan sweep may delete such a file under it.
+        self.orphan_grace_seconds = orphan_grace_seconds
+        self._pool = ThreadPoolExecutor(MAX_CONCURRENT_FILE_CHECKS, thread_name_prefix="precommit-files")
+
+    def check(self, io: FileIO, paths: Sequence[str], facts: Mapping[str, FileFacts]) -> list[CheckedFile]:
+        """Every file checked, in the order of `paths`; InvalidArgument naming the first bad one."""
+        if len(paths) <= 1:
+            return [self._check(io, path, facts.get(path, FileFacts())) for path in paths]
+        futures = [self._pool.submit(self._check, io, path, facts.get(path, FileFacts())) for path in paths]
+        try:
+            return [future.result() for future in futures]
+        finally:
+            _cancel(futures)
+
+    def _check(self, io: FileIO, path: str, facts: FileFacts) -> CheckedFile:
+        input_file = io.new_input(path)
+        if facts.parquet_footer:
+            footer = _decode_footer(path, facts.parquet_footer)
+            size, mtime_ns = _stat(path, input_file)
+            metrics.PRECOMMIT_FOOTERS.labels("sent").inc()
+        else:
+            footer, size, mtime_ns = _read_footer(path, input_file)
+            metrics.PRECOMMIT_FOOTERS.labels("read").inc()
+        if facts.file_size_in_bytes and size != facts.file_size_in_bytes:
+            raise InvalidArgument(
+                f"data file {quote(path)} is {size} bytes on storage, but the writer sent {facts.file_size_in_bytes}: "
+                "it is not the file the writer wrote (changed or replaced since). Write the batch again"
+            )
+        if mtime_ns is not None:
+            age = time.time() - mtime_ns / 1e9
+            if age > self.orphan_grace_seconds:
+                raise InvalidArgument(
+                    f"data file {quote(path)} was written {age:.0f} s ago, longer than ORPHAN_GRACE_SECONDS "
+                    f"({self.orphan_grace_seconds:g} s): the orphan sweep may be deleting it. Write the batch again"
+                )
+        return CheckedFile(path, footer, size)
+
+
+def _cancel(futures: Sequence[Future[CheckedFile]]) -> None:
+    """Checks not started yet are dropped (after a failure, the answer is known)."""
+    for future in futures:
+        future.cancel()
+
+
+def _decode_footer(path: str, serialized: bytes) -> pq.FileMetaData:
+    try:
+        return pq.read_metadata(pa.BufferReader(serialized))
+    except (pa.ArrowInvalid, OSError) as error:
+        raise InvalidArgument(
+            f"data file {quote(path)}: its parquet_footer is not a serialized Parquet footer ({cause(error)}); "
+            "send the bytes pyarrow's FileMetaData.write_metadata_file writes, or no footer"
+        ) from error
+
+
+def _stat(path: str, input_file: InputFile) -> tuple[int, int | None]:
+    """Size and modification time (None where the file IO does not tell) in one metadata request.
+
+    A file that does not exist is refused; any other storage error propagates (an outage, not the request's
+    fault)."""
+    try:
+        if isinstance(input_file, PyArrowFile):
+            info = input_file._file_info()
+            return info.size, info.mtime_ns
+        return len(input_file), None
+    except FileNotFoundError:
+        raise InvalidArgument(f"data file {quote(path)} does not exist: write it before the pre-commit") from None
+
+
+def _read_footer(path: str, input_file: InputFile) -> tuple[pq.FileMetaData, int, int | None]:
+    """The footer read from storage, the size and the modification time (None where the file IO does not tell)."""
+    try:
+        with input_file.open() as stream:
+            footer = pq.read_metadata(stream)
+        size, mtime_ns = _stat(path, input_file)
+    except FileNotFoundError:
+        raise InvalidArgument(f"data file {quote(path)} does not exist: write it before the pre-commit") from None
+    except (pa.ArrowInvalid, OSError) as error:
+        raise InvalidArgument(f"data file {quote(path)} is not a readable Parquet file: {cause(error)}") from error
+    return footer, size, mtime_ns

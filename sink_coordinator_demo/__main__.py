@@ -1,0 +1,3 @@
+from sink_coordinator_demo.cli import app
+
+app()

