@@ -265,7 +265,10 @@ class Committer:
             )
 
         retrying = AsyncRetrying(
-            retry=retry_if_exception(lambda error: not cannot_succeed_by_retrying(error)),
+            # An Exception only: a cancellation (BaseException) must end the task, never be retried.
+            retry=retry_if_exception(
+                lambda error: isinstance(error, Exception) and not cannot_succeed_by_retrying(error)
+            ),
             wait=wait_exponential_jitter(
                 multiplier=self.settings.retry_initial_seconds,
                 max=self.settings.retry_max_seconds,

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from pyiceberg.catalog import Catalog
 
-from tests.fixtures.admin import AdminApp, eventually
+from coordinator_service.failpoints import Failpoint
+from tests.fixtures.admin import AdminApp, Gate, eventually
 from tests.fixtures.postgres import query
 
 
@@ -56,3 +59,16 @@ async def test_a_table_dropped_under_the_sink_sticks_it(admin: AdminApp, catalog
     # Resuming without fixing the cause: stuck again, and it says so.
     resumed = await admin.post("/api/v1/sinks/orders/resume")
     assert resumed.json()["committer"]["state"] == "stuck"
+
+
+async def test_the_committer_stops_while_a_pass_is_under_way(
+    admin: AdminApp, gates: Callable[[Failpoint], Gate]
+) -> None:
+    """A shutdown cancels a pass in the middle: the cancellation ends the task, it is never retried."""
+    registration = await admin.register("orders")
+    await admin.pre_commit("orders", registration, 0, 0)
+    locked = gates(Failpoint.COMMIT_AFTER_LOCK)
+    await admin.checkpoint("orders", registration, 0, wait=False)
+    await locked.wait_reached()
+    async with asyncio.timeout(15):
+        await admin.runtime.committer.stop()
