@@ -7,9 +7,13 @@ operations); the per-sink gauges are set from one metastore query when
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from coordinator_service.models import MaintenanceRun
@@ -89,56 +93,74 @@ ORPHANS_DELETED = Counter(
     "Files under a table's location that nothing referenced, deleted by the orphan sweep.",
     ["sink"],
 )
-PENDING_EPOCHS = Gauge("sink_coordinator_pending_epochs", "PENDING epochs of the sink (at scrape time).", ["sink"])
-ABORTED_EPOCHS_IN_LOG = Gauge(
-    "sink_coordinator_aborted_epochs_in_log", "ABORTED epochs still in the sink's log (at scrape time).", ["sink"]
-)
-OLDEST_PENDING_SECONDS = Gauge(
-    "sink_coordinator_oldest_pending_epoch_age_seconds",
-    "Age of the sink's oldest PENDING epoch; 0 when there is none.",
-    ["sink"],
-)
-COMMITTER_RETRYING = Gauge(
-    "sink_coordinator_committer_retrying",
-    "1 while this process's committer of the sink is retrying a failed commit.",
-    ["sink"],
-)
-COMMITTER_STUCK = Gauge(
-    "sink_coordinator_committer_stuck",
-    "1 while this process's committer of the sink waits for an operator: its commits failed in a way no retry "
-    "can fix (the sink's committer.last_error says why).",
-    ["sink"],
-)
+
+
 COMMITTER_STUCK_EVENTS = Counter(
     "sink_coordinator_committer_stuck_events", "Times a sink's committer got stuck (see committer_stuck).", ["sink"]
 )
-SCRAPE_METASTORE_UP = Gauge(
-    "sink_coordinator_metastore_up", "1 if the per-sink gauges could be read from the metastore at this scrape."
-)
-
-_SINK_GAUGES = (PENDING_EPOCHS, ABORTED_EPOCHS_IN_LOG, OLDEST_PENDING_SECONDS, COMMITTER_RETRYING, COMMITTER_STUCK)
 
 
-def clear_sink_gauges() -> None:
-    """Forget every sink's gauges, so that a deleted sink does not linger."""
-    for gauge in _SINK_GAUGES:
-        gauge.clear()
+@dataclass(frozen=True)
+class SinkGauges:
+    """One sink's gauges, read from the metastore (and this process's committer) at a scrape."""
+
+    sink: str
+    pending: int
+    aborted: int
+    oldest_pending_age_seconds: float | None
+    retrying: bool
+    stuck: bool
 
 
-def set_sink_gauges(
-    sink: str,
-    *,
-    pending: int,
-    aborted: int,
-    oldest_pending_age_seconds: float | None,
-    retrying: bool,
-    stuck: bool,
-) -> None:
-    PENDING_EPOCHS.labels(sink).set(pending)
-    ABORTED_EPOCHS_IN_LOG.labels(sink).set(aborted)
-    OLDEST_PENDING_SECONDS.labels(sink).set(oldest_pending_age_seconds or 0.0)
-    COMMITTER_RETRYING.labels(sink).set(1 if retrying else 0)
-    COMMITTER_STUCK.labels(sink).set(1 if stuck else 0)
+class _ScrapedGauges(Collector):
+    """The per-sink gauges of one scrape: built for that scrape alone, so that scrapes never share them."""
+
+    def __init__(self, sinks: Sequence[SinkGauges] | None) -> None:
+        self._sinks = sinks
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            "sink_coordinator_metastore_up", "1 if the per-sink gauges could be read from the metastore at this scrape."
+        )
+        up.add_metric([], 0 if self._sinks is None else 1)
+        yield up
+        families: list[tuple[str, str, Callable[[SinkGauges], float]]] = [
+            ("sink_coordinator_pending_epochs", "PENDING epochs of the sink (at scrape time).", lambda s: s.pending),
+            (
+                "sink_coordinator_aborted_epochs_in_log",
+                "ABORTED epochs still in the sink's log (at scrape time).",
+                lambda s: s.aborted,
+            ),
+            (
+                "sink_coordinator_oldest_pending_epoch_age_seconds",
+                "Age of the sink's oldest PENDING epoch; 0 when there is none.",
+                lambda s: s.oldest_pending_age_seconds or 0.0,
+            ),
+            (
+                "sink_coordinator_committer_retrying",
+                "1 while this process's committer of the sink is retrying a failed commit.",
+                lambda s: 1 if s.retrying else 0,
+            ),
+            (
+                "sink_coordinator_committer_stuck",
+                "1 while this process's committer of the sink waits for an operator: its commits failed in a way no "
+                "retry can fix (the sink's committer.last_error says why).",
+                lambda s: 1 if s.stuck else 0,
+            ),
+        ]
+        for name, documentation, value in families:
+            family = GaugeMetricFamily(name, documentation, labels=["sink"])
+            for sink in self._sinks or ():
+                family.add_metric([sink.sink], float(value(sink)))
+            yield family
+
+
+def exposition(sinks: Sequence[SinkGauges] | None) -> bytes:
+    """The text /metrics answers: this process's counters and histograms, then the per-sink gauges of this scrape
+    (None: the metastore could not be read)."""
+    scraped = CollectorRegistry(auto_describe=False)
+    scraped.register(_ScrapedGauges(sinks))
+    return generate_latest(REGISTRY) + generate_latest(scraped)
 
 
 def record_commit(sink: str, epochs: int, *, appended: bool, seconds: float) -> None:

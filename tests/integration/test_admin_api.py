@@ -15,6 +15,7 @@ from coordinator_service.operations import Operations, SinkOverview
 from tests.fixtures.admin import (
     AdminApp,
     AdminFactory,
+    CatalogDatabase,
     commit_lock_held,
     epoch_metadata,
     eventually,
@@ -357,11 +358,14 @@ async def test_metrics_count_commits_aborts_and_pending_epochs(admin: AdminApp) 
     await eventually(cleaned_files_counted, "the aborted epoch's file counted as cleaned")
 
 
-async def test_a_failing_committer_shows_as_retrying(admin: AdminApp, catalog: Catalog) -> None:
-    sink = "stuck"
+async def test_a_failing_committer_shows_as_retrying(
+    admin_factory: AdminFactory, catalog_database: CatalogDatabase
+) -> None:
+    admin = await admin_factory(catalog=catalog_database.properties)
+    sink = "outage"
     registration = await admin.register(sink)
     await admin.pre_commit(sink, registration, 0, 0)
-    catalog.drop_table("db.orders")  # every commit of the sink fails from now on
+    catalog_database.go_down()  # every commit of the sink fails until it comes back
     await admin.checkpoint(sink, registration, 0, wait=False)
 
     async def retrying() -> bool:
@@ -370,7 +374,7 @@ async def test_a_failing_committer_shows_as_retrying(admin: AdminApp, catalog: C
 
     await eventually(retrying, "the committer reported as retrying")
     committer = (await admin.get(f"/api/v1/sinks/{sink}")).json()["committer"]
-    assert "db.orders does not exist" in committer["last_error"]
+    assert "Unavailable" in committer["last_error"]
     assert committer["last_error_at"] is not None
     samples = scrape((await admin.get("/metrics")).text)
     assert samples["sink_coordinator_committer_retrying", (("sink", sink),)] == 1

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-import psycopg
 import pytest
 from pyiceberg.catalog import Catalog
-from sqlalchemy.engine import make_url
 
-from coordinator_service.database import libpq_url
 from coordinator_service.errors import CheckpointBehind, Fenced
 from coordinator_service.failpoints import Failpoint
 from coordinator_service.iceberg import MARKER_EPOCH, MARKER_GENERATION, Marker
@@ -21,6 +17,7 @@ from coordinator_service.protocol import PreCommitRequest
 from tests.fixtures.admin import (
     AdminApp,
     AdminFactory,
+    CatalogDatabase,
     Gate,
     commit_lock_held,
     epoch_metadata,
@@ -188,27 +185,17 @@ async def test_reset_marks_committed_an_epoch_the_table_already_holds(
 
 
 async def test_a_reset_that_cannot_read_the_table_changes_nothing(
-    admin_factory: AdminFactory, postgres_url: str, tmp_path: Path
+    admin_factory: AdminFactory, catalog_database: CatalogDatabase
 ) -> None:
     """The reset must know what the table holds before it aborts anything: a catalog outage is 503."""
-    catalog_database = f"catalog_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(libpq_url(postgres_url), autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{catalog_database}"')
-    catalog_url = make_url(postgres_url).set(database=catalog_database).render_as_string(hide_password=False)
-    admin = await admin_factory(
-        catalog={"type": "sql", "uri": catalog_url, "warehouse": (tmp_path / "warehouse").as_uri()}
-    )
+    admin = await admin_factory(catalog=catalog_database.properties)
     registration = await admin.register("orders")
     await admin.pre_commit("orders", registration, 0, 0)
     assert await admin.checkpoint("orders", registration, 0) == 0
     await admin.pre_commit("orders", registration, 1, 10)
     before = (await admin.get("/api/v1/sinks/orders")).json()
 
-    with psycopg.connect(libpq_url(postgres_url), autocommit=True) as connection:
-        connection.execute(f'ALTER DATABASE "{catalog_database}" ALLOW_CONNECTIONS false')
-        connection.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (catalog_database,)
-        )
+    catalog_database.go_down()
     response = await admin.post("/api/v1/sinks/orders/reset", json=RESET)
     assert response.status_code == 503, response.text
     assert response.json()["error"]["code"] == "UNAVAILABLE"
@@ -218,8 +205,7 @@ async def test_a_reset_that_cannot_read_the_table_changes_nothing(
     }
     assert (await admin.get("/api/v1/sinks/orders/epochs/1")).json()["status"] == "PENDING"
 
-    with psycopg.connect(libpq_url(postgres_url), autocommit=True) as connection:
-        connection.execute(f'ALTER DATABASE "{catalog_database}" ALLOW_CONNECTIONS true')
+    catalog_database.come_back()
     response = await admin.post("/api/v1/sinks/orders/reset", json=RESET)
     assert response.status_code == 200, response.text
     assert response.json()["aborted_epochs"] == [1]
