@@ -175,3 +175,17 @@ class MaintenanceRun(Base):
         CheckConstraint("outcome IN ('running', 'ok', 'failed')", name="maintenance_outcome_known"),
         Index("ix_maintenance_runs_sink_started", "sink_id", "started_at"),
     )
+
+
+class EpochPart(Base):
+    """One writer's part of a multi-writer epoch, kept until every writer of the epoch sent its own."""
+
+    __tablename__ = "epoch_parts"
+
+    sink_id: Mapped[int] = mapped_column(Integer, ForeignKey("sinks.id", ondelete="CASCADE"), primary_key=True)
+    epoch: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    writer_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    writer_term: Mapped[int] = mapped_column(BigInteger)
+    # The part's pre-commit record (precommit_metadata's encoding; its table is the sink's).
+    metadata_: Mapped[bytes] = mapped_column("metadata", LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

@@ -55,6 +55,8 @@ SINK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")
 GROUP_INSERT_MAX_ROWS = 256
 MAX_FILES_PER_PRECOMMIT = 100_000
 MAX_PROPERTIES_BYTES = 64 * 1024
+# How often a multi-writer epoch's part looks whether another writer's part completed the epoch.
+MULTI_WRITER_POLL_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -135,15 +137,6 @@ class SinkView:
     epochs: tuple[EpochView, ...]
 
 
-@dataclass
-class _Gathering:
-    """The parts of one multi-writer epoch received so far, and the answer they all wait for."""
-
-    writer_count: int
-    parts: dict[int, tuple[list[DataFileEntry], dict[str, str]]] = field(default_factory=dict)
-    done: asyncio.Future[PreCommitResult] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-
-
 class GroupInsert:
     """Group commit of first pre-commits: those that arrive while one PostgreSQL transaction runs share the next.
 
@@ -210,7 +203,6 @@ class Coordinator:
         self.database = database
         self.tables = tables
         self.committer = committer
-        self._gatherings: dict[tuple[int, int, int], _Gathering] = {}
         # Sink name -> (id, table), as last read; only a hint for the fast path, which re-checks it in SQL.
         self._sink_hints: dict[str, tuple[int, str]] = {}
         self._group_insert = GroupInsert(database)
@@ -301,6 +293,7 @@ class Coordinator:
             row.writer_term += 1
             row.writer_count = writer_count
             row.checkpointed_epoch = checkpointed_epoch
+            await repository.drop_parts(session, row.id)  # parts of multi-writer epochs of the fenced term
             aborted = await repository.abort_pending_above(
                 session,
                 row.id,
@@ -416,27 +409,51 @@ class Coordinator:
     async def _gather(
         self, sink_id: int, writer_count: int, request: PreCommitRequest, entries: list[DataFileEntry]
     ) -> PreCommitResult:
-        key = (sink_id, request.epoch, request.writer_term)
-        gathering = self._gatherings.get(key)
-        if gathering is None:
-            gathering = self._gatherings[key] = _Gathering(writer_count)
-        gathering.parts[request.writer_id] = (entries, dict(request.properties))
-        if len(gathering.parts) == writer_count:
-            del self._gatherings[key]
-            combined = [entry for part, _ in gathering.parts.values() for entry in part]
-            properties = {k: v for _, props in gathering.parts.values() for k, v in props.items()}
-            try:
-                gathering.done.set_result(await self._persist(sink_id, request, combined, properties))
-            except BaseException as error:
-                gathering.done.set_exception(error)
-                raise
-        try:
-            return await asyncio.shield(gathering.done)
-        except asyncio.CancelledError:
-            # The writer gave up (deadline): its part must be sent again.
-            if not gathering.done.done():
-                gathering.parts.pop(request.writer_id, None)
-            raise
+        """One writer's part of a multi-writer epoch. The parts are kept in the metastore (epoch_parts), so
+        writers whose calls reach different replicas still complete the epoch: the part that completes it
+        persists the epoch with the others' in the same transaction; every other writer's call answers once
+        the epoch is persisted (or its writer is fenced, or its deadline passes: it sends its part again)."""
+        part = PreCommitMetadata(table="", data_files=tuple(entries), properties=dict(request.properties))
+        await failpoints.hit(Failpoint.PRECOMMIT_BEFORE_PERSIST)
+        async with self.database.transaction() as session:
+            # Exclusive: a sink's parts are stored one at a time, so exactly one call sees the last one arrive.
+            sink = await repository.sink_by_name(session, request.sink, lock="update")
+            if sink is None:
+                raise NotFound(f"sink {request.sink} was deleted during the pre-commit")
+            _check_term(sink, request.writer_term)
+            if request.epoch <= sink.committed_epoch:
+                return PreCommitResult(PreCommitOutcome.ALREADY_COMMITTED, attempt=0, record_count=0)
+            parts = await repository.store_part(
+                session, sink_id, request.epoch, request.writer_id, request.writer_term, precommit_metadata.encode(part)
+            )
+            if len(parts) == writer_count:
+                decoded = [precommit_metadata.decode(encoded) for encoded in parts]
+                combined = [entry for each in decoded for entry in each.data_files]
+                properties = {key: value for each in decoded for key, value in each.properties.items()}
+                result = await self._persist_in(session, sink, request, combined, properties)
+                await repository.drop_parts(session, sink_id, request.epoch)
+                completed = True
+            else:
+                completed = False
+        if completed:
+            await failpoints.hit(Failpoint.PRECOMMIT_AFTER_PERSIST)
+            return result
+        return await self._persisted_by_another_part(request)
+
+    async def _persisted_by_another_part(self, request: PreCommitRequest) -> PreCommitResult:
+        """Wait until the epoch this writer sent its part of is persisted (its writer's part in it)."""
+        while True:
+            async with self.database.transaction() as session:
+                sink = await _existing_sink(session, request.sink)
+                _check_term(sink, request.writer_term)
+                if request.epoch <= sink.committed_epoch:
+                    return PreCommitResult(PreCommitOutcome.ALREADY_COMMITTED, attempt=0, record_count=0)
+                row = await repository.epoch_row(session, sink.id, request.epoch)
+                answer = None if row is None else _answer_if_repeated(row, request)
+            if answer is not None:
+                return answer
+            # The other writers' parts may reach another replica: there is no event here to wait on.
+            await asyncio.sleep(MULTI_WRITER_POLL_SECONDS)
 
     async def _persist(
         self,
@@ -450,56 +467,70 @@ class Coordinator:
             sink = await repository.sink_by_name(session, request.sink, lock="share")
             if sink is None:
                 raise NotFound(f"sink {request.sink} was deleted during the pre-commit")
-            _check_term(sink, request.writer_term)
-            if request.epoch <= sink.committed_epoch:
-                return PreCommitResult(PreCommitOutcome.ALREADY_COMMITTED, attempt=0, record_count=0)
-            metadata = PreCommitMetadata(table=sink.table_identifier, data_files=tuple(entries), properties=properties)
-            row = await repository.epoch_row(session, sink_id, request.epoch, for_update=True)
-            paths = sorted(metadata.paths)
-            if row is None:
-                await _check_files_free(session, sink, request.epoch, paths)
-                await repository.insert_pending_epoch(
-                    session,
-                    sink_id,
-                    request.epoch,
-                    precommit_metadata.encode(metadata),
-                    file_count=len(entries),
-                    record_count=metadata.record_count,
-                )
-                attempt = 1
-            else:
-                repeated = _answer_if_repeated(row, request)
-                if repeated is not None:
-                    return repeated
-                if row.status != EpochStatus.ABORTED:
-                    raise _conflicting_precommit(request)
-                if request.epoch <= sink.checkpointed_epoch:
-                    raise EpochAborted(
-                        f"sink {request.sink} epoch {request.epoch} was aborted ({row.reason}) after its "
-                        "checkpoint; it cannot be pre-committed again"
-                    )
-                await _check_files_free(session, sink, request.epoch, paths)
-                # A path the aborted attempt named is kept for this one; but the cleaner may have deleted it
-                # before this transaction took the epoch's row lock.
-                reused = sorted(metadata.paths & precommit_metadata.decode(row.metadata_).paths)
-                await in_catalog(self.tables.require_files, sink.table_identifier, reused)
-                row.status = EpochStatus.PENDING
-                row.attempt += 1
-                row.metadata_ = precommit_metadata.encode(metadata)
-                row.file_count = len(entries)
-                row.record_count = metadata.record_count
-                row.snapshot_id = None
-                row.reason = None
-                row.abort_cause = None
-                row.aborted_at = None
-                row.files_cleaned = False
-                attempt = row.attempt
-                await session.flush()
-            if not await repository.claim_files(session, sink_id, request.epoch, attempt, paths):
-                raise InvalidArgument(
-                    f"sink {request.sink} epoch {request.epoch}: another epoch took one of its data files meanwhile"
-                )
+            result = await self._persist_in(session, sink, request, entries, properties)
         await failpoints.hit(Failpoint.PRECOMMIT_AFTER_PERSIST)
+        return result
+
+    async def _persist_in(
+        self,
+        session: AsyncSession,
+        sink: Sink,
+        request: PreCommitRequest,
+        entries: list[DataFileEntry],
+        properties: dict[str, str],
+    ) -> PreCommitResult:
+        """The epoch's row, in the caller's transaction (which holds the sink's row lock): inserted, or a new
+        attempt of an ABORTED one, or the answer to a repeat; its files claimed."""
+        sink_id = sink.id
+        _check_term(sink, request.writer_term)
+        if request.epoch <= sink.committed_epoch:
+            return PreCommitResult(PreCommitOutcome.ALREADY_COMMITTED, attempt=0, record_count=0)
+        metadata = PreCommitMetadata(table=sink.table_identifier, data_files=tuple(entries), properties=properties)
+        row = await repository.epoch_row(session, sink_id, request.epoch, for_update=True)
+        paths = sorted(metadata.paths)
+        if row is None:
+            await _check_files_free(session, sink, request.epoch, paths)
+            await repository.insert_pending_epoch(
+                session,
+                sink_id,
+                request.epoch,
+                precommit_metadata.encode(metadata),
+                file_count=len(entries),
+                record_count=metadata.record_count,
+            )
+            attempt = 1
+        else:
+            repeated = _answer_if_repeated(row, request)
+            if repeated is not None:
+                return repeated
+            if row.status != EpochStatus.ABORTED:
+                raise _conflicting_precommit(request)
+            if request.epoch <= sink.checkpointed_epoch:
+                raise EpochAborted(
+                    f"sink {request.sink} epoch {request.epoch} was aborted ({row.reason}) after its "
+                    "checkpoint; it cannot be pre-committed again"
+                )
+            await _check_files_free(session, sink, request.epoch, paths)
+            # A path the aborted attempt named is kept for this one; but the cleaner may have deleted it
+            # before this transaction took the epoch's row lock.
+            reused = sorted(metadata.paths & precommit_metadata.decode(row.metadata_).paths)
+            await in_catalog(self.tables.require_files, sink.table_identifier, reused)
+            row.status = EpochStatus.PENDING
+            row.attempt += 1
+            row.metadata_ = precommit_metadata.encode(metadata)
+            row.file_count = len(entries)
+            row.record_count = metadata.record_count
+            row.snapshot_id = None
+            row.reason = None
+            row.abort_cause = None
+            row.aborted_at = None
+            row.files_cleaned = False
+            attempt = row.attempt
+            await session.flush()
+        if not await repository.claim_files(session, sink_id, request.epoch, attempt, paths):
+            raise InvalidArgument(
+                f"sink {request.sink} epoch {request.epoch}: another epoch took one of its data files meanwhile"
+            )
         return PreCommitResult(PreCommitOutcome.PERSISTED, attempt=attempt, record_count=metadata.record_count)
 
     async def commit_checkpoint(self, sink: str, epoch: int, writer_term: int, wait: bool) -> CheckpointResult:

@@ -15,7 +15,15 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import defer
 
-from coordinator_service.models import AbortCause, EpochFile, EpochStatus, MaintenanceRun, PendingSinkState, Sink
+from coordinator_service.models import (
+    AbortCause,
+    EpochFile,
+    EpochPart,
+    EpochStatus,
+    MaintenanceRun,
+    PendingSinkState,
+    Sink,
+)
 
 # First key of the two-int advisory locks the committer takes per sink ("SC"); tests hold them as another committer.
 COMMIT_LOCK_CLASS = 0x5343
@@ -746,3 +754,34 @@ async def maintenance_runs(session: AsyncSession, sink_id: int, limit: int) -> S
         select(MaintenanceRun).where(MaintenanceRun.sink_id == sink_id).order_by(MaintenanceRun.id.desc()).limit(limit)
     )
     return (await session.execute(statement)).scalars().all()
+
+
+# ------------------------------------------------------------------------------------------ multi-writer epochs
+
+
+async def store_part(
+    session: AsyncSession, sink_id: int, epoch: int, writer_id: int, writer_term: int, metadata: bytes
+) -> list[bytes]:
+    """Keep one writer's part of an epoch (replacing its earlier one); return the epoch's parts of that term."""
+    await session.execute(
+        insert(EpochPart)
+        .values(sink_id=sink_id, epoch=epoch, writer_id=writer_id, writer_term=writer_term, metadata_=metadata)
+        .on_conflict_do_update(
+            index_elements=[EpochPart.sink_id, EpochPart.epoch, EpochPart.writer_id],
+            set_={"writer_term": writer_term, "metadata": metadata, "created_at": func.now()},
+        )
+    )
+    statement = (
+        select(EpochPart.metadata_)
+        .where(EpochPart.sink_id == sink_id, EpochPart.epoch == epoch, EpochPart.writer_term == writer_term)
+        .order_by(EpochPart.writer_id)
+    )
+    return list((await session.execute(statement)).scalars().all())
+
+
+async def drop_parts(session: AsyncSession, sink_id: int, epoch: int | None = None) -> None:
+    """Forget the parts of an epoch once it is persisted (or every part of the sink: a new writer term)."""
+    statement = delete(EpochPart).where(EpochPart.sink_id == sink_id)
+    if epoch is not None:
+        statement = statement.where(EpochPart.epoch == epoch)
+    await session.execute(statement)

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from pyiceberg.catalog import load_catalog
 
-from coordinator_service.client import CoordinatorRpcError
+from coordinator_service.client import CoordinatorClient, CoordinatorRpcError
 from coordinator_service.database import normalize_url
 from coordinator_service.runtime import migrate
 from coordinator_service.schema import head_revision
@@ -163,3 +163,29 @@ def test_multi_writer_epoch_waits_for_every_writer(coordinator: CoordinatorProce
         assert query(database_url, "SELECT file_count, record_count FROM pending_sink_state") == [(2, 20)]
         # Each writer's repeat is recognised as its own part.
         assert client.pre_commit("wide", 0, writer.writer_term, [files[1]], writer_id=1).persisted
+
+
+def test_multi_writer_epoch_completes_across_replicas(
+    coordinator_factory: Callable[..., CoordinatorProcess], database_url: str
+) -> None:
+    """The writers of one epoch reach different replicas: the parts meet in the metastore, not in a process."""
+    first, second = coordinator_factory(), coordinator_factory()
+    with first.client() as one, second.client() as other:
+        writer = one.register_writer("wide", "shop.wide", -1, writer_count=2, arrow_schema=SCHEMA)
+        files = [write_parquet(writer.table_location, orders(i * 10, 10)) for i in range(2)]
+        answers: dict[int, bool] = {}
+
+        def send(writer_id: int, client: CoordinatorClient) -> None:
+            answers[writer_id] = client.pre_commit(
+                "wide", 0, writer.writer_term, [files[writer_id]], writer_id=writer_id
+            ).persisted
+
+        threads = [threading.Thread(target=send, args=args) for args in ((0, one), (1, other))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert answers == {0: True, 1: True}
+        assert query(database_url, "SELECT file_count, record_count FROM pending_sink_state") == [(2, 20)]
+        assert query(database_url, "SELECT count(*) FROM epoch_parts") == [(0,)]
+        assert other.commit_checkpoint("wide", 0, writer.writer_term, wait=True).committed_epoch == 0
