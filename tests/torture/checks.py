@@ -11,6 +11,7 @@ checks can see the whole history, not only its end.
 from __future__ import annotations
 
 import itertools
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,36 +22,39 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table.snapshots import ancestors_of
 
 from coordinator_service import precommit_metadata
-from coordinator_service.iceberg import MARKER_EPOCH, MARKER_SINK
+from coordinator_service.iceberg import MARKER_EPOCH, MARKER_GENERATION, MARKER_SINK
 
 AUDIT_SQL = """
 CREATE TABLE torture_epoch_audit (
     id bigserial PRIMARY KEY, at timestamptz NOT NULL DEFAULT clock_timestamp(), op text NOT NULL,
     sink_id int NOT NULL, epoch bigint NOT NULL, status text NOT NULL, attempt int, metadata bytea,
-    files_cleaned bool, checkpointed_epoch bigint
+    files_cleaned bool, checkpointed_epoch bigint, generation int, abort_cause text
 );
 CREATE TABLE torture_sink_audit (
     id bigserial PRIMARY KEY, at timestamptz NOT NULL DEFAULT clock_timestamp(), sink_id int NOT NULL,
-    checkpointed_epoch bigint NOT NULL, committed_epoch bigint NOT NULL, writer_term bigint NOT NULL
+    checkpointed_epoch bigint NOT NULL, committed_epoch bigint NOT NULL, writer_term bigint NOT NULL,
+    generation int NOT NULL, awaiting_writer_after_reset bool NOT NULL
 );
 CREATE FUNCTION torture_epoch_audit() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'DELETE' THEN
-        INSERT INTO torture_epoch_audit (op, sink_id, epoch, status) VALUES ('DELETE', OLD.sink_id, OLD.epoch,
-            OLD.status::text);
+        INSERT INTO torture_epoch_audit (op, sink_id, epoch, status, generation)
+        SELECT 'DELETE', OLD.sink_id, OLD.epoch, OLD.status::text, s.generation FROM sinks s WHERE s.id = OLD.sink_id;
     ELSE
         INSERT INTO torture_epoch_audit (op, sink_id, epoch, status, attempt, metadata, files_cleaned,
-            checkpointed_epoch)
-        VALUES (TG_OP, NEW.sink_id, NEW.epoch, NEW.status::text, NEW.attempt, NEW.metadata, NEW.files_cleaned,
-            (SELECT checkpointed_epoch FROM sinks WHERE id = NEW.sink_id));
+            checkpointed_epoch, generation, abort_cause)
+        SELECT TG_OP, NEW.sink_id, NEW.epoch, NEW.status::text, NEW.attempt, NEW.metadata, NEW.files_cleaned,
+            s.checkpointed_epoch, s.generation, NEW.abort_cause::text FROM sinks s WHERE s.id = NEW.sink_id;
     END IF;
     PERFORM pg_notify('torture', 'epoch');
     RETURN NULL;
 END $$;
 CREATE FUNCTION torture_sink_audit() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO torture_sink_audit (sink_id, checkpointed_epoch, committed_epoch, writer_term)
-    VALUES (NEW.id, NEW.checkpointed_epoch, NEW.committed_epoch, NEW.writer_term);
+    INSERT INTO torture_sink_audit (sink_id, checkpointed_epoch, committed_epoch, writer_term, generation,
+        awaiting_writer_after_reset)
+    VALUES (NEW.id, NEW.checkpointed_epoch, NEW.committed_epoch, NEW.writer_term, NEW.generation,
+        NEW.rebase_on_register);
     PERFORM pg_notify('torture', 'sink');
     RETURN NULL;
 END $$;
@@ -95,69 +99,146 @@ def settled(connection: psycopg.Connection[Any], sink: str) -> tuple[int, int] |
     return int(checkpointed), int(committed)
 
 
+@dataclass(frozen=True)
+class Produced:
+    """What a sink's writer was given to write: each key with its Kafka position (partition, offset)."""
+
+    keys: dict[tuple[int, int], int]  # (partition, offset) -> key
+    # Where each generation's query started reading (partition -> offset); generation 0 from the start.
+    starts: dict[int, dict[int, int]] = field(default_factory=dict)
+
+    def keys_between(self, start: dict[int, int], end: dict[int, int]) -> set[int]:
+        return {
+            key
+            for (partition, offset), key in self.keys.items()
+            if start.get(partition, 0) <= offset < end.get(partition, start.get(partition, 0))
+        }
+
+
+def _partitions(offsets: dict[str, Any]) -> dict[int, int]:
+    return {int(p): int(o) for topic, parts in offsets.items() if not topic.startswith("$") for p, o in parts.items()}
+
+
+def end_offsets(properties: dict[str, str]) -> dict[int, int] | None:
+    """The batch's end offsets (partition -> offset) from the Spark writer's `spark.end_offsets` property."""
+    raw = properties.get("spark.end_offsets")
+    return None if raw is None else {p: o for source in json.loads(raw) for p, o in _partitions(source).items()}
+
+
+def start_offsets(properties: dict[str, str]) -> dict[int, int] | None:
+    """Batch 0's start offsets (the source's `$start`, kept with its end offsets), None for other batches."""
+    raw = properties.get("spark.end_offsets")
+    starts = [source["$start"] for source in json.loads(raw) if "$start" in source] if raw is not None else []
+    return {p: o for start in starts for p, o in _partitions(start).items()} if starts else None
+
+
 def check_run(
     *,
     connection: psycopg.Connection[Any],
     catalog: Catalog,
     sink: str,
     table: str,
-    produced_keys: list[int],
-    spark_checkpoint: Path,
+    produced: Produced,
+    spark_checkpoint: Path | None,
     zombie_paths: set[str],
+    writer_checkpoint: int | None = None,
 ) -> Findings:
+    """Exactly once for one sink, from its whole log history, its table and what its writer was given.
+
+    Records of a batch an operator aborted with `force` after its writer checkpointed it are lost by design
+    (docs/operations.md); every other produced record is in the table once. `spark_checkpoint` is the Spark
+    query's current checkpoint (None: a writer without one, whose last checkpointed epoch is `writer_checkpoint`).
+    """
     found = Findings()
     sink_row = connection.execute(
-        "SELECT id, checkpointed_epoch, committed_epoch FROM sinks WHERE name = %s", (sink,)
+        "SELECT id, checkpointed_epoch, committed_epoch, generation FROM sinks WHERE name = %s", (sink,)
     ).fetchone()
     if sink_row is None:
         found.anomaly("the sink does not exist")
         return found
-    sink_id, checkpointed, committed = (int(v) for v in sink_row)
-    found.facts.update(checkpointed_epoch=checkpointed, committed_epoch=committed)
+    sink_id, checkpointed, committed, generation = (int(v) for v in sink_row)
+    found.facts.update(checkpointed_epoch=checkpointed, committed_epoch=committed, generation=generation)
 
-    # What is in the table, by key, against what was produced.
-    loaded = catalog.load_table(table)
-    keys = Counter(loaded.scan(selected_fields=("order_id",)).to_arrow().column("order_id").to_pylist())
-    produced = Counter(produced_keys)
-    missing = set(produced) - set(keys)
-    duplicated = {key for key, count in keys.items() if count > 1}
-    unexpected = set(keys) - set(produced)
-    found.facts.update(produced=len(produced_keys), rows=sum(keys.values()))
-    if missing:
-        found.anomaly(f"{len(missing)} produced records missing from the table: keys {_sample(missing)}")
-    if duplicated:
-        found.anomaly(f"{len(duplicated)} records in the table more than once: keys {_sample(duplicated)}")
-    if unexpected:
-        found.anomaly(f"{len(unexpected)} records in the table that were never produced: {_sample(unexpected)}")
-    table_files = set(loaded.inspect.data_files().column("file_path").to_pylist())
-
-    # The log's whole history (the audit triggers).
+    # The log's whole history (the audit triggers), by generation: a reset starts epoch numbers again.
     history = connection.execute(
-        "SELECT op, epoch, status, attempt, metadata, checkpointed_epoch FROM torture_epoch_audit "
-        "WHERE sink_id = %s ORDER BY id",
+        "SELECT op, epoch, status, attempt, metadata, checkpointed_epoch, generation, abort_cause "
+        "FROM torture_epoch_audit WHERE sink_id = %s ORDER BY id",
         (sink_id,),
     ).fetchall()
-    latest: dict[int, str] = {}
-    paths_by_attempt: dict[tuple[int, int], frozenset[str]] = {}
-    aborted: set[tuple[int, int]] = set()
-    for op, epoch, status, attempt, metadata, checkpoint_then in history:
-        latest[epoch] = "PRUNED" if op == "DELETE" else status
+    latest: dict[tuple[int, int], tuple[str, str | None]] = {}
+    properties: dict[tuple[int, int], dict[str, str]] = {}
+    paths_by_attempt: dict[tuple[int, int, int], frozenset[str]] = {}
+    aborted: set[tuple[int, int, int]] = set()
+    for op, epoch, status, attempt, metadata, checkpoint_then, gen, cause in history:
+        latest[(gen, epoch)] = ("PRUNED", None) if op == "DELETE" else (status, cause)
         if op == "DELETE":
             continue
-        paths_by_attempt[(epoch, attempt)] = precommit_metadata.decode(bytes(metadata)).paths
+        decoded = precommit_metadata.decode(bytes(metadata))
+        paths_by_attempt[(gen, epoch, attempt)] = decoded.paths
+        properties[(gen, epoch)] = decoded.properties
         if status == "ABORTED":
-            aborted.add((epoch, attempt))
+            aborted.add((gen, epoch, attempt))
         if status == "COMMITTED" and checkpoint_then is not None and epoch > checkpoint_then:
             found.anomaly(
                 f"epoch {epoch} was marked COMMITTED while the recorded checkpoint was {checkpoint_then} (invariant 3)"
             )
     found.facts["aborted_attempts"] = len(aborted)
 
+    def _start_of(gen: int, epoch: int) -> dict[int, int]:
+        """Where a Spark batch started: its own `$start` (batch 0), the previous batch's end, the query's start."""
+        own = start_offsets(properties.get((gen, epoch), {}))
+        before = end_offsets(properties.get((gen, epoch - 1), {})) if epoch > 0 else None
+        return own if own is not None else before if before is not None else produced.starts.get(gen, {})
+
+    # Records lost by design: those of batches an operator aborted that no later batch read again.
+    operator_aborted = sorted(
+        key for key, (status, cause) in latest.items() if (status, cause) == ("ABORTED", "OPERATOR")
+    )
+    lost: set[int] = set()
+    for gen, epoch in operator_aborted:
+        end = end_offsets(properties.get((gen, epoch), {}))
+        if end is None:  # not a Spark writer's batch: the writer knows its keys (it writes them again or not)
+            continue
+        lost |= produced.keys_between(_start_of(gen, epoch), end)
+    committed_keys: set[int] = set()
+    for (gen, epoch), (status, _) in latest.items():
+        end = end_offsets(properties.get((gen, epoch), {}))
+        if status in ("COMMITTED", "PRUNED") and end is not None:
+            committed_keys |= produced.keys_between(_start_of(gen, epoch), end)
+    lost -= committed_keys  # read again by a later batch (after a reset) and committed there
+    found.facts["lost_by_operator_abort"] = len(lost)
+
+    # What is in the table, by key, against what was produced.
+    loaded = catalog.load_table(table)
+    keys = Counter(loaded.scan(selected_fields=("order_id",)).to_arrow().column("order_id").to_pylist())
+    expected = set(produced.keys.values())
+    missing = expected - set(keys) - lost
+    duplicated = {key for key, count in keys.items() if count > 1}
+    unexpected = set(keys) - expected
+    found.facts.update(produced=len(produced.keys), rows=sum(keys.values()))
+    if missing:
+        found.anomaly(f"{len(missing)} produced records missing from the table: keys {_sample(missing)}")
+    if lost & set(keys):
+        found.anomaly(f"records of operator-aborted batches are in the table: keys {_sample(lost & set(keys))}")
+    if duplicated:
+        found.anomaly(f"{len(duplicated)} records in the table more than once: keys {_sample(duplicated)}")
+    if unexpected:
+        found.anomaly(f"{len(unexpected)} records in the table that were never produced: {_sample(unexpected)}")
+    table_files = set(loaded.inspect.data_files().column("file_path").to_pylist())
+    gone = {path for path in table_files if not Path(path.removeprefix("file://")).exists()}
+    if gone:
+        found.anomaly(f"the table references {len(gone)} files missing from storage: {_sample(gone, 3)}")
+
     # Invariant 5: an aborted attempt's files are not in the table and, once cleaned, not on storage.
-    for epoch, attempt in sorted(aborted):
-        # An attempt's own files may be named again by a later attempt of the epoch (the coordinator keeps those).
-        reused = {path for (e, a), paths in paths_by_attempt.items() if e == epoch and a > attempt for path in paths}
-        paths = paths_by_attempt[(epoch, attempt)] - reused
+    for gen, epoch, attempt in sorted(aborted):
+        # An attempt's own files may be named again by a later attempt (the coordinator keeps those).
+        reused = {
+            path
+            for (g, e, a), paths in paths_by_attempt.items()
+            if (g, e) > (gen, epoch) or ((g, e) == (gen, epoch) and a > attempt)
+            for path in paths
+        }
+        paths = paths_by_attempt[(gen, epoch, attempt)] - reused
         in_table = paths & table_files
         if in_table:
             found.anomaly(f"files of aborted epoch {epoch} attempt {attempt} are in the table: {_sample(in_table, 3)}")
@@ -168,51 +249,64 @@ def check_run(
                 f"{_sample(left, 3)}"
             )
 
-    # Invariant 4 and the settle: every epoch at or below the checkpoint COMMITTED, the checkpoint Spark's.
+    # Invariant 4 and the settle: every epoch of this generation at or below the checkpoint COMMITTED.
+    current = {epoch: status for (gen, epoch), (status, _) in latest.items() if gen == generation}
     not_committed = {
         epoch: status
-        for epoch, status in latest.items()
-        if epoch <= checkpointed and status not in ("COMMITTED", "PRUNED")
+        for epoch, status in current.items()
+        if epoch <= checkpointed
+        and status not in ("COMMITTED", "PRUNED")
+        and (status, latest[(generation, epoch)][1]) != ("ABORTED", "OPERATOR")
     }
     if not_committed:
         found.anomaly(f"epochs at or below the checkpoint {checkpointed} not COMMITTED: {not_committed}")
     if committed != checkpointed:
         found.anomaly(f"committed epoch {committed} behind the recorded checkpoint {checkpointed}")
-    holes = set(range(0, checkpointed + 1)) - set(latest)
-    if holes and latest:
-        first = min(latest)
+    holes = set(range(0, checkpointed + 1)) - set(current)
+    if holes and current:
+        first = min(current)
         holes = {epoch for epoch in holes if epoch > first}
         if holes:
             found.anomaly(f"epochs never pre-committed at or below the checkpoint: {_sample(holes)}")
-    commits = spark_checkpoint / "commits"
-    spark_last = max((int(p.name) for p in commits.iterdir() if p.name.isdigit()), default=-1)
-    found.facts["spark_last_batch"] = spark_last
-    if spark_last != checkpointed:
-        found.anomaly(f"Spark's last checkpointed batch is {spark_last}, the coordinator recorded {checkpointed}")
+    if spark_checkpoint is not None:
+        commits = spark_checkpoint / "commits"
+        writer_checkpoint = max((int(p.name) for p in commits.iterdir() if p.name.isdigit()), default=-1)
+        found.facts["spark_last_batch"] = writer_checkpoint
+    if writer_checkpoint is not None and writer_checkpoint != checkpointed:
+        found.anomaly(
+            f"the writer's last checkpointed batch is {writer_checkpoint}, the coordinator recorded {checkpointed}"
+        )
 
-    # The sink row's numbers move forward only.
-    previous: tuple[int, int, int] | None = None
+    # The sink row's numbers move forward only; a reset starts a new generation, and its first registration
+    # (the row awaiting a writer) starts the checkpoint again at the new query's.
+    previous: tuple[int, int, int, int] | None = None
+    rebasing = False
     for row in connection.execute(
-        "SELECT checkpointed_epoch, committed_epoch, writer_term FROM torture_sink_audit WHERE sink_id = %s "
-        "ORDER BY id",
+        "SELECT generation, writer_term, checkpointed_epoch, committed_epoch, awaiting_writer_after_reset "
+        "FROM torture_sink_audit WHERE sink_id = %s ORDER BY id",
         (sink_id,),
     ):
-        current = (int(row[0]), int(row[1]), int(row[2]))
-        if previous is not None and any(now < before for now, before in zip(current, previous, strict=True)):
-            found.anomaly(f"the sink row went back: (checkpointed, committed, term) {previous} -> {current}")
-        previous = current
+        now = (int(row[0]), int(row[1]), int(row[2]), int(row[3]))
+        went_back = previous is not None and (
+            now[:2] < previous[:2]
+            or (not rebasing and now[0] == previous[0] and any(a < b for a, b in zip(now, previous, strict=True)))
+        )
+        if went_back:
+            found.anomaly(f"the sink row went back: (generation, term, checkpointed, committed) {previous} -> {now}")
+        rebasing = bool(row[4])
+        previous = now
 
-    # Snapshot markers along the ancestry, oldest first, never go back.
+    # Snapshot markers along the ancestry, oldest first, never go back (within a generation; generations rise).
     markers = [
-        int(str(snapshot.summary.get(MARKER_EPOCH)))
+        (int(str(snapshot.summary.get(MARKER_GENERATION, "0"))), int(str(snapshot.summary.get(MARKER_EPOCH))))
         for snapshot in reversed(list(ancestors_of(loaded.current_snapshot(), loaded.metadata)))
         if snapshot.summary is not None and snapshot.summary.get(MARKER_SINK) == sink
     ]
     found.facts["snapshots"] = len(markers)
     if any(later < earlier for earlier, later in itertools.pairwise(markers)):
-        found.anomaly(f"snapshot markers of the sink go back along the ancestry: {markers}")
-    if markers and markers[-1] > committed:
-        found.anomaly(f"the newest marker (epoch {markers[-1]}) is above the committed epoch {committed}")
+        found.anomaly(f"snapshot markers (generation, epoch) of the sink go back along the ancestry: {markers}")
+    if markers and markers[-1] > (generation, committed):
+        found.anomaly(f"the newest marker {markers[-1]} is above the committed epoch {committed}")
 
     # A zombie writer's files never reached the log nor the table.
     if zombie_paths:

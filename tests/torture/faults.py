@@ -23,6 +23,14 @@ FAULTS: tuple[str, ...] = (
     "postgres_restart",  # the metastore's PostgreSQL: pg_ctl stop -m fast|immediate, then start
     "catalog_outage",  # the catalog's PostgreSQL stopped for a while
     "zombie_writer",  # after a driver restart, a late PreCommit/CommitCheckpoint with the old term
+    "operator_abort",  # an operator aborts the newest PENDING epoch through the admin API, with force or without
+    "operator_reset",  # the Spark checkpoint is lost: the writer stopped, the sink reset, a new query from the
+    #                    last committed epoch's offsets (docs/operations.md's procedure)
+    "lock_kill",  # pg_terminate_backend of the connection that holds a sink's commit lock (advisory lock)
+    "many_sinks",  # 4-7 more sinks written through the protocol; commit interval above 0, concurrency below sinks
+    "resend_aborted",  # a writer re-sends an epoch an operator aborted, naming the same files
+    "outage_then_idle",  # the coordinator down longer than the writer's retries as the last batch is
+    #                      pre-committed; the query stays up, idle: its failed report must land by itself
 )
 
 FAILPOINTS: tuple[tuple[str, int], ...] = (
@@ -102,6 +110,24 @@ def plan_faults(rng: random.Random, pool: tuple[str, ...], batches: int, call_de
             params = {"downtime_seconds": round(rng.uniform(2.0, 8.0), 3)}
         elif name == "zombie_writer":
             params = {"pick": rng.random()}
+        elif name == "operator_abort":
+            params = {"force": rng.random() < 0.7}
+        elif name == "lock_kill":
+            params = {"attempts": rng.randint(1, 3)}
+        elif name == "many_sinks":
+            params = {
+                "writers": rng.randint(4, 7),
+                "commit_interval_seconds": round(rng.uniform(0.2, 1.5), 3),
+                "commit_concurrency": rng.randint(1, 3),
+                "writers_seed": rng.randrange(2**31),
+            }
+        elif name == "resend_aborted":
+            params = {"writers_seed": rng.randrange(2**31)}
+        elif name == "outage_then_idle":
+            # Beyond the call deadline only, or beyond the writer's whole retry window too.
+            params = {
+                "downtime_seconds": round(call_deadline + rng.choice((rng.uniform(1, 5), rng.uniform(21, 26))), 3)
+            }
         plans.append(
             FaultPlan(
                 name=name,

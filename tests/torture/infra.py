@@ -206,6 +206,7 @@ class Board:
     """
 
     precommits: int = 0
+    precommitted: list[int] = field(default_factory=list)  # the epochs of those pre-commits, in order
     terms: list[int] = field(default_factory=list)  # writer terms the drivers registered with, in order
     flags: set[str] = field(default_factory=set)
     condition: threading.Condition = field(default_factory=threading.Condition)
@@ -215,6 +216,7 @@ class Board:
         with self.condition:
             if event == "batch pre-committed":
                 self.precommits += 1
+                self.precommitted.append(int(record.get("epoch", -1)))
             elif event == "writer registered" and "table_location" in record:
                 self.terms.append(int(record.get("writer_term", 0)))
             else:
@@ -254,6 +256,7 @@ class DriverServer:
         self._log = log_path.open("a")
         self._finished: queue.Queue[tuple[int, int] | None] = queue.Queue()
         self._requests = 0
+        self._stdin_lock = threading.Lock()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.torture.driver", *args],
             stdin=subprocess.PIPE,
@@ -291,12 +294,7 @@ class DriverServer:
         """Run one job; its exit code (0: drained and committed), or the process's if it died (-9: killed)."""
         self._requests += 1
         request_id = self._requests
-        assert self.process.stdin is not None
-        try:
-            self.process.stdin.write(json.dumps({**request, "id": request_id}) + "\n")
-            self.process.stdin.flush()
-        except OSError:
-            pass  # it died: the reader reports it
+        self._send({**request, "id": request_id})
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()
@@ -311,6 +309,16 @@ class DriverServer:
                 return self.process.wait(timeout=30)
             if finished[0] == request_id:
                 return finished[1]
+
+    def stop_query(self) -> None:
+        """Stop the running idle query (a request with "idle": true) between two batches."""
+        self._send({"stop": self._requests})
+
+    def _send(self, message: dict[str, Any]) -> None:
+        assert self.process.stdin is not None
+        with self._stdin_lock, contextlib.suppress(OSError):  # OSError: it died, the reader reports it
+            self.process.stdin.write(json.dumps(message) + "\n")
+            self.process.stdin.flush()
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):

@@ -8,6 +8,7 @@ topic, warehouse, Spark checkpoint, coordinator process(es) and driver(s).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -29,6 +30,7 @@ import grpc
 import psycopg
 from pyiceberg.catalog import Catalog, load_catalog
 
+from coordinator_service import precommit_metadata
 from coordinator_service.client import CoordinatorClient, CoordinatorRpcError
 from coordinator_service.database import libpq_url, normalize_url
 from coordinator_service.runtime import migrate
@@ -38,6 +40,7 @@ from tests.fixtures.pipeline import ORDER_SCHEMA_DDL, produce_orders
 from tests.torture import checks
 from tests.torture.faults import FAULTS, FaultPlan, FaultRecord, plan_faults
 from tests.torture.infra import Board, DriverServer, PgServer, Proxy, wait_for_change
+from tests.torture.writers import ADMIN_TOKEN, Operator, ProtocolWriter, plan_writers
 
 SINK = "orders"
 TABLE = "torture.orders"
@@ -150,6 +153,9 @@ class Run:
     driver: DriverServer | None = None
     driver_starts: int = 0
     zombie_paths: set[str] = field(default_factory=set)
+    writers: list[ProtocolWriter] = field(default_factory=list)
+    starting_offsets: str = "earliest"  # of the next query; a reset sets the last committed epoch's offsets
+    starts: dict[int, dict[int, int]] = field(default_factory=dict)  # generation -> where its query started
     notes: list[str] = field(default_factory=list)
     anomalies: list[str] = field(default_factory=list)
 
@@ -172,6 +178,14 @@ class Run:
         self.warehouse = self.work / "warehouse"
         self.warehouse.mkdir()
         self.proxy = Proxy(seed=self.rng.randrange(2**31))
+        self.idle = "outage_then_idle" in self.records_of  # the query stays up after the drain
+        self.coordinator_env = {"SINK_COORDINATOR_ADMIN_TOKEN": ADMIN_TOKEN}
+        if many := self.records_of.get("many_sinks"):
+            self.coordinator_env.update(
+                SINK_COORDINATOR_COMMIT_INTERVAL_SECONDS=str(many.plan.params["commit_interval_seconds"]),
+                SINK_COORDINATOR_COMMIT_CONCURRENCY=str(many.plan.params["commit_concurrency"]),
+            )
+        self.operator = Operator(lambda: self.coordinators[0].http_url)
 
     # ---- the pieces -------------------------------------------------------------------------------------
 
@@ -192,6 +206,7 @@ class Run:
     def new_coordinator(self, grpc_port: int | None = None, http_port: int | None = None) -> CoordinatorProcess:
         env = {f"SINK_COORDINATOR_CATALOG__{key.upper()}": value for key, value in self.catalog_properties().items()}
         env["SINK_COORDINATOR_CATALOG_NAME"] = "torture"
+        env.update(self.coordinator_env)
         process = CoordinatorProcess(database_url=self.metastore_url, data_dir=self.work / "coordinator", extra_env=env)
         if grpc_port is not None and http_port is not None:
             process.grpc_port, process.http_port = grpc_port, http_port
@@ -231,6 +246,8 @@ class Run:
             "coordinator": self.proxy.target,
             "checkpoint_location": str(self.checkpoint),
             "partition_by": list(self.partition_by),
+            "starting_offsets": self.starting_offsets,
+            "idle": self.idle,
             "kill_point": kill_point,
             "epoch": epoch,
         }
@@ -291,7 +308,11 @@ class Run:
         self.topic = create_topic(self.session.bootstrap, self.partitions, prefix=f"torture-{self.seed}")
         first_key = self.seed % 1000 * 10_000
         self.produced_keys = list(range(first_key, first_key + self.records))
-        produce_orders(self.session.bootstrap, self.topic, self.produced_keys, partitions=self.partitions)
+        records = produce_orders(self.session.bootstrap, self.topic, self.produced_keys, partitions=self.partitions)
+        self.positions = {(r.partition, r.offset): int(r.key) for r in records}
+        self.topic_end: dict[int, int] = {}
+        for partition, offset in self.positions:
+            self.topic_end[partition] = max(self.topic_end.get(partition, 0), offset + 1)
         self.board.set("up")
 
     def _drive(self) -> None:
@@ -309,8 +330,12 @@ class Run:
             threading.Thread(target=self._fault, args=(record,), name=f"fault-{name}", daemon=True)
             for name, record in self.records_of.items()
         ]
+        if self.idle:
+            threads.append(threading.Thread(target=self._stop_when_recorded, name="idle-watcher", daemon=True))
         for thread in threads:
             thread.start()
+        stop_writers = threading.Event()
+        writer_threads = [writer.start(stop_writers) for writer in self._plan_writers()]
         deadline = time.monotonic() + RUN_SECONDS
         while True:
             try:
@@ -341,6 +366,32 @@ class Run:
             thread.join(timeout=180)
             if thread.is_alive():
                 self.anomalies.append(f"{thread.name} did not finish")
+        for writer, thread in zip(self.writers, writer_threads, strict=True):
+            thread.join(timeout=max(1.0, deadline + 60 - time.monotonic()))
+            if thread.is_alive():
+                stop_writers.set()
+                self.anomalies.append(f"writer {writer.name} did not finish (checkpoint {writer.checkpoint})")
+            self.anomalies.extend(writer.anomalies)
+            self.notes.extend(writer.notes)
+        if resend := self.records_of.get("resend_aborted"):
+            resend.detail.update(self.writers[0].resend)
+            resend.triggered = self.writers[0].resend.get("abort_status") == 200
+
+    def _plan_writers(self) -> list[ProtocolWriter]:
+        """The protocol writers of many_sinks and resend_aborted (drawn from their own seeds)."""
+        many, resend = self.records_of.get("many_sinks"), self.records_of.get("resend_aborted")
+        if many is None and resend is None:
+            return []
+        plan = (many or resend).plan  # type: ignore[union-attr]
+        count = int(many.plan.params["writers"]) if many is not None else 1
+        first_key = (self.seed % 1000 + 1000) * 1_000_000
+        operator = self.operator if resend is not None else None
+        rng = random.Random(plan.params["writers_seed"])
+        self.writers = plan_writers(rng, count, self.proxy.target, first_key, operator, self.metastore_url)
+        if many is not None:
+            many.triggered = True
+            many.detail["sinks"] = count + 1
+        return self.writers
 
     def _settle(self) -> float | None:
         with self.lock:
@@ -350,14 +401,19 @@ class Run:
                     self.notes.append(f"coordinator {index} had exited ({process.process.returncode}); restarted")
                     self.restart_if_current(process, 0.0)
         try:
-            wait_for_change(self.metastore_url, lambda c: checks.settled(c, SINK), SETTLE_SECONDS)
+            sinks = [SINK, *(writer.name for writer in self.writers)]
+            wait_for_change(
+                self.metastore_url,
+                lambda c: True if all(checks.settled(c, sink) is not None for sink in sinks) else None,
+                SETTLE_SECONDS,
+            )
         except TimeoutError:
             with psycopg.connect(libpq_url(self.metastore_url), autocommit=True) as connection:
                 state = connection.execute(
                     "SELECT epoch, status, files_cleaned FROM pending_sink_state p JOIN sinks s ON s.id = p.sink_id "
                     "WHERE status <> 'COMMITTED' ORDER BY epoch"
                 ).fetchall()
-                sink = connection.execute("SELECT checkpointed_epoch, committed_epoch FROM sinks").fetchall()
+                sink = connection.execute("SELECT name, checkpointed_epoch, committed_epoch FROM sinks").fetchall()
             self.anomalies.append(f"the system did not settle in {SETTLE_SECONDS:.0f} s: sink {sink}, epochs {state}")
             return None
         return time.time()
@@ -380,16 +436,32 @@ class Run:
                 record.recovery_seconds = (after[0] if after else settled_at) - record.ended_at
 
     def _check(self) -> checks.Findings:
+        catalog = self.open_catalog()
         with psycopg.connect(libpq_url(self.metastore_url), autocommit=True) as connection:
-            return checks.check_run(
+            found = checks.check_run(
                 connection=connection,
-                catalog=self.open_catalog(),
+                catalog=catalog,
                 sink=SINK,
                 table=TABLE,
-                produced_keys=self.produced_keys,
+                produced=checks.Produced(self.positions, self.starts),
                 spark_checkpoint=self.checkpoint,
                 zombie_paths=self.zombie_paths,
             )
+            for writer in self.writers:
+                keys = writer.expected_keys()
+                of_writer = checks.check_run(
+                    connection=connection,
+                    catalog=catalog,
+                    sink=writer.name,
+                    table=writer.table,
+                    produced=checks.Produced({(0, index): key for index, key in enumerate(keys)}),
+                    spark_checkpoint=None,
+                    zombie_paths=set(),
+                    writer_checkpoint=writer.checkpoint,
+                )
+                found.anomalies.extend(f"{writer.name}: {text}" for text in of_writer.anomalies)
+                found.notes.extend(f"{writer.name}: {text}" for text in of_writer.notes)
+        return found
 
     def _teardown(self) -> None:
         for process in self.coordinators:
@@ -398,6 +470,7 @@ class Run:
                     os.kill(process.process.pid, signal.SIGCONT)
                 process.stop()
         self.proxy.close()
+        self.operator.close()
         for server in (self.session.metastore, self.session.catalog):
             if not server.running:
                 server.start()
@@ -406,7 +479,7 @@ class Run:
         for server in (self.session.metastore, self.session.catalog):
             with contextlib.suppress(Exception):
                 server.drop_database(self.database)
-        for path in (self.warehouse, self.checkpoint):
+        for path in (self.warehouse, *self.work.glob("checkpoint*")):
             shutil.rmtree(path, ignore_errors=True)
 
     # ---- the faults -------------------------------------------------------------------------------------
@@ -419,6 +492,11 @@ class Run:
                 return
             if plan.name == "driver_killpoint":
                 self.board.wait(lambda: self.board.has("killpoint-fired"), RUN_SECONDS, unless=None)
+                return
+            if plan.name in ("many_sinks", "resend_aborted"):
+                return  # the run's shape: the writers start with the job (_plan_writers)
+            if plan.name == "outage_then_idle":
+                self._outage_then_idle(record)
                 return
             if not self.board.wait(lambda: self.board.precommits >= plan.trigger_batch, RUN_SECONDS):
                 return
@@ -588,6 +666,144 @@ class Run:
             if code != grpc.StatusCode.FAILED_PRECONDITION.name:
                 self.anomalies.append(f"zombie writer (term {old_term}) {call}({epoch}) answered {code}")
         record.ended_at = time.time()
+
+    def _operator_abort(self, record: FaultRecord) -> None:
+        force = bool(record.plan.params["force"])
+        pending = self.operator.epochs(SINK, "pending")
+        if not pending:
+            record.detail["skipped"] = "no PENDING epoch at that moment"
+            return
+        epoch = max(int(row["epoch"]) for row in pending)
+        self._begin(record)
+        answer = self.operator.abort(SINK, epoch, force=force)
+        body = answer.json()
+        record.detail.update(epoch=epoch, force=force, status=answer.status_code)
+        if answer.status_code == 200:
+            record.detail["changed"] = body["changed"]
+            if body["changed"] and not force:
+                self.anomalies.append(f"operator abort of PENDING epoch {epoch} without force answered {body}")
+        elif answer.status_code == 409:
+            record.detail["message"] = body["error"]["message"][:200]
+            if force and "COMMITTED" not in body["error"]["message"] and "committed" not in body["error"]["message"]:
+                self.anomalies.append(f"forced abort of epoch {epoch} refused: {body}")
+        else:
+            self.anomalies.append(f"operator abort of epoch {epoch} answered {answer.status_code}: {answer.text[:300]}")
+        record.ended_at = time.time()
+
+    def _operator_reset(self, record: FaultRecord) -> None:
+        """docs/operations.md's procedure for a lost checkpoint, exactly once: stop, reset, restart from offsets."""
+        self._begin(record)
+        self.board.set("up", False)
+        if self.driver is not None and self.driver.alive:
+            self.driver.kill()  # 1. the writer stops (the reset would fence it anyway)
+        answer = self.operator.reset(SINK)  # 2.
+        sink = answer["sink"]
+        generation, committed = int(sink["generation"]), int(sink["committed_epoch"])
+        # 3. before a writer registers: where the last committed epoch ended (or, with none committed in this
+        # generation, where its query started)
+        if committed >= 0:
+            offsets = json.loads(self.operator.epoch(SINK, committed)["properties"]["spark.end_offsets"])[0]
+            start = {int(partition): int(offset) for partition, offset in offsets[self.topic].items()}
+        else:
+            start = self.starts.get(generation - 1, {})
+        self.starts[generation] = start
+        self.starting_offsets = json.dumps({self.topic: {str(p): o for p, o in start.items()}}) if start else "earliest"
+        self.checkpoint = self.work / f"checkpoint-{generation}"  # 4. a new, empty checkpoint location
+        record.detail.update(committed_epoch=committed, aborted=answer["aborted_epochs"], generation=generation)
+        record.ended_at = time.time()
+        self.board.set("up")
+
+    def _lock_kill(self, record: FaultRecord) -> None:
+        """Terminate the connection holding a commit lock (when one is held; awaited on the metastore's events)."""
+        killed: list[int] = []
+
+        def holder(connection: psycopg.Connection[Any]) -> int | None:
+            row = connection.execute(
+                "SELECT l.pid FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
+                "WHERE l.locktype = 'advisory' AND l.granted AND d.datname = current_database() LIMIT 1"
+            ).fetchone()
+            return None if row is None else int(row[0])
+
+        for _ in range(int(record.plan.params["attempts"])):
+            try:
+                pid = wait_for_change(self.metastore_url, holder, 20)
+            except TimeoutError:
+                break
+            with psycopg.connect(libpq_url(self.metastore_url), autocommit=True) as connection:
+                row = connection.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()
+            if row is not None and row[0]:
+                if not killed:
+                    self._begin(record)
+                killed.append(pid)
+        if not killed:
+            record.detail["skipped"] = "no commit lock held in 20 s"
+            return
+        record.detail["terminated"] = len(killed)
+        record.ended_at = time.time()
+
+    def _at_last_batch(self, connection: psycopg.Connection[Any]) -> int | None:
+        """The epoch of the Spark sink's batch that reads up to the topic's end, once it is pre-committed."""
+        for epoch, metadata in connection.execute(
+            "SELECT p.epoch, p.metadata FROM pending_sink_state p JOIN sinks s ON s.id = p.sink_id "
+            "WHERE s.name = %s ORDER BY p.epoch DESC LIMIT 3",
+            (SINK,),
+        ):
+            end = checks.end_offsets(precommit_metadata.decode(bytes(metadata)).properties)
+            if end is not None and all(end.get(p, 0) >= o for p, o in self.topic_end.items()):
+                return int(epoch)
+        return None
+
+    def _outage_then_idle(self, record: FaultRecord) -> None:
+        """Kill the coordinator as the last batch is pre-committed; restart it after the writer's retries."""
+        try:
+            epoch = wait_for_change(self.metastore_url, self._at_last_batch, RUN_SECONDS)
+        except TimeoutError:
+            return
+        with self.lock:
+            if self.board.has("done"):
+                return
+            victim = self.coordinators[0]
+            with psycopg.connect(libpq_url(self.metastore_url), autocommit=True) as connection:
+                row = connection.execute("SELECT checkpointed_epoch FROM sinks WHERE name = %s", (SINK,)).fetchone()
+            self._begin(record)
+            self.board.set("up", False)
+            victim.kill()
+            record.detail.update(epoch=epoch, report_pending=row is not None and int(row[0]) < epoch)
+            self.restart_if_current(victim, record.plan.params["downtime_seconds"])
+            record.ended_at = time.time()
+            self.board.set("up")
+
+    def _stop_when_recorded(self) -> None:
+        """Idle runs: stop the query once the coordinator recorded Spark's last batch, which read the whole topic.
+
+        The query stays up, idle, until then: a checkpoint report that failed while the
+        coordinator was away must land by itself (nothing else would send it).
+        """
+
+        def recorded(connection: psycopg.Connection[Any]) -> bool | None:
+            commits = self.checkpoint / "commits"
+            spark_last = max((int(p.name) for p in commits.iterdir() if p.name.isdigit()), default=-1)
+            if spark_last < 0 or self._at_last_batch(connection) != spark_last:
+                return None
+            row = connection.execute("SELECT checkpointed_epoch FROM sinks WHERE name = %s", (SINK,)).fetchone()
+            return True if row is not None and int(row[0]) >= spark_last else None
+
+        started = time.monotonic()
+        while not self.board.has("done"):
+            if (self.checkpoint / "commits").exists():
+                with contextlib.suppress(TimeoutError):  # looked at again after every change, at least every 10 s
+                    wait_for_change(self.metastore_url, recorded, 10)
+                    driver = self.driver
+                    if driver is not None:
+                        driver.stop_query()
+                    self.board.wait(lambda: self.board.has("done"), 30, unless=None)
+                    continue
+            else:  # no batch checkpointed yet: await the next pre-commit
+                if self.board.wait(functools.partial(self.board.precommits.__lt__, self.board.precommits), 10):
+                    continue
+            if time.monotonic() - started > RUN_SECONDS:
+                self.anomalies.append("idle query: the coordinator never recorded Spark's last batch")
+                return
 
 
 def _render(url: str) -> str:
