@@ -225,9 +225,13 @@ def check_run(
     if unexpected:
         found.anomaly(f"{len(unexpected)} records in the table that were never produced: {_sample(unexpected)}")
     table_files = set(loaded.inspect.data_files().column("file_path").to_pylist())
-    gone = {path for path in table_files if not Path(path.removeprefix("file://")).exists()}
+    # No snapshot still in the table's metadata (time travel) references a file missing from storage.
+    referenced = set(loaded.inspect.all_files().column("file_path").to_pylist()) | {
+        manifest.manifest_path for snapshot in loaded.snapshots() for manifest in snapshot.manifests(loaded.io)
+    }
+    gone = {path for path in referenced if not Path(path.removeprefix("file://")).exists()}
     if gone:
-        found.anomaly(f"the table references {len(gone)} files missing from storage: {_sample(gone, 3)}")
+        found.anomaly(f"the table's snapshots reference {len(gone)} files missing from storage: {_sample(gone, 3)}")
 
     # Invariant 5: an aborted attempt's files are not in the table and, once cleaned, not on storage.
     for gen, epoch, attempt in sorted(aborted):

@@ -31,6 +31,14 @@ FAULTS: tuple[str, ...] = (
     "resend_aborted",  # a writer re-sends an epoch an operator aborted, naming the same files
     "outage_then_idle",  # the coordinator down longer than the writer's retries as the last batch is
     #                      pre-committed; the query stays up, idle: its failed report must land by itself
+    "maintenance_kill",  # table maintenance every 0.5-2 s; the coordinator kills itself inside one of its steps
+)
+
+MAINTENANCE_FAILPOINTS: tuple[tuple[str, int], ...] = (
+    ("maintenance.after_expire", 2),
+    ("maintenance.before_compaction_commit", 2),
+    ("maintenance.after_compaction_commit", 2),
+    ("maintenance.during_sweep", 1),  # only once orphans are older than the grace: killed tasks, compactions
 )
 
 FAILPOINTS: tuple[tuple[str, int], ...] = (
@@ -123,6 +131,19 @@ def plan_faults(rng: random.Random, pool: tuple[str, ...], batches: int, call_de
             }
         elif name == "resend_aborted":
             params = {"writers_seed": rng.randrange(2**31)}
+        elif name == "maintenance_kill":
+            point, most = rng.choice(MAINTENANCE_FAILPOINTS)
+            params = {
+                "failpoint": point,
+                "hit": rng.randint(1, most),
+                "downtime_seconds": round(rng.uniform(0, 1), 3),
+                "interval_seconds": round(rng.uniform(0.5, 2.0), 3),
+                "snapshot_max_count": rng.randint(2, 4),
+                "compaction_min_files": rng.randint(2, 4),
+                # Short, so that the sweep finds the files of killed tasks and compactions; a pre-commit of
+                # files older than this is refused (the batch runs again).
+                "orphan_grace_seconds": round(rng.uniform(5, 15), 3),
+            }
         elif name == "outage_then_idle":
             # Beyond the call deadline only, or beyond the writer's whole retry window too.
             params = {

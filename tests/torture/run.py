@@ -185,6 +185,15 @@ class Run:
                 SINK_COORDINATOR_COMMIT_INTERVAL_SECONDS=str(many.plan.params["commit_interval_seconds"]),
                 SINK_COORDINATOR_COMMIT_CONCURRENCY=str(many.plan.params["commit_concurrency"]),
             )
+        if maintenance := self.records_of.get("maintenance_kill"):
+            params = maintenance.plan.params
+            self.coordinator_env.update(
+                SINK_COORDINATOR_MAINTENANCE_INTERVAL_SECONDS=str(params["interval_seconds"]),
+                SINK_COORDINATOR_SNAPSHOT_MAX_COUNT=str(params["snapshot_max_count"]),
+                SINK_COORDINATOR_COMPACTION_MIN_FILES=str(params["compaction_min_files"]),
+                SINK_COORDINATOR_ORPHAN_SWEEP_INTERVAL_SECONDS=str(params["interval_seconds"]),
+                SINK_COORDINATOR_ORPHAN_GRACE_SECONDS=str(params["orphan_grace_seconds"]),
+            )
         self.operator = Operator(lambda: self.coordinators[0].http_url)
 
     # ---- the pieces -------------------------------------------------------------------------------------
@@ -277,6 +286,8 @@ class Run:
             settled_at = self._settle()
             if settled_at is not None:
                 self._recovery_times(settled_at)
+                for process in self.coordinators:  # no maintenance run expires what the checks are reading
+                    process.stop()
                 findings = self._check()
         except Exception as error:
             self.anomalies.append(f"harness error: {type(error).__name__}: {error}")
@@ -316,14 +327,17 @@ class Run:
         self.board.set("up")
 
     def _drive(self) -> None:
-        failpoint = self.records_of.get("coordinator_failpoint")
+        armed = [
+            self.records_of[name] for name in ("coordinator_failpoint", "maintenance_kill") if name in self.records_of
+        ]
         killpoint = self.records_of.get("driver_killpoint")
         first = self.new_coordinator()
         self.coordinators.append(first)
         env: dict[str, str] = {}
-        if failpoint is not None:
-            params = failpoint.plan.params
-            env.update(failpoints_env(f"{params['failpoint']}=kill@{params['hit']}"))
+        if armed:
+            env.update(
+                failpoints_env(",".join(f"{r.plan.params['failpoint']}=kill@{r.plan.params['hit']}" for r in armed))
+            )
         self.proxy.set_targets([first.grpc_port], reset=False)
         self.start_coordinator(first, **env)
         threads = [
@@ -447,6 +461,13 @@ class Run:
                 spark_checkpoint=self.checkpoint,
                 zombie_paths=self.zombie_paths,
             )
+            if maintenance := self.records_of.get("maintenance_kill"):
+                row = connection.execute(
+                    "SELECT count(*), sum(snapshots_expired), sum(expired_files_deleted), sum(files_compacted), "
+                    "sum(orphans_deleted) FROM maintenance_runs"
+                ).fetchone()
+                names = ("maintenance_runs", "snapshots_expired", "expired_files_deleted", "files_compacted", "orphans")
+                maintenance.detail.update(zip(names, (int(v or 0) for v in row or ()), strict=False))
             for writer in self.writers:
                 keys = writer.expected_keys()
                 of_writer = checks.check_run(
@@ -487,7 +508,7 @@ class Run:
     def _fault(self, record: FaultRecord) -> None:
         plan = record.plan
         try:
-            if plan.name == "coordinator_failpoint":
+            if plan.name in ("coordinator_failpoint", "maintenance_kill"):
                 self._failpoint(record)
                 return
             if plan.name == "driver_killpoint":
@@ -542,10 +563,14 @@ class Run:
         with self.lock:
             if process.process.returncode != -signal.SIGKILL or process not in self.coordinators:
                 return
+            try:
+                hit = process.wait_for_log("failpoint hit", 10).get("failpoint")
+            except TimeoutError:
+                hit = None
+            if hit is not None and hit != record.plan.params["failpoint"]:
+                return  # the run's other armed failpoint killed it: that fault restarts it
             self._begin(record)
-            record.detail["failpoint_logged"] = any(
-                line.get("event") == "failpoint hit" for line in process.drain_logs()
-            )
+            record.detail["failpoint_logged"] = hit is not None
             self.board.set("up", False)
             self.restart_if_current(process, record.plan.params["downtime_seconds"])
             record.ended_at = time.time()
