@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import platform
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -62,7 +63,8 @@ def markdown(results: Sequence[dict[str, Any]], command: str, wall_seconds: floa
         "Each run: a real coordinator process, PostgreSQL (embedded; the metastore and the SQL catalog in two "
         "servers), a Kafka-protocol broker and a Spark streaming job (`sink-writer --available-now`, "
         "`local[2]`, a driver subprocess), 300-1,000 keyed records in 6-10 micro-batches, one fault (two in "
-        "about a third of the runs) at a random moment. `fired`: how many of the planned faults happened "
+        "about a third of the runs) at a random moment; `many_sinks` and `resend_aborted` add sinks written "
+        "through the protocol beside the Spark job. `fired`: how many of the planned faults happened "
         "(a fault planned after the job drained, or a failpoint never hit that often, does not fire). "
         "Recovery: from the fault's end (the kill; the restart of what the harness restarts; SIGCONT; the "
         "end of the outage) to the next commit progress (`sinks.committed_epoch` moving), or, when nothing "
@@ -79,17 +81,20 @@ def markdown(results: Sequence[dict[str, Any]], command: str, wall_seconds: floa
     points: dict[str, list[int]] = {}
     for result in results:
         for fault in result["faults"]:
-            if fault["fault"] == "coordinator_failpoint":
+            if fault["fault"] in ("coordinator_failpoint", "maintenance_kill"):
                 counts = points.setdefault(fault["plan"]["params"]["failpoint"], [0, 0])
                 counts[0] += 1
                 counts[1] += int(fault["triggered"])
     if points:
         lines += [
             "",
-            "Coordinator failpoints (planned/fired, `kill@N`): "
+            "Coordinator and maintenance failpoints (planned/fired, `kill@N`): "
             + ", ".join(f"`{name}` {planned}/{fired}" for name, (planned, fired) in sorted(points.items()))
             + ".",
         ]
+    details = _details(results)
+    if details:
+        lines += ["", *details]
     durations = [r["seconds"] for r in results]
     if durations:
         lines += [
@@ -104,6 +109,51 @@ def markdown(results: Sequence[dict[str, Any]], command: str, wall_seconds: floa
             lines.append(f"* seed {result['seed']} (`{result['replay']}`):")
             lines += [f"  * {anomaly.splitlines()[0][:400]}" for anomaly in result["anomalies"]]
     return "\n".join(lines) + "\n"
+
+
+def _details(results: Sequence[dict[str, Any]]) -> list[str]:
+    """What the operator and deployment faults did, beyond fired or not."""
+
+    def fired(kind: str) -> list[dict[str, Any]]:
+        return [f for r in results for f in r["faults"] if f["fault"] == kind and f["triggered"]]
+
+    lines = []
+    if aborts := fired("operator_abort"):
+        forced = [f for f in aborts if f.get("force")]
+        answers = Counter((bool(f.get("force")), f.get("status")) for f in aborts)
+        statuses = ", ".join(
+            f"{'forced' if force else 'without force'} {code}: {count}"
+            for (force, code), count in sorted(answers.items(), key=str)
+        )
+        lost = sum(r["facts"].get("lost_by_operator_abort", 0) for r in results)
+        lines.append(
+            f"* operator_abort: {len(aborts)} aborts ({len(forced)} forced; answers {statuses}); "
+            f"{lost} records lost by design (batches force-aborted after Spark checkpointed them), all of them "
+            "and only them missing."
+        )
+    if resets := fired("operator_reset"):
+        aborted = sum(len(f.get("aborted", [])) for f in resets)
+        lines.append(f"* operator_reset: {len(resets)} resets, {aborted} PENDING epochs aborted by them.")
+    if kills := fired("lock_kill"):
+        lines.append(f"* lock_kill: {sum(f.get('terminated', 0) for f in kills)} commit-lock connections terminated.")
+    if many := fired("many_sinks"):
+        sinks = [int(f.get("sinks", 0)) for f in many]
+        lines.append(f"* many_sinks: {min(sinks)}-{max(sinks)} sinks per run.")
+    if resends := fired("resend_aborted"):
+        later = sum(1 for f in resends if f.get("after_cleanup"))
+        rewritten = sum(1 for f in resends if f.get("rewritten"))
+        lines.append(
+            f"* resend_aborted: {len(resends)} re-sent epochs, {later} after the cleaner deleted the files "
+            f"({rewritten} written again under the same names first)."
+        )
+    if outages := fired("outage_then_idle"):
+        pending = sum(1 for f in outages if f.get("report_pending"))
+        long = sum(1 for f in outages if f["plan"]["params"]["downtime_seconds"] > 25)
+        lines.append(
+            f"* outage_then_idle: {len(outages)} outages ({long} longer than the writer's 25 s retry window); "
+            f"{pending} caught the last batch's report not yet recorded."
+        )
+    return lines
 
 
 def write(path: Path, results: Sequence[dict[str, Any]], command: str, wall_seconds: float) -> None:
