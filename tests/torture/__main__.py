@@ -29,6 +29,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--faults", default=",".join(FAULTS), help=f"comma-separated faults to draw from (default all: {FAULTS})"
     )
+    parser.add_argument(
+        "--faults-per-run", type=int, default=None, help="faults in every run (default: one, two in about a third)"
+    )
     parser.add_argument("--report", type=Path, default=DEFAULT_REPORT, help="Markdown report ('-': none)")
     parser.add_argument("--work-dir", type=Path, default=None, help="keep the runs' files here (default: temp)")
     parser.add_argument("--minutes", type=float, default=None, help="start no new run after this many minutes")
@@ -61,14 +64,14 @@ def main(argv: list[str]) -> int:
             if args.minutes is not None and time.monotonic() - started > args.minutes * 60:
                 break
             seed = first_seed + index
-            result = Run(seed, session, args.pool).execute()
-            line = {**result.as_json(), "replay": replay_command(seed, args.pool)}
+            result = Run(seed, session, args.pool, args.faults_per_run).execute()
+            replay = replay_command(seed, args.pool, args.faults_per_run)
+            line = {**result.as_json(), "replay": replay}
             results.append(line)
             print(json.dumps(line), flush=True)
             if result.anomalies:
                 print(
-                    f"ANOMALY in run {index + 1} (seed {seed}); replay: {replay_command(seed, args.pool)}\n  "
-                    + "\n  ".join(result.anomalies),
+                    f"ANOMALY in run {index + 1} (seed {seed}); replay: {replay}\n  " + "\n  ".join(result.anomalies),
                     file=sys.stderr,
                     flush=True,
                 )

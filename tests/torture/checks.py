@@ -142,12 +142,19 @@ def check_run(
     spark_checkpoint: Path | None,
     zombie_paths: set[str],
     writer_checkpoint: int | None = None,
+    lost_by_retention: frozenset[int] = frozenset(),
+    bad_rows: Counter[int | None] | None = None,
+    from_first_start: bool = False,
 ) -> Findings:
     """Exactly once for one sink, from its whole log history, its table and what its writer was given.
 
     Records of a batch an operator aborted with `force` after its writer checkpointed it are lost by design
-    (docs/operations.md); every other produced record is in the table once. `spark_checkpoint` is the Spark
-    query's current checkpoint (None: a writer without one, whose last checkpointed epoch is `writer_checkpoint`).
+    (docs/operations.md), and so are those retention deleted before the writer read them
+    (`lost_by_retention`, with failOnDataLoss off); every other produced record is in the table once (from the
+    first query's resolved start with `from_first_start`: startingOffsets=latest). `bad_rows`: the rows records
+    that do not fit the schema leave in the table (their order_id, or None for an all-null row).
+    `spark_checkpoint` is the Spark query's current checkpoint (None: a writer without one, whose last
+    checkpointed epoch is `writer_checkpoint`).
     """
     found = Findings()
     sink_row = connection.execute(
@@ -168,14 +175,22 @@ def check_run(
     latest: dict[tuple[int, int], tuple[str, str | None]] = {}
     properties: dict[tuple[int, int], dict[str, str]] = {}
     paths_by_attempt: dict[tuple[int, int, int], frozenset[str]] = {}
+    properties_by_attempt: dict[tuple[int, int, int], dict[str, str]] = {}
     aborted: set[tuple[int, int, int]] = set()
-    for op, epoch, status, attempt, metadata, checkpoint_then, gen, cause in history:
+    # A row belongs to the generation in which its attempt was pre-committed (the audit records the sink's
+    # generation at each change: the cleaner may mark an old generation's row after a reset).
+    row_generation: dict[int, int] = {}
+    for op, epoch, status, attempt, metadata, checkpoint_then, sink_generation, cause in history:
+        if op == "INSERT" or (op == "UPDATE" and status == "PENDING"):
+            row_generation[epoch] = sink_generation
+        gen = row_generation.get(epoch, sink_generation)
         latest[(gen, epoch)] = ("PRUNED", None) if op == "DELETE" else (status, cause)
         if op == "DELETE":
             continue
         decoded = precommit_metadata.decode(bytes(metadata))
         paths_by_attempt[(gen, epoch, attempt)] = decoded.paths
         properties[(gen, epoch)] = decoded.properties
+        properties_by_attempt[(gen, epoch, attempt)] = decoded.properties
         if status == "ABORTED":
             aborted.add((gen, epoch, attempt))
         if status == "COMMITTED" and checkpoint_then is not None and epoch > checkpoint_then:
@@ -208,10 +223,37 @@ def check_run(
     lost -= committed_keys  # read again by a later batch (after a reset) and committed there
     found.facts["lost_by_operator_abort"] = len(lost)
 
+    # Batch 0's start is resolved once: every attempt of it carries the same.
+    for gen in {g for g, _ in latest}:
+        starts = {
+            json.dumps(start_offsets(decoded), sort_keys=True)
+            for (g, e, _), decoded in properties_by_attempt.items()
+            if (g, e) == (gen, 0)
+        }
+        if len(starts) > 1:
+            found.anomaly(f"the attempts of batch 0 (generation {gen}) started at different offsets: {sorted(starts)}")
+
     # What is in the table, by key, against what was produced.
     loaded = catalog.load_table(table)
-    keys = Counter(loaded.scan(selected_fields=("order_id",)).to_arrow().column("order_id").to_pylist())
-    expected = set(produced.keys.values())
+    keys: Counter[int | None] = Counter(
+        loaded.scan(selected_fields=("order_id",)).to_arrow().column("order_id").to_pylist()
+    )
+    if bad_rows:
+        absent = bad_rows - keys
+        if absent:
+            found.anomaly(f"rows of records that do not fit the schema missing from the table: {dict(absent)}")
+        keys -= bad_rows
+    positions = produced.keys
+    if from_first_start:
+        first = start_offsets(properties.get((0, 0), {}))
+        if first is None:
+            found.anomaly("batch 0 has no resolved start ($start) in its properties")
+            first = {}
+        positions = {(p, o): key for (p, o), key in positions.items() if o >= first.get(p, 0)}
+        found.facts["before_start"] = len(produced.keys) - len(positions)
+    expected = set(positions.values())
+    lost |= set(lost_by_retention)
+    found.facts["lost_by_retention"] = len(lost_by_retention)
     missing = expected - set(keys) - lost
     duplicated = {key for key, count in keys.items() if count > 1}
     unexpected = set(keys) - expected
@@ -219,7 +261,7 @@ def check_run(
     if missing:
         found.anomaly(f"{len(missing)} produced records missing from the table: keys {_sample(missing)}")
     if lost & set(keys):
-        found.anomaly(f"records of operator-aborted batches are in the table: keys {_sample(lost & set(keys))}")
+        found.anomaly(f"records lost by design (aborted, deleted) are in the table: keys {_sample(lost & set(keys))}")
     if duplicated:
         found.anomaly(f"{len(duplicated)} records in the table more than once: keys {_sample(duplicated)}")
     if unexpected:
@@ -268,8 +310,8 @@ def check_run(
         found.anomaly(f"committed epoch {committed} behind the recorded checkpoint {checkpointed}")
     holes = set(range(0, checkpointed + 1)) - set(current)
     if holes and current:
-        first = min(current)
-        holes = {epoch for epoch in holes if epoch > first}
+        lowest = min(current)
+        holes = {epoch for epoch in holes if epoch > lowest}
         if holes:
             found.anomaly(f"epochs never pre-committed at or below the checkpoint: {_sample(holes)}")
     if spark_checkpoint is not None:

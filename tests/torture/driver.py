@@ -34,6 +34,7 @@ import structlog
 from coordinator_service.client import CoordinatorClient
 from coordinator_service.logs import LogFormat, LogLevel, configure_logging
 from spark_writer import job
+from spark_writer.kafka_records import BadRecordPolicy
 from spark_writer.worker_logging import set_worker_log_level
 from tests.e2e.driver_process import arm
 
@@ -65,8 +66,14 @@ def run_query(spark: Any, request: dict[str, Any], lines: queue.Queue[str | None
         topics=(request["topic"],),
         starting_offsets=request.get("starting_offsets", "earliest"),
         max_offsets_per_trigger=request["max_offsets_per_trigger"],
+        fail_on_data_loss=bool(request.get("fail_on_data_loss", True)),
     )
-    parse = job.ParseSettings(schema_ddl=request["schema"], evolve_schema=False)
+    parse = job.ParseSettings(
+        schema_ddl=request["schema"],
+        evolve_schema=False,
+        on_bad_record=BadRecordPolicy(request.get("on_bad_record", "fail")),
+        dead_letter_topic=request.get("dead_letter_topic"),
+    )
     sink = job.SinkSettings(
         sink=request["sink"],
         table=request["table"],
@@ -84,7 +91,7 @@ def run_query(spark: Any, request: dict[str, Any], lines: queue.Queue[str | None
             return 0 if job.run_until_done(query) else 1
         return run_until_stopped(query, request["id"], lines)
     except Exception as error:
-        log.error("sink writer failed", error=f"{type(error).__name__}: {str(error)[:500]}")
+        log.error("sink writer failed", error=f"{type(error).__name__}: {str(error)[:20000]}")
         return 1
     finally:
         mock.patch.stopall()  # a kill point that was not reached must not kill a later query

@@ -32,6 +32,10 @@ FAULTS: tuple[str, ...] = (
     "outage_then_idle",  # the coordinator down longer than the writer's retries as the last batch is
     #                      pre-committed; the query stays up, idle: its failed report must land by itself
     "maintenance_kill",  # table maintenance every 0.5-2 s; the coordinator kills itself inside one of its steps
+    "broker_restart",  # the Kafka broker stopped and started again on its port with its data, mid-read
+    "retention_before_rerun",  # the driver killed after PreCommit(N); records of batch N deleted before the re-run
+    "bad_records",  # records that do not fit the schema in the topic; the job's policy fail, null or dead-letter
+    "latest_under_load",  # startingOffsets=latest while a producer writes; the query stays up until all is read
 )
 
 MAINTENANCE_FAILPOINTS: tuple[tuple[str, int], ...] = (
@@ -87,9 +91,12 @@ class FaultRecord:
         }
 
 
-def plan_faults(rng: random.Random, pool: tuple[str, ...], batches: int, call_deadline: float) -> list[FaultPlan]:
-    """One fault (two in about a third of the runs), each with its trigger and parameters."""
+def plan_faults(
+    rng: random.Random, pool: tuple[str, ...], batches: int, call_deadline: float, exactly: int | None = None
+) -> list[FaultPlan]:
+    """One fault (two in about a third of the runs; `exactly` N if given), each with its trigger and parameters."""
     count = 2 if rng.random() < 0.35 and len(pool) > 1 else 1
+    count = min(exactly, len(pool)) if exactly is not None else count
     names = rng.sample(pool, count)
     plans = []
     for name in names:
@@ -143,6 +150,24 @@ def plan_faults(rng: random.Random, pool: tuple[str, ...], batches: int, call_de
                 # Short, so that the sweep finds the files of killed tasks and compactions; a pre-commit of
                 # files older than this is refused (the batch runs again).
                 "orphan_grace_seconds": round(rng.uniform(5, 15), 3),
+            }
+        elif name == "broker_restart":
+            params = {"downtime_seconds": round(rng.uniform(0.5, 5.0), 3)}
+        elif name == "retention_before_rerun":
+            params = {"epoch": rng.randint(0, max(0, batches - 2)), "fraction": round(rng.uniform(0.1, 1.0), 3)}
+        elif name == "bad_records":
+            policy = rng.choice(("fail", "null", "dead-letter"))
+            params = {
+                "policy": policy,
+                "then": rng.choice(("null", "dead-letter")) if policy == "fail" else policy,
+                "count": rng.randint(3, 10),
+                "seed": rng.randrange(2**31),
+            }
+        elif name == "latest_under_load":
+            params = {
+                "records": rng.randint(200, 800),
+                "per_second": rng.choice((50, 200, 1000)),
+                "delay_seconds": round(rng.uniform(0, 3), 3),
             }
         elif name == "outage_then_idle":
             # Beyond the call deadline only, or beyond the writer's whole retry window too.

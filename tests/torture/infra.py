@@ -207,6 +207,7 @@ class Board:
 
     precommits: int = 0
     precommitted: list[int] = field(default_factory=list)  # the epochs of those pre-commits, in order
+    last_error: str | None = None  # of the last job that failed ("sink writer failed")
     terms: list[int] = field(default_factory=list)  # writer terms the drivers registered with, in order
     flags: set[str] = field(default_factory=set)
     condition: threading.Condition = field(default_factory=threading.Condition)
@@ -219,6 +220,8 @@ class Board:
                 self.precommitted.append(int(record.get("epoch", -1)))
             elif event == "writer registered" and "table_location" in record:
                 self.terms.append(int(record.get("writer_term", 0)))
+            elif event == "sink writer failed":
+                self.last_error = str(record.get("error", ""))
             else:
                 return
             self.condition.notify_all()

@@ -153,6 +153,30 @@ def _details(results: Sequence[dict[str, Any]]) -> list[str]:
             f"* outage_then_idle: {len(outages)} outages ({long} longer than the writer's 25 s retry window); "
             f"{pending} caught the last batch's report not yet recorded."
         )
+    if restarts := fired("broker_restart"):
+        lines.append(f"* broker_restart: {len(restarts)} broker restarts mid-read.")
+    if retentions := fired("retention_before_rerun"):
+        deleted = sum(int(f.get("deleted", 0)) for f in retentions)
+        kept = sum(1 for f in retentions if len(set(str(f.get("files_kept", "0/1")).split("/"))) == 1)
+        lines.append(
+            f"* retention_before_rerun: {len(retentions)} batches cut by retention before their re-run, {deleted} "
+            f"records deleted; each re-run failed with the data-loss error first, then (failOnDataLoss=false) "
+            f"skipped exactly those; the aborted attempt's files were still there at the re-run in {kept}."
+        )
+    if bad := fired("bad_records"):
+        policies = Counter(f"{f['plan']['params']['policy']}->{f.get('final_policy')}" for f in bad)
+        counted = sum(int(f.get("counted", 0)) for f in bad)
+        letters = sum(int(f.get("dead_letters", 0)) for f in bad)
+        lines.append(
+            f"* bad_records: {len(bad)} runs ({', '.join(f'{k}: {v}' for k, v in sorted(policies.items()))}), "
+            f"{counted} bad records counted once in the committed epochs, {letters} dead letters read back."
+        )
+    if latest := [r for r in results if any(f["fault"] == "latest_under_load" for f in r["faults"])]:
+        skipped = sum(int(r["facts"].get("before_start", 0)) for r in latest)
+        lines.append(
+            f"* latest_under_load: {len(latest)} runs; {skipped} records produced before the resolved start "
+            "(not read, by design), every later one once."
+        )
     return lines
 
 

@@ -21,6 +21,7 @@ import threading
 import time
 import traceback
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,10 +35,11 @@ from coordinator_service import precommit_metadata
 from coordinator_service.client import CoordinatorClient, CoordinatorRpcError
 from coordinator_service.database import libpq_url, normalize_url
 from coordinator_service.runtime import migrate
+from spark_writer.kafka_records import BAD_RECORDS_PROPERTY
 from tests.fixtures.coordinator import CoordinatorProcess, failpoints_env
 from tests.fixtures.kafka_broker import _stop, create_topic, start_broker
 from tests.fixtures.pipeline import ORDER_SCHEMA_DDL, produce_orders
-from tests.torture import checks
+from tests.torture import checks, kafka_faults
 from tests.torture.faults import FAULTS, FaultPlan, FaultRecord, plan_faults
 from tests.torture.infra import Board, DriverServer, PgServer, Proxy, wait_for_change
 from tests.torture.writers import ADMIN_TOKEN, Operator, ProtocolWriter, plan_writers
@@ -61,6 +63,7 @@ class Session:
     catalog: PgServer
     bootstrap: str
     _broker: subprocess.Popen[bytes] | None = None
+    _broker_dir: Path | None = None
     _driver: DriverServer | None = None
     _standby: DriverServer | None = None
     driver_processes: int = 0
@@ -87,6 +90,15 @@ class Session:
             [str(CALL_DEADLINE_SECONDS), str(RETRY_SECONDS)], self.root / f"driver-{self.driver_processes}.log", env
         )
 
+    def restart_broker(self, downtime_seconds: float) -> bool:
+        """Stop the broker and start it again on its port with its data (False: an external broker)."""
+        if self._broker is None or self._broker_dir is None:
+            return False
+        _stop(self._broker)
+        time.sleep(downtime_seconds)  # how long the broker stays down
+        self._broker, _ = start_broker(self._broker_dir, int(self.bootstrap.rsplit(":", 1)[1]))
+        return True
+
     @classmethod
     @contextlib.contextmanager
     def open(cls, root: Path | None = None) -> Iterator[Session]:
@@ -101,15 +113,15 @@ class Session:
             broker_dir = base / "noida-db"
             broker_dir.mkdir(parents=True, exist_ok=True)
             broker, bootstrap = start_broker(broker_dir)
-        session = cls(base, metastore, catalog, bootstrap, broker)
+        session = cls(base, metastore, catalog, bootstrap, broker, base / "noida-db" if broker else None)
         try:
             yield session
         finally:
             for driver in (session._driver, session._standby):
                 if driver is not None:
                     driver.stop()
-            if broker is not None:
-                _stop(broker)
+            if session._broker is not None:
+                _stop(session._broker)
             for server in (metastore, catalog):
                 with contextlib.suppress(Exception):
                     if not server.running:
@@ -146,6 +158,7 @@ class Run:
     seed: int
     session: Session
     pool: tuple[str, ...]
+    faults_per_run: int | None = None  # None: one, two in about a third of the runs
     rng: random.Random = field(init=False)
     board: Board = field(default_factory=Board)
     lock: threading.RLock = field(default_factory=threading.RLock)  # faults act one at a time
@@ -155,6 +168,11 @@ class Run:
     zombie_paths: set[str] = field(default_factory=set)
     writers: list[ProtocolWriter] = field(default_factory=list)
     starting_offsets: str = "earliest"  # of the next query; a reset sets the last committed epoch's offsets
+    fail_on_data_loss: bool = True  # the retention fault's remedy turns it off after the data-loss failure
+    on_bad_record: str = "fail"
+    lost_by_retention: set[int] = field(default_factory=set)
+    bad_positions: dict[tuple[int, int], kafka_faults.BadRecord] = field(default_factory=dict)
+    load: kafka_faults.LoadProducer | None = None
     starts: dict[int, dict[int, int]] = field(default_factory=dict)  # generation -> where its query started
     notes: list[str] = field(default_factory=list)
     anomalies: list[str] = field(default_factory=list)
@@ -171,14 +189,20 @@ class Run:
         self.batches = self.rng.randint(6, 10)
         self.per_batch = math.ceil(self.records / self.batches)
         self.partition_by = self.rng.choice(((), ("country",)))
-        self.plans = plan_faults(self.rng, self.pool, self.batches, CALL_DEADLINE_SECONDS)
+        self.plans = plan_faults(self.rng, self.pool, self.batches, CALL_DEADLINE_SECONDS, self.faults_per_run)
         self.records_of = {plan.name: FaultRecord(plan) for plan in self.plans}
         self.database = f"torture_{self.seed}_{uuid.uuid4().hex[:6]}"
         self.checkpoint = self.work / "checkpoint"
         self.warehouse = self.work / "warehouse"
         self.warehouse.mkdir()
         self.proxy = Proxy(seed=self.rng.randrange(2**31))
-        self.idle = "outage_then_idle" in self.records_of  # the query stays up after the drain
+        # The query stays up after the drain (until the harness stops it).
+        self.idle = "outage_then_idle" in self.records_of or "latest_under_load" in self.records_of
+        self.dead_letter_topic = f"torture-{self.seed}-dead-letters"
+        if bad := self.records_of.get("bad_records"):
+            self.on_bad_record = bad.plan.params["policy"]
+        if "latest_under_load" in self.records_of:
+            self.starting_offsets = "latest"
         self.coordinator_env = {"SINK_COORDINATOR_ADMIN_TOKEN": ADMIN_TOKEN}
         if many := self.records_of.get("many_sinks"):
             self.coordinator_env.update(
@@ -256,6 +280,9 @@ class Run:
             "checkpoint_location": str(self.checkpoint),
             "partition_by": list(self.partition_by),
             "starting_offsets": self.starting_offsets,
+            "fail_on_data_loss": self.fail_on_data_loss,
+            "on_bad_record": self.on_bad_record,
+            "dead_letter_topic": self.dead_letter_topic if self.on_bad_record == "dead-letter" else None,
             "idle": self.idle,
             "kill_point": kill_point,
             "epoch": epoch,
@@ -319,17 +346,41 @@ class Run:
         self.topic = create_topic(self.session.bootstrap, self.partitions, prefix=f"torture-{self.seed}")
         first_key = self.seed % 1000 * 10_000
         self.produced_keys = list(range(first_key, first_key + self.records))
-        records = produce_orders(self.session.bootstrap, self.topic, self.produced_keys, partitions=self.partitions)
-        self.positions = {(r.partition, r.offset): int(r.key) for r in records}
-        self.topic_end: dict[int, int] = {}
-        for partition, offset in self.positions:
-            self.topic_end[partition] = max(self.topic_end.get(partition, 0), offset + 1)
+        if bad := self.records_of.get("bad_records"):
+            made = kafka_faults.bad_records(
+                random.Random(bad.plan.params["seed"]), bad.plan.params["count"], first_key + 5000
+            )
+            records, self.bad_positions = kafka_faults.produce_with_bad(
+                self.session.bootstrap, self.topic, self.produced_keys, self.partitions, made
+            )
+            create_topic(self.session.bootstrap, 1, name=self.dead_letter_topic)
+            bad.triggered = True
+        else:
+            records = produce_orders(self.session.bootstrap, self.topic, self.produced_keys, partitions=self.partitions)
+        self.positions = kafka_faults.positions(records)
+        if latest := self.records_of.get("latest_under_load"):
+            params = latest.plan.params
+            self.load = kafka_faults.LoadProducer(
+                self.session.bootstrap,
+                self.topic,
+                self.partitions,
+                list(range(first_key + 6000, first_key + 6000 + params["records"])),
+                params["per_second"],
+            )
+        self._topic_end()
         self.board.set("up")
+
+    def _topic_end(self) -> None:
+        """Where the topic ends once everything is produced (good and bad records)."""
+        self.topic_end: dict[int, int] = {}
+        for partition, offset in [*self.positions, *self.bad_positions]:
+            self.topic_end[partition] = max(self.topic_end.get(partition, 0), offset + 1)
 
     def _drive(self) -> None:
         armed = [
             self.records_of[name] for name in ("coordinator_failpoint", "maintenance_kill") if name in self.records_of
         ]
+        retention = self.records_of.get("retention_before_rerun")
         killpoint = self.records_of.get("driver_killpoint")
         first = self.new_coordinator()
         self.coordinators.append(first)
@@ -350,10 +401,16 @@ class Run:
             thread.start()
         stop_writers = threading.Event()
         writer_threads = [writer.start(stop_writers) for writer in self._plan_writers()]
+        if self.load is not None:
+            threading.Thread(target=self._start_load, name="load", daemon=True).start()
         deadline = time.monotonic() + RUN_SECONDS
         while True:
             try:
-                if killpoint is not None and self.driver_starts == 0:
+                if retention is not None and self.driver_starts == 0:
+                    code = self.run_job("after-precommit", retention.plan.params["epoch"])
+                    if code == -signal.SIGKILL:
+                        self._retention(retention)
+                elif killpoint is not None and self.driver_starts == 0:
                     code = self.run_job(killpoint.plan.params["kill_point"], killpoint.plan.params["epoch"])
                     killpoint.triggered = code == -signal.SIGKILL
                     killpoint.started_at = killpoint.ended_at = time.time()
@@ -368,6 +425,8 @@ class Run:
                 break
             if code == 0:
                 break
+            if code == 1:
+                self._after_failure()
             if code not in (-signal.SIGKILL, 1):
                 self.notes.append(f"job {self.driver_starts} ended with {code}")
             if self.driver_starts >= MAX_DRIVER_STARTS or time.monotonic() > deadline:
@@ -387,6 +446,8 @@ class Run:
                 self.anomalies.append(f"writer {writer.name} did not finish (checkpoint {writer.checkpoint})")
             self.anomalies.extend(writer.anomalies)
             self.notes.extend(writer.notes)
+        if self.load is not None and self.load.error is not None:
+            self.anomalies.append(f"the load producer failed: {self.load.error}")
         if resend := self.records_of.get("resend_aborted"):
             resend.detail.update(self.writers[0].resend)
             resend.triggered = self.writers[0].resend.get("abort_status") == 200
@@ -452,6 +513,8 @@ class Run:
     def _check(self) -> checks.Findings:
         catalog = self.open_catalog()
         with psycopg.connect(libpq_url(self.metastore_url), autocommit=True) as connection:
+            if "latest_under_load" in self.records_of and self.bad_positions:
+                self._unread_bad_records(connection)
             found = checks.check_run(
                 connection=connection,
                 catalog=catalog,
@@ -460,7 +523,12 @@ class Run:
                 produced=checks.Produced(self.positions, self.starts),
                 spark_checkpoint=self.checkpoint,
                 zombie_paths=self.zombie_paths,
+                lost_by_retention=frozenset(self.lost_by_retention),
+                bad_rows=Counter(r.key for r in self.bad_positions.values()) if self.on_bad_record == "null" else None,
+                from_first_start="latest_under_load" in self.records_of,
             )
+            if self.bad_positions:
+                found.anomalies.extend(self._check_bad_records(connection))
             if maintenance := self.records_of.get("maintenance_kill"):
                 row = connection.execute(
                     "SELECT count(*), sum(snapshots_expired), sum(expired_files_deleted), sum(files_compacted), "
@@ -483,6 +551,50 @@ class Run:
                 found.anomalies.extend(f"{writer.name}: {text}" for text in of_writer.anomalies)
                 found.notes.extend(f"{writer.name}: {text}" for text in of_writer.notes)
         return found
+
+    def _unread_bad_records(self, connection: psycopg.Connection[Any]) -> None:
+        """With startingOffsets=latest, bad records produced before the resolved start are never read."""
+        row = connection.execute(
+            "SELECT metadata FROM torture_epoch_audit WHERE epoch = 0 AND generation = 0 AND op <> 'DELETE' "
+            "AND sink_id = (SELECT id FROM sinks WHERE name = %s) ORDER BY id LIMIT 1",
+            (SINK,),
+        ).fetchone()
+        start = checks.start_offsets(precommit_metadata.decode(bytes(row[0])).properties) if row else None
+        if start is None:
+            return
+        self.bad_positions = {(p, o): bad for (p, o), bad in self.bad_positions.items() if o >= start.get(p, 0)}
+        if not self.bad_positions:
+            record = self.records_of["bad_records"]
+            record.triggered = False
+            record.detail["skipped"] = "startingOffsets=latest resolved after the bad records"
+
+    def _check_bad_records(self, connection: psycopg.Connection[Any]) -> list[str]:
+        """Every bad record counted once in the committed epochs' properties, and where its policy sends it."""
+        record = self.records_of["bad_records"]
+        anomalies = []
+        if self.on_bad_record == "fail":
+            anomalies.append("records that do not fit the schema under `fail`, and the job never failed on them")
+        counted = 0
+        for metadata, status in connection.execute(
+            "SELECT DISTINCT ON (generation, epoch) metadata, status FROM torture_epoch_audit "
+            "WHERE op <> 'DELETE' AND sink_id = (SELECT id FROM sinks WHERE name = %s) "
+            "ORDER BY generation, epoch, id DESC",
+            (SINK,),
+        ):
+            if status == "COMMITTED":
+                counted += int(precommit_metadata.decode(bytes(metadata)).properties.get(BAD_RECORDS_PROPERTY, "0"))
+        record.detail.update(final_policy=self.on_bad_record, bad=len(self.bad_positions), counted=counted)
+        if counted != len(self.bad_positions):
+            anomalies.append(
+                f"{counted} bad records counted in the committed epochs, {len(self.bad_positions)} produced"
+            )
+        if self.on_bad_record == "dead-letter":
+            letters = kafka_faults.dead_letters(self.session.bootstrap, self.dead_letter_topic)
+            record.detail["dead_letters"] = sum(letters.values())
+            if set(letters) != set(self.bad_positions):
+                held, bad = sorted(letters), sorted(self.bad_positions)
+                anomalies.append(f"the dead-letter topic holds {held}, the bad records were at {bad}")
+        return anomalies
 
     def _teardown(self) -> None:
         for process in self.coordinators:
@@ -514,8 +626,14 @@ class Run:
             if plan.name == "driver_killpoint":
                 self.board.wait(lambda: self.board.has("killpoint-fired"), RUN_SECONDS, unless=None)
                 return
-            if plan.name in ("many_sinks", "resend_aborted"):
-                return  # the run's shape: the writers start with the job (_plan_writers)
+            if plan.name in (
+                "many_sinks",
+                "resend_aborted",
+                "bad_records",
+                "latest_under_load",
+                "retention_before_rerun",
+            ):
+                return  # the run's shape, or acted on by the supervisor (_drive)
             if plan.name == "outage_then_idle":
                 self._outage_then_idle(record)
                 return
@@ -778,6 +896,79 @@ class Run:
                 return int(epoch)
         return None
 
+    def _broker_restart(self, record: FaultRecord) -> None:
+        self._begin(record)
+        self.board.set("up", False)
+        if not self.session.restart_broker(record.plan.params["downtime_seconds"]):
+            record.triggered = False
+            record.detail["skipped"] = "an external broker (KAFKA_BOOTSTRAP_SERVERS) cannot be restarted"
+        record.ended_at = time.time()
+        self.board.set("up")
+
+    def _start_load(self) -> None:
+        """latest_under_load: the producer starts while the job resolves its start, after the plan's delay."""
+        assert self.load is not None
+        record = self.records_of["latest_under_load"]
+        self.board.wait(lambda: bool(self.board.terms), RUN_SECONDS)
+        self.board.wait(lambda: False, record.plan.params["delay_seconds"])
+        self._begin(record)
+        self.load.start().join()
+        self.positions.update(kafka_faults.positions(self.load.produced))
+        self._topic_end()
+        record.ended_at = time.time()
+        self.board.set("produced")
+
+    def _retention(self, record: FaultRecord) -> None:
+        """The driver died after PreCommit(N): delete part of batch N's records before the job runs again."""
+        epoch = int(record.plan.params["epoch"])
+        with psycopg.connect(libpq_url(self.metastore_url), autocommit=True) as connection:
+            rows: dict[int, bytes] = dict(
+                connection.execute(
+                    "SELECT p.epoch, p.metadata FROM pending_sink_state p JOIN sinks s ON s.id = p.sink_id "
+                    "WHERE s.name = %s AND p.epoch IN (%s, %s)",
+                    (SINK, epoch - 1, epoch),
+                ).fetchall()
+            )
+        if epoch not in rows:
+            record.detail["skipped"] = "the driver died before the batch's pre-commit"
+            return
+        properties = precommit_metadata.decode(bytes(rows[epoch])).properties
+        end = checks.end_offsets(properties) or {}
+        start = checks.start_offsets(properties)
+        if start is None:
+            start = checks.end_offsets(precommit_metadata.decode(bytes(rows[epoch - 1])).properties) or {}
+        self._begin(record)
+        cuts = kafka_faults.delete_before(
+            self.session.bootstrap, self.topic, start, end, record.plan.params["fraction"]
+        )
+        self.lost_by_retention = {
+            key for (p, o), key in self.positions.items() if p in cuts and start.get(p, 0) <= o < cuts[p]
+        }
+        self.retention_files = precommit_metadata.decode(bytes(rows[epoch])).paths
+        record.detail.update(epoch=epoch, cuts=cuts, deleted=len(self.lost_by_retention))
+        record.ended_at = time.time()
+
+    def _after_failure(self) -> None:
+        """A failed job: a data-loss failure after retention, or a bad record under `fail`, then the remedy."""
+        error = self.board.last_error or ""
+        retention = self.records_of.get("retention_before_rerun")
+        if retention is not None and retention.triggered and self.fail_on_data_loss:
+            if "failOnDataLoss" not in error:
+                self.anomalies.append(f"after retention the job failed without the data-loss error: {error[:300]}")
+            kept = [path for path in self.retention_files if Path(path.removeprefix("file://")).exists()]
+            retention.detail["files_kept"] = f"{len(kept)}/{len(self.retention_files)}"
+            if len(kept) != len(self.retention_files):
+                self.anomalies.append("the files of the epoch aborted by recovery were deleted before its re-run")
+            self.fail_on_data_loss = False  # the documented remedy: skip what is gone
+            return
+        bad = self.records_of.get("bad_records")
+        if bad is not None and self.on_bad_record == "fail" and "does not fit the JSON schema" in error:
+            bad.detail["failed_with"] = error[:200]
+            positions = {f"partition {p} offset {o}" for p, o in self.bad_positions}
+            if not any(position in error for position in positions):
+                self.anomalies.append(f"the bad-record failure names no bad record's position: {error[:300]}")
+            self.on_bad_record = bad.plan.params["then"]  # the documented remedy: another policy
+
     def _outage_then_idle(self, record: FaultRecord) -> None:
         """Kill the coordinator as the last batch is pre-committed; restart it after the writer's retries."""
         try:
@@ -806,6 +997,8 @@ class Run:
         """
 
         def recorded(connection: psycopg.Connection[Any]) -> bool | None:
+            if self.load is not None and not self.board.has("produced"):
+                return None
             commits = self.checkpoint / "commits"
             spark_last = max((int(p.name) for p in commits.iterdir() if p.name.isdigit()), default=-1)
             if spark_last < 0 or self._at_last_batch(connection) != spark_last:
@@ -835,8 +1028,9 @@ def _render(url: str) -> str:
     return normalize_url(url).render_as_string(hide_password=False)
 
 
-def replay_command(seed: int, pool: tuple[str, ...]) -> str:
+def replay_command(seed: int, pool: tuple[str, ...], faults_per_run: int | None = None) -> str:
     faults = "" if set(pool) == set(FAULTS) else f" --faults {','.join(pool)}"
+    faults += "" if faults_per_run is None else f" --faults-per-run {faults_per_run}"
     return f"python -m tests.torture --seed {seed}{faults}"
 
 
