@@ -45,7 +45,7 @@ bench: $(INSTALLED)
 	$(BIN)/python -m pip install --quiet -e ".[bench]"
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
-## torture: RUNS randomized fault runs (kill -9, outages, split brain, zombie writers); writes bench/results/torture.md
+## torture: RUNS randomized fault runs (kills, outages, split brain, zombie writers, operators, many sinks, Kafka faults, maintenance kills); writes bench/results/torture.md
 RUNS ?= 20
 torture: $(INSTALLED)
 	$(BIN)/python -m tests.torture --runs $(RUNS) --report bench/results/torture.md $(TORTURE_ARGS)
