@@ -812,11 +812,20 @@ class Run:
 
     def _operator_abort(self, record: FaultRecord) -> None:
         force = bool(record.plan.params["force"])
-        pending = self.operator.epochs(SINK, "pending")
-        if not pending:
-            record.detail["skipped"] = "no PENDING epoch at that moment"
+
+        def newest_pending(connection: psycopg.Connection[Any]) -> int | None:
+            row = connection.execute(
+                "SELECT max(p.epoch) FROM pending_sink_state p JOIN sinks s ON s.id = p.sink_id "
+                "WHERE s.name = %s AND p.status = 'PENDING'",
+                (SINK,),
+            ).fetchone()
+            return None if row is None or row[0] is None else int(row[0])
+
+        try:  # the next PENDING epoch (with no commit interval, an epoch is PENDING for a moment only)
+            epoch = wait_for_change(self.metastore_url, newest_pending, 20)
+        except TimeoutError:
+            record.detail["skipped"] = "no PENDING epoch in 20 s"
             return
-        epoch = max(int(row["epoch"]) for row in pending)
         self._begin(record)
         answer = self.operator.abort(SINK, epoch, force=force)
         body = answer.json()
