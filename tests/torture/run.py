@@ -455,9 +455,10 @@ class Run:
     def _plan_writers(self) -> list[ProtocolWriter]:
         """The protocol writers of many_sinks and resend_aborted (drawn from their own seeds)."""
         many, resend = self.records_of.get("many_sinks"), self.records_of.get("resend_aborted")
-        if many is None and resend is None:
+        shaping = many or resend
+        if shaping is None:
             return []
-        plan = (many or resend).plan  # type: ignore[union-attr]
+        plan = shaping.plan
         count = int(many.plan.params["writers"]) if many is not None else 1
         first_key = (self.seed % 1000 + 1000) * 1_000_000
         operator = self.operator if resend is not None else None
