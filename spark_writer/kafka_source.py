@@ -228,7 +228,7 @@ class KafkaSourceOptions:
 
 
 def parse_starting_offsets(value: str) -> StartingOffsets:
-    """'earliest' | 'latest' | JSON {"topic": {"0": 23, "1": -2}} (-2 earliest, -1 latest)."""
+    """'earliest' | 'latest' | JSON {"topic": {"0": 23, "1": -2}} (-2 earliest, -1 latest; "$" keys ignored)."""
     text = value.strip()
     if text.lower() in ("earliest", "latest"):
         return "earliest" if text.lower() == "earliest" else "latest"
@@ -247,6 +247,8 @@ def _validated_offsets_json(parsed: object, original: str) -> dict[str, dict[int
         raise ValueError(f"startingOffsets JSON must be an object of topics, got {original!r}")
     result: dict[str, dict[int, int]] = {}
     for topic, partitions in parsed.items():
+        if topic.startswith(RESERVED_KEY_PREFIX):
+            continue  # "$start" of a batch 0's end offsets (no topic name has a "$"): the entry works as it is
         if not isinstance(partitions, dict):
             raise ValueError(f"startingOffsets for topic {topic!r} must be an object, got {partitions!r}")
         result[topic] = {}

@@ -855,12 +855,15 @@ class Run:
         # 3. before a writer registers: where the last committed epoch ended (or, with none committed in this
         # generation, where its query started)
         if committed >= 0:
-            offsets = json.loads(self.operator.epoch(SINK, committed)["properties"]["spark.end_offsets"])[0]
-            start = {int(partition): int(offset) for partition, offset in offsets[self.topic].items()}
+            entry = json.loads(self.operator.epoch(SINK, committed)["properties"]["spark.end_offsets"])[0]
+            start = {int(partition): int(offset) for partition, offset in entry[self.topic].items()}
+            self.starting_offsets = json.dumps(entry)  # the entry as it is (batch 0's holds "$start" too)
         else:
             start = self.starts.get(generation - 1, {})
+            self.starting_offsets = (
+                json.dumps({self.topic: {str(p): o for p, o in start.items()}}) if start else "earliest"
+            )
         self.starts[generation] = start
-        self.starting_offsets = json.dumps({self.topic: {str(p): o for p, o in start.items()}}) if start else "earliest"
         self.checkpoint = self.work / f"checkpoint-{generation}"  # 4. a new, empty checkpoint location
         record.detail.update(committed_epoch=committed, aborted=answer["aborted_epochs"], generation=generation)
         record.ended_at = time.time()

@@ -60,6 +60,13 @@ def test_parse_starting_offsets_json() -> None:
     assert parse_starting_offsets('{"a": {"0": 23, "1": -2, "2": -1}}') == {"a": {0: 23, 1: -2, 2: -1}}
 
 
+def test_a_batch_0_end_offsets_entry_is_a_starting_offsets_value() -> None:
+    # docs/operations.md: after a reset, start the new query from the last committed epoch's
+    # spark.end_offsets entry; batch 0's entry carries its resolved start under "$start" too.
+    entry = '{"$start": {"a": {"0": 0, "1": 4}}, "a": {"0": 23, "1": 17}}'
+    assert parse_starting_offsets(entry) == {"a": {0: 23, 1: 17}}
+
+
 @pytest.mark.parametrize(
     "text", ["soonest", '{"a": [1]}', '{"a": {"0": -3}}', '{"a": {"0": "5"}}', '{"a": {"0": true}}', "[1]"]
 )
