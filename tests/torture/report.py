@@ -157,11 +157,14 @@ def _details(results: Sequence[dict[str, Any]]) -> list[str]:
         lines.append(f"* broker_restart: {len(restarts)} broker restarts mid-read.")
     if retentions := fired("retention_before_rerun"):
         deleted = sum(int(f.get("deleted", 0)) for f in retentions)
-        kept = sum(1 for f in retentions if len(set(str(f.get("files_kept", "0/1")).split("/"))) == 1)
+        checked = [f for f in retentions if "files_kept" in f]
+        kept = sum(1 for f in checked if len(set(str(f["files_kept"]).split("/"))) == 1)
+        operator = sum(1 for f in retentions if f.get("aborted_by") == "OPERATOR")
         lines.append(
             f"* retention_before_rerun: {len(retentions)} batches cut by retention before their re-run, {deleted} "
             f"records deleted; each re-run failed with the data-loss error first, then (failOnDataLoss=false) "
-            f"skipped exactly those; the aborted attempt's files were still there at the re-run in {kept}."
+            f"skipped exactly those; the attempt aborted by recovery still had its files at the re-run in "
+            f"{kept} of {len(checked)} ({operator} more were aborted by the operator, who gives their files up)."
         )
     if bad := fired("bad_records"):
         policies = Counter(f"{f['plan']['params']['policy']}->{f.get('final_policy')}" for f in bad)

@@ -968,10 +968,14 @@ class Run:
         if retention is not None and retention.triggered and self.fail_on_data_loss:
             if "failOnDataLoss" not in error:
                 self.anomalies.append(f"after retention the job failed without the data-loss error: {error[:300]}")
-            kept = [path for path in self.retention_files if Path(path.removeprefix("file://")).exists()]
-            retention.detail["files_kept"] = f"{len(kept)}/{len(self.retention_files)}"
-            if len(kept) != len(self.retention_files):
-                self.anomalies.append("the files of the epoch aborted by recovery were deleted before its re-run")
+            cause = self._abort_cause(int(retention.detail["epoch"]))
+            if cause == "OPERATOR":  # a forced abort gives up the attempt: its files may go at once
+                retention.detail["aborted_by"] = cause
+            else:
+                kept = [path for path in self.retention_files if Path(path.removeprefix("file://")).exists()]
+                retention.detail["files_kept"] = f"{len(kept)}/{len(self.retention_files)}"
+                if len(kept) != len(self.retention_files):
+                    self.anomalies.append("the files of the epoch aborted by recovery were deleted before its re-run")
             self.fail_on_data_loss = False  # the documented remedy: skip what is gone
             return
         bad = self.records_of.get("bad_records")
@@ -981,6 +985,15 @@ class Run:
             if not any(position in error for position in positions):
                 self.anomalies.append(f"the bad-record failure names no bad record's position: {error[:300]}")
             self.on_bad_record = bad.plan.params["then"]  # the documented remedy: another policy
+
+    def _abort_cause(self, epoch: int) -> str | None:
+        with psycopg.connect(libpq_url(self.metastore_url), autocommit=True) as connection:
+            row = connection.execute(
+                "SELECT p.abort_cause::text FROM pending_sink_state p JOIN sinks s ON s.id = p.sink_id "
+                "WHERE s.name = %s AND p.epoch = %s",
+                (SINK, epoch),
+            ).fetchone()
+        return None if row is None else row[0]
 
     def _outage_then_idle(self, record: FaultRecord) -> None:
         """Kill the coordinator as the last batch is pre-committed; restart it after the writer's retries."""
