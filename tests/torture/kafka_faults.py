@@ -12,9 +12,10 @@ import math
 import random
 import threading
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 
 from tests.fixtures.kafka_broker import ProducedRecord, admin_client, client_config, produce_records
 from tests.fixtures.pipeline import order, produce_orders
@@ -64,30 +65,48 @@ def produce_with_bad(
     return good, {(r.partition, r.offset): by_key[r.key] for r in landed}
 
 
-def dead_letters(bootstrap: str, topic: str) -> Counter[tuple[int, int]]:
-    """(source partition, source offset) of every record in the dead-letter topic, with repeats."""
+def _read_all(bootstrap: str, topic: str) -> Iterator[Message]:
+    """Every record of the topic, from each partition's log start up to its high watermark."""
     consumer = Consumer(client_config(bootstrap, **{"group.id": f"torture-{topic}", "enable.auto.commit": False}))
     try:
         metadata = consumer.list_topics(topic, timeout=ADMIN_TIMEOUT_SECONDS)
         partitions = sorted(metadata.topics[topic].partitions)
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        seen: Counter[tuple[int, int]] = Counter()
-        remaining = sum(ends.values())
+        bounds = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in partitions}
+        consumer.assign([TopicPartition(topic, p, low) for p, (low, _) in bounds.items()])
+        remaining = sum(high - low for low, high in bounds.values())
         while remaining > 0:
             message = consumer.poll(10)
             if message is None:
-                raise TimeoutError(f"the dead-letter topic {topic} stopped answering with {remaining} unread")
+                raise TimeoutError(f"the topic {topic} stopped answering with {remaining} records unread")
             if message.error():
                 continue
-            raw = message.headers() or []
-            pairs = raw.items() if isinstance(raw, dict) else raw
-            headers = {k: v.decode() if isinstance(v, bytes) else str(v) for k, v in pairs if v is not None}
-            seen[(int(headers[f"{SOURCE_HEADER}partition"]), int(headers[f"{SOURCE_HEADER}offset"]))] += 1
+            yield message
             remaining -= 1
-        return seen
     finally:
         consumer.close()
+
+
+def dead_letters(bootstrap: str, topic: str) -> Counter[tuple[int, int]]:
+    """(source partition, source offset) of every record in the dead-letter topic, with repeats."""
+    seen: Counter[tuple[int, int]] = Counter()
+    for message in _read_all(bootstrap, topic):
+        raw = message.headers() or []
+        pairs = raw.items() if isinstance(raw, dict) else raw
+        headers = {k: v.decode() if isinstance(v, bytes) else str(v) for k, v in pairs if v is not None}
+        seen[(int(headers[f"{SOURCE_HEADER}partition"]), int(headers[f"{SOURCE_HEADER}offset"]))] += 1
+    return seen
+
+
+def held_keys(bootstrap: str, topic: str) -> dict[tuple[int, int], bytes | None]:
+    """What the broker holds: the key at each (partition, offset) of the topic."""
+    return {(m.partition(), m.offset()): m.key() for m in _read_all(bootstrap, topic)}  # type: ignore[misc]
+
+
+def lost_by_broker(
+    acknowledged: list[ProducedRecord], held: dict[tuple[int, int], bytes | None]
+) -> list[ProducedRecord]:
+    """Records the broker acknowledged that it does not hold (any more) where it said it put them."""
+    return [r for r in acknowledged if held.get((r.partition, r.offset), b"\0") != r.key]
 
 
 def delete_before(

@@ -154,7 +154,11 @@ def _details(results: Sequence[dict[str, Any]]) -> list[str]:
             f"{pending} caught the last batch's report not yet recorded."
         )
     if restarts := fired("broker_restart"):
-        lines.append(f"* broker_restart: {len(restarts)} broker restarts mid-read.")
+        lost = sum(int(f.get("broker_lost", 0)) for f in restarts)
+        lines.append(
+            f"* broker_restart: {len(restarts)} broker restarts mid-read; the broker itself lost {lost} records "
+            f"it had acknowledged (checked by reading the topic back; the table is held to what it keeps)."
+        )
     if retentions := fired("retention_before_rerun"):
         deleted = sum(int(f.get("deleted", 0)) for f in retentions)
         checked = [f for f in retentions if "files_kept" in f]
