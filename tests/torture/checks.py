@@ -115,21 +115,21 @@ class Produced:
         }
 
 
-def _partitions(offsets: dict[str, Any]) -> dict[int, int]:
+def partitions_of(offsets: dict[str, Any]) -> dict[int, int]:
     return {int(p): int(o) for topic, parts in offsets.items() if not topic.startswith("$") for p, o in parts.items()}
 
 
 def end_offsets(properties: dict[str, str]) -> dict[int, int] | None:
     """The batch's end offsets (partition -> offset) from the Spark writer's `spark.end_offsets` property."""
     raw = properties.get("spark.end_offsets")
-    return None if raw is None else {p: o for source in json.loads(raw) for p, o in _partitions(source).items()}
+    return None if raw is None else {p: o for source in json.loads(raw) for p, o in partitions_of(source).items()}
 
 
 def start_offsets(properties: dict[str, str]) -> dict[int, int] | None:
     """Batch 0's start offsets (the source's `$start`, kept with its end offsets), None for other batches."""
     raw = properties.get("spark.end_offsets")
     starts = [source["$start"] for source in json.loads(raw) if "$start" in source] if raw is not None else []
-    return {p: o for start in starts for p, o in _partitions(start).items()} if starts else None
+    return {p: o for start in starts for p, o in partitions_of(start).items()} if starts else None
 
 
 def check_run(
@@ -143,6 +143,7 @@ def check_run(
     zombie_paths: set[str],
     writer_checkpoint: int | None = None,
     lost_by_retention: frozenset[int] = frozenset(),
+    may_be_missing: frozenset[int] = frozenset(),
     bad_rows: Counter[int | None] | None = None,
     from_first_start: bool = False,
 ) -> Findings:
@@ -150,7 +151,8 @@ def check_run(
 
     Records of a batch an operator aborted with `force` after its writer checkpointed it are lost by design
     (docs/operations.md), and so are those retention deleted before the writer read them
-    (`lost_by_retention`, with failOnDataLoss off); every other produced record is in the table once (from the
+    (`lost_by_retention`, with failOnDataLoss off); those of a deleted topic the job may not have read yet
+    (`may_be_missing`) are in the table once or not at all; every other produced record is in the table once (from the
     first query's resolved start with `from_first_start`: startingOffsets=latest). `bad_rows`: the rows records
     that do not fit the schema leave in the table (their order_id, or None for an all-null row).
     `spark_checkpoint` is the Spark query's current checkpoint (None: a writer without one, whose last
@@ -254,7 +256,8 @@ def check_run(
     expected = set(positions.values())
     lost |= set(lost_by_retention)
     found.facts["lost_by_retention"] = len(lost_by_retention)
-    missing = expected - set(keys) - lost
+    missing = expected - set(keys) - lost - may_be_missing
+    found.facts["lost_with_topic"] = len(may_be_missing - set(keys))
     duplicated = {key for key, count in keys.items() if count > 1}
     unexpected = set(keys) - expected
     found.facts.update(produced=len(produced.keys), rows=sum(keys.values()))

@@ -36,7 +36,25 @@ FAULTS: tuple[str, ...] = (
     "retention_before_rerun",  # the driver killed after PreCommit(N); records of batch N deleted before the re-run
     "bad_records",  # records that do not fit the schema in the topic; the job's policy fail, null or dead-letter
     "latest_under_load",  # startingOffsets=latest while a producer writes; the query stays up until all is read
+    "topic_recreated",  # the topic deleted mid-stream: the data-loss error, then (failOnDataLoss=false) a batch
+    #                     without it; the topic created again (1-4 partitions) and read from its start
 )
+
+# Faults whose checks assume one life of the topic, or the failOnDataLoss remedy of their own: a run that
+# draws topic_recreated drops them.
+EXCLUDED_BY: dict[str, frozenset[str]] = {
+    "topic_recreated": frozenset(
+        {
+            "operator_abort",
+            "operator_reset",
+            "retention_before_rerun",
+            "bad_records",
+            "latest_under_load",
+            "broker_restart",
+            "outage_then_idle",
+        }
+    )
+}
 
 MAINTENANCE_FAILPOINTS: tuple[tuple[str, int], ...] = (
     ("maintenance.after_expire", 2),
@@ -98,6 +116,9 @@ def plan_faults(
     count = 2 if rng.random() < 0.35 and len(pool) > 1 else 1
     count = min(exactly, len(pool)) if exactly is not None else count
     names = rng.sample(pool, count)
+    for name, excluded in EXCLUDED_BY.items():
+        if name in names:
+            names = [n for n in names if n not in excluded]
     plans = []
     for name in names:
         params: dict[str, Any] = {}
@@ -169,6 +190,8 @@ def plan_faults(
                 "per_second": rng.choice((50, 200, 1000)),
                 "delay_seconds": round(rng.uniform(0, 3), 3),
             }
+        elif name == "topic_recreated":
+            params = {"records": rng.randint(50, 300), "partitions": rng.randint(1, 4)}
         elif name == "outage_then_idle":
             # Beyond the call deadline only, or beyond the writer's whole retry window too.
             params = {

@@ -124,6 +124,18 @@ def delete_before(
     return cuts
 
 
+def delete_topic(bootstrap: str, topic: str) -> None:
+    """Delete the topic and return once the broker no longer lists it."""
+    admin = admin_client(bootstrap)
+    admin.delete_topics([topic])[topic].result(timeout=ADMIN_TIMEOUT_SECONDS)
+    gone = threading.Event()
+    for _ in range(int(ADMIN_TIMEOUT_SECONDS * 10)):
+        if topic not in admin.list_topics(timeout=ADMIN_TIMEOUT_SECONDS).topics:
+            return
+        gone.wait(0.1)  # the broker's metadata catches up with the deletion
+    raise TimeoutError(f"the broker still lists topic {topic} {ADMIN_TIMEOUT_SECONDS:.0f} s after its deletion")
+
+
 @dataclass
 class LoadProducer:
     """Orders produced at a steady rate while the job starts (`latest` resolves its start meanwhile)."""

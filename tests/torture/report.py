@@ -184,6 +184,18 @@ def _details(results: Sequence[dict[str, Any]]) -> list[str]:
             f"* latest_under_load: {len(latest)} runs; {skipped} records produced before the resolved start "
             "(not read, by design), every later one once."
         )
+    if recreated := fired("topic_recreated"):
+        unread = sum(
+            int(r["facts"].get("lost_with_topic", 0))
+            for r in results
+            if any(f["fault"] == "topic_recreated" and f["triggered"] for f in r["faults"])
+        )
+        second = sum(int(f.get("second_life", 0)) for f in recreated)
+        lines.append(
+            f"* topic_recreated: {len(recreated)} topics deleted mid-stream; each job failed with the data-loss "
+            f"error, then (failOnDataLoss=false) ran a batch without the topic; {unread} records went with the "
+            f"deleted topic unread; all {second} records of the topics' second lives were read from their start, once."
+        )
     return lines
 
 

@@ -50,6 +50,7 @@ CALL_DEADLINE_SECONDS = 5.0  # the writer's deadline of one coordinator call
 RETRY_SECONDS = 25.0  # how long the writer retries UNAVAILABLE (a restart fits in it)
 DRIVER_SECONDS = 150.0  # one driver that runs longer than this is hung
 RUN_SECONDS = 300.0  # a run that has not settled by then has an anomaly
+SECOND_LIFE_OFFSET = 1_000_000_000  # topic_recreated: the second life's positions, apart from the first's
 MAX_DRIVER_STARTS = 8
 SETTLE_SECONDS = 90.0
 
@@ -172,6 +173,11 @@ class Run:
     on_bad_record: str = "fail"
     lost_by_retention: set[int] = field(default_factory=set)
     acknowledged: list[ProducedRecord] = field(default_factory=list)  # every good record the broker acknowledged
+    # topic_recreated: the records of the topic's second life, the keys its deletion may have taken (those the
+    # job had not read for sure), and the batch that ran without the topic (later batches read the second life)
+    second_life: dict[tuple[int, int], int] = field(default_factory=dict)
+    lost_with_topic: set[int] = field(default_factory=set)
+    batch_without_topic: int = -1
     bad_positions: dict[tuple[int, int], kafka_faults.BadRecord] = field(default_factory=dict)
     load: kafka_faults.LoadProducer | None = None
     starts: dict[int, dict[int, int]] = field(default_factory=dict)  # generation -> where its query started
@@ -198,7 +204,7 @@ class Run:
         self.warehouse.mkdir()
         self.proxy = Proxy(seed=self.rng.randrange(2**31))
         # The query stays up after the drain (until the harness stops it).
-        self.idle = "outage_then_idle" in self.records_of or "latest_under_load" in self.records_of
+        self.idle = bool({"outage_then_idle", "latest_under_load", "topic_recreated"} & set(self.records_of))
         self.dead_letter_topic = f"torture-{self.seed}-dead-letters"
         if bad := self.records_of.get("bad_records"):
             self.on_bad_record = bad.plan.params["policy"]
@@ -523,10 +529,11 @@ class Run:
                 catalog=catalog,
                 sink=SINK,
                 table=TABLE,
-                produced=checks.Produced(self.positions, self.starts),
+                produced=checks.Produced({**self.positions, **self._second_life_positions()}, self.starts),
                 spark_checkpoint=self.checkpoint,
                 zombie_paths=self.zombie_paths,
                 lost_by_retention=frozenset(self.lost_by_retention),
+                may_be_missing=frozenset(self.lost_with_topic),
                 bad_rows=Counter(r.key for r in self.bad_positions.values()) if self.on_bad_record == "null" else None,
                 from_first_start="latest_under_load" in self.records_of,
             )
@@ -643,6 +650,9 @@ class Run:
             if not self.board.wait(lambda: self.board.precommits >= plan.trigger_batch, RUN_SECONDS):
                 return
             if self.board.wait(lambda: False, plan.delay_seconds):  # the random moment after the trigger
+                return
+            if plan.name == "topic_recreated":  # awaits the job's failure and re-run: not under the lock
+                self._topic_recreated(record)
                 return
             with self.lock:
                 if self.board.has("done"):
@@ -903,8 +913,8 @@ class Run:
         """The epoch of the Spark sink's batch that reads up to the topic's end, once it is pre-committed."""
         for epoch, metadata in connection.execute(
             "SELECT p.epoch, p.metadata FROM pending_sink_state p JOIN sinks s ON s.id = p.sink_id "
-            "WHERE s.name = %s ORDER BY p.epoch DESC LIMIT 3",
-            (SINK,),
+            "WHERE s.name = %s AND p.epoch > %s ORDER BY p.epoch DESC LIMIT 3",
+            (SINK, self.batch_without_topic),
         ):
             end = checks.end_offsets(precommit_metadata.decode(bytes(metadata)).properties)
             if end is not None and all(end.get(p, 0) >= o for p, o in self.topic_end.items()):
@@ -1013,6 +1023,15 @@ class Run:
                     self.anomalies.append("the files of the epoch aborted by recovery were deleted before its re-run")
             self.fail_on_data_loss = False  # the documented remedy: skip what is gone
             return
+        recreated = self.records_of.get("topic_recreated")
+        if recreated is not None and recreated.triggered and self.fail_on_data_loss:
+            if "failOnDataLoss" not in error:
+                self.anomalies.append(
+                    f"after its topic was deleted the job failed without the data-loss error: {error[:300]}"
+                )
+            recreated.detail["failed_with"] = error[:200]
+            self.fail_on_data_loss = False  # the documented remedy: go on without what is gone
+            return
         bad = self.records_of.get("bad_records")
         if bad is not None and self.on_bad_record == "fail" and "does not fit the JSON schema" in error:
             bad.detail["failed_with"] = error[:200]
@@ -1020,6 +1039,67 @@ class Run:
             if not any(position in error for position in positions):
                 self.anomalies.append(f"the bad-record failure names no bad record's position: {error[:300]}")
             self.on_bad_record = bad.plan.params["then"]  # the documented remedy: another policy
+
+    def _second_life_positions(self) -> dict[tuple[int, int], int]:
+        """The second life's records, at positions apart from the first's (the checks compare keys)."""
+        return {(p, SECOND_LIFE_OFFSET + o): key for (p, o), key in self.second_life.items()}
+
+    def _topic_recreated(self, record: FaultRecord) -> None:
+        """Delete the topic under the running query, await the data-loss failure and a batch without it, then
+        create it again and produce its second life, which the query must read from its start."""
+        try:
+            with self.lock:
+                if self.board.has("done"):
+                    return
+                self._begin(record)
+                read = self._spark_committed_end()  # what the job read for sure before the deletion
+                kafka_faults.delete_topic(self.session.bootstrap, self.topic)
+            self.lost_with_topic = {key for (p, o), key in self.positions.items() if o >= read.get(p, 0)}
+            record.detail.update(unread_when_deleted=len(self.lost_with_topic))
+            try:
+                epoch = wait_for_change(self.metastore_url, self._batch_without_topic, RUN_SECONDS)
+            except TimeoutError:
+                self.anomalies.append("no batch ran without the deleted topic (failOnDataLoss=false)")
+                return
+            with self.lock:
+                self.batch_without_topic = epoch
+                partitions = int(record.plan.params["partitions"])
+                create_topic(self.session.bootstrap, partitions, name=self.topic)
+                first_key = self.seed % 1000 * 10_000 + 8000
+                keys = range(first_key, first_key + int(record.plan.params["records"]))
+                self.second_life = kafka_faults.positions(
+                    produce_orders(self.session.bootstrap, self.topic, keys, partitions=partitions)
+                )
+                self.topic_end = {}
+                for partition, offset in self.second_life:
+                    self.topic_end[partition] = max(self.topic_end.get(partition, 0), offset + 1)
+                record.detail.update(batch_without_topic=epoch, second_life=len(self.second_life))
+                record.ended_at = time.time()
+        finally:
+            self.board.set("recreated")
+
+    def _spark_committed_end(self) -> dict[int, int]:
+        """End offsets of the last batch Spark committed (what its sink was handed before now)."""
+        commits = self.checkpoint / "commits"
+        batches = [int(p.name) for p in commits.iterdir() if p.name.isdigit()] if commits.exists() else []
+        if not batches:
+            return {}
+        last_line = (self.checkpoint / "offsets" / str(max(batches))).read_text().strip().splitlines()[-1]
+        return checks.partitions_of(json.loads(last_line))
+
+    def _batch_without_topic(self, connection: psycopg.Connection[Any]) -> int | None:
+        """A batch planned without the deleted topic, once the coordinator recorded its checkpoint."""
+        row = connection.execute("SELECT checkpointed_epoch FROM sinks WHERE name = %s", (SINK,)).fetchone()
+        checkpointed = -1 if row is None else int(row[0])
+        for epoch, metadata in connection.execute(
+            "SELECT p.epoch, p.metadata FROM pending_sink_state p JOIN sinks s ON s.id = p.sink_id "
+            "WHERE s.name = %s AND p.epoch <= %s ORDER BY p.epoch DESC LIMIT 1",
+            (SINK, checkpointed),
+        ):
+            end = checks.end_offsets(precommit_metadata.decode(bytes(metadata)).properties)
+            if end == {}:
+                return int(epoch)
+        return None
 
     def _abort_cause(self, epoch: int) -> str | None:
         with psycopg.connect(libpq_url(self.metastore_url), autocommit=True) as connection:
@@ -1059,6 +1139,8 @@ class Run:
 
         def recorded(connection: psycopg.Connection[Any]) -> bool | None:
             if self.load is not None and not self.board.has("produced"):
+                return None
+            if "topic_recreated" in self.records_of and not self.board.has("recreated"):
                 return None
             commits = self.checkpoint / "commits"
             spark_last = max((int(p.name) for p in commits.iterdir() if p.name.isdigit()), default=-1)
