@@ -1,4 +1,4 @@
-"""`python -m bench [--quick] [--parts 1,2,3,4,5,6,7] [--profile]`: run the benchmarks, write bench/results/latest.md
+"""`python -m bench [--quick] [--parts 1,2,3,4,5,6,7,8] [--profile]`: run the benchmarks, write bench/results/latest.md
 and latest.json, print the tables.
 
 Every figure that has a goal is reported as a ratio to a baseline measured in the same run on the same
@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from bench import commit, fairness, precommit, recovery, scale, soak
+from bench import commit, fairness, object_storage, precommit, recovery, scale, soak
 from bench.infra import Postgres, machine_facts, temp_root, top_frames
 from bench.report import render
 
@@ -28,7 +28,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a short run (about 2 minutes) for CI: fewer cells")
-    parser.add_argument("--parts", default="1,2,3,4,5,6,7", help="which parts to run (default: all)")
+    parser.add_argument("--parts", default="1,2,3,4,5,6,7,8", help="which parts to run (default: all)")
     parser.add_argument("--profile", action="store_true", help="py-spy the coordinator during parts 1, 2 and 4")
     parser.add_argument("--output", type=Path, default=RESULTS, help="directory of latest.md and latest.json")
     args = parser.parse_args(argv)
@@ -128,6 +128,17 @@ def main(argv: list[str] | None = None) -> int:
                     root,
                     commits=1000 if args.quick else 10_000,
                     raw_commits=200 if args.quick else 1000,
+                )
+            )
+        if 8 in parts:
+            print("part 8: pre-commit on far object storage ...", flush=True)
+            results["object_storage"] = asyncio.run(
+                object_storage.run(
+                    postgres,
+                    root,
+                    file_counts=(1, 10, 100),
+                    epochs=3 if args.quick else 10,
+                    delay_seconds=0.02,
                 )
             )
         if 3 in parts and not args.quick:

@@ -54,6 +54,8 @@ def render(results: dict[str, Any]) -> str:
         lines += _fairness(results["fairness"])
     if "soak" in results:
         lines += _soak(results["soak"])
+    if "object_storage" in results:
+        lines += _object_storage(results["object_storage"])
     if "profiles" in results:
         lines += ["## Profiles (py-spy, share of samples in which a function is on the stack)", ""]
         for name, frames in results["profiles"].items():
@@ -164,6 +166,51 @@ def _recovery(part: dict[str, Any]) -> list[str]:
         f"| {_spread(part['serving_s'], 2)} | {_spread(ready, 2)} | {_goal(ready['median'] < 3.0)} |",
         "",
     ]
+
+
+def _object_storage(part: dict[str, Any]) -> list[str]:
+    delay = part["delay_ms_each_way"]
+    lines = [
+        "## 8. Pre-commit on far object storage",
+        "",
+        f"S3 (moto's server) behind a TCP proxy adding {_f(delay)} ms each way to every exchange; 10-row files "
+        f"written beforehand; {part['epochs_per_cell']} epochs per cell, both footer modes alternating.",
+        "",
+        "Baseline: the same files' HEAD requests from the benchmark through the same proxy, as many at a time "
+        "as the coordinator makes them, before each epoch with footers sent.",
+        "",
+        "| files | footers | PreCommit p50 / p99 ms | baseline HEADs p50 ms | PreCommit / baseline | "
+        "CommitCheckpoint(wait) p50 / p99 ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    p50 = {(row["files"], row["footers"]): row["precommit"]["p50_ms"] for row in part["rows"]}
+    for row in part["rows"]:
+        baseline = row.get("baseline_heads")
+        lines.append(
+            f"| {row['files']} | {row['footers']} | "
+            f"{_f(row['precommit']['p50_ms'], 1)} / {_f(row['precommit']['p99_ms'], 1)} | "
+            + (
+                f"{_f(baseline['p50_ms'], 1)} | {row['precommit']['p50_ms'] / baseline['p50_ms']:.2f} | "
+                if baseline
+                else "| | "
+            )
+            + f"{_f(row['commit']['p50_ms'], 1)} / {_f(row['commit']['p99_ms'], 1)} |"
+        )
+    most, fewest = max(files for files, _ in p50), min(files for files, _ in p50)
+    lines.append("")
+    for mode in ("sent", "read"):
+        if (most, mode) in p50 and (fewest, mode) in p50:
+            ratio = p50[(most, mode)] / p50[(fewest, mode)]
+            goal = f" (goal ≤ 2: {_goal(ratio <= 2)})" if mode == "sent" else ""
+            lines.append(f"* footers {mode}: PreCommit p50 of {most} files = {ratio:.2f} x that of {fewest}{goal}.")
+    heads = {row["files"]: row["baseline_heads"]["p50_ms"] for row in part["rows"] if "baseline_heads" in row}
+    if most in heads and fewest in heads:
+        lines.append(
+            f"* the baseline's own growth: {most} files' HEADs = {heads[most] / heads[fewest]:.2f} x one file's; "
+            f"what PreCommit (footers sent) adds to them: {p50[(most, 'sent')] / heads[most]:.2f} x at {most} files."
+        )
+    lines.append("")
+    return lines
 
 
 def _scale(part: dict[str, Any], results: dict[str, Any]) -> list[str]:

@@ -1,0 +1,161 @@
+"""Part 8, pre-commit on far object storage: epochs of 1, 10 and 100 files on S3 with a latency per request.
+
+moto's S3 server on 127.0.0.1 stands for the object store; the coordinator reaches it (table metadata, footer
+reads, existence checks) only through a proxy that adds `delay_seconds` in each direction (about a request
+to a nearby region's endpoint). Files are written straight to moto beforehand, as executors would have:
+their upload is not what is measured. Each epoch is pre-committed with the footers read by the coordinator
+(an old writer) or sent by the writer with the file's size (the Spark writer), alternating, then committed
+(CommitCheckpoint, wait) so that the log stays short; both latencies are reported per file count.
+
+The baseline, taken in the same run before each epoch with footers sent: the same files' metadata requests
+(HEAD, one per file) made straight from this process through the same proxy, on as many threads as the
+coordinator checks files with. What PreCommit costs beyond it is the coordinator's; what the baseline costs
+with more files is the storage's (on moto, its own CPU per request, which a real endpoint does not share
+with the coordinator's machine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import boto3
+import grpc
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from moto.server import ThreadedMotoServer
+from pyiceberg.io.pyarrow import PyArrowFileIO
+
+from bench.infra import ORDERS, Coordinator, Postgres, latency_stats, register_orders_sink
+from bench.latency_proxy import LatencyProxy
+from coordinator_service.precommit_files import MAX_CONCURRENT_FILE_CHECKS
+from coordinator_service.rpc import sink_coordinator_pb2 as pb
+from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
+from sink_coordinator_demo.ports import free_port
+
+BUCKET = "bench-precommit"
+CREDENTIALS = {"s3.access-key-id": "bench", "s3.secret-access-key": "bench", "s3.region": "us-east-1"}
+FOOTER_MODES = ("read", "sent")
+
+
+def _orders(first: int, rows: int) -> pa.Table:
+    ids = np.arange(first, first + rows, dtype=np.int64)
+    customers = pa.array([f"c{i % 7}" for i in range(rows)], pa.string())
+    return pa.table({"order_id": ids, "customer": customers, "amount": ids.astype(np.float64) * 1.5}, schema=ORDERS)
+
+
+def _upload(io: PyArrowFileIO, location: str, first: int, footers: str) -> pb.DataFile:
+    """One 10-row Parquet file under the table's data/, uploaded; named as the mode's writer names it."""
+    buffer = pa.BufferOutputStream()
+    pq.write_table(_orders(first, 10), buffer)
+    body = buffer.getvalue().to_pybytes()
+    uri = f"{location.rstrip('/')}/data/{uuid.uuid4().hex}.parquet"
+    with io.new_output(uri).create() as stream:
+        stream.write(body)
+    if footers == "read":
+        return pb.DataFile(path=uri)
+    footer = pa.BufferOutputStream()
+    pq.read_metadata(pa.BufferReader(body)).write_metadata_file(footer)
+    return pb.DataFile(path=uri, parquet_footer=footer.getvalue().to_pybytes(), file_size_in_bytes=len(body))
+
+
+async def run(
+    postgres: Postgres, root: Path, *, file_counts: tuple[int, ...], epochs: int, delay_seconds: float
+) -> dict[str, Any]:
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
+    server.start()
+    proxy: LatencyProxy | None = None
+    coordinator: Coordinator | None = None
+    try:
+        host, port = server.get_host_and_port()
+        direct = {"s3.endpoint": f"http://{host}:{port}", **CREDENTIALS}
+        boto3.client(
+            "s3",
+            endpoint_url=direct["s3.endpoint"],
+            aws_access_key_id="bench",
+            aws_secret_access_key="bench",
+            region_name="us-east-1",
+        ).create_bucket(Bucket=BUCKET)
+        proxy = LatencyProxy(host, port, delay_seconds).start()
+        database_url = postgres.new_database("s3")
+        catalog = {
+            "type": "sql",
+            "uri": database_url,
+            "warehouse": f"s3://{BUCKET}/warehouse",
+            "s3.endpoint": proxy.url,
+            **CREDENTIALS,
+        }
+        coordinator = Coordinator(
+            database_url,
+            root / "s3",
+            env={f"SINK_COORDINATOR_CATALOG__{key}": value for key, value in catalog.items()},
+        ).start()
+        far = PyArrowFileIO({"s3.endpoint": proxy.url, **CREDENTIALS})
+        rows = await _measure(coordinator, PyArrowFileIO(direct), far, file_counts, epochs)
+        return {"delay_ms_each_way": delay_seconds * 1000, "epochs_per_cell": epochs, "rows": rows}
+    finally:
+        if coordinator is not None:
+            coordinator.stop()
+        if proxy is not None:
+            proxy.stop()
+        server.stop()
+
+
+def _head_all(io: PyArrowFileIO, files: list[pb.DataFile]) -> float:
+    """Seconds to look up every file's size, MAX_CONCURRENT_FILE_CHECKS at a time (the baseline)."""
+    started = time.monotonic()
+    with ThreadPoolExecutor(MAX_CONCURRENT_FILE_CHECKS) as pool:
+        sizes = list(pool.map(lambda file: len(io.new_input(file.path)), files))
+    assert sizes == [file.file_size_in_bytes for file in files]
+    return time.monotonic() - started
+
+
+async def _measure(
+    coordinator: Coordinator, io: PyArrowFileIO, far: PyArrowFileIO, file_counts: tuple[int, ...], epochs: int
+) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    async with grpc.aio.insecure_channel(coordinator.target) as channel:
+        stub = pb_grpc.SinkCoordinatorStub(channel)
+        registration = await register_orders_sink(stub, "s3", "bench.s3")
+        term, epoch = registration.writer_term, 0
+        for count in file_counts:
+            precommits: dict[str, list[float]] = {mode: [] for mode in FOOTER_MODES}
+            commits: dict[str, list[float]] = {mode: [] for mode in FOOTER_MODES}
+            heads: list[float] = []
+            for _ in range(epochs):
+                for mode in FOOTER_MODES:
+                    files = await asyncio.gather(
+                        *(
+                            asyncio.to_thread(_upload, io, registration.table_location, i * 10, mode)
+                            for i in range(count)
+                        )
+                    )
+                    if mode == "sent":
+                        heads.append(await asyncio.to_thread(_head_all, far, files))
+                    started = time.monotonic()
+                    await stub.PreCommit(
+                        pb.PreCommitRequest(sink="s3", epoch=epoch, writer_term=term, data_files=files), timeout=120
+                    )
+                    precommits[mode].append(time.monotonic() - started)
+                    started = time.monotonic()
+                    await stub.CommitCheckpoint(
+                        pb.CommitCheckpointRequest(sink="s3", epoch=epoch, writer_term=term, wait=True), timeout=120
+                    )
+                    commits[mode].append(time.monotonic() - started)
+                    epoch += 1
+            rows += [
+                {
+                    "files": count,
+                    "footers": mode,
+                    "precommit": latency_stats(precommits[mode]),
+                    "commit": latency_stats(commits[mode]),
+                }
+                for mode in FOOTER_MODES
+            ]
+            rows[-1]["baseline_heads"] = latency_stats(heads)
+    return rows
