@@ -188,7 +188,9 @@ def stream_orders(spark: SparkSession, kafka: KafkaSettings, sink: SinkSettings,
         progress.update(task, completed=events, description="drained")
 
 
-def print_summary(events: int, check: TableCheck, committed_epochs: int, phases: Phases, where: dict[str, str]) -> None:
+def print_summary(
+    events: int, check: TableCheck, committed_epochs: int, settings: Settings, phases: Phases, where: dict[str, str]
+) -> None:
     ok = check.duplicates == 0 and check.missing == 0 and check.rows == events
     results = Table(title="exactly once?" + (" [green]yes[/green]" if ok else " [red]NO[/red]"), show_header=False)
     results.add_column(style="bold")
@@ -204,6 +206,13 @@ def print_summary(events: int, check: TableCheck, committed_epochs: int, phases:
     ]:
         style = "red" if label.startswith(("duplicates", "missing")) and value else ""
         results.add_row(label, f"[{style}]{value:,}[/{style}]" if style else f"{value:,}")
+    # The defaults at work: epochs checkpointed within one interval share a snapshot; maintenance keeps the
+    # table's metadata and files bounded however long it streams (docs/operations.md).
+    results.add_row("commit interval (epochs meanwhile: one snapshot)", f"{settings.commit_interval_seconds:g} s")
+    results.add_row(
+        "table maintenance (expiry, merge, compaction, sweep)",
+        f"every {settings.maintenance_interval_seconds:g} s" if settings.maintenance_enabled else "off",
+    )
     timings = Table(title="time per phase", show_header=False)
     timings.add_column(style="bold")
     timings.add_column(justify="right")
@@ -311,6 +320,7 @@ def main(
             events,
             check,
             committed_epochs,
+            settings,
             phases,
             {
                 "Kafka topic": f"{topic} on {bootstrap_servers}",
