@@ -5,4 +5,5 @@ pytest_plugins = [
     "tests.fixtures.spark",
     "tests.fixtures.admin",
     "tests.fixtures.object_store",
+    "tests.fixtures.spark_cluster",
 ]

@@ -1,0 +1,96 @@
+"""The pipeline on a Spark standalone cluster: the driver here, executors in JVMs the cluster's worker launched.
+
+`sink-writer --master spark://…` runs as a process of its own; its tasks (reading Kafka, writing Parquet)
+run in the executor's JVM and its Python workers, not in the driver. Mid-stream the executor's JVM is killed
+(kill -9, with its Python workers): the worker launches a new one, Spark runs the lost tasks again, and every
+record is in the table once.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+from pyiceberg.catalog import Catalog
+
+from tests.fixtures.coordinator import CoordinatorProcess
+from tests.fixtures.pipeline import ORDER_SCHEMA_DDL, kafka_positions, produce_orders, produced_positions
+from tests.fixtures.spark_cluster import SparkCluster
+
+pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+
+SINK = "orders-cluster"
+TABLE = "shop.orders_cluster"
+RECORDS = 1200
+PARTITIONS = 4
+PER_BATCH = 300  # 4 batches or so (Spark's split rounds each partition's share up)
+DRIVER_TIMEOUT_SECONDS = 300
+LAUNCH = "Asked to launch executor"  # the worker's log line for each executor it starts
+
+TopicFactory = Callable[..., str]
+
+
+def executor_jvms(cluster: SparkCluster) -> list[psutil.Process]:
+    """The executor JVMs the cluster's worker launched (CoarseGrainedExecutorBackend)."""
+    found = []
+    for child in psutil.Process(cluster.worker.process.pid).children(recursive=True):
+        try:
+            if "CoarseGrainedExecutorBackend" in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def test_exactly_once_on_a_standalone_cluster_with_an_executor_killed_mid_stream(
+    spark_cluster: SparkCluster,
+    kafka_bootstrap: str,
+    kafka_topic: TopicFactory,
+    coordinator: CoordinatorProcess,
+    catalog: Catalog,
+    tmp_path: Path,
+) -> None:
+    topic = kafka_topic(partitions=PARTITIONS)
+    produced = produce_orders(kafka_bootstrap, topic, range(RECORDS), partitions=PARTITIONS)
+    flags = [
+        "--bootstrap-servers", kafka_bootstrap,
+        "--topic", topic,
+        "--schema", ORDER_SCHEMA_DDL,
+        "--no-evolve-schema",
+        "--kafka-metadata",
+        "--max-offsets-per-trigger", str(PER_BATCH),
+        "--sink", SINK,
+        "--table", TABLE,
+        "--coordinator", coordinator.target,
+        "--checkpoint-location", str(tmp_path / "checkpoint"),
+        "--available-now",
+        "--master", spark_cluster.master_url,
+    ]  # fmt: skip
+    log_path = tmp_path / "driver.log"
+    with log_path.open("w") as log_file:
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "spark_writer.job", *flags], stdout=log_file, stderr=subprocess.STDOUT
+        )
+        try:
+            coordinator.wait_for_log("checkpoint recorded", timeout=DRIVER_TIMEOUT_SECONDS, sink=SINK, epoch=0)
+            launched = re.search(r"Asked to launch executor (app-\S+)/(\d+)", spark_cluster.worker.wait_for(LAUNCH))
+            assert launched is not None
+            victims = executor_jvms(spark_cluster)
+            assert len(victims) == 1, f"expected the job's one executor, found {victims}"
+            victims[0].kill()  # the next batches' tasks run on an executor the worker launches again
+            spark_cluster.worker.wait_for(f"{LAUNCH} {launched.group(1)}/{int(launched.group(2)) + 1} ")
+            assert driver.wait(timeout=DRIVER_TIMEOUT_SECONDS) == 0, log_path.read_text()[-5000:]
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+                driver.wait()
+
+    assert kafka_positions(catalog, TABLE) == produced_positions(produced)
+    with coordinator.client() as client:
+        state = client.sink_state(SINK)
+    assert state.committed_epoch == state.checkpointed_epoch >= RECORDS // PER_BATCH - 1
