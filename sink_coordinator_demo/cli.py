@@ -48,6 +48,7 @@ from coordinator_service.settings import Settings
 from sink_coordinator_demo.local_services import CoordinatorService, LocalProcess, NoidaKafkaBroker
 from sink_coordinator_demo.orders import ORDER_SCHEMA_DDL, create_topic, produce_orders
 from sink_coordinator_demo.ports import free_port
+from sink_coordinator_demo.spark_cluster import SparkCluster, start_spark_cluster
 from spark_writer.job import (
     KafkaSettings,
     ParseSettings,
@@ -252,6 +253,13 @@ def main(
     grpc_port: Annotated[int, typer.Option(help="Coordinator gRPC port (another one if taken).")] = 50051,
     http_port: Annotated[int, typer.Option(help="Coordinator admin API port (another one if taken).")] = 8080,
     master: Annotated[str, typer.Option(help="Spark master.")] = "local[2]",
+    cluster: Annotated[
+        bool,
+        typer.Option(
+            help="Run Spark on a standalone cluster started here (a master and a worker from the PySpark wheel, "
+            "logs in DATA_DIR/spark-cluster): executors in JVMs of their own. Overrides --master."
+        ),
+    ] = False,
     reset: Annotated[bool, typer.Option(help="Delete DATA_DIR first (its PostgreSQL, warehouse, broker).")] = False,
     keep_serving: Annotated[
         bool, typer.Option(help="After the summary, keep the coordinator up (admin API) until Ctrl-C.")
@@ -279,6 +287,7 @@ def main(
     phases = Phases()
     services: list[LocalProcess] = []
     spark: SparkSession | None = None
+    spark_cluster: SparkCluster | None = None
     try:
         with phases.phase("start the coordinator (PostgreSQL, catalog)"):
             coordinator = CoordinatorService(data_dir, free_port(grpc_port), free_port(http_port), coordinator_env)
@@ -294,6 +303,10 @@ def main(
             create_topic(bootstrap_servers, topic, partitions, replication_factor)
             task = progress.add_task(topic, total=events)
             produce_orders(bootstrap_servers, topic, events, lambda n: progress.advance(task, n))
+        if cluster:
+            with phases.phase("start a Spark standalone cluster"):
+                spark_cluster = start_spark_cluster(data_dir / "spark-cluster")
+                master = spark_cluster.master_url
         with phases.phase("start Spark"):
             spark = local_spark_session("sink-coordinator-demo", master)
             spark.sparkContext.setLogLevel("ERROR")
@@ -343,5 +356,7 @@ def main(
     finally:
         if spark is not None:
             spark.stop()
+        if spark_cluster is not None:
+            spark_cluster.stop()
         for service in reversed(services):
             service.stop()

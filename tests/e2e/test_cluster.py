@@ -18,9 +18,9 @@ import psutil
 import pytest
 from pyiceberg.catalog import Catalog
 
+from sink_coordinator_demo.spark_cluster import SparkCluster
 from tests.fixtures.coordinator import CoordinatorProcess
 from tests.fixtures.pipeline import ORDER_SCHEMA_DDL, kafka_positions, produce_orders, produced_positions
-from tests.fixtures.spark_cluster import SparkCluster
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
