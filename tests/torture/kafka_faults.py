@@ -102,11 +102,25 @@ def held_keys(bootstrap: str, topic: str) -> dict[tuple[int, int], bytes | None]
     return {(m.partition(), m.offset()): m.key() for m in _read_all(bootstrap, topic)}  # type: ignore[misc]
 
 
+def log_starts(bootstrap: str, topic: str) -> dict[int, int]:
+    """Each partition's log start: records below it were deleted (retention, delete-records), not lost."""
+    consumer = Consumer(client_config(bootstrap, **{"group.id": f"torture-{topic}", "enable.auto.commit": False}))
+    try:
+        partitions = sorted(consumer.list_topics(topic, timeout=ADMIN_TIMEOUT_SECONDS).topics[topic].partitions)
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[0] for p in partitions}
+    finally:
+        consumer.close()
+
+
 def lost_by_broker(
-    acknowledged: list[ProducedRecord], held: dict[tuple[int, int], bytes | None]
+    acknowledged: list[ProducedRecord], held: dict[tuple[int, int], bytes | None], starts: dict[int, int]
 ) -> list[ProducedRecord]:
-    """Records the broker acknowledged that it does not hold (any more) where it said it put them."""
-    return [r for r in acknowledged if held.get((r.partition, r.offset), b"\0") != r.key]
+    """Records the broker acknowledged that it does not hold where it said it put them (above the log start)."""
+    return [
+        r
+        for r in acknowledged
+        if r.offset >= starts.get(r.partition, 0) and held.get((r.partition, r.offset), b"\0") != r.key
+    ]
 
 
 def delete_before(

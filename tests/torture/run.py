@@ -962,8 +962,9 @@ class Run:
         if self.load is not None and not self.load.done.is_set():
             return
         with self.lock:
+            starts = kafka_faults.log_starts(self.session.bootstrap, self.topic)
             held = kafka_faults.held_keys(self.session.bootstrap, self.topic)
-            lost = kafka_faults.lost_by_broker(self.acknowledged, held)
+            lost = kafka_faults.lost_by_broker(self.acknowledged, held, starts)
             restart.detail["broker_lost"] = len(lost)
             if not lost:
                 return
