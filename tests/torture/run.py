@@ -173,6 +173,7 @@ class Run:
     on_bad_record: str = "fail"
     lost_by_retention: set[int] = field(default_factory=set)
     acknowledged: list[ProducedRecord] = field(default_factory=list)  # every good record the broker acknowledged
+    orphans: list[Path] = field(default_factory=list)  # maintenance_kill in the sweep: files planted for it
     # topic_recreated: the records of the topic's second life, the keys its deletion may have taken (those the
     # job had not read for sure), and the batch that ran without the topic (later batches read the second life)
     second_life: dict[tuple[int, int], int] = field(default_factory=dict)
@@ -546,6 +547,9 @@ class Run:
                 ).fetchone()
                 names = ("maintenance_runs", "snapshots_expired", "expired_files_deleted", "files_compacted", "orphans")
                 maintenance.detail.update(zip(names, (int(v or 0) for v in row or ()), strict=False))
+                left = [path.name for path in self.orphans if path.exists()]
+                if maintenance.triggered and left:
+                    found.anomalies.append(f"orphan files the sweep should have deleted are still there: {left}")
             for writer in self.writers:
                 keys = writer.expected_keys()
                 of_writer = checks.check_run(
@@ -631,6 +635,8 @@ class Run:
         plan = record.plan
         try:
             if plan.name in ("coordinator_failpoint", "maintenance_kill"):
+                if plan.params.get("failpoint") == "maintenance.during_sweep":
+                    self._plant_orphans(record)
                 self._failpoint(record)
                 return
             if plan.name == "driver_killpoint":
@@ -662,6 +668,20 @@ class Run:
             self.anomalies.append(f"fault {plan.name} failed: {type(error).__name__}: {error}")
             self.notes.append(traceback.format_exc()[-3000:])
             self.board.set("up")
+
+    def _plant_orphans(self, record: FaultRecord) -> None:
+        """Files nothing references, older than the grace, in the table's data directory once it exists: the
+        sweep's work, so that the kill inside it happens (a killed task's files would be such orphans)."""
+        if not self.board.wait(lambda: self.board.precommits >= 1, RUN_SECONDS):
+            return
+        data = self.warehouse / "torture" / "orders" / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        old = time.time() - 3600
+        self.orphans = [data / f"orphan-{uuid.uuid4().hex}.parquet" for _ in range(4)]
+        for path in self.orphans:
+            path.write_bytes(b"PAR1 planted by the torture harness PAR1")
+            os.utime(path, (old, old))
+        record.detail["orphans_planted"] = len(self.orphans)
 
     def _begin(self, record: FaultRecord) -> None:
         record.triggered = True
