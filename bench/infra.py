@@ -259,6 +259,30 @@ def linked_copy(uri: str) -> str:
     return target.as_uri()
 
 
+async def timed_epoch(
+    stub: Any, sink: str, term: int, epoch: int, files: Sequence[pb.DataFile], rpc_seconds: float
+) -> tuple[float, float]:
+    """Seconds of one epoch's PreCommit of `files`, then of its CommitCheckpoint(wait) until COMMITTED."""
+    started = time.monotonic()
+    await stub.PreCommit(
+        pb.PreCommitRequest(sink=sink, epoch=epoch, writer_term=term, data_files=files), timeout=rpc_seconds
+    )
+    committing = time.monotonic()
+    await stub.CommitCheckpoint(
+        pb.CommitCheckpointRequest(sink=sink, epoch=epoch, writer_term=term, wait=True), timeout=rpc_seconds
+    )
+    return committing - started, time.monotonic() - committing
+
+
+def files_rows(count: int, precommits: dict[str, list[float]], commits: dict[str, list[float]]) -> list[dict[str, Any]]:
+    """One row per footer mode of a files-per-epoch cell: PreCommit and CommitCheckpoint(wait) latencies."""
+    return [
+        {"files": count, "footers": mode, "precommit": latency_stats(precommits[mode]),
+         "commit": latency_stats(commits[mode])}
+        for mode in precommits
+    ]  # fmt: skip
+
+
 def latency_stats(seconds: Sequence[float]) -> dict[str, float]:
     """p50/p99/max in milliseconds (NaN without samples)."""
     if not seconds:

@@ -31,8 +31,9 @@ import pyarrow.parquet as pq
 from moto.server import ThreadedMotoServer
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
-from bench.infra import ORDERS, Coordinator, Postgres, latency_stats, register_orders_sink
+from bench.infra import ORDERS, Coordinator, Postgres, files_rows, latency_stats, register_orders_sink, timed_epoch
 from bench.latency_proxy import LatencyProxy
+from bench.scale import FOOTER_MODES
 from coordinator_service.precommit_files import MAX_CONCURRENT_FILE_CHECKS
 from coordinator_service.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
@@ -40,7 +41,6 @@ from sink_coordinator_demo.ports import free_port
 
 BUCKET = "bench-precommit"
 CREDENTIALS = {"s3.access-key-id": "bench", "s3.secret-access-key": "bench", "s3.region": "us-east-1"}
-FOOTER_MODES = ("read", "sent")
 
 
 def _orders(first: int, rows: int) -> pa.Table:
@@ -137,25 +137,10 @@ async def _measure(
                     )
                     if mode == "sent":
                         heads.append(await asyncio.to_thread(_head_all, far, files))
-                    started = time.monotonic()
-                    await stub.PreCommit(
-                        pb.PreCommitRequest(sink="s3", epoch=epoch, writer_term=term, data_files=files), timeout=120
-                    )
-                    precommits[mode].append(time.monotonic() - started)
-                    started = time.monotonic()
-                    await stub.CommitCheckpoint(
-                        pb.CommitCheckpointRequest(sink="s3", epoch=epoch, writer_term=term, wait=True), timeout=120
-                    )
-                    commits[mode].append(time.monotonic() - started)
+                    precommit, commit = await timed_epoch(stub, "s3", term, epoch, files, 120)
+                    precommits[mode].append(precommit)
+                    commits[mode].append(commit)
                     epoch += 1
-            rows += [
-                {
-                    "files": count,
-                    "footers": mode,
-                    "precommit": latency_stats(precommits[mode]),
-                    "commit": latency_stats(commits[mode]),
-                }
-                for mode in FOOTER_MODES
-            ]
+            rows += files_rows(count, precommits, commits)
             rows[-1]["baseline_heads"] = latency_stats(heads)
     return rows

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +10,14 @@ import grpc
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench.infra import Coordinator, Postgres, latency_stats, register_orders_sink, write_orders_file
+from bench.infra import (
+    Coordinator,
+    Postgres,
+    files_rows,
+    register_orders_sink,
+    timed_epoch,
+    write_orders_file,
+)
 from bench.precommit import drive_precommits, register_sinks
 from coordinator_service.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
@@ -53,28 +59,11 @@ async def files_per_epoch(
                     for mode in FOOTER_MODES:
                         paths = [write_orders_file(registration.table_location, 10, first=i * 10) for i in range(count)]
                         files = [_data_file(path, mode) for path in paths]
-                        started = time.monotonic()
-                        await stub.PreCommit(
-                            pb.PreCommitRequest(sink="files", epoch=epoch, writer_term=term, data_files=files),
-                            timeout=60,
-                        )
-                        precommits[mode].append(time.monotonic() - started)
-                        started = time.monotonic()
-                        await stub.CommitCheckpoint(
-                            pb.CommitCheckpointRequest(sink="files", epoch=epoch, writer_term=term, wait=True),
-                            timeout=60,
-                        )
-                        commits[mode].append(time.monotonic() - started)
+                        precommit, commit = await timed_epoch(stub, "files", term, epoch, files, 60)
+                        precommits[mode].append(precommit)
+                        commits[mode].append(commit)
                         epoch += 1
-                rows += [
-                    {
-                        "files": count,
-                        "footers": mode,
-                        "precommit": latency_stats(precommits[mode]),
-                        "commit": latency_stats(commits[mode]),
-                    }
-                    for mode in FOOTER_MODES
-                ]
+                rows += files_rows(count, precommits, commits)
     finally:
         coordinator.stop()
     return rows
