@@ -380,9 +380,10 @@ class Run:
         self.board.set("up")
 
     def _topic_end(self) -> None:
-        """Where the topic ends once everything is produced (good and bad records)."""
+        """Where the topic ends once everything is produced (good and bad records; topic_recreated: the second
+        life's, once the topic was created again)."""
         self.topic_end: dict[int, int] = {}
-        for partition, offset in [*self.positions, *self.bad_positions]:
+        for partition, offset in self.second_life or [*self.positions, *self.bad_positions]:
             self.topic_end[partition] = max(self.topic_end.get(partition, 0), offset + 1)
 
     def _drive(self) -> None:
@@ -1091,9 +1092,7 @@ class Run:
                 self.second_life = kafka_faults.positions(
                     produce_orders(self.session.bootstrap, self.topic, keys, partitions=partitions)
                 )
-                self.topic_end = {}
-                for partition, offset in self.second_life:
-                    self.topic_end[partition] = max(self.topic_end.get(partition, 0), offset + 1)
+                self._topic_end()
                 record.detail.update(batch_without_topic=epoch, second_life=len(self.second_life))
                 record.ended_at = time.time()
         finally:
