@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,50 @@ def start_offsets(properties: dict[str, str]) -> dict[int, int] | None:
     return {p: o for start in starts for p, o in partitions_of(start).items()} if starts else None
 
 
+@dataclass
+class History:
+    """A sink's epochs over its whole log history, keyed by (generation, epoch)."""
+
+    latest: dict[tuple[int, int], tuple[str, str | None]] = field(default_factory=dict)  # status (PRUNED), cause
+    properties: dict[tuple[int, int], dict[str, str]] = field(default_factory=dict)
+    paths_by_attempt: dict[tuple[int, int, int], frozenset[str]] = field(default_factory=dict)
+    properties_by_attempt: dict[tuple[int, int, int], dict[str, str]] = field(default_factory=dict)
+    aborted: set[tuple[int, int, int]] = field(default_factory=set)
+    anomalies: list[str] = field(default_factory=list)
+
+
+def read_history(rows: Iterable[Sequence[Any]]) -> History:
+    """The audit's rows (op, epoch, status, attempt, metadata, checkpoint then, generation then, abort cause).
+
+    A row belongs to the generation in which its attempt was pre-committed (the audit records the sink's
+    generation at each change: the cleaner may mark, and the first registration after a reset deletes, an old
+    generation's row after the reset). A deleted COMMITTED row is PRUNED (its records are in the table); a deleted
+    ABORTED row stays what it was (an operator's abort stays lost by design after the reset deleted its row).
+    """
+    history = History()
+    row_generation: dict[int, int] = {}
+    for op, epoch, status, attempt, metadata, checkpoint_then, sink_generation, cause in rows:
+        if op == "INSERT" or (op == "UPDATE" and status == "PENDING"):
+            row_generation[epoch] = sink_generation
+        gen = row_generation.get(epoch, sink_generation)
+        if op == "DELETE":
+            if status == "COMMITTED":
+                history.latest[(gen, epoch)] = ("PRUNED", None)
+            continue
+        history.latest[(gen, epoch)] = (status, cause)
+        decoded = precommit_metadata.decode(bytes(metadata))
+        history.paths_by_attempt[(gen, epoch, attempt)] = decoded.paths
+        history.properties[(gen, epoch)] = decoded.properties
+        history.properties_by_attempt[(gen, epoch, attempt)] = decoded.properties
+        if status == "ABORTED":
+            history.aborted.add((gen, epoch, attempt))
+        if status == "COMMITTED" and checkpoint_then is not None and epoch > checkpoint_then:
+            history.anomalies.append(
+                f"epoch {epoch} was marked COMMITTED while the recorded checkpoint was {checkpoint_then} (invariant 3)"
+            )
+    return history
+
+
 def check_run(
     *,
     connection: psycopg.Connection[Any],
@@ -169,36 +214,21 @@ def check_run(
     found.facts.update(checkpointed_epoch=checkpointed, committed_epoch=committed, generation=generation)
 
     # The log's whole history (the audit triggers), by generation: a reset starts epoch numbers again.
-    history = connection.execute(
-        "SELECT op, epoch, status, attempt, metadata, checkpointed_epoch, generation, abort_cause "
-        "FROM torture_epoch_audit WHERE sink_id = %s ORDER BY id",
-        (sink_id,),
-    ).fetchall()
-    latest: dict[tuple[int, int], tuple[str, str | None]] = {}
-    properties: dict[tuple[int, int], dict[str, str]] = {}
-    paths_by_attempt: dict[tuple[int, int, int], frozenset[str]] = {}
-    properties_by_attempt: dict[tuple[int, int, int], dict[str, str]] = {}
-    aborted: set[tuple[int, int, int]] = set()
-    # A row belongs to the generation in which its attempt was pre-committed (the audit records the sink's
-    # generation at each change: the cleaner may mark an old generation's row after a reset).
-    row_generation: dict[int, int] = {}
-    for op, epoch, status, attempt, metadata, checkpoint_then, sink_generation, cause in history:
-        if op == "INSERT" or (op == "UPDATE" and status == "PENDING"):
-            row_generation[epoch] = sink_generation
-        gen = row_generation.get(epoch, sink_generation)
-        latest[(gen, epoch)] = ("PRUNED", None) if op == "DELETE" else (status, cause)
-        if op == "DELETE":
-            continue
-        decoded = precommit_metadata.decode(bytes(metadata))
-        paths_by_attempt[(gen, epoch, attempt)] = decoded.paths
-        properties[(gen, epoch)] = decoded.properties
-        properties_by_attempt[(gen, epoch, attempt)] = decoded.properties
-        if status == "ABORTED":
-            aborted.add((gen, epoch, attempt))
-        if status == "COMMITTED" and checkpoint_then is not None and epoch > checkpoint_then:
-            found.anomaly(
-                f"epoch {epoch} was marked COMMITTED while the recorded checkpoint was {checkpoint_then} (invariant 3)"
-            )
+    history = read_history(
+        connection.execute(
+            "SELECT op, epoch, status, attempt, metadata, checkpointed_epoch, generation, abort_cause "
+            "FROM torture_epoch_audit WHERE sink_id = %s ORDER BY id",
+            (sink_id,),
+        ).fetchall()
+    )
+    for problem in history.anomalies:
+        found.anomaly(problem)
+    latest, properties = history.latest, history.properties
+    paths_by_attempt, properties_by_attempt, aborted = (
+        history.paths_by_attempt,
+        history.properties_by_attempt,
+        history.aborted,
+    )
     found.facts["aborted_attempts"] = len(aborted)
 
     def _start_of(gen: int, epoch: int) -> dict[int, int]:
