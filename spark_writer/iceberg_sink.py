@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol, runtime_checkable
 
@@ -41,6 +41,7 @@ from spark_writer.checkpoint import NO_OFFSET, SparkCheckpoint
 from spark_writer.listener import CheckpointListener, CheckpointReporter
 from spark_writer.parquet_writer import WRITTEN_FILES_DDL, DataFileTarget, delete_files, task_writer
 from spark_writer.partitioning import parse_partition_fields
+from spark_writer.storage import Storage
 
 log = structlog.get_logger(__name__)
 
@@ -84,6 +85,7 @@ class SinkOptions:
     partition_by: tuple[str, ...]
     target_file_size_bytes: int
     evolve_schema: bool
+    storage: Storage
 
 
 class MicroBatchWriter:
@@ -140,6 +142,7 @@ class MicroBatchWriter:
             schema=schema,
             partition_fields=parse_partition_fields(self._options.partition_by, schema),
             target_file_size_bytes=self._options.target_file_size_bytes,
+            storage=self._options.storage,
         )
         written = frame.mapInArrow(task_writer(target), WRITTEN_FILES_DDL).collect()
         paths = [row.path for row in written]
@@ -159,11 +162,11 @@ class MicroBatchWriter:
             )
         except CoordinatorRpcError as error:
             if error.code in REFUSED_CODES:
-                delete_files(paths)
+                delete_files(paths, self._options.storage)
             raise
         if answer.already_committed:
             # The table holds this epoch from an earlier run: these files would be a second copy.
-            delete_files(paths)
+            delete_files(paths, self._options.storage)
             log.warning("batch already committed; its new files deleted", sink=self._options.sink, epoch=batch_id)
             return
         log.info(
@@ -275,6 +278,7 @@ def write_to_iceberg(
     transform: BatchTransform | None = None,
     query_name: str | None = None,
     coordinator_retry_seconds: float = DEFAULT_COORDINATOR_RETRY_SECONDS,
+    storage: Mapping[str, str] | None = None,
 ) -> IcebergSinkQuery:
     """Start a streaming query writing `df` into the Iceberg table `table` exactly once.
 
@@ -296,6 +300,9 @@ def write_to_iceberg(
         query_name: Spark query name.
         coordinator_retry_seconds: how long a call to the coordinator retries while it is unreachable before
             the batch fails; a failed checkpoint report is sent again on its own until it lands.
+        storage: how executors reach the table's location, as pyiceberg's FileIO properties (`s3.endpoint`,
+            `s3.region`, `s3.access-key-id`, ...: the coordinator's catalog takes the same keys); keys left
+            out come from each machine's environment (spark_writer.storage).
 
     Raises CoordinatorRpcError when the coordinator refuses the registration (for
     example a checkpoint behind what it committed) and ValueError for bad options.
@@ -311,6 +318,7 @@ def write_to_iceberg(
     checkpoint = SparkCheckpoint(spark, checkpoint_location)
     checkpointed = checkpoint.last_committed_batch()
 
+    files = Storage(storage or {})
     if coordinator_retry_seconds <= 0:
         raise ValueError(f"coordinator_retry_seconds must be positive, got {coordinator_retry_seconds}")
     client = CoordinatorClient(coordinator, token=writer_token, retry_seconds=coordinator_retry_seconds)
@@ -335,7 +343,7 @@ def write_to_iceberg(
         recommitting_epochs=list(registration.recommitting_epochs),
         table_location=registration.table_location,
     )
-    options = SinkOptions(sink, tuple(partition_by), target_file_size_bytes, evolve_schema)
+    options = SinkOptions(sink, tuple(partition_by), target_file_size_bytes, evolve_schema, files)
     reporter = CheckpointReporter(client, sink, registration.writer_term, checkpoint, checkpointed)
     listener = CheckpointListener(reporter)
     spark.streams.addListener(listener)

@@ -59,6 +59,7 @@ from spark_writer.kafka_records import (
 )
 from spark_writer.kafka_source import SOURCE_NAME, KafkaDataSource
 from spark_writer.session import local_spark_session, retries_tasks
+from spark_writer.storage import Storage
 from spark_writer.worker_logging import set_worker_log_level
 
 log = structlog.get_logger(__name__)
@@ -130,6 +131,10 @@ class SinkSettings:
     processing_time: str | None = None
     available_now: bool = False
     coordinator_retry_seconds: float = DEFAULT_COORDINATOR_RETRY_SECONDS
+    storage: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        Storage(self.storage)  # unknown keys and bad values refused before Spark starts
 
 
 def parse_size(text: str) -> int:
@@ -211,6 +216,7 @@ def start_job(spark: SparkSession, kafka: KafkaSettings, parse: ParseSettings, s
         transform=parser,
         query_name=sink.sink,
         coordinator_retry_seconds=sink.coordinator_retry_seconds,
+        storage=sink.storage,
     )
 
 
@@ -318,6 +324,13 @@ def main(
         str | None, typer.Option(help='Micro-batch interval, e.g. "10 seconds"; default: back to back.')
     ] = None,
     available_now: Annotated[bool, typer.Option(help="Process what the topics hold now, then stop.")] = False,
+    storage: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="FileIO property of the table's storage key=value (repeat), as the coordinator's catalog takes "
+            "it: s3.endpoint, s3.region, s3.access-key-id, ...; leave secrets to AWS_* variables and files."
+        ),
+    ] = None,
     master: Annotated[str | None, typer.Option(help="Spark master; default: spark-submit's, else local[*].")] = None,
     log_level: Annotated[LogLevel, typer.Option(case_sensitive=False, help="Log level.")] = LogLevel.INFO,
     log_format: Annotated[LogFormat, typer.Option(help="Log lines as console text or JSON.")] = LogFormat.CONSOLE,
@@ -356,6 +369,7 @@ def main(
             processing_time=trigger_interval,
             available_now=available_now,
             coordinator_retry_seconds=coordinator_retry_seconds,
+            storage=parse_key_values(storage or [], "--storage"),
         )
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None

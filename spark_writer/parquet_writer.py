@@ -27,6 +27,7 @@ import structlog
 from pyspark import TaskContext
 
 from spark_writer.partitioning import PartitionField, PartitionKey, split_by_partition
+from spark_writer.storage import Storage
 
 log = structlog.get_logger(__name__)
 
@@ -67,6 +68,7 @@ class DataFileTarget:
     schema: pa.Schema
     partition_fields: tuple[PartitionField, ...]
     target_file_size_bytes: int
+    storage: Storage = field(default_factory=Storage)
 
     @property
     def row_group_bytes(self) -> int:
@@ -95,8 +97,9 @@ class RollingParquetFiles:
     def __init__(self, target: DataFileTarget, task_label: str) -> None:
         self._target = target
         self._directory = data_directory_uri(target.table_location)
-        self._filesystem, directory_path = pafs.FileSystem.from_uri(self._directory)
-        self._filesystem.create_dir(directory_path, recursive=True)
+        filesystem, directory_path = target.storage.filesystem(self._directory)
+        if not isinstance(filesystem, pafs.S3FileSystem):  # an object store has no directories to make
+            filesystem.create_dir(directory_path, recursive=True)
         self._prefix = f"{target.batch_id:08d}-{task_label}-{uuid.uuid4().hex[:12]}"
         self._open: dict[PartitionKey, _OpenFile] = {}
         self._closed: list[WrittenFile] = []
@@ -126,12 +129,12 @@ class RollingParquetFiles:
                 current.writer.close()
                 current.stream.close()
         self._open.clear()
-        delete_files(self._started)
+        delete_files(self._started, self._target.storage)
 
     def _start_file(self, key: PartitionKey) -> _OpenFile:
         uri = f"{self._directory}/{self._prefix}-{len(self._started):04d}.parquet"
         self._started.append(uri)
-        filesystem, path = pafs.FileSystem.from_uri(uri)
+        filesystem, path = self._target.storage.filesystem(uri)
         stream = filesystem.open_output_stream(path)
         footer: list[pq.FileMetaData] = []
         writer = pq.ParquetWriter(
@@ -188,9 +191,9 @@ def serialize_footer(footer: pq.FileMetaData) -> bytes:
     return bytes(buffer.getvalue().to_pybytes())
 
 
-def delete_files(uris: Sequence[str]) -> None:
+def delete_files(uris: Sequence[str], storage: Storage) -> None:
     """Delete data files by URI; a file already gone is fine."""
     for uri in uris:
-        filesystem, path = pafs.FileSystem.from_uri(uri)
+        filesystem, path = storage.filesystem(uri)
         with contextlib.suppress(FileNotFoundError):
             filesystem.delete_file(path)

@@ -1,31 +1,21 @@
-"""The coordinator on S3-compatible storage, with a SQL catalog and with Glue (moto's server, or a real endpoint)."""
+"""The coordinator and the writer's tasks on S3-compatible storage, with a SQL catalog and with Glue (moto's
+server, or a real endpoint)."""
 
 from __future__ import annotations
 
 import asyncio
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog import Catalog, load_catalog
 
 from coordinator_service.protocol import PreCommitRequest, Registration
+from spark_writer.parquet_writer import DataFileTarget, delete_files, task_writer
+from spark_writer.storage import Storage
 from tests.fixtures.admin import AdminApp, AdminFactory, eventually, sink_id_of
 from tests.fixtures.coordinator import ORDERS, orders
 from tests.fixtures.object_store import ObjectStore
-
-
-def catalogs(object_store: ObjectStore, warehouse: str, database_url: str) -> dict[str, dict[str, str]]:
-    return {
-        "sql": {"type": "sql", "uri": database_url, "warehouse": warehouse, **object_store.properties},
-        "glue": {
-            "type": "glue",
-            "glue.endpoint": object_store.endpoint,
-            "glue.region": object_store.region,
-            "glue.access-key-id": object_store.access_key_id,
-            "glue.secret-access-key": object_store.secret_access_key,
-            "warehouse": warehouse,
-            **object_store.properties,
-        },
-    }
 
 
 def order_ids(catalog: Catalog, table: str) -> list[int]:
@@ -45,7 +35,7 @@ async def pre_commit(admin: AdminApp, store: ObjectStore, registration: Registra
 async def test_commits_recovery_and_cleanup_on_object_storage(
     kind: str, admin_factory: AdminFactory, object_store: ObjectStore, s3_warehouse: str, database_url: str
 ) -> None:
-    properties = catalogs(object_store, s3_warehouse, database_url)[kind]
+    properties = object_store.catalog_properties(kind, s3_warehouse, database_url)
     admin = await admin_factory(catalog_name=f"s3-{kind}", catalog=properties, recovery_files_keep_seconds=0)
     catalog = load_catalog(f"s3-{kind}", **properties)
     table = f"db_{kind}.orders"
@@ -72,3 +62,22 @@ async def test_commits_recovery_and_cleanup_on_object_storage(
     run = await admin.runtime.maintainer.run_now(sink_id_of(database_url, "orders"))
     assert (run.outcome, run.swept) == ("ok", True), run.error
     assert order_ids(catalog, table) == list(range(30))
+
+
+def test_the_writer_s_task_writes_and_deletes_its_files_on_object_storage(
+    object_store: ObjectStore, s3_warehouse: str
+) -> None:
+    storage = Storage(object_store.properties)
+    target = DataFileTarget(f"{s3_warehouse}/db/orders", 3, ORDERS, (), 1 << 20, storage)
+    (written,) = task_writer(target)(iter([pa.RecordBatch.from_pylist(orders(0, 50), schema=ORDERS)]))
+    (entry,) = written.to_pylist()
+    assert entry["path"].startswith(f"{s3_warehouse}/db/orders/data/00000003-")
+    filesystem, path = storage.filesystem(entry["path"])
+    assert filesystem.get_file_info(path).size == entry["size_bytes"]
+    table = pq.read_table(path, filesystem=filesystem)
+    assert table.column("order_id").to_pylist() == list(range(50))
+    assert pq.read_metadata(pa.BufferReader(entry["parquet_footer"])).num_rows == 50  # the footer sent
+
+    delete_files([entry["path"]], storage)
+    assert not object_store.exists(entry["path"])
+    delete_files([entry["path"]], storage)  # already gone: fine
