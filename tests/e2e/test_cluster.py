@@ -1,9 +1,10 @@
-"""The pipeline on a Spark standalone cluster: the driver here, executors in JVMs the cluster's worker launched.
+"""The pipeline where tables really live: a Spark standalone cluster, S3-compatible storage, the Glue catalog.
 
-`sink-writer --master spark://…` runs as a process of its own; its tasks (reading Kafka, writing Parquet)
-run in the executor's JVM and its Python workers, not in the driver. Mid-stream the executor's JVM is killed
-(kill -9, with its Python workers): the worker launches a new one, Spark runs the lost tasks again, and every
-record is in the table once.
+`sink-writer --master spark://…` runs as a process of its own; its tasks (reading Kafka, writing Parquet to
+the object store) run in the executor's JVM and its Python workers, not in the driver; the coordinator commits
+through Glue, with the table on the same object store (moto's S3 and Glue server, or SINK_TEST_S3_* for a real
+S3 endpoint). Mid-stream the executor's JVM is killed (kill -9, with its Python workers): the worker launches a
+new one, Spark runs the lost tasks again, and every record is in the table once.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-from pyiceberg.catalog import Catalog
+from pyiceberg.catalog import load_catalog
 
 from sink_coordinator_demo.spark_cluster import SparkCluster
 from tests.fixtures.coordinator import CoordinatorProcess
+from tests.fixtures.object_store import ObjectStore
 from tests.fixtures.pipeline import ORDER_SCHEMA_DDL, kafka_positions, produce_orders, produced_positions
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
@@ -47,14 +49,23 @@ def executor_jvms(cluster: SparkCluster) -> list[psutil.Process]:
     return found
 
 
-def test_exactly_once_on_a_standalone_cluster_with_an_executor_killed_mid_stream(
+def test_exactly_once_on_a_cluster_with_s3_and_glue_with_an_executor_killed_mid_stream(
     spark_cluster: SparkCluster,
     kafka_bootstrap: str,
     kafka_topic: TopicFactory,
-    coordinator: CoordinatorProcess,
-    catalog: Catalog,
+    coordinator_factory: Callable[..., CoordinatorProcess],
+    object_store: ObjectStore,
+    s3_warehouse: str,
+    database_url: str,
     tmp_path: Path,
 ) -> None:
+    properties = object_store.catalog_properties("glue", s3_warehouse, database_url)
+    coordinator = coordinator_factory(
+        SINK_COORDINATOR_CATALOG_NAME="glue",
+        **{f"SINK_COORDINATOR_CATALOG__{key}": value for key, value in properties.items()},
+    )
+    catalog = load_catalog("glue", **properties)
+    storage = [flag for key, value in object_store.properties.items() for flag in ("--storage", f"{key}={value}")]
     topic = kafka_topic(partitions=PARTITIONS)
     produced = produce_orders(kafka_bootstrap, topic, range(RECORDS), partitions=PARTITIONS)
     flags = [
@@ -70,6 +81,7 @@ def test_exactly_once_on_a_standalone_cluster_with_an_executor_killed_mid_stream
         "--checkpoint-location", str(tmp_path / "checkpoint"),
         "--available-now",
         "--master", spark_cluster.master_url,
+        *storage,
     ]  # fmt: skip
     log_path = tmp_path / "driver.log"
     with log_path.open("w") as log_file:
@@ -91,6 +103,8 @@ def test_exactly_once_on_a_standalone_cluster_with_an_executor_killed_mid_stream
                 driver.wait()
 
     assert kafka_positions(catalog, TABLE) == produced_positions(produced)
+    data_files = catalog.load_table(TABLE).inspect.data_files().column("file_path").to_pylist()
+    assert data_files and all(path.startswith(f"{s3_warehouse}/") for path in data_files)
     with coordinator.client() as client:
         state = client.sink_state(SINK)
     assert state.committed_epoch == state.checkpointed_epoch >= RECORDS // PER_BATCH - 1
