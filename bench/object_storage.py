@@ -22,13 +22,12 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-import boto3
 import grpc
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from moto.server import ThreadedMotoServer
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
 from bench.infra import ORDERS, Coordinator, Postgres, files_rows, latency_stats, register_orders_sink, timed_epoch
@@ -37,10 +36,9 @@ from bench.scale import FOOTER_MODES
 from coordinator_service.precommit_files import MAX_CONCURRENT_FILE_CHECKS
 from coordinator_service.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
-from sink_coordinator_demo.ports import free_port
+from sink_coordinator_demo.object_store import emulated_object_store
 
 BUCKET = "bench-precommit"
-CREDENTIALS = {"s3.access-key-id": "bench", "s3.secret-access-key": "bench", "s3.region": "us-east-1"}
 
 
 def _orders(first: int, rows: int) -> pa.Table:
@@ -67,43 +65,28 @@ def _upload(io: PyArrowFileIO, location: str, first: int, footers: str) -> pb.Da
 async def run(
     postgres: Postgres, root: Path, *, file_counts: tuple[int, ...], epochs: int, delay_seconds: float
 ) -> dict[str, Any]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
-    server.start()
     proxy: LatencyProxy | None = None
     coordinator: Coordinator | None = None
-    try:
-        host, port = server.get_host_and_port()
-        direct = {"s3.endpoint": f"http://{host}:{port}", **CREDENTIALS}
-        boto3.client(
-            "s3",
-            endpoint_url=direct["s3.endpoint"],
-            aws_access_key_id="bench",
-            aws_secret_access_key="bench",
-            region_name="us-east-1",
-        ).create_bucket(Bucket=BUCKET)
-        proxy = LatencyProxy(host, port, delay_seconds).start()
-        database_url = postgres.new_database("s3")
-        catalog = {
-            "type": "sql",
-            "uri": database_url,
-            "warehouse": f"s3://{BUCKET}/warehouse",
-            "s3.endpoint": proxy.url,
-            **CREDENTIALS,
-        }
-        coordinator = Coordinator(
-            database_url,
-            root / "s3",
-            env={f"SINK_COORDINATOR_CATALOG__{key}": value for key, value in catalog.items()},
-        ).start()
-        far = PyArrowFileIO({"s3.endpoint": proxy.url, **CREDENTIALS})
-        rows = await _measure(coordinator, PyArrowFileIO(direct), far, file_counts, epochs)
-        return {"delay_ms_each_way": delay_seconds * 1000, "epochs_per_cell": epochs, "rows": rows}
-    finally:
-        if coordinator is not None:
-            coordinator.stop()
-        if proxy is not None:
-            proxy.stop()
-        server.stop()
+    with emulated_object_store(BUCKET) as store:
+        try:
+            host, port = urlsplit(store.endpoint).hostname, urlsplit(store.endpoint).port
+            assert host is not None and port is not None
+            proxy = LatencyProxy(host, port, delay_seconds).start()
+            database_url = postgres.new_database("s3")
+            far = {**store.properties, "s3.endpoint": proxy.url}
+            catalog = store.catalog_properties("sql", store.uri("warehouse"), database_url) | far
+            coordinator = Coordinator(
+                database_url,
+                root / "s3",
+                env={f"SINK_COORDINATOR_CATALOG__{key}": value for key, value in catalog.items()},
+            ).start()
+            rows = await _measure(coordinator, PyArrowFileIO(store.properties), PyArrowFileIO(far), file_counts, epochs)
+            return {"delay_ms_each_way": delay_seconds * 1000, "epochs_per_cell": epochs, "rows": rows}
+        finally:
+            if coordinator is not None:
+                coordinator.stop()
+            if proxy is not None:
+                proxy.stop()
 
 
 def _head_all(io: PyArrowFileIO, files: list[pb.DataFile]) -> float:

@@ -5,7 +5,8 @@ and a local Kafka-protocol broker, produces a stream of order events, streams th
 into a new Iceberg table with the Spark writer in several micro-batches, then reads
 the table back and shows that every order is there exactly once. Each run uses a
 new topic, sink and table; --reset starts from an empty data directory. Flags point
-it at a real Kafka, PostgreSQL or catalog instead.
+it at a real Kafka, PostgreSQL or catalog instead, keep the table on a local S3 and
+Glue emulator (--s3), or run Spark on a standalone cluster started here (--cluster).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from coordinator_service.logs import LogFormat, LogLevel, configure_logging
 from coordinator_service.runtime import metastore_url, open_catalog
 from coordinator_service.settings import Settings
 from sink_coordinator_demo.local_services import CoordinatorService, LocalProcess, NoidaKafkaBroker
+from sink_coordinator_demo.object_store import emulated_object_store
 from sink_coordinator_demo.orders import ORDER_SCHEMA_DDL, create_topic, produce_orders
 from sink_coordinator_demo.ports import free_port
 from sink_coordinator_demo.spark_cluster import SparkCluster, start_spark_cluster
@@ -260,6 +262,14 @@ def main(
             "logs in DATA_DIR/spark-cluster): executors in JVMs of their own. Overrides --master."
         ),
     ] = False,
+    s3: Annotated[
+        bool,
+        typer.Option(
+            help="Keep the table on S3: an S3 and Glue emulator (moto, the demo extra) started here holds it, "
+            "in its Glue catalog, and the executors write there (--storage). The emulator's contents go with "
+            "the demo, so the run uses DATA_DIR/s3, emptied first."
+        ),
+    ] = False,
     reset: Annotated[bool, typer.Option(help="Delete DATA_DIR first (its PostgreSQL, warehouse, broker).")] = False,
     keep_serving: Annotated[
         bool, typer.Option(help="After the summary, keep the coordinator up (admin API) until Ctrl-C.")
@@ -270,25 +280,37 @@ def main(
     quiet_spark()
     interrupt_on_sigterm()
     catalog_properties = parse_key_values(catalog or [], "--catalog")
-    data_dir = data_dir.resolve()
-    if reset:
+    if s3 and catalog_properties:
+        raise typer.BadParameter("--s3 brings its own catalog (Glue on the emulator): leave out --catalog")
+    # With --s3 the metastore's sinks name tables that live only as long as the emulator: a data dir of its own.
+    data_dir = data_dir.resolve() / ("s3" if s3 else "")
+    if reset or s3:
         reset_data_dir(data_dir)
     run = datetime.now().strftime("%Y%m%d_%H%M%S")
     topic, sink_name, table = f"demo-orders-{run}", f"demo-orders-{run}", f"demo.orders_{run}"
-    settings = Settings(
-        data_dir=data_dir,
-        database_url=None if database_url is None else SecretStr(database_url),
-        catalog=catalog_properties,
-    )
-    coordinator_env = {
-        **({"DATABASE_URL": database_url} if database_url else {}),
-        **{f"CATALOG__{key}": value for key, value in catalog_properties.items()},
-    }
     phases = Phases()
     services: list[LocalProcess] = []
     spark: SparkSession | None = None
     spark_cluster: SparkCluster | None = None
+    emulator = contextlib.ExitStack()
+    where: dict[str, str] = {}
+    storage: dict[str, str] = {}
     try:
+        if s3:
+            with phases.phase("start the object store (moto: S3 and Glue)"):
+                store = emulator.enter_context(emulated_object_store("sink-coordinator-demo"))
+                catalog_properties = store.catalog_properties("glue", store.uri("warehouse"))
+                storage = store.properties
+                where["object store"] = f"{store.endpoint} (moto's S3 and Glue: gone when the demo ends)"
+        settings = Settings(
+            data_dir=data_dir,
+            database_url=None if database_url is None else SecretStr(database_url),
+            catalog=catalog_properties,
+        )
+        coordinator_env = {
+            **({"DATABASE_URL": database_url} if database_url else {}),
+            **{f"CATALOG__{key}": value for key, value in catalog_properties.items()},
+        }
         with phases.phase("start the coordinator (PostgreSQL, catalog)"):
             coordinator = CoordinatorService(data_dir, free_port(grpc_port), free_port(http_port), coordinator_env)
             services.append(coordinator)
@@ -316,6 +338,7 @@ def main(
             coordinator=coordinator.target,
             checkpoint_location=str(data_dir / "checkpoints" / sink_name),
             available_now=True,
+            storage=storage,
         )
         kafka = KafkaSettings(
             bootstrap_servers,
@@ -338,7 +361,14 @@ def main(
             {
                 "Kafka topic": f"{topic} on {bootstrap_servers}",
                 "Iceberg table": f"{table} in catalog {settings.catalog_name!r} "
-                + ("(the configured one)" if catalog_properties else "(SQL catalog in the coordinator's PostgreSQL)"),
+                + (
+                    "(Glue on the emulator)"
+                    if s3
+                    else "(the configured one)"
+                    if catalog_properties
+                    else "(SQL catalog in the coordinator's PostgreSQL)"
+                ),
+                **where,
                 "table location": check.location,
                 "Spark checkpoint": sink.checkpoint_location,
                 "admin API": f"{coordinator.admin_url}/api/v1/sinks (docs: {coordinator.admin_url}/docs)"
@@ -360,3 +390,4 @@ def main(
             spark_cluster.stop()
         for service in reversed(services):
             service.stop()
+        emulator.close()

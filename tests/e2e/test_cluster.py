@@ -19,9 +19,9 @@ import psutil
 import pytest
 from pyiceberg.catalog import load_catalog
 
+from sink_coordinator_demo.object_store import ObjectStore
 from sink_coordinator_demo.spark_cluster import SparkCluster
 from tests.fixtures.coordinator import CoordinatorProcess
-from tests.fixtures.object_store import ObjectStore
 from tests.fixtures.pipeline import ORDER_SCHEMA_DDL, kafka_positions, produce_orders, produced_positions
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]

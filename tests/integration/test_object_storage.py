@@ -11,11 +11,12 @@ import pytest
 from pyiceberg.catalog import Catalog, load_catalog
 
 from coordinator_service.protocol import PreCommitRequest, Registration
+from sink_coordinator_demo.object_store import ObjectStore
 from spark_writer.parquet_writer import DataFileTarget, delete_files, task_writer
 from spark_writer.storage import Storage
 from tests.fixtures.admin import AdminApp, AdminFactory, eventually, sink_id_of
 from tests.fixtures.coordinator import ORDERS, orders
-from tests.fixtures.object_store import ObjectStore
+from tests.fixtures.object_store import exists, write_parquet_to
 
 
 def order_ids(catalog: Catalog, table: str) -> list[int]:
@@ -24,7 +25,7 @@ def order_ids(catalog: Catalog, table: str) -> list[int]:
 
 
 async def pre_commit(admin: AdminApp, store: ObjectStore, registration: Registration, epoch: int, first: int) -> str:
-    uri = await asyncio.to_thread(store.write_parquet, registration.table_location, orders(first, 10), ORDERS)
+    uri = await asyncio.to_thread(write_parquet_to, store, registration.table_location, orders(first, 10), ORDERS)
     await admin.runtime.coordinator.pre_commit(
         PreCommitRequest(sink="orders", epoch=epoch, writer_term=registration.writer_term, paths=(uri,))
     )
@@ -55,7 +56,7 @@ async def test_commits_recovery_and_cleanup_on_object_storage(
     assert order_ids(catalog, table) == list(range(30))
 
     async def cleaned() -> bool:
-        return not await asyncio.to_thread(object_store.exists, stranded)
+        return not await asyncio.to_thread(exists, object_store, stranded)
 
     await eventually(cleaned, "the aborted attempt's file deleted from the object store")
 
@@ -79,5 +80,5 @@ def test_the_writer_s_task_writes_and_deletes_its_files_on_object_storage(
     assert pq.read_metadata(pa.BufferReader(entry["parquet_footer"])).num_rows == 50  # the footer sent
 
     delete_files([entry["path"]], storage)
-    assert not object_store.exists(entry["path"])
+    assert not exists(object_store, entry["path"])
     delete_files([entry["path"]], storage)  # already gone: fine
