@@ -1,5 +1,5 @@
-"""`python -m bench [--quick] [--parts 1,2,3,4,5,6,7,8] [--profile]`: run the benchmarks, write bench/results/latest.md
-and latest.json, print the tables.
+"""`python -m bench [--quick] [--parts 1,2,3,4,5,6,7,8,9] [--profile]`: run the benchmarks, write
+bench/results/latest.md and latest.json, print the tables.
 
 Every figure that has a goal is reported as a ratio to a baseline measured in the same run on the same
 machine (raw psycopg commits, raw pyiceberg appends, a plain Spark job), with medians and spreads.
@@ -28,7 +28,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a short run (about 2 minutes) for CI: fewer cells")
-    parser.add_argument("--parts", default="1,2,3,4,5,6,7,8", help="which parts to run (default: all)")
+    parser.add_argument("--parts", default="1,2,3,4,5,6,7,8,9", help="which parts to run (default: all)")
     parser.add_argument("--profile", action="store_true", help="py-spy the coordinator during parts 1, 2 and 4")
     parser.add_argument("--output", type=Path, default=RESULTS, help="directory of latest.md and latest.json")
     args = parser.parse_args(argv)
@@ -146,6 +146,13 @@ def main(argv: list[str] | None = None) -> int:
             from bench import e2e
 
             results["e2e"] = e2e.run(postgres, root, partitions=(1, 4), records=100_000, batches=5, repetitions=2)
+        if 9 in parts and not args.quick:
+            print("part 9: end to end on a standalone cluster and S3 ...", flush=True)
+            from bench import e2e
+
+            results["e2e_cluster_s3"] = e2e.run(
+                postgres, root, partitions=(4,), records=100_000, batches=5, repetitions=2, cluster_s3=True
+            )
     finally:
         postgres.stop()
         results["wall_seconds"] = time.monotonic() - started

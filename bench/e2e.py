@@ -5,6 +5,11 @@ the same JSON and write the same Parquet files with the same executor code (mapI
 job is spark_writer.write_to_iceberg with the real coordinator process; the plain job is a foreachBatch that
 appends each batch's files with one pyiceberg append (add_files) on the same catalog, and nothing else.
 Rate = records / (query start to termination, including the last commit).
+
+Part 3 runs both jobs in a local Spark session on a local warehouse; part 9 runs them where tables really live,
+on a Spark standalone cluster (executors in JVMs of their own) with the warehouse on S3 (moto's server on
+127.0.0.1, reached by the executors through the writer's storage settings and by the coordinator and the plain
+job through pyiceberg's FileIO).
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +72,17 @@ def _stream(spark: Any, bootstrap: str, topic: str, max_offsets: int) -> Any:
     return order_stream(spark, bootstrap, topic, max_offsets, ddl=ORDER_DDL)
 
 
+@dataclass(frozen=True)
+class Place:
+    """Where both jobs run: the Spark master, the catalog, and how executors reach its warehouse."""
+
+    master: str
+    catalog: dict[str, str]
+    storage: dict[str, str] = field(default_factory=dict)
+
+
 def run_coordinated(
-    spark: Any, coordinator: Coordinator, bootstrap: str, topic: str, max_offsets: int, root: Path
+    spark: Any, coordinator: Coordinator, bootstrap: str, topic: str, max_offsets: int, root: Path, place: Place
 ) -> float:
     from spark_writer.iceberg_sink import write_to_iceberg
 
@@ -79,15 +95,19 @@ def run_coordinated(
         coordinator=coordinator.target,
         checkpoint_location=str(root / f"ckpt-{name}"),
         available_now=True,
+        storage=place.storage,
     )
     assert running.await_termination(600), "coordinated query did not finish"
     return time.monotonic() - started
 
 
-def run_plain(spark: Any, catalog: Any, bootstrap: str, topic: str, max_offsets: int, root: Path) -> float:
+def run_plain(
+    spark: Any, catalog: Any, bootstrap: str, topic: str, max_offsets: int, root: Path, place: Place
+) -> float:
     from coordinator_service.iceberg import IcebergTables
     from spark_writer.arrow_schema import arrow_schema_of
     from spark_writer.parquet_writer import WRITTEN_FILES_DDL, DataFileTarget, task_writer
+    from spark_writer.storage import Storage
 
     name = f"plain_{topic.replace('-', '_')}"
     frame = _stream(spark, bootstrap, topic, max_offsets)
@@ -101,6 +121,7 @@ def run_plain(spark: Any, catalog: Any, bootstrap: str, topic: str, max_offsets:
             schema=schema,
             partition_fields=(),
             target_file_size_bytes=128 * 1024 * 1024,
+            storage=Storage(place.storage),
         )
         paths = [row.path for row in batch.mapInArrow(task_writer(target), WRITTEN_FILES_DDL).collect()]
         if paths:
@@ -181,35 +202,68 @@ def _row_count(table: Any) -> int:
     return 0 if snapshot is None else int(snapshot.summary.get("total-records", 0))
 
 
+def local_place(database_url: str, coordinator_data: Path) -> Place:
+    warehouse = coordinator_data / "warehouse"
+    warehouse.mkdir(parents=True, exist_ok=True)
+    return Place("local[2]", {"type": "sql", "uri": database_url, "warehouse": warehouse.as_uri()})
+
+
 def run(
-    postgres: Postgres, root: Path, *, partitions: tuple[int, ...], records: int, batches: int, repetitions: int
+    postgres: Postgres,
+    root: Path,
+    *,
+    partitions: tuple[int, ...],
+    records: int,
+    batches: int,
+    repetitions: int,
+    cluster_s3: bool = False,
 ) -> dict[str, Any]:
+    """Both jobs on a local session and warehouse (with the freshness run), or on a standalone cluster and S3."""
     from pyiceberg.catalog import load_catalog
 
+    from sink_coordinator_demo.object_store import emulated_object_store
+    from sink_coordinator_demo.spark_cluster import start_spark_cluster
     from spark_writer.session import local_spark_session
 
-    database_url = postgres.new_database("e2e")
-    broker, bootstrap = start_broker(root)
-    coordinator = Coordinator(database_url, root / "e2e").start()
-    coordinator.warehouse.mkdir(parents=True, exist_ok=True)
-    catalog = load_catalog("default", type="sql", uri=database_url, warehouse=coordinator.warehouse.as_uri())
-    catalog.create_namespace_if_not_exists("bench")
-    spark = local_spark_session("sink-coordinator-bench")
-    spark.sparkContext.setLogLevel("ERROR")
-    rows: list[dict[str, Any]] = []
-    try:
+    database_url = postgres.new_database("e2e_s3" if cluster_s3 else "e2e")
+    with ExitStack() as stack:
+        if cluster_s3:
+            store = stack.enter_context(emulated_object_store("bench-e2e"))
+            cluster = start_spark_cluster(root / "spark-cluster")
+            stack.callback(cluster.stop)
+            catalog_properties = store.catalog_properties("sql", store.uri("warehouse"), database_url)
+            place = Place(cluster.master_url, catalog_properties, store.properties)
+        else:
+            place = local_place(database_url, root / "e2e")
+        broker, bootstrap = start_broker(root)
+        stack.callback(shutil.rmtree, root / "noida-db", ignore_errors=True)
+        stack.callback(stop_broker, broker)
+        coordinator = Coordinator(
+            database_url,
+            root / "e2e",
+            env={f"SINK_COORDINATOR_CATALOG__{key}": value for key, value in place.catalog.items()},
+        ).start()
+        stack.callback(coordinator.stop)
+        catalog = load_catalog("default", **place.catalog)
+        catalog.create_namespace_if_not_exists("bench")
+        spark = local_spark_session("sink-coordinator-bench", place.master)
+        stack.callback(spark.stop)
+        spark.sparkContext.setLogLevel("ERROR")
+        rows: list[dict[str, Any]] = []
         # Warm-up: JVM, Python workers, the source and both sinks once on a small topic.
         warm = produce(bootstrap, 1, 1000)
-        run_coordinated(spark, coordinator, bootstrap, warm, 500, root)
-        run_plain(spark, catalog, bootstrap, warm, 500, root)
+        run_coordinated(spark, coordinator, bootstrap, warm, 500, root, place)
+        run_plain(spark, catalog, bootstrap, warm, 500, root, place)
         for count in partitions:
             coordinated: list[float] = []
             plain: list[float] = []
             for _ in range(repetitions):
                 topic = produce(bootstrap, count, records)
                 max_offsets = max(1, records // batches)
-                plain.append(records / run_plain(spark, catalog, bootstrap, topic, max_offsets, root))
-                coordinated.append(records / run_coordinated(spark, coordinator, bootstrap, topic, max_offsets, root))
+                plain.append(records / run_plain(spark, catalog, bootstrap, topic, max_offsets, root, place))
+                coordinated.append(
+                    records / run_coordinated(spark, coordinator, bootstrap, topic, max_offsets, root, place)
+                )
             rows.append(
                 {
                     "partitions": count,
@@ -220,9 +274,7 @@ def run(
                     "ratio": spread([c / p for c, p in zip(coordinated, plain, strict=True)]),
                 }
             )
+        if cluster_s3:
+            return {"rows": rows, "master": "standalone cluster (1 worker)", "storage": "S3 (moto)"}
         freshness = measure_freshness(spark, coordinator, catalog, bootstrap, root, rate=2_000, seconds=20)
-    finally:
-        coordinator.stop()
-        stop_broker(broker)
-        shutil.rmtree(root / "noida-db", ignore_errors=True)
     return {"rows": rows, "freshness": freshness}

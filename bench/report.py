@@ -45,7 +45,11 @@ def render(results: dict[str, Any]) -> str:
     if "commit" in results:
         lines += _commit(results["commit"], results.get("coalescing"))
     if "e2e" in results:
-        lines += _e2e(results["e2e"])
+        lines += _e2e(
+            results["e2e"],
+            "## 3. End to end: Kafka → Spark → Iceberg, records/s, coordinated vs plain foreachBatch + "
+            "pyiceberg append",
+        )
     if "recovery" in results:
         lines += _recovery(results["recovery"])
     if "scale" in results:
@@ -56,6 +60,11 @@ def render(results: dict[str, Any]) -> str:
         lines += _soak(results["soak"])
     if "object_storage" in results:
         lines += _object_storage(results["object_storage"])
+    if "e2e_cluster_s3" in results:
+        lines += _e2e(
+            results["e2e_cluster_s3"],
+            "## 9. End to end where tables live: a Spark standalone cluster, the warehouse on S3 (moto), records/s",
+        )
     if "profiles" in results:
         lines += ["## Profiles (py-spy, share of samples in which a function is on the stack)", ""]
         for name, frames in results["profiles"].items():
@@ -124,9 +133,9 @@ def _commit(part: dict[str, Any], coalescing: dict[str, Any] | None) -> list[str
     return lines
 
 
-def _e2e(part: dict[str, Any]) -> list[str]:
+def _e2e(part: dict[str, Any], title: str) -> list[str]:
     lines = [
-        "## 3. End to end: Kafka → Spark → Iceberg, records/s, coordinated vs plain foreachBatch + pyiceberg append",
+        title,
         "",
         "Goal: ≥ 0.9 x the plain job.",
         "",
