@@ -260,12 +260,21 @@ def linked_copy(uri: str) -> str:
 
 
 async def timed_epoch(
-    stub: Any, sink: str, term: int, epoch: int, files: Sequence[pb.DataFile], rpc_seconds: float
+    stub: Any,
+    sink: str,
+    term: int,
+    epoch: int,
+    files: Sequence[pb.DataFile],
+    rpc_seconds: float,
+    files_directory: str = "",
 ) -> tuple[float, float]:
     """Seconds of one epoch's PreCommit of `files`, then of its CommitCheckpoint(wait) until COMMITTED."""
     started = time.monotonic()
     await stub.PreCommit(
-        pb.PreCommitRequest(sink=sink, epoch=epoch, writer_term=term, data_files=files), timeout=rpc_seconds
+        pb.PreCommitRequest(
+            sink=sink, epoch=epoch, writer_term=term, data_files=files, files_directory=files_directory
+        ),
+        timeout=rpc_seconds,
     )
     committing = time.monotonic()
     await stub.CommitCheckpoint(

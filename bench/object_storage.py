@@ -39,6 +39,8 @@ from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
 from sink_coordinator_demo.object_store import emulated_object_store
 
 BUCKET = "bench-precommit"
+# Footers read by the coordinator, sent (a HEAD per file), sent with the epoch's directory (one listing).
+MODES = (*FOOTER_MODES, "listed")
 
 
 def _orders(first: int, rows: int) -> pa.Table:
@@ -47,12 +49,18 @@ def _orders(first: int, rows: int) -> pa.Table:
     return pa.table({"order_id": ids, "customer": customers, "amount": ids.astype(np.float64) * 1.5}, schema=ORDERS)
 
 
-def _upload(io: PyArrowFileIO, location: str, first: int, footers: str) -> pb.DataFile:
-    """One 10-row Parquet file under the table's data/, uploaded; named as the mode's writer names it."""
+def _directory(location: str, epoch: int) -> str:
+    """The epoch's own directory, as the Spark writer names it on an object store (listed once by PreCommit)."""
+    return f"{location.rstrip('/')}/data/{epoch:08d}"
+
+
+def _upload(io: PyArrowFileIO, location: str, first: int, footers: str, epoch: int) -> pb.DataFile:
+    """One 10-row Parquet file, uploaded under the table's data/ (listed: under the epoch's directory)."""
     buffer = pa.BufferOutputStream()
     pq.write_table(_orders(first, 10), buffer)
     body = buffer.getvalue().to_pybytes()
-    uri = f"{location.rstrip('/')}/data/{uuid.uuid4().hex}.parquet"
+    directory = _directory(location, epoch) if footers == "listed" else f"{location.rstrip('/')}/data"
+    uri = f"{directory}/{uuid.uuid4().hex}.parquet"
     with io.new_output(uri).create() as stream:
         stream.write(body)
     if footers == "read":
@@ -107,20 +115,19 @@ async def _measure(
         registration = await register_orders_sink(stub, "s3", "bench.s3")
         term, epoch = registration.writer_term, 0
         for count in file_counts:
-            precommits: dict[str, list[float]] = {mode: [] for mode in FOOTER_MODES}
-            commits: dict[str, list[float]] = {mode: [] for mode in FOOTER_MODES}
+            precommits: dict[str, list[float]] = {mode: [] for mode in MODES}
+            commits: dict[str, list[float]] = {mode: [] for mode in MODES}
             heads: list[float] = []
             for _ in range(epochs):
-                for mode in FOOTER_MODES:
+                for mode in MODES:
+                    location = registration.table_location
                     files = await asyncio.gather(
-                        *(
-                            asyncio.to_thread(_upload, io, registration.table_location, i * 10, mode)
-                            for i in range(count)
-                        )
+                        *(asyncio.to_thread(_upload, io, location, i * 10, mode, epoch) for i in range(count))
                     )
                     if mode == "sent":
                         heads.append(await asyncio.to_thread(_head_all, far, files))
-                    precommit, commit = await timed_epoch(stub, "s3", term, epoch, files, 120)
+                    directory = _directory(location, epoch) if mode == "listed" else ""
+                    precommit, commit = await timed_epoch(stub, "s3", term, epoch, files, 120, directory)
                     precommits[mode].append(precommit)
                     commits[mode].append(commit)
                     epoch += 1

@@ -228,6 +228,7 @@ class CoordinatorClient:
         writer_id: int = 0,
         properties: Mapping[str, str] | None = None,
         evolve_schema: bool = False,
+        files_directory: str = "",
         timeout_seconds: float | None = None,
     ) -> PreCommitAnswer:
         response = self._call(
@@ -240,6 +241,7 @@ class CoordinatorClient:
                 data_files=_data_files(files),
                 properties=dict(properties or {}),
                 evolve_schema=evolve_schema,
+                files_directory=files_directory,
             ),
             timeout_seconds,
         )

@@ -104,6 +104,7 @@ class SinkCoordinatorServicer(pb_grpc.SinkCoordinatorServicer):
                         for data_file in request.data_files
                         if data_file.parquet_footer or data_file.file_size_in_bytes
                     },
+                    files_directory=request.files_directory,
                 )
             ),
             sink=request.sink,

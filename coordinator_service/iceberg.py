@@ -332,28 +332,38 @@ class IcebergTables:
         writer_id: int,
         evolve_schema: bool,
         facts: Mapping[str, FileFacts] = EMPTY_DICT,
+        directory: str = "",
     ) -> list[DataFileEntry]:
         """Validate the files (canonical URIs) of a pre-commit and build their manifest entries.
 
         The entries come from the Parquet footers (the ones the writer sent in `facts`, else read from storage);
-        the data pages are not read. Raises InvalidArgument naming the first bad file. A cached table may lag
-        behind a change another writer made (a new column): a file refused on it, or an evolution that
-        conflicts, is tried once more on the table freshly loaded.
+        the data pages are not read; `directory` (or "") holds every file, listed once to check them. Raises
+        InvalidArgument naming the first bad file. A cached table may lag behind a change another writer made
+        (a new column): a file refused on it, or an evolution that conflicts, is tried once more on the table
+        freshly loaded.
         """
         table, from_cache = self.cached(identifier)
         if not from_cache:
-            return self._read_data_files(table, uris, writer_id, evolve_schema, facts)
+            return self._read_data_files(table, uris, writer_id, evolve_schema, facts, directory)
         try:
-            return self._read_data_files(table, uris, writer_id, evolve_schema, facts)
+            return self._read_data_files(table, uris, writer_id, evolve_schema, facts, directory)
         except (InvalidArgument, CommitFailedException):
-            return self._read_data_files(self.load(identifier), uris, writer_id, evolve_schema, facts)
+            return self._read_data_files(self.load(identifier), uris, writer_id, evolve_schema, facts, directory)
 
     def _read_data_files(
-        self, table: Table, uris: Sequence[str], writer_id: int, evolve_schema: bool, facts: Mapping[str, FileFacts]
+        self,
+        table: Table,
+        uris: Sequence[str],
+        writer_id: int,
+        evolve_schema: bool,
+        facts: Mapping[str, FileFacts],
+        directory: str,
     ) -> list[DataFileEntry]:
         for uri in uris:
             check_inside_location(uri, str(table.location()))
-        files = self._file_checks.check(table.io, uris, facts)
+        if directory:
+            check_inside_location(directory, str(table.location()), subject="files_directory")
+        files = self._file_checks.check(table.io, uris, facts, directory)
         if evolve_schema:
             table = self._evolve_for(table, [file.footer.schema.to_arrow_schema() for file in files])
         return [self._entry_from_footer(table.metadata, file.path, file.footer, file.size, writer_id) for file in files]
@@ -567,11 +577,13 @@ def canonical_uri(path: str) -> str:
     return f"{scheme}://{parsed.netloc}{posixpath.normpath(parsed.path)}"
 
 
-def check_inside_location(uri: str, location: str) -> None:
+def check_inside_location(
+    uri: str, location: str, *, subject: str = "data file", within: str = "the table location"
+) -> None:
     parsed, root = urlparse(uri), urlparse(canonical_uri(location))
     inside = parsed.path.startswith(root.path.rstrip("/") + "/")
     if (parsed.scheme, parsed.netloc) != (root.scheme, root.netloc) or not inside:
-        raise InvalidArgument(f"data file {quote(uri)} lies outside the table location {location}")
+        raise InvalidArgument(f"{subject} {quote(uri)} lies outside {within} {location}")
 
 
 def _primitive(field_type: object) -> PrimitiveType:

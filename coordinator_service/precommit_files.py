@@ -1,11 +1,13 @@
 """The data files of a pre-commit on storage: their Parquet footers, sent by the writer or read, and their checks.
 
 A writer that wrote a file holds its footer: it may send it with the path (PreCommit's DataFile.parquet_footer,
-with file_size_in_bytes). The coordinator then makes one metadata request per file (it exists, its size is the
-one sent, it is not older than ORPHAN_GRACE_SECONDS) instead of reading the footer, which on an object store
-costs one or two more requests of tens of milliseconds each. It reads the footer itself when none was sent.
-The files of one pre-commit are checked concurrently, on a pool shared by all pre-commits (pyarrow releases
-the GIL while it waits on storage or parses a footer).
+with file_size_in_bytes). The coordinator then checks the file's metadata (it exists, its size is the one sent,
+it is not older than ORPHAN_GRACE_SECONDS) instead of reading the footer, which on an object store costs one or
+two more requests of tens of milliseconds each: by one listing of the pre-commit's `files_directory` when the
+writer names one (one request per 1,000 files, however many files), else by one metadata request per file. It
+reads the footer itself when none was sent, and checks on its own a file the listing does not show. Requests
+of one pre-commit run concurrently, on a pool shared by all pre-commits (pyarrow releases the GIL while it
+waits on storage or parses a footer).
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO, InputFile
-from pyiceberg.io.pyarrow import PyArrowFile
+from pyiceberg.io.pyarrow import PyArrowFile, PyArrowFileIO
 
 from coordinator_service import metrics
 from coordinator_service.errors import InvalidArgument, cause, quote
@@ -64,24 +67,33 @@ class FileChecks:
         self.orphan_grace_seconds = orphan_grace_seconds
         self._pool = ThreadPoolExecutor(MAX_CONCURRENT_FILE_CHECKS, thread_name_prefix="precommit-files")
 
-    def check(self, io: FileIO, paths: Sequence[str], facts: Mapping[str, FileFacts]) -> list[CheckedFile]:
-        """Every file checked, in the order of `paths`; InvalidArgument naming the first bad one."""
+    def check(
+        self, io: FileIO, paths: Sequence[str], facts: Mapping[str, FileFacts], directory: str = ""
+    ) -> list[CheckedFile]:
+        """Every file checked, in the order of `paths`; InvalidArgument naming the first bad one.
+
+        `directory` (a canonical URI holding every path, or ""): the sent footers' files are looked up in one
+        listing of it when there are several."""
+        listed: Mapping[str, tuple[int, int | None]] = {}
+        if directory and sum(1 for path in paths if facts.get(path, FileFacts()).parquet_footer) > 1:
+            listed = _listing(io, directory)
         if len(paths) <= 1:
-            return [self._check(io, path, facts.get(path, FileFacts())) for path in paths]
-        futures = [self._pool.submit(self._check, io, path, facts.get(path, FileFacts())) for path in paths]
+            return [self._check(io, path, facts.get(path, FileFacts()), listed.get(path)) for path in paths]
+        futures = [
+            self._pool.submit(self._check, io, path, facts.get(path, FileFacts()), listed.get(path)) for path in paths
+        ]
         try:
             return [future.result() for future in futures]
         finally:
             _cancel(futures)
 
-    def _check(self, io: FileIO, path: str, facts: FileFacts) -> CheckedFile:
-        input_file = io.new_input(path)
+    def _check(self, io: FileIO, path: str, facts: FileFacts, listed: tuple[int, int | None] | None) -> CheckedFile:
         if facts.parquet_footer:
             footer = _decode_footer(path, facts.parquet_footer)
-            size, mtime_ns = _stat(path, input_file)
+            size, mtime_ns = listed or _stat(path, io.new_input(path))
             metrics.PRECOMMIT_FOOTERS.labels("sent").inc()
         else:
-            footer, size, mtime_ns = _read_footer(path, input_file)
+            footer, size, mtime_ns = _read_footer(path, io.new_input(path))
             metrics.PRECOMMIT_FOOTERS.labels("read").inc()
         if facts.file_size_in_bytes and size != facts.file_size_in_bytes:
             raise InvalidArgument(
@@ -96,6 +108,19 @@ class FileChecks:
                     f"({self.orphan_grace_seconds:g} s): the orphan sweep may be deleting it. Write the batch again"
                 )
         return CheckedFile(path, footer, size)
+
+
+def _listing(io: FileIO, directory: str) -> dict[str, tuple[int, int | None]]:
+    """Size and modification time of every file under `directory` (a URI), by canonical URI; {} where the file
+    IO cannot list (the files are then checked one by one)."""
+    if not isinstance(io, PyArrowFileIO):
+        return {}
+    scheme, netloc, path = io.parse_location(directory)
+    try:
+        infos = io.fs_by_scheme(scheme, netloc).get_file_info(pafs.FileSelector(path, recursive=True))
+    except FileNotFoundError:
+        return {}
+    return {f"{scheme}://{info.path}": (info.size, info.mtime_ns) for info in infos if info.type == pafs.FileType.File}
 
 
 def _cancel(futures: Sequence[Future[CheckedFile]]) -> None:

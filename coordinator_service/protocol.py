@@ -41,6 +41,7 @@ from coordinator_service.failpoints import Failpoint
 from coordinator_service.iceberg import (
     IcebergTables,
     canonical_uri,
+    check_inside_location,
     check_table_identifier,
     decode_arrow_schema,
 )
@@ -80,6 +81,8 @@ class PreCommitRequest:
     evolve_schema: bool = False
     # What the writer sent about some of the files besides their paths (their footers, sizes), by path.
     file_facts: Mapping[str, FileFacts] = field(default_factory=dict)
+    # A directory holding every file (the writer's directory of the batch), listed once to check them; or "".
+    files_directory: str = ""
 
 
 class PreCommitOutcome(StrEnum):
@@ -327,9 +330,13 @@ class Coordinator:
             request,
             paths=tuple(canonical_uri(path) for path in request.paths),
             file_facts={canonical_uri(path): facts for path, facts in request.file_facts.items()},
+            files_directory=canonical_uri(request.files_directory) if request.files_directory else "",
         )
         if len(set(request.paths)) != len(request.paths):
             raise InvalidArgument("the pre-commit names a data file more than once")
+        if request.files_directory:
+            for path in request.paths:
+                check_inside_location(path, request.files_directory, within="files_directory")
         log_ = log.bind(sink=request.sink, epoch=request.epoch, writer_term=request.writer_term)
         fast = await self._pre_commit_first_attempt(request)
         if fast is not None:
@@ -361,6 +368,7 @@ class Coordinator:
             request.writer_id,
             request.evolve_schema,
             request.file_facts,
+            request.files_directory,
         )
         if writer_count == 1:
             result = await self._persist(sink_id, request, entries, dict(request.properties))
@@ -386,7 +394,13 @@ class Coordinator:
             # Never evolve here: the table must not change for a request that may yet be refused (a fenced
             # term). Files that need new columns fail to fit, and the general path evolves after its checks.
             entries = await in_catalog(
-                self.tables.read_data_files, table, request.paths, request.writer_id, False, request.file_facts
+                self.tables.read_data_files,
+                table,
+                request.paths,
+                request.writer_id,
+                False,
+                request.file_facts,
+                request.files_directory,
             )
         except CoordinatorError:
             return None

@@ -159,6 +159,7 @@ class MicroBatchWriter:
                 files,
                 properties=properties,
                 evolve_schema=self._options.evolve_schema,
+                files_directory=target.files_directory,
             )
         except CoordinatorRpcError as error:
             if error.code in REFUSED_CODES:

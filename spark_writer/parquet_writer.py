@@ -21,7 +21,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Final
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import structlog
 from pyspark import TaskContext
@@ -74,6 +73,14 @@ class DataFileTarget:
     def row_group_bytes(self) -> int:
         return min(self.target_file_size_bytes, MAX_ROW_GROUP_BYTES)
 
+    @property
+    def files_directory(self) -> str:
+        """On an object store, the batch's own directory, data/<batch id>/, which the coordinator lists once to
+        check all of its files (PreCommit's files_directory); elsewhere "" (the files go in data/ itself, where
+        a directory per batch would stay behind after compaction)."""
+        data = data_directory_uri(self.table_location)
+        return f"{data}/{self.batch_id:08d}" if Storage.is_object_store(data) else ""
+
 
 def data_directory_uri(table_location: str) -> str:
     return f"{table_location.rstrip('/')}/{DATA_DIRECTORY}"
@@ -96,9 +103,9 @@ class RollingParquetFiles:
 
     def __init__(self, target: DataFileTarget, task_label: str) -> None:
         self._target = target
-        self._directory = data_directory_uri(target.table_location)
-        filesystem, directory_path = target.storage.filesystem(self._directory)
-        if not isinstance(filesystem, pafs.S3FileSystem):  # an object store has no directories to make
+        self._directory = target.files_directory or data_directory_uri(target.table_location)
+        if not target.files_directory:  # an object store has no directories to make
+            filesystem, directory_path = target.storage.filesystem(self._directory)
             filesystem.create_dir(directory_path, recursive=True)
         self._prefix = f"{target.batch_id:08d}-{task_label}-{uuid.uuid4().hex[:12]}"
         self._open: dict[PartitionKey, _OpenFile] = {}

@@ -25,6 +25,8 @@ from urllib.parse import urlsplit
 import pyarrow.fs as pafs
 
 S3_SCHEMES: Final = frozenset({"s3", "s3a", "s3n"})  # as pyiceberg: Hadoop's spellings are the same store
+# Stores of objects under keys, without directories: nothing to make before writing, a listing per key prefix.
+OBJECT_STORE_SCHEMES: Final = S3_SCHEMES | {"gs", "gcs"}
 SECRET_KEYS: Final = frozenset({"s3.secret-access-key", "s3.session-token"})
 _TEXT: Final = {
     "s3.endpoint": "endpoint_override",
@@ -59,6 +61,10 @@ class Storage:
     def __repr__(self) -> str:
         shown = {key: "***" if key in SECRET_KEYS else value for key, value in self.properties.items()}
         return f"Storage({shown})"
+
+    @staticmethod
+    def is_object_store(uri: str) -> bool:
+        return urlsplit(uri).scheme in OBJECT_STORE_SCHEMES
 
     def filesystem(self, uri: str) -> tuple[pafs.FileSystem, str]:
         """The file system holding `uri` and the path of `uri` inside it."""

@@ -197,6 +197,7 @@ class PreCommitRequest(_message.Message):
     DATA_FILES_FIELD_NUMBER: _builtins.int
     PROPERTIES_FIELD_NUMBER: _builtins.int
     EVOLVE_SCHEMA_FIELD_NUMBER: _builtins.int
+    FILES_DIRECTORY_FIELD_NUMBER: _builtins.int
     sink: _builtins.str
     epoch: _builtins.int
     writer_term: _builtins.int
@@ -204,6 +205,13 @@ class PreCommitRequest(_message.Message):
     """0 <= writer_id < writer_count."""
     evolve_schema: _builtins.bool
     """Add columns that the files have and the table lacks, before validating."""
+    files_directory: _builtins.str
+    """Optional: a directory under the table location that holds every file of
+    this pre-commit and few others (the writer's directory of this batch). The
+    coordinator then checks the files sent with their footers by one listing
+    of it (a request per 1,000 files) instead of a metadata request per file;
+    a file the listing does not show is checked on its own.
+    """
     @_builtins.property
     def data_files(self) -> _containers.RepeatedCompositeFieldContainer[Global___DataFile]: ...
     @_builtins.property
@@ -220,10 +228,11 @@ class PreCommitRequest(_message.Message):
         data_files: _abc.Iterable[Global___DataFile] | None = ...,
         properties: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         evolve_schema: _builtins.bool = ...,
+        files_directory: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data_files", b"data_files", "epoch", b"epoch", "evolve_schema", b"evolve_schema", "properties", b"properties", "sink", b"sink", "writer_id", b"writer_id", "writer_term", b"writer_term"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data_files", b"data_files", "epoch", b"epoch", "evolve_schema", b"evolve_schema", "files_directory", b"files_directory", "properties", b"properties", "sink", b"sink", "writer_id", b"writer_id", "writer_term", b"writer_term"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

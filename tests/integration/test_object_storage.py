@@ -4,12 +4,17 @@ server, or a real endpoint)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog import Catalog, load_catalog
+from pyiceberg.io import InputFile
+from pyiceberg.io.pyarrow import PyArrowFileIO
 
+from coordinator_service.errors import InvalidArgument
+from coordinator_service.precommit_files import FileChecks, FileFacts
 from coordinator_service.protocol import PreCommitRequest, Registration
 from sink_coordinator_demo.object_store import ObjectStore
 from spark_writer.parquet_writer import DataFileTarget, delete_files, task_writer
@@ -72,7 +77,7 @@ def test_the_writer_s_task_writes_and_deletes_its_files_on_object_storage(
     target = DataFileTarget(f"{s3_warehouse}/db/orders", 3, ORDERS, (), 1 << 20, storage)
     (written,) = task_writer(target)(iter([pa.RecordBatch.from_pylist(orders(0, 50), schema=ORDERS)]))
     (entry,) = written.to_pylist()
-    assert entry["path"].startswith(f"{s3_warehouse}/db/orders/data/00000003-")
+    assert entry["path"].startswith(f"{s3_warehouse}/db/orders/data/00000003/00000003-")
     filesystem, path = storage.filesystem(entry["path"])
     assert filesystem.get_file_info(path).size == entry["size_bytes"]
     table = pq.read_table(path, filesystem=filesystem)
@@ -82,3 +87,51 @@ def test_the_writer_s_task_writes_and_deletes_its_files_on_object_storage(
     delete_files([entry["path"]], storage)
     assert not exists(object_store, entry["path"])
     delete_files([entry["path"]], storage)  # already gone: fine
+
+
+class CountingFileIO(PyArrowFileIO):
+    """pyiceberg's FileIO, counting the files it is asked to open or stat one by one."""
+
+    opened: list[str]
+
+    def new_input(self, location: str) -> InputFile:
+        self.opened.append(location)
+        return super().new_input(location)
+
+
+def batch_files(store: ObjectStore, location: str, count: int) -> tuple[str, list[dict[str, Any]]]:
+    """The files one task of batch 3 writes (small target size: `count` files), and the batch's directory."""
+    rows = orders(0, 200 * count)
+    target = DataFileTarget(location, 3, ORDERS, (), 1, Storage(store.properties))
+    batches = [pa.RecordBatch.from_pylist(rows[i : i + 200], schema=ORDERS) for i in range(0, len(rows), 200)]
+    (written,) = task_writer(target)(iter(batches))
+    return target.files_directory, written.to_pylist()
+
+
+def test_the_files_of_a_batch_directory_are_checked_by_one_listing(
+    object_store: ObjectStore, s3_warehouse: str
+) -> None:
+    io = CountingFileIO(object_store.properties)
+    io.opened = []
+    directory, files = batch_files(object_store, f"{s3_warehouse}/db/orders", 5)
+    assert directory == f"{s3_warehouse}/db/orders/data/00000003" and len(files) == 5
+    assert all(entry["path"].startswith(f"{directory}/00000003-") for entry in files)
+    paths = [entry["path"] for entry in files]
+    facts = {entry["path"]: FileFacts(entry["parquet_footer"], entry["size_bytes"]) for entry in files}
+    checks = FileChecks(orphan_grace_seconds=3600)
+
+    listed = checks.check(io, paths, facts, directory)
+    assert io.opened == []  # no request per file
+    assert [(file.path, file.size) for file in listed] == [(p, facts[p].file_size_in_bytes) for p in paths]
+    one_by_one = checks.check(io, paths, facts)
+    assert sorted(io.opened) == sorted(paths)
+    assert [file.size for file in one_by_one] == [file.size for file in listed]
+
+    # The listing does not show it: checked on its own, and refused as missing.
+    missing = f"{directory}/never-written.parquet"
+    with pytest.raises(InvalidArgument, match="does not exist"):
+        checks.check(io, [*paths, missing], {**facts, missing: facts[paths[0]]}, directory)
+    # The listing shows another size than the writer sent.
+    wrong = {**facts, paths[1]: FileFacts(facts[paths[1]].parquet_footer, facts[paths[1]].file_size_in_bytes + 1)}
+    with pytest.raises(InvalidArgument, match="bytes on storage, but the writer sent"):
+        checks.check(io, paths, wrong, directory)

@@ -206,6 +206,36 @@ def test_sent_footers_that_do_not_fit_are_refused(
     )
 
 
+def test_a_files_directory_is_listed_and_must_hold_the_files_inside_the_table(
+    client: CoordinatorClient, writer: WriterRegistration, database_url: str, catalog: Catalog
+) -> None:
+    term, invalid = writer.writer_term, grpc.StatusCode.INVALID_ARGUMENT
+    batch = f"{writer.table_location}/data/00000000"  # write_parquet puts the files in its data/
+    files = [footer_of(write_parquet(batch, orders(i * 10, 10))) for i in range(3)]
+    outside = footer_of(write_parquet(writer.table_location, orders(100, 1)))
+
+    refused(
+        database_url,
+        lambda: client.pre_commit("orders-sink", 0, term, [*files, outside], files_directory=batch),
+        invalid,
+        outside.path,
+        f"lies outside files_directory {batch}",
+    )
+    refused(
+        database_url,
+        lambda: client.pre_commit(
+            "orders-sink", 0, term, files, files_directory=writer.table_location.rsplit("/", 1)[0]
+        ),
+        invalid,
+        "files_directory",
+        "lies outside the table location",
+    )
+    answer = client.pre_commit("orders-sink", 0, term, files, files_directory=batch)
+    assert answer.persisted and answer.record_count == 30
+    client.commit_checkpoint("orders-sink", 0, term, wait=True)
+    assert table_order_ids(catalog.load_table("shop.orders")) == list(range(30))
+
+
 def test_old_writers_without_footers_and_new_ones_with_them_pre_commit_alike(
     coordinator: CoordinatorProcess, writer: WriterRegistration, catalog: Catalog
 ) -> None:
