@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             print("part 3: end to end (Spark) ...", flush=True)
             from bench import e2e
 
-            results["e2e"] = e2e.run(postgres, root, partitions=(1, 4), records=100_000, batches=5, repetitions=2)
+            results["e2e"] = e2e.run(postgres, root, partitions=(4,), records=1_000_000, batches=5, repetitions=2)
         if 9 in parts and not args.quick:
             print("part 9: end to end on a standalone cluster and S3 ...", flush=True)
             from bench import e2e

@@ -4,7 +4,8 @@ Both jobs read the same topic with the project's Kafka source (availableNow, max
 the same JSON and write the same Parquet files with the same executor code (mapInArrow). The coordinated
 job is spark_writer.write_to_iceberg with the real coordinator process; the plain job is a foreachBatch that
 appends each batch's files with one pyiceberg append (add_files) on the same catalog, and nothing else.
-Rate = records / (query start to termination, including the last commit).
+Rate = records / (query start to termination, including the last commit). The anchor of both is the raw read
+rate of the same topic (bench.source_limit: a consumer and the same JSON parsing, no Spark).
 
 Part 3 runs both jobs in a local Spark session on a local warehouse; part 9 runs them where tables really live,
 on a Spark standalone cluster (executors in JVMs of their own) with the warehouse on S3 (moto's server on
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.infra import Coordinator, Postgres, latency_stats, spread
+from bench.source_limit import raw_read_rate
 
 ORDER_DDL = "order_id BIGINT, customer STRING, amount DOUBLE, country STRING"
 
@@ -257,9 +259,11 @@ def run(
         for count in partitions:
             coordinated: list[float] = []
             plain: list[float] = []
+            raw: list[float] = []
             for _ in range(repetitions):
                 topic = produce(bootstrap, count, records)
                 max_offsets = max(1, records // batches)
+                raw.append(raw_read_rate(bootstrap, topic, count, records))
                 plain.append(records / run_plain(spark, catalog, bootstrap, topic, max_offsets, root, place))
                 coordinated.append(
                     records / run_coordinated(spark, coordinator, bootstrap, topic, max_offsets, root, place)
@@ -271,7 +275,9 @@ def run(
                     "batches": batches,
                     "coordinated_rps": spread(coordinated),
                     "plain_rps": spread(plain),
+                    "raw_rps": spread(raw),
                     "ratio": spread([c / p for c, p in zip(coordinated, plain, strict=True)]),
+                    "ratio_to_raw": spread([c / r for c, r in zip(coordinated, raw, strict=True)]),
                 }
             )
         if cluster_s3:

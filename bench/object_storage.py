@@ -131,6 +131,7 @@ async def _measure(
                     precommits[mode].append(precommit)
                     commits[mode].append(commit)
                     epoch += 1
-            rows += files_rows(count, precommits, commits)
-            rows[-1]["baseline_heads"] = latency_stats(heads)
+            cell = files_rows(count, precommits, commits)
+            next(row for row in cell if row["footers"] == "sent")["baseline_heads"] = latency_stats(heads)
+            rows += cell
     return rows
