@@ -38,7 +38,7 @@ async def pre_commit(admin: AdminApp, store: ObjectStore, registration: Registra
 
 
 @pytest.mark.parametrize("kind", ["sql", "glue"])
-async def test_commits_recovery_and_cleanup_on_object_storage(
+async def test_create_append_recover_evolve_and_clean_up_on_object_storage(
     kind: str, admin_factory: AdminFactory, object_store: ObjectStore, s3_warehouse: str, database_url: str
 ) -> None:
     properties = object_store.catalog_properties(kind, s3_warehouse, database_url)
@@ -65,9 +65,20 @@ async def test_commits_recovery_and_cleanup_on_object_storage(
 
     await eventually(cleaned, "the aborted attempt's file deleted from the object store")
 
+    # A batch with a new column evolves the table in the catalog, then commits.
+    wider = ORDERS.append(pa.field("channel", pa.string()))
+    rows = [{**row, "channel": "web"} for row in orders(30, 10)]
+    uri = await asyncio.to_thread(write_parquet_to, object_store, second.table_location, rows, wider)
+    await admin.runtime.coordinator.pre_commit(
+        PreCommitRequest(sink="orders", epoch=3, writer_term=second.writer_term, paths=(uri,), evolve_schema=True)
+    )
+    assert await admin.checkpoint("orders", second, 3) == 3
+    assert "channel" in catalog.load_table(table).schema().column_names
+    assert order_ids(catalog, table) == list(range(40))
+
     run = await admin.runtime.maintainer.run_now(sink_id_of(database_url, "orders"))
     assert (run.outcome, run.swept) == ("ok", True), run.error
-    assert order_ids(catalog, table) == list(range(30))
+    assert order_ids(catalog, table) == list(range(40))
 
 
 def test_the_writer_s_task_writes_and_deletes_its_files_on_object_storage(
