@@ -94,6 +94,8 @@ class Committer:
         self._progress = asyncio.Condition()
         self._commits_here = 0
         self._last_commit: dict[int, float] = {}
+        # Set by a writer waiting for its commit (CommitCheckpoint with wait): the interval is not waited out.
+        self._flush_requests: dict[int, asyncio.Event] = {}
         self._sink_names: dict[int, str] = {}
         # Commit passes finished per sink (whatever their outcome), and that count when the sink was last resumed.
         self._passes_done: defaultdict[int, int] = defaultdict(int)
@@ -122,7 +124,11 @@ class Committer:
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks.clear()
 
-    def wake(self, sink_id: int) -> None:
+    def wake(self, sink_id: int, *, flush: bool = False) -> None:
+        """Start a commit pass of the sink; with `flush`, without waiting out the rest of its commit interval
+        (a writer waits for the commit: the end of an availableNow run, a stop)."""
+        if flush:
+            self._flush_requests.setdefault(sink_id, asyncio.Event()).set()
         event = self._wake_events.get(sink_id)
         if event is None:
             event = self._wake_events[sink_id] = asyncio.Event()
@@ -438,12 +444,14 @@ class Committer:
         await self._notify_progress()
 
     async def _respect_commit_interval(self, sink_id: int) -> None:
+        """Wait out the rest of the sink's commit interval, unless a writer waits for the commit (flush)."""
+        flush = self._flush_requests.setdefault(sink_id, asyncio.Event())
         last = self._last_commit.get(sink_id)
-        if last is None:
-            return
-        remaining = self.settings.commit_interval_seconds - (time.monotonic() - last)
+        remaining = 0.0 if last is None else self.settings.commit_interval_seconds - (time.monotonic() - last)
         if remaining > 0:
-            await asyncio.sleep(remaining)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(flush.wait(), remaining)
+        flush.clear()
 
     async def _clean_forever(self) -> None:
         while True:

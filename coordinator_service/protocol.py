@@ -566,7 +566,7 @@ class Coordinator:
             result = CheckpointResult(committed_epoch=row.committed_epoch, checkpointed_epoch=row.checkpointed_epoch)
         await failpoints.hit(Failpoint.CHECKPOINT_AFTER_RECORD)
         log.info("checkpoint recorded", sink=sink, epoch=epoch, writer_term=writer_term)
-        self.committer.wake(sink_id)
+        self.committer.wake(sink_id, flush=wait)
         if wait and result.committed_epoch < epoch:
             committed = await self.committer.wait_committed(sink_id, epoch)
             return CheckpointResult(committed_epoch=committed, checkpointed_epoch=result.checkpointed_epoch)

@@ -294,7 +294,9 @@ class CommitCheckpointRequest(_message.Message):
     epoch: _builtins.int
     writer_term: _builtins.int
     wait: _builtins.bool
-    """Answer only after the Iceberg commit of every epoch at or below `epoch`."""
+    """Answer only after the Iceberg commit of every epoch at or below `epoch`;
+    that commit does not wait out the sink's commit interval.
+    """
     def __init__(
         self,
         *,
