@@ -722,7 +722,10 @@ class RangeReader:
         self._seek(self._position)
         last_progress = time.monotonic()
         while self._position < self._range.end:
-            batch = self._consumer.consume(num_messages=CONSUME_BATCH_SIZE, timeout=CONSUME_WAIT_SECONDS)
+            # No more than the range still needs: consume() waits its whole timeout for a batch it cannot fill,
+            # and at the end of a topic (a stream's every batch) the range's last records would wait 0.5 s.
+            wanted = min(CONSUME_BATCH_SIZE, self._range.end - self._position)
+            batch = self._consumer.consume(num_messages=wanted, timeout=CONSUME_WAIT_SECONDS)
             before = self._position
             yield from self._accept(batch)
             now = time.monotonic()
