@@ -248,8 +248,13 @@ class JsonBatchParser:
         self._dead_letters = dead_letters
         self._observation: Observation | None = None
         self._dead_lettered = 0
+        self._cached: DataFrame | None = None
 
     def __call__(self, batch: DataFrame) -> DataFrame:
+        self._release_cache()  # a batch that failed before its properties were asked for
+        if self._evolve or self._dead_letters is not None:
+            # Two passes over the batch (the new fields or the dead letters, then the rows): read Kafka once.
+            batch = self._cached = batch.persist()
         if self._evolve:
             self._learn_new_fields(batch)
         parsed = parsed_records(batch, self.schema, kafka_metadata=self._kafka_metadata, time_zone=self._time_zone)
@@ -263,6 +268,7 @@ class JsonBatchParser:
 
     def batch_properties(self) -> dict[str, str]:
         """After the batch's rows were written: the epoch properties (the count of records that did not fit)."""
+        self._release_cache()
         if self._observation is not None:
             bad = int(self._observation.get.get(BAD_RECORDS_METRIC, 0))
         else:
@@ -270,6 +276,11 @@ class JsonBatchParser:
         if bad:
             log.warning("records that do not fit the JSON schema", bad_records=bad, on_bad_record=self._policy.value)
         return {BAD_RECORDS_PROPERTY: str(bad)}
+
+    def _release_cache(self) -> None:
+        if self._cached is not None:
+            self._cached.unpersist()
+            self._cached = None
 
     def _send_dead_letters(self, parsed: DataFrame, target: DeadLetterTarget) -> int:
         bad = parsed.where(sql.col(REASON_COLUMN).isNotNull()).select(
