@@ -19,13 +19,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from pyiceberg.io import FileIO, InputFile
-from pyiceberg.io.pyarrow import PyArrowFile, PyArrowFileIO
+from pyiceberg.io.pyarrow import PyArrowFile
 
 from coordinator_service import metrics
 from coordinator_service.errors import InvalidArgument, cause, quote
+from coordinator_service.file_listing import ListedFile, listed_files
 
 # Storage requests of pre-commits in flight at once, over all sinks.
 MAX_CONCURRENT_FILE_CHECKS = 16
@@ -74,9 +74,9 @@ class FileChecks:
 
         `directory` (a canonical URI holding every path, or ""): the sent footers' files are looked up in one
         listing of it when there are several."""
-        listed: Mapping[str, tuple[int, int | None]] = {}
+        listed: Mapping[str, ListedFile] = {}
         if directory and sum(1 for path in paths if facts.get(path, FileFacts()).parquet_footer) > 1:
-            listed = _listing(io, directory)
+            listed = listed_files(io, directory) or {}  # an IO that cannot list: the files one by one
         if len(paths) <= 1:
             return [self._check(io, path, facts.get(path, FileFacts()), listed.get(path)) for path in paths]
         futures = [
@@ -87,10 +87,10 @@ class FileChecks:
         finally:
             _cancel(futures)
 
-    def _check(self, io: FileIO, path: str, facts: FileFacts, listed: tuple[int, int | None] | None) -> CheckedFile:
+    def _check(self, io: FileIO, path: str, facts: FileFacts, listed: ListedFile | None) -> CheckedFile:
         if facts.parquet_footer:
             footer = _decode_footer(path, facts.parquet_footer)
-            size, mtime_ns = listed or _stat(path, io.new_input(path))
+            size, mtime_ns = (listed.size, listed.mtime_ns) if listed else _stat(path, io.new_input(path))
             metrics.PRECOMMIT_FOOTERS.labels("sent").inc()
         else:
             footer, size, mtime_ns = _read_footer(path, io.new_input(path))
@@ -108,19 +108,6 @@ class FileChecks:
                     f"({self.orphan_grace_seconds:g} s): the orphan sweep may be deleting it. Write the batch again"
                 )
         return CheckedFile(path, footer, size)
-
-
-def _listing(io: FileIO, directory: str) -> dict[str, tuple[int, int | None]]:
-    """Size and modification time of every file under `directory` (a URI), by canonical URI; {} where the file
-    IO cannot list (the files are then checked one by one)."""
-    if not isinstance(io, PyArrowFileIO):
-        return {}
-    scheme, netloc, path = io.parse_location(directory)
-    try:
-        infos = io.fs_by_scheme(scheme, netloc).get_file_info(pafs.FileSelector(path, recursive=True))
-    except FileNotFoundError:
-        return {}
-    return {f"{scheme}://{info.path}": (info.size, info.mtime_ns) for info in infos if info.type == pafs.FileType.File}
 
 
 def _cancel(futures: Sequence[Future[CheckedFile]]) -> None:

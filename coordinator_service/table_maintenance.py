@@ -14,16 +14,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
-import pyarrow.fs as pafs
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io import FileIO
-from pyiceberg.io.pyarrow import ArrowScan, PyArrowFileIO, _dataframe_to_data_files
+from pyiceberg.io.pyarrow import ArrowScan, _dataframe_to_data_files
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import FileScanTask, Table, TableProperties
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 from pyiceberg.table.update.snapshot import ExpireSnapshots, _OverwriteFiles
 from pyiceberg.typedef import EMPTY_DICT
 
+from coordinator_service.file_listing import listed_files
 from coordinator_service.iceberg import without_retries
 
 # Files smaller than this share of the target size are compacted (Iceberg's rewrite default, 75 %).
@@ -222,23 +222,14 @@ class StoredFile:
 def stored_files(table: Table, subdirectory: str) -> list[StoredFile]:
     """Every file under the table's location/subdirectory, with its modification time (object stores: the
     upload's)."""
-    io = table.io
-    if not isinstance(io, PyArrowFileIO):
-        raise NotImplementedError(f"listing files needs pyiceberg's PyArrowFileIO, the table uses {type(io)}")
-    root = f"{table.location().rstrip('/')}/{subdirectory}"
-    scheme, netloc, path = io.parse_location(root)
-    filesystem = io.fs_by_scheme(scheme, netloc)
-    try:
-        infos = filesystem.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
-    except FileNotFoundError:
-        return []
-    files = []
-    for info in infos:
-        if info.type != pafs.FileType.File or info.mtime_ns is None:
-            continue
-        uri = f"{scheme}://{info.path}" if scheme != "file" else f"file://{info.path}"
-        files.append(StoredFile(uri=uri, modified_ms=info.mtime_ns // 1_000_000))
-    return files
+    listed = listed_files(table.io, f"{table.location().rstrip('/')}/{subdirectory}")
+    if listed is None:
+        raise NotImplementedError(f"listing files needs pyiceberg's PyArrowFileIO, the table uses {type(table.io)}")
+    return [
+        StoredFile(uri=uri, modified_ms=file.mtime_ns // 1_000_000)
+        for uri, file in listed.items()
+        if file.mtime_ns is not None
+    ]
 
 
 def metadata_files(table: Table) -> set[str]:
