@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -70,9 +71,14 @@ class Storage:
         """The file system holding `uri` and the path of `uri` inside it."""
         parts = urlsplit(uri)
         if parts.scheme in S3_SCHEMES:
-            return pafs.S3FileSystem(**self._s3_options()), f"{parts.netloc}{parts.path}"
+            return self._s3, f"{parts.netloc}{parts.path}"
         filesystem, path = pafs.FileSystem.from_uri(uri)
         return filesystem, str(path)
+
+    @cached_property
+    def _s3(self) -> pafs.S3FileSystem:
+        """One S3 client (and connection pool) for every file of this storage, built where it is first used."""
+        return pafs.S3FileSystem(**self._s3_options())
 
     def _s3_options(self) -> dict[str, Any]:
         options: dict[str, Any] = {}
