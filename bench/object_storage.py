@@ -37,6 +37,7 @@ from coordinator_service.precommit_files import MAX_CONCURRENT_FILE_CHECKS
 from coordinator_service.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
 from sink_coordinator_demo.object_store import emulated_object_store
+from spark_writer.parquet_writer import data_directory_uri
 
 BUCKET = "bench-precommit"
 # Footers read by the coordinator, sent (a HEAD per file), sent with the epoch's directory (one listing).
@@ -51,7 +52,7 @@ def _orders(first: int, rows: int) -> pa.Table:
 
 def _directory(location: str, epoch: int) -> str:
     """The epoch's own directory, as the Spark writer names it on an object store (listed once by PreCommit)."""
-    return f"{location.rstrip('/')}/data/{epoch:08d}"
+    return f"{data_directory_uri(location)}/{epoch:08d}"
 
 
 def _upload(io: PyArrowFileIO, location: str, first: int, footers: str, epoch: int) -> pb.DataFile:
@@ -59,7 +60,7 @@ def _upload(io: PyArrowFileIO, location: str, first: int, footers: str, epoch: i
     buffer = pa.BufferOutputStream()
     pq.write_table(_orders(first, 10), buffer)
     body = buffer.getvalue().to_pybytes()
-    directory = _directory(location, epoch) if footers == "listed" else f"{location.rstrip('/')}/data"
+    directory = _directory(location, epoch) if footers == "listed" else data_directory_uri(location)
     uri = f"{directory}/{uuid.uuid4().hex}.parquet"
     with io.new_output(uri).create() as stream:
         stream.write(body)
