@@ -29,6 +29,8 @@ LOCAL_SPARK_CONF: dict[str, str] = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.streaming.stopGracefullyOnShutdown": "true",
     "spark.python.worker.reuse": "true",
+    # Workers import PySpark from the installed package, not from pyspark.zip (spark_writer.worker_daemon).
+    "spark.python.daemon.module": "spark_writer.worker_daemon",
 }
 
 

@@ -51,3 +51,15 @@ def test_zone_less_json_timestamps_are_utc_whatever_the_session_zone(new_york_se
     instants = dict(zip(parsed.column("id").to_pylist(), parsed.column("at").to_pylist(), strict=True))
     assert instants[1] == dt.datetime(2025, 3, 1, 23, 30, tzinfo=dt.UTC), "a zone-less timestamp is read as UTC"
     assert instants[2] == dt.datetime(2025, 3, 2, 4, 30, tzinfo=dt.UTC), "an explicit offset is kept"
+
+
+def test_workers_import_pyspark_from_the_installed_package(spark: SparkSession) -> None:
+    def pyspark_location(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyspark
+
+        for _ in batches:
+            pass
+        yield pa.RecordBatch.from_pylist([{"file": pyspark.__file__}])
+
+    (row,) = spark.range(1, numPartitions=1).mapInArrow(pyspark_location, "file string").collect()
+    assert ".zip" not in row.file, f"a worker imported PySpark from Spark's zip (no bytecode cache): {row.file}"
