@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Final
+from typing import Final, Self
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import pyarrow as pa
@@ -119,45 +120,65 @@ def _json_path(name: str) -> str:
     return "$['" + name.replace("\\", "\\\\").replace("'", "\\'") + "']"
 
 
-def parsed_records(
-    kafka: DataFrame, schema: StructType, *, kafka_metadata: bool = False, time_zone: str = DEFAULT_JSON_TIME_ZONE
-) -> DataFrame:
-    """The columns of `schema`, the kafka_* columns if asked, the Kafka columns a dead letter needs, and the reason
-    (REASON_COLUMN) a record does not fit, null when it does."""
-    if CORRUPT_COLUMN in schema.fieldNames():
-        raise ValueError(f"the JSON schema may not have a field named {CORRUPT_COLUMN}")
-    options = {"timeZone": check_time_zone(time_zone), "columnNameOfCorruptRecord": CORRUPT_COLUMN}
-    with_corrupt = StructType([*schema.fields, StructField(CORRUPT_COLUMN, StringType())])
-    record = sql.from_json(_json_text(), with_corrupt, options)
-    return kafka.select(sql.col("*"), record.alias("record")).select(
-        *[sql.col("record").getField(name).alias(name) for name in schema.fieldNames()],
-        *[sql.col(KAFKA_METADATA_COLUMNS[name]).alias(name) for name in KAFKA_METADATA_COLUMNS if kafka_metadata],
-        *[sql.col(name).alias(f"{SOURCE_PREFIX}{name}") for name in DEAD_LETTER_COLUMNS],
-        bad_record_reason(_json_text(), sql.col("record"), schema).alias(REASON_COLUMN),
-    )
+@dataclass(frozen=True)
+class JsonColumns:
+    """The expressions that parse JSON values with one schema: built once, applied to every micro-batch.
 
+    Each expression costs calls to the JVM to build (for the demo's eight fields about 0.4 s a batch when
+    they were built per batch); they name columns rather than hold a DataFrame, so the same ones serve
+    every batch of a stream until the schema grows.
+    """
 
-def table_columns(parsed: DataFrame) -> DataFrame:
-    """What the table gets of `parsed_records`: without the Kafka columns and the reason."""
-    return parsed.select(
-        *[name for name in parsed.columns if not name.startswith(SOURCE_PREFIX) and name != REASON_COLUMN]
-    )
+    record: Column  # from_json's struct, with the corrupt-record column
+    parsed: tuple[Column, ...]  # what `parsed` selects from the Kafka columns and `record`
+    table: tuple[str, ...]  # what the table gets: the schema's fields and the kafka_* columns asked for
+    fits: Column  # true for a record that fits the schema
+    fits_or_fails: Column  # true for a record that fits; raises for one that does not, naming it
 
+    @classmethod
+    def of(cls, schema: StructType, *, kafka_metadata: bool = False, time_zone: str = DEFAULT_JSON_TIME_ZONE) -> Self:
+        if CORRUPT_COLUMN in schema.fieldNames():
+            raise ValueError(f"the JSON schema may not have a field named {CORRUPT_COLUMN}")
+        options = {"timeZone": check_time_zone(time_zone), "columnNameOfCorruptRecord": CORRUPT_COLUMN}
+        with_corrupt = StructType([*schema.fields, StructField(CORRUPT_COLUMN, StringType())])
+        metadata = [name for name in KAFKA_METADATA_COLUMNS if kafka_metadata]
+        reason = sql.col(REASON_COLUMN)
+        failure = sql.concat(
+            sql.lit("a Kafka record does not fit the JSON schema: topic "),
+            sql.col(f"{SOURCE_PREFIX}topic"),
+            sql.lit(" partition "),
+            sql.col(f"{SOURCE_PREFIX}partition").cast("string"),
+            sql.lit(" offset "),
+            sql.col(f"{SOURCE_PREFIX}offset").cast("string"),
+            sql.lit(": "),
+            reason,
+            sql.lit(f". {ON_BAD_RECORD_HINT}"),
+        )
+        return cls(
+            record=sql.from_json(_json_text(), with_corrupt, options).alias("record"),
+            parsed=(
+                *[sql.col("record").getField(name).alias(name) for name in schema.fieldNames()],
+                *[sql.col(KAFKA_METADATA_COLUMNS[name]).alias(name) for name in metadata],
+                *[sql.col(name).alias(f"{SOURCE_PREFIX}{name}") for name in DEAD_LETTER_COLUMNS],
+                bad_record_reason(_json_text(), sql.col("record"), schema).alias(REASON_COLUMN),
+            ),
+            table=(*schema.fieldNames(), *metadata),
+            fits=reason.isNull(),
+            fits_or_fails=sql.when(reason.isNull(), sql.lit(True)).otherwise(sql.raise_error(failure)),
+        )
 
-def fail_on_bad_records(parsed: DataFrame) -> DataFrame:
-    """`parsed_records` whose first bad record fails the task, naming where it is and why."""
-    where = sql.concat(
-        sql.lit("a Kafka record does not fit the JSON schema: topic "),
-        sql.col(f"{SOURCE_PREFIX}topic"),
-        sql.lit(" partition "),
-        sql.col(f"{SOURCE_PREFIX}partition").cast("string"),
-        sql.lit(" offset "),
-        sql.col(f"{SOURCE_PREFIX}offset").cast("string"),
-        sql.lit(": "),
-        sql.col(REASON_COLUMN),
-        sql.lit(f". {ON_BAD_RECORD_HINT}"),
-    )
-    return parsed.where(sql.when(sql.col(REASON_COLUMN).isNull(), sql.lit(True)).otherwise(sql.raise_error(where)))
+    def parse(self, kafka: DataFrame) -> DataFrame:
+        """The columns of the schema, the kafka_* columns if asked, the Kafka columns a dead letter needs, and the
+        reason (REASON_COLUMN) a record does not fit, null when it does."""
+        return kafka.select(sql.col("*"), self.record).select(*self.parsed)
+
+    def table_columns(self, parsed: DataFrame) -> DataFrame:
+        """What the table gets of `parse`'s columns: without the Kafka columns and the reason."""
+        return parsed.select(*self.table)
+
+    def fail_on_bad_records(self, parsed: DataFrame) -> DataFrame:
+        """`parse`'s rows, whose first bad record fails the task, naming where it is and why."""
+        return parsed.where(self.fits_or_fails)
 
 
 def json_records(
@@ -177,8 +198,10 @@ def json_records(
     """
     if on_bad_record is BadRecordPolicy.DEAD_LETTER:
         raise ValueError("dead letters are sent per batch: use JsonBatchParser as the transform of write_to_iceberg")
-    parsed = parsed_records(kafka, schema, kafka_metadata=kafka_metadata, time_zone=time_zone)
-    return table_columns(fail_on_bad_records(parsed) if on_bad_record is BadRecordPolicy.FAIL else parsed)
+    columns = JsonColumns.of(schema, kafka_metadata=kafka_metadata, time_zone=time_zone)
+    parsed = columns.parse(kafka)
+    rows = columns.fail_on_bad_records(parsed) if on_bad_record is BadRecordPolicy.FAIL else parsed
+    return columns.table_columns(rows)
 
 
 def infer_json_schema(spark: SparkSession, texts: DataFrame) -> StructType:
@@ -249,6 +272,15 @@ class JsonBatchParser:
         self._observation: Observation | None = None
         self._dead_lettered = 0
         self._cached: DataFrame | None = None
+        self._columns_of: tuple[StructType, JsonColumns] | None = None
+
+    @property
+    def _columns(self) -> JsonColumns:
+        """The parse expressions of the current schema, built again only when the schema grew."""
+        if self._columns_of is None or self._columns_of[0] != self.schema:
+            columns = JsonColumns.of(self.schema, kafka_metadata=self._kafka_metadata, time_zone=self._time_zone)
+            self._columns_of = (self.schema, columns)
+        return self._columns_of[1]
 
     def __call__(self, batch: DataFrame) -> DataFrame:
         self._release_cache()  # a batch that failed before its properties were asked for
@@ -257,14 +289,16 @@ class JsonBatchParser:
             batch = self._cached = batch.persist()
         if self._evolve:
             self._learn_new_fields(batch)
-        parsed = parsed_records(batch, self.schema, kafka_metadata=self._kafka_metadata, time_zone=self._time_zone)
+        columns = self._columns
+        parsed = columns.parse(batch)
         self._observation = None
         if self._dead_letters is not None:
             self._dead_lettered = self._send_dead_letters(parsed, self._dead_letters)
-            return table_columns(parsed.where(sql.col(REASON_COLUMN).isNull()))
+            return columns.table_columns(parsed.where(columns.fits))
         self._observation = Observation(f"bad_records_{uuid.uuid4().hex}")
         observed = parsed.observe(self._observation, sql.count(sql.col(REASON_COLUMN)).alias(BAD_RECORDS_METRIC))
-        return table_columns(fail_on_bad_records(observed) if self._policy is BadRecordPolicy.FAIL else observed)
+        rows = columns.fail_on_bad_records(observed) if self._policy is BadRecordPolicy.FAIL else observed
+        return columns.table_columns(rows)
 
     def batch_properties(self) -> dict[str, str]:
         """After the batch's rows were written: the epoch properties (the count of records that did not fit)."""
@@ -283,7 +317,7 @@ class JsonBatchParser:
             self._cached = None
 
     def _send_dead_letters(self, parsed: DataFrame, target: DeadLetterTarget) -> int:
-        bad = parsed.where(sql.col(REASON_COLUMN).isNotNull()).select(
+        bad = parsed.where(~self._columns.fits).select(
             *[sql.col(f"{SOURCE_PREFIX}{name}").alias(name) for name in DEAD_LETTER_COLUMNS], REASON_COLUMN
         )
         sent = bad.mapInArrow(DeadLetterSender(target, REASON_COLUMN), SENT_DDL).collect()
