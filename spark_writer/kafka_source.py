@@ -22,8 +22,9 @@ as a Python Data Source (``pyspark.sql.datasource``) on top of confluent-kafka:
   sequence, so a range ends when the consumer position reaches ``end``, not after
   ``end - start`` messages.
 * ``maxOffsetsPerTrigger`` caps a batch; the cap is split in proportion to the
-  partitions' backlogs, and every partition with a backlog gets at least one record
-  per batch (Spark's split), so none starves under a small cap.
+  partitions' backlogs, to the record (Spark's split rounds each share down, so its
+  batches fall a little short of the cap), and every partition with a backlog gets at
+  least one record per batch, as in Spark, so none starves under a small cap.
 * ``failOnDataLoss`` decides what happens when retention (or delete-records) removed
   records before they were read: fail with an explicit error, or skip ahead.
 * Partitions added to a subscribed topic are discovered on every trigger and read
@@ -409,18 +410,30 @@ def _check_spec_covers_partitions(spec: Mapping[str, Mapping[int, int]], existin
 
 
 def spread_max_rows(available: Mapping[PartitionKey, int], max_rows: int) -> dict[PartitionKey, int]:
-    """Share ``max_rows`` between partitions in proportion to their backlogs, as Spark's Kafka source does.
+    """Share ``max_rows`` between partitions in proportion to their backlogs, to the record.
 
-    Each partition's share is rounded down, except that a partition with a backlog
-    always gets at least one record: no partition waits behind the others, however
-    small the cap. A batch can therefore exceed the cap by at most one record per
-    partition whose share was below one. Everything is granted when the backlogs
-    fit under the cap; no partition is given more than it has.
+    Each partition gets its proportional share rounded down, and the records the rounding
+    left over go, one each, to the partitions with the largest remainders (the largest
+    remainder method), so that a batch holds exactly ``max_rows`` records. Spark's Kafka
+    source rounds every share down and stops there: its batches fall short of the cap by up
+    to one record per partition, which leaves a last batch of a few records. As in Spark, a
+    partition with a backlog always gets at least one record, so none waits behind the
+    others however small the cap: a batch can then exceed the cap by at most one record per
+    partition whose share was below one. Everything is granted when the backlogs fit under
+    the cap; no partition is given more than it has.
     """
-    total = sum(rows for rows in available.values() if rows > 0)
+    waiting = {key: rows for key, rows in available.items() if rows > 0}
+    total = sum(waiting.values())
     if total <= max_rows:
         return {key: max(0, rows) for key, rows in available.items()}
-    return {key: min(rows, max(1, max_rows * rows // total)) if rows > 0 else 0 for key, rows in available.items()}
+    granted = dict.fromkeys(available, 0)
+    for key, rows in waiting.items():
+        granted[key] = max(1, max_rows * rows // total)
+    left_over = max_rows - sum(granted.values())
+    rounded_down = [key for key in waiting if max_rows * waiting[key] >= total]
+    for key in sorted(rounded_down, key=lambda key: (-(max_rows * waiting[key] % total), key))[: max(0, left_over)]:
+        granted[key] += 1
+    return granted
 
 
 def cap_to_target(latest: Mapping[PartitionKey, int], target: Mapping[PartitionKey, int]) -> Offsets:

@@ -103,8 +103,14 @@ def test_resolve_json_must_name_exactly_the_partitions(spec: dict[str, dict[int,
 
 def test_spread_proportional_to_backlogs() -> None:
     assert spread_max_rows({A0: 100, A1: 100, A2: 100}, 30) == {A0: 10, A1: 10, A2: 10}
-    # Spark's split: each share rounded down, but never below one record.
-    assert spread_max_rows({A0: 2, A1: 100, A2: 50}, 60) == {A0: 1, A1: 39, A2: 19}
+    # Shares 0.79, 39.47 and 19.74: rounded down (58), the two records left go to the largest remainders.
+    assert spread_max_rows({A0: 2, A1: 100, A2: 50}, 60) == {A0: 1, A1: 39, A2: 20}
+
+
+def test_a_batch_under_the_cap_holds_exactly_the_cap() -> None:
+    # Spark rounds each share down: 4 x 3,124 = 12,496 of 12,500, and a fifth batch of 4 records follows.
+    available = {A0: 24_999, A1: 25_001, A2: 24_998, B0: 25_002}
+    assert sum(spread_max_rows(available, 12_500).values()) == 12_500
 
 
 def test_spread_grants_everything_under_the_cap() -> None:
@@ -146,8 +152,8 @@ def test_spread_properties(available: dict[PartitionKey, int], max_rows: int) ->
     if total <= max_rows:
         assert granted == available
     else:
-        # Over the cap by at most the one record each starved share is rounded up to.
-        assert sum(granted.values()) <= max_rows + len(waiting)
+        # The cap exactly, or over it by at most the one record each starved share is rounded up to.
+        assert max_rows <= sum(granted.values()) <= max_rows + len(waiting)
 
 
 @given(available=backlogs, max_rows=st.integers(1, 200), triggers=st.integers(1, 5))
