@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import gc
+import socket
+import weakref
 import zipfile
 from pathlib import Path
 
-from spark_writer.worker_daemon import path_without_redundant_zips
+from spark_writer.worker_daemon import frozen_after_each_task, path_without_redundant_zips
 
 
 def _installed(site: Path, package: str, version: str) -> None:
@@ -49,3 +52,27 @@ def test_a_zip_that_cannot_be_read_stays(tmp_path: Path) -> None:
     broken.write_bytes(b"not a zip")
 
     assert path_without_redundant_zips([str(broken), str(site)]) == [str(broken), str(site)]
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_after_a_task_its_garbage_is_collected_and_what_lives_on_is_frozen() -> None:
+    kept: list[_Cycle] = []
+    garbage: list[weakref.ref[_Cycle]] = []
+
+    def task(sock: socket.socket, authenticated: bool) -> int:
+        kept.append(_Cycle())  # outlives the task, as a module's cache would
+        garbage.append(weakref.ref(_Cycle()))  # a cycle only the collector frees
+        return 0
+
+    gc.unfreeze()
+    try:
+        with socket.socket() as sock:
+            assert frozen_after_each_task(task)(sock, True) == 0
+        assert garbage[0]() is None, "the task's garbage cycle was frozen instead of collected"
+        assert gc.get_freeze_count() > 0, "what outlived the task was not frozen"
+    finally:
+        gc.unfreeze()
