@@ -3,16 +3,17 @@
 Each dead letter keeps the record's key, value and headers as they were, and adds
 headers saying where it came from and why it was refused:
 ``sink-coordinator.source-topic``, ``.source-partition``, ``.source-offset``,
-``.reason`` and ``.sink``. The producer is idempotent (no duplicate from its own
-retries) and every send is acknowledged before the batch goes on to its files and
-its pre-commit. Delivery is at least once: a batch that Spark runs again (after a
+``.reason`` and ``.sink``. The writer's tasks produce them as they decode the
+batch; the producer is idempotent (no duplicate from its own retries) and every
+send is acknowledged before the task closes its files, so before the batch's
+pre-commit. Delivery is at least once: a batch that Spark runs again (after a
 crash before its checkpoint) sends its dead letters again; the source coordinates
 in the headers identify duplicates.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -21,9 +22,6 @@ from confluent_kafka import KafkaError, Message, Producer
 
 HEADER_PREFIX: Final = "sink-coordinator."
 FLUSH_TIMEOUT_SECONDS: Final = 120.0
-# The columns a dead-letter pass reads (the Kafka source's, plus the reason).
-DEAD_LETTER_COLUMNS: Final = ("key", "value", "headers", "topic", "partition", "offset")
-SENT_DDL: Final = "sent long"
 
 
 class DeadLetterError(RuntimeError):
@@ -53,40 +51,38 @@ def dead_letter_headers(row: Mapping[str, Any], reason: str, sink: str) -> list[
     ]
 
 
-@dataclass(frozen=True)
-class DeadLetterSender:
-    """A mapInArrow function: produce each row as a dead letter, wait for every acknowledgement, yield the count.
+class DeadLetterProducer:
+    """One task's dead letters: produced as they come, every acknowledgement awaited by `flush`."""
 
-    A module-level class, so that Spark ships it to the executors by reference.
-    """
+    def __init__(self, target: DeadLetterTarget) -> None:
+        self._target = target
+        self._producer = Producer(target.producer_config())
+        self._errors: list[str] = []
+        self.sent = 0
 
-    target: DeadLetterTarget
-    reason_column: str
-
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        producer = Producer(self.target.producer_config())
-        errors: list[str] = []
-
-        def on_delivery(error: KafkaError | None, message: Message) -> None:
-            if error is not None:
-                errors.append(str(error))
-
-        sent = 0
-        for batch in batches:
-            for row in batch.to_pylist():
-                producer.produce(
-                    self.target.topic,
-                    key=row["key"],
-                    value=row["value"],
-                    headers=dead_letter_headers(row, row[self.reason_column], self.target.sink),
-                    on_delivery=on_delivery,
-                )
-                producer.poll(0)
-                sent += 1
-        undelivered = producer.flush(FLUSH_TIMEOUT_SECONDS)
-        if errors or undelivered:
-            raise DeadLetterError(
-                f"{len(errors) + undelivered} of {sent} dead letter(s) not delivered to {self.target.topic!r}: "
-                f"{errors[:3] or 'flush timed out'}"
+    def send(self, records: pa.Table, reason_column: str) -> None:
+        """Produce each row (the Kafka source's columns and a reason) as a dead letter."""
+        for row in records.to_pylist():
+            self._producer.produce(
+                self._target.topic,
+                key=row["key"],
+                value=row["value"],
+                headers=dead_letter_headers(row, row[reason_column], self._target.sink),
+                on_delivery=self._on_delivery,
             )
-        yield pa.RecordBatch.from_pylist([{"sent": sent}], schema=pa.schema([pa.field("sent", pa.int64())]))
+            self._producer.poll(0)
+            self.sent += 1
+
+    def flush(self) -> int:
+        """Wait for every acknowledgement; the number sent, or DeadLetterError if any was not delivered."""
+        undelivered = self._producer.flush(FLUSH_TIMEOUT_SECONDS)
+        if self._errors or undelivered:
+            raise DeadLetterError(
+                f"{len(self._errors) + undelivered} of {self.sent} dead letter(s) not delivered to "
+                f"{self._target.topic!r}: {self._errors[:3] or 'flush timed out'}"
+            )
+        return self.sent
+
+    def _on_delivery(self, error: KafkaError | None, message: Message) -> None:
+        if error is not None:
+            self._errors.append(str(error))

@@ -27,9 +27,10 @@ import json
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
 
 import grpc
+import pyarrow as pa
 import structlog
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
@@ -42,6 +43,9 @@ from spark_writer.listener import CheckpointListener, CheckpointReporter
 from spark_writer.parquet_writer import WRITTEN_FILES_DDL, DataFileTarget, delete_files, task_writer
 from spark_writer.partitioning import parse_partition_fields
 from spark_writer.storage import Storage
+
+if TYPE_CHECKING:
+    from spark_writer.kafka_records import BatchInput
 
 log = structlog.get_logger(__name__)
 
@@ -65,10 +69,21 @@ BatchTransform = Callable[[DataFrame], DataFrame]
 
 
 @runtime_checkable
-class ReportsBatchProperties(Protocol):
-    """A transform that has epoch properties to add once the batch's rows are written (counts, for one)."""
+class DecodesInTasks(Protocol):
+    """A transform whose work happens in the writer's own tasks (spark_writer.kafka_records.JsonBatchParser).
 
-    def batch_properties(self) -> dict[str, str]: ...
+    `prepare` gives, per batch, the DataFrame the tasks read, the table rows' Arrow
+    schema and how the tasks decode their input into rows; once the files are
+    written, `batch_properties` turns the tasks' count of records that did not fit
+    into epoch properties.
+    """
+
+    @property
+    def table_schema(self) -> pa.Schema: ...
+
+    def prepare(self, batch: DataFrame) -> BatchInput: ...
+
+    def batch_properties(self, bad_records: int) -> dict[str, str]: ...
 
 
 class SinkRefusedError(RuntimeError):
@@ -98,7 +113,7 @@ class MicroBatchWriter:
         options: SinkOptions,
         checkpoint: SparkCheckpoint,
         reporter: CheckpointReporter,
-        transform: BatchTransform | None,
+        transform: BatchTransform | DecodesInTasks | None,
     ) -> None:
         self._client = client
         self._registration = registration
@@ -134,8 +149,12 @@ class MicroBatchWriter:
     def _write(self, batch: DataFrame, batch_id: int) -> None:
         # Spark starts batch N only once commits/N-1 exists: report it now in case no listener event did.
         self._reporter.report(batch_id - 1)
-        frame = batch if self._transform is None else self._transform(batch)
-        schema = arrow_schema_of(frame.schema)
+        if isinstance(self._transform, DecodesInTasks):
+            prepared = self._transform.prepare(batch)
+            frame, schema, decoding = prepared.frame, prepared.schema, prepared.decoding
+        else:
+            frame = batch if self._transform is None else self._transform(batch)
+            schema, decoding = arrow_schema_of(frame.schema), None
         target = DataFileTarget(
             table_location=self._registration.table_location,
             batch_id=batch_id,
@@ -143,14 +162,16 @@ class MicroBatchWriter:
             partition_fields=parse_partition_fields(self._options.partition_by, schema),
             target_file_size_bytes=self._options.target_file_size_bytes,
             storage=self._options.storage,
+            decoding=decoding,
         )
-        written = frame.mapInArrow(task_writer(target), WRITTEN_FILES_DDL).collect()
+        results = frame.mapInArrow(task_writer(target), WRITTEN_FILES_DDL).collect()
+        written = [row for row in results if row.path is not None]
         paths = [row.path for row in written]
         files = [PreCommitFile(row.path, bytes(row.parquet_footer), row.size_bytes) for row in written]
         records = sum(row.record_count for row in written)
         properties = self._properties(batch_id)
-        if isinstance(self._transform, ReportsBatchProperties):
-            properties.update(self._transform.batch_properties())
+        if isinstance(self._transform, DecodesInTasks):
+            properties.update(self._transform.batch_properties(sum(row.bad_records for row in results)))
         try:
             answer = self._client.pre_commit(
                 self._options.sink,
@@ -276,7 +297,7 @@ def write_to_iceberg(
     available_now: bool = False,
     writer_token: str | None = None,
     evolve_schema: bool = True,
-    transform: BatchTransform | None = None,
+    transform: BatchTransform | DecodesInTasks | None = None,
     query_name: str | None = None,
     coordinator_retry_seconds: float = DEFAULT_COORDINATOR_RETRY_SECONDS,
     storage: Mapping[str, str] | None = None,
@@ -297,7 +318,8 @@ def write_to_iceberg(
         writer_token: the coordinator's WRITER_TOKEN, when it has one.
         evolve_schema: let the coordinator add columns that new data has and the table lacks.
         transform: applied to each micro-batch on the driver before writing; it may change the schema
-            from batch to batch (new columns evolve the table when `evolve_schema` is on).
+            from batch to batch (new columns evolve the table when `evolve_schema` is on). Or a transform that
+            decodes in the writer's tasks (`DecodesInTasks`, such as kafka_records.JsonBatchParser).
         query_name: Spark query name.
         coordinator_retry_seconds: how long a call to the coordinator retries while it is unreachable before
             the batch fails; a failed checkpoint report is sent again on its own until it lands.
@@ -313,8 +335,11 @@ def write_to_iceberg(
     if available_now and processing_time is not None:
         raise ValueError("set processing_time or available_now, not both")
     spark = df.sparkSession
-    initial = df if transform is None else transform(spark.createDataFrame([], df.schema))
-    arrow_schema = arrow_schema_of(initial.schema)
+    if isinstance(transform, DecodesInTasks):
+        arrow_schema = transform.table_schema
+    else:
+        initial = df if transform is None else transform(spark.createDataFrame([], df.schema))
+        arrow_schema = arrow_schema_of(initial.schema)
     parse_partition_fields(partition_by, arrow_schema)
     checkpoint = SparkCheckpoint(spark, checkpoint_location)
     checkpointed = checkpoint.last_committed_batch()

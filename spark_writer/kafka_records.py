@@ -8,24 +8,30 @@ Three ways to get the schema of JSON values:
   whose records have top-level fields the schema lacks gets those fields, with
   types inferred from that batch, and the coordinator adds the columns to the
   table (PreCommit with evolve_schema). Fields already known keep their type.
+
+The values are decoded on the executors, in Arrow (``spark_writer.json_decoding``,
+which says why and how): by the writer's own tasks for ``JsonBatchParser``, so that
+a batch's records cross from Python to the JVM and back only as bytes, and by a
+``mapInArrow`` step for ``json_records``.
 """
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Final, Self
+from typing import Final
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import pyarrow as pa
 import structlog
-from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as sql
-from pyspark.sql.types import StringType, StructField, StructType
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
-from spark_writer.dead_letters import DEAD_LETTER_COLUMNS, SENT_DDL, DeadLetterSender, DeadLetterTarget
+from spark_writer.arrow_schema import arrow_schema_of
+from spark_writer.dead_letters import DeadLetterProducer, DeadLetterTarget
+from spark_writer.json_decoding import REASON_COLUMN, UTC, JsonDecoder
 from spark_writer.kafka_source import KafkaMetadata, OffsetRange, parse_options, read_range
 
 log = structlog.get_logger(__name__)
@@ -39,28 +45,27 @@ class BadRecordPolicy(StrEnum):
     DEAD_LETTER = "dead-letter"  # sent to a dead-letter topic instead of the table, counted
 
 
+class BadRecordError(ValueError):
+    """A record does not fit the JSON schema and the policy is to fail."""
+
+
 # The epoch property (PreCommit) with the number of records of the batch that did not fit the schema.
 BAD_RECORDS_PROPERTY: Final = "sink-coordinator.bad-records"
-BAD_RECORDS_METRIC: Final = "bad_records"
 ON_BAD_RECORD_HINT: Final = (
     "Fix the record or the schema, or run with --on-bad-record null (written as nulls, counted) "
     "or --on-bad-record dead-letter --dead-letter-topic T"
 )
-# Columns of the parse that are not the table's: from_json's corrupt record, the reason, the source's columns.
-CORRUPT_COLUMN: Final = "_corrupt_record"
-REASON_COLUMN: Final = "_bad_record_reason"
-SOURCE_PREFIX: Final = "_kafka_"
 
 # The zone of JSON timestamps that carry none (the same in every session: local, spark-submit, ...).
-DEFAULT_JSON_TIME_ZONE: Final = "UTC"
+DEFAULT_JSON_TIME_ZONE: Final = UTC
 RAW_COLUMNS: Final = ("key", "value", "topic", "partition", "offset", "timestamp")
-# Optional columns telling where each JSON record came from (table column -> Kafka source column).
-KAFKA_METADATA_COLUMNS: Final = {
-    "kafka_topic": "topic",
-    "kafka_partition": "partition",
-    "kafka_offset": "offset",
-    "kafka_timestamp": "timestamp",
-}
+# The Spark types of the kafka_* columns (spark_writer.json_decoding.KAFKA_METADATA_COLUMNS).
+KAFKA_METADATA_FIELDS: Final = (
+    StructField("kafka_topic", StringType()),
+    StructField("kafka_partition", IntegerType()),
+    StructField("kafka_offset", LongType()),
+    StructField("kafka_timestamp", TimestampType()),
+)
 
 
 def schema_from_ddl(ddl: str) -> StructType:
@@ -89,96 +94,90 @@ def check_time_zone(name: str) -> str:
     return name
 
 
-def bad_record_reason(text: Column, record: Column, schema: StructType) -> Column:
-    """Why a Kafka value does not fit `schema` (null when it does): the record is then not what the table gets.
-
-    `record` is from_json's result with the corrupt-record column, which Spark fills
-    whenever any value cannot be converted (wrong type, bad timestamp, not JSON, not an object).
-    """
-    misfits = [
-        sql.when(
-            record.getField(name).isNull() & sql.get_json_object(text, _json_path(name)).isNotNull(),
-            sql.lit(f"{name} ({schema[name].dataType.simpleString()})"),
-        )
-        for name in schema.fieldNames()
-    ]
-    return (
-        sql.when(text.isNull(), sql.lit("tombstone: the record has no value"))
-        .when(record.getField(CORRUPT_COLUMN).isNull(), sql.lit(None).cast("string"))
-        .when(sql.get_json_object(text, "$").isNull(), sql.lit("not valid JSON"))
-        .when(~sql.ltrim(text).startswith("{"), sql.lit("a JSON value that is not an object"))
-        .otherwise(
-            sql.concat(
-                sql.lit("fields whose value does not fit the schema: "),
-                sql.coalesce(sql.nullif(sql.concat_ws(", ", *misfits), sql.lit("")), sql.lit("a nested field")),
-            )
-        )
+def json_decoder(
+    schema: StructType, *, kafka_metadata: bool = False, time_zone: str = DEFAULT_JSON_TIME_ZONE
+) -> JsonDecoder:
+    """The executors' decoder of JSON values into the columns of `schema` (and the kafka_* columns if asked)."""
+    if kafka_metadata and (taken := sorted({f.name for f in KAFKA_METADATA_FIELDS} & set(schema.fieldNames()))):
+        raise ValueError(f"the JSON schema has field(s) {taken}, which the kafka_* columns would repeat")
+    return JsonDecoder(
+        arrow_schema_of(schema),
+        tuple(f.dataType.simpleString() for f in schema.fields),
+        kafka_metadata=kafka_metadata,
+        time_zone=check_time_zone(time_zone),
     )
 
 
-def _json_path(name: str) -> str:
-    return "$['" + name.replace("\\", "\\\\").replace("'", "\\'") + "']"
+def table_schema(schema: StructType, *, kafka_metadata: bool = False) -> StructType:
+    """The Spark schema of what `json_decoder` gives: the JSON fields, then the kafka_* columns if asked."""
+    return StructType([*schema.fields, *(KAFKA_METADATA_FIELDS if kafka_metadata else ())])
 
 
 @dataclass(frozen=True)
-class JsonColumns:
-    """The expressions that parse JSON values with one schema: built once, applied to every micro-batch.
+class RecordDecoding:
+    """JSON values into table rows on the executors, and what becomes of the records that do not fit.
 
-    Each expression costs calls to the JVM to build (for the demo's eight fields about 0.4 s a batch when
-    they were built per batch); they name columns rather than hold a DataFrame, so the same ones serve
-    every batch of a stream until the schema grows.
+    Shipped with each task; `start` gives the task its own state (counts, a dead-letter producer).
     """
 
-    record: Column  # from_json's struct, with the corrupt-record column
-    parsed: tuple[Column, ...]  # what `parsed` selects from the Kafka columns and `record`
-    table: tuple[str, ...]  # what the table gets: the schema's fields and the kafka_* columns asked for
-    fits: Column  # true for a record that fits the schema
-    fits_or_fails: Column  # true for a record that fits; raises for one that does not, naming it
+    decoder: JsonDecoder
+    policy: BadRecordPolicy = BadRecordPolicy.FAIL
+    dead_letters: DeadLetterTarget | None = None
 
-    @classmethod
-    def of(cls, schema: StructType, *, kafka_metadata: bool = False, time_zone: str = DEFAULT_JSON_TIME_ZONE) -> Self:
-        if CORRUPT_COLUMN in schema.fieldNames():
-            raise ValueError(f"the JSON schema may not have a field named {CORRUPT_COLUMN}")
-        options = {"timeZone": check_time_zone(time_zone), "columnNameOfCorruptRecord": CORRUPT_COLUMN}
-        with_corrupt = StructType([*schema.fields, StructField(CORRUPT_COLUMN, StringType())])
-        metadata = [name for name in KAFKA_METADATA_COLUMNS if kafka_metadata]
-        reason = sql.col(REASON_COLUMN)
-        failure = sql.concat(
-            sql.lit("a Kafka record does not fit the JSON schema: topic "),
-            sql.col(f"{SOURCE_PREFIX}topic"),
-            sql.lit(" partition "),
-            sql.col(f"{SOURCE_PREFIX}partition").cast("string"),
-            sql.lit(" offset "),
-            sql.col(f"{SOURCE_PREFIX}offset").cast("string"),
-            sql.lit(": "),
-            reason,
-            sql.lit(f". {ON_BAD_RECORD_HINT}"),
-        )
-        return cls(
-            record=sql.from_json(_json_text(), with_corrupt, options).alias("record"),
-            parsed=(
-                *[sql.col("record").getField(name).alias(name) for name in schema.fieldNames()],
-                *[sql.col(KAFKA_METADATA_COLUMNS[name]).alias(name) for name in metadata],
-                *[sql.col(name).alias(f"{SOURCE_PREFIX}{name}") for name in DEAD_LETTER_COLUMNS],
-                bad_record_reason(_json_text(), sql.col("record"), schema).alias(REASON_COLUMN),
-            ),
-            table=(*schema.fieldNames(), *metadata),
-            fits=reason.isNull(),
-            fits_or_fails=sql.when(reason.isNull(), sql.lit(True)).otherwise(sql.raise_error(failure)),
-        )
+    def __post_init__(self) -> None:
+        if (self.policy is BadRecordPolicy.DEAD_LETTER) != (self.dead_letters is not None):
+            raise ValueError("a dead-letter topic is needed with on_bad_record=dead-letter, and only then")
 
-    def parse(self, kafka: DataFrame) -> DataFrame:
-        """The columns of the schema, the kafka_* columns if asked, the Kafka columns a dead letter needs, and the
-        reason (REASON_COLUMN) a record does not fit, null when it does."""
-        return kafka.select(sql.col("*"), self.record).select(*self.parsed)
+    def start(self) -> RecordDecodingTask:
+        return RecordDecodingTask(self)
 
-    def table_columns(self, parsed: DataFrame) -> DataFrame:
-        """What the table gets of `parse`'s columns: without the Kafka columns and the reason."""
-        return parsed.select(*self.table)
 
-    def fail_on_bad_records(self, parsed: DataFrame) -> DataFrame:
-        """`parse`'s rows, whose first bad record fails the task, naming where it is and why."""
-        return parsed.where(self.fits_or_fails)
+class RecordDecodingTask:
+    """One task's decoding: rows batch by batch, then `finish` (dead letters acknowledged, records counted)."""
+
+    def __init__(self, decoding: RecordDecoding) -> None:
+        self._decoding = decoding
+        self._dead_letters = None if decoding.dead_letters is None else DeadLetterProducer(decoding.dead_letters)
+        self.bad_records = 0
+
+    def rows(self, batch: pa.RecordBatch) -> pa.Table:
+        """The table rows of one batch of Kafka records; BadRecordError for a record that does not fit under FAIL."""
+        decoded = self._decoding.decoder.decode(batch)
+        misfits = decoded.misfits.num_rows
+        if not misfits:
+            return decoded.rows
+        self.bad_records += misfits
+        policy = self._decoding.policy
+        if policy is BadRecordPolicy.FAIL:
+            first = decoded.misfits.slice(0, 1).to_pylist()[0]
+            raise BadRecordError(
+                f"a Kafka record does not fit the JSON schema: topic {first['topic']} partition {first['partition']} "
+                f"offset {first['offset']}: {first[REASON_COLUMN]}. {ON_BAD_RECORD_HINT}"
+            )
+        if policy is BadRecordPolicy.NULL:
+            return pa.concat_tables([decoded.rows, decoded.misfit_rows])
+        assert self._dead_letters is not None
+        self._dead_letters.send(decoded.misfits, REASON_COLUMN)
+        return decoded.rows
+
+    def finish(self) -> int:
+        """After the last batch: once every dead letter is acknowledged, the records that did not fit."""
+        if self._dead_letters is not None:
+            self._dead_letters.flush()
+        return self.bad_records
+
+
+@dataclass(frozen=True)
+class DecodedRecords:
+    """A mapInArrow function: Kafka records in, table rows out (`json_records`)."""
+
+    decoding: RecordDecoding
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        task = self.decoding.start()
+        for batch in batches:
+            yield from task.rows(batch).to_batches()
+        task.finish()
 
 
 def json_records(
@@ -198,10 +197,8 @@ def json_records(
     """
     if on_bad_record is BadRecordPolicy.DEAD_LETTER:
         raise ValueError("dead letters are sent per batch: use JsonBatchParser as the transform of write_to_iceberg")
-    columns = JsonColumns.of(schema, kafka_metadata=kafka_metadata, time_zone=time_zone)
-    parsed = columns.parse(kafka)
-    rows = columns.fail_on_bad_records(parsed) if on_bad_record is BadRecordPolicy.FAIL else parsed
-    return columns.table_columns(rows)
+    decoding = RecordDecoding(json_decoder(schema, kafka_metadata=kafka_metadata, time_zone=time_zone), on_bad_record)
+    return kafka.mapInArrow(DecodedRecords(decoding), table_schema(schema, kafka_metadata=kafka_metadata))
 
 
 def infer_json_schema(spark: SparkSession, texts: DataFrame) -> StructType:
@@ -235,14 +232,29 @@ def sampled_json_schema(spark: SparkSession, kafka_options: Mapping[str, str], s
     return infer_json_schema(spark, spark.createDataFrame([(value,) for value in values], "json string"))
 
 
+@dataclass(frozen=True)
+class BatchInput:
+    """What the writer's tasks read for one batch and how they turn it into table rows."""
+
+    frame: DataFrame  # the batch's Kafka records
+    schema: pa.Schema  # the table rows' Arrow schema
+    decoding: RecordDecoding
+
+
 class JsonBatchParser:
-    """A per-batch transform: parse JSON values with the schema known so far, deal with the records that do not fit.
+    """Parses each batch's JSON values with the schema known so far, in the writer's tasks.
+
+    The writer hands every micro-batch to `prepare`, which gives the tasks the
+    batch's Kafka records and a `RecordDecoding` for the schema known so far; the
+    tasks decode, write and count, and `batch_properties` turns the count into the
+    epoch's properties.
 
     With `evolve`, new top-level fields are detected with a cheap SQL pass over the
-    batch (the keys of every object); only when there are some does Spark infer their
-    types, from the batch's records. The schema lives in the driver and starts again
-    from the initial one when the job restarts; a field re-inferred with another type
-    than the table's makes the coordinator refuse the batch, with a message.
+    batch (the keys of every object; the batch is cached, so Kafka is read once);
+    only when there are some does Spark infer their types, from the batch's records.
+    The schema lives in the driver and starts again from the initial one when the job
+    restarts; a field re-inferred with another type than the table's makes the
+    coordinator refuse the batch, with a message.
 
     Records that do not fit the schema (a value of another type, a bad timestamp,
     text that is not JSON, a JSON value that is not an object, a tombstone) fail the
@@ -261,67 +273,52 @@ class JsonBatchParser:
         on_bad_record: BadRecordPolicy = BadRecordPolicy.FAIL,
         dead_letters: DeadLetterTarget | None = None,
     ) -> None:
-        if (on_bad_record is BadRecordPolicy.DEAD_LETTER) != (dead_letters is not None):
-            raise ValueError("a dead-letter topic is needed with on_bad_record=dead-letter, and only then")
         self.schema = schema
         self._evolve = evolve
         self._kafka_metadata = kafka_metadata
         self._time_zone = check_time_zone(time_zone)
         self._policy = on_bad_record
         self._dead_letters = dead_letters
-        self._observation: Observation | None = None
-        self._dead_lettered = 0
         self._cached: DataFrame | None = None
-        self._columns_of: tuple[StructType, JsonColumns] | None = None
+        self._decoding = self._decoding_of(schema)
 
     @property
-    def _columns(self) -> JsonColumns:
-        """The parse expressions of the current schema, built again only when the schema grew."""
-        if self._columns_of is None or self._columns_of[0] != self.schema:
-            columns = JsonColumns.of(self.schema, kafka_metadata=self._kafka_metadata, time_zone=self._time_zone)
-            self._columns_of = (self.schema, columns)
-        return self._columns_of[1]
+    def table_schema(self) -> pa.Schema:
+        """The Arrow schema of the table rows with the schema known so far."""
+        return self._decoding.decoder.output_schema
 
-    def __call__(self, batch: DataFrame) -> DataFrame:
+    def prepare(self, batch: DataFrame) -> BatchInput:
+        """The batch's input to the writer's tasks, after learning its new fields (with `evolve`)."""
         self._release_cache()  # a batch that failed before its properties were asked for
-        if self._evolve or self._dead_letters is not None:
-            # Two passes over the batch (the new fields or the dead letters, then the rows): read Kafka once.
-            batch = self._cached = batch.persist()
         if self._evolve:
+            # Two passes over the batch (the new fields, then the rows): read Kafka once.
+            batch = self._cached = batch.persist()
             self._learn_new_fields(batch)
-        columns = self._columns
-        parsed = columns.parse(batch)
-        self._observation = None
-        if self._dead_letters is not None:
-            self._dead_lettered = self._send_dead_letters(parsed, self._dead_letters)
-            return columns.table_columns(parsed.where(columns.fits))
-        self._observation = Observation(f"bad_records_{uuid.uuid4().hex}")
-        observed = parsed.observe(self._observation, sql.count(sql.col(REASON_COLUMN)).alias(BAD_RECORDS_METRIC))
-        rows = columns.fail_on_bad_records(observed) if self._policy is BadRecordPolicy.FAIL else observed
-        return columns.table_columns(rows)
+        return BatchInput(batch.select(*self._task_columns), self.table_schema, self._decoding)
 
-    def batch_properties(self) -> dict[str, str]:
+    def batch_properties(self, bad_records: int) -> dict[str, str]:
         """After the batch's rows were written: the epoch properties (the count of records that did not fit)."""
         self._release_cache()
-        if self._observation is not None:
-            bad = int(self._observation.get.get(BAD_RECORDS_METRIC, 0))
-        else:
-            bad = self._dead_lettered
-        if bad:
-            log.warning("records that do not fit the JSON schema", bad_records=bad, on_bad_record=self._policy.value)
-        return {BAD_RECORDS_PROPERTY: str(bad)}
+        if bad_records:
+            log.warning(
+                "records that do not fit the JSON schema", bad_records=bad_records, on_bad_record=self._policy.value
+            )
+        return {BAD_RECORDS_PROPERTY: str(bad_records)}
+
+    @property
+    def _task_columns(self) -> list[str]:
+        """The Kafka columns the tasks need: every column they do not need is converted twice for nothing."""
+        where = ["topic", "partition", "offset", *(["timestamp"] if self._kafka_metadata else [])]
+        return ["value", *where, *(["key", "headers"] if self._dead_letters is not None else [])]
+
+    def _decoding_of(self, schema: StructType) -> RecordDecoding:
+        decoder = json_decoder(schema, kafka_metadata=self._kafka_metadata, time_zone=self._time_zone)
+        return RecordDecoding(decoder, self._policy, self._dead_letters)
 
     def _release_cache(self) -> None:
         if self._cached is not None:
             self._cached.unpersist()
             self._cached = None
-
-    def _send_dead_letters(self, parsed: DataFrame, target: DeadLetterTarget) -> int:
-        bad = parsed.where(~self._columns.fits).select(
-            *[sql.col(f"{SOURCE_PREFIX}{name}").alias(name) for name in DEAD_LETTER_COLUMNS], REASON_COLUMN
-        )
-        sent = bad.mapInArrow(DeadLetterSender(target, REASON_COLUMN), SENT_DDL).collect()
-        return sum(int(row.sent) for row in sent)
 
     def _learn_new_fields(self, batch: DataFrame) -> None:
         texts = batch.select(_json_text().alias("json"))
@@ -333,3 +330,4 @@ class JsonBatchParser:
         inferred = infer_json_schema(batch.sparkSession, texts)
         for name in new:
             self.schema = self.schema.add(inferred[name])
+        self._decoding = self._decoding_of(self.schema)

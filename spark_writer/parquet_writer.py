@@ -9,7 +9,10 @@ a crash) never write the same file. The task yields one row per file it wrote,
 with the file's Parquet footer (serialized), which the driver sends with the
 path so that the coordinator need not read it from storage; the driver
 pre-commits exactly those files, so files of a failed attempt never reach the
-table (the attempt deletes them when it fails by an exception).
+table (the attempt deletes them when it fails by an exception). A task given a
+decoding (``DataFileTarget.decoding``) receives Kafka records and decodes them into
+table rows itself (``spark_writer.kafka_records.RecordDecoding``), and also yields
+the count of the records that did not fit.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import contextlib
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Final
+from typing import Final, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -35,18 +38,38 @@ DATA_DIRECTORY: Final = "data"
 MAX_ROW_GROUP_BYTES: Final = 64 * 1024 * 1024
 PARQUET_COMPRESSION: Final = "zstd"
 
-# What every task yields: one row per data file (the DDL form is mapInArrow's output schema).
-WRITTEN_FILES_DDL: Final = "path string, record_count bigint, size_bytes bigint, parquet_footer binary"
+# What every task yields: one row per data file, and one without a path carrying the count of the records that did
+# not fit the schema when there were any (the DDL form is mapInArrow's output schema).
+WRITTEN_FILES_DDL: Final = (
+    "path string, record_count bigint, size_bytes bigint, parquet_footer binary, bad_records bigint"
+)
 WRITTEN_FILES_SCHEMA: Final = pa.schema(
     [
         pa.field("path", pa.string()),
         pa.field("record_count", pa.int64()),
         pa.field("size_bytes", pa.int64()),
         pa.field("parquet_footer", pa.binary()),
+        pa.field("bad_records", pa.int64()),
     ]
 )
 
 TaskWriter = Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+
+
+class TaskDecoder(Protocol):
+    """One task's turning of its input batches into table rows (spark_writer.kafka_records.RecordDecodingTask)."""
+
+    def rows(self, batch: pa.RecordBatch) -> pa.Table: ...
+
+    def finish(self) -> int:
+        """After the last batch: the records that did not fit the schema."""
+        ...
+
+
+class TaskDecoding(Protocol):
+    """Shipped with the target; gives each task its own decoder."""
+
+    def start(self) -> TaskDecoder: ...
 
 
 @dataclass(frozen=True)
@@ -68,6 +91,8 @@ class DataFileTarget:
     partition_fields: tuple[PartitionField, ...]
     target_file_size_bytes: int
     storage: Storage = field(default_factory=Storage)
+    # How a task turns its input (Kafka records) into table rows; None: the input rows are the table's.
+    decoding: TaskDecoding | None = None
 
     @property
     def row_group_bytes(self) -> int:
@@ -174,19 +199,21 @@ def task_writer(target: DataFileTarget) -> TaskWriter:
         context = TaskContext.get()
         label = "driver" if context is None else f"{context.partitionId():05d}-{context.taskAttemptId()}"
         files = RollingParquetFiles(target, label)
+        decoder = None if target.decoding is None else target.decoding.start()
         try:
             for batch in batches:
-                rows = pa.Table.from_batches([batch]).cast(target.schema)
-                for key, part in split_by_partition(rows, target.partition_fields):
+                rows = pa.Table.from_batches([batch]) if decoder is None else decoder.rows(batch)
+                for key, part in split_by_partition(rows.cast(target.schema), target.partition_fields):
                     files.write(key, part)
+            bad_records = 0 if decoder is None else decoder.finish()
             written = files.close()
         except BaseException:
             files.abort()
             raise
-        yield pa.RecordBatch.from_pylist(
-            [asdict(file) for file in written],
-            schema=WRITTEN_FILES_SCHEMA,
-        )
+        rows = [{**asdict(file), "bad_records": 0} for file in written]
+        if bad_records:
+            rows.append({"path": None, "record_count": 0, "size_bytes": 0, "bad_records": bad_records})
+        yield pa.RecordBatch.from_pylist(rows, schema=WRITTEN_FILES_SCHEMA)
 
     return write
 
