@@ -1,7 +1,8 @@
 """Part 3, end to end: records per second from Kafka to Iceberg, through the coordinator and without it.
 
-Both jobs read the same topic with the project's Kafka source (availableNow, maxOffsetsPerTrigger), parse
-the same JSON and write the same Parquet files with the same executor code (mapInArrow). The coordinated
+Both jobs read the same topic with the project's Kafka source (availableNow, maxOffsetsPerTrigger), and decode
+the same JSON and write the same Parquet files with the same executor code (the writer's mapInArrow tasks, which
+decode the records themselves: kafka_records.JsonBatchParser). The coordinated
 job is spark_writer.write_to_iceberg with the real coordinator process; the plain job is a foreachBatch that
 appends each batch's files with one pyiceberg append (add_files) on the same catalog, and nothing else.
 Rate = records / (query start to termination, including the last commit). The anchor of both is the raw read
@@ -68,10 +69,17 @@ def produce(bootstrap: str, partitions: int, records: int) -> str:
     return topic
 
 
-def _stream(spark: Any, bootstrap: str, topic: str, max_offsets: int) -> Any:
-    from tests.fixtures.pipeline import order_stream
+def _records(spark: Any, bootstrap: str, topic: str, max_offsets: int) -> Any:
+    from tests.fixtures.pipeline import order_records
 
-    return order_stream(spark, bootstrap, topic, max_offsets, ddl=ORDER_DDL)
+    return order_records(spark, bootstrap, topic, max_offsets)
+
+
+def _parser() -> Any:
+    """The job's JSON decoding of the orders, in the writer's tasks (both jobs write through it)."""
+    from spark_writer.kafka_records import JsonBatchParser, schema_from_ddl
+
+    return JsonBatchParser(schema_from_ddl(ORDER_DDL), evolve=False, kafka_metadata=True)
 
 
 @dataclass(frozen=True)
@@ -91,13 +99,14 @@ def run_coordinated(
     name = f"e2e_{topic.replace('-', '_')}"
     started = time.monotonic()
     running = write_to_iceberg(
-        _stream(spark, bootstrap, topic, max_offsets),
+        _records(spark, bootstrap, topic, max_offsets),
         sink=name,
         table=f"bench.{name}",
         coordinator=coordinator.target,
         checkpoint_location=str(root / f"ckpt-{name}"),
         available_now=True,
         storage=place.storage,
+        transform=_parser(),
     )
     assert running.await_termination(600), "coordinated query did not finish"
     return time.monotonic() - started
@@ -107,25 +116,27 @@ def run_plain(
     spark: Any, catalog: Any, bootstrap: str, topic: str, max_offsets: int, root: Path, place: Place
 ) -> float:
     from coordinator_service.iceberg import IcebergTables
-    from spark_writer.arrow_schema import arrow_schema_of
     from spark_writer.parquet_writer import WRITTEN_FILES_DDL, DataFileTarget, task_writer
     from spark_writer.storage import Storage
 
     name = f"plain_{topic.replace('-', '_')}"
-    frame = _stream(spark, bootstrap, topic, max_offsets)
-    schema = arrow_schema_of(frame.schema)
-    location = IcebergTables(catalog).ensure_table(f"bench.{name}", schema, ())
+    frame = _records(spark, bootstrap, topic, max_offsets)
+    parser = _parser()
+    location = IcebergTables(catalog).ensure_table(f"bench.{name}", parser.table_schema, ())
 
     def write_batch(batch: Any, batch_id: int) -> None:
+        prepared = parser.prepare(batch)
         target = DataFileTarget(
             table_location=location,
             batch_id=batch_id,
-            schema=schema,
+            schema=prepared.schema,
             partition_fields=(),
             target_file_size_bytes=128 * 1024 * 1024,
             storage=Storage(place.storage),
+            decoding=prepared.decoding,
         )
-        paths = [row.path for row in batch.mapInArrow(task_writer(target), WRITTEN_FILES_DDL).collect()]
+        written = prepared.frame.mapInArrow(task_writer(target), WRITTEN_FILES_DDL).collect()
+        paths = [row.path for row in written if row.path is not None]
         if paths:
             catalog.load_table(f"bench.{name}").add_files(paths, check_duplicate_files=False)
 
@@ -165,12 +176,13 @@ def measure_freshness(
     topic = create_topic(bootstrap, 4, prefix="fresh")
     name = f"fresh_{topic.replace('-', '_')}"
     running = write_to_iceberg(
-        _stream(spark, bootstrap, topic, rate * 10),
+        _records(spark, bootstrap, topic, rate * 10),
         sink=name,
         table=f"bench.{name}",
         coordinator=coordinator.target,
         checkpoint_location=str(root / f"ckpt-{name}"),
         processing_time="1 second",
+        transform=_parser(),
     )
     total = rate * seconds
     values = (

@@ -256,11 +256,14 @@ class JsonDecoder:
         # as many rows as values then means one each.
         if not pc.all(pc.and_(pc.starts_with(values, "{"), pc.ends_with(values, "}"))).as_py():
             return None
-        multiline = pc.any(pc.match_substring(values, "\n")).as_py()
         data = b"\n".join(values.to_pylist())
-        return self._parsed(data, len(values), multiline)
+        parsed = self._parsed(data, len(values))
+        if parsed is None and pc.any(pc.match_substring(values, "\n")).as_py():
+            # A value printed over several lines (looked for only now: the scan costs as much as the join).
+            parsed = self._parsed(data, len(values), multiline=True)
+        return parsed
 
-    def _parsed(self, data: bytes, expected_rows: int, multiline: bool) -> pa.Table | None:
+    def _parsed(self, data: bytes, expected_rows: int, *, multiline: bool = False) -> pa.Table | None:
         options = self._parse_options
         if multiline:
             options = pj.ParseOptions(
@@ -277,7 +280,7 @@ class JsonDecoder:
 
     def _parse_objects(self, objects: Sequence[dict[str, Any]]) -> pa.Table | None:
         data = b"\n".join(json.dumps(obj, separators=(",", ":"), allow_nan=False).encode() for obj in objects)
-        return self._parsed(data, len(objects), multiline=False)
+        return self._parsed(data, len(objects))
 
     def _check_record(
         self,
