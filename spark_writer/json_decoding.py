@@ -7,8 +7,8 @@ crossed into the JVM as bytes, became a row of typed columns there and crossed
 back to Python column by column. Decoded here, the JVM only passes the bytes on,
 and pyarrow's JSON reader (C++, whole blocks at a time) does the parsing. Measured
 on the demo's order events (a nested list of structs, a timestamp), with the same
-source and writer: 250,000-record batches 3.3 s -> 1.6 s, 12,500-record batches
-0.7 s -> 0.35 s (docs/spark-writer.md, "Performance").
+source and writer: 250,000-record batches 3.3-4.1 s -> 2.1-2.5 s, 12,500-record
+batches 0.7 s -> 0.55-0.6 s (docs/spark-writer.md, "How JSON values are decoded").
 
 What a record becomes (the rules of Spark's ``from_json`` in its permissive mode):
 
@@ -19,8 +19,8 @@ What a record becomes (the rules of Spark's ``from_json`` in its permissive mode
 * TIMESTAMP: ISO 8601 text (``2025-03-01T10:00:00``, a space for the ``T``,
   fractions, ``Z`` or an offset, a date alone for midnight); without a zone or
   offset, in the decoder's time zone. DATE: ``YYYY-MM-DD``. BINARY: base64 text.
-  Numbers, booleans, lists and structs as JSON has them, decimals from numbers or
-  numeric text.
+  Numbers (``NaN`` and ``Infinity`` too), booleans, lists and structs as JSON has
+  them, decimals from numbers or numeric text.
 * A record does not fit the schema when its value is null (a tombstone), is not
   JSON, is JSON but not an object, or has a field whose value cannot be read as
   the field's type. Its reason says which, naming the top-level fields that do not
@@ -31,8 +31,8 @@ Differences from ``from_json`` that the tests pin down: MAP columns are not
 supported (the decoder refuses a schema with one: declare the map as a STRUCT of
 its keys, or as a STRING that keeps its JSON text); a nested field that does not
 fit makes its whole top-level field null in the partial row (``from_json`` keeps
-the nested fields that fit); the strings ``NaN`` and ``Infinity`` do not fit a
-DOUBLE; a value with several JSON objects is not JSON.
+the nested fields that fit); ``NaN`` and ``Infinity`` fit a DOUBLE bare but not
+as strings; a value with several JSON objects is not JSON.
 
 Blocks of records are parsed at once. A block that pyarrow refuses is split in
 two and each half parsed again, down to blocks of ``RECORD_BY_RECORD_BELOW``
@@ -279,7 +279,8 @@ class JsonDecoder:
         return pa.Table.from_arrays(columns, schema=self.schema)
 
     def _parse_objects(self, objects: Sequence[dict[str, Any]]) -> pa.Table | None:
-        data = b"\n".join(json.dumps(obj, separators=(",", ":"), allow_nan=False).encode() for obj in objects)
+        # NaN and Infinity, bare, are written back as such: pyarrow reads them, as from_json does.
+        data = b"\n".join(json.dumps(obj, separators=(",", ":")).encode() for obj in objects)
         return self._parsed(data, len(objects))
 
     def _check_record(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import pickle
 from decimal import Decimal
 from typing import Any
@@ -115,6 +116,7 @@ def test_each_kind_of_bad_record_has_its_reason_and_its_partial_row() -> None:
     values[8] = order(8, items=[{"sku": "b", "quantity": "many"}])
     values[9] = '{"order_id": 9} {"order_id": 10}'
     values[10] = order(10, amount="abc", created_at="yesterday")
+    values[11] = '{"order_id": 11, "amount": "NaN"}'
 
     decoded = orders_decoder(kafka_metadata=True).decode(kafka_batch(values))
 
@@ -128,8 +130,9 @@ def test_each_kind_of_bad_record_has_its_reason_and_its_partial_row() -> None:
         108: misfit + "items (array<struct<sku:string,quantity:int>>)",
         109: NOT_JSON,
         110: misfit + "amount (double), created_at (timestamp)",
+        111: misfit + "amount (double)",
     }
-    assert sorted(row["order_id"] for row in decoded.rows.to_pylist()) == sorted(set(range(30)) - set(range(3, 11)))
+    assert sorted(row["order_id"] for row in decoded.rows.to_pylist()) == sorted(set(range(30)) - set(range(3, 12)))
     partial = {row["kafka_offset"]: row for row in decoded.misfit_rows.to_pylist()}
     assert (partial[103]["order_id"], partial[103]["amount"], partial[103]["created_at"]) == (
         3,
@@ -139,7 +142,13 @@ def test_each_kind_of_bad_record_has_its_reason_and_its_partial_row() -> None:
     assert (partial[108]["order_id"], partial[108]["items"]) == (8, None)
     assert all(partial[offset]["order_id"] is None for offset in (105, 106, 107, 109))
     # The Kafka columns of each misfit travel with it (dead letters need them).
-    assert decoded.misfits.column("key").to_pylist() == [f"k{i}".encode() for i in range(3, 11)]
+    assert decoded.misfits.column("key").to_pylist() == [f"k{i}".encode() for i in range(3, 12)]
+
+
+def test_bare_nan_and_infinity_are_doubles() -> None:
+    values = ['{"order_id": 1, "amount": NaN}', '{"order_id": 2, "amount": -Infinity}', "bad"]
+    amounts = [row["amount"] for row in orders_decoder().decode(kafka_batch(values)).rows.to_pylist()]
+    assert math.isnan(amounts[0]) and amounts[1] == -math.inf
 
 
 def test_a_string_column_takes_any_json_value_as_its_text() -> None:
