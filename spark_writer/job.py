@@ -28,7 +28,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from types import FrameType
 from typing import Annotated, Final
@@ -76,6 +76,18 @@ class RecordFormat(StrEnum):
     RAW = "raw"
 
 
+class KafkaSource(StrEnum):
+    """Which Spark source reads Kafka: this project's Python one (no jar), or Spark's own connector."""
+
+    PYTHON = "python"
+    SPARK = "spark"
+
+
+# Spark's Kafka connector (spark-sql-kafka-0-10), when its jar is on the classpath.
+SPARK_KAFKA_PROVIDER: Final = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+SPARK_KAFKA_FORMAT: Final = "kafka"
+
+
 @dataclass(frozen=True)
 class KafkaSettings:
     bootstrap_servers: str
@@ -84,9 +96,14 @@ class KafkaSettings:
     max_offsets_per_trigger: int | None = None
     fail_on_data_loss: bool = True
     consumer_options: dict[str, str] = field(default_factory=dict)
+    source: KafkaSource = KafkaSource.PYTHON
+
+    @property
+    def source_format(self) -> str:
+        return SOURCE_NAME if self.source is KafkaSource.PYTHON else SPARK_KAFKA_FORMAT
 
     def source_options(self) -> dict[str, str]:
-        """The options of the `sink_coordinator_kafka` source."""
+        """The options of the source: the same for both but what Spark's needs to read as the Python one does."""
         options = {
             "kafka.bootstrap.servers": self.bootstrap_servers,
             "subscribe": ",".join(self.topics),
@@ -96,6 +113,10 @@ class KafkaSettings:
         }
         if self.max_offsets_per_trigger is not None:
             options["maxOffsetsPerTrigger"] = str(self.max_offsets_per_trigger)
+        if self.source is KafkaSource.SPARK:
+            # Committed records only, as the Python source reads them (Spark's reads aborted ones by default), and
+            # the headers, which dead letters keep.
+            options.update({"kafka.isolation.level": "read_committed", "includeHeaders": "true"})
         return options
 
     def producer_config(self) -> dict[str, str]:
@@ -168,18 +189,35 @@ def spark_session(master: str | None, app_name: str = "sink-writer") -> SparkSes
     return local_spark_session(app_name, master or "local[*]")
 
 
+def check_spark_kafka_source(spark: SparkSession) -> None:
+    """ValueError saying what to do when Spark's Kafka connector is not on the classpath."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    if not jvm.org.apache.spark.util.Utils.classIsLoadable(SPARK_KAFKA_PROVIDER):
+        raise ValueError(
+            f"--source spark needs Spark's Kafka connector ({SPARK_KAFKA_PROVIDER}), which is not on the "
+            f"classpath: add spark-sql-kafka-0-10_2.13 of Spark {spark.version} and its dependencies "
+            "(spark-submit --packages org.apache.spark:spark-sql-kafka-0-10_2.13:" + spark.version + "), "
+            "or use --source python, which needs no jar"
+        )
+
+
 def table_records(
     spark: SparkSession, kafka: KafkaSettings, parse: ParseSettings, sink: str
 ) -> tuple[DataFrame, JsonBatchParser | None]:
     """The streaming DataFrame to write and, for JSON, the per-batch parser that turns it into table rows."""
     options = kafka.source_options()
-    stream = spark.readStream.format(SOURCE_NAME).options(**options).load()
+    if kafka.source is KafkaSource.SPARK:
+        check_spark_kafka_source(spark)
+    stream = spark.readStream.format(kafka.source_format).options(**options).load()
     if parse.record_format is RecordFormat.RAW:
         return raw_records(stream), None
+    # The sample is read by this project's own consumer, whichever source the stream has.
+    sample_options = replace(kafka, source=KafkaSource.PYTHON).source_options()
     schema = (
         schema_from_ddl(parse.schema_ddl)
         if parse.schema_ddl
-        else sampled_json_schema(spark, options, parse.sample_size)
+        else sampled_json_schema(spark, sample_options, parse.sample_size)
     )
     log.info("json schema", schema=schema.simpleString(), source="given" if parse.schema_ddl else "sampled")
     if not parse.evolve_schema and not schema.fields:
@@ -291,6 +329,13 @@ def main(
     fail_on_data_loss: Annotated[
         bool, typer.Option(help="Fail when records were deleted before they were read.")
     ] = True,
+    source: Annotated[
+        KafkaSource,
+        typer.Option(
+            help="python: this project's Kafka source (no jar); spark: Spark's own (spark-sql-kafka-0-10 on the "
+            "classpath; --kafka-option keys then go to the Java Kafka client)."
+        ),
+    ] = KafkaSource.PYTHON,
     record_format: Annotated[
         RecordFormat, typer.Option("--format", help="json: parse values as JSON objects; raw: keep Kafka columns.")
     ] = RecordFormat.JSON,
@@ -347,6 +392,7 @@ def main(
             max_offsets_per_trigger=max_offsets_per_trigger,
             fail_on_data_loss=fail_on_data_loss,
             consumer_options=parse_key_values(kafka_option or [], "--kafka-option"),
+            source=source,
         )
         parse = ParseSettings(
             record_format,
@@ -380,6 +426,9 @@ def main(
     except (CoordinatorRpcError, SinkRefusedError, StreamingQueryException) as error:
         log.error("sink writer failed", error=str(error))
         raise typer.Exit(1) from None
+    except ValueError as error:  # what could only be checked on the running session (Spark's Kafka connector)
+        log.error("sink writer cannot start", error=str(error))
+        raise typer.Exit(2) from None
     finally:
         # Stops the listener bus before the interpreter exits, so that no event is sent to a closed gateway.
         spark.stop()

@@ -7,16 +7,19 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import httpx
 import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog import Catalog
 from pyspark.sql import SparkSession
 
+from coordinator_service.client import CoordinatorRpcError
 from spark_writer.iceberg_sink import write_to_iceberg
-from spark_writer.job import KafkaSettings, ParseSettings, SinkSettings, start_job
+from spark_writer.job import SPARK_KAFKA_PROVIDER, KafkaSettings, KafkaSource, ParseSettings, SinkSettings, start_job
 from tests.fixtures.coordinator import CoordinatorProcess
 from tests.fixtures.pipeline import (
+    ORDER_SCHEMA_DDL,
     QUERY_TIMEOUT_SECONDS,
     kafka_positions,
     order_ids,
@@ -146,3 +149,72 @@ def test_new_json_field_mid_stream_becomes_a_column(
         **dict.fromkeys(range(1000)),
         **dict.fromkeys(range(1000, 2000), "SPRING"),
     }
+
+
+def _spark_kafka_on_classpath(spark: SparkSession) -> bool:
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    return bool(jvm.org.apache.spark.util.Utils.classIsLoadable(SPARK_KAFKA_PROVIDER))
+
+
+def test_the_spark_kafka_source_without_its_jar_is_refused_before_anything_is_registered(
+    spark: SparkSession,
+    kafka_bootstrap: str,
+    kafka_topic: TopicFactory,
+    coordinator: CoordinatorProcess,
+    tmp_path: Path,
+) -> None:
+    if _spark_kafka_on_classpath(spark):
+        pytest.skip("Spark's Kafka connector jar is on this classpath: the refusal cannot happen here")
+    topic = kafka_topic(partitions=1)
+
+    with pytest.raises(ValueError, match=r"--source spark needs Spark's Kafka connector .* or use --source python"):
+        start_job(
+            spark,
+            KafkaSettings(kafka_bootstrap, (topic,), source=KafkaSource.SPARK),
+            ParseSettings(schema_ddl="order_id BIGINT"),
+            SinkSettings(
+                sink="orders-spark-source",
+                table="shop.orders_spark_source",
+                coordinator=coordinator.target,
+                checkpoint_location=str(tmp_path / "checkpoint"),
+                available_now=True,
+            ),
+        )
+
+    with coordinator.client() as client, pytest.raises(CoordinatorRpcError) as unknown:
+        client.sink_state("orders-spark-source")
+    assert unknown.value.code is grpc.StatusCode.NOT_FOUND
+
+
+def test_every_record_once_through_sparks_own_kafka_source(
+    spark: SparkSession,
+    kafka_bootstrap: str,
+    kafka_topic: TopicFactory,
+    coordinator: CoordinatorProcess,
+    catalog: Catalog,
+    tmp_path: Path,
+) -> None:
+    if not _spark_kafka_on_classpath(spark):
+        pytest.skip(
+            "Spark's Kafka connector (spark-sql-kafka-0-10_2.13 and its dependencies) is not on the classpath: "
+            "put its jars in SPARK_HOME/jars (no Maven here)"
+        )
+    topic = kafka_topic(partitions=3)
+    produced = produce_orders(kafka_bootstrap, topic, range(3000), partitions=3)
+    running = start_job(
+        spark,
+        KafkaSettings(kafka_bootstrap, (topic,), max_offsets_per_trigger=600, source=KafkaSource.SPARK),
+        ParseSettings(schema_ddl=ORDER_SCHEMA_DDL, evolve_schema=False, kafka_metadata=True),
+        SinkSettings(
+            sink="orders-spark-kafka",
+            table="shop.orders_spark_kafka",
+            coordinator=coordinator.target,
+            checkpoint_location=str(tmp_path / "checkpoint"),
+            available_now=True,
+        ),
+    )
+    assert running.await_termination(QUERY_TIMEOUT_SECONDS)
+
+    assert kafka_positions(catalog, "shop.orders_spark_kafka") == produced_positions(produced)
+    assert order_ids(catalog, "shop.orders_spark_kafka") == Counter(range(3000))

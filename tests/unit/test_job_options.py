@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spark_writer.job import KafkaSettings, ParseSettings, parse_size
+from spark_writer.job import KafkaSettings, KafkaSource, ParseSettings, parse_size
 from spark_writer.kafka_records import BadRecordPolicy, check_time_zone
 from spark_writer.session import retries_tasks, with_task_retries
 
@@ -40,6 +40,20 @@ def test_kafka_settings_become_source_options() -> None:
         "maxOffsetsPerTrigger": "5000",
         "kafka.security.protocol": "SSL",
     }
+
+
+def test_spark_kafka_source_reads_committed_records_with_their_headers() -> None:
+    settings = KafkaSettings("b:9092", ("orders",), source=KafkaSource.SPARK)
+    assert settings.source_format == "kafka"
+    assert settings.source_options() == {
+        "kafka.bootstrap.servers": "b:9092",
+        "subscribe": "orders",
+        "startingOffsets": "earliest",
+        "failOnDataLoss": "true",
+        "kafka.isolation.level": "read_committed",
+        "includeHeaders": "true",
+    }
+    assert KafkaSettings("b:9092", ("orders",)).source_format == "sink_coordinator_kafka"
 
 
 @pytest.mark.parametrize(
