@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from typing import Final
 
 from pyspark.sql import SparkSession
 
 from spark_writer.java import ensure_java
 from spark_writer.kafka_source import KafkaDataSource
+from spark_writer.python_launcher import launcher_path
 
 LOCAL_SPARK_CONF: dict[str, str] = {
     "spark.sql.shuffle.partitions": "2",
@@ -29,7 +29,7 @@ LOCAL_SPARK_CONF: dict[str, str] = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.streaming.stopGracefullyOnShutdown": "true",
     "spark.python.worker.reuse": "true",
-    # Workers import PySpark from the installed package, not from pyspark.zip (spark_writer.worker_daemon).
+    # Reused workers that do not collect all of PySpark's objects after each task (spark_writer.worker_daemon).
     "spark.python.daemon.module": "spark_writer.worker_daemon",
 }
 
@@ -57,8 +57,9 @@ def retries_tasks(master: str) -> bool:
 
 
 def _use_this_interpreter_for_workers() -> None:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    # Spark's Python processes run this interpreter, through the launcher that keeps them off Spark's zips
+    # (the driver's: those of the driver's own planners, such as the lookup of data sources at start).
+    os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = launcher_path()
 
 
 def local_spark_session(app_name: str, master: str = "local[2]") -> SparkSession:
