@@ -551,6 +551,23 @@ class Coordinator:
         _check_sink_name(sink)
         if epoch < 0:
             raise InvalidArgument(f"epoch {epoch} is negative: Spark batch ids start at 0")
+        async with self.database.connection(autocommit=True) as connection:
+            recorded = await repository.record_checkpoint_over_pending(connection, sink, writer_term, epoch)
+        if recorded is not None:
+            sink_id = recorded.sink_id
+            result = CheckpointResult(recorded.committed_epoch, recorded.checkpointed_epoch)
+        else:
+            sink_id, result = await self._record_checkpoint(sink, epoch, writer_term)
+        await failpoints.hit(Failpoint.CHECKPOINT_AFTER_RECORD)
+        log.info("checkpoint recorded", sink=sink, epoch=epoch, writer_term=writer_term)
+        self.committer.wake(sink_id, flush=wait)
+        if wait and result.committed_epoch < epoch:
+            committed = await self.committer.wait_committed(sink_id, epoch)
+            return CheckpointResult(committed_epoch=committed, checkpointed_epoch=result.checkpointed_epoch)
+        return result
+
+    async def _record_checkpoint(self, sink: str, epoch: int, writer_term: int) -> tuple[int, CheckpointResult]:
+        """The general path of CommitCheckpoint's record: every check, in order, with its message."""
         async with self.database.transaction() as session:
             row = await _existing_sink(session, sink, lock="update")
             _check_term(row, writer_term)
@@ -562,15 +579,7 @@ class Coordinator:
                 # Epochs an operator aborted at the front of the checkpoint leave nothing to commit there.
                 await repository.advance_committed_epoch(session, row.id)
                 await session.refresh(row)
-            sink_id = row.id
-            result = CheckpointResult(committed_epoch=row.committed_epoch, checkpointed_epoch=row.checkpointed_epoch)
-        await failpoints.hit(Failpoint.CHECKPOINT_AFTER_RECORD)
-        log.info("checkpoint recorded", sink=sink, epoch=epoch, writer_term=writer_term)
-        self.committer.wake(sink_id, flush=wait)
-        if wait and result.committed_epoch < epoch:
-            committed = await self.committer.wait_committed(sink_id, epoch)
-            return CheckpointResult(committed_epoch=committed, checkpointed_epoch=result.checkpointed_epoch)
-        return result
+            return row.id, CheckpointResult(row.committed_epoch, row.checkpointed_epoch)
 
     async def sink_state(self, sink: str) -> SinkView:
         _check_sink_name(sink)

@@ -280,6 +280,43 @@ _ADVANCE_COMMITTED_EPOCH = """
 """
 
 
+_RECORD_CHECKPOINT_OVER_PENDING = """
+    UPDATE sinks s SET checkpointed_epoch = :epoch, updated_at = now()
+    WHERE s.name = :name AND s.writer_term = :term AND s.checkpointed_epoch < :epoch
+      AND (SELECT count(*) FROM pending_sink_state p
+           WHERE p.sink_id = s.id AND p.epoch > s.checkpointed_epoch AND p.epoch <= :epoch
+             AND p.status = 'PENDING') = CAST(:epoch AS numeric) - s.checkpointed_epoch
+    RETURNING s.id, s.committed_epoch, s.checkpointed_epoch
+"""
+
+
+@dataclass(frozen=True)
+class RecordedCheckpoint:
+    sink_id: int
+    committed_epoch: int
+    checkpointed_epoch: int
+
+
+async def record_checkpoint_over_pending(
+    connection: AsyncConnection, name: str, writer_term: int, epoch: int
+) -> RecordedCheckpoint | None:
+    """The common checkpoint in one autocommit statement: the writer's term is current and every epoch the
+    checkpoint newly covers is PENDING. None when it is not so (or the sink is unknown): the general path
+    then decides, and explains a refusal.
+
+    Nothing else is needed: with every covered epoch PENDING the committed epoch cannot move, and a term
+    that changed meanwhile (RegisterWriter, a reset: each bumps it under the sink's row lock) is seen
+    here, because PostgreSQL evaluates the condition again on the newest version of the row it waited for.
+    An operator's abort of a covered epoch racing with it is what the general path accepts as well.
+    """
+    row = (
+        await connection.execute(
+            text(_RECORD_CHECKPOINT_OVER_PENDING), {"name": name, "term": writer_term, "epoch": epoch}
+        )
+    ).one_or_none()
+    return None if row is None else RecordedCheckpoint(row.id, row.committed_epoch, row.checkpointed_epoch)
+
+
 async def advance_committed_epoch(session: AsyncSession, sink_id: int) -> None:
     """committed_epoch := the newest checkpointed epoch with no PENDING epoch at or below it.
 

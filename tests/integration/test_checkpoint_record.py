@@ -1,0 +1,65 @@
+"""CommitCheckpoint's one-statement record (every epoch it covers PENDING) and the writers it must still fence."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from sqlalchemy import text
+
+from coordinator_service import repository
+from coordinator_service.database import Database
+from coordinator_service.errors import Fenced
+from coordinator_service.models import AbortCause
+from tests.fixtures.admin import AdminApp
+
+
+async def _until_a_statement_waits_for_a_lock(database: Database) -> None:
+    """Until another backend of this database waits for a lock (PostgreSQL has no event to await for it)."""
+    async with asyncio.timeout(30):
+        while True:
+            async with database.transaction() as session:
+                waiting = await session.scalar(
+                    text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+                    )
+                )
+            if waiting:
+                return
+            await asyncio.sleep(0.01)
+
+
+async def test_a_checkpoint_is_recorded_in_one_statement_when_every_covered_epoch_is_pending(admin: AdminApp) -> None:
+    registration = await admin.register("orders")
+    for epoch in range(3):
+        await admin.pre_commit("orders", registration, epoch, epoch * 10)
+    async with admin.runtime.database.connection(autocommit=True) as connection:
+        recorded = await repository.record_checkpoint_over_pending(connection, "orders", registration.writer_term, 2)
+        assert recorded is not None
+        assert (recorded.checkpointed_epoch, recorded.committed_epoch) == (2, -1)
+        # Covered already, a term not current, an epoch never pre-committed: the general path decides those.
+        for term, epoch in ((registration.writer_term, 2), (registration.writer_term + 1, 3), (1, 4)):
+            assert await repository.record_checkpoint_over_pending(connection, "orders", term, epoch) is None
+
+
+async def test_a_checkpoint_waiting_behind_a_registration_is_fenced_by_it(admin: AdminApp) -> None:
+    """The statement waits for the sink's row lock that a RegisterWriter holds, then sees the new term: refused,
+    nothing recorded (PostgreSQL evaluates the condition again on the row version it waited for)."""
+    registration = await admin.register("orders")
+    await admin.pre_commit("orders", registration, 0, 0)
+    database = admin.runtime.database
+    async with database.transaction() as session:
+        # What a RegisterWriter with checkpoint -1 does under the sink's row lock: a new term, epoch 0 aborted.
+        sink = await repository.sink_by_name(session, "orders", lock="update")
+        assert sink is not None
+        sink.writer_term += 1
+        await session.flush()
+        assert await repository.abort_pending_above(session, sink.id, -1, "recovery", AbortCause.RECOVERY) == [0]
+        checkpoint = asyncio.create_task(admin.checkpoint("orders", registration, 0, wait=False))
+        await _until_a_statement_waits_for_a_lock(database)
+    with pytest.raises(Fenced):
+        await checkpoint
+    async with database.transaction() as session:
+        sink = await repository.sink_by_name(session, "orders")
+        assert sink is not None and sink.checkpointed_epoch == -1
