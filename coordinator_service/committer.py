@@ -78,6 +78,14 @@ _PERMANENT_FAILURES: tuple[type[BaseException], ...] = (
 )
 
 
+# The epoch numbering a sink row is in: its incarnation and generation (a reset starts a new one).
+Numbering = tuple[uuid.UUID, int]
+
+
+def numbering_of(sink: Sink) -> Numbering:
+    return (sink.incarnation, sink.generation)
+
+
 def cannot_succeed_by_retrying(error: BaseException) -> bool:
     return isinstance(error, _PERMANENT_FAILURES)
 
@@ -93,6 +101,9 @@ class Committer:
         self._cleaner_event = asyncio.Event()
         self._progress = asyncio.Condition()
         self._commits_here = 0
+        # Per sink: the committed epoch this process's last COMMITTED transaction recorded, and in which numbering
+        # (a reset starts another), so that a waiter it wakes need not read the sink again.
+        self._committed_here: dict[int, tuple[Numbering, int]] = {}
         self._last_commit: dict[int, float] = {}
         # Set by a writer waiting for its commit (CommitCheckpoint with wait): the interval is not waited out.
         self._flush_requests: dict[int, asyncio.Event] = {}
@@ -139,12 +150,15 @@ class Committer:
     def wake_cleaner(self) -> None:
         self._cleaner_event.set()
 
-    async def wait_committed(self, sink_id: int, epoch: int) -> int:
-        """Wait until the sink's committed epoch reaches `epoch` (here or on another replica)."""
+    async def wait_committed(self, sink_id: int, epoch: int, numbering: Numbering) -> int:
+        """Wait until the sink's committed epoch reaches `epoch` (here or on another replica) in `numbering`."""
         while True:
             # A commit here that lands while the sink is being read below bumps the counter, so it
             # is not missed; a commit by another replica is seen at the next read.
             seen = self._commits_here
+            committed_here = self._committed_here.get(sink_id)
+            if committed_here is not None and committed_here[0] == numbering and committed_here[1] >= epoch:
+                return committed_here[1]  # durable: recorded by this process's COMMITTED transaction
             async with self.database.transaction() as session:
                 sink = await repository.sink_by_id(session, sink_id)
                 assert sink is not None
@@ -408,8 +422,10 @@ class Committer:
                 if (now := rows.get(row.epoch)) is not None
                 and (now.status, now.attempt) == (EpochStatus.PENDING, row.attempt)
             ]
+            committed = current.committed_epoch
             if as_read:
-                await repository.mark_committed(session, sink.id, as_read, snapshot_id)
+                moved = await repository.mark_committed(session, sink.id, as_read, snapshot_id)
+                committed = committed if moved is None else moved
             for appended in pending:
                 now = rows.get(appended.epoch)
                 # Recorded already: an abort or a reset walked the table after the append and marked it.
@@ -420,6 +436,7 @@ class Committer:
                 else:
                     await settlement.adopt_appended(session, sink, now, appended, snapshot_id)
             await repository.prune_committed(session, [sink.id], self.settings.retention_epochs)
+        self._committed_here[sink.id] = (numbering_of(sink), committed)
         await failpoints.hit(Failpoint.COMMIT_AFTER_MARK)
         self._last_commit[sink.id] = time.monotonic()
         self.health.setdefault(sink.id, CommitterHealth()).last_commit_at = datetime.now(UTC)

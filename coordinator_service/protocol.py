@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from coordinator_service import commit_lock, failpoints, metrics, precommit_metadata, repository, settlement
 from coordinator_service.catalog_calls import in_catalog
-from coordinator_service.committer import Committer
+from coordinator_service.committer import Committer, Numbering, numbering_of
 from coordinator_service.database import Database
 from coordinator_service.errors import (
     CheckpointBehind,
@@ -554,19 +554,21 @@ class Coordinator:
         async with self.database.connection(autocommit=True) as connection:
             recorded = await repository.record_checkpoint_over_pending(connection, sink, writer_term, epoch)
         if recorded is not None:
-            sink_id = recorded.sink_id
+            sink_id, numbering = recorded.sink_id, (recorded.incarnation, recorded.generation)
             result = CheckpointResult(recorded.committed_epoch, recorded.checkpointed_epoch)
         else:
-            sink_id, result = await self._record_checkpoint(sink, epoch, writer_term)
+            sink_id, numbering, result = await self._record_checkpoint(sink, epoch, writer_term)
         await failpoints.hit(Failpoint.CHECKPOINT_AFTER_RECORD)
         log.info("checkpoint recorded", sink=sink, epoch=epoch, writer_term=writer_term)
         self.committer.wake(sink_id, flush=wait)
         if wait and result.committed_epoch < epoch:
-            committed = await self.committer.wait_committed(sink_id, epoch)
+            committed = await self.committer.wait_committed(sink_id, epoch, numbering)
             return CheckpointResult(committed_epoch=committed, checkpointed_epoch=result.checkpointed_epoch)
         return result
 
-    async def _record_checkpoint(self, sink: str, epoch: int, writer_term: int) -> tuple[int, CheckpointResult]:
+    async def _record_checkpoint(
+        self, sink: str, epoch: int, writer_term: int
+    ) -> tuple[int, Numbering, CheckpointResult]:
         """The general path of CommitCheckpoint's record: every check, in order, with its message."""
         async with self.database.transaction() as session:
             row = await _existing_sink(session, sink, lock="update")
@@ -579,7 +581,7 @@ class Coordinator:
                 # Epochs an operator aborted at the front of the checkpoint leave nothing to commit there.
                 await repository.advance_committed_epoch(session, row.id)
                 await session.refresh(row)
-            return row.id, CheckpointResult(row.committed_epoch, row.checkpointed_epoch)
+            return row.id, numbering_of(row), CheckpointResult(row.committed_epoch, row.checkpointed_epoch)
 
     async def sink_state(self, sink: str) -> SinkView:
         _check_sink_name(sink)

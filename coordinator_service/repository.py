@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -256,8 +257,11 @@ async def abort_epoch(session: AsyncSession, sink_id: int, epoch: int, reason: s
     )
 
 
-async def mark_committed(session: AsyncSession, sink_id: int, epochs: Sequence[int], snapshot_id: int | None) -> None:
-    """Mark PENDING epochs COMMITTED (the table holds them) and move the sink's committed_epoch."""
+async def mark_committed(
+    session: AsyncSession, sink_id: int, epochs: Sequence[int], snapshot_id: int | None
+) -> int | None:
+    """Mark PENDING epochs COMMITTED (the table holds them) and move the sink's committed_epoch; the new committed
+    epoch, None when it did not move."""
     await session.execute(
         update(PendingSinkState)
         .where(
@@ -267,7 +271,7 @@ async def mark_committed(session: AsyncSession, sink_id: int, epochs: Sequence[i
         )
         .values(status=EpochStatus.COMMITTED, snapshot_id=snapshot_id, updated_at=func.now())
     )
-    await advance_committed_epoch(session, sink_id)
+    return await advance_committed_epoch(session, sink_id)
 
 
 _ADVANCE_COMMITTED_EPOCH = """
@@ -277,6 +281,7 @@ _ADVANCE_COMMITTED_EPOCH = """
                                  WHERE p.sink_id = s2.id AND p.status = 'PENDING'), s2.checkpointed_epoch)) AS epoch
           FROM sinks s2 WHERE s2.id = :sink_id) AS settled
     WHERE s.id = :sink_id AND s.committed_epoch < settled.epoch
+    RETURNING s.committed_epoch
 """
 
 
@@ -286,7 +291,7 @@ _RECORD_CHECKPOINT_OVER_PENDING = """
       AND (SELECT count(*) FROM pending_sink_state p
            WHERE p.sink_id = s.id AND p.epoch > s.checkpointed_epoch AND p.epoch <= :epoch
              AND p.status = 'PENDING') = CAST(:epoch AS numeric) - s.checkpointed_epoch
-    RETURNING s.id, s.committed_epoch, s.checkpointed_epoch
+    RETURNING s.id, s.committed_epoch, s.checkpointed_epoch, s.incarnation, s.generation
 """
 
 
@@ -295,6 +300,8 @@ class RecordedCheckpoint:
     sink_id: int
     committed_epoch: int
     checkpointed_epoch: int
+    incarnation: uuid.UUID
+    generation: int
 
 
 async def record_checkpoint_over_pending(
@@ -314,17 +321,21 @@ async def record_checkpoint_over_pending(
             text(_RECORD_CHECKPOINT_OVER_PENDING), {"name": name, "term": writer_term, "epoch": epoch}
         )
     ).one_or_none()
-    return None if row is None else RecordedCheckpoint(row.id, row.committed_epoch, row.checkpointed_epoch)
+    if row is None:
+        return None
+    return RecordedCheckpoint(row.id, row.committed_epoch, row.checkpointed_epoch, row.incarnation, row.generation)
 
 
-async def advance_committed_epoch(session: AsyncSession, sink_id: int) -> None:
-    """committed_epoch := the newest checkpointed epoch with no PENDING epoch at or below it.
+async def advance_committed_epoch(session: AsyncSession, sink_id: int) -> int | None:
+    """committed_epoch := the newest checkpointed epoch with no PENDING epoch at or below it; the new value, None
+    when it did not move.
 
     Every epoch between the committed and the checkpointed one is in the log (a checkpoint covers only
     pre-committed epochs), and none of them can be aborted by recovery (a checkpoint never covers one):
     what is not PENDING there is COMMITTED, or aborted by an operator on purpose.
     """
-    await session.execute(text(_ADVANCE_COMMITTED_EPOCH), {"sink_id": sink_id})
+    moved = (await session.execute(text(_ADVANCE_COMMITTED_EPOCH), {"sink_id": sink_id})).scalar_one_or_none()
+    return None if moved is None else int(moved)
 
 
 async def epochs_for_update(session: AsyncSession, sink_id: int, epochs: Sequence[int]) -> dict[int, PendingSinkState]:

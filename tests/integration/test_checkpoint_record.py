@@ -11,7 +11,7 @@ from coordinator_service import repository
 from coordinator_service.database import Database
 from coordinator_service.errors import Fenced
 from coordinator_service.models import AbortCause
-from tests.fixtures.admin import AdminApp
+from tests.fixtures.admin import AdminApp, commit_lock_held, sink_id_of
 
 
 async def _until_a_statement_waits_for_a_lock(database: Database) -> None:
@@ -63,3 +63,24 @@ async def test_a_checkpoint_waiting_behind_a_registration_is_fenced_by_it(admin:
     async with database.transaction() as session:
         sink = await repository.sink_by_name(session, "orders")
         assert sink is not None and sink.checkpointed_epoch == -1
+
+
+async def test_a_waiter_is_not_answered_with_the_committed_epoch_of_an_older_numbering(
+    admin: AdminApp, database_url: str
+) -> None:
+    """The committer hands a waiter the committed epoch its own COMMITTED transaction recorded, without reading the
+    sink again; after a reset the epochs are a new numbering, and epoch 0 of it is not 'committed' by the old 5."""
+    old = await admin.register("orders")
+    for epoch in range(6):
+        await admin.pre_commit("orders", old, epoch, epoch * 10)
+    assert await admin.checkpoint("orders", old, 5) == 5
+    response = await admin.post("/api/v1/sinks/orders/reset", json={"confirm": "orders", "reason": "test"})
+    assert response.status_code == 200, response.text
+    new = await admin.register("orders", checkpointed_epoch=-1)
+    await admin.pre_commit("orders", new, 0, 100)
+
+    async with commit_lock_held(database_url, sink_id_of(database_url, "orders")):  # the committer cannot commit
+        waiting = asyncio.create_task(admin.checkpoint("orders", new, 0))
+        done, _ = await asyncio.wait({waiting}, timeout=1.0)
+        assert not done, "CommitCheckpoint(wait) answered before epoch 0 of the new numbering was committed"
+    assert await waiting == 0

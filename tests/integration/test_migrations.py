@@ -77,7 +77,7 @@ async def test_a_sink_from_before_incarnations_keeps_its_markers(
 
     admin = await admin_factory()
     admin.runtime.committer.wake(1)
-    sink = await admin.runtime.committer.wait_committed(1, 1)
+    sink = await admin.runtime.committer.wait_committed(1, 1, (incarnation, 0))
     assert sink == 1
     [(status, snapshot_id)] = query(database_url, "SELECT status, snapshot_id FROM pending_sink_state WHERE epoch = 1")
     assert (status, snapshot_id) == ("COMMITTED", appended.snapshot_id)
