@@ -401,6 +401,35 @@ class Committer:
         got in while the commit lock was lost) but whose files were just appended takes the table's side.
         """
         epochs = [row.epoch for row in pending]
+        async with self.database.connection(autocommit=True) as connection:
+            attempts = {row.epoch: row.attempt for row in pending}
+            committed = await repository.mark_appended_epochs(connection, sink, attempts, snapshot_id)
+            if committed is not None:
+                await repository.prune_committed(connection, [sink.id], self.settings.retention_epochs)
+        if committed is None:
+            committed = await self._record_commit_checking_each_epoch(sink, pending, snapshot_id)
+        if committed is None:
+            return
+        self._committed_here[sink.id] = (numbering_of(sink), committed)
+        await failpoints.hit(Failpoint.COMMIT_AFTER_MARK)
+        self._last_commit[sink.id] = time.monotonic()
+        self.health.setdefault(sink.id, CommitterHealth()).last_commit_at = datetime.now(UTC)
+        metrics.record_commit(sink.name, len(epochs), appended=bool(entries), seconds=time.monotonic() - started)
+        log_.info(
+            "epochs committed",
+            snapshot_id=snapshot_id,
+            files=len(entries),
+            records=sum(row.record_count for row in pending),
+            seconds=round(time.monotonic() - started, 4),
+        )
+        await self._notify_progress()
+
+    async def _record_commit_checking_each_epoch(
+        self, sink: Sink, pending: Sequence[PendingSinkState], snapshot_id: int | None
+    ) -> int | None:
+        """The general COMMITTED transaction, for what the one statement declined: the sink's committed epoch
+        after it, or None when a reset (or a new incarnation) took the sink over meanwhile."""
+        epochs = [row.epoch for row in pending]
         async with self.database.transaction() as session:
             current = await repository.sink_by_id(session, sink.id, lock=True)
             rows = await repository.epochs_for_update(session, sink.id, epochs)
@@ -415,7 +444,7 @@ class Committer:
                 # A reset (or a new incarnation) took over: what it found in the table it recorded.
                 if snapshot_id is not None and len(recorded) < len(epochs):
                     settlement.alert(sink.name, "appended_after_reset", epochs=epochs, snapshot_id=snapshot_id)
-                return
+                return None
             as_read = [
                 row.epoch
                 for row in pending
@@ -436,19 +465,7 @@ class Committer:
                 else:
                     await settlement.adopt_appended(session, sink, now, appended, snapshot_id)
             await repository.prune_committed(session, [sink.id], self.settings.retention_epochs)
-        self._committed_here[sink.id] = (numbering_of(sink), committed)
-        await failpoints.hit(Failpoint.COMMIT_AFTER_MARK)
-        self._last_commit[sink.id] = time.monotonic()
-        self.health.setdefault(sink.id, CommitterHealth()).last_commit_at = datetime.now(UTC)
-        metrics.record_commit(sink.name, len(epochs), appended=bool(entries), seconds=time.monotonic() - started)
-        log_.info(
-            "epochs committed",
-            snapshot_id=snapshot_id,
-            files=len(entries),
-            records=sum(row.record_count for row in pending),
-            seconds=round(time.monotonic() - started, 4),
-        )
-        await self._notify_progress()
+        return committed
 
     async def _mark_already_in_table(
         self, sink: Sink, pending: Sequence[PendingSinkState], markers: Sequence[Marker]

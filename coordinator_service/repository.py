@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -274,6 +274,59 @@ async def mark_committed(
     return await advance_committed_epoch(session, sink_id)
 
 
+# The COMMITTED transaction of the common commit, as one statement: the sink is still the incarnation and
+# generation the committer appended for, and every epoch still PENDING with the attempt it appended (each row
+# locked, the condition evaluated again on a row another transaction changed meanwhile); then all of them are
+# marked and committed_epoch moves, all or nothing. The marked rows are PENDING in the statement's snapshot: the
+# new committed epoch is computed without them.
+_MARK_APPENDED_EPOCHS = """
+    WITH expected AS (
+        SELECT * FROM unnest(CAST(:epochs AS bigint[]), CAST(:attempts AS integer[])) AS e(epoch, attempt)
+    ), sink AS (
+        SELECT id FROM sinks
+        WHERE id = :sink_id AND incarnation = :incarnation AND generation = :generation FOR UPDATE
+    ), unchanged AS (
+        SELECT p.epoch FROM pending_sink_state p JOIN expected e ON e.epoch = p.epoch
+        WHERE p.sink_id = (SELECT id FROM sink) AND p.status = 'PENDING' AND p.attempt = e.attempt
+        FOR UPDATE OF p
+    ), marked AS (
+        UPDATE pending_sink_state p SET status = 'COMMITTED', snapshot_id = :snapshot_id, updated_at = now()
+        WHERE p.sink_id = :sink_id AND p.epoch IN (SELECT epoch FROM unchanged)
+          AND (SELECT count(*) FROM unchanged) = cardinality(CAST(:epochs AS bigint[]))
+        RETURNING p.epoch
+    )
+    UPDATE sinks s SET committed_epoch = GREATEST(s.committed_epoch, LEAST(s.checkpointed_epoch,
+            COALESCE((SELECT min(p.epoch) - 1 FROM pending_sink_state p
+                      WHERE p.sink_id = s.id AND p.status = 'PENDING' AND p.epoch NOT IN (SELECT epoch FROM marked)),
+                     s.checkpointed_epoch))),
+        updated_at = now()
+    WHERE s.id = :sink_id AND EXISTS (SELECT 1 FROM marked)
+    RETURNING s.committed_epoch
+"""
+
+
+async def mark_appended_epochs(
+    connection: AsyncConnection, sink: Sink, attempts: Mapping[int, int], snapshot_id: int | None
+) -> int | None:
+    """The common COMMITTED transaction in one autocommit statement (see _MARK_APPENDED_EPOCHS): the sink's new
+    committed epoch, or None when anything differs from what was appended (nothing is changed then, and the
+    general transaction decides)."""
+    row = (
+        await connection.execute(
+            text(_MARK_APPENDED_EPOCHS),
+            {
+                "epochs": list(attempts),
+                "attempts": list(attempts.values()),
+                "sink_id": sink.id,
+                "incarnation": sink.incarnation,
+                "generation": sink.generation,
+                "snapshot_id": snapshot_id,
+            },
+        )
+    ).one_or_none()
+    return None if row is None else int(row.committed_epoch)
+
+
 _ADVANCE_COMMITTED_EPOCH = """
     UPDATE sinks s SET committed_epoch = settled.epoch, updated_at = now()
     FROM (SELECT LEAST(s2.checkpointed_epoch,
@@ -350,7 +403,9 @@ async def epochs_for_update(session: AsyncSession, sink_id: int, epochs: Sequenc
     return {row.epoch: row for row in (await session.execute(statement)).scalars().all()}
 
 
-async def prune_committed(session: AsyncSession, sink_ids: Sequence[int], retention_epochs: int) -> int:
+async def prune_committed(
+    session: AsyncSession | AsyncConnection, sink_ids: Sequence[int], retention_epochs: int
+) -> int:
     """Delete COMMITTED rows, and ABORTED rows whose files are cleaned, that are retention_epochs or more
     below their sink's committed_epoch."""
     result = await session.execute(

@@ -1,0 +1,67 @@
+"""The COMMITTED record of the common commit in one statement: all the appended epochs, or nothing."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+
+from coordinator_service import repository
+from coordinator_service.models import AbortCause, EpochStatus, Sink
+from tests.fixtures.admin import AdminApp, commit_lock_held, sink_id_of
+
+
+async def _sink_and_statuses(admin: AdminApp) -> tuple[Sink, dict[int, EpochStatus]]:
+    async with admin.runtime.database.transaction() as session:
+        sink = await repository.sink_by_name(session, "orders")
+        assert sink is not None
+        rows = await repository.epochs_between(session, sink.id, -1, 100)
+        return sink, {row.epoch: row.status for row in rows}
+
+
+@asynccontextmanager
+async def checkpointed_without_a_committer(admin: AdminApp, database_url: str) -> AsyncIterator[Sink]:
+    """Epochs 0-2 pre-committed and checkpointed while the sink's commit lock is held here: no pass commits them."""
+    registration = await admin.register("orders")
+    async with commit_lock_held(database_url, sink_id_of(database_url, "orders")):
+        for epoch in range(3):
+            await admin.pre_commit("orders", registration, epoch, epoch * 10)
+        assert await admin.checkpoint("orders", registration, 2, wait=False) == -1
+        sink, _ = await _sink_and_statuses(admin)
+        yield sink
+
+
+async def test_every_appended_epoch_is_marked_and_the_committed_epoch_moves(admin: AdminApp, database_url: str) -> None:
+    async with checkpointed_without_a_committer(admin, database_url) as sink:
+        async with admin.runtime.database.connection(autocommit=True) as connection:
+            committed = await repository.mark_appended_epochs(connection, sink, {0: 1, 1: 1}, 42)
+        assert committed == 1
+        after, statuses = await _sink_and_statuses(admin)
+    assert after.committed_epoch == 1
+    assert statuses == {0: EpochStatus.COMMITTED, 1: EpochStatus.COMMITTED, 2: EpochStatus.PENDING}
+
+
+@pytest.mark.parametrize("change", ["attempt", "aborted", "generation", "incarnation"])
+async def test_anything_else_than_what_was_appended_changes_nothing(
+    admin: AdminApp, database_url: str, change: str
+) -> None:
+    async with checkpointed_without_a_committer(admin, database_url) as sink:
+        attempts = {0: 1, 1: 1}
+        if change == "attempt":
+            attempts[1] = 2
+        elif change == "aborted":
+            async with admin.runtime.database.transaction() as session:
+                await repository.abort_epoch(session, sink.id, 1, "operator", AbortCause.OPERATOR)
+        elif change == "generation":
+            sink.generation += 1  # a detached copy: what a committer appended for before a reset
+        else:
+            sink.incarnation = uuid.uuid4()
+
+        async with admin.runtime.database.connection(autocommit=True) as connection:
+            assert await repository.mark_appended_epochs(connection, sink, attempts, 42) is None
+
+        after, statuses = await _sink_and_statuses(admin)
+    assert after.committed_epoch == -1
+    assert statuses[0] == EpochStatus.PENDING
