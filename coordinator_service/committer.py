@@ -317,14 +317,9 @@ class Committer:
     async def _commit_next(self, sink_id: int, lock: CommitLock) -> bool:
         """Commit the next group of checkpointed epochs; whether more may wait (or the group must be walked again)."""
         limit = self.settings.commit_max_epochs
-        async with self.database.transaction() as session:
-            sink = await repository.sink_by_id(session, sink_id)
-            if sink is None:
-                return False
-            waiting = await repository.pending_epochs_at_or_below(
-                session, sink_id, sink.checkpointed_epoch, limit=limit + 1
-            )
-        if not waiting:
+        async with self.database.reading() as session:  # a plan: the COMMITTED record checks it again under locks
+            sink, waiting = await repository.sink_and_checkpointed_pending(session, sink_id, limit=limit + 1)
+        if sink is None or not waiting:
             return False
         pending, more = waiting[:limit], len(waiting) > limit
         self._sink_names[sink_id] = sink.name

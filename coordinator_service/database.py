@@ -75,6 +75,13 @@ class Database:
             raise Unavailable(f"the PostgreSQL metastore is unreachable: {cause(error)}") from error
 
     @asynccontextmanager
+    async def reading(self) -> AsyncIterator[AsyncSession]:
+        """A session for reads that need no transaction: each statement commits on its own (no BEGIN and COMMIT
+        round trips). What it reads may be a plan, never a decision: decisions are taken in a transaction."""
+        async with self.connection(autocommit=True) as connection, AsyncSession(bind=connection) as session:
+            yield session
+
+    @asynccontextmanager
     async def connection(self, *, autocommit: bool = False) -> AsyncIterator[AsyncConnection]:
         """A connection of its own, for session-level advisory locks; with autocommit, every statement is its
         own transaction (no BEGIN and COMMIT round trips around a lock or an unlock)."""

@@ -90,6 +90,32 @@ async def epochs_between(
     return (await session.execute(statement)).scalars().all()
 
 
+async def sink_and_checkpointed_pending(
+    session: AsyncSession, sink_id: int, limit: int
+) -> tuple[Sink | None, Sequence[PendingSinkState]]:
+    """The sink row and its PENDING epochs at or below its checkpointed epoch, oldest first, at most `limit`:
+    what a commit pass starts from, in one statement."""
+    statement = (
+        select(Sink, PendingSinkState)
+        .outerjoin(
+            PendingSinkState,
+            and_(
+                PendingSinkState.sink_id == Sink.id,
+                PendingSinkState.status == EpochStatus.PENDING,
+                PendingSinkState.epoch <= Sink.checkpointed_epoch,
+            ),
+        )
+        .where(Sink.id == sink_id)
+        .order_by(PendingSinkState.epoch)
+        .limit(limit)
+        .execution_options(populate_existing=True)
+    )
+    rows = (await session.execute(statement)).all()
+    if not rows:
+        return None, []
+    return rows[0][0], [epoch for _, epoch in rows if epoch is not None]
+
+
 async def pending_epochs_at_or_below(
     session: AsyncSession, sink_id: int, epoch: int, limit: int
 ) -> Sequence[PendingSinkState]:
