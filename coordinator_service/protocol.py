@@ -393,14 +393,19 @@ class Coordinator:
         try:
             # Never evolve here: the table must not change for a request that may yet be refused (a fenced
             # term). Files that need new columns fail to fit, and the general path evolves after its checks.
-            entries = await in_catalog(
-                self.tables.read_data_files,
-                table,
-                request.paths,
-                request.writer_id,
-                False,
-                request.file_facts,
-                request.files_directory,
+            # An empty epoch has nothing to read: no trip to the catalog's thread.
+            entries = (
+                await in_catalog(
+                    self.tables.read_data_files,
+                    table,
+                    request.paths,
+                    request.writer_id,
+                    False,
+                    request.file_facts,
+                    request.files_directory,
+                )
+                if request.paths
+                else []
             )
         except CoordinatorError:
             return None
