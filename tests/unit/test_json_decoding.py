@@ -94,6 +94,15 @@ def test_fitting_records_become_rows_with_where_they_came_from() -> None:
     assert decoded.rows.schema == orders_decoder(kafka_metadata=True).output_schema
 
 
+def test_a_slice_of_a_batch_decodes_only_its_own_records() -> None:
+    batch = kafka_batch([order(i) for i in range(40)])
+
+    decoded = orders_decoder(kafka_metadata=True).decode(batch.slice(7, 5))
+
+    assert [row["order_id"] for row in decoded.rows.to_pylist()] == [7, 8, 9, 10, 11]
+    assert [row["kafka_offset"] for row in decoded.rows.to_pylist()] == [107, 108, 109, 110, 111]
+
+
 def test_missing_fields_are_null_and_unknown_ones_ignored_nested_too() -> None:
     value = '{"order_id": 1, "extra": {"x": 1}, "items": [{"sku": "b", "colour": "red"}]}'
     (row,) = orders_decoder().decode(kafka_batch([value])).rows.to_pylist()
