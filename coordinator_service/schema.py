@@ -1,7 +1,13 @@
-"""Applying and checking the metastore's Alembic migrations."""
+"""Applying and checking the metastore's Alembic migrations.
+
+The migration scripts are read once per process (they ship inside the package and
+do not change while it runs): a readiness probe checks the database's revision
+against the head read at the first check, without parsing every script again.
+"""
 
 from __future__ import annotations
 
+from functools import cache
 from importlib.resources import files
 from pathlib import Path
 
@@ -22,8 +28,14 @@ def _alembic_config(connection: Connection | None = None) -> Config:
     return config
 
 
+@cache
+def _scripts() -> ScriptDirectory:
+    return ScriptDirectory.from_config(_alembic_config())
+
+
+@cache
 def head_revision() -> str:
-    head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
+    head = _scripts().get_current_head()
     assert head is not None, "the migrations directory has no revision"
     return head
 
@@ -38,7 +50,6 @@ def upgrade(connection: Connection, revision: str = "head") -> None:
 
 def require_current_schema(connection: Connection) -> None:
     """Refuse to run on a metastore that this release has not migrated."""
-    script = ScriptDirectory.from_config(_alembic_config())
     current = current_revision(connection)
     head = head_revision()
     if current == head:
@@ -48,7 +59,7 @@ def require_current_schema(connection: Connection) -> None:
             "the metastore has no sink-coordinator schema yet: run `sink-coordinator migrate` "
             "(with the same SINK_COORDINATOR_DATABASE_URL) before `serve`"
         )
-    known = {revision.revision for revision in script.walk_revisions()}
+    known = {revision.revision for revision in _scripts().walk_revisions()}
     if current not in known:
         raise SchemaNotCurrent(
             f"the metastore schema is at revision {current}, newer than this release knows (head {head}): "
