@@ -24,7 +24,3 @@ def arrow_schema_of(schema: StructType) -> pa.Schema:
 def serialize_schema(schema: pa.Schema) -> bytes:
     """Arrow IPC bytes, the form RegisterWriter takes."""
     return bytes(schema.serialize().to_pybytes())
-
-
-def deserialize_schema(serialized: bytes) -> pa.Schema:
-    return pa.ipc.read_schema(pa.py_buffer(serialized))
