@@ -1,8 +1,11 @@
 """The coordinator's Prometheus metrics, in the default registry that /metrics exposes.
 
 Counters and histograms are updated where things happen (protocol, committer,
-operations); the per-sink gauges are set from one metastore query when
-/metrics is scraped, so that they hold what every replica did, not only this one.
+operations). The per-sink gauges are no global objects: each scrape reads them
+from one metastore query (so that they hold what every replica did, not only
+this one) and renders them through a collector of its own, so that overlapping
+scrapes share nothing and a sink gone from the metastore is gone from the next
+scrape.
 """
 
 from __future__ import annotations
@@ -157,7 +160,7 @@ class _ScrapedGauges(Collector):
 
 def exposition(sinks: Sequence[SinkGauges] | None) -> bytes:
     """The text /metrics answers: this process's counters and histograms, then the per-sink gauges of this scrape
-    (None: the metastore could not be read)."""
+    (None: the metastore could not be read). Safe from any thread: prometheus_client locks its own metrics."""
     scraped = CollectorRegistry(auto_describe=False)
     scraped.register(_ScrapedGauges(sinks))
     return generate_latest(REGISTRY) + generate_latest(scraped)

@@ -1,7 +1,7 @@
 """What operators may see and do to sinks: list them, read their epochs, abort an epoch, reset a sink.
 
 Like coordinator_service.protocol, this module knows no transport: the admin
-API (admin_api.py) maps its results and errors to HTTP.
+API (admin_routes_sinks.py, admin_api.py) maps its results and errors to HTTP.
 
 An abort and a reset first take the sink's commit lock (coordinator_service.
 commit_lock), the lock a committer holds while it appends to Iceberg, and walk
