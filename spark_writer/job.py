@@ -48,6 +48,7 @@ from spark_writer.iceberg_sink import (
     SinkRefusedError,
     write_to_iceberg,
 )
+from spark_writer.kafka_options import DEFAULT_STARTING_OFFSETS, SOURCE_NAME
 from spark_writer.kafka_records import (
     DEFAULT_JSON_TIME_ZONE,
     BadRecordPolicy,
@@ -57,7 +58,7 @@ from spark_writer.kafka_records import (
     sampled_json_schema,
     schema_from_ddl,
 )
-from spark_writer.kafka_source import SOURCE_NAME, KafkaDataSource
+from spark_writer.kafka_source import KafkaDataSource
 from spark_writer.session import local_spark_session, retries_tasks
 from spark_writer.storage import Storage
 from spark_writer.worker_logging import set_worker_log_level
@@ -92,7 +93,7 @@ SPARK_KAFKA_FORMAT: Final = "kafka"
 class KafkaSettings:
     bootstrap_servers: str
     topics: tuple[str, ...]
-    starting_offsets: str = "earliest"
+    starting_offsets: str = DEFAULT_STARTING_OFFSETS
     max_offsets_per_trigger: int | None = None
     fail_on_data_loss: bool = True
     consumer_options: dict[str, str] = field(default_factory=dict)
@@ -318,7 +319,7 @@ def main(
     ] = DEFAULT_COORDINATOR_RETRY_SECONDS,
     starting_offsets: Annotated[
         str, typer.Option(help='earliest, latest or JSON {"topic": {"0": 42}}; only for a new checkpoint.')
-    ] = "earliest",
+    ] = DEFAULT_STARTING_OFFSETS,
     max_offsets_per_trigger: Annotated[
         int | None, typer.Option(min=1, help="Most records per micro-batch (shared over partitions).")
     ] = None,

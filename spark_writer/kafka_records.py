@@ -32,7 +32,10 @@ from pyspark.sql.types import IntegerType, LongType, StringType, StructField, St
 from spark_writer.arrow_schema import arrow_schema_of
 from spark_writer.dead_letters import DeadLetterProducer, DeadLetterTarget
 from spark_writer.json_decoding import REASON_COLUMN, UTC, JsonDecoder
-from spark_writer.kafka_source import KafkaMetadata, OffsetRange, parse_options, read_range
+from spark_writer.kafka_metadata import KafkaMetadata
+from spark_writer.kafka_offsets import OffsetRange
+from spark_writer.kafka_options import parse_options
+from spark_writer.kafka_range_reader import read_range
 
 log = structlog.get_logger(__name__)
 

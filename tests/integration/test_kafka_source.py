@@ -21,14 +21,11 @@ from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.readwriter import DataStreamReader
 from structlog.testing import capture_logs
 
-from spark_writer.kafka_source import (
-    SOURCE_NAME,
-    DataLossError,
-    KafkaStreamReader,
-    OffsetRange,
-    parse_options,
-    read_range,
-)
+from spark_writer.kafka_data_loss import DataLossError
+from spark_writer.kafka_offsets import OffsetRange
+from spark_writer.kafka_options import SOURCE_NAME, parse_options
+from spark_writer.kafka_range_reader import read_range
+from spark_writer.kafka_source import KafkaStreamReader
 from tests.fixtures.kafka_broker import (
     ADMIN_TIMEOUT_SECONDS,
     ProducedRecord,
@@ -319,7 +316,9 @@ def test_latest_start_is_resolved_once_for_planning_running_and_rerunning_batch_
     it runs again after a crash. Records that arrive in between must neither be skipped nor read twice."""
     topic = kafka_topic(partitions=1)
     produce_keyed(kafka_bootstrap, topic, spread(1, 3, "before"))
-    options = parse_options({"kafka.bootstrap.servers": kafka_bootstrap, "subscribe": topic})
+    options = parse_options(
+        {"kafka.bootstrap.servers": kafka_bootstrap, "subscribe": topic, "startingOffsets": "latest"}
+    )
     reader = KafkaStreamReader(options)
 
     planned_start = reader.initialOffset()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
-from spark_writer.job import KafkaSettings, KafkaSource, ParseSettings, parse_size
+from spark_writer.job import KafkaSettings, KafkaSource, ParseSettings, main, parse_size
+from spark_writer.kafka_options import parse_options
 from spark_writer.kafka_records import BadRecordPolicy, check_time_zone
 from spark_writer.session import retries_tasks, with_task_retries
 
@@ -54,6 +57,14 @@ def test_spark_kafka_source_reads_committed_records_with_their_headers() -> None
         "includeHeaders": "true",
     }
     assert KafkaSettings("b:9092", ("orders",)).source_format == "sink_coordinator_kafka"
+
+
+def test_the_job_and_the_source_start_at_the_same_offsets_by_default() -> None:
+    """A new query of sink-writer (flag or settings left out) starts where the source alone does: earliest."""
+    source_alone = parse_options({"kafka.bootstrap.servers": "b:9092", "subscribe": "orders"}).starting_offsets
+    settings = KafkaSettings("b:9092", ("orders",))
+    assert inspect.signature(main).parameters["starting_offsets"].default == settings.starting_offsets
+    assert parse_options(settings.source_options()).starting_offsets == source_alone == "earliest"
 
 
 @pytest.mark.parametrize(

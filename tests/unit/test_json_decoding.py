@@ -20,8 +20,8 @@ from spark_writer.json_decoding import (
     JsonDecoder,
     UnsupportedJsonSchemaError,
 )
+from spark_writer.kafka_arrow import KAFKA_ARROW_SCHEMA
 from spark_writer.kafka_records import BadRecordError, BadRecordPolicy, RecordDecoding
-from spark_writer.kafka_source import KAFKA_ARROW_SCHEMA
 
 ORDERS = pa.schema(
     [

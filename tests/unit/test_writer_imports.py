@@ -3,7 +3,8 @@
 Executors import the writer's modules to run its tasks; they must not need the coordinator's dependencies
 (PostgreSQL drivers, SQLAlchemy, Alembic, FastAPI, pyiceberg, ...). The first test runs the writer's code
 paths in a fresh interpreter where importing any of those fails, as it would where they are not installed
-(and the second the server's, without the writer's: the container image installs [server] only); the last
+(and the second the server's, without the writer's: the container image installs [server] only; the third the
+Kafka source's pure parts, without Spark or confluent-kafka); the last
 reads the distribution's metadata and follows each extra's requirements through the installed packages' own.
 """
 
@@ -119,7 +120,7 @@ import spark_writer.listener
 import spark_writer.session
 from coordinator_service.client import CoordinatorClient
 from spark_writer.job import KafkaSettings, ParseSettings, SinkSettings, app, parse_size
-from spark_writer.kafka_source import parse_options
+from spark_writer.kafka_options import parse_options
 from spark_writer.parquet_writer import DataFileTarget, task_writer
 from spark_writer.partitioning import parse_partition_fields
 
@@ -177,6 +178,23 @@ print("the server ran without the writer's modules")
 """
 
 
+# The Kafka source's options, offset arithmetic and data-loss policy say they need no broker and no Spark: the
+# job parses its options before Spark starts, and the offsets are unit-tested without a broker or a JVM.
+PURE_KAFKA_SOURCE_PATHS = """
+absent = lambda name: name.partition(".")[0] in ("confluent_kafka", "pandas", "py4j", "pyarrow", "pyspark")
+from spark_writer.kafka_data_loss import LogBounds, apply_data_loss_policy
+from spark_writer.kafka_offsets import PartitionKey, plan_end_offsets, plan_ranges
+from spark_writer.kafka_options import parse_options
+
+options = parse_options({"kafka.bootstrap.servers": "b:9092", "subscribe": "a", "maxOffsetsPerTrigger": "3"})
+key = PartitionKey("a", 0)
+end = plan_end_offsets({key: 0}, {key: 0}, {key: 10}, options.max_offsets_per_trigger)
+(planned,) = plan_ranges({key: 0}, end)
+assert apply_data_loss_policy(planned, LogBounds(0), options.fail_on_data_loss) == planned
+print("the source's options and offsets ran without a broker or Spark")
+"""
+
+
 def _run(script: str) -> str:
     finished = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(HOOK) + textwrap.dedent(script)],
@@ -197,6 +215,10 @@ def test_the_writer_runs_without_the_servers_modules() -> None:
 def test_the_server_runs_without_the_writers_modules() -> None:
     """The container image installs [server] only."""
     assert "the server ran without the writer's modules" in _run(SERVER_PATHS)
+
+
+def test_the_kafka_sources_options_and_offsets_need_no_broker_and_no_spark() -> None:
+    assert "ran without a broker or Spark" in _run(PURE_KAFKA_SOURCE_PATHS)
 
 
 PREPARE_METADATA = (

@@ -1,0 +1,124 @@
+"""The Kafka source's look-ups on the driver: partitions, earliest and last stable offsets.
+
+Driver side only: the stream reader creates one when planning first needs it and drops it when pickled.
+Every call is retried on transient errors (a broker restarting or unreachable, a
+leader being elected, a timeout) with exponential backoff (the ``fetchOffset.*``
+options), so that they delay planning instead of failing the query; any other
+error fails at once. Latest offsets are last stable offsets (``read_committed``):
+a batch never plans past an open transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Final, TypeVar
+
+import structlog
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+
+from spark_writer.kafka_offsets import Offsets, PartitionKey
+from spark_writer.kafka_options import KafkaSourceOptions
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+METADATA_TIMEOUT_SECONDS: Final = 30.0
+METADATA_MAX_BACKOFF_SECONDS: Final = 30.0
+
+# Retried on top of what librdkafka reports as retriable: the broker is restarting or unreachable.
+TRANSIENT_KAFKA_ERRORS: Final = frozenset(
+    {
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._RESOLVE,
+        KafkaError._NOENT,  # "no leaders found": a leader election under way
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.BROKER_NOT_AVAILABLE,
+        KafkaError.NETWORK_EXCEPTION,
+    }
+)
+
+
+def is_transient(error: BaseException) -> bool:
+    """A Kafka error worth retrying: a broker restarting or unreachable, a leader being elected, a timeout."""
+    if not isinstance(error, KafkaException) or not error.args or not isinstance(error.args[0], KafkaError):
+        return False
+    kafka_error: KafkaError = error.args[0]
+    return bool(kafka_error.retriable()) or kafka_error.code() in TRANSIENT_KAFKA_ERRORS
+
+
+class KafkaMetadata:
+    """Partition discovery and offset look-ups on the driver, through an AdminClient, with retries."""
+
+    def __init__(self, options: KafkaSourceOptions) -> None:
+        self._admin = AdminClient(dict(options.kafka_config))
+        self._retries = options.fetch_offset_retries
+        self._retry_interval_seconds = options.fetch_offset_retry_interval_ms / 1000
+
+    def _retried(self, call: str, function: Callable[[], T]) -> T:
+        def warn(state: RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome is not None else None
+            log.warning("kafka_metadata_retry", call=call, attempt=state.attempt_number, error=str(error))
+
+        retrying = Retrying(
+            retry=retry_if_exception(is_transient),
+            wait=wait_exponential_jitter(
+                multiplier=self._retry_interval_seconds,
+                jitter=self._retry_interval_seconds,
+                max=METADATA_MAX_BACKOFF_SECONDS,
+            ),
+            stop=stop_after_attempt(self._retries + 1),
+            before_sleep=warn,
+            reraise=True,
+        )
+        return retrying(function)
+
+    def partitions(self, topics: Iterable[str]) -> list[PartitionKey]:
+        """Partitions of the topics that exist; missing topics have none (yet, or any more)."""
+        wanted = tuple(topics)
+        return self._retried("list_topics", lambda: self._existing(wanted))
+
+    def _existing(self, topics: Iterable[str]) -> list[PartitionKey]:
+        cluster = self._admin.list_topics(timeout=METADATA_TIMEOUT_SECONDS)
+        keys: list[PartitionKey] = []
+        for topic in topics:
+            metadata = cluster.topics.get(topic)
+            if metadata is None or metadata.error is not None:
+                log.debug("kafka_topic_not_found", topic=topic)
+                continue
+            keys.extend(PartitionKey(topic, partition) for partition in metadata.partitions)
+        return sorted(keys)
+
+    def earliest(self, keys: Iterable[PartitionKey]) -> Offsets:
+        """Earliest offsets of those of the partitions that exist."""
+        return self._list_offsets(keys, OffsetSpec.earliest())  # type: ignore[no-untyped-call]
+
+    def latest(self, keys: Iterable[PartitionKey]) -> Offsets:
+        """Last stable offsets (what a read_committed consumer can read up to) of those that exist."""
+        return self._list_offsets(keys, OffsetSpec.latest())  # type: ignore[no-untyped-call]
+
+    def _list_offsets(self, keys: Iterable[PartitionKey], spec: OffsetSpec) -> Offsets:
+        wanted = frozenset(keys)
+        if not wanted:
+            return {}
+
+        def attempt() -> Offsets:
+            existing = wanted.intersection(self._existing({key.topic for key in wanted}))
+            request = {TopicPartition(key.topic, key.partition): spec for key in existing}
+            if not request:
+                return {}
+            futures = self._admin.list_offsets(
+                request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=METADATA_TIMEOUT_SECONDS
+            )
+            return {
+                PartitionKey(tp.topic, tp.partition): int(future.result(timeout=METADATA_TIMEOUT_SECONDS).offset)
+                for tp, future in futures.items()
+            }
+
+        return self._retried("list_offsets", attempt)
