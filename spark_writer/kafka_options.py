@@ -3,7 +3,11 @@
 Option names are case-insensitive, as in Spark. The options of Spark's Kafka
 source that this one does not implement and that would change what is read
 (``UNSUPPORTED_OPTIONS``) are refused rather than ignored, and so are the
-``kafka.*`` consumer settings the source depends on.
+``kafka.*`` consumer settings the source depends on and any other name the
+source does not know (a misspelt ``maxOffsetsPerTrigger`` would otherwise read
+everything in one batch). Two of Spark's options change nothing here and are
+taken as they are: ``includeHeaders=true`` (headers are always read) and
+``groupIdPrefix`` (no consumer group is joined).
 
 ``DEFAULT_STARTING_OFFSETS`` is the one default of ``startingOffsets``, for this
 source and for the ``sink-writer`` job (``--starting-offsets``), whichever source
@@ -17,6 +21,7 @@ parses its options before Spark starts.
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -58,6 +63,21 @@ UNSUPPORTED_OPTIONS: Final = frozenset(
     }
 )
 
+# The options this source reads (lower case), besides the `kafka.*` consumer settings.
+KNOWN_OPTIONS: Final = frozenset(
+    {
+        "subscribe",
+        "startingoffsets",
+        "maxoffsetspertrigger",
+        "failondataloss",
+        "kafkaconsumer.polltimeoutms",
+        "fetchoffset.numretries",
+        "fetchoffset.retryintervalms",
+        "groupidprefix",
+        "includeheaders",
+    }
+)
+
 
 @dataclass(frozen=True)
 class KafkaSourceOptions:
@@ -77,6 +97,11 @@ def parse_options(options: Mapping[str, str]) -> KafkaSourceOptions:
     unsupported = sorted(UNSUPPORTED_OPTIONS & lowered.keys())
     if unsupported:
         raise ValueError(f"option(s) not supported by {SOURCE_NAME}: {', '.join(unsupported)}")
+    unknown = sorted(key for key in lowered if key not in KNOWN_OPTIONS and not key.startswith("kafka."))
+    if unknown:
+        raise ValueError(f"option(s) unknown to {SOURCE_NAME}: {'; '.join(_with_suggestion(key) for key in unknown)}")
+    if not _parse_bool("includeHeaders", lowered.get("includeheaders", "true")):
+        raise ValueError("option includeHeaders=false is not supported: the source always reads the headers")
     if not lowered.get("kafka.bootstrap.servers"):
         raise ValueError("option kafka.bootstrap.servers is required")
     topics = tuple(topic.strip() for topic in lowered.get("subscribe", "").split(",") if topic.strip())
@@ -150,6 +175,11 @@ def kafka_config_from_options(options: Mapping[str, str]) -> dict[str, str]:
             "them (it reads explicit offset ranges at read_committed isolation and never commits offsets)"
         )
     return config
+
+
+def _with_suggestion(key: str) -> str:
+    close = difflib.get_close_matches(key, sorted(KNOWN_OPTIONS), n=1)
+    return f"{key} (did you mean {close[0]}?)" if close else key
 
 
 def _parse_bool(name: str, value: str) -> bool:

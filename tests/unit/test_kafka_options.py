@@ -60,6 +60,11 @@ def test_parse_options_defaults_and_passthrough() -> None:
     }
 
 
+def test_spark_options_that_change_nothing_here_are_taken() -> None:
+    options = parse_options({**BOOTSTRAP, "includeHeaders": "true", "groupIdPrefix": "spark-kafka-source"})
+    assert options.kafka_config == {"bootstrap.servers": BOOTSTRAP["kafka.bootstrap.servers"]}
+
+
 def test_parse_options_names_are_case_insensitive() -> None:
     options = parse_options({**BOOTSTRAP, "STARTINGOFFSETS": "latest", "failondataloss": "FALSE"})
     assert options.starting_offsets == "latest"
@@ -75,6 +80,11 @@ def test_parse_options_names_are_case_insensitive() -> None:
         ({**BOOTSTRAP, "kafka.enable.auto.commit": "true"}, "kafka.enable.auto.commit cannot be set"),
         ({**BOOTSTRAP, "assign": '{"a": [0]}'}, "not supported.*assign"),
         ({**BOOTSTRAP, "minPartitions": "8"}, "not supported.*minpartitions"),
+        (
+            {**BOOTSTRAP, "maxOffsetPerTrigger": "10"},
+            r"unknown.*maxoffsetpertrigger \(did you mean maxoffsetspertrigger",
+        ),
+        ({**BOOTSTRAP, "includeHeaders": "false"}, "includeHeaders=false is not supported"),
         ({**BOOTSTRAP, "maxOffsetsPerTrigger": "0"}, "maxOffsetsPerTrigger must be a positive integer"),
         ({**BOOTSTRAP, "failOnDataLoss": "maybe"}, "failOnDataLoss must be true or false"),
         ({**BOOTSTRAP, "fetchOffset.numRetries": "-1"}, "fetchOffset.numRetries must be an integer >= 0"),
