@@ -1,4 +1,8 @@
-"""The admin API's wire models (JSON), built from the operations' results."""
+"""The admin API's wire models (JSON), built from the operations' results.
+
+A sink's and an epoch's responses are pydantic dataclasses that subclass their views (coordinator_service.views):
+the fields they share with the gRPC answers are declared there, once; only the admin API's own fields are here.
+"""
 
 from __future__ import annotations
 
@@ -11,12 +15,14 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
+from pydantic.dataclasses import dataclass
 
 from coordinator_service.committer import CommitterHealth
 from coordinator_service.errors import InvalidArgument
-from coordinator_service.models import AbortCause, EpochStatus, PendingSinkState
+from coordinator_service.models import AbortCause, PendingSinkState
 from coordinator_service.operations import AbortOutcome, EpochDetail, MaintenanceView, ResetOutcome, SinkOverview
 from coordinator_service.settings import MaintenancePolicy
+from coordinator_service.views import EpochStatus, EpochView, SinkView, from_attributes
 
 # Epochs are PostgreSQL bigints.
 MAX_EPOCH = 2**63 - 1
@@ -70,27 +76,25 @@ class CommitterState(BaseModel):
         )
 
 
-class SinkResponse(BaseModel):
-    sink: str
-    table: str
-    catalog: str
-    checkpointed_epoch: int
-    committed_epoch: int
-    writer_term: int
-    writer_count: int
-    generation: int = Field(description="Bumped by each reset; the table's markers carry it.")
-    incarnation: uuid.UUID = Field(
-        description="Created with the sink; the table's markers carry it, so a sink created again under the same "
-        "name never takes an earlier one's markers as its own."
-    )
-    awaiting_writer_after_reset: bool = Field(
-        description="True after a reset until a writer registers: that writer's checkpoint will be adopted."
-    )
+@dataclass(frozen=True)
+class SinkResponse(SinkView):
+    generation: Annotated[int, Field(description="Bumped by each reset; the table's markers carry it.")]
+    incarnation: Annotated[
+        uuid.UUID,
+        Field(
+            description="Created with the sink; the table's markers carry it, so a sink created again under the same "
+            "name never takes an earlier one's markers as its own."
+        ),
+    ]
+    awaiting_writer_after_reset: Annotated[
+        bool,
+        Field(description="True after a reset until a writer registers: that writer's checkpoint will be adopted."),
+    ]
     pending_epochs: int
     aborted_epochs: int
-    oldest_pending_age_seconds: float | None = Field(
-        description="Seconds since the oldest PENDING epoch was pre-committed; null without one."
-    )
+    oldest_pending_age_seconds: Annotated[
+        float | None, Field(description="Seconds since the oldest PENDING epoch was pre-committed; null without one.")
+    ]
     committer: CommitterState
     created_at: datetime
     updated_at: datetime
@@ -98,23 +102,16 @@ class SinkResponse(BaseModel):
     @classmethod
     def of(cls, overview: SinkOverview) -> SinkResponse:
         sink, counts = overview.sink, overview.counts
-        return cls(
+        return from_attributes(
+            cls,
+            sink,
             sink=sink.name,
             table=sink.table_identifier,
-            catalog=sink.catalog,
-            checkpointed_epoch=sink.checkpointed_epoch,
-            committed_epoch=sink.committed_epoch,
-            writer_term=sink.writer_term,
-            writer_count=sink.writer_count,
-            generation=sink.generation,
-            incarnation=sink.incarnation,
             awaiting_writer_after_reset=sink.rebase_on_register,
             pending_epochs=counts.pending,
             aborted_epochs=counts.aborted,
             oldest_pending_age_seconds=counts.oldest_pending_age_seconds,
             committer=CommitterState.of(overview.health),
-            created_at=sink.created_at,
-            updated_at=sink.updated_at,
         )
 
 
@@ -122,25 +119,18 @@ class SinkList(BaseModel):
     sinks: list[SinkResponse]
 
 
-class EpochResponse(BaseModel):
-    epoch: int
-    status: EpochStatus
-    attempt: int
-    file_count: int
-    record_count: int
-    snapshot_id: int | None
-    reason: str | None
-    abort_cause: AbortCause | None = Field(description="Set while ABORTED: RECOVERY, OPERATOR or RESET.")
-    aborted_at: datetime | None = Field(description="Set while ABORTED: when; the cleaner's delays count from it.")
-    files_cleaned: bool
+@dataclass(frozen=True)
+class EpochResponse(EpochView):
+    abort_cause: Annotated[AbortCause | None, Field(description="Set while ABORTED: RECOVERY, OPERATOR or RESET.")]
+    aborted_at: Annotated[
+        datetime | None, Field(description="Set while ABORTED: when; the cleaner's delays count from it.")
+    ]
     created_at: datetime
     updated_at: datetime
 
-    model_config = ConfigDict(from_attributes=True)
-
     @classmethod
     def of(cls, row: PendingSinkState) -> EpochResponse:
-        return cls.model_validate(row)
+        return from_attributes(cls, row)
 
 
 class EpochPage(BaseModel):
@@ -156,6 +146,7 @@ class DataFileResponse(BaseModel):
     spec_id: int
 
 
+@dataclass(frozen=True)
 class EpochDetailResponse(EpochResponse):
     table: str
     files: list[DataFileResponse]
@@ -163,8 +154,9 @@ class EpochDetailResponse(EpochResponse):
 
     @classmethod
     def of_detail(cls, detail: EpochDetail) -> EpochDetailResponse:
-        return cls(
-            **EpochResponse.of(detail.row).model_dump(),
+        return from_attributes(
+            cls,
+            detail.row,
             table=detail.metadata.table,
             files=[
                 DataFileResponse(

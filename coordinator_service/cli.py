@@ -21,10 +21,10 @@ from coordinator_service import repository
 from coordinator_service.database import Database
 from coordinator_service.errors import SchemaNotCurrent
 from coordinator_service.logs import configure_logging
-from coordinator_service.models import EpochStatus
 from coordinator_service.runtime import metastore_url, require_migrated
 from coordinator_service.runtime import migrate as migrate_metastore
 from coordinator_service.settings import ENV_PREFIX, Settings
+from coordinator_service.views import EpochStatus
 
 app = typer.Typer(
     name="sink-coordinator",

@@ -3,8 +3,10 @@
 Calls that are safe to repeat (all of them: the protocol is idempotent) are
 retried on UNAVAILABLE with backoff until the call's deadline; every other
 status is raised at once as a CoordinatorRpcError carrying the server's message.
-It imports only the base dependencies (grpcio, protobuf, tenacity): the Spark
-writer uses it where the server's are not installed.
+Its answers are the protocol's own shapes (coordinator_service.views), read off
+the messages by coordinator_service.wire. It imports only the base dependencies
+(grpcio, protobuf, tenacity): the Spark writer uses it where the server's are not
+installed.
 """
 
 from __future__ import annotations
@@ -20,14 +22,14 @@ from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_expone
 
 from coordinator_service.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
+from coordinator_service.views import CheckpointResult, PreCommitResult, Registration, SinkState
+from coordinator_service.wire import from_message
 
 Response = TypeVar("Response")
 
 # Footers sent in one PreCommit at most: the coordinator reads those of the files beyond (gRPC refuses
 # messages over 4 MiB by default; a footer is a few KiB per file, more with many columns or row groups).
 MAX_FOOTER_BYTES_PER_PRECOMMIT = 2 * 1024 * 1024
-
-_STATUS_NAMES = {pb.PENDING: "PENDING", pb.COMMITTED: "COMMITTED", pb.ABORTED: "ABORTED"}
 
 
 class CoordinatorRpcError(Exception):
@@ -40,16 +42,6 @@ class CoordinatorRpcError(Exception):
 
 
 @dataclass(frozen=True)
-class WriterRegistration:
-    writer_term: int
-    committed_epoch: int
-    checkpointed_epoch: int
-    aborted_epochs: tuple[int, ...]
-    recommitting_epochs: tuple[int, ...]
-    table_location: str
-
-
-@dataclass(frozen=True)
 class PreCommitFile:
     """A data file to pre-commit. A writer that holds the file's Parquet footer sends it (pyarrow's FileMetaData
     written with write_metadata_file) with the file's size: the coordinator then checks the file with one metadata
@@ -58,44 +50,6 @@ class PreCommitFile:
     path: str
     parquet_footer: bytes = b""
     file_size_in_bytes: int = 0
-
-
-@dataclass(frozen=True)
-class PreCommitAnswer:
-    persisted: bool
-    already_committed: bool
-    attempt: int
-    record_count: int
-
-
-@dataclass(frozen=True)
-class CheckpointAnswer:
-    committed_epoch: int
-    checkpointed_epoch: int
-
-
-@dataclass(frozen=True)
-class EpochInfo:
-    epoch: int
-    status: str
-    attempt: int
-    file_count: int
-    record_count: int
-    snapshot_id: int | None
-    reason: str | None
-    files_cleaned: bool
-
-
-@dataclass(frozen=True)
-class SinkInfo:
-    sink: str
-    table: str
-    catalog: str
-    checkpointed_epoch: int
-    committed_epoch: int
-    writer_term: int
-    writer_count: int
-    epochs: tuple[EpochInfo, ...]
 
 
 def _data_files(files: Sequence[str | PreCommitFile]) -> list[pb.DataFile]:
@@ -197,7 +151,7 @@ class CoordinatorClient:
         writer_count: int = 1,
         arrow_schema: bytes = b"",
         partition_by: Sequence[str] = (),
-    ) -> WriterRegistration:
+    ) -> Registration:
         response = self._call(
             self._stub.RegisterWriter,
             pb.RegisterWriterRequest(
@@ -209,14 +163,7 @@ class CoordinatorClient:
                 partition_by=list(partition_by),
             ),
         )
-        return WriterRegistration(
-            writer_term=response.writer_term,
-            committed_epoch=response.committed_epoch,
-            checkpointed_epoch=response.checkpointed_epoch,
-            aborted_epochs=tuple(response.aborted_epochs),
-            recommitting_epochs=tuple(response.recommitting_epochs),
-            table_location=response.table_location,
-        )
+        return from_message(response, Registration)
 
     def pre_commit(
         self,
@@ -230,7 +177,7 @@ class CoordinatorClient:
         evolve_schema: bool = False,
         files_directory: str = "",
         timeout_seconds: float | None = None,
-    ) -> PreCommitAnswer:
+    ) -> PreCommitResult:
         response = self._call(
             self._stub.PreCommit,
             pb.PreCommitRequest(
@@ -245,12 +192,7 @@ class CoordinatorClient:
             ),
             timeout_seconds,
         )
-        return PreCommitAnswer(
-            persisted=response.outcome == pb.PreCommitResponse.PERSISTED,
-            already_committed=response.outcome == pb.PreCommitResponse.ALREADY_COMMITTED,
-            attempt=response.attempt,
-            record_count=response.record_count,
-        )
+        return from_message(response, PreCommitResult)
 
     def commit_checkpoint(
         self,
@@ -260,37 +202,13 @@ class CoordinatorClient:
         *,
         wait: bool = False,
         timeout_seconds: float | None = None,
-    ) -> CheckpointAnswer:
+    ) -> CheckpointResult:
         response = self._call(
             self._stub.CommitCheckpoint,
             pb.CommitCheckpointRequest(sink=sink, epoch=epoch, writer_term=writer_term, wait=wait),
             timeout_seconds,
         )
-        return CheckpointAnswer(
-            committed_epoch=response.committed_epoch, checkpointed_epoch=response.checkpointed_epoch
-        )
+        return from_message(response, CheckpointResult)
 
-    def sink_state(self, sink: str) -> SinkInfo:
-        response = self._call(self._stub.GetSinkState, pb.GetSinkStateRequest(sink=sink))
-        return SinkInfo(
-            sink=response.sink,
-            table=response.table,
-            catalog=response.catalog,
-            checkpointed_epoch=response.checkpointed_epoch,
-            committed_epoch=response.committed_epoch,
-            writer_term=response.writer_term,
-            writer_count=response.writer_count,
-            epochs=tuple(
-                EpochInfo(
-                    epoch=epoch.epoch,
-                    status=_STATUS_NAMES[epoch.status],
-                    attempt=epoch.attempt,
-                    file_count=epoch.file_count,
-                    record_count=epoch.record_count,
-                    snapshot_id=epoch.snapshot_id or None,
-                    reason=epoch.reason or None,
-                    files_cleaned=epoch.files_cleaned,
-                )
-                for epoch in response.epochs
-            ),
-        )
+    def sink_state(self, sink: str) -> SinkState:
+        return from_message(self._call(self._stub.GetSinkState, pb.GetSinkStateRequest(sink=sink)), SinkState)

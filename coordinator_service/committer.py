@@ -34,10 +34,11 @@ from coordinator_service.database import Database
 from coordinator_service.errors import InvalidArgument, cause
 from coordinator_service.failpoints import Failpoint
 from coordinator_service.iceberg import IcebergTables, Marker
-from coordinator_service.models import EpochStatus, PendingSinkState, Sink
+from coordinator_service.models import PendingSinkState, Sink
 from coordinator_service.precommit_metadata import MetadataDecodeError
 from coordinator_service.settings import Settings
 from coordinator_service.table_maintenance import table_properties_for
+from coordinator_service.views import EpochStatus
 
 log = structlog.get_logger(__name__)
 

@@ -1,4 +1,5 @@
-"""The gRPC adapter: proto messages to protocol calls, errors to status codes, and writer auth."""
+"""The gRPC adapter: proto messages to protocol calls and their answers back (wire), errors to status codes,
+and writer auth."""
 
 from __future__ import annotations
 
@@ -14,26 +15,17 @@ from grpc_reflection.v1alpha import reflection
 
 from coordinator_service.database import DATA_ERRORS, unstorable
 from coordinator_service.errors import CoordinatorError, Unavailable, cause
-from coordinator_service.models import EpochStatus
 from coordinator_service.precommit_files import FileFacts
-from coordinator_service.protocol import Coordinator, PreCommitOutcome, PreCommitRequest
+from coordinator_service.protocol import Coordinator, PreCommitRequest
 from coordinator_service.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
+from coordinator_service.wire import to_message
 
 log = structlog.get_logger(__name__)
 
 Response = TypeVar("Response")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["SinkCoordinator"].full_name
-_STATUS = {
-    EpochStatus.PENDING: pb.PENDING,
-    EpochStatus.COMMITTED: pb.COMMITTED,
-    EpochStatus.ABORTED: pb.ABORTED,
-}
-_OUTCOME = {
-    PreCommitOutcome.PERSISTED: pb.PreCommitResponse.PERSISTED,
-    PreCommitOutcome.ALREADY_COMMITTED: pb.PreCommitResponse.ALREADY_COMMITTED,
-}
 
 
 async def _answer(
@@ -76,14 +68,7 @@ class SinkCoordinatorServicer(pb_grpc.SinkCoordinatorServicer):
             ),
             sink=request.sink,
         )
-        return pb.RegisterWriterResponse(
-            writer_term=registration.writer_term,
-            committed_epoch=registration.committed_epoch,
-            checkpointed_epoch=registration.checkpointed_epoch,
-            aborted_epochs=registration.aborted_epochs,
-            recommitting_epochs=registration.recommitting_epochs,
-            table_location=registration.table_location,
-        )
+        return to_message(registration, pb.RegisterWriterResponse)
 
     async def PreCommit(  # noqa: N802
         self, request: pb.PreCommitRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -110,9 +95,7 @@ class SinkCoordinatorServicer(pb_grpc.SinkCoordinatorServicer):
             sink=request.sink,
             epoch=request.epoch,
         )
-        return pb.PreCommitResponse(
-            outcome=_OUTCOME[result.outcome], attempt=result.attempt, record_count=result.record_count
-        )
+        return to_message(result, pb.PreCommitResponse)
 
     async def CommitCheckpoint(  # noqa: N802
         self, request: pb.CommitCheckpointRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -125,36 +108,13 @@ class SinkCoordinatorServicer(pb_grpc.SinkCoordinatorServicer):
             sink=request.sink,
             epoch=request.epoch,
         )
-        return pb.CommitCheckpointResponse(
-            committed_epoch=result.committed_epoch, checkpointed_epoch=result.checkpointed_epoch
-        )
+        return to_message(result, pb.CommitCheckpointResponse)
 
     async def GetSinkState(  # noqa: N802
         self, request: pb.GetSinkStateRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.GetSinkStateResponse:
-        view = await _answer(context, self.coordinator.sink_state(request.sink), sink=request.sink)
-        return pb.GetSinkStateResponse(
-            sink=view.name,
-            table=view.table,
-            catalog=view.catalog,
-            checkpointed_epoch=view.checkpointed_epoch,
-            committed_epoch=view.committed_epoch,
-            writer_term=view.writer_term,
-            writer_count=view.writer_count,
-            epochs=[
-                pb.EpochState(
-                    epoch=epoch.epoch,
-                    status=_STATUS[epoch.status],
-                    attempt=epoch.attempt,
-                    file_count=epoch.file_count,
-                    record_count=epoch.record_count,
-                    snapshot_id=epoch.snapshot_id or 0,
-                    reason=epoch.reason or "",
-                    files_cleaned=epoch.files_cleaned,
-                )
-                for epoch in view.epochs
-            ],
-        )
+        state = await _answer(context, self.coordinator.sink_state(request.sink), sink=request.sink)
+        return to_message(state, pb.GetSinkStateResponse)
 
 
 class WriterTokenInterceptor(grpc.aio.ServerInterceptor):

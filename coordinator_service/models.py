@@ -26,15 +26,11 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from coordinator_service.views import EpochStatus
+
 
 class Base(DeclarativeBase):
     pass
-
-
-class EpochStatus(enum.StrEnum):
-    PENDING = "PENDING"
-    COMMITTED = "COMMITTED"
-    ABORTED = "ABORTED"
 
 
 class AbortCause(enum.StrEnum):

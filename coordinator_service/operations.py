@@ -26,11 +26,12 @@ from coordinator_service.database import Database
 from coordinator_service.errors import FailedPrecondition, InvalidArgument, NotFound, quote
 from coordinator_service.iceberg import IcebergTables
 from coordinator_service.maintenance import Maintainer, policy_of
-from coordinator_service.models import AbortCause, EpochStatus, MaintenanceRun, PendingSinkState, Sink
+from coordinator_service.models import AbortCause, MaintenanceRun, PendingSinkState, Sink
 from coordinator_service.precommit_metadata import PreCommitMetadata
 from coordinator_service.protocol import SINK_NAME
 from coordinator_service.repository import EpochCounts
 from coordinator_service.settings import MaintenancePolicy, Settings
+from coordinator_service.views import EpochStatus
 
 log = structlog.get_logger(__name__)
 

@@ -15,7 +15,6 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from typing import Any
 
 import psycopg
@@ -45,9 +44,19 @@ from coordinator_service.iceberg import (
     check_table_identifier,
     decode_arrow_schema,
 )
-from coordinator_service.models import AbortCause, EpochStatus, PendingSinkState, Sink
+from coordinator_service.models import AbortCause, PendingSinkState, Sink
 from coordinator_service.precommit_files import FileFacts, check_facts
 from coordinator_service.precommit_metadata import DataFileEntry, PreCommitMetadata
+from coordinator_service.views import (
+    CheckpointResult,
+    EpochStatus,
+    EpochView,
+    PreCommitOutcome,
+    PreCommitResult,
+    Registration,
+    SinkState,
+    from_attributes,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -58,16 +67,6 @@ MAX_FILES_PER_PRECOMMIT = 100_000
 MAX_PROPERTIES_BYTES = 64 * 1024
 # How often a multi-writer epoch's part looks whether another writer's part completed the epoch.
 MULTI_WRITER_POLL_SECONDS = 0.05
-
-
-@dataclass(frozen=True)
-class Registration:
-    writer_term: int
-    committed_epoch: int
-    checkpointed_epoch: int
-    aborted_epochs: tuple[int, ...]
-    recommitting_epochs: tuple[int, ...]
-    table_location: str
 
 
 @dataclass(frozen=True)
@@ -83,61 +82,6 @@ class PreCommitRequest:
     file_facts: Mapping[str, FileFacts] = field(default_factory=dict)
     # A directory holding every file (the writer's directory of the batch), listed once to check them; or "".
     files_directory: str = ""
-
-
-class PreCommitOutcome(StrEnum):
-    PERSISTED = "PERSISTED"
-    ALREADY_COMMITTED = "ALREADY_COMMITTED"
-
-
-@dataclass(frozen=True)
-class PreCommitResult:
-    outcome: PreCommitOutcome
-    attempt: int
-    record_count: int
-
-
-@dataclass(frozen=True)
-class CheckpointResult:
-    committed_epoch: int
-    checkpointed_epoch: int
-
-
-@dataclass(frozen=True)
-class EpochView:
-    epoch: int
-    status: EpochStatus
-    attempt: int
-    file_count: int
-    record_count: int
-    snapshot_id: int | None
-    reason: str | None
-    files_cleaned: bool
-
-    @classmethod
-    def of(cls, row: PendingSinkState) -> EpochView:
-        return cls(
-            epoch=row.epoch,
-            status=row.status,
-            attempt=row.attempt,
-            file_count=row.file_count,
-            record_count=row.record_count,
-            snapshot_id=row.snapshot_id,
-            reason=row.reason,
-            files_cleaned=row.files_cleaned,
-        )
-
-
-@dataclass(frozen=True)
-class SinkView:
-    name: str
-    table: str
-    catalog: str
-    checkpointed_epoch: int
-    committed_epoch: int
-    writer_term: int
-    writer_count: int
-    epochs: tuple[EpochView, ...]
 
 
 class GroupInsert:
@@ -588,20 +532,17 @@ class Coordinator:
                 await session.refresh(row)
             return row.id, numbering_of(row), CheckpointResult(row.committed_epoch, row.checkpointed_epoch)
 
-    async def sink_state(self, sink: str) -> SinkView:
+    async def sink_state(self, sink: str) -> SinkState:
         _check_sink_name(sink)
         async with self.database.transaction() as session:
             row = await _existing_sink(session, sink)
             epochs = await repository.epochs_not_committed(session, row.id)
-            return SinkView(
-                name=row.name,
+            return from_attributes(
+                SinkState,
+                row,
+                sink=row.name,
                 table=row.table_identifier,
-                catalog=row.catalog,
-                checkpointed_epoch=row.checkpointed_epoch,
-                committed_epoch=row.committed_epoch,
-                writer_term=row.writer_term,
-                writer_count=row.writer_count,
-                epochs=tuple(EpochView.of(epoch) for epoch in epochs),
+                epochs=tuple(from_attributes(EpochView, epoch) for epoch in epochs),
             )
 
 

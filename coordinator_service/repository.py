@@ -20,11 +20,11 @@ from coordinator_service.models import (
     AbortCause,
     EpochFile,
     EpochPart,
-    EpochStatus,
     MaintenanceRun,
     PendingSinkState,
     Sink,
 )
+from coordinator_service.views import EpochStatus
 
 # First key of the two-int advisory locks the committer takes per sink ("SC"); tests hold them as another committer.
 COMMIT_LOCK_CLASS = 0x5343

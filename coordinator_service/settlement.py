@@ -17,7 +17,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from coordinator_service import metrics, precommit_metadata, repository
 from coordinator_service.catalog_calls import in_catalog
 from coordinator_service.iceberg import IcebergTables, Marker, SinkIdentity
-from coordinator_service.models import EpochStatus, PendingSinkState, Sink
+from coordinator_service.models import PendingSinkState, Sink
+from coordinator_service.views import EpochStatus
 
 log = structlog.get_logger(__name__)
 

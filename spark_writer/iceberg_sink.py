@@ -36,7 +36,8 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from coordinator_service.client import CoordinatorClient, CoordinatorRpcError, PreCommitFile, WriterRegistration
+from coordinator_service.client import CoordinatorClient, CoordinatorRpcError, PreCommitFile
+from coordinator_service.views import PreCommitOutcome, Registration
 from spark_writer.arrow_schema import arrow_schema_of, serialize_schema
 from spark_writer.checkpoint import NO_OFFSET, SparkCheckpoint
 from spark_writer.listener import CheckpointListener, CheckpointReporter
@@ -109,7 +110,7 @@ class MicroBatchWriter:
     def __init__(
         self,
         client: CoordinatorClient,
-        registration: WriterRegistration,
+        registration: Registration,
         options: SinkOptions,
         checkpoint: SparkCheckpoint,
         reporter: CheckpointReporter,
@@ -186,7 +187,7 @@ class MicroBatchWriter:
             if error.code in REFUSED_CODES:
                 delete_files(paths, self._options.storage)
             raise
-        if answer.already_committed:
+        if answer.outcome is PreCommitOutcome.ALREADY_COMMITTED:
             # The table holds this epoch from an earlier run: these files would be a second copy.
             delete_files(paths, self._options.storage)
             log.warning("batch already committed; its new files deleted", sink=self._options.sink, epoch=batch_id)
@@ -213,7 +214,7 @@ class IcebergSinkQuery:
         self,
         spark: SparkSession,
         query: StreamingQuery,
-        registration: WriterRegistration,
+        registration: Registration,
         writer: MicroBatchWriter,
         reporter: CheckpointReporter,
         listener: CheckpointListener,

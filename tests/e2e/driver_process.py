@@ -21,7 +21,8 @@ import sys
 from typing import Any
 from unittest import mock
 
-from coordinator_service.client import CheckpointAnswer, CoordinatorClient, PreCommitAnswer
+from coordinator_service.client import CoordinatorClient
+from coordinator_service.views import CheckpointResult, PreCommitOutcome, PreCommitResult
 from spark_writer import job
 
 KILL_POINTS = ("none", "after-precommit", "before-checkpoint-report")
@@ -37,15 +38,15 @@ def arm(kill_point: str, epoch: int) -> None:
 
     def pre_commit_then_kill(
         client: CoordinatorClient, sink: str, batch: int, *args: Any, **kwargs: Any
-    ) -> PreCommitAnswer:
+    ) -> PreCommitResult:
         answer = pre_commit(client, sink, batch, *args, **kwargs)
-        if batch == epoch and answer.persisted:
+        if batch == epoch and answer.outcome is PreCommitOutcome.PERSISTED:
             kill_driver()
         return answer
 
     def kill_before_report(
         client: CoordinatorClient, sink: str, batch: int, *args: Any, **kwargs: Any
-    ) -> CheckpointAnswer:
+    ) -> CheckpointResult:
         if batch >= epoch:
             kill_driver()
         return commit_checkpoint(client, sink, batch, *args, **kwargs)

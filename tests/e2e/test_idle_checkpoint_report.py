@@ -21,7 +21,8 @@ import pytest
 from pyiceberg.catalog import Catalog
 from pyspark.sql import SparkSession
 
-from coordinator_service.client import CheckpointAnswer, CoordinatorClient, CoordinatorRpcError, PreCommitAnswer
+from coordinator_service.client import CoordinatorClient, CoordinatorRpcError
+from coordinator_service.views import CheckpointResult, PreCommitResult
 from spark_writer.iceberg_sink import write_to_iceberg
 from tests.fixtures.coordinator import CoordinatorProcess
 from tests.fixtures.pipeline import kafka_positions, order_stream, produce_orders, produced_positions
@@ -59,12 +60,12 @@ def test_failed_report_lands_while_the_query_is_idle(
     report_landed = threading.Event()
     pre_commit, commit_checkpoint = CoordinatorClient.pre_commit, CoordinatorClient.commit_checkpoint
 
-    def pre_commit_then_kill(client: CoordinatorClient, sink: str, epoch: int, *a: Any, **k: Any) -> PreCommitAnswer:
+    def pre_commit_then_kill(client: CoordinatorClient, sink: str, epoch: int, *a: Any, **k: Any) -> PreCommitResult:
         answer = pre_commit(client, sink, epoch, *a, **k)
         coordinator.kill()  # answered, then gone before Spark's checkpoint is reported
         return answer
 
-    def observed_report(client: CoordinatorClient, sink: str, epoch: int, *a: Any, **k: Any) -> CheckpointAnswer:
+    def observed_report(client: CoordinatorClient, sink: str, epoch: int, *a: Any, **k: Any) -> CheckpointResult:
         try:
             answer = commit_checkpoint(client, sink, epoch, *a, **k)
         except CoordinatorRpcError:

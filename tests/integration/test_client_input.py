@@ -22,14 +22,14 @@ from pyiceberg.catalog.sql import SqlCatalog
 from sqlalchemy import text
 
 from coordinator_service.catalog_calls import in_catalog
-from coordinator_service.client import CoordinatorClient, WriterRegistration
+from coordinator_service.client import CoordinatorClient
 from coordinator_service.database import normalize_url
 from coordinator_service.errors import MESSAGE_BYTES, InvalidArgument
 from coordinator_service.grpc_server import build_server
-from coordinator_service.protocol import SinkView
 from coordinator_service.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.rpc.sink_coordinator_pb2_grpc import SinkCoordinatorStub
 from coordinator_service.runtime import migrate
+from coordinator_service.views import Registration, SinkState
 from tests.fixtures.admin import AdminApp
 from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, orders, write_parquet
 from tests.fixtures.postgres import new_database
@@ -46,7 +46,7 @@ class Service:
     coordinator: CoordinatorProcess
     database_url: str
     client: CoordinatorClient
-    writer: WriterRegistration
+    writer: Registration
 
     def refused(self, call: Callable[[], object], *fragments: str) -> str:
         """The call is INVALID_ARGUMENT naming the fragments, and the metastore and catalog are unchanged."""
@@ -248,7 +248,7 @@ async def test_a_value_postgresql_refuses_is_invalid_argument_not_unknown(
     """The last net: a psycopg DataError that reaches the gRPC adapter unchecked is still the request's fault."""
     runtime = admin.runtime
 
-    async def refused_by_postgresql(sink: str) -> SinkView:
+    async def refused_by_postgresql(sink: str) -> SinkState:
         async with runtime.database.transaction() as session:
             await session.execute(text("SELECT CAST(:value AS text)"), {"value": sink})
         raise AssertionError("PostgreSQL stored a NUL byte")

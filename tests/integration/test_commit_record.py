@@ -9,7 +9,8 @@ from contextlib import asynccontextmanager
 import pytest
 
 from coordinator_service import repository
-from coordinator_service.models import AbortCause, EpochStatus, Sink
+from coordinator_service.models import AbortCause, Sink
+from coordinator_service.views import EpochStatus
 from tests.fixtures.admin import AdminApp, commit_lock_held, sink_id_of
 
 

@@ -19,6 +19,7 @@ from pyiceberg.catalog import Catalog
 from coordinator_service.client import CoordinatorRpcError
 from coordinator_service.database import libpq_url
 from coordinator_service.repository import COMMIT_LOCK_CLASS
+from coordinator_service.views import PreCommitOutcome
 from tests.fixtures.coordinator import (
     ORDERS,
     CoordinatorProcess,
@@ -71,7 +72,7 @@ def test_acknowledged_precommit_survives_kill(coordinator_factory: Factory, data
     with first.client() as client:
         writer = client.register_writer(SINK, TABLE, -1, arrow_schema=SCHEMA)
         path = write_parquet(writer.table_location, epoch_rows(0))
-        assert client.pre_commit(SINK, 0, writer.writer_term, [path]).persisted
+        assert client.pre_commit(SINK, 0, writer.writer_term, [path]).outcome is PreCommitOutcome.PERSISTED
     first.kill()
     second = coordinator_factory()
     with second.client() as client:
@@ -92,7 +93,7 @@ def test_kill_between_persist_and_ack(coordinator_factory: Factory, database_url
     second = coordinator_factory()
     with second.client() as client:
         again = client.pre_commit(SINK, 0, writer.writer_term, [path])
-        assert again.persisted and again.attempt == 1
+        assert again.outcome is PreCommitOutcome.PERSISTED and again.attempt == 1
         assert client.commit_checkpoint(SINK, 0, writer.writer_term, wait=True).committed_epoch == 0
     assert table_order_ids(catalog.load_table(TABLE)) == list(range(100))
     assert statuses(database_url) == {0: "COMMITTED"}
@@ -182,7 +183,7 @@ def test_register_aborts_above_and_commits_at_or_below_the_checkpoint(
             answer = client.pre_commit(
                 SINK, epoch, restarted.writer_term, [write_parquet(writer.table_location, epoch_rows(epoch))]
             )
-            assert answer.persisted and answer.attempt == 2
+            assert answer.outcome is PreCommitOutcome.PERSISTED and answer.attempt == 2
         client.commit_checkpoint(SINK, 4, restarted.writer_term, wait=True)
     table = catalog.load_table(TABLE)
     assert table_order_ids(table) == list(range(500))
@@ -197,11 +198,11 @@ def test_repeated_checkpoints_and_precommits_commit_once(
         writer = client.register_writer(SINK, TABLE, -1, arrow_schema=SCHEMA)
         path = write_parquet(writer.table_location, epoch_rows(0))
         for _ in range(2):
-            assert client.pre_commit(SINK, 0, writer.writer_term, [path]).persisted
+            assert client.pre_commit(SINK, 0, writer.writer_term, [path]).outcome is PreCommitOutcome.PERSISTED
         for _ in range(2):
             client.commit_checkpoint(SINK, 0, writer.writer_term, wait=True)
         late = client.pre_commit(SINK, 0, writer.writer_term, [path])
-        assert late.already_committed
+        assert late.outcome is PreCommitOutcome.ALREADY_COMMITTED
     assert table_order_ids(catalog.load_table(TABLE)) == list(range(100))
     assert sink_snapshots(catalog) == [0]
 

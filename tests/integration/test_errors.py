@@ -9,7 +9,8 @@ import grpc
 import pyarrow as pa
 import pytest
 
-from coordinator_service.client import CoordinatorClient, CoordinatorRpcError, WriterRegistration
+from coordinator_service.client import CoordinatorClient, CoordinatorRpcError
+from coordinator_service.views import PreCommitOutcome, Registration
 from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, orders, write_parquet
 from tests.fixtures.refusals import refused
 
@@ -23,7 +24,7 @@ def client(coordinator: CoordinatorProcess) -> Iterator[CoordinatorClient]:
 
 
 @pytest.fixture
-def writer(client: CoordinatorClient) -> WriterRegistration:
+def writer(client: CoordinatorClient) -> Registration:
     return client.register_writer("orders-sink", "shop.orders", -1, arrow_schema=SCHEMA)
 
 
@@ -57,9 +58,7 @@ def test_register_bad_arguments(client: CoordinatorClient, database_url: str) ->
     )
 
 
-def test_register_same_sink_other_table(
-    client: CoordinatorClient, writer: WriterRegistration, database_url: str
-) -> None:
+def test_register_same_sink_other_table(client: CoordinatorClient, writer: Registration, database_url: str) -> None:
     refused(
         database_url,
         lambda: client.register_writer("orders-sink", "shop.other", -1, arrow_schema=SCHEMA),
@@ -69,7 +68,7 @@ def test_register_same_sink_other_table(
 
 
 def test_precommit_bad_requests(
-    client: CoordinatorClient, writer: WriterRegistration, database_url: str, tmp_path: Path
+    client: CoordinatorClient, writer: Registration, database_url: str, tmp_path: Path
 ) -> None:
     term = writer.writer_term
     good = write_parquet(writer.table_location, orders(0, 3))
@@ -133,7 +132,7 @@ def test_unknown_sink(client: CoordinatorClient, database_url: str) -> None:
     refused(database_url, lambda: client.sink_state("nobody"), not_found, "nobody")
 
 
-def test_fenced_term(client: CoordinatorClient, writer: WriterRegistration, database_url: str) -> None:
+def test_fenced_term(client: CoordinatorClient, writer: Registration, database_url: str) -> None:
     newer = client.register_writer("orders-sink", "shop.orders", -1, arrow_schema=SCHEMA)
     assert newer.writer_term == writer.writer_term + 1
     path = write_parquet(writer.table_location, orders(0, 3))
@@ -146,7 +145,7 @@ def test_fenced_term(client: CoordinatorClient, writer: WriterRegistration, data
 
 
 def test_checkpoint_of_aborted_and_missing_epochs(
-    client: CoordinatorClient, writer: WriterRegistration, database_url: str, coordinator: CoordinatorProcess
+    client: CoordinatorClient, writer: Registration, database_url: str, coordinator: CoordinatorProcess
 ) -> None:
     term = writer.writer_term
     for epoch in range(3):
@@ -171,7 +170,7 @@ def test_checkpoint_of_aborted_and_missing_epochs(
         again = client.pre_commit(
             "orders-sink", epoch, restarted.writer_term, [write_parquet(writer.table_location, orders(epoch * 10, 10))]
         )
-        assert again.persisted and again.attempt == 2
+        assert again.outcome is PreCommitOutcome.PERSISTED and again.attempt == 2
     # An epoch that was never pre-committed cannot be checkpointed: that would lose its records.
     refused(
         database_url,
@@ -181,9 +180,7 @@ def test_checkpoint_of_aborted_and_missing_epochs(
     )
 
 
-def test_checkpoint_behind_the_coordinator(
-    client: CoordinatorClient, writer: WriterRegistration, database_url: str
-) -> None:
+def test_checkpoint_behind_the_coordinator(client: CoordinatorClient, writer: Registration, database_url: str) -> None:
     term = writer.writer_term
     for epoch in range(2):
         client.pre_commit("orders-sink", epoch, term, [write_parquet(writer.table_location, orders(epoch * 10, 10))])
@@ -197,7 +194,7 @@ def test_checkpoint_behind_the_coordinator(
     )
 
 
-def test_changed_files_within_a_term(client: CoordinatorClient, writer: WriterRegistration, database_url: str) -> None:
+def test_changed_files_within_a_term(client: CoordinatorClient, writer: Registration, database_url: str) -> None:
     term = writer.writer_term
     client.pre_commit("orders-sink", 0, term, [write_parquet(writer.table_location, orders(0, 3))])
     other = write_parquet(writer.table_location, orders(100, 3))

@@ -16,7 +16,8 @@ from pyiceberg.table import Table, TableProperties
 from coordinator_service import table_maintenance as tm
 from coordinator_service.errors import InvalidArgument
 from coordinator_service.precommit_metadata import DataFileEntry
-from coordinator_service.protocol import PreCommitRequest, Registration
+from coordinator_service.protocol import PreCommitRequest
+from coordinator_service.views import Registration
 from tests.fixtures.admin import AdminApp, AdminFactory, epoch_metadata, eventually, sink_id_of, sink_identity
 from tests.fixtures.coordinator import ORDERS, orders, table_files, table_order_ids, write_parquet
 from tests.fixtures.duckdb_reader import duckdb_rows

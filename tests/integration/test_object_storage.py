@@ -15,7 +15,8 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 
 from coordinator_service.errors import InvalidArgument
 from coordinator_service.precommit_files import FileChecks, FileFacts
-from coordinator_service.protocol import PreCommitRequest, Registration
+from coordinator_service.protocol import PreCommitRequest
+from coordinator_service.views import Registration
 from sink_coordinator_demo.object_store import ObjectStore
 from spark_writer.parquet_writer import DataFileTarget, delete_files, task_writer
 from spark_writer.storage import Storage

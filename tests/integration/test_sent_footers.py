@@ -18,13 +18,14 @@ from prometheus_client import REGISTRY
 from pyiceberg.catalog import Catalog
 
 from coordinator_service import precommit_metadata
-from coordinator_service.client import CoordinatorClient, PreCommitFile, WriterRegistration
+from coordinator_service.client import CoordinatorClient, PreCommitFile
 from coordinator_service.errors import InvalidArgument
 from coordinator_service.iceberg import IcebergTables
 from coordinator_service.precommit_files import FileFacts
 from coordinator_service.precommit_metadata import PreCommitMetadata
 from coordinator_service.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
+from coordinator_service.views import PreCommitOutcome, Registration
 from spark_writer.parquet_writer import DataFileTarget, WrittenFile, task_writer
 from spark_writer.partitioning import parse_partition_fields
 from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, orders, table_order_ids, write_parquet
@@ -156,7 +157,7 @@ def client(coordinator: CoordinatorProcess) -> Iterator[CoordinatorClient]:
 
 
 @pytest.fixture
-def writer(client: CoordinatorClient) -> WriterRegistration:
+def writer(client: CoordinatorClient) -> Registration:
     return client.register_writer("orders-sink", "shop.orders", -1, arrow_schema=ORDERS.serialize().to_pybytes())
 
 
@@ -169,7 +170,7 @@ def footer_of(uri: str) -> PreCommitFile:
 
 
 def test_sent_footers_that_do_not_fit_are_refused(
-    client: CoordinatorClient, writer: WriterRegistration, database_url: str
+    client: CoordinatorClient, writer: Registration, database_url: str
 ) -> None:
     term, invalid = writer.writer_term, grpc.StatusCode.INVALID_ARGUMENT
     good = footer_of(write_parquet(writer.table_location, orders(0, 3)))
@@ -209,7 +210,7 @@ def test_sent_footers_that_do_not_fit_are_refused(
 
 
 def test_a_files_directory_is_listed_and_must_hold_the_files_inside_the_table(
-    client: CoordinatorClient, writer: WriterRegistration, database_url: str, catalog: Catalog
+    client: CoordinatorClient, writer: Registration, database_url: str, catalog: Catalog
 ) -> None:
     term, invalid = writer.writer_term, grpc.StatusCode.INVALID_ARGUMENT
     batch = f"{writer.table_location}/data/00000000"  # write_parquet puts the files in its data/
@@ -233,13 +234,13 @@ def test_a_files_directory_is_listed_and_must_hold_the_files_inside_the_table(
         "lies outside the table location",
     )
     answer = client.pre_commit("orders-sink", 0, term, files, files_directory=batch)
-    assert answer.persisted and answer.record_count == 30
+    assert answer.outcome is PreCommitOutcome.PERSISTED and answer.record_count == 30
     client.commit_checkpoint("orders-sink", 0, term, wait=True)
     assert table_order_ids(catalog.load_table("shop.orders")) == list(range(30))
 
 
 def test_old_writers_without_footers_and_new_ones_with_them_pre_commit_alike(
-    coordinator: CoordinatorProcess, writer: WriterRegistration, catalog: Catalog
+    coordinator: CoordinatorProcess, writer: Registration, catalog: Catalog
 ) -> None:
     term = writer.writer_term
     with grpc.insecure_channel(coordinator.target) as channel:

@@ -17,6 +17,7 @@ from coordinator_service.client import CoordinatorClient, CoordinatorRpcError
 from coordinator_service.database import normalize_url
 from coordinator_service.runtime import migrate
 from coordinator_service.schema import head_revision
+from coordinator_service.views import PreCommitOutcome
 from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, orders, table_order_ids, write_parquet
 from tests.fixtures.postgres import query
 
@@ -150,9 +151,10 @@ def test_multi_writer_epoch_waits_for_every_writer(coordinator: CoordinatorProce
         answers: dict[int, bool] = {}
 
         def send(writer_id: int) -> None:
-            answers[writer_id] = client.pre_commit(
-                "wide", 0, writer.writer_term, [files[writer_id]], writer_id=writer_id
-            ).persisted
+            answers[writer_id] = (
+                client.pre_commit("wide", 0, writer.writer_term, [files[writer_id]], writer_id=writer_id).outcome
+                is PreCommitOutcome.PERSISTED
+            )
 
         threads = [threading.Thread(target=send, args=(i,)) for i in range(2)]
         for thread in threads:
@@ -162,7 +164,10 @@ def test_multi_writer_epoch_waits_for_every_writer(coordinator: CoordinatorProce
         assert answers == {0: True, 1: True}
         assert query(database_url, "SELECT file_count, record_count FROM pending_sink_state") == [(2, 20)]
         # Each writer's repeat is recognised as its own part.
-        assert client.pre_commit("wide", 0, writer.writer_term, [files[1]], writer_id=1).persisted
+        assert (
+            client.pre_commit("wide", 0, writer.writer_term, [files[1]], writer_id=1).outcome
+            is PreCommitOutcome.PERSISTED
+        )
 
 
 def test_multi_writer_epoch_completes_across_replicas(
@@ -176,9 +181,10 @@ def test_multi_writer_epoch_completes_across_replicas(
         answers: dict[int, bool] = {}
 
         def send(writer_id: int, client: CoordinatorClient) -> None:
-            answers[writer_id] = client.pre_commit(
-                "wide", 0, writer.writer_term, [files[writer_id]], writer_id=writer_id
-            ).persisted
+            answers[writer_id] = (
+                client.pre_commit("wide", 0, writer.writer_term, [files[writer_id]], writer_id=writer_id).outcome
+                is PreCommitOutcome.PERSISTED
+            )
 
         threads = [threading.Thread(target=send, args=args) for args in ((0, one), (1, other))]
         for thread in threads:

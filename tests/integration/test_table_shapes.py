@@ -14,6 +14,7 @@ from sqlalchemy.engine import make_url
 
 from coordinator_service.client import CoordinatorRpcError
 from coordinator_service.embedded import start_embedded_postgres, stop_embedded_postgres
+from coordinator_service.views import PreCommitOutcome
 from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, orders, table_order_ids, write_parquet
 
 SCHEMA = ORDERS.serialize().to_pybytes()
@@ -85,7 +86,7 @@ def test_catalog_outage_is_retried_until_it_ends(
             client.commit_checkpoint("outage", 0, writer.writer_term)
             process.wait_for_log("commit failed; retrying", sink="outage")
             # The log does not wait for the catalog: an empty epoch is persisted (and checkpointed) meanwhile.
-            assert client.pre_commit("outage", 1, writer.writer_term, []).persisted
+            assert client.pre_commit("outage", 1, writer.writer_term, []).outcome is PreCommitOutcome.PERSISTED
             client.commit_checkpoint("outage", 1, writer.writer_term)
             assert make_url(start_embedded_postgres(pgdata)) == make_url(catalog_url)
             process.wait_for_log("epochs committed", sink="outage", epochs=[0, 1])  # one snapshot, once it is back

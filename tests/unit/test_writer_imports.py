@@ -47,6 +47,8 @@ SHARED_MODULES = (
     "coordinator_service.rpc",
     "coordinator_service.rpc.sink_coordinator_pb2",
     "coordinator_service.rpc.sink_coordinator_pb2_grpc",
+    "coordinator_service.views",
+    "coordinator_service.wire",
 )
 SERVER_DISTRIBUTIONS = frozenset(
     canonicalize_name(name)
