@@ -290,7 +290,7 @@ class Coordinator:
         async with self.database.transaction() as session:
             sink = await _existing_sink(session, request.sink)
             self._sink_hints[sink.name] = (sink.id, sink.table_identifier)
-            _check_term(sink, request.writer_term)
+            check_term(sink, request.writer_term)
             if request.writer_id >= sink.writer_count:
                 raise InvalidArgument(
                     f"writer_id {request.writer_id} is out of range: sink {sink.name} has "
@@ -302,7 +302,7 @@ class Coordinator:
             current = await repository.epoch_row(session, sink.id, request.epoch)
             sink_id, table, writer_count = sink.id, sink.table_identifier, sink.writer_count
         if current is not None:
-            repeated = _answer_if_repeated(current, request)
+            repeated = answer_if_repeated(current, request)
             if repeated is not None:
                 return repeated
         entries = await in_catalog(
@@ -383,7 +383,7 @@ class Coordinator:
             sink = await repository.sink_by_name(session, request.sink, lock="update")
             if sink is None:
                 raise NotFound(f"sink {request.sink} was deleted during the pre-commit")
-            _check_term(sink, request.writer_term)
+            check_term(sink, request.writer_term)
             if request.epoch <= sink.committed_epoch:
                 return PreCommitResult(PreCommitOutcome.ALREADY_COMMITTED, attempt=0, record_count=0)
             parts = await repository.store_part(
@@ -408,11 +408,11 @@ class Coordinator:
         while True:
             async with self.database.transaction() as session:
                 sink = await _existing_sink(session, request.sink)
-                _check_term(sink, request.writer_term)
+                check_term(sink, request.writer_term)
                 if request.epoch <= sink.committed_epoch:
                     return PreCommitResult(PreCommitOutcome.ALREADY_COMMITTED, attempt=0, record_count=0)
                 row = await repository.epoch_row(session, sink.id, request.epoch)
-                answer = None if row is None else _answer_if_repeated(row, request)
+                answer = None if row is None else answer_if_repeated(row, request)
             if answer is not None:
                 return answer
             # The other writers' parts may reach another replica: there is no event here to wait on.
@@ -445,7 +445,7 @@ class Coordinator:
         """The epoch's row, in the caller's transaction (which holds the sink's row lock): inserted, or a new
         attempt of an ABORTED one, or the answer to a repeat; its files claimed."""
         sink_id = sink.id
-        _check_term(sink, request.writer_term)
+        check_term(sink, request.writer_term)
         if request.epoch <= sink.committed_epoch:
             return PreCommitResult(PreCommitOutcome.ALREADY_COMMITTED, attempt=0, record_count=0)
         metadata = PreCommitMetadata(table=sink.table_identifier, data_files=tuple(entries), properties=properties)
@@ -463,7 +463,7 @@ class Coordinator:
             )
             attempt = 1
         else:
-            repeated = _answer_if_repeated(row, request)
+            repeated = answer_if_repeated(row, request)
             if repeated is not None:
                 return repeated
             if row.status != EpochStatus.ABORTED:
@@ -521,10 +521,10 @@ class Coordinator:
         """The general path of CommitCheckpoint's record: every check, in order, with its message."""
         async with self.database.transaction() as session:
             row = await _existing_sink(session, sink, lock="update")
-            _check_term(row, writer_term)
+            check_term(row, writer_term)
             if epoch > row.checkpointed_epoch:
                 between = await repository.epochs_between(session, row.id, row.checkpointed_epoch, epoch)
-                _check_checkpoint_range(sink, between, row.checkpointed_epoch, epoch)
+                check_checkpoint_range(sink, between, row.checkpointed_epoch, epoch)
                 row.checkpointed_epoch = epoch
                 await session.flush()
                 # Epochs an operator aborted at the front of the checkpoint leave nothing to commit there.
@@ -595,7 +595,7 @@ async def _check_registration(session: AsyncSession, sink: Sink, table: str, che
             f"the sink with POST /api/v1/sinks/{sink.name}/reset and start from a new checkpoint"
         )
     between = await repository.epochs_between(session, sink.id, sink.checkpointed_epoch, checkpoint)
-    _check_checkpoint_range(sink.name, between, sink.checkpointed_epoch, checkpoint)
+    check_checkpoint_range(sink.name, between, sink.checkpointed_epoch, checkpoint)
 
 
 async def _check_files_free(session: AsyncSession, sink: Sink, epoch: int, paths: Sequence[str]) -> None:
@@ -623,7 +623,7 @@ def _check_same_table(sink: Sink, table: str) -> None:
         )
 
 
-def _check_term(sink: Sink, writer_term: int) -> None:
+def check_term(sink: Sink, writer_term: int) -> None:
     if writer_term < sink.writer_term:
         raise Fenced(
             f"sink {sink.name}: writer term {writer_term} is fenced by term {sink.writer_term}; "
@@ -654,7 +654,7 @@ def _check_precommit_request(request: PreCommitRequest) -> None:
         check_facts(path, facts)
 
 
-def _answer_if_repeated(row: PendingSinkState, request: PreCommitRequest) -> PreCommitResult | None:
+def answer_if_repeated(row: PendingSinkState, request: PreCommitRequest) -> PreCommitResult | None:
     """The answer to a pre-commit that repeats a persisted one, or None if it is not a repeat."""
     if row.status == EpochStatus.COMMITTED:
         return PreCommitResult(PreCommitOutcome.ALREADY_COMMITTED, attempt=row.attempt, record_count=0)
@@ -673,7 +673,7 @@ def _conflicting_precommit(request: PreCommitRequest) -> FailedPrecondition:
     )
 
 
-def _check_checkpoint_range(sink: str, rows: Sequence[PendingSinkState], recorded: int, checkpoint: int) -> None:
+def check_checkpoint_range(sink: str, rows: Sequence[PendingSinkState], recorded: int, checkpoint: int) -> None:
     """Every epoch a new checkpoint covers must be pre-committed, and not aborted unless by an operator (who
     gave its records up on purpose, and was told so)."""
     aborted = [row for row in rows if row.status == EpochStatus.ABORTED and row.abort_cause != AbortCause.OPERATOR]
