@@ -31,7 +31,7 @@ from bench.infra import (
     register_orders_sink,
     write_orders_file,
 )
-from coordinator_service.iceberg import MARKER_EPOCH, MARKER_SINK, IcebergTables
+from coordinator_service.iceberg import MARKER_EPOCH, MARKER_SINK, IcebergGateway
 from coordinator_service.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
 
@@ -64,7 +64,7 @@ async def commit_latency(
         async with grpc.aio.insecure_channel(coordinator.target) as channel:
             stub = pb_grpc.SinkCoordinatorStub(channel)
             registration = await register_orders_sink(stub, "commit", "bench.commit")
-            raw_location = IcebergTables(catalog).ensure_table("bench.raw_commit", ORDERS, ())
+            raw_location = IcebergGateway(catalog).ensure_table("bench.raw_commit", ORDERS, ())
             with py_spy(coordinator.pid, profile or Path("unused"), profile is not None):
                 for epoch in range(commits):
                     path = write_orders_file(registration.table_location, rows, first=epoch * rows)

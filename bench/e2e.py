@@ -115,14 +115,14 @@ def run_coordinated(
 def run_plain(
     spark: Any, catalog: Any, bootstrap: str, topic: str, max_offsets: int, root: Path, place: Place
 ) -> float:
-    from coordinator_service.iceberg import IcebergTables
+    from coordinator_service.iceberg import IcebergGateway
     from spark_writer.parquet_writer import WRITTEN_FILES_DDL, DataFileTarget, task_writer
     from spark_writer.storage import Storage
 
     name = f"plain_{topic.replace('-', '_')}"
     frame = _records(spark, bootstrap, topic, max_offsets)
     parser = _parser()
-    location = IcebergTables(catalog).ensure_table(f"bench.{name}", parser.table_schema, ())
+    location = IcebergGateway(catalog).ensure_table(f"bench.{name}", parser.table_schema, ())
 
     def write_batch(batch: Any, batch_id: int) -> None:
         prepared = parser.prepare(batch)

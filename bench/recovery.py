@@ -19,7 +19,7 @@ from pyiceberg.catalog import load_catalog
 from bench.infra import ORDERS, Coordinator, Postgres, py_spy, spread, write_orders_file
 from coordinator_service import precommit_metadata
 from coordinator_service.database import libpq_url
-from coordinator_service.iceberg import IcebergTables
+from coordinator_service.iceberg import IcebergGateway
 from coordinator_service.precommit_metadata import PreCommitMetadata
 
 BACKLOG_SQL = """
@@ -43,7 +43,7 @@ def build_log(
     warehouse = data_dir / "warehouse"
     warehouse.mkdir(parents=True)
     catalog = load_catalog("default", type="sql", uri=database_url, warehouse=warehouse.as_uri())
-    tables_ = IcebergTables(catalog)
+    tables_ = IcebergGateway(catalog)
     identifiers = [f"bench.rec{t}" for t in range(tables)]
     for identifier in identifiers:
         tables_.ensure_table(identifier, ORDERS, ())

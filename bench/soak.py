@@ -25,7 +25,7 @@ from pyiceberg.io.pyarrow import parquet_file_to_data_file
 
 from bench.commit import raw_append
 from bench.infra import ORDERS, Coordinator, Postgres, latency_stats, register_orders_sink, write_orders_file
-from coordinator_service.iceberg import IcebergTables
+from coordinator_service.iceberg import IcebergGateway
 from coordinator_service.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
 
@@ -91,7 +91,7 @@ async def run(postgres: Postgres, root: Path, *, commits: int, raw_commits: int)
             stub = pb_grpc.SinkCoordinatorStub(channel)
             registration = await register_orders_sink(stub, "soak", "bench.soak")
             term = registration.writer_term
-            raw_location = IcebergTables(catalog).ensure_table("bench.soak_raw", ORDERS, ())
+            raw_location = IcebergGateway(catalog).ensure_table("bench.soak_raw", ORDERS, ())
             for epoch in range(commits):
                 path = write_orders_file(registration.table_location, ROWS_PER_FILE, first=epoch * ROWS_PER_FILE)
                 twin = twin_dir / f"{epoch}.parquet"
@@ -115,7 +115,7 @@ async def run(postgres: Postgres, root: Path, *, commits: int, raw_commits: int)
     finally:
         coordinator.stop()
     table = catalog.load_table("bench.soak")
-    twin_location = IcebergTables(catalog).ensure_table("bench.soak_twin", ORDERS, ())
+    twin_location = IcebergGateway(catalog).ensure_table("bench.soak_twin", ORDERS, ())
     twin_table = catalog.load_table("bench.soak_twin")
     with twin_table.transaction() as transaction, transaction.update_snapshot().fast_append() as append:
         for uri in twin_files:

@@ -33,7 +33,7 @@ from coordinator_service.commit_lock import CommitLock
 from coordinator_service.database import Database
 from coordinator_service.errors import InvalidArgument, cause
 from coordinator_service.failpoints import Failpoint
-from coordinator_service.iceberg import IcebergTables, Marker
+from coordinator_service.iceberg import IcebergGateway, Marker
 from coordinator_service.models import PendingSinkState, Sink
 from coordinator_service.precommit_metadata import MetadataDecodeError
 from coordinator_service.settings import Settings
@@ -92,7 +92,7 @@ def cannot_succeed_by_retrying(error: BaseException) -> bool:
 
 
 class Committer:
-    def __init__(self, database: Database, tables: IcebergTables, settings: Settings) -> None:
+    def __init__(self, database: Database, tables: IcebergGateway, settings: Settings) -> None:
         self.database = database
         self.tables = tables
         self.settings = settings

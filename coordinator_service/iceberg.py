@@ -192,8 +192,9 @@ def _field_names(fields: Iterable[pa.Field]) -> Iterator[str]:
             yield from _field_names([kind.key_field, kind.item_field])
 
 
-class IcebergTables:
-    """The Iceberg side of the commit protocol, over one pyiceberg catalog.
+class IcebergGateway:
+    """The Iceberg side of the commit protocol, over one pyiceberg catalog (named apart from pyiceberg's own
+    `IcebergTables`, the SQL catalog's table model).
 
     Table metadata is cached per table for `cache_seconds` (0: no cache), and replaced by the
     result of every commit this process makes. Users of a cached table must tolerate staleness:

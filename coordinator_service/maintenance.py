@@ -20,7 +20,7 @@ append runs; against any other writer of the table the commits are optimistic
    ORPHAN_MAX_FILES_PER_RUN of them).
 
 Manifests are merged by the commits themselves (the committer sets the table
-properties of manifest merging; see IcebergTables.append). Every step that
+properties of manifest merging; see IcebergGateway.append). Every step that
 deletes files verifies the commit lock right before it (coordinator_service.
 commit_lock). A run is recorded in maintenance_runs, counted in metrics, and
 its failure never stops the sink's commits.
@@ -45,7 +45,7 @@ from coordinator_service.committer import Committer
 from coordinator_service.database import Database
 from coordinator_service.errors import NotFound, cause
 from coordinator_service.failpoints import Failpoint
-from coordinator_service.iceberg import MARKER_EPOCH, IcebergTables
+from coordinator_service.iceberg import MARKER_EPOCH, IcebergGateway
 from coordinator_service.models import MaintenanceRun, Sink
 from coordinator_service.settings import MaintenancePolicy, Settings
 
@@ -81,7 +81,7 @@ class Maintainer:
     """Runs every sink's table maintenance when it is due (the scheduled runs one at a time in this process;
     an operator's run at once, the sink's commit lock keeping it apart from anything else on the sink)."""
 
-    def __init__(self, database: Database, tables: IcebergTables, committer: Committer, settings: Settings) -> None:
+    def __init__(self, database: Database, tables: IcebergGateway, committer: Committer, settings: Settings) -> None:
         self.database = database
         self.tables = tables
         self.committer = committer

@@ -24,7 +24,7 @@ from coordinator_service.commit_lock import CommitLock
 from coordinator_service.committer import Committer, CommitterHealth
 from coordinator_service.database import Database
 from coordinator_service.errors import FailedPrecondition, InvalidArgument, NotFound, quote
-from coordinator_service.iceberg import IcebergTables
+from coordinator_service.iceberg import IcebergGateway
 from coordinator_service.maintenance import Maintainer, policy_of
 from coordinator_service.models import AbortCause, MaintenanceRun, PendingSinkState, Sink
 from coordinator_service.precommit_metadata import PreCommitMetadata
@@ -89,7 +89,7 @@ class Operations:
     def __init__(
         self,
         database: Database,
-        tables: IcebergTables,
+        tables: IcebergGateway,
         committer: Committer,
         maintainer: Maintainer,
         settings: Settings,

@@ -38,7 +38,7 @@ from coordinator_service.errors import (
 )
 from coordinator_service.failpoints import Failpoint
 from coordinator_service.iceberg import (
-    IcebergTables,
+    IcebergGateway,
     canonical_uri,
     check_inside_location,
     check_table_identifier,
@@ -146,7 +146,7 @@ class GroupInsert:
 class Coordinator:
     """The writer-facing operations of the protocol."""
 
-    def __init__(self, database: Database, tables: IcebergTables, committer: Committer) -> None:
+    def __init__(self, database: Database, tables: IcebergGateway, committer: Committer) -> None:
         self.database = database
         self.tables = tables
         self.committer = committer

@@ -13,7 +13,7 @@ from coordinator_service import schema
 from coordinator_service.committer import Committer
 from coordinator_service.database import Database, create_sync_engine, normalize_url
 from coordinator_service.embedded import start_embedded_postgres
-from coordinator_service.iceberg import IcebergTables
+from coordinator_service.iceberg import IcebergGateway
 from coordinator_service.maintenance import Maintainer
 from coordinator_service.protocol import Coordinator
 from coordinator_service.settings import Settings
@@ -71,7 +71,7 @@ class Runtime:
 
     settings: Settings
     database: Database
-    tables: IcebergTables
+    tables: IcebergGateway
     committer: Committer
     coordinator: Coordinator
     maintainer: Maintainer
@@ -86,7 +86,7 @@ class Runtime:
             await asyncio.to_thread(require_migrated, url)
         catalog = await asyncio.to_thread(open_catalog, settings, url)
         database = Database(url)
-        tables = IcebergTables(catalog, settings.table_cache_seconds, settings.orphan_grace_seconds)
+        tables = IcebergGateway(catalog, settings.table_cache_seconds, settings.orphan_grace_seconds)
         committer = Committer(database, tables, settings)
         return cls(
             settings,

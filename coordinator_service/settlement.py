@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from coordinator_service import metrics, precommit_metadata, repository
 from coordinator_service.catalog_calls import in_catalog
-from coordinator_service.iceberg import IcebergTables, Marker, SinkIdentity
+from coordinator_service.iceberg import IcebergGateway, Marker, SinkIdentity
 from coordinator_service.models import PendingSinkState, Sink
 from coordinator_service.views import EpochStatus
 
@@ -48,7 +48,7 @@ def held_by_snapshot(epochs: Iterable[int], markers: Sequence[Marker]) -> dict[i
     return by_snapshot
 
 
-async def pending_held_by_table(tables: IcebergTables, sink: Sink, epochs: Sequence[int]) -> dict[int, list[int]]:
+async def pending_held_by_table(tables: IcebergGateway, sink: Sink, epochs: Sequence[int]) -> dict[int, list[int]]:
     """Which of these PENDING epochs the table holds, walked on a fresh load (the caller holds the commit lock)."""
     if not epochs:
         return {}

@@ -20,7 +20,7 @@ from pyiceberg.catalog import Catalog
 from coordinator_service import precommit_metadata
 from coordinator_service.client import CoordinatorClient, PreCommitFile
 from coordinator_service.errors import InvalidArgument
-from coordinator_service.iceberg import IcebergTables
+from coordinator_service.iceberg import IcebergGateway
 from coordinator_service.precommit_files import FileFacts
 from coordinator_service.precommit_metadata import PreCommitMetadata
 from coordinator_service.rpc import sink_coordinator_pb2 as pb
@@ -93,13 +93,13 @@ def footers_counted(source: str) -> float:
 
 
 @pytest.fixture
-def tables(catalog: Catalog) -> IcebergTables:
-    return IcebergTables(catalog, orphan_grace_seconds=3600)
+def tables(catalog: Catalog) -> IcebergGateway:
+    return IcebergGateway(catalog, orphan_grace_seconds=3600)
 
 
 @pytest.mark.parametrize("partition_by", [(), ("region", "day(ts)"), ("truncate(2, region)", "month(day)")])
 def test_a_sent_footer_describes_a_file_exactly_as_the_read_one(
-    tables: IcebergTables, partition_by: tuple[str, ...]
+    tables: IcebergGateway, partition_by: tuple[str, ...]
 ) -> None:
     location = tables.ensure_table("shop.wide", WIDE, partition_by)
     files = written_files(location, *partition_by)
@@ -120,7 +120,7 @@ def test_a_sent_footer_describes_a_file_exactly_as_the_read_one(
     assert stored[0] == stored[1]
 
 
-def test_with_a_sent_footer_the_file_is_not_read(tables: IcebergTables) -> None:
+def test_with_a_sent_footer_the_file_is_not_read(tables: IcebergGateway) -> None:
     """One metadata request (existence, size, age) and no read: a file whose bytes are not Parquet at all, of
     the size sent, is taken as the footer describes it; without the footer it is read and refused."""
     location = tables.ensure_table("shop.wide", WIDE, ())
@@ -132,7 +132,7 @@ def test_with_a_sent_footer_the_file_is_not_read(tables: IcebergTables) -> None:
         tables.read_data_files("shop.wide", [file.path], 0, False)
 
 
-def test_a_file_with_a_sent_footer_older_than_the_orphan_grace_is_refused(tables: IcebergTables) -> None:
+def test_a_file_with_a_sent_footer_older_than_the_orphan_grace_is_refused(tables: IcebergGateway) -> None:
     location = tables.ensure_table("shop.wide", WIDE, ())
     (file, *_) = written_files(location)
     day_ago = time.time() - 86400
@@ -142,7 +142,7 @@ def test_a_file_with_a_sent_footer_older_than_the_orphan_grace_is_refused(tables
     assert file.path in raised.value.message
 
 
-def test_sent_footers_of_many_files_evolve_the_schema(tables: IcebergTables) -> None:
+def test_sent_footers_of_many_files_evolve_the_schema(tables: IcebergGateway) -> None:
     location = tables.ensure_table("shop.narrow", pa.schema(list(WIDE)[:4]), ())
     files = written_files(location)
     entries = tables.read_data_files("shop.narrow", [f.path for f in files], 0, True, sent(files))

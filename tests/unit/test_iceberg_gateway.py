@@ -14,7 +14,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import CommitFailedException
 
 from coordinator_service.errors import InvalidArgument
-from coordinator_service.iceberg import MARKER_EPOCH, MARKER_SINK, IcebergTables, Marker, SinkIdentity
+from coordinator_service.iceberg import MARKER_EPOCH, MARKER_SINK, IcebergGateway, Marker, SinkIdentity
 from tests.fixtures.coordinator import ORDERS, orders, table_order_ids, write_parquet
 
 SINK = SinkIdentity(name="orders-sink", incarnation=str(uuid.uuid4()), generation=0)
@@ -26,12 +26,12 @@ def catalog(tmp_path: Path) -> Catalog:
 
 
 @pytest.fixture
-def tables(catalog: Catalog) -> IcebergTables:
-    return IcebergTables(catalog)
+def tables(catalog: Catalog) -> IcebergGateway:
+    return IcebergGateway(catalog)
 
 
 def test_a_missing_table_is_created_from_the_writers_schema_and_partitioning(
-    tables: IcebergTables, catalog: Catalog
+    tables: IcebergGateway, catalog: Catalog
 ) -> None:
     location = tables.ensure_table("db.orders", ORDERS, ("truncate(4, customer)",))
 
@@ -42,7 +42,7 @@ def test_a_missing_table_is_created_from_the_writers_schema_and_partitioning(
 
 
 def test_a_table_that_cannot_be_created_is_refused_before_anything_exists(
-    tables: IcebergTables, catalog: Catalog
+    tables: IcebergGateway, catalog: Catalog
 ) -> None:
     with pytest.raises(InvalidArgument, match="no schema to create it"):
         tables.ensure_table("db.orders", None, ())
@@ -52,7 +52,7 @@ def test_a_table_that_cannot_be_created_is_refused_before_anything_exists(
     assert catalog.list_namespaces() == []
 
 
-def test_new_columns_of_the_writers_schema_are_added_and_none_removed(tables: IcebergTables, catalog: Catalog) -> None:
+def test_new_columns_of_the_writers_schema_are_added_and_none_removed(tables: IcebergGateway, catalog: Catalog) -> None:
     tables.ensure_table("db.orders", ORDERS, ())
     tables.ensure_table("db.orders", ORDERS.append(pa.field("coupon", pa.string())), ())
     tables.ensure_table("db.orders", pa.schema([ORDERS.field("order_id")]), ())
@@ -60,7 +60,7 @@ def test_new_columns_of_the_writers_schema_are_added_and_none_removed(tables: Ic
     assert catalog.load_table("db.orders").schema().column_names == ["order_id", "customer", "amount", "coupon"]
 
 
-def test_a_precommitted_file_is_described_from_its_footer(tables: IcebergTables) -> None:
+def test_a_precommitted_file_is_described_from_its_footer(tables: IcebergGateway) -> None:
     location = tables.ensure_table("db.orders", ORDERS, ())
     path = write_parquet(location, orders(100, 10))
 
@@ -71,7 +71,7 @@ def test_a_precommitted_file_is_described_from_its_footer(tables: IcebergTables)
     assert entry.null_value_counts == {1: 0, 2: 0, 3: 0}
 
 
-def test_files_that_do_not_fit_are_refused_by_name(tables: IcebergTables, tmp_path: Path) -> None:
+def test_files_that_do_not_fit_are_refused_by_name(tables: IcebergGateway, tmp_path: Path) -> None:
     location = tables.ensure_table("db.orders", ORDERS, ())
     outside = write_parquet((tmp_path / "elsewhere").as_uri(), orders(0, 1))
     with pytest.raises(InvalidArgument, match="outside the table location"):
@@ -83,7 +83,7 @@ def test_files_that_do_not_fit_are_refused_by_name(tables: IcebergTables, tmp_pa
         tables.read_data_files("db.orders", [misfit], 0, False)
 
 
-def test_a_file_with_a_new_column_evolves_the_table_only_when_asked(tables: IcebergTables, catalog: Catalog) -> None:
+def test_a_file_with_a_new_column_evolves_the_table_only_when_asked(tables: IcebergGateway, catalog: Catalog) -> None:
     location = tables.ensure_table("db.orders", ORDERS, ())
     wider = ORDERS.append(pa.field("coupon", pa.string()))
     path = write_parquet(location, [{**row, "coupon": "x"} for row in orders(0, 2)], schema=wider)
@@ -98,7 +98,7 @@ def test_a_file_with_a_new_column_evolves_the_table_only_when_asked(tables: Iceb
 
 
 def test_appends_carry_the_sinks_markers_and_the_walk_finds_them_oldest_first(
-    tables: IcebergTables, catalog: Catalog
+    tables: IcebergGateway, catalog: Catalog
 ) -> None:
     location = tables.ensure_table("db.orders", ORDERS, ())
     snapshots = []
@@ -117,7 +117,7 @@ def test_appends_carry_the_sinks_markers_and_the_walk_finds_them_oldest_first(
     assert (summary[MARKER_SINK], summary[MARKER_EPOCH]) == (SINK.name, "2")  # type: ignore[index]
 
 
-def test_the_walk_stops_at_an_earlier_incarnation_of_the_sinks_name(tables: IcebergTables) -> None:
+def test_the_walk_stops_at_an_earlier_incarnation_of_the_sinks_name(tables: IcebergGateway) -> None:
     location = tables.ensure_table("db.orders", ORDERS, ())
     earlier = SinkIdentity(name=SINK.name, incarnation=str(uuid.uuid4()), generation=0)
     for sink, epoch in ((SINK, 0), (earlier, 5), (SINK, 1)):
@@ -127,7 +127,7 @@ def test_the_walk_stops_at_an_earlier_incarnation_of_the_sinks_name(tables: Iceb
     assert [marker.epoch for marker in tables.sink_markers("db.orders", SINK, down_to_epoch=0)] == [1]
 
 
-def test_an_append_on_a_stale_table_fails_and_appends_nothing(tables: IcebergTables, catalog: Catalog) -> None:
+def test_an_append_on_a_stale_table_fails_and_appends_nothing(tables: IcebergGateway, catalog: Catalog) -> None:
     location = tables.ensure_table("db.orders", ORDERS, ())
     stale = catalog.load_table("db.orders")
     first = tables.read_data_files("db.orders", [write_parquet(location, orders(0, 1))], 0, False)
@@ -140,7 +140,7 @@ def test_an_append_on_a_stale_table_fails_and_appends_nothing(tables: IcebergTab
     assert table_order_ids(catalog.load_table("db.orders")) == [0]
 
 
-def test_files_of_aborted_attempts_unreferenced_checked_and_deleted(tables: IcebergTables) -> None:
+def test_files_of_aborted_attempts_unreferenced_checked_and_deleted(tables: IcebergGateway) -> None:
     location = tables.ensure_table("db.orders", ORDERS, ())
     committed = write_parquet(location, orders(0, 1))
     tables.append("db.orders", SINK, 0, "commit-0", tables.read_data_files("db.orders", [committed], 0, False))
