@@ -37,6 +37,7 @@ from coordinator_service.iceberg import IcebergGateway, Marker
 from coordinator_service.models import PendingSinkState, Sink
 from coordinator_service.precommit_metadata import MetadataDecodeError
 from coordinator_service.settings import Settings
+from coordinator_service.source_positions import snapshot_positions
 from coordinator_service.table_maintenance import table_properties_for
 from coordinator_service.views import EpochStatus
 
@@ -326,7 +327,8 @@ class Committer:
         self._sink_names[sink_id] = sink.name
         structlog.contextvars.bind_contextvars(sink=sink.name)
         log_ = log.bind(table=sink.table_identifier, epochs=[row.epoch for row in pending])
-        entries = [entry for row in pending for entry in precommit_metadata.decode(row.metadata_).data_files]
+        decoded = [precommit_metadata.decode(row.metadata_) for row in pending]
+        entries = [entry for each in decoded for entry in each.data_files]
         started = time.monotonic()
         if not entries:
             # Empty epochs are never appended, so no marker can hold them: mark them without reading the table.
@@ -365,6 +367,7 @@ class Committer:
                 entries,
                 table,
                 self._table_properties(sink),
+                snapshot_positions(decoded[-1].properties),  # a coalesced snapshot says where its newest epoch ended
             )
         except CommitFailedException as error:
             if not from_cache:

@@ -461,8 +461,9 @@ class IcebergGateway:
         entries: Sequence[DataFileEntry],
         table: Table | None = None,
         properties: Mapping[str, str] = EMPTY_DICT,
+        summary: Mapping[str, str] = EMPTY_DICT,
     ) -> int:
-        """Append the entries as one snapshot carrying the sink's marker; return its id.
+        """Append the entries as one snapshot carrying the sink's marker and `summary`; return its id.
 
         `properties` are table properties the commit makes sure of (maintenance: manifest merging, old
         metadata files removed); with manifest merging on, the append merges the table's manifests once
@@ -476,7 +477,9 @@ class IcebergGateway:
         The committed table replaces the cached one; any failure drops it.
         """
         try:
-            snapshot_id, committed = self._append(identifier, sink.marker(epoch, commit_id), entries, table, properties)
+            snapshot_id, committed = self._append(
+                identifier, {**summary, **sink.marker(epoch, commit_id)}, entries, table, properties
+            )
         except BaseException:
             self.forget(identifier)
             raise

@@ -47,6 +47,7 @@ from coordinator_service.iceberg import (
 from coordinator_service.models import AbortCause, PendingSinkState, Sink
 from coordinator_service.precommit_files import FileFacts, check_facts
 from coordinator_service.precommit_metadata import DataFileEntry, PreCommitMetadata
+from coordinator_service.source_positions import check_positions
 from coordinator_service.views import (
     CheckpointResult,
     EpochStatus,
@@ -650,6 +651,10 @@ def _check_precommit_request(request: PreCommitRequest) -> None:
         )
     if sum(len(k) + len(v) for k, v in request.properties.items()) > MAX_PROPERTIES_BYTES:
         raise InvalidArgument(f"pre-commit properties exceed {MAX_PROPERTIES_BYTES} bytes")
+    try:
+        check_positions(request.properties)
+    except ValueError as error:
+        raise InvalidArgument(str(error)) from None
     for path, facts in request.file_facts.items():
         check_facts(path, facts)
 

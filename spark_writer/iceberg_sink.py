@@ -40,6 +40,7 @@ from coordinator_service.client import CoordinatorClient, CoordinatorRpcError, P
 from coordinator_service.views import PreCommitOutcome, Registration
 from spark_writer.arrow_schema import arrow_schema_of, serialize_schema
 from spark_writer.checkpoint import NO_OFFSET, SparkCheckpoint
+from spark_writer.kafka_positions import TopicPartition, position_properties
 from spark_writer.listener import CheckpointListener, CheckpointReporter
 from spark_writer.parquet_writer import WRITTEN_FILES_DDL, DataFileTarget, delete_files, task_writer
 from spark_writer.partitioning import parse_partition_fields
@@ -53,8 +54,9 @@ log = structlog.get_logger(__name__)
 DEFAULT_TARGET_FILE_SIZE_BYTES: Final = 128 * 1024 * 1024
 DEFAULT_STOP_GRACE_SECONDS: Final = 60.0
 DEFAULT_COORDINATOR_RETRY_SECONDS: Final = 60.0
-# The coordinator keeps at most 64 KiB of properties per epoch; offsets of thousands of partitions are left out.
-MAX_OFFSETS_PROPERTY_CHARS: Final = 48 * 1024
+# The coordinator keeps at most 64 KiB of properties per epoch (kafka_positions takes up to 24 KiB more); offsets of
+# thousands of partitions are left out.
+MAX_OFFSETS_PROPERTY_CHARS: Final = 36 * 1024
 # Refusals after which no pre-commit was recorded: the files just written belong to nobody and are deleted.
 REFUSED_CODES: Final = frozenset(
     {
@@ -170,7 +172,9 @@ class MicroBatchWriter:
         paths = [row.path for row in written]
         files = [PreCommitFile(row.path, bytes(row.parquet_footer), row.size_bytes) for row in written]
         records = sum(row.record_count for row in written)
-        properties = self._properties(batch_id)
+        decodes = isinstance(self._transform, DecodesInTasks)
+        latest = {(row.topic, row.partition): row.latest_timestamp_ms for row in results if row.topic is not None}
+        properties = self._properties(batch_id, latest if decodes else None)
         if isinstance(self._transform, DecodesInTasks):
             properties.update(self._transform.batch_properties(sum(row.bad_records for row in results)))
         try:
@@ -201,10 +205,13 @@ class MicroBatchWriter:
             records=records,
         )
 
-    def _properties(self, batch_id: int) -> dict[str, str]:
+    def _properties(self, batch_id: int, latest: Mapping[TopicPartition, int] | None) -> dict[str, str]:
+        """Spark's end offsets of the batch (to restart a query from), and where it ended in Kafka (for the
+        snapshots); `latest`: the latest record timestamps the tasks read, None when they did not see records."""
         lines = self._checkpoint.source_end_offsets(batch_id)
         offsets = json.dumps([None if line == NO_OFFSET else json.loads(line) for line in lines])
-        return {"spark.end_offsets": offsets} if len(offsets) <= MAX_OFFSETS_PROPERTY_CHARS else {}
+        properties = {"spark.end_offsets": offsets} if len(offsets) <= MAX_OFFSETS_PROPERTY_CHARS else {}
+        return properties | position_properties(lines, latest)
 
 
 class IcebergSinkQuery:

@@ -35,7 +35,9 @@ from spark_writer.json_decoding import REASON_COLUMN, UTC, JsonDecoder
 from spark_writer.kafka_metadata import KafkaMetadata
 from spark_writer.kafka_offsets import OffsetRange
 from spark_writer.kafka_options import parse_options
+from spark_writer.kafka_positions import TopicPartition, latest_timestamps, merge_latest
 from spark_writer.kafka_range_reader import read_range
+from spark_writer.parquet_writer import DecodingSummary
 
 log = structlog.get_logger(__name__)
 
@@ -142,9 +144,11 @@ class RecordDecodingTask:
         self._decoding = decoding
         self._dead_letters = None if decoding.dead_letters is None else DeadLetterProducer(decoding.dead_letters)
         self.bad_records = 0
+        self._latest: list[dict[TopicPartition, int]] = []
 
     def rows(self, batch: pa.RecordBatch) -> pa.Table:
         """The table rows of one batch of Kafka records; BadRecordError for a record that does not fit under FAIL."""
+        self._latest.append(latest_timestamps(batch))
         decoded = self._decoding.decoder.decode(batch)
         misfits = decoded.misfits.num_rows
         if not misfits:
@@ -163,11 +167,12 @@ class RecordDecodingTask:
         self._dead_letters.send(decoded.misfits, REASON_COLUMN)
         return decoded.rows
 
-    def finish(self) -> int:
-        """After the last batch: once every dead letter is acknowledged, the records that did not fit."""
+    def finish(self) -> DecodingSummary:
+        """After the last batch: once every dead letter is acknowledged, the records that did not fit and the
+        latest timestamps read."""
         if self._dead_letters is not None:
             self._dead_letters.flush()
-        return self.bad_records
+        return DecodingSummary(self.bad_records, merge_latest(self._latest))
 
 
 @dataclass(frozen=True)
@@ -310,9 +315,11 @@ class JsonBatchParser:
 
     @property
     def _task_columns(self) -> list[str]:
-        """The Kafka columns the tasks need: every column they do not need is converted twice for nothing."""
-        where = ["topic", "partition", "offset", *(["timestamp"] if self._kafka_metadata else [])]
-        return ["value", *where, *(["key", "headers"] if self._dead_letters is not None else [])]
+        """The Kafka columns the tasks need (the timestamps tell how far in time the batch went): every column they
+        do not need is converted twice for nothing."""
+        return ["value", "topic", "partition", "offset", "timestamp"] + (
+            ["key", "headers"] if self._dead_letters is not None else []
+        )
 
     def _decoding_of(self, schema: StructType) -> RecordDecoding:
         decoder = json_decoder(schema, kafka_metadata=self._kafka_metadata, time_zone=self._time_zone)

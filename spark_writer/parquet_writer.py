@@ -12,14 +12,15 @@ pre-commits exactly those files, so files of a failed attempt never reach the
 table (the attempt deletes them when it fails by an exception). A task given a
 decoding (``DataFileTarget.decoding``) receives Kafka records and decodes them into
 table rows itself (``spark_writer.kafka_records.RecordDecoding``), and also yields
-the count of the records that did not fit.
+the count of the records that did not fit and the latest record timestamp of each
+Kafka topic-partition it read (spark_writer.kafka_positions).
 """
 
 from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Final, Protocol
 
@@ -38,10 +39,12 @@ DATA_DIRECTORY: Final = "data"
 MAX_ROW_GROUP_BYTES: Final = 64 * 1024 * 1024
 PARQUET_COMPRESSION: Final = "zstd"
 
-# What every task yields: one row per data file, and one without a path carrying the count of the records that did
-# not fit the schema when there were any (the DDL form is mapInArrow's output schema).
+# What every task yields: one row per data file; without a path, one carrying the count of the records that did
+# not fit the schema when there were any, and one per Kafka topic-partition read with its latest record timestamp
+# (the DDL form is mapInArrow's output schema).
 WRITTEN_FILES_DDL: Final = (
-    "path string, record_count bigint, size_bytes bigint, parquet_footer binary, bad_records bigint"
+    "path string, record_count bigint, size_bytes bigint, parquet_footer binary, bad_records bigint, "
+    "topic string, partition int, latest_timestamp_ms bigint"
 )
 WRITTEN_FILES_SCHEMA: Final = pa.schema(
     [
@@ -50,6 +53,9 @@ WRITTEN_FILES_SCHEMA: Final = pa.schema(
         pa.field("size_bytes", pa.int64()),
         pa.field("parquet_footer", pa.binary()),
         pa.field("bad_records", pa.int64()),
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("latest_timestamp_ms", pa.int64()),
     ]
 )
 
@@ -61,9 +67,18 @@ class TaskDecoder(Protocol):
 
     def rows(self, batch: pa.RecordBatch) -> pa.Table: ...
 
-    def finish(self) -> int:
-        """After the last batch: the records that did not fit the schema."""
+    def finish(self) -> DecodingSummary:
+        """After the last batch: the records that did not fit, the latest timestamps read."""
         ...
+
+
+@dataclass(frozen=True)
+class DecodingSummary:
+    """What a task's decoding saw besides the rows: records that did not fit, and the latest record timestamp (ms)
+    of each Kafka topic-partition it read."""
+
+    bad_records: int = 0
+    latest_timestamps: Mapping[tuple[str, int], int] = field(default_factory=dict)
 
 
 class TaskDecoding(Protocol):
@@ -205,15 +220,20 @@ def task_writer(target: DataFileTarget) -> TaskWriter:
                 rows = pa.Table.from_batches([batch]) if decoder is None else decoder.rows(batch)
                 for key, part in split_by_partition(rows.cast(target.schema), target.partition_fields):
                     files.write(key, part)
-            bad_records = 0 if decoder is None else decoder.finish()
+            summary = DecodingSummary() if decoder is None else decoder.finish()
             written = files.close()
         except BaseException:
             files.abort()
             raise
-        rows = [{**asdict(file), "bad_records": 0} for file in written]
-        if bad_records:
-            rows.append({"path": None, "record_count": 0, "size_bytes": 0, "bad_records": bad_records})
-        yield pa.RecordBatch.from_pylist(rows, schema=WRITTEN_FILES_SCHEMA)
+        nothing = {"record_count": 0, "size_bytes": 0, "bad_records": 0}
+        results: list[dict[str, object]] = [{**asdict(file), "bad_records": 0} for file in written]
+        if summary.bad_records:
+            results.append({**nothing, "bad_records": summary.bad_records})
+        results.extend(
+            {**nothing, "topic": topic, "partition": partition, "latest_timestamp_ms": latest}
+            for (topic, partition), latest in summary.latest_timestamps.items()
+        )
+        yield pa.RecordBatch.from_pylist(results, schema=WRITTEN_FILES_SCHEMA)
 
     return write
 

@@ -15,6 +15,7 @@ from pyiceberg.catalog import Catalog
 from pyspark.sql import SparkSession
 
 from coordinator_service.client import CoordinatorRpcError
+from coordinator_service.source_positions import SNAPSHOT_END_OFFSETS, SNAPSHOT_VALID_THROUGH_MS
 from spark_writer.iceberg_sink import write_to_iceberg
 from spark_writer.job import SPARK_KAFKA_PROVIDER, KafkaSettings, KafkaSource, ParseSettings, SinkSettings, start_job
 from tests.fixtures.coordinator import CoordinatorProcess
@@ -22,6 +23,7 @@ from tests.fixtures.pipeline import (
     ORDER_SCHEMA_DDL,
     QUERY_TIMEOUT_SECONDS,
     kafka_positions,
+    newest_marked_summary,
     order_ids,
     order_stream,
     produce_orders,
@@ -149,6 +151,18 @@ def test_new_json_field_mid_stream_becomes_a_column(
         **dict.fromkeys(range(1000)),
         **dict.fromkeys(range(1000, 2000), "SPRING"),
     }
+
+    # The newest snapshot says where the stream ended and how far in time every partition is in the table.
+    summary = newest_marked_summary(catalog, "shop.orders_evolving")
+    read = table_arrow(catalog, "shop.orders_evolving", ("kafka_partition", "kafka_offset", "kafka_timestamp"))
+    ends: dict[str, int] = {}
+    latest: dict[int, int] = {}
+    for row in read.to_pylist():
+        partition = row["kafka_partition"]
+        ends[str(partition)] = max(ends.get(str(partition), 0), row["kafka_offset"] + 1)
+        latest[partition] = max(latest.get(partition, 0), int(row["kafka_timestamp"].timestamp() * 1000))
+    assert json.loads(summary[SNAPSHOT_END_OFFSETS]) == {topic: ends}
+    assert int(summary[SNAPSHOT_VALID_THROUGH_MS]) == min(latest.values())
 
 
 def _spark_kafka_on_classpath(spark: SparkSession) -> bool:

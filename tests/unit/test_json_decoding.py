@@ -248,7 +248,9 @@ def test_the_null_policy_writes_what_fits_and_counts() -> None:
         (2, None),
     ]
     assert first.num_rows == 3 and second.num_rows == 1
-    assert task.finish() == 2
+    summary = task.finish()
+    assert summary.bad_records == 2
+    assert summary.latest_timestamps == {("orders", 3): int(KAFKA_TIME.timestamp() * 1000)}
 
 
 def test_dead_letters_need_a_topic_and_only_with_that_policy() -> None:
