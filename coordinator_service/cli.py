@@ -1,7 +1,9 @@
 """The `sink-coordinator` command: serve, migrate, status.
 
 Every setting is a flag of the same name (--grpc-port for
-SINK_COORDINATOR_GRPC_PORT); flags win over the environment.
+SINK_COORDINATOR_GRPC_PORT), of the setting's type and with its default
+(--maintenance-enabled/--no-maintenance-enabled, --compaction-target-file-bytes 128MiB,
+--catalog key=value); flags win over the environment.
 """
 
 from __future__ import annotations
@@ -10,16 +12,19 @@ import asyncio
 import inspect
 from collections.abc import Callable
 from functools import wraps
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import typer
-from pydantic import ValidationError
+from pydantic import ByteSize, SecretStr, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_core import ErrorDetails
 from rich.console import Console
 from rich.table import Table
 
 from coordinator_service import repository
 from coordinator_service.database import Database
 from coordinator_service.errors import SchemaNotCurrent
+from coordinator_service.flag_values import KEY_VALUE, SIZE, KeyValue, parse_key_value, parse_size
 from coordinator_service.logs import configure_logging
 from coordinator_service.runtime import metastore_url, require_migrated
 from coordinator_service.runtime import migrate as migrate_metastore
@@ -33,56 +38,84 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console(stderr=True)
+# Settings whose values are never shown; their flags take plain text.
+SECRETS: Final = frozenset(
+    name for name, field in Settings.model_fields.items() if field.annotation == SecretStr | None
+)
 
 
-def _settings_from(options: dict[str, Any]) -> Settings:
-    given: dict[str, Any] = {name: value for name, value in options.items() if value is not None}
-    if "catalog" in given:
-        pairs = given.pop("catalog")
-        bad = [pair for pair in pairs if "=" not in pair]
-        if bad:
-            raise typer.BadParameter(f"--catalog takes key=value, got {bad}")
-        given["catalog"] = dict(pair.split("=", 1) for pair in pairs)
+def _settings_from(given: dict[str, Any]) -> Settings:
     try:
         settings = Settings(**given)
     except ValidationError as error:
-        problems = "; ".join(
-            f"{ENV_PREFIX}{'_'.join(str(part) for part in item['loc']).upper() or 'SETTINGS'}: {item['msg']}"
-            for item in error.errors()
-        )
+        problems = "; ".join(_problem(item, given) for item in error.errors())
         console.print(f"[red]invalid configuration:[/red] {problems}")
         raise typer.Exit(2) from None
     configure_logging(settings.log_level, settings.log_format)
     return settings
 
 
+def _problem(error: ErrorDetails, given: dict[str, Any]) -> str:
+    """One validation error, named as it was set: the flag and its value, or the environment variable."""
+    name = str(error["loc"][0]) if error["loc"] else ""
+    if name not in Settings.model_fields:
+        return error["msg"]
+    value = "***" if name in SECRETS else repr(error["input"])
+    where = f"--{_flag(name)} {value}" if name in given else f"{ENV_PREFIX}{name.upper()}={value}"
+    return f"{where}: {error['msg']}"
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _option(name: str, field: FieldInfo) -> inspect.Parameter:
+    """The flag of one setting: its type, the setting's default, and the variable that sets it too."""
+    annotation = field.annotation
+    default = field.get_default(call_default_factory=True)
+    env = f"{ENV_PREFIX}{name.upper()}"
+    declarations = [f"--{_flag(name)}/--no-{_flag(name)}" if annotation is bool else f"--{_flag(name)}"]
+    parser: Callable[[str], Any] | None = None
+    metavar = None
+    if annotation == dict[str, str]:  # --catalog key=value, repeated
+        annotation, default, parser, metavar = list[KeyValue] | None, None, parse_key_value, KEY_VALUE
+        env = f"{ENV_PREFIX}{name.upper()}__<KEY>"
+    elif annotation is ByteSize:
+        parser, metavar = parse_size, SIZE
+    elif name in SECRETS:
+        annotation = str | None
+    option = typer.Option(
+        *declarations, help=f"{field.description} (env: {env})", parser=parser, metavar=metavar, case_sensitive=False
+    )
+    return inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[annotation, option]
+    )
+
+
 def with_settings(command: Callable[[Settings], None]) -> Callable[..., None]:
-    """Give a command one flag per setting and call it with the resulting Settings."""
-    parameters = []
-    for name, field in Settings.model_fields.items():
-        env = f"{ENV_PREFIX}{name.upper()}"
-        if name == "catalog":
-            env = f"{ENV_PREFIX}CATALOG__<KEY>"
-        help_text = f"{field.description} (env: {env})"
-        annotation: Any = list[str] | None if name == "catalog" else str | None
-        parameters.append(
-            inspect.Parameter(
-                name,
-                inspect.Parameter.KEYWORD_ONLY,
-                default=None,
-                annotation=Annotated[
-                    annotation,
-                    typer.Option(f"--{name.replace('_', '-')}", help=help_text, show_default=False),
-                ],
-            )
-        )
+    """Give a command one flag per setting and call it with the resulting Settings.
+
+    A flag shows the setting's default, but only flags given on the command line are passed on: a variable
+    sets what no flag does.
+    """
+    context = inspect.Parameter("context", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
+    parameters = [context, *(_option(name, field) for name, field in Settings.model_fields.items())]
 
     @wraps(command)
-    def wrapper(**options: Any) -> None:
-        command(_settings_from(options))
+    def wrapper(context: typer.Context, **options: Any) -> None:
+        given = {name: value for name, value in options.items() if _on_command_line(context, name)}
+        if "catalog" in given:
+            given["catalog"] = dict(given["catalog"])
+        command(_settings_from(given))
 
     wrapper.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
     return wrapper
+
+
+def _on_command_line(context: typer.Context, name: str) -> bool:
+    source = context.get_parameter_source(name)
+    # By name: typer keeps the enum in its private copy of click.
+    return source is not None and source.name == "COMMANDLINE"
 
 
 @app.command()

@@ -4,15 +4,29 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import ClassVar, Self
+from typing import Annotated, ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ByteSize,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from coordinator_service import failpoints
 from coordinator_service.logs import LogFormat, LogLevel
 
 ENV_PREFIX = "SINK_COORDINATOR_"
+
+# A size of data files: bytes, or with a unit (128MiB, 1GB) in a flag or a variable. JSON (the admin API, where a
+# sink's overrides are integers) keeps the integer's schema.
+FileBytes = Annotated[ByteSize, Field(ge=1024), WithJsonSchema({"type": "integer", "minimum": 1024})]
 
 
 class MaintenancePolicy(BaseModel):
@@ -48,18 +62,18 @@ class MaintenancePolicy(BaseModel):
         description="A commit merges the table's manifests once this many have accumulated "
         "(Iceberg's commit.manifest.min-count-to-merge, set on the tables the coordinator commits to).",
     )
-    compaction_target_file_bytes: int = Field(
-        default=128 * 1024 * 1024,
-        ge=1024,
-        description="Compaction rewrites data files smaller than 3/4 of this into files of about this size.",
+    compaction_target_file_bytes: FileBytes = Field(
+        default=ByteSize(128 * 1024 * 1024),
+        description="Compaction rewrites data files smaller than 3/4 of this into files of about this size "
+        "(bytes, or 128MiB, 1GB, ...).",
     )
     compaction_min_files: int = Field(
         default=5, ge=2, description="Fewest small files of one partition that are worth a compaction."
     )
-    compaction_max_bytes_per_run: int = Field(
-        default=1024 * 1024 * 1024,
-        ge=1024,
-        description="Most bytes of data files one maintenance run rewrites (the rest waits for the next run).",
+    compaction_max_bytes_per_run: FileBytes = Field(
+        default=ByteSize(1024 * 1024 * 1024),
+        description="Most bytes of data files one maintenance run rewrites (the rest waits for the next run; "
+        "bytes, or 1GiB, 500MB, ...).",
     )
     orphan_sweep_interval_seconds: float = Field(
         default=3600.0,

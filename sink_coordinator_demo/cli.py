@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import shutil
+import signal
 import time
 import warnings
 from collections.abc import Iterator
@@ -42,6 +43,7 @@ from rich.table import Table
 
 from coordinator_service.client import CoordinatorClient
 from coordinator_service.embedded import stop_embedded_postgres
+from coordinator_service.flag_values import KEY_VALUE, KeyValue, parse_key_value
 from coordinator_service.iceberg import MARKER_SINK
 from coordinator_service.logs import LogFormat, LogLevel, configure_logging
 from coordinator_service.runtime import metastore_url, open_catalog
@@ -51,16 +53,9 @@ from sink_coordinator_demo.object_store import emulated_object_store
 from sink_coordinator_demo.orders import ORDER_SCHEMA_DDL, create_topic, produce_orders
 from sink_coordinator_demo.ports import free_port
 from sink_coordinator_demo.spark_cluster import SparkCluster, start_spark_cluster
-from spark_writer.job import (
-    KafkaSettings,
-    ParseSettings,
-    SinkSettings,
-    interrupt_on_sigterm,
-    parse_key_values,
-    run_until_done,
-    start_job,
-)
+from spark_writer.job import KafkaSettings, ParseSettings, SinkSettings, run_until_done, start_job
 from spark_writer.session import local_spark_session
+from spark_writer.stop_signals import StopRequest, stop_on_signals
 from spark_writer.worker_logging import set_worker_log_level
 
 DEFAULT_EVENTS: Final = 100_000
@@ -175,7 +170,9 @@ def reset_data_dir(data_dir: Path) -> None:
     console.print(f"[yellow]reset:[/yellow] deleted {data_dir}")
 
 
-def stream_orders(spark: SparkSession, kafka: KafkaSettings, sink: SinkSettings, events: int) -> None:
+def stream_orders(
+    spark: SparkSession, kafka: KafkaSettings, sink: SinkSettings, events: int, stop: StopRequest
+) -> None:
     """Run the writer until the topic is drained, with a progress bar fed by the query's progress events."""
     with _bar("stream") as progress:
         task = progress.add_task("starting", total=events)
@@ -183,7 +180,7 @@ def stream_orders(spark: SparkSession, kafka: KafkaSettings, sink: SinkSettings,
         spark.streams.addListener(listener)
         try:
             running = start_job(spark, kafka, ParseSettings(schema_ddl=ORDER_SCHEMA_DDL, evolve_schema=False), sink)
-            if not run_until_done(running):
+            if not run_until_done(running, stop):
                 raise KeyboardInterrupt
         finally:
             spark.streams.removeListener(listener)
@@ -247,7 +244,12 @@ def main(
         str | None, typer.Option(help="PostgreSQL for the coordinator; default: the embedded one in DATA_DIR.")
     ] = None,
     catalog: Annotated[
-        list[str] | None, typer.Option(help="pyiceberg catalog property key=value (repeat); default: SQL catalog.")
+        list[KeyValue] | None,
+        typer.Option(
+            help="pyiceberg catalog property key=value (repeat); default: SQL catalog.",
+            parser=parse_key_value,
+            metavar=KEY_VALUE,
+        ),
     ] = None,
     data_dir: Annotated[Path, typer.Option(help="Where the embedded services keep their data.")] = Path(
         ".sink-coordinator"
@@ -278,8 +280,10 @@ def main(
     """Produce order events, stream them into a new Iceberg table exactly once, and check the table."""
     configure_logging(LogLevel.WARNING, LogFormat.CONSOLE)
     quiet_spark()
-    interrupt_on_sigterm()
-    catalog_properties = parse_key_values(catalog or [], "--catalog")
+    # SIGTERM stops the demo as Ctrl-C does, by KeyboardInterrupt; while Spark runs, both only request a stop
+    # (stop_on_signals below): an exception there would break py4j's connection to the JVM.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    catalog_properties = dict(catalog or ())
     if s3 and catalog_properties:
         raise typer.BadParameter("--s3 brings its own catalog (Glue on the emulator): leave out --catalog")
     # With --s3 the metastore's sinks name tables that live only as long as the emulator: a data dir of its own.
@@ -329,9 +333,6 @@ def main(
             with phases.phase("start a Spark standalone cluster"):
                 spark_cluster = start_spark_cluster(data_dir / "spark-cluster")
                 master = spark_cluster.master_url
-        with phases.phase("start Spark"):
-            spark = local_spark_session("sink-coordinator-demo", master)
-            spark.sparkContext.setLogLevel("ERROR")
         sink = SinkSettings(
             sink=sink_name,
             table=table,
@@ -345,8 +346,13 @@ def main(
             (topic,),
             max_offsets_per_trigger=max_offsets_per_trigger or -(-events // DEFAULT_BATCHES),
         )
-        with phases.phase("stream into Iceberg"):
-            stream_orders(spark, kafka, sink, events)
+        with stop_on_signals() as stop:
+            with phases.phase("start Spark"):
+                spark = local_spark_session("sink-coordinator-demo", master)
+                stop.install()  # the SparkContext replaced SIGINT's handler
+                spark.sparkContext.setLogLevel("ERROR")
+            with phases.phase("stream into Iceberg"):
+                stream_orders(spark, kafka, sink, events, stop)
         with phases.phase("read the table back"):
             url, _ = metastore_url(settings)
             check = check_table(open_catalog(settings, url), table, sink_name, events)

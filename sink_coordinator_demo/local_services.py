@@ -25,8 +25,6 @@ from confluent_kafka.admin import AdminClient
 from coordinator_service.client import CoordinatorClient, CoordinatorRpcError
 
 STARTUP_TIMEOUT_SECONDS: Final = 120.0
-_silent_librdkafka = logging.getLogger("sink_coordinator_demo.local_services.librdkafka")
-_silent_librdkafka.setLevel(logging.CRITICAL)
 STOP_TIMEOUT_SECONDS: Final = 20.0
 
 
@@ -128,10 +126,9 @@ class NoidaKafkaBroker(LocalProcess):
     def wait_ready(self) -> None:
         """Until the broker answers a metadata request."""
         # Refused connections are expected until the broker listens: keep librdkafka's errors about them quiet.
-        admin = AdminClient(
-            {"bootstrap.servers": self.bootstrap, "reconnect.backoff.max.ms": 200},
-            logger=_silent_librdkafka,
-        )
+        silent = logging.getLogger("sink_coordinator_demo.local_services.librdkafka")
+        silent.setLevel(logging.CRITICAL)
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "reconnect.backoff.max.ms": 200}, logger=silent)
         deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
         while time.monotonic() < deadline:
             self.check_running()

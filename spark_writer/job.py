@@ -23,22 +23,18 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-import signal
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from types import FrameType
 from typing import Annotated, Final
 
 import structlog
 import typer
+from pydantic import ByteSize
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 
 from coordinator_service.client import CoordinatorRpcError
+from coordinator_service.flag_values import KEY_VALUE, SIZE, KeyValue, parse_key_value, parse_size
 from coordinator_service.logs import LogFormat, LogLevel, configure_logging
 from spark_writer.dead_letters import DeadLetterTarget
 from spark_writer.iceberg_sink import (
@@ -60,16 +56,14 @@ from spark_writer.kafka_records import (
 )
 from spark_writer.kafka_source import KafkaDataSource
 from spark_writer.session import local_spark_session, retries_tasks
+from spark_writer.stop_signals import StopRequest, stop_on_signals
 from spark_writer.storage import Storage
 from spark_writer.worker_logging import set_worker_log_level
 
 log = structlog.get_logger(__name__)
 
 DEFAULT_SAMPLE_SIZE: Final = 1000
-INTERRUPT_CHECK_SECONDS: Final = 1
-_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
-_SIZE_UNITS: Final = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
-_SIZE_UNITS.update({"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40})
+STOP_CHECK_SECONDS: Final = 1
 
 
 class RecordFormat(StrEnum):
@@ -156,22 +150,9 @@ class SinkSettings:
     storage: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.target_file_size_bytes <= 0:
+            raise ValueError(f"--target-file-size must be positive, got {self.target_file_size_bytes}")
         Storage(self.storage)  # unknown keys and bad values refused before Spark starts
-
-
-def parse_size(text: str) -> int:
-    """'134217728', '128MiB', '64 MB' -> bytes."""
-    match = _SIZE.match(text)
-    if match is None or int(match.group(1)) <= 0:
-        raise ValueError(f"size {text!r} is not a positive number of bytes like 134217728, 128MiB or 64MB")
-    return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "").lower()]
-
-
-def parse_key_values(pairs: list[str], flag: str) -> dict[str, str]:
-    bad = [pair for pair in pairs if "=" not in pair]
-    if bad:
-        raise typer.BadParameter(f"{flag} takes key=value, got {bad}")
-    return dict(pair.split("=", 1) for pair in pairs)
 
 
 def spark_session(master: str | None, app_name: str = "sink-writer") -> SparkSession:
@@ -259,35 +240,13 @@ def start_job(spark: SparkSession, kafka: KafkaSettings, parse: ParseSettings, s
     )
 
 
-@contextmanager
-def deferred_interrupts() -> Iterator[threading.Event]:
-    """Within: Ctrl-C and SIGTERM set the event instead of raising.
-
-    A KeyboardInterrupt raised inside a py4j call leaves the gateway connection
-    half-read and every later call to the JVM fails; the caller checks the event
-    between calls instead.
-    """
-    requested = threading.Event()
-
-    def request(signum: int, frame: FrameType | None) -> None:
-        requested.set()
-
-    previous = {signum: signal.signal(signum, request) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield requested
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
-def run_until_done(query: IcebergSinkQuery) -> bool:
-    """Wait for the query (availableNow: until drained); False if Ctrl-C or SIGTERM stopped it first."""
-    with deferred_interrupts() as interrupted:
-        while not query.await_termination(INTERRUPT_CHECK_SECONDS):
-            if interrupted.is_set():
-                log.warning("interrupted: stopping the query")
-                query.stop()
-                return False
+def run_until_done(query: IcebergSinkQuery, stop: StopRequest) -> bool:
+    """Wait for the query (availableNow: until drained); False if a stop was requested and made first."""
+    while not query.await_termination(STOP_CHECK_SECONDS):
+        if stop.signal is not None:
+            log.warning("stop requested: stopping the query between two batches", signal=stop.signal.name)
+            query.stop()
+            return False
     return True
 
 
@@ -324,8 +283,12 @@ def main(
         int | None, typer.Option(min=1, help="Most records per micro-batch (shared over partitions).")
     ] = None,
     kafka_option: Annotated[
-        list[str] | None,
-        typer.Option(help="librdkafka consumer setting key=value (repeat), e.g. security.protocol=SSL."),
+        list[KeyValue] | None,
+        typer.Option(
+            help="librdkafka consumer setting key=value (repeat), e.g. security.protocol=SSL.",
+            parser=parse_key_value,
+            metavar=KEY_VALUE,
+        ),
     ] = None,
     fail_on_data_loss: Annotated[
         bool, typer.Option(help="Fail when records were deleted before they were read.")
@@ -364,24 +327,31 @@ def main(
         list[str] | None, typer.Option(help="Partition field of a new table: col, day(ts), truncate(4, s)... (repeat).")
     ] = None,
     target_file_size: Annotated[
-        str, typer.Option(help="Roll data files at this size: 128MiB, 64MB, bytes.")
-    ] = "128MiB",
+        ByteSize,
+        typer.Option(help="Roll data files at this size: bytes, or 128MiB, 64MB, ...", parser=parse_size, metavar=SIZE),
+    ] = ByteSize(DEFAULT_TARGET_FILE_SIZE_BYTES),
     trigger_interval: Annotated[
         str | None, typer.Option(help='Micro-batch interval, e.g. "10 seconds"; default: back to back.')
     ] = None,
     available_now: Annotated[bool, typer.Option(help="Process what the topics hold now, then stop.")] = False,
     storage: Annotated[
-        list[str] | None,
+        list[KeyValue] | None,
         typer.Option(
             help="FileIO property of the table's storage key=value (repeat), as the coordinator's catalog takes "
-            "it: s3.endpoint, s3.region, s3.access-key-id, ...; leave secrets to AWS_* variables and files."
+            "it: s3.endpoint, s3.region, s3.access-key-id, ...; leave secrets to AWS_* variables and files.",
+            parser=parse_key_value,
+            metavar=KEY_VALUE,
         ),
     ] = None,
     master: Annotated[str | None, typer.Option(help="Spark master; default: spark-submit's, else local[*].")] = None,
     log_level: Annotated[LogLevel, typer.Option(case_sensitive=False, help="Log level.")] = LogLevel.INFO,
     log_format: Annotated[LogFormat, typer.Option(help="Log lines as console text or JSON.")] = LogFormat.CONSOLE,
 ) -> None:
-    """Run the streaming job until it is stopped (or, with --available-now, until the topics are drained)."""
+    """Run the streaming job until it is stopped (or, with --available-now, until the topics are drained).
+
+    SIGINT (Ctrl-C) or SIGTERM stops the query between two batches: the exit code is then 130 or 143 (a second
+    signal ends the process at once); 0 when the job ended by itself, 1 when it failed, 2 for bad options.
+    """
     configure_logging(log_level, log_format)
     logging.getLogger("py4j").setLevel(logging.WARNING)  # one INFO line per callback from the JVM
     set_worker_log_level(log_level.value)
@@ -392,7 +362,7 @@ def main(
             starting_offsets=starting_offsets,
             max_offsets_per_trigger=max_offsets_per_trigger,
             fail_on_data_loss=fail_on_data_loss,
-            consumer_options=parse_key_values(kafka_option or [], "--kafka-option"),
+            consumer_options=dict(kafka_option or ()),
             source=source,
         )
         parse = ParseSettings(
@@ -412,36 +382,32 @@ def main(
             checkpoint_location=checkpoint_location,
             writer_token=writer_token,
             partition_by=tuple(partition_by or ()),
-            target_file_size_bytes=parse_size(target_file_size),
+            target_file_size_bytes=target_file_size,
             processing_time=trigger_interval,
             available_now=available_now,
             coordinator_retry_seconds=coordinator_retry_seconds,
-            storage=parse_key_values(storage or [], "--storage"),
+            storage=dict(storage or ()),
         )
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
-    interrupt_on_sigterm()
-    spark = spark_session(master)
-    try:
-        run_until_done(start_job(spark, kafka, parse, sink_settings))
-    except (CoordinatorRpcError, SinkRefusedError, StreamingQueryException) as error:
-        log.error("sink writer failed", error=str(error))
-        raise typer.Exit(1) from None
-    except ValueError as error:  # what could only be checked on the running session (Spark's Kafka connector)
-        log.error("sink writer cannot start", error=str(error))
-        raise typer.Exit(2) from None
-    finally:
-        # Stops the listener bus before the interpreter exits, so that no event is sent to a closed gateway.
-        spark.stop()
-
-
-def interrupt_on_sigterm() -> None:
-    """SIGTERM (a pod or a supervisor stopping us) stops the query as Ctrl-C does."""
-
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, interrupt)
+    with stop_on_signals() as stop:
+        spark = spark_session(master)
+        stop.install()  # the SparkContext replaced SIGINT's handler
+        try:
+            done = not stop.requested and run_until_done(start_job(spark, kafka, parse, sink_settings), stop)
+        except (CoordinatorRpcError, SinkRefusedError, StreamingQueryException) as error:
+            log.error("sink writer failed", error=str(error))
+            raise typer.Exit(1) from None
+        except ValueError as error:  # what could only be checked on the running session (Spark's Kafka connector)
+            log.error("sink writer cannot start", error=str(error))
+            raise typer.Exit(2) from None
+        finally:
+            # Stops the listener bus before the interpreter exits, so that no event is sent to a closed gateway.
+            spark.stop()
+    if not done:
+        assert stop.signal is not None  # nothing else ends the job early without an error
+        log.warning("sink writer stopped before the end", signal=stop.signal.name, exit_code=stop.exit_code)
+        raise typer.Exit(stop.exit_code)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ from typing import Protocol
 
 from pyspark import daemon
 
+from spark_writer.worker_logging import configure_worker_logging
+
 
 class Worker(Protocol):
     """pyspark.daemon.worker: runs one task on a socket, in a forked (and maybe reused) worker process."""
@@ -44,6 +46,7 @@ def frozen_after_each_task(worker: Worker) -> Worker:
 
 
 def main() -> None:
+    configure_worker_logging()  # before the fork: every worker inherits it
     if len(sys.argv) > 1:
         importlib.import_module(sys.argv[1])  # the worker module: what each forked worker would import again
     daemon.worker = frozen_after_each_task(daemon.worker)

@@ -3,7 +3,10 @@
 Spark runs this package's code in Python workers (the Kafka source's planning on
 the driver, the readers and Parquet writers on the executors). Their structlog
 would print every event, debug included. The driver sets SINK_WRITER_LOG_LEVEL
-before Spark starts; workers inherit the environment and keep to that level.
+before Spark starts; workers inherit the environment and keep to that level once
+configure_worker_logging() ran in them: spark_writer.worker_daemon, which Spark
+forks its workers from, calls it first. Importing the package configures nothing
+(tests/unit/test_logging_at_import.py).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ def set_worker_log_level(level: str) -> None:
     os.environ[LOG_LEVEL_VARIABLE] = level.upper()
 
 
-def configure_unless_configured() -> None:
+def configure_worker_logging() -> None:
     """Give structlog the environment's level, unless the process configured it itself (a driver does)."""
     if structlog.is_configured():
         return

@@ -1,8 +1,9 @@
-"""Invariant 6 for the Spark side: kill -9 of the driver at each step of a batch, restart, every record once.
+"""Invariant 6 for the Spark side: kill -9 of the driver at each step of a batch, restart, every record once;
+and SIGTERM, which stops the driver between two batches wherever it reaches it.
 
 The driver runs `sink-writer` in a process of its own (tests/e2e/driver_process.py),
-killed with its JVM at a named point; the restarted driver (the test session's
-Spark, a JVM of its own) uses the same checkpoint.
+killed with its JVM (or sent SIGTERM) at a named point; the restarted driver (the test
+session's Spark, a JVM of its own) uses the same checkpoint.
 """
 
 from __future__ import annotations
@@ -38,6 +39,15 @@ PARTITIONS = 4
 PER_BATCH = 200  # 4 batches
 KILLED_EPOCH = 1
 DRIVER_TIMEOUT_SECONDS = 180
+# What a KeyboardInterrupt raised inside a py4j call leaves in the driver's output (py4j logs it, then the calls
+# that follow fail). A batch that Spark starts while the query stops fails on purpose (SinkStoppingError) and is
+# logged with its traceback: that is not one of these.
+BROKEN_GATEWAY = (
+    "KeyboardInterrupt",
+    "Py4JNetworkError",
+    "Error while sending or receiving",
+    "Answer from Java side is empty",
+)
 
 TopicFactory = Callable[..., str]
 
@@ -72,20 +82,24 @@ class Pipeline:
             "--master", "local[2]",
         ]  # fmt: skip
 
-    def crash(self, kill_point: str, epoch: int) -> int:
-        """Run the driver in its own process group until the kill point kills it; return its exit status."""
+    def run_driver(self, point: str, epoch: int) -> tuple[int, str]:
+        """Run the driver in its own process group until it ends (or the point stops it): its exit status, output."""
         log_path = self.work / "driver.log"
         with log_path.open("w") as log_file:
             completed = subprocess.run(
-                [sys.executable, "-m", "tests.e2e.driver_process", kill_point, str(epoch), "--", *self.flags()],
+                [sys.executable, "-m", "tests.e2e.driver_process", point, str(epoch), "--", *self.flags()],
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,  # the kill point takes the driver's whole process group, and only it
+                start_new_session=True,  # a kill point takes the driver's whole process group, and only it
                 timeout=DRIVER_TIMEOUT_SECONDS,
                 check=False,
             )
-        assert completed.returncode == -signal.SIGKILL, log_path.read_text()[-5000:]
-        return completed.returncode
+        return completed.returncode, log_path.read_text()
+
+    def crash(self, kill_point: str, epoch: int) -> None:
+        """Run the driver until the kill point kills it."""
+        status, output = self.run_driver(kill_point, epoch)
+        assert status == -signal.SIGKILL, output[-5000:]
 
     def restart(self, spark: SparkSession) -> None:
         """A new driver on the same checkpoint, run until the topic is drained."""
@@ -170,4 +184,31 @@ def test_driver_killed_after_spark_checkpoint_before_report(
     registered = coordinator.wait_for_log("writer registered", sink=SINK, writer_term=2)
     assert KILLED_EPOCH in registered["recommitting_epochs"]
     assert registered["checkpointed_epoch"] == checkpointed
+    assert kafka_positions(catalog, TABLE) == produced_positions(produced[1])
+
+
+@pytest.mark.parametrize("point", ["sigterm-while-starting", "sigterm-after-precommit"])
+def test_sigterm_stops_the_driver_between_batches(
+    spark: SparkSession,
+    pipeline: Pipeline,
+    produced: tuple[str, list[ProducedRecord]],
+    coordinator: CoordinatorProcess,
+    catalog: Catalog,
+    point: str,
+) -> None:
+    """SIGTERM while the job starts (inside a py4j call) or runs: the query stops between two batches, what it
+    checkpointed is committed, the exit status says SIGTERM stopped it; a rerun writes the rest, every record once."""
+    status, output = pipeline.run_driver(point, KILLED_EPOCH)
+    assert status == 128 + signal.SIGTERM, output[-5000:]
+    for broken in BROKEN_GATEWAY:
+        assert broken not in output, output[-5000:]
+    checkpointed = max(pipeline.committed_batches(), default=-1)
+    if point == "sigterm-after-precommit":
+        assert checkpointed >= KILLED_EPOCH, "the batch running when SIGTERM came did not finish"
+    with coordinator.client() as client:
+        state = client.sink_state(SINK)
+    assert state.checkpointed_epoch == checkpointed
+    assert state.committed_epoch == checkpointed
+
+    pipeline.restart(spark)
     assert kafka_positions(catalog, TABLE) == produced_positions(produced[1])

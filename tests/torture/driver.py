@@ -88,7 +88,8 @@ def run_query(spark: Any, request: dict[str, Any], lines: queue.Queue[str | None
     try:
         query = job.start_job(spark, kafka, parse, sink)
         if not idle:
-            return 0 if job.run_until_done(query) else 1
+            query.await_termination()
+            return 0
         return run_until_stopped(query, request["id"], lines)
     except Exception as error:
         log.error("sink writer failed", error=f"{type(error).__name__}: {str(error)[:20000]}")

@@ -3,27 +3,114 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
+from typing import Any
+from unittest import mock
 
 import pytest
+from typer.testing import CliRunner, Result
 
-from spark_writer.job import KafkaSettings, KafkaSource, ParseSettings, main, parse_size
+from spark_writer import job
+from spark_writer.job import KafkaSettings, KafkaSource, ParseSettings, SinkSettings
 from spark_writer.kafka_options import parse_options
 from spark_writer.kafka_records import BadRecordPolicy, check_time_zone
 from spark_writer.session import retries_tasks, with_task_retries
 
+REQUIRED = ["--bootstrap-servers", "b:9092", "--topic", "orders", "--sink", "s", "--table", "shop.orders"]
+REQUIRED += ["--checkpoint-location", "/tmp/checkpoint"]
+
+
+class Started:
+    """What the command line would have run: the settings start_job got (no Spark is started)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.session = mock.Mock()
+
+    def invoke(self, *flags: str) -> Result:
+        return CliRunner().invoke(job.app, [*REQUIRED, *flags], env={"COLUMNS": "200"})
+
+    @property
+    def sink(self) -> SinkSettings:
+        (call,) = self.calls
+        return call[3]  # type: ignore[no-any-return]
+
+    @property
+    def kafka(self) -> KafkaSettings:
+        (call,) = self.calls
+        return call[1]  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def started() -> Iterator[Started]:
+    run = Started()
+    query = mock.Mock()
+    query.await_termination.return_value = True  # the job ends at once, as if the topics were drained
+
+    def start_job(*args: Any) -> mock.Mock:
+        run.calls.append(args)
+        return query
+
+    with (
+        mock.patch.object(job, "spark_session", return_value=run.session),
+        mock.patch.object(job, "start_job", side_effect=start_job),
+        mock.patch.object(job, "configure_logging"),  # the test process keeps its logging
+        mock.patch.object(job, "set_worker_log_level"),
+    ):
+        yield run
+
 
 @pytest.mark.parametrize(
     ("text", "size"),
-    [("134217728", 134217728), ("128MiB", 128 * 2**20), ("64 MB", 64 * 10**6), ("1gib", 2**30), ("512B", 512)],
+    [("134217728", 134217728), ("128MiB", 128 * 2**20), ("64 MB", 64 * 10**6), ("1gib", 2**30), ("1.5GiB", 3 * 2**29)],
 )
-def test_sizes(text: str, size: int) -> None:
-    assert parse_size(text) == size
+def test_target_file_size_takes_bytes_or_a_unit(started: Started, text: str, size: int) -> None:
+    result = started.invoke("--target-file-size", text)
+    assert result.exit_code == 0, result.output
+    assert started.sink.target_file_size_bytes == size
 
 
-@pytest.mark.parametrize("text", ["", "0", "-5MiB", "12 parsecs", "1.5GiB"])
-def test_bad_sizes_are_refused(text: str) -> None:
-    with pytest.raises(ValueError, match="is not a positive number of bytes"):
-        parse_size(text)
+def test_key_value_flags(started: Started) -> None:
+    result = started.invoke(
+        "--kafka-option", "security.protocol=SSL", "--kafka-option", "sasl.password=a=b",
+        "--storage", "s3.region=eu-west-1", "--storage", "s3.endpoint=",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert started.kafka.consumer_options == {"security.protocol": "SSL", "sasl.password": "a=b"}
+    assert started.sink.storage == {"s3.region": "eu-west-1", "s3.endpoint": ""}
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--target-file-size", "12 parsecs"], "Invalid value for '--target-file-size': '12 parsecs' is not a size"),
+        (["--target-file-size", "-5MiB"], "Invalid value for '--target-file-size': '-5MiB' is not a size"),
+        (["--target-file-size", "0"], "--target-file-size must be positive, got 0"),
+        (["--storage", "s3.region"], "Invalid value for '--storage': 's3.region' is not key=value"),
+        (["--kafka-option", "=SSL"], "Invalid value for '--kafka-option': '=SSL' is not key=value"),
+        (["--storage", "s3.colour=blue"], "unknown storage properties ['s3.colour']"),
+    ],
+)
+def test_bad_flags_are_refused_before_spark_starts(started: Started, flags: list[str], message: str) -> None:
+    result = started.invoke(*flags)
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split()), result.output
+    assert not started.calls
+    started.session.stop.assert_not_called()
+
+
+def test_help_shows_every_flags_type_and_default() -> None:
+    shown = " ".join(CliRunner().invoke(job.app, ["--help"], env={"COLUMNS": "300"}).output.split())
+    for flag in (
+        "--target-file-size <size>",
+        "--storage <key=value>",
+        "--kafka-option <key=value>",
+        "--max-offsets-per-trigger <int range> [x>=1]",
+        "--available-now --no-available-now <bool>",
+    ):
+        assert flag in shown, flag
+    assert "[default: 134217728]" in shown
+    assert "[default: no-available-now]" in shown
 
 
 def test_kafka_settings_become_source_options() -> None:
@@ -63,7 +150,7 @@ def test_the_job_and_the_source_start_at_the_same_offsets_by_default() -> None:
     """A new query of sink-writer (flag or settings left out) starts where the source alone does: earliest."""
     source_alone = parse_options({"kafka.bootstrap.servers": "b:9092", "subscribe": "orders"}).starting_offsets
     settings = KafkaSettings("b:9092", ("orders",))
-    assert inspect.signature(main).parameters["starting_offsets"].default == settings.starting_offsets
+    assert inspect.signature(job.main).parameters["starting_offsets"].default == settings.starting_offsets
     assert parse_options(settings.source_options()).starting_offsets == source_alone == "earliest"
 
 

