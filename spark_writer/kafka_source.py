@@ -80,6 +80,7 @@ from spark_writer.kafka_offsets import (
 )
 from spark_writer.kafka_options import SOURCE_NAME, KafkaSourceOptions, parse_options
 from spark_writer.kafka_range_reader import read_range
+from spark_writer.worker_logging import configure_worker_logging
 
 log = structlog.get_logger(__name__)
 
@@ -209,4 +210,7 @@ class KafkaDataSource(DataSource):
         return KAFKA_SCHEMA
 
     def streamReader(self, schema: StructType) -> KafkaStreamReader:  # noqa: N802 (Spark's API)
+        # Spark plans the stream in a Python process of its own, not forked from the worker daemon: it gets the
+        # job's log level here (a no-op where the process configured logging itself, as a driver does).
+        configure_worker_logging()
         return KafkaStreamReader(parse_options(self.options))

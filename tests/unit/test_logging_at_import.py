@@ -64,3 +64,28 @@ def test_importing_the_packages_configures_no_logging() -> None:
     assert found["structlog_configured"] is False
     assert (found["root_handlers"], found["root_level"]) == (0, "WARNING")
     assert found["our_loggers_configured"] == {}
+
+
+def test_the_kafka_sources_planning_process_takes_the_jobs_log_level() -> None:
+    """Spark plans a Python stream in a process of its own, which no worker daemon configured."""
+    program = textwrap.dedent(
+        """
+        import structlog
+        from spark_writer.kafka_source import KafkaDataSource
+
+        source = KafkaDataSource({"kafka.bootstrap.servers": "127.0.0.1:9", "subscribe": "orders"})
+        source.streamReader(source.schema())
+        structlog.get_logger("planner").info("an info line the job's level hides")
+        structlog.get_logger("planner").warning("a warning line it shows")
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program],
+        cwd=ROOT,
+        env={"SINK_WRITER_LOG_LEVEL": "WARNING", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "a warning line it shows" in result.stderr
+    assert "an info line the job's level hides" not in result.stderr + result.stdout
