@@ -14,10 +14,13 @@ from http import HTTPStatus
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
-from coordinator_service import __version__, admin_routes_health, admin_routes_sinks
+from coordinator_service import __version__, admin_routes_health, admin_routes_sinks, console_routes
 from coordinator_service.admin_auth import AdminAuth
+from coordinator_service.console_routes import CONSOLE_PREFIX, STATIC_DIRECTORY
+from coordinator_service.console_session import ConsoleSessions
 from coordinator_service.database import DATA_ERRORS, unstorable
 from coordinator_service.errors import CoordinatorError
 from coordinator_service.operations import Operations
@@ -37,6 +40,9 @@ def create_app(runtime: Runtime) -> FastAPI:
     _install_error_handlers(app)
     app.include_router(admin_routes_sinks.router)
     app.include_router(admin_routes_health.router)
+    app.state.console_sessions = ConsoleSessions(settings.admin_token, settings.admin_read_requires_token)
+    app.include_router(console_routes.router)
+    app.mount(f"{CONSOLE_PREFIX}/static", StaticFiles(directory=STATIC_DIRECTORY), name="console-static")
     return app
 
 

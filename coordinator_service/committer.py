@@ -29,6 +29,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exp
 
 from coordinator_service import commit_lock, failpoints, metrics, precommit_metadata, repository, settlement
 from coordinator_service.catalog_calls import in_catalog
+from coordinator_service.commit_history import CommitHistory
 from coordinator_service.commit_lock import CommitLock
 from coordinator_service.database import Database
 from coordinator_service.errors import InvalidArgument, cause
@@ -98,6 +99,8 @@ class Committer:
         self.tables = tables
         self.settings = settings
         self.health: dict[int, CommitterHealth] = {}
+        # The last hour of each sink's commits made here, for the console's charts.
+        self.history = CommitHistory()
         self._wake_events: dict[int, asyncio.Event] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._cleaner_event = asyncio.Event()
@@ -209,6 +212,7 @@ class Committer:
             self._sink_names[backlog.sink_id] = backlog.sink
             self.health.setdefault(backlog.sink_id, CommitterHealth()).last_commit_at = now
             metrics.record_commit(backlog.sink, backlog.epochs, appended=False, seconds=seconds)
+            self.history.record(backlog.sink, seconds, backlog.epochs, lag_epochs=0)
         log.info(
             "empty checkpointed epochs committed",
             sinks=len(backlogs),
@@ -413,7 +417,9 @@ class Committer:
         await failpoints.hit(Failpoint.COMMIT_AFTER_MARK)
         self._last_commit[sink.id] = time.monotonic()
         self.health.setdefault(sink.id, CommitterHealth()).last_commit_at = datetime.now(UTC)
-        metrics.record_commit(sink.name, len(epochs), appended=bool(entries), seconds=time.monotonic() - started)
+        seconds = time.monotonic() - started
+        metrics.record_commit(sink.name, len(epochs), appended=bool(entries), seconds=seconds)
+        self.history.record(sink.name, seconds, len(epochs), lag_epochs=sink.checkpointed_epoch - committed)
         log_.info(
             "epochs committed",
             snapshot_id=snapshot_id,

@@ -1,0 +1,415 @@
+"""The operator console (/console): server-rendered pages over the same operations as the admin API.
+
+Pages read through coordinator_service.operations and show the admin API's own
+models (admin_schemas); actions call the same operations with the same
+operator identity, so each is checked and recorded exactly as through the API.
+Who may see and act is coordinator_service.console_session's business; every
+action form carries the session's CSRF token. Routes are left out of the
+OpenAPI document: the console is not part of the API's contract. htmx 2.0.11
+(0BSD, console/static) refreshes the sink list; nothing is loaded from elsewhere.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from importlib.resources import files
+from pathlib import Path
+from typing import Annotated, Any, Final
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Depends, Form, Query, Request
+from fastapi.responses import RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+
+from coordinator_service.admin_deps import OperationsDep
+from coordinator_service.admin_schemas import MAX_EPOCH, EpochResponse, SinkResponse
+from coordinator_service.console_session import ConsoleSessions, Role, Session
+from coordinator_service.errors import CoordinatorError, InvalidArgument
+from coordinator_service.operations import Operator
+
+CONSOLE_PREFIX: Final = "/console"
+STATIC_DIRECTORY: Final = Path(str(files("coordinator_service").joinpath("console", "static")))
+TEMPLATES: Final = Jinja2Templates(directory=str(files("coordinator_service").joinpath("console", "templates")))
+# The newest epochs a sink's page shows.
+TIMELINE_EPOCHS: Final = 200
+REFRESH_SECONDS: Final = 5
+
+router = APIRouter(prefix=CONSOLE_PREFIX, include_in_schema=False)
+
+
+def sessions_of(request: Request) -> ConsoleSessions:
+    sessions: ConsoleSessions = request.app.state.console_sessions
+    return sessions
+
+
+SessionsDep = Annotated[ConsoleSessions, Depends(sessions_of)]
+
+
+class SortKey(StrEnum):
+    SINK = "sink"
+    TABLE = "table"
+    LAG = "lag"
+    PENDING = "pending"
+    AGE = "age"
+    STATE = "state"
+    LAST_COMMIT = "last_commit"
+
+
+class StateFilter(StrEnum):
+    ANY = ""
+    HEALTHY = "healthy"
+    RETRYING = "retrying"
+    STUCK = "stuck"
+    IDLE = "idle"
+    LAGGING = "lagging"  # epochs checkpointed but not committed
+
+
+@dataclass(frozen=True)
+class SinkRow:
+    sink: SinkResponse
+    maintenance: bool
+
+    @property
+    def lag(self) -> int:
+        return max(self.sink.checkpointed_epoch - self.sink.committed_epoch, 0)
+
+
+@dataclass(frozen=True)
+class Visitor:
+    session: Session
+    role: Role
+
+    @property
+    def may_act(self) -> bool:
+        return self.role is Role.OPERATOR
+
+
+def _visitor(request: Request, sessions: ConsoleSessions) -> Visitor:
+    session = sessions.session_of(request)
+    return Visitor(session, sessions.role(session))
+
+
+def _page(
+    request: Request, sessions: ConsoleSessions, visitor: Visitor, name: str, status: int = 200, **context: Any
+) -> Response:
+    response = TEMPLATES.TemplateResponse(
+        request,
+        name,
+        {"visitor": visitor, "prefix": CONSOLE_PREFIX, "refresh_seconds": REFRESH_SECONDS, **context},
+        status_code=status,
+    )
+    sessions.keep(response, visitor.session)
+    return response
+
+
+def _to_login(request: Request) -> RedirectResponse:
+    return RedirectResponse(f"{CONSOLE_PREFIX}/login?{urlencode({'next': request.url.path})}", status_code=303)
+
+
+async def _rows(
+    operations: OperationsDep, q: str, state: StateFilter, sort: SortKey, descending: bool
+) -> list[SinkRow]:
+    settings = operations.settings
+    rows = [
+        SinkRow(
+            SinkResponse.of(overview), settings.with_overrides(overview.sink.maintenance_overrides).maintenance_enabled
+        )
+        for overview in await operations.sinks()
+    ]
+    needle = q.strip().lower()
+    if needle:
+        rows = [row for row in rows if needle in row.sink.sink.lower() or needle in row.sink.table.lower()]
+    if state is StateFilter.LAGGING:
+        rows = [row for row in rows if row.lag > 0 or row.sink.pending_epochs > 0]
+    elif state is not StateFilter.ANY:
+        rows = [row for row in rows if row.sink.committer.state == state.value]
+    keys = {
+        SortKey.SINK: lambda row: row.sink.sink,
+        SortKey.TABLE: lambda row: row.sink.table,
+        SortKey.LAG: lambda row: row.lag,
+        SortKey.PENDING: lambda row: row.sink.pending_epochs,
+        SortKey.AGE: lambda row: row.sink.oldest_pending_age_seconds or 0.0,
+        SortKey.STATE: lambda row: row.sink.committer.state,
+        SortKey.LAST_COMMIT: lambda row: row.sink.committer.last_commit_at or datetime.min.replace(tzinfo=UTC),
+    }
+    return sorted(rows, key=keys[sort], reverse=descending)
+
+
+@router.get("")
+async def sinks_page(
+    request: Request,
+    operations: OperationsDep,
+    sessions: SessionsDep,
+    q: Annotated[str, Query(max_length=200)] = "",
+    state: StateFilter = StateFilter.ANY,
+    sort: SortKey = SortKey.SINK,
+    desc: bool = False,
+) -> Response:
+    visitor = _visitor(request, sessions)
+    if visitor.role is Role.NONE:
+        return _to_login(request)
+    started = time.perf_counter()
+    rows = await _rows(operations, q, state, sort, desc)
+    return _page(
+        request,
+        sessions,
+        visitor,
+        "sinks.html",
+        rows=rows,
+        q=q,
+        state=state.value,
+        sort=sort.value,
+        desc=desc,
+        states=[member.value for member in StateFilter if member.value],
+        sort_keys=[member.value for member in SortKey],
+        query=urlencode({"q": q, "state": state.value, "sort": sort.value, "desc": str(desc).lower()}),
+        read_ms=round((time.perf_counter() - started) * 1000, 1),
+    )
+
+
+@router.get("/sinks-table")
+async def sinks_table(
+    request: Request,
+    operations: OperationsDep,
+    sessions: SessionsDep,
+    q: Annotated[str, Query(max_length=200)] = "",
+    state: StateFilter = StateFilter.ANY,
+    sort: SortKey = SortKey.SINK,
+    desc: bool = False,
+) -> Response:
+    """The rows alone: what the list page fetches every REFRESH_SECONDS."""
+    visitor = _visitor(request, sessions)
+    if visitor.role is Role.NONE:
+        return Response(status_code=401)
+    rows = await _rows(operations, q, state, sort, desc)
+    return _page(request, sessions, visitor, "sinks_rows.html", rows=rows)
+
+
+@router.get("/sinks/{sink}")
+async def sink_page(
+    request: Request,
+    operations: OperationsDep,
+    sessions: SessionsDep,
+    sink: str,
+    done: Annotated[str, Query(max_length=500)] = "",
+) -> Response:
+    visitor = _visitor(request, sessions)
+    if visitor.role is Role.NONE:
+        return _to_login(request)
+    try:
+        return await _sink_page(request, operations, sessions, visitor, sink, done=done)
+    except CoordinatorError as error:
+        return _page(request, sessions, visitor, "error.html", status=error.http_status, message=error.message)
+
+
+async def _sink_page(
+    request: Request,
+    operations: OperationsDep,
+    sessions: ConsoleSessions,
+    visitor: Visitor,
+    sink: str,
+    *,
+    done: str = "",
+    error: str = "",
+    status: int = 200,
+) -> Response:
+    overview = await operations.sink(sink)
+    epochs, _ = await operations.epochs(sink, None, None, TIMELINE_EPOCHS)
+    samples = operations.committer.history.samples(sink)
+    return _page(
+        request,
+        sessions,
+        visitor,
+        "sink.html",
+        status=status,
+        sink=SinkResponse.of(overview),
+        epochs=[EpochResponse.of(row) for row in epochs],
+        latency_chart=_chart([(sample.at, sample.seconds * 1000) for sample in samples], "ms"),
+        lag_chart=_chart([(sample.at, float(sample.lag_epochs)) for sample in samples], "epochs"),
+        commits=len(samples),
+        window_minutes=round(operations.committer.history.window_seconds / 60),
+        done=done,
+        error=error,
+    )
+
+
+@router.get("/sinks/{sink}/epochs/{epoch}")
+async def epoch_page(
+    request: Request, operations: OperationsDep, sessions: SessionsDep, sink: str, epoch: int
+) -> Response:
+    visitor = _visitor(request, sessions)
+    if visitor.role is Role.NONE:
+        return _to_login(request)
+    try:
+        detail = await operations.epoch(sink, epoch)
+    except CoordinatorError as error:
+        return _page(request, sessions, visitor, "error.html", status=error.http_status, message=error.message)
+    return _page(
+        request,
+        sessions,
+        visitor,
+        "epoch.html",
+        sink=sink,
+        epoch=EpochResponse.of(detail.row),
+        files=detail.metadata.data_files,
+        properties=detail.metadata.properties,
+    )
+
+
+def _operator(request: Request, sessions: ConsoleSessions) -> Operator:
+    """The identity the admin API records for the same action."""
+    address = "unknown" if request.client is None else f"{request.client.host}:{request.client.port}"
+    return Operator(identity="admin" if sessions.needs_token else "anonymous", address=address)
+
+
+async def _acting(request: Request, sessions: ConsoleSessions, csrf: str) -> Visitor | Response:
+    """The visitor, if they may act and the form is theirs; otherwise the answer that refuses it."""
+    visitor = _visitor(request, sessions)
+    if visitor.role is Role.NONE:
+        return _to_login(request)
+    if not visitor.may_act:
+        return _page(
+            request, sessions, visitor, "error.html", status=403, message="Sign in with the admin token to act."
+        )
+    if not sessions.csrf_matches(visitor.session, csrf):
+        return _page(
+            request,
+            sessions,
+            visitor,
+            "error.html",
+            status=403,
+            message="This form is not from your session (missing or stale CSRF token): reload the page and try again.",
+        )
+    return visitor
+
+
+@router.post("/sinks/{sink}/abort")
+async def abort_epoch(
+    request: Request,
+    operations: OperationsDep,
+    sessions: SessionsDep,
+    sink: str,
+    epoch: Annotated[int, Form(ge=0, le=MAX_EPOCH)],
+    reason: Annotated[str, Form(max_length=2000)] = "",
+    force: Annotated[bool, Form()] = False,
+    csrf: Annotated[str, Form()] = "",
+) -> Response:
+    acting = await _acting(request, sessions, csrf)
+    if not isinstance(acting, Visitor):
+        return acting
+    try:
+        if not reason.strip() or "\x00" in reason:
+            raise _invalid("give the reason for the abort: it is recorded with the epoch")
+        outcome = await operations.abort_epoch(sink, epoch, reason, force, _operator(request, sessions))
+    except CoordinatorError as error:
+        return await _sink_page(
+            request, operations, sessions, acting, sink, error=error.message, status=error.http_status
+        )
+    message = f"epoch {epoch} aborted" if outcome.changed else f"epoch {epoch} was already aborted; nothing changed"
+    if outcome.warning:
+        message += f" ({outcome.warning})"
+    return _back_to(sink, message)
+
+
+@router.post("/sinks/{sink}/reset")
+async def reset_sink(
+    request: Request,
+    operations: OperationsDep,
+    sessions: SessionsDep,
+    sink: str,
+    confirm: Annotated[str, Form(max_length=300)] = "",
+    reason: Annotated[str, Form(max_length=2000)] = "",
+    csrf: Annotated[str, Form()] = "",
+) -> Response:
+    acting = await _acting(request, sessions, csrf)
+    if not isinstance(acting, Visitor):
+        return acting
+    try:
+        if not reason.strip() or "\x00" in reason:
+            raise _invalid("give the reason for the reset: it is recorded")
+        outcome = await operations.reset_sink(sink, confirm, reason, _operator(request, sessions))
+    except CoordinatorError as error:
+        return await _sink_page(
+            request, operations, sessions, acting, sink, error=error.message, status=error.http_status
+        )
+    aborted = ", ".join(str(epoch) for epoch in outcome.aborted_epochs) or "none"
+    return _back_to(sink, f"sink reset (generation {outcome.sink.sink.generation}); epochs aborted: {aborted}")
+
+
+def _invalid(message: str) -> CoordinatorError:
+    return InvalidArgument(message)
+
+
+def _back_to(sink: str, message: str) -> RedirectResponse:
+    return RedirectResponse(f"{CONSOLE_PREFIX}/sinks/{sink}?{urlencode({'done': message})}", status_code=303)
+
+
+@router.get("/login")
+async def login_page(
+    request: Request, sessions: SessionsDep, next: Annotated[str, Query(max_length=500)] = CONSOLE_PREFIX
+) -> Response:
+    visitor = _visitor(request, sessions)
+    return _page(request, sessions, visitor, "login.html", next=_local(next), failed=False)
+
+
+@router.post("/login")
+async def login(
+    request: Request,
+    sessions: SessionsDep,
+    token: Annotated[str, Form(max_length=1000)] = "",
+    next: Annotated[str, Form(max_length=500)] = CONSOLE_PREFIX,
+) -> Response:
+    session = sessions.sign_in(token)
+    if session is None:
+        visitor = _visitor(request, sessions)
+        return _page(request, sessions, visitor, "login.html", status=401, next=_local(next), failed=True)
+    response = RedirectResponse(_local(next), status_code=303)
+    sessions.keep(response, session)
+    return response
+
+
+@router.post("/logout")
+async def logout(request: Request, sessions: SessionsDep, csrf: Annotated[str, Form()] = "") -> Response:
+    visitor = _visitor(request, sessions)
+    if not sessions.csrf_matches(visitor.session, csrf):
+        return _page(request, sessions, visitor, "error.html", status=403, message="Reload the page and try again.")
+    response = RedirectResponse(f"{CONSOLE_PREFIX}/login", status_code=303)
+    sessions.end(response)
+    return response
+
+
+def _local(target: str) -> str:
+    """Only a path of the console: a login must not send the browser elsewhere."""
+    return target if target.startswith(CONSOLE_PREFIX) and "//" not in target and "\\" not in target else CONSOLE_PREFIX
+
+
+@dataclass(frozen=True)
+class Chart:
+    """A line chart as SVG coordinates (0-600 by 0-120), its labels and its points' count."""
+
+    points: str
+    top: str
+    unit: str
+    count: int
+
+
+CHART_WIDTH: Final = 600
+CHART_HEIGHT: Final = 120
+
+
+def _chart(series: list[tuple[float, float]], unit: str) -> Chart:
+    if not series:
+        return Chart("", "", unit, 0)
+    now = time.time()
+    start = now - 3600
+    top = max(value for _, value in series) or 1.0
+    scaled = " ".join(
+        f"{(at - start) / 3600 * CHART_WIDTH:.1f},{CHART_HEIGHT - value / top * (CHART_HEIGHT - 6):.1f}"
+        for at, value in series
+    )
+    shown = f"{top:.0f}" if top >= 10 or math.isclose(top, round(top)) else f"{top:.2f}"
+    return Chart(scaled, shown, unit, len(series))

@@ -1,0 +1,169 @@
+"""The console over HTTP: who sees and who acts, the session cookie, CSRF, and actions recorded as the API's.
+
+The same runtime and app as the admin API's tests; what a browser does with the pages is tests/e2e/test_console.py.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from coordinator_service.console_session import COOKIE
+from tests.fixtures.admin import CLIENT_ADDRESS, AdminApp, AdminFactory
+from tests.fixtures.postgres import query
+
+TOKEN = "console-test-token"
+
+
+def csrf_of(page: httpx.Response) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', page.text)
+    assert found is not None, "the page has no form with a CSRF token"
+    return found.group(1)
+
+
+@pytest.fixture
+async def browser_of() -> AsyncIterator[list[httpx.AsyncClient]]:
+    """httpx clients that keep cookies over https, as a browser does (the console's cookie is Secure)."""
+    opened: list[httpx.AsyncClient] = []
+    yield opened
+    for client in opened:
+        await client.aclose()
+
+
+def browser(admin: AdminApp, opened: list[httpx.AsyncClient]) -> httpx.AsyncClient:
+    transport = httpx.ASGITransport(app=admin.app, client=CLIENT_ADDRESS)
+    client = httpx.AsyncClient(transport=transport, base_url="https://coordinator")
+    opened.append(client)
+    return client
+
+
+async def sink_with_pending_epochs(admin: AdminApp) -> None:
+    registration = await admin.register("orders")
+    await admin.pre_commit("orders", registration, 0, 0)
+    await admin.checkpoint("orders", registration, 0)
+    await admin.pre_commit("orders", registration, 1, 10)
+    await admin.pre_commit("orders", registration, 2, 20)
+
+
+async def test_reads_are_open_where_the_api_reads_are_and_acting_needs_the_token(
+    admin_factory: AdminFactory, browser_of: list[httpx.AsyncClient], database_url: str
+) -> None:
+    admin = await admin_factory(admin_token=TOKEN)
+    await sink_with_pending_epochs(admin)
+    client = browser(admin, browser_of)
+
+    listing = await client.get("/console")
+    assert listing.status_code == 200
+    assert 'data-sink="orders"' in listing.text and "read-only" in listing.text
+    page = await client.get("/console/sinks/orders")
+    assert page.status_code == 200 and 'id="abort-form"' not in page.text and 'id="read-only"' in page.text
+
+    refused = await client.post("/console/sinks/orders/abort", data={"epoch": "2", "reason": "x", "force": "true"})
+    assert refused.status_code == 403 and "Sign in with the admin token" in refused.text
+    assert query(database_url, "SELECT status FROM pending_sink_state WHERE epoch = 2") == [("PENDING",)]
+
+
+async def test_signing_in_makes_an_operator_whose_abort_is_recorded_as_the_apis(
+    admin_factory: AdminFactory, browser_of: list[httpx.AsyncClient], database_url: str
+) -> None:
+    admin = await admin_factory(admin_token=TOKEN)
+    await sink_with_pending_epochs(admin)
+    client = browser(admin, browser_of)
+
+    wrong = await client.post("/console/login", data={"token": "guess", "next": "/console/sinks/orders"})
+    assert wrong.status_code == 401 and "not the admin token" in wrong.text
+    signed = await client.post("/console/login", data={"token": TOKEN, "next": "/console/sinks/orders"})
+    assert signed.status_code == 303 and signed.headers["location"] == "/console/sinks/orders"
+    cookie = signed.headers["set-cookie"]
+    assert cookie.startswith(f"{COOKIE}=") and TOKEN not in cookie
+    assert {"HttpOnly", "Secure", "SameSite=strict"} <= {part.strip() for part in cookie.split(";")}
+
+    page = await client.get("/console/sinks/orders")
+    assert 'id="abort-form"' in page.text
+    without_force = await client.post(
+        "/console/sinks/orders/abort", data={"epoch": "2", "reason": "poison", "csrf": csrf_of(page)}
+    )
+    assert without_force.status_code == 409 and "force" in without_force.text
+    done = await client.post(
+        "/console/sinks/orders/abort",
+        data={"epoch": "2", "reason": "poison", "force": "true", "csrf": csrf_of(page)},
+    )
+    assert done.status_code == 303
+    assert "epoch+2+aborted" in done.headers["location"]
+    [(status, reason, cause)] = query(
+        database_url, "SELECT status, reason, abort_cause FROM pending_sink_state WHERE epoch = 2"
+    )
+    assert (status, cause) == ("ABORTED", "OPERATOR")
+    assert "poison" in reason and f"admin from {CLIENT_ADDRESS[0]}" in reason
+
+
+async def test_an_action_without_the_sessions_csrf_token_changes_nothing(
+    admin_factory: AdminFactory, browser_of: list[httpx.AsyncClient], database_url: str
+) -> None:
+    admin = await admin_factory()  # no admin token: everyone is an operator, as with the API
+    await sink_with_pending_epochs(admin)
+    client = browser(admin, browser_of)
+    await client.get("/console/sinks/orders")  # a session with its own CSRF token
+
+    for sent in ({}, {"csrf": "forged"}):
+        refused = await client.post(
+            "/console/sinks/orders/reset", data={"confirm": "orders", "reason": "x", **sent}
+        )
+        assert refused.status_code == 403 and "CSRF" in refused.text
+    assert query(database_url, "SELECT generation FROM sinks WHERE name = 'orders'") == [(0,)]
+
+
+async def test_a_reset_needs_the_typed_name_and_says_what_it_did(
+    admin_factory: AdminFactory, browser_of: list[httpx.AsyncClient], database_url: str
+) -> None:
+    admin = await admin_factory()
+    await sink_with_pending_epochs(admin)
+    client = browser(admin, browser_of)
+    page = await client.get("/console/sinks/orders")
+
+    mistyped = await client.post(
+        "/console/sinks/orders/reset", data={"confirm": "order", "reason": "lost", "csrf": csrf_of(page)}
+    )
+    assert mistyped.status_code == 422 and "confirm must repeat the sink name" in mistyped.text
+    assert query(database_url, "SELECT generation FROM sinks WHERE name = 'orders'") == [(0,)]
+    done = await client.post(
+        "/console/sinks/orders/reset", data={"confirm": "orders", "reason": "lost", "csrf": csrf_of(page)}
+    )
+    assert done.status_code == 303 and "sink+reset" in done.headers["location"]
+    assert query(database_url, "SELECT generation FROM sinks WHERE name = 'orders'") == [(1,)]
+
+
+async def test_with_reads_closed_the_console_asks_to_sign_in_first(
+    admin_factory: AdminFactory, browser_of: list[httpx.AsyncClient]
+) -> None:
+    admin = await admin_factory(admin_token=TOKEN, admin_read_requires_token=True)
+    client = browser(admin, browser_of)
+
+    listing = await client.get("/console")
+    assert listing.status_code == 303 and listing.headers["location"].startswith("/console/login")
+    assert (await client.get("/console/sinks-table")).status_code == 401
+    assert (await client.get("/console/sinks/orders")).status_code == 303
+    # A sign-in never sends the browser off the console.
+    signed = await client.post("/console/login", data={"token": TOKEN, "next": "https://elsewhere.example/x"})
+    assert signed.headers["location"] == "/console"
+
+
+async def test_the_list_sorts_and_filters(admin_factory: AdminFactory, browser_of: list[httpx.AsyncClient]) -> None:
+    admin = await admin_factory()
+    for name in ("alpha", "beta", "gamma"):
+        registration = await admin.register(name, table=f"db.{name}")
+        for epoch in range({"alpha": 1, "beta": 3, "gamma": 2}[name]):
+            await admin.pre_commit(name, registration, epoch, epoch * 10)
+    client = browser(admin, browser_of)
+
+    def order(page: httpx.Response) -> list[str]:
+        return re.findall(r'data-sink="([^"]+)"', page.text)
+
+    assert order(await client.get("/console?sort=pending&desc=true")) == ["beta", "gamma", "alpha"]
+    assert order(await client.get("/console?sort=sink&desc=true")) == ["gamma", "beta", "alpha"]
+    assert order(await client.get("/console?q=MM")) == ["gamma"]
+    assert order(await client.get("/console/sinks-table?state=lagging&sort=sink")) == ["alpha", "beta", "gamma"]
+    assert order(await client.get("/console?state=stuck")) == []
