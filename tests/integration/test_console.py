@@ -109,9 +109,7 @@ async def test_an_action_without_the_sessions_csrf_token_changes_nothing(
     await client.get("/console/sinks/orders")  # a session with its own CSRF token
 
     for sent in ({}, {"csrf": "forged"}):
-        refused = await client.post(
-            "/console/sinks/orders/reset", data={"confirm": "orders", "reason": "x", **sent}
-        )
+        refused = await client.post("/console/sinks/orders/reset", data={"confirm": "orders", "reason": "x", **sent})
         assert refused.status_code == 403 and "CSRF" in refused.text
     assert query(database_url, "SELECT generation FROM sinks WHERE name = 'orders'") == [(0,)]
 
