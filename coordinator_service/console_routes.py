@@ -220,6 +220,7 @@ async def _sink_page(
     overview = await operations.sink(sink)
     epochs, _ = await operations.epochs(sink, None, None, TIMELINE_EPOCHS)
     samples = operations.committer.history.samples(sink)
+    window = operations.committer.history.window_seconds
     return _page(
         request,
         sessions,
@@ -228,10 +229,10 @@ async def _sink_page(
         status=status,
         sink=SinkResponse.of(overview),
         epochs=[EpochResponse.of(row) for row in epochs],
-        latency_chart=_chart([(sample.at, sample.seconds * 1000) for sample in samples], "ms"),
-        lag_chart=_chart([(sample.at, float(sample.lag_epochs)) for sample in samples], "epochs"),
+        latency_chart=line_chart([(sample.at, sample.seconds * 1000) for sample in samples], "ms", window),
+        lag_chart=line_chart([(sample.at, float(sample.lag_epochs)) for sample in samples], "epochs", window),
         commits=len(samples),
-        window_minutes=round(operations.committer.history.window_seconds / 60),
+        window_minutes=round(window / 60),
         done=done,
         error=error,
     )
@@ -389,27 +390,30 @@ def _local(target: str) -> str:
 
 @dataclass(frozen=True)
 class Chart:
-    """A line chart as SVG coordinates (0-600 by 0-120), its labels and its points' count."""
+    """A line chart of the last hour in SVG coordinates (x 0-600 from an hour ago to now, y 0-120), with its top
+    value as a label."""
 
-    points: str
+    points: tuple[tuple[float, float], ...]
     top: str
     unit: str
-    count: int
+
+    @property
+    def polyline(self) -> str:
+        return " ".join(f"{x:.1f},{y:.1f}" for x, y in self.points)
 
 
 CHART_WIDTH: Final = 600
 CHART_HEIGHT: Final = 120
 
 
-def _chart(series: list[tuple[float, float]], unit: str) -> Chart:
+def line_chart(series: list[tuple[float, float]], unit: str, window_seconds: float) -> Chart:
     if not series:
-        return Chart("", "", unit, 0)
-    now = time.time()
-    start = now - 3600
+        return Chart((), "", unit)
+    start = time.time() - window_seconds
     top = max(value for _, value in series) or 1.0
-    scaled = " ".join(
-        f"{(at - start) / 3600 * CHART_WIDTH:.1f},{CHART_HEIGHT - value / top * (CHART_HEIGHT - 6):.1f}"
+    points = tuple(
+        ((at - start) / window_seconds * CHART_WIDTH, CHART_HEIGHT - 4 - value / top * (CHART_HEIGHT - 12))
         for at, value in series
     )
     shown = f"{top:.0f}" if top >= 10 or math.isclose(top, round(top)) else f"{top:.2f}"
-    return Chart(scaled, shown, unit, len(series))
+    return Chart(points, shown, unit)
