@@ -65,6 +65,8 @@ def render(results: dict[str, Any]) -> str:
             results["e2e_cluster_s3"],
             "## 9. End to end where tables live: a Spark standalone cluster, the warehouse on S3 (moto), records/s",
         )
+    if "console" in results:
+        lines += _console(results["console"])
     if "profiles" in results:
         lines += ["## Profiles (py-spy, share of samples in which a function is on the stack)", ""]
         for name, frames in results["profiles"].items():
@@ -179,6 +181,31 @@ def _recovery(part: dict[str, Any]) -> list[str]:
         "| SERVING s | backlog committed (ready) s | goal |",
         "|---|---|---|",
         f"| {_spread(part['serving_s'], 2)} | {_spread(ready, 2)} | {_goal(ready['median'] < 3.0)} |",
+        "",
+    ]
+
+
+def _console(part: dict[str, Any]) -> list[str]:
+    page, api, paint = part["page"], part["api"], part.get("first_paint")
+    painted = (
+        f"| first contentful paint in headless Chromium | {_f(paint['p50_ms'])} | {_f(paint['p99_ms'])} | |"
+        if paint
+        else "| first contentful paint | no Chromium on this machine | | |"
+    )
+    return [
+        f"## 10. The console: the sink list of {part['sinks']:,} sinks",
+        "",
+        f"GET /console ({part['page_bytes'] / 1024:,.0f} KiB of HTML) beside GET /api/v1/sinks (the same sinks as "
+        f"JSON), interleaved, {page['n']} loads each after a warm-up; then fresh loads in a browser. Goal: first "
+        "render < 300 ms.",
+        "",
+        "| | p50 ms | p99 ms | goal |",
+        "|---|---|---|---|",
+        f"| GET /console | {_f(page['p50_ms'])} | {_f(page['p99_ms'])} | {_goal(page['p50_ms'] < 300)} |",
+        f"| GET /api/v1/sinks (baseline) | {_f(api['p50_ms'])} | {_f(api['p99_ms'])} | |",
+        painted,
+        "",
+        f"Page / API at p50: **{part['ratio_p50']:.2f}**.",
         "",
     ]
 

@@ -137,11 +137,22 @@ def test_report_renders_every_part(tmp_path: Path) -> None:
             "twin_table": _shape(100),
             "scan_seconds": {"maintained": 0.1, "uncompacted_twin": 0.5, "ratio": 0.2},
         },
+        "console": {
+            "sinks": 1000,
+            "setup_seconds": 9.0,
+            "page": latency_stats([0.12, 0.13]),
+            "api": latency_stats([0.06, 0.07]),
+            "ratio_p50": 2.0,
+            "page_bytes": 400_000,
+            "first_paint": latency_stats([0.2, 0.25]),
+        },
         "profiles": {"precommit": frames},
     }
     markdown = render(results)
-    for heading in ("## 1.", "## 2.", "## 3.", "## 4.", "## 5.", "## 6.", "## 7."):
+    for heading in ("## 1.", "## 2.", "## 3.", "## 4.", "## 5.", "## 6.", "## 7.", "## 10."):
         assert heading in markdown
     assert "Ours: **1.00** — goal met; raw: 3.00 after only 20 commits." in markdown
     assert "Worst sink's p99 / baseline p99: **1.50** — goal met." in markdown
     assert "| one file | 1 | 1 | 60 (54-66) |" in markdown
+    assert "| GET /console | 125 | 130 | met |" in markdown
+    assert "Page / API at p50: **2.00**." in markdown
