@@ -36,6 +36,9 @@ STATIC_DIRECTORY: Final = Path(str(files("coordinator_service").joinpath("consol
 TEMPLATES: Final = Jinja2Templates(directory=str(files("coordinator_service").joinpath("console", "templates")))
 # The newest epochs a sink's page shows.
 TIMELINE_EPOCHS: Final = 200
+# Sinks on one page of the list (sorted and filtered over all of them): a page a browser draws at once, and that
+# the refresh can redraw every few seconds, whatever the number of sinks.
+PAGE_ROWS: Final = 100
 REFRESH_SECONDS: Final = 5
 
 router = APIRouter(prefix=CONSOLE_PREFIX, include_in_schema=False)
@@ -148,26 +151,32 @@ async def sinks_page(
     state: StateFilter = StateFilter.ANY,
     sort: SortKey = SortKey.SINK,
     desc: bool = False,
+    page: Annotated[int, Query(ge=1)] = 1,
 ) -> Response:
     visitor = _visitor(request, sessions)
     if visitor.role is Role.NONE:
         return _to_login(request)
-    started = time.perf_counter()
     rows = await _rows(operations, q, state, sort, desc)
+    pages = max(math.ceil(len(rows) / PAGE_ROWS), 1)
+    page = min(page, pages)
+    query = {"q": q, "state": state.value, "sort": sort.value, "desc": str(desc).lower()}
     return _page(
         request,
         sessions,
         visitor,
         "sinks.html",
-        rows=rows,
+        rows=rows[(page - 1) * PAGE_ROWS : page * PAGE_ROWS],
+        total=len(rows),
+        first=(page - 1) * PAGE_ROWS + 1,
+        page=page,
+        pages=pages,
         q=q,
         state=state.value,
         sort=sort.value,
         desc=desc,
         states=[member.value for member in StateFilter if member.value],
-        sort_keys=[member.value for member in SortKey],
-        query=urlencode({"q": q, "state": state.value, "sort": sort.value, "desc": str(desc).lower()}),
-        read_ms=round((time.perf_counter() - started) * 1000, 1),
+        query=urlencode(query),
+        page_query=urlencode({**query, "page": page}),
     )
 
 
@@ -180,13 +189,14 @@ async def sinks_table(
     state: StateFilter = StateFilter.ANY,
     sort: SortKey = SortKey.SINK,
     desc: bool = False,
+    page: Annotated[int, Query(ge=1)] = 1,
 ) -> Response:
-    """The rows alone: what the list page fetches every REFRESH_SECONDS."""
+    """The rows of a page alone: what the list page fetches every REFRESH_SECONDS."""
     visitor = _visitor(request, sessions)
     if visitor.role is Role.NONE:
         return Response(status_code=401)
     rows = await _rows(operations, q, state, sort, desc)
-    return _page(request, sessions, visitor, "sinks_rows.html", rows=rows)
+    return _page(request, sessions, visitor, "sinks_rows.html", rows=rows[(page - 1) * PAGE_ROWS : page * PAGE_ROWS])
 
 
 @router.get("/sinks/{sink}")

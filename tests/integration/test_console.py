@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from coordinator_service import console_routes
 from coordinator_service.console_session import COOKIE
 from tests.fixtures.admin import CLIENT_ADDRESS, AdminApp, AdminFactory
 from tests.fixtures.postgres import query
@@ -165,3 +166,25 @@ async def test_the_list_sorts_and_filters(admin_factory: AdminFactory, browser_o
     assert order(await client.get("/console?q=MM")) == ["gamma"]
     assert order(await client.get("/console/sinks-table?state=lagging&sort=sink")) == ["alpha", "beta", "gamma"]
     assert order(await client.get("/console?state=stuck")) == []
+
+
+async def test_the_list_is_paged_after_sorting_and_filtering_all_sinks(
+    admin_factory: AdminFactory, browser_of: list[httpx.AsyncClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    admin = await admin_factory()
+    for name in ("a", "b", "c", "d", "e"):
+        await admin.register(name, table=f"db.{name}")
+    monkeypatch.setattr(console_routes, "PAGE_ROWS", 2)
+    client = browser(admin, browser_of)
+
+    def shown(page: httpx.Response) -> list[str]:
+        return re.findall(r'data-sink="([^"]+)"', page.text)
+
+    first = await client.get("/console?sort=sink&desc=true")
+    assert shown(first) == ["e", "d"] and "sinks 1 to 2 of 5" in first.text and 'rel="next"' in first.text
+    last = await client.get("/console?sort=sink&desc=true&page=3")
+    assert shown(last) == ["a"] and "sinks 5 to 5 of 5" in last.text and 'rel="next"' not in last.text
+    # The refresh redraws the page it was loaded for.
+    assert "page=3" in re.findall(r'hx-get="([^"]+)"', last.text)[0]
+    assert shown(await client.get("/console/sinks-table?sort=sink&desc=true&page=2")) == ["c", "b"]
+    assert shown(await client.get("/console?page=99")) == ["e"]  # beyond the last page: the last page
