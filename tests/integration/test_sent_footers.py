@@ -80,7 +80,9 @@ def written_files(location: str, *partition_by: str) -> list[WrittenFile]:
     batches = [wide_rows(4000).slice(offset, 500) for offset in range(0, 4000, 500)]
     (result,) = task_writer(target)(iter(batches))
     rows = result.to_pylist()
-    assert all(row.pop("bad_records") == 0 for row in rows)  # nothing decoded: the rows are the table's
+    # Nothing decoded (the rows are the table's): no record that did not fit, no Kafka partition read.
+    assert all(row.pop("bad_records") == 0 for row in rows)
+    assert all(row.pop(key) is None for row in rows for key in ("topic", "partition", "latest_timestamp_ms"))
     return [WrittenFile(**row) for row in rows]
 
 
