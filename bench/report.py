@@ -187,10 +187,13 @@ def _recovery(part: dict[str, Any]) -> list[str]:
 
 def _console(part: dict[str, Any]) -> list[str]:
     page, api, paint = part["page"], part["api"], part.get("first_paint")
+    # The first render is the browser's first contentful paint; without Chromium, the page's fetch stands in.
+    rendered = paint if paint else page
     painted = (
-        f"| first contentful paint in headless Chromium | {_f(paint['p50_ms'])} | {_f(paint['p99_ms'])} | |"
+        f"| first contentful paint in headless Chromium | {_f(paint['p50_ms'])} | {_f(paint['p99_ms'])} | "
+        f"{_goal(paint['p50_ms'] < 300)} |"
         if paint
-        else "| first contentful paint | no Chromium on this machine | | |"
+        else "| first contentful paint | no Chromium on this machine: the fetch is judged | | |"
     )
     return [
         f"## 10. The console: the sink list of {part['sinks']:,} sinks",
@@ -198,11 +201,12 @@ def _console(part: dict[str, Any]) -> list[str]:
         f"GET /console: every sink read, filtered and sorted, the first {part['page_rows']} shown "
         f"({part['page_bytes'] / 1024:,.0f} KiB of HTML), beside GET /api/v1/sinks (every sink as JSON), "
         f"interleaved, {page['n']} loads each after a warm-up; then fresh loads in headless Chromium. Goal: first "
-        "render < 300 ms.",
+        "render (the browser's first contentful paint) < 300 ms at p50.",
         "",
         "| | p50 ms | p99 ms | goal |",
         "|---|---|---|---|",
-        f"| GET /console | {_f(page['p50_ms'])} | {_f(page['p99_ms'])} | {_goal(page['p50_ms'] < 300)} |",
+        f"| GET /console | {_f(page['p50_ms'])} | {_f(page['p99_ms'])} | "
+        f"{'' if paint else _goal(rendered['p50_ms'] < 300)} |",
         f"| GET /api/v1/sinks (baseline) | {_f(api['p50_ms'])} | {_f(api['p99_ms'])} | |",
         painted,
         "",
