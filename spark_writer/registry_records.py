@@ -66,7 +66,13 @@ class RegistryFormat(StrEnum):
 
     @property
     def label(self) -> str:
-        return {"avro": "Avro", "protobuf": "Protobuf", "json-schema": "JSON Schema"}[self.value]
+        """What its schemas are called: "Avro schema", "Protobuf schema", "JSON Schema"."""
+        return {"avro": "Avro schema", "protobuf": "Protobuf schema", "json-schema": "JSON Schema"}[self.value]
+
+    @property
+    def schema_type(self) -> str:
+        """The registry's name of its schemas' type."""
+        return {"avro": "AVRO", "protobuf": "PROTOBUF", "json-schema": "JSON"}[self.value]
 
     @property
     def schema_format(self) -> str | None:
@@ -92,7 +98,7 @@ class RegistrySubject:
 
     @property
     def description(self) -> str:
-        return f"the {self.format.label} schema of subject {self.subject}"
+        return f"the {self.format.label} of subject {self.subject}"
 
 
 def topic_subject(topics: Sequence[str], suffix: str, subject: str | None) -> str:
@@ -129,11 +135,11 @@ def _read_version(registry: RegistrySettings, subject: RegistrySubject) -> _Vers
         ) from None
     schema_id = int(latest.schema_id or 0)
     registered = latest.schema.schema_type or "AVRO"
-    wanted = {"avro": "AVRO", "protobuf": "PROTOBUF", "json-schema": "JSON"}[subject.format.value]
-    if registered != wanted:
+    if registered != subject.format.schema_type:
+        held = next((f.value for f in RegistryFormat if f.schema_type == registered), registered)
         raise ValueError(
-            f"subject {subject.subject} holds {registered} schemas, not {subject.format.label}: pass the format "
-            f"of its schemas"
+            f"subject {subject.subject} holds {registered} schemas, not {subject.format.schema_type} ones: pass "
+            f"--format {held}"
         )
     where = f"{subject.description} (version {latest.version}, schema id {schema_id})"
     try:

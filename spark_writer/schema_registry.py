@@ -14,7 +14,7 @@ Invariants:
   ``RegistryUnavailableError``: the batch fails and runs again, nothing is decoded
   as bad.
 * ``mock://name`` URLs give confluent-kafka's in-memory registry. It lives in this
-  process only; within it, the same settings give the same client, so a test that
+  process only; within it, the same URL gives the same registry, so a test that
   registers schemas through ``registry_client(settings)`` decodes against them.
 """
 
@@ -33,6 +33,7 @@ NUMERIC_OPTIONS: Final = frozenset(
     {"timeout", "cache.capacity", "cache.latest.ttl.sec", "max.retries", "retries.wait.ms", "retries.max.wait.ms"}
 )
 NOT_FOUND: Final = 404
+MOCK_SCHEME: Final = "mock://"
 
 T = TypeVar("T")
 
@@ -91,7 +92,7 @@ def _number(text: str) -> int | float:
     return int(number) if number.is_integer() else number
 
 
-_clients: dict[RegistrySettings, SchemaRegistryClient] = {}
+_clients: dict[RegistrySettings | str, SchemaRegistryClient] = {}
 _schemas: dict[tuple[RegistrySettings, int, str | None], Schema] = {}
 _parsed: dict[tuple[str, RegistrySettings, int], Any] = {}
 _lock = threading.Lock()
@@ -99,10 +100,12 @@ _lock = threading.Lock()
 
 def registry_client(settings: RegistrySettings) -> SchemaRegistryClient:
     """This process's client of the registry (built at the first call, then kept)."""
+    # An in-memory registry is its URL's, whatever the options: the one a test registered its schemas in.
+    key: RegistrySettings | str = settings.url if settings.url.startswith(MOCK_SCHEME) else settings
     with _lock:
-        client = _clients.get(settings)
+        client = _clients.get(key)
         if client is None:
-            client = _clients[settings] = SchemaRegistryClient.new_client(settings.client_config())
+            client = _clients[key] = SchemaRegistryClient.new_client(settings.client_config())
         return client
 
 
