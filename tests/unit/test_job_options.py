@@ -13,10 +13,10 @@ import pytest
 from confluent_kafka.schema_registry import Schema
 from typer.testing import CliRunner, Result
 
+from sink_coordinator_demo.ports import free_port
 from spark_writer import job
 from spark_writer.job import KafkaSettings, KafkaSource, ParseSettings, SinkSettings
 from spark_writer.kafka_options import parse_options
-from sink_coordinator_demo.ports import free_port
 from spark_writer.kafka_records import BadRecordPolicy, check_time_zone
 from spark_writer.schema_registry import RegistrySettings, registry_client
 from spark_writer.session import retries_tasks, with_task_retries
