@@ -164,6 +164,15 @@ class ParsedProto:
             message = message.nested_types[index]
         return message
 
+    def indexes_of(self, name: str) -> bytes | None:
+        """The message indexes of the message `name` as the wire format writes them, None if the file has none."""
+        path = _path_to(name, self.messages, ())
+        if path is None:
+            return None
+        if path == (0,):  # the first message: one zero byte
+            return b"\x00"
+        return b"".join(_zigzag_varint(number) for number in (len(path), *path))
+
     def message_named(self, name: str | None) -> Descriptor:
         """The message of that full (or, in the file's package, short) name; the file's first one when None."""
         if not self.messages:
@@ -178,6 +187,26 @@ class ParsedProto:
                 continue
         known = [m.full_name for m in self.messages]
         raise UnsupportedSchemaError(f"schema id {self.schema_id} has no message {name!r}; its top-level ones: {known}")
+
+
+def _path_to(name: str, messages: Sequence[Descriptor], path: tuple[int, ...]) -> tuple[int, ...] | None:
+    for index, message in enumerate(messages):
+        if message.full_name == name:
+            return (*path, index)
+        found = _path_to(name, message.nested_types, (*path, index))
+        if found is not None:
+            return found
+    return None
+
+
+def _zigzag_varint(number: int) -> bytes:
+    value = (number << 1) ^ (number >> 63)
+    encoded = bytearray()
+    while value > 0x7F:
+        encoded.append((value & 0x7F) | 0x80)
+        value >>= 7
+    encoded.append(value)
+    return bytes(encoded)
 
 
 def parse_proto(registry: RegistrySettings, schema_id: int, schema: Schema) -> ParsedProto:
@@ -414,11 +443,21 @@ class ProtobufPayloads:
 
     def decode(self, payloads: pa.Array, writers: Sequence[ParsedProto]) -> tuple[pa.Array, list[str | None]]:
         parse, columns = self._reader
+        # A payload that starts with the table message's indexes in its writer schema is parsed at once; the others
+        # have their indexes read to say which message they are.
+        headers = {writer.schema_id: writer.indexes_of(self.message) for writer in {id(w): w for w in writers}.values()}
         names: dict[tuple[int, tuple[int, ...]], str | None] = {}  # (schema id, indexes) -> message full name
         messages: list[Message | None] = []
         reasons: list[str | None] = []
         for payload, writer in zip(payloads.to_pylist(), writers, strict=True):
-            message, reason = self._read(payload, writer, parse, names)
+            header = headers[writer.schema_id]
+            if header is not None and payload.startswith(header):
+                try:
+                    message, reason = parse(payload[len(header) :]), None
+                except DecodeError as error:
+                    message, reason = None, f"not a {self.message} message (schema id {writer.schema_id}): {error}"
+            else:
+                message, reason = self._read(payload, writer, parse, names)
             messages.append(message)
             reasons.append(reason)
         try:
