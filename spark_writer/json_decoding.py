@@ -34,6 +34,10 @@ fit makes its whole top-level field null in the partial row (``from_json`` keeps
 the nested fields that fit); ``NaN`` and ``Infinity`` fit a DOUBLE bare but not
 as strings; a value with several JSON objects is not JSON.
 
+``decode`` gives a batch's rows and misfits (``decoded_batch.DecodedBatch``);
+``decode_values`` one row per value in their order, with a reason per value,
+which the JSON Schema format (``json_schema_decoding``) combines with a key.
+
 Blocks of records are parsed at once. A block that pyarrow refuses is split in
 two and each half parsed again, down to blocks of ``RECORD_BY_RECORD_BELOW``
 records, whose records are checked one by one: a bad record costs a few block

@@ -13,6 +13,10 @@ The values are decoded on the executors, in Arrow (``spark_writer.json_decoding`
 which says why and how): by the writer's own tasks for ``JsonBatchParser``, so that
 a batch's records cross from Python to the JVM and back only as bytes, and by a
 ``mapInArrow`` step for ``json_records``.
+
+What becomes of a record that does not fit (``RecordDecoding``: fail, null,
+dead-letter) is the same for every decoder, JSON or the registry formats'
+(``spark_writer.registry_records``), which give the same ``DecodedBatch``.
 """
 
 from __future__ import annotations
