@@ -36,6 +36,7 @@ from typing import Final
 
 import pyarrow as pa
 import structlog
+from confluent_kafka.schema_registry import RegisteredSchema
 from pyspark.sql import DataFrame
 from pyspark.sql.pandas.types import from_arrow_type
 
@@ -124,15 +125,18 @@ class _Version:
     message: str | None  # Protobuf: the message's full name
 
 
-def _read_version(registry: RegistrySettings, subject: RegistrySubject) -> _Version:
-    """The subject's latest version, mapped to the table's type; ValueError saying why it cannot be."""
+def _latest(registry: RegistrySettings, subject: RegistrySubject) -> RegisteredSchema:
     try:
-        latest = latest_version(registry, subject.subject, subject.format.schema_format)
+        return latest_version(registry, subject.subject, subject.format.schema_format)
     except SchemaNotFoundError:
         raise ValueError(
             f"subject {subject.subject} is not in the schema registry at {registry.safe_url}: register its schema "
             "first (a producer's serializer does), or name another subject"
         ) from None
+
+
+def _version_of(registry: RegistrySettings, subject: RegistrySubject, latest: RegisteredSchema) -> _Version:
+    """A registered version mapped to the table's type; ValueError saying why it cannot be."""
     schema_id = int(latest.schema_id or 0)
     registered = latest.schema.schema_type or "AVRO"
     if registered != subject.format.schema_type:
@@ -199,14 +203,15 @@ class _Column:
         self.registry = registry
         self.subject = subject
         self.grows = grows  # whether a new top-level field becomes a column (the value's), or is left out (the key's)
-        self.version = _read_version(registry, subject)
+        self.version = _version_of(registry, subject, _latest(registry, subject))
         self.table_type = self.version.table_type
 
     def refresh(self) -> None:
         """Read the subject's latest version: the reader from now on, its new top-level fields new columns."""
-        latest = _read_version(self.registry, self.subject)
-        if latest.schema_id == self.version.schema_id:
+        registered = _latest(self.registry, self.subject)
+        if registered.schema_id == self.version.schema_id:
             return
+        latest = _version_of(self.registry, self.subject, registered)
         if latest.message != self.version.message:
             raise SchemaChangeError(
                 f"the latest version of subject {self.subject.subject} has {latest.message} as its first message, "

@@ -178,3 +178,14 @@ def test_an_integer_beyond_int64_does_not_fit(registry: RegistrySettings) -> Non
 
     assert decoded.rows.column("order_id").to_pylist() == [1]
     assert reasons(decoded.misfits) == {101: "fields whose value does not fit the schema: order_id (bigint)"}
+
+
+def test_a_subject_of_another_format_is_refused_naming_its_format(registry: RegistrySettings) -> None:
+    topic = unique_topic()
+    avro = {"type": "record", "name": "Order", "fields": [{"name": "order_id", "type": "long"}]}
+    registry_client(registry).register_schema(f"{topic}-value", Schema(json.dumps(avro), "AVRO"))
+
+    with pytest.raises(
+        ValueError, match=f"subject {topic}-value holds AVRO schemas, not JSON ones: pass --format avro"
+    ):
+        parser(registry, topic)
