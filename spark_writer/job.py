@@ -14,9 +14,11 @@ shipped with --py-files / --archives)::
     spark-submit --master spark://host:7077 spark_writer/job.py --bootstrap-servers ... (same flags)
 
 Records are parsed as JSON objects (a given schema, or one inferred from a
-sample of the newest records, grown batch by batch when new fields appear) or
-kept raw (key, value, topic, partition, offset, timestamp). See
-docs/spark-writer.md for every flag and how exactly-once works.
+sample of the newest records, grown batch by batch when new fields appear), decoded
+as Avro, Protobuf or JSON Schema with their schemas from a schema registry
+(--format avro|protobuf|json-schema --schema-registry-url URL; the table follows the
+subject's latest version), or kept raw (key, value, topic, partition, offset,
+timestamp). See docs/spark-writer.md for every flag and how exactly-once works.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from spark_writer.dead_letters import DeadLetterTarget
 from spark_writer.iceberg_sink import (
     DEFAULT_COORDINATOR_RETRY_SECONDS,
     DEFAULT_TARGET_FILE_SIZE_BYTES,
+    DecodesInTasks,
     IcebergSinkQuery,
     SinkRefusedError,
     write_to_iceberg,
@@ -55,6 +58,15 @@ from spark_writer.kafka_records import (
     schema_from_ddl,
 )
 from spark_writer.kafka_source import KafkaDataSource
+from spark_writer.registry_records import (
+    KEY_SUBJECT_SUFFIX,
+    VALUE_SUBJECT_SUFFIX,
+    RegistryBatchParser,
+    RegistryFormat,
+    RegistrySubject,
+    topic_subject,
+)
+from spark_writer.schema_registry import RegistrySettings, RegistryUnavailableError
 from spark_writer.session import local_spark_session, retries_tasks
 from spark_writer.stop_signals import StopRequest, stop_on_signals
 from spark_writer.storage import Storage
@@ -68,7 +80,15 @@ STOP_CHECK_SECONDS: Final = 1
 
 class RecordFormat(StrEnum):
     JSON = "json"
+    AVRO = "avro"
+    PROTOBUF = "protobuf"
+    JSON_SCHEMA = "json-schema"
     RAW = "raw"
+
+    @property
+    def registry_format(self) -> RegistryFormat | None:
+        """The format of values written with a schema registry, None for json and raw."""
+        return None if self in (RecordFormat.JSON, RecordFormat.RAW) else RegistryFormat(self.value)
 
 
 class KafkaSource(StrEnum):
@@ -129,10 +149,52 @@ class ParseSettings:
     json_time_zone: str = DEFAULT_JSON_TIME_ZONE
     on_bad_record: BadRecordPolicy = BadRecordPolicy.FAIL
     dead_letter_topic: str | None = None
+    # avro, protobuf and json-schema: where the schemas are, and which subjects the table follows.
+    schema_registry_url: str | None = None
+    schema_registry_options: dict[str, str] = field(default_factory=dict)
+    subject: str | None = None  # default: <topic>-value
+    decode_key: bool = False  # keys in the same format, as a `key` column
+    key_subject: str | None = None  # default: <topic>-key
+    protobuf_message: str | None = None  # default: the schema's first message
 
     def __post_init__(self) -> None:
         if (self.on_bad_record is BadRecordPolicy.DEAD_LETTER) != (self.dead_letter_topic is not None):
             raise ValueError("--dead-letter-topic is required with --on-bad-record dead-letter, and only then")
+        registry_format = self.record_format.registry_format
+        if registry_format is None:
+            given = [
+                flag
+                for flag, value in (
+                    ("--schema-registry-url", self.schema_registry_url),
+                    ("--schema-registry-option", self.schema_registry_options),
+                    ("--subject", self.subject),
+                    ("--decode-key", self.decode_key),
+                    ("--key-subject", self.key_subject),
+                    ("--protobuf-message", self.protobuf_message),
+                )
+                if value
+            ]
+            if given:
+                raise ValueError(f"{', '.join(given)}: only with --format avro, protobuf or json-schema")
+            return
+        if self.schema_registry_url is None:
+            raise ValueError(f"--format {self.record_format} reads its schemas from a schema registry: pass its URL")
+        if self.schema_ddl is not None:
+            raise ValueError(
+                f"--schema is for --format json: with --format {self.record_format} the table's schema is the "
+                "subject's in the registry"
+            )
+        if self.key_subject is not None and not self.decode_key:
+            raise ValueError("--key-subject names the subject of the keys: pass --decode-key too")
+        if self.protobuf_message is not None and registry_format is not RegistryFormat.PROTOBUF:
+            raise ValueError("--protobuf-message is for --format protobuf")
+        self.registry_settings()  # its options checked
+
+    def registry_settings(self) -> RegistrySettings:
+        """The schema registry's settings (ValueError for options its client refuses)."""
+        if self.schema_registry_url is None:
+            raise ValueError(f"--format {self.record_format} has no schema registry")
+        return RegistrySettings.of(self.schema_registry_url, self.schema_registry_options)
 
 
 @dataclass(frozen=True)
@@ -184,16 +246,49 @@ def check_spark_kafka_source(spark: SparkSession) -> None:
         )
 
 
+def dead_letter_target(kafka: KafkaSettings, parse: ParseSettings, sink: str) -> DeadLetterTarget | None:
+    if parse.dead_letter_topic is None:
+        return None
+    return DeadLetterTarget(parse.dead_letter_topic, sink, kafka.producer_config())
+
+
+def registry_parser(kafka: KafkaSettings, parse: ParseSettings, sink: str) -> RegistryBatchParser:
+    """The per-batch decoding of Avro, Protobuf or JSON Schema values, the table's schema read from the registry
+    (needs no Spark: the job builds it once before Spark starts, to refuse what cannot work)."""
+    registry_format = parse.record_format.registry_format
+    if registry_format is None:
+        raise ValueError(f"--format {parse.record_format} is not read with a schema registry")
+    value = RegistrySubject(
+        registry_format, topic_subject(kafka.topics, VALUE_SUBJECT_SUFFIX, parse.subject), parse.protobuf_message
+    )
+    key = (
+        RegistrySubject(registry_format, topic_subject(kafka.topics, KEY_SUBJECT_SUFFIX, parse.key_subject))
+        if parse.decode_key
+        else None
+    )
+    return RegistryBatchParser(
+        parse.registry_settings(),
+        value,
+        key,
+        evolve=parse.evolve_schema,
+        kafka_metadata=parse.kafka_metadata,
+        on_bad_record=parse.on_bad_record,
+        dead_letters=dead_letter_target(kafka, parse, sink),
+    )
+
+
 def table_records(
     spark: SparkSession, kafka: KafkaSettings, parse: ParseSettings, sink: str
-) -> tuple[DataFrame, JsonBatchParser | None]:
-    """The streaming DataFrame to write and, for JSON, the per-batch parser that turns it into table rows."""
+) -> tuple[DataFrame, DecodesInTasks | None]:
+    """The streaming DataFrame to write and, but for raw records, the per-batch parser that turns it into rows."""
     options = kafka.source_options()
     if kafka.source is KafkaSource.SPARK:
         check_spark_kafka_source(spark)
     stream = spark.readStream.format(kafka.source_format).options(**options).load()
     if parse.record_format is RecordFormat.RAW:
         return raw_records(stream), None
+    if parse.record_format.registry_format is not None:
+        return stream, registry_parser(kafka, parse, sink)
     # The sample is read by this project's own consumer, whichever source the stream has.
     sample_options = replace(kafka, source=KafkaSource.PYTHON).source_options()
     schema = (
@@ -204,18 +299,13 @@ def table_records(
     log.info("json schema", schema=schema.simpleString(), source="given" if parse.schema_ddl else "sampled")
     if not parse.evolve_schema and not schema.fields:
         raise ValueError("the topics are empty, so no schema could be inferred: pass --schema or --evolve-schema")
-    dead_letters = (
-        None
-        if parse.dead_letter_topic is None
-        else DeadLetterTarget(parse.dead_letter_topic, sink, kafka.producer_config())
-    )
     return stream, JsonBatchParser(
         schema,
         evolve=parse.evolve_schema,
         kafka_metadata=parse.kafka_metadata,
         time_zone=parse.json_time_zone,
         on_bad_record=parse.on_bad_record,
-        dead_letters=dead_letters,
+        dead_letters=dead_letter_target(kafka, parse, sink),
     )
 
 
@@ -301,24 +391,56 @@ def main(
         ),
     ] = KafkaSource.PYTHON,
     record_format: Annotated[
-        RecordFormat, typer.Option("--format", help="json: parse values as JSON objects; raw: keep Kafka columns.")
+        RecordFormat,
+        typer.Option(
+            "--format",
+            help="json: parse values as JSON objects; avro, protobuf, json-schema: decode values in Confluent's wire "
+            "format with their schemas from --schema-registry-url; raw: keep Kafka columns.",
+        ),
     ] = RecordFormat.JSON,
+    schema_registry_url: Annotated[
+        str | None,
+        typer.Option(
+            help="Schema registry URL(s), comma-separated (avro, protobuf, json-schema).",
+        ),
+    ] = None,
+    schema_registry_option: Annotated[
+        list[KeyValue] | None,
+        typer.Option(
+            help="Schema registry client setting key=value (repeat): basic.auth.user.info, ssl.ca.location, "
+            "bearer.auth.credentials.source, timeout, ...",
+            parser=parse_key_value,
+            metavar=KEY_VALUE,
+        ),
+    ] = None,
+    subject: Annotated[
+        str | None, typer.Option(help="Subject whose latest version the table follows; default: <topic>-value.")
+    ] = None,
+    decode_key: Annotated[
+        bool, typer.Option(help="Decode keys too (same format, subject <topic>-key) into a `key` column.")
+    ] = False,
+    key_subject: Annotated[str | None, typer.Option(help="Subject of the keys; default: <topic>-key.")] = None,
+    protobuf_message: Annotated[
+        str | None, typer.Option(help="Message of the Protobuf schema the table holds; default: its first.")
+    ] = None,
     schema: Annotated[
         str | None, typer.Option(help='JSON schema as DDL, "order_id BIGINT, amount DOUBLE"; default: inferred.')
     ] = None,
     infer_sample: Annotated[
         int, typer.Option(min=1, help="Newest records sampled to infer the JSON schema.")
     ] = DEFAULT_SAMPLE_SIZE,
-    evolve_schema: Annotated[bool, typer.Option(help="Add new JSON fields as table columns as they appear.")] = True,
+    evolve_schema: Annotated[
+        bool, typer.Option(help="Add new fields (JSON, or new registered versions) as table columns as they appear.")
+    ] = True,
     kafka_metadata: Annotated[
-        bool, typer.Option(help="Add kafka_topic, kafka_partition, kafka_offset, kafka_timestamp columns (json).")
+        bool, typer.Option(help="Add kafka_topic, kafka_partition, kafka_offset, kafka_timestamp columns.")
     ] = False,
     json_time_zone: Annotated[
         str, typer.Option(help="Zone of JSON timestamps written without one (any session zone).")
     ] = DEFAULT_JSON_TIME_ZONE,
     on_bad_record: Annotated[
         BadRecordPolicy,
-        typer.Option(help="A JSON record that does not fit the schema: fail the batch, write nulls, or dead-letter."),
+        typer.Option(help="A record that does not fit the schema: fail the batch, write nulls, or dead-letter."),
     ] = BadRecordPolicy.FAIL,
     dead_letter_topic: Annotated[
         str | None, typer.Option(help="Topic of the dead letters (with --on-bad-record dead-letter).")
@@ -374,6 +496,12 @@ def main(
             check_time_zone(json_time_zone),
             on_bad_record,
             dead_letter_topic,
+            schema_registry_url=schema_registry_url,
+            schema_registry_options=dict(schema_registry_option or ()),
+            subject=subject,
+            decode_key=decode_key,
+            key_subject=key_subject,
+            protobuf_message=protobuf_message,
         )
         sink_settings = SinkSettings(
             sink=sink,
@@ -388,8 +516,13 @@ def main(
             coordinator_retry_seconds=coordinator_retry_seconds,
             storage=dict(storage or ()),
         )
+        if parse.record_format.registry_format is not None:
+            registry_parser(kafka, parse, sink)  # the subjects' schemas read and mapped: refused now, not in Spark
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
+    except RegistryUnavailableError as error:
+        log.error("sink writer cannot start", error=str(error))
+        raise typer.Exit(1) from None
     with stop_on_signals() as stop:
         spark = spark_session(master)
         stop.install()  # the SparkContext replaced SIGINT's handler

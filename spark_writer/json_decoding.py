@@ -34,6 +34,10 @@ fit makes its whole top-level field null in the partial row (``from_json`` keeps
 the nested fields that fit); ``NaN`` and ``Infinity`` fit a DOUBLE bare but not
 as strings; a value with several JSON objects is not JSON.
 
+``decode`` gives a batch's rows and misfits (``decoded_batch.DecodedBatch``);
+``decode_values`` one row per value in their order, with a reason per value,
+which the JSON Schema format (``json_schema_decoding``) combines with a key.
+
 Blocks of records are parsed at once. A block that pyarrow refuses is split in
 two and each half parsed again, down to blocks of ``RECORD_BY_RECORD_BELOW``
 records, whose records are checked one by one: a bad record costs a few block
@@ -54,17 +58,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-UTC: Final = "UTC"
-REASON_COLUMN: Final = "_bad_record_reason"
+from spark_writer.decoded_batch import (
+    KAFKA_METADATA_COLUMNS,
+    KAFKA_METADATA_FIELDS,
+    REASON_COLUMN,
+    UTC,
+    DecodedBatch,
+)
+from spark_writer.wire_format import TOMBSTONE
+
 RECORD_BY_RECORD_BELOW: Final = 16
-# The optional columns telling where each record came from: table column -> Kafka source column.
-KAFKA_METADATA_COLUMNS: Final = {
-    "kafka_topic": "topic",
-    "kafka_partition": "partition",
-    "kafka_offset": "offset",
-    "kafka_timestamp": "timestamp",
-}
-TOMBSTONE: Final = "tombstone: the record has no value"
 NOT_JSON: Final = "not valid JSON"
 NOT_AN_OBJECT: Final = "a JSON value that is not an object"
 MISFIT_PREFIX: Final = "fields whose value does not fit the schema: "
@@ -162,15 +165,6 @@ def _lines(values: pa.Array) -> pa.Buffer:
 
 
 @dataclass(frozen=True)
-class DecodedBatch:
-    """One batch of Kafka records as table rows: those that fit, and those that do not."""
-
-    rows: pa.Table  # the records that fit, in the decoder's output schema
-    misfit_rows: pa.Table  # the records that do not: what fits of them, null elsewhere (the output schema)
-    misfits: pa.Table  # the Kafka columns of the records that do not fit, and REASON_COLUMN
-
-
-@dataclass(frozen=True)
 class JsonDecoder:
     """Decodes the JSON values of Kafka record batches (the source's columns) into rows of `schema`.
 
@@ -188,16 +182,14 @@ class JsonDecoder:
         for schema_field in self.schema:
             _unsupported(schema_field.name, schema_field.type)
 
+    @property
+    def schema_name(self) -> str:
+        return "the JSON schema"
+
     @cached_property
     def output_schema(self) -> pa.Schema:
         """The JSON fields, then the kafka_* columns when asked for."""
-        metadata = [
-            pa.field("kafka_topic", pa.string()),
-            pa.field("kafka_partition", pa.int32()),
-            pa.field("kafka_offset", pa.int64()),
-            pa.field("kafka_timestamp", pa.timestamp("us", tz=UTC)),
-        ]
-        return pa.schema([*self.schema, *(metadata if self.kafka_metadata else [])])
+        return pa.schema([*self.schema, *(KAFKA_METADATA_FIELDS if self.kafka_metadata else [])])
 
     @cached_property
     def _parse_options(self) -> pj.ParseOptions:
@@ -225,12 +217,7 @@ class JsonDecoder:
 
     def decode(self, kafka: pa.RecordBatch) -> DecodedBatch:
         """The records of `kafka` (columns of the Kafka source) as table rows, and those that do not fit."""
-        values = kafka.column("value")
-        fitting: list[tuple[pa.Table, pa.Array]] = []  # (rows, their indices in the batch)
-        misfits: list[tuple[int, str, dict[str, Any] | None]] = []  # (index, reason, what of it fits)
-        for start, stop in self._ranges_that_parse(values, 0, len(values), fitting):
-            for index in range(start, stop):
-                self._check_record(values[index].as_py(), index, fitting, misfits)
+        fitting, misfits = self._decode_parts(kafka.column("value"))
         partial_rows = [(self._partial_row(fits), pa.array([index], pa.int64())) for index, _, fits in misfits]
         sources = pa.Table.from_batches([kafka]).take(pa.array([index for index, _, _ in misfits], pa.int64()))
         reasons = pa.array([reason for _, reason, _ in misfits], pa.string())
@@ -239,6 +226,30 @@ class JsonDecoder:
             misfit_rows=self._with_metadata(partial_rows, kafka),
             misfits=sources.append_column(REASON_COLUMN, reasons),
         )
+
+    def decode_values(self, values: pa.Array) -> tuple[pa.Table, pa.Array]:
+        """One row of `schema` per value, in their order (what fits of a misfit, null elsewhere), and one reason per
+        value (null where it fits): the form ``registry_decoding`` combines with a key's columns."""
+        fitting, misfits = self._decode_parts(values)
+        parts = [*fitting, *((self._partial_row(fits), pa.array([index], pa.int64())) for index, _, fits in misfits)]
+        rows = pa.concat_tables([table for table, _ in parts]) if parts else self.schema.empty_table()
+        if len(parts) > 1:  # the misfits come after the fitting blocks
+            order = pa.concat_arrays([indices for _, indices in parts])
+            rows = rows.take(pc.sort_indices(order))
+        reasons: list[str | None] = [None] * len(values)
+        for index, reason, _ in misfits:
+            reasons[index] = reason
+        return rows, pa.array(reasons, pa.string())
+
+    def _decode_parts(
+        self, values: pa.Array
+    ) -> tuple[list[tuple[pa.Table, pa.Array]], list[tuple[int, str, dict[str, Any] | None]]]:
+        fitting: list[tuple[pa.Table, pa.Array]] = []  # (rows, their indices in the batch), in the batch's order
+        misfits: list[tuple[int, str, dict[str, Any] | None]] = []  # (index, reason, what of it fits)
+        for start, stop in self._ranges_that_parse(values, 0, len(values), fitting):
+            for index in range(start, stop):
+                self._check_record(values[index].as_py(), index, fitting, misfits)
+        return fitting, misfits
 
     def fits(self, value: Any) -> bool:
         """Whether a JSON value (already loaded) fits this decoder's only field."""

@@ -13,6 +13,10 @@ The values are decoded on the executors, in Arrow (``spark_writer.json_decoding`
 which says why and how): by the writer's own tasks for ``JsonBatchParser``, so that
 a batch's records cross from Python to the JVM and back only as bytes, and by a
 ``mapInArrow`` step for ``json_records``.
+
+What becomes of a record that does not fit (``RecordDecoding``: fail, null,
+dead-letter) is the same for every decoder, JSON or the registry formats'
+(``spark_writer.registry_records``), which give the same ``DecodedBatch``.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Final
+from typing import Final, Protocol
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import pyarrow as pa
@@ -31,7 +35,8 @@ from pyspark.sql.types import IntegerType, LongType, StringType, StructField, St
 
 from spark_writer.arrow_schema import arrow_schema_of
 from spark_writer.dead_letters import DeadLetterProducer, DeadLetterTarget
-from spark_writer.json_decoding import REASON_COLUMN, UTC, JsonDecoder
+from spark_writer.decoded_batch import REASON_COLUMN, UTC, DecodedBatch
+from spark_writer.json_decoding import JsonDecoder
 from spark_writer.kafka_metadata import KafkaMetadata
 from spark_writer.kafka_offsets import OffsetRange
 from spark_writer.kafka_options import parse_options
@@ -51,7 +56,7 @@ class BadRecordPolicy(StrEnum):
 
 
 class BadRecordError(ValueError):
-    """A record does not fit the JSON schema and the policy is to fail."""
+    """A record does not fit the schema and the policy is to fail."""
 
 
 # The epoch property (PreCommit) with the number of records of the batch that did not fit the schema.
@@ -118,14 +123,28 @@ def table_schema(schema: StructType, *, kafka_metadata: bool = False) -> StructT
     return StructType([*schema.fields, *(KAFKA_METADATA_FIELDS if kafka_metadata else ())])
 
 
+class BatchDecoder(Protocol):
+    """Kafka record batches into table rows (json_decoding.JsonDecoder, registry_decoding.RegistryDecoder)."""
+
+    @property
+    def output_schema(self) -> pa.Schema: ...
+
+    @property
+    def schema_name(self) -> str:
+        """What the records must fit, for messages: "the JSON schema"."""
+        ...
+
+    def decode(self, kafka: pa.RecordBatch) -> DecodedBatch: ...
+
+
 @dataclass(frozen=True)
 class RecordDecoding:
-    """JSON values into table rows on the executors, and what becomes of the records that do not fit.
+    """Kafka values into table rows on the executors, and what becomes of the records that do not fit.
 
     Shipped with each task; `start` gives the task its own state (counts, a dead-letter producer).
     """
 
-    decoder: JsonDecoder
+    decoder: BatchDecoder
     policy: BadRecordPolicy = BadRecordPolicy.FAIL
     dead_letters: DeadLetterTarget | None = None
 
@@ -158,8 +177,8 @@ class RecordDecodingTask:
         if policy is BadRecordPolicy.FAIL:
             first = decoded.misfits.slice(0, 1).to_pylist()[0]
             raise BadRecordError(
-                f"a Kafka record does not fit the JSON schema: topic {first['topic']} partition {first['partition']} "
-                f"offset {first['offset']}: {first[REASON_COLUMN]}. {ON_BAD_RECORD_HINT}"
+                f"a Kafka record does not fit {self._decoding.decoder.schema_name}: topic {first['topic']} "
+                f"partition {first['partition']} offset {first['offset']}: {first[REASON_COLUMN]}. {ON_BAD_RECORD_HINT}"
             )
         if policy is BadRecordPolicy.NULL:
             return pa.concat_tables([decoded.rows, decoded.misfit_rows])
@@ -240,6 +259,22 @@ def sampled_json_schema(spark: SparkSession, kafka_options: Mapping[str, str], s
     return infer_json_schema(spark, spark.createDataFrame([(value,) for value in values], "json string"))
 
 
+def bad_record_properties(bad_records: int, policy: BadRecordPolicy, schema_name: str) -> dict[str, str]:
+    """A batch's epoch properties: the count of its records that did not fit (logged when there were some)."""
+    if bad_records:
+        log.warning(f"records that do not fit {schema_name}", bad_records=bad_records, on_bad_record=policy.value)
+    return {BAD_RECORDS_PROPERTY: str(bad_records)}
+
+
+def task_columns(*, key: bool, dead_letters: bool) -> list[str]:
+    """The Kafka columns the writer's tasks need (the timestamps tell how far in time the batch went): every column
+    they do not need is converted twice for nothing."""
+    needed = ["value", "topic", "partition", "offset", "timestamp"]
+    if key or dead_letters:
+        needed.append("key")
+    return needed + (["headers"] if dead_letters else [])
+
+
 @dataclass(frozen=True)
 class BatchInput:
     """What the writer's tasks read for one batch and how they turn it into table rows."""
@@ -307,19 +342,11 @@ class JsonBatchParser:
     def batch_properties(self, bad_records: int) -> dict[str, str]:
         """After the batch's rows were written: the epoch properties (the count of records that did not fit)."""
         self._release_cache()
-        if bad_records:
-            log.warning(
-                "records that do not fit the JSON schema", bad_records=bad_records, on_bad_record=self._policy.value
-            )
-        return {BAD_RECORDS_PROPERTY: str(bad_records)}
+        return bad_record_properties(bad_records, self._policy, "the JSON schema")
 
     @property
     def _task_columns(self) -> list[str]:
-        """The Kafka columns the tasks need (the timestamps tell how far in time the batch went): every column they
-        do not need is converted twice for nothing."""
-        return ["value", "topic", "partition", "offset", "timestamp"] + (
-            ["key", "headers"] if self._dead_letters is not None else []
-        )
+        return task_columns(key=False, dead_letters=self._dead_letters is not None)
 
     def _decoding_of(self, schema: StructType) -> RecordDecoding:
         decoder = json_decoder(schema, kafka_metadata=self._kafka_metadata, time_zone=self._time_zone)

@@ -6,4 +6,5 @@ pytest_plugins = [
     "tests.fixtures.admin",
     "tests.fixtures.object_store",
     "tests.fixtures.spark_cluster",
+    "tests.fixtures.schema_registry",
 ]

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import inspect
+import json
+import uuid
 from collections.abc import Iterator
 from typing import Any
 from unittest import mock
 
 import pytest
+from confluent_kafka.schema_registry import Schema
 from typer.testing import CliRunner, Result
 
+from sink_coordinator_demo.ports import free_port
 from spark_writer import job
 from spark_writer.job import KafkaSettings, KafkaSource, ParseSettings, SinkSettings
 from spark_writer.kafka_options import parse_options
 from spark_writer.kafka_records import BadRecordPolicy, check_time_zone
+from spark_writer.schema_registry import RegistrySettings, registry_client
 from spark_writer.session import retries_tasks, with_task_retries
 
 REQUIRED = ["--bootstrap-servers", "b:9092", "--topic", "orders", "--sink", "s", "--table", "shop.orders"]
@@ -39,6 +44,11 @@ class Started:
     def kafka(self) -> KafkaSettings:
         (call,) = self.calls
         return call[1]  # type: ignore[no-any-return]
+
+    @property
+    def parse(self) -> ParseSettings:
+        (call,) = self.calls
+        return call[2]  # type: ignore[no-any-return]
 
 
 @pytest.fixture
@@ -183,3 +193,72 @@ def test_unknown_json_time_zone_is_refused() -> None:
 def test_dead_letter_topic_goes_with_the_dead_letter_policy(policy: BadRecordPolicy, topic: str | None) -> None:
     with pytest.raises(ValueError, match="--dead-letter-topic is required with --on-bad-record dead-letter"):
         ParseSettings(on_bad_record=policy, dead_letter_topic=topic)
+
+
+REGISTRY = ["--schema-registry-url", "http://registry:8081"]
+
+
+def test_registry_formats_take_the_registry_and_its_client_options(started: Started) -> None:
+    url = f"mock://{uuid.uuid4().hex}"
+    order = {"type": "record", "name": "Order", "fields": [{"name": "id", "type": "long"}]}
+    registry_client(RegistrySettings.of(url)).register_schema("orders-value", Schema(json.dumps(order), "AVRO"))
+
+    result = started.invoke(
+        "--format", "avro", "--schema-registry-url", url, "--schema-registry-option", "timeout=5",
+        "--schema-registry-option", "basic.auth.user.info=user:pa=ss", "--no-evolve-schema",
+    )  # fmt: skip
+
+    assert result.exit_code == 0, result.output
+    assert started.parse.schema_registry_url == url
+    assert started.parse.registry_settings().client_config() == {
+        "url": url,
+        "timeout": 5,
+        "basic.auth.user.info": "user:pa=ss",
+    }
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--format", "avro"], "--format avro reads its schemas from a schema registry: pass its URL"),
+        (REGISTRY, "--schema-registry-url: only with --format avro, protobuf or json-schema"),
+        (["--subject", "s", "--decode-key"], "--subject, --decode-key: only with --format avro, protobuf or json"),
+        (["--format", "protobuf", *REGISTRY, "--schema", "id BIGINT"], "--schema is for --format json"),
+        (["--format", "avro", *REGISTRY, "--key-subject", "k"], "--key-subject names the subject of the keys"),
+        (["--format", "avro", *REGISTRY, "--protobuf-message", "M"], "--protobuf-message is for --format protobuf"),
+        (
+            ["--format", "avro", *REGISTRY, "--schema-registry-option", "timeout=soon"],
+            "schema registry option timeout='soon' is not a number",
+        ),
+        (
+            ["--format", "avro", *REGISTRY, "--schema-registry-option", "colour=blue"],
+            "bad schema registry settings for http://registry:8081: Unrecognized properties: colour",
+        ),
+        (["--format", "avro", "--schema-registry-url", "ftp://registry"], "Invalid url ftp://registry"),
+        (
+            ["--format", "json-schema", "--schema-registry-url", "mock://nothing-registered"],
+            "subject orders-value is not in the schema registry at mock://nothing-registered",
+        ),
+        (
+            ["--format", "avro", *REGISTRY, "--topic", "refunds"],
+            "have one subject each (<topic>-value): name the one whose schema the table has (--subject)",
+        ),
+    ],
+)
+def test_bad_registry_flags_are_refused_before_spark_starts(started: Started, flags: list[str], message: str) -> None:
+    result = started.invoke(*flags)
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split()), result.output
+    assert not started.calls
+
+
+def test_an_unreachable_registry_fails_the_job_before_spark_starts(started: Started) -> None:
+    url = f"http://user:secret@127.0.0.1:{free_port()}"
+    result = started.invoke(
+        "--format", "avro", "--schema-registry-url", url, "--schema-registry-option", "max.retries=0"
+    )
+    assert result.exit_code == 1
+    assert "could not be reached for subject 'orders-value'" in result.output, result.output
+    assert "secret" not in result.output
+    assert not started.calls
+    started.session.stop.assert_not_called()

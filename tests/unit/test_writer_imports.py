@@ -158,6 +158,21 @@ with tempfile.TemporaryDirectory() as location:
     for path in written.column("path").to_pylist():
         assert pq.read_metadata(path.removeprefix("file://")).num_rows == 1
 
+# An executor's decoding of Avro values with their schema from a registry (the in-memory one).
+from confluent_kafka.schema_registry import Schema
+
+import spark_writer.registry_records
+from spark_writer.avro_decoding import AvroPayloads
+from spark_writer.registry_decoding import RegistryDecoder, RegistryValues
+from spark_writer.schema_registry import RegistrySettings, registry_client
+
+registry = RegistrySettings.of("mock://imports")
+record = '{"type": "record", "name": "R", "fields": [{"name": "id", "type": "long"}]}'
+schema_id = registry_client(registry).register_schema("t-value", Schema(record, "AVRO"))
+decoder = RegistryDecoder(RegistryValues(registry, AvroPayloads(registry, schema_id, pa.struct([("id", pa.int64())]))))
+framed = pa.RecordBatch.from_pydict({"value": [b"\\x00" + schema_id.to_bytes(4, "big") + b"\\x54"]})
+assert decoder.decode(framed).rows.column("id").to_pylist() == [42]
+
 # The driver's client of the coordinator.
 CoordinatorClient("127.0.0.1:1", token="t", retry_seconds=1.0).close()
 

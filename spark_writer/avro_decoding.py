@@ -1,0 +1,305 @@
+"""Avro payloads decoded with fastavro into Arrow, and Avro schemas mapped to the table's Arrow types.
+
+Each record is read with its writer schema (by the id in its header) and resolved
+against the reader schema, the table's registered version (Avro's schema
+resolution: a field the writer lacks takes the reader's default, a field the
+reader lacks is skipped, int widens to long, ...). Records written with the
+reader's own schema skip the resolution.
+
+Why fastavro's values are not Python datetimes: timestamps, dates, times and
+uuids are read as their underlying int/long/string (the logical types are taken
+out of the schemas fastavro parses) and become Arrow timestamps, dates and times
+in one cast per batch; building a datetime per value costs more than decoding the
+record. Decimals keep fastavro's conversion. The records of a batch become one
+Arrow struct array at once (pyarrow's C++ conversion of the dicts), then are cast
+to the table's types by name: a table column the reader schema lacks is null.
+
+Avro -> Arrow (-> Iceberg): boolean, int (int32), long (int64), float, double,
+string, bytes and fixed (binary), enum (its symbol as a string), record (struct),
+array (list), map (map of string keys), ``["null", T]`` (T, nullable); logical
+types date, time-millis and time-micros (time in microseconds), timestamp-millis
+and timestamp-micros (timestamptz), local-timestamp-millis and -micros (timestamp),
+decimal (decimal(p, s), p <= 38), uuid (string). Refused, with the field's path,
+before the query starts: other unions, timestamp-nanos (Iceberg's timestamps are
+microseconds), recursive records, a type of null alone.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Final
+
+import fastavro
+import pyarrow as pa
+from confluent_kafka.schema_registry import Schema
+
+from spark_writer.registry_decoding import UnreadableSchemaError, UnsupportedSchemaError
+from spark_writer.schema_registry import RegistrySettings, parsed_schema, schema_by_id, subject_version
+
+UTC: Final = "UTC"
+MAX_DECIMAL_PRECISION: Final = 38
+# Logical types read as their underlying type and converted in Arrow (see the module's docstring).
+CONVERTED_IN_ARROW: Final = frozenset(
+    {
+        "date",
+        "time-millis",
+        "time-micros",
+        "timestamp-millis",
+        "timestamp-micros",
+        "local-timestamp-millis",
+        "local-timestamp-micros",
+        "uuid",
+    }
+)
+PRIMITIVES: Final = {
+    "boolean": pa.bool_(),
+    "int": pa.int32(),
+    "long": pa.int64(),
+    "float": pa.float32(),
+    "double": pa.float64(),
+    "bytes": pa.binary(),
+    "string": pa.string(),
+}
+# (underlying type, logical type) -> (the Arrow type fastavro's raw values are read as, the table's type)
+LOGICAL: Final = {
+    ("int", "date"): (pa.date32(), pa.date32()),
+    ("int", "time-millis"): (pa.time32("ms"), pa.time64("us")),
+    ("long", "time-micros"): (pa.time64("us"), pa.time64("us")),
+    ("long", "timestamp-millis"): (pa.timestamp("ms", tz=UTC), pa.timestamp("us", tz=UTC)),
+    ("long", "timestamp-micros"): (pa.timestamp("us", tz=UTC), pa.timestamp("us", tz=UTC)),
+    ("long", "local-timestamp-millis"): (pa.timestamp("ms"), pa.timestamp("us")),
+    ("long", "local-timestamp-micros"): (pa.timestamp("us"), pa.timestamp("us")),
+    ("string", "uuid"): (pa.string(), pa.string()),
+}
+_ARROW_ERRORS: Final = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError)
+
+
+@dataclass(frozen=True)
+class AvroTypes:
+    """An Avro schema's Arrow types: as fastavro's raw values are read, and as the table holds them."""
+
+    raw: pa.DataType
+    table: pa.DataType
+
+
+class _Mapper:
+    """Walks a schema as fastavro parsed it (every name in full), mapping it to Arrow types."""
+
+    def __init__(self, named: dict[str, Any]) -> None:
+        self._named = named
+        self._open: list[str] = []  # the records being mapped, to refuse a recursive one
+
+    def types(self, schema: Any, path: str) -> AvroTypes:
+        if isinstance(schema, list):
+            return self._union(schema, path)
+        if isinstance(schema, str):
+            if schema in PRIMITIVES:
+                return AvroTypes(PRIMITIVES[schema], PRIMITIVES[schema])
+            if schema == "null":
+                raise UnsupportedSchemaError(f"Avro field {path} is always null: an Iceberg column needs a type")
+            return self._reference(schema, path)
+        kind, logical = schema["type"], schema.get("logicalType")
+        if kind in ("bytes", "fixed") and logical == "decimal":
+            return self._decimal(schema, path)
+        if (kind, logical) in LOGICAL:
+            raw, table = LOGICAL[(kind, logical)]
+            return AvroTypes(raw, table)
+        if logical in ("timestamp-nanos", "local-timestamp-nanos"):
+            raise UnsupportedSchemaError(
+                f"Avro field {path} is {logical}: Iceberg timestamps hold microseconds; use timestamp-micros"
+            )
+        if kind == "record":
+            return self._record(schema, path)
+        if kind == "enum":
+            return AvroTypes(pa.string(), pa.string())
+        if kind == "fixed":
+            return AvroTypes(pa.binary(), pa.binary())
+        if kind == "array":
+            items = self.types(schema["items"], f"{path}[]")
+            return AvroTypes(pa.list_(items.raw), pa.list_(items.table))
+        if kind == "map":
+            values = self.types(schema["values"], f"{path}{{}}")
+            return AvroTypes(pa.map_(pa.string(), values.raw), pa.map_(pa.string(), values.table))
+        return self.types(kind, path)  # {"type": "long"}, and unknown logical types: the underlying type
+
+    def _reference(self, name: str, path: str) -> AvroTypes:
+        if name in self._open:
+            raise UnsupportedSchemaError(f"Avro field {path} is a recursive record ({name}): a table cannot hold it")
+        if name not in self._named:
+            raise UnsupportedSchemaError(f"Avro field {path} has the unknown type {name!r}")
+        return self.types(self._named[name], path)
+
+    def _record(self, schema: dict[str, Any], path: str) -> AvroTypes:
+        self._open.append(schema["name"])
+        try:
+            fields = [(f["name"], self.types(f["type"], f"{path}.{f['name']}" if path else f["name"]))
+                      for f in schema["fields"]]  # fmt: skip
+        finally:
+            self._open.pop()
+        return AvroTypes(
+            pa.struct([pa.field(name, types.raw) for name, types in fields]),
+            pa.struct([pa.field(name, types.table) for name, types in fields]),
+        )
+
+    def _union(self, branches: list[Any], path: str) -> AvroTypes:
+        others = [branch for branch in branches if branch != "null"]
+        if len(others) != 1:
+            shown = json.dumps([b if isinstance(b, str) else b.get("name", b.get("type")) for b in branches])
+            raise UnsupportedSchemaError(
+                f"Avro field {path or '(the value)'} is the union {shown}: only a union of null and one type maps "
+                "to a column"
+            )
+        return self.types(others[0], path)
+
+    def _decimal(self, schema: dict[str, Any], path: str) -> AvroTypes:
+        precision, scale = int(schema["precision"]), int(schema.get("scale", 0))
+        if precision > MAX_DECIMAL_PRECISION:
+            raise UnsupportedSchemaError(
+                f"Avro field {path} is decimal({precision}, {scale}): Iceberg decimals hold at most "
+                f"{MAX_DECIMAL_PRECISION} digits"
+            )
+        return AvroTypes(pa.decimal128(precision, scale), pa.decimal128(precision, scale))
+
+
+def _without_converted_logical_types(schema: Any) -> Any:
+    """The schema with the logical types of CONVERTED_IN_ARROW taken out (their underlying types left)."""
+    if isinstance(schema, list):
+        return [_without_converted_logical_types(branch) for branch in schema]
+    if not isinstance(schema, dict):
+        return schema
+    converted = schema.get("logicalType") in CONVERTED_IN_ARROW
+    stripped = {key: value for key, value in schema.items() if not (converted and key == "logicalType")}
+    for key in ("type", "items", "values"):
+        if key in stripped:
+            stripped[key] = _without_converted_logical_types(stripped[key])
+    if "fields" in stripped:
+        stripped["fields"] = [{**f, "type": _without_converted_logical_types(f["type"])} for f in stripped["fields"]]
+    return stripped
+
+
+@dataclass(frozen=True)
+class ParsedAvro:
+    """A registered Avro schema as fastavro reads with it (without CONVERTED_IN_ARROW's logical types), and as
+    fastavro parsed it whole (every name in full, every named type in `named`)."""
+
+    schema_id: int
+    fastavro_schema: Any
+    full: Any
+    named: dict[str, Any]
+
+    def types(self) -> AvroTypes:
+        """UnsupportedSchemaError for a type no column can hold."""
+        return _Mapper(self.named).types(self.full, "")
+
+
+def _referenced_texts(registry: RegistrySettings, schema: Schema, seen: set[str]) -> list[Any]:
+    """The schemas `schema` references (Confluent schema references), those they reference first."""
+    texts: list[Any] = []
+    for reference in schema.references or []:
+        if reference.subject is None or reference.version is None or reference.name in seen:
+            continue
+        seen.add(str(reference.name))
+        target = subject_version(registry, reference.subject, reference.version).schema
+        texts += [*_referenced_texts(registry, target, seen), json.loads(str(target.schema_str))]
+    return texts
+
+
+def parse_avro(registry: RegistrySettings, schema_id: int, schema: Schema) -> ParsedAvro:
+    """A registered schema, with the schemas it references, parsed; UnreadableSchemaError if it is not Avro."""
+    if (schema.schema_type or "AVRO") != "AVRO":
+        raise UnreadableSchemaError(f"it is a {schema.schema_type} schema, not Avro")
+    try:
+        texts = [*_referenced_texts(registry, schema, set()), json.loads(str(schema.schema_str))]
+        named: dict[str, Any] = {}
+        stripped_named: dict[str, Any] = {}
+        for text in texts:
+            full = fastavro.parse_schema(text, named_schemas=named)
+            stripped = fastavro.parse_schema(_without_converted_logical_types(text), named_schemas=stripped_named)
+    except (ValueError, TypeError, KeyError, fastavro.schema.SchemaParseException) as error:
+        raise UnreadableSchemaError(f"not a valid Avro schema: {error}") from error
+    return ParsedAvro(schema_id, stripped, full, named)
+
+
+def avro_table_type(registry: RegistrySettings, schema_id: int) -> pa.DataType:
+    """The table's Arrow type of a registered Avro schema; UnsupportedSchemaError saying which field cannot be one."""
+    try:
+        parsed = parse_avro(registry, schema_id, schema_by_id(registry, schema_id))
+    except UnreadableSchemaError as error:
+        raise UnsupportedSchemaError(f"schema id {schema_id}: {error}") from None
+    return parsed.types().table
+
+
+@dataclass(frozen=True)
+class AvroPayloads:
+    """Decodes Avro payloads into values of `target` (the table's type), resolving each writer schema against the
+    reader schema `reader_id` (the table's registered version)."""
+
+    registry: RegistrySettings
+    reader_id: int
+    target: pa.DataType
+    kind: str = "avro"
+    schema_format: str | None = None
+
+    @cached_property
+    def _reader(self) -> tuple[ParsedAvro, pa.DataType]:
+        reader = parsed_schema(self.kind, self.registry, self.reader_id, self._parse(self.reader_id))
+        return reader, reader.types().raw
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in ("registry", "reader_id", "target", "kind", "schema_format")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def _parse(self, schema_id: int) -> Any:
+        return lambda schema: parse_avro(self.registry, schema_id, schema)
+
+    def writer(self, registry: RegistrySettings, schema_id: int, schema: Schema) -> ParsedAvro:
+        return parse_avro(registry, schema_id, schema)
+
+    def decode(self, payloads: pa.Array, writers: Sequence[ParsedAvro]) -> tuple[pa.Array, list[str | None]]:
+        reader, raw = self._reader
+        records: list[Any] = []
+        reasons: list[str | None] = []
+        for payload, writer in zip(payloads.to_pylist(), writers, strict=True):
+            record, reason = _read(payload, writer, reader)
+            records.append(record)
+            reasons.append(reason)
+        try:
+            return pa.array(records, raw).cast(self.target), reasons
+        except _ARROW_ERRORS:  # some value does not fit its column (a decimal too wide, ...): find which
+            return self._record_by_record(records, reasons, raw)
+
+    def _record_by_record(
+        self, records: list[Any], reasons: list[str | None], raw: pa.DataType
+    ) -> tuple[pa.Array, list[str | None]]:
+        arrays = []
+        for index, record in enumerate(records):
+            try:
+                arrays.append(pa.array([record], raw).cast(self.target))
+            except _ARROW_ERRORS as error:
+                arrays.append(pa.nulls(1, self.target))
+                reasons[index] = f"a value does not fit the table's column types: {error}"
+        return (pa.concat_arrays(arrays) if arrays else pa.array([], self.target)), reasons
+
+
+def _read(payload: bytes, writer: ParsedAvro, reader: ParsedAvro) -> tuple[Any, str | None]:
+    stream = io.BytesIO(payload)
+    resolved = None if writer.schema_id == reader.schema_id else reader.fastavro_schema
+    try:
+        record = fastavro.schemaless_reader(stream, writer.fastavro_schema, resolved)
+    except Exception as error:  # fastavro signals a bad payload with many types (EOFError, IndexError, ...)
+        resolution = "" if resolved is None else f" (resolved to schema id {reader.schema_id})"
+        return None, (
+            f"not Avro written with schema id {writer.schema_id}{resolution}: {type(error).__name__}: {error}"
+        )
+    if stream.tell() != len(payload):
+        return None, (
+            f"not Avro written with schema id {writer.schema_id}: {len(payload) - stream.tell()} byte(s) left "
+            "after the record"
+        )
+    return record, None

@@ -1,0 +1,312 @@
+"""Avro, Protobuf and JSON Schema topics into table rows: the table's schema from the registry, kept up to date.
+
+``RegistryBatchParser`` is the ``DecodesInTasks`` transform of ``write_to_iceberg``
+for topics written with a schema registry (``registry_decoding`` decodes in the
+writer's tasks). The rule for the table's schema:
+
+* The table has the columns of the subject's latest registered version when the
+  job starts (``<topic>-value``, Confluent's TopicNameStrategy, unless a subject is
+  named), then the key's (one ``key`` column) when keys are decoded.
+* With ``evolve``, the driver asks the registry for the subject's latest version
+  before every batch. A version with new top-level fields adds them as columns
+  (the writer pre-commits with evolve_schema, and the coordinator adds them to the
+  table). Records are read with that version as the reader schema: records written
+  with older versions decode through Avro's schema resolution (defaults for fields
+  they lack) or Protobuf's field numbers. A producer registers a version before it
+  writes records with it, and the driver asks after the batch's records were
+  written, so no record of a batch has a newer version than the batch's reader.
+* Columns never go away and never change type: a field a newer version dropped
+  stays a column (null from then on; Avro's resolution reads no value for it), a
+  nested field a newer version added to a known struct is not read (the coordinator
+  grows top-level columns only), and a version that changes a known column's type
+  fails the batch, saying which, before anything is written.
+* Without ``evolve`` the schema stays the one read at start; records of newer
+  versions are read with it (their new fields are not read).
+
+The schemas live in the driver and are read again from the registry when the job
+restarts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final
+
+import pyarrow as pa
+import structlog
+from confluent_kafka.schema_registry import RegisteredSchema
+from pyspark.sql import DataFrame
+from pyspark.sql.pandas.types import from_arrow_type
+
+from spark_writer.avro_decoding import AvroPayloads, avro_table_type
+from spark_writer.dead_letters import DeadLetterTarget
+from spark_writer.json_schema_decoding import JsonSchemaPayloads, json_schema_table_type
+from spark_writer.kafka_records import (
+    BadRecordPolicy,
+    BatchInput,
+    RecordDecoding,
+    bad_record_properties,
+    task_columns,
+)
+from spark_writer.protobuf_decoding import SERIALIZED, ProtobufPayloads, protobuf_table_type
+from spark_writer.registry_decoding import PayloadDecoder, RegistryDecoder, RegistryValues, UnsupportedSchemaError
+from spark_writer.schema_registry import RegistrySettings, SchemaNotFoundError, latest_version
+
+log = structlog.get_logger(__name__)
+
+VALUE_SUBJECT_SUFFIX: Final = "-value"
+KEY_SUBJECT_SUFFIX: Final = "-key"
+
+
+class RegistryFormat(StrEnum):
+    AVRO = "avro"
+    PROTOBUF = "protobuf"
+    JSON_SCHEMA = "json-schema"
+
+    @property
+    def label(self) -> str:
+        """What its schemas are called: "Avro schema", "Protobuf schema", "JSON Schema"."""
+        return {"avro": "Avro schema", "protobuf": "Protobuf schema", "json-schema": "JSON Schema"}[self.value]
+
+    @property
+    def schema_type(self) -> str:
+        """The registry's name of its schemas' type."""
+        return {"avro": "AVRO", "protobuf": "PROTOBUF", "json-schema": "JSON"}[self.value]
+
+    @property
+    def schema_format(self) -> str | None:
+        return SERIALIZED if self is RegistryFormat.PROTOBUF else None
+
+
+class SchemaChangeError(ValueError):
+    """A newer version of a subject changes the type of a column the table has: the batch fails before writing."""
+
+
+@dataclass(frozen=True)
+class RegistrySubject:
+    """What one Kafka column (value or key) is written with: a format and the subject whose versions the table
+    follows (and for Protobuf, which message of the schema; default: its first)."""
+
+    format: RegistryFormat
+    subject: str
+    message: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.message is not None and self.format is not RegistryFormat.PROTOBUF:
+            raise ValueError("a message name is for Protobuf subjects only")
+
+    @property
+    def description(self) -> str:
+        return f"the {self.format.label} of subject {self.subject}"
+
+
+def topic_subject(topics: Sequence[str], suffix: str, subject: str | None) -> str:
+    """The subject of the topics' values (suffix -value) or keys (-key): `subject` when given, else Confluent's
+    TopicNameStrategy, `<topic><suffix>`, which names one subject only for one topic."""
+    if subject is not None:
+        return subject
+    if len(topics) != 1:
+        raise ValueError(
+            f"the topics {list(topics)} have one subject each (<topic>{suffix}): name the one whose schema the table "
+            f"has ({'--subject' if suffix == VALUE_SUBJECT_SUFFIX else '--key-subject'})"
+        )
+    return topics[0] + suffix
+
+
+@dataclass(frozen=True)
+class _Version:
+    """A subject's version the driver knows: its id and number, and the table's type of it."""
+
+    schema_id: int
+    version: int | None
+    table_type: pa.DataType
+    message: str | None  # Protobuf: the message's full name
+
+
+def _latest(registry: RegistrySettings, subject: RegistrySubject) -> RegisteredSchema:
+    try:
+        return latest_version(registry, subject.subject, subject.format.schema_format)
+    except SchemaNotFoundError:
+        raise ValueError(
+            f"subject {subject.subject} is not in the schema registry at {registry.safe_url}: register its schema "
+            "first (a producer's serializer does), or name another subject"
+        ) from None
+
+
+def _version_of(registry: RegistrySettings, subject: RegistrySubject, latest: RegisteredSchema) -> _Version:
+    """A registered version mapped to the table's type; ValueError saying why it cannot be."""
+    schema_id = int(latest.schema_id or 0)
+    registered = latest.schema.schema_type or "AVRO"
+    if registered != subject.format.schema_type:
+        held = next((f.value for f in RegistryFormat if f.schema_type == registered), registered)
+        raise ValueError(
+            f"subject {subject.subject} holds {registered} schemas, not {subject.format.schema_type} ones: pass "
+            f"--format {held}"
+        )
+    where = f"{subject.description} (version {latest.version}, schema id {schema_id})"
+    try:
+        if subject.format is RegistryFormat.AVRO:
+            return _Version(schema_id, latest.version, avro_table_type(registry, schema_id), None)
+        if subject.format is RegistryFormat.PROTOBUF:
+            table_type, message = protobuf_table_type(registry, schema_id, subject.message)
+            return _Version(schema_id, latest.version, table_type, message)
+        return _Version(schema_id, latest.version, json_schema_table_type(registry, schema_id), None)
+    except UnsupportedSchemaError as error:
+        raise UnsupportedSchemaError(f"{where} cannot be a table's: {error}") from None
+
+
+def grown(known: pa.DataType, latest: pa.DataType, path: str = "") -> tuple[pa.DataType, list[str]]:
+    """`known` with the top-level fields `latest` adds, and their names; SchemaChangeError when `latest` gives a known
+    field another type (a nested field it adds to a known struct is left out, as reading by name leaves it)."""
+    if not (pa.types.is_struct(known) and pa.types.is_struct(latest)):
+        _check_same(known, latest, path)
+        return known, []
+    fields = list(known)
+    added = []
+    for field in latest:
+        index = known.get_field_index(field.name)
+        if index < 0:
+            fields.append(field)
+            added.append(field.name)
+        else:
+            _check_same(known.field(index).type, field.type, f"{path}.{field.name}" if path else field.name)
+    return pa.struct(fields), added
+
+
+def _check_same(known: pa.DataType, latest: pa.DataType, path: str) -> None:
+    if pa.types.is_struct(known) and pa.types.is_struct(latest):
+        for field in known:
+            index = latest.get_field_index(field.name)
+            if index >= 0:
+                _check_same(field.type, latest.field(index).type, f"{path}.{field.name}")
+    elif (pa.types.is_list(known) and pa.types.is_list(latest)) or (pa.types.is_map(known) and pa.types.is_map(latest)):
+        for child in ("value_type",) if pa.types.is_list(known) else ("key_type", "item_type"):
+            _check_same(getattr(known, child), getattr(latest, child), f"{path}[]")
+    elif known != latest:
+        raise SchemaChangeError(
+            f"field {path or '(the value)'} is {latest} in the latest version, but the table's column is {known}: "
+            "the table keeps its columns' types; write the new type to a new field, or to a new table"
+        )
+
+
+def spark_type_names(target: pa.DataType) -> tuple[str, ...]:
+    """Each field's type as Spark writes it ("bigint", "array<string>"), for the JSON decoder's reasons."""
+    return tuple(from_arrow_type(field.type).simpleString() for field in target)
+
+
+class _Column:
+    """The driver's knowledge of one Kafka column's subject: the version read last and the table's type of it."""
+
+    def __init__(self, registry: RegistrySettings, subject: RegistrySubject, *, grows: bool) -> None:
+        self.registry = registry
+        self.subject = subject
+        self.grows = grows  # whether a new top-level field becomes a column (the value's), or is left out (the key's)
+        self.version = _version_of(registry, subject, _latest(registry, subject))
+        self.table_type = self.version.table_type
+
+    def refresh(self) -> None:
+        """Read the subject's latest version: the reader from now on, its new top-level fields new columns."""
+        registered = _latest(self.registry, self.subject)
+        if registered.schema_id == self.version.schema_id:
+            return
+        latest = _version_of(self.registry, self.subject, registered)
+        if latest.message != self.version.message:
+            raise SchemaChangeError(
+                f"the latest version of subject {self.subject.subject} has {latest.message} as its first message, "
+                f"the table holds {self.version.message}: name the message"
+            )
+        try:
+            if self.grows:
+                table_type, added = grown(self.table_type, latest.table_type)
+            else:
+                _check_same(self.table_type, latest.table_type, "")
+                table_type, added = self.table_type, []
+        except SchemaChangeError as error:
+            raise SchemaChangeError(
+                f"version {latest.version} of subject {self.subject.subject} (schema id {latest.schema_id}) "
+                f"cannot be read into the table: {error}"
+            ) from None
+        log.info(
+            "new schema version",
+            subject=self.subject.subject,
+            version=latest.version,
+            schema_id=latest.schema_id,
+            new_columns=added,
+        )
+        self.version, self.table_type = latest, table_type
+
+    def payloads(self) -> PayloadDecoder:
+        registry, schema_id, target = self.registry, self.version.schema_id, self.table_type
+        if self.subject.format is RegistryFormat.AVRO:
+            return AvroPayloads(registry, schema_id, target)
+        if self.subject.format is RegistryFormat.PROTOBUF:
+            assert self.version.message is not None
+            return ProtobufPayloads(registry, schema_id, self.version.message, target)
+        return JsonSchemaPayloads(target, spark_type_names(target))
+
+
+class RegistryBatchParser:
+    """Decodes each batch's values (and keys) with their registered schemas, in the writer's tasks.
+
+    The ``DecodesInTasks`` transform of ``write_to_iceberg`` for Avro, Protobuf and
+    JSON Schema topics: `prepare` reads the subject's latest version (with `evolve`)
+    and gives the tasks the batch's Kafka records and a `RecordDecoding` for the
+    table's schema; `batch_properties` counts the records that did not fit, as
+    ``kafka_records.JsonBatchParser`` does. The module's docstring states how the
+    table's schema follows the registry.
+    """
+
+    def __init__(
+        self,
+        registry: RegistrySettings,
+        value: RegistrySubject,
+        key: RegistrySubject | None = None,
+        *,
+        evolve: bool = True,
+        kafka_metadata: bool = False,
+        on_bad_record: BadRecordPolicy = BadRecordPolicy.FAIL,
+        dead_letters: DeadLetterTarget | None = None,
+    ) -> None:
+        self._evolve = evolve
+        self._kafka_metadata = kafka_metadata
+        self._policy = on_bad_record
+        self._dead_letters = dead_letters
+        self._value = _Column(registry, value, grows=True)
+        self._key = None if key is None else _Column(registry, key, grows=False)
+        self._decoding = self._decoding_now()
+        log.info(
+            "table schema from the registry",
+            subject=value.subject,
+            version=self._value.version.version,
+            schema_id=self._value.version.schema_id,
+            key_subject=None if key is None else key.subject,
+        )
+
+    @property
+    def table_schema(self) -> pa.Schema:
+        return self._decoding.decoder.output_schema
+
+    def prepare(self, batch: DataFrame) -> BatchInput:
+        """The batch's input to the writer's tasks, with the subjects' latest versions (with `evolve`)."""
+        if self._evolve:
+            self._value.refresh()
+            if self._key is not None:
+                self._key.refresh()
+            self._decoding = self._decoding_now()
+        columns = task_columns(key=self._key is not None, dead_letters=self._dead_letters is not None)
+        return BatchInput(batch.select(*columns), self.table_schema, self._decoding)
+
+    def batch_properties(self, bad_records: int) -> dict[str, str]:
+        return bad_record_properties(bad_records, self._policy, self._value.subject.description)
+
+    def _decoding_now(self) -> RecordDecoding:
+        key = None if self._key is None else RegistryValues(self._key.registry, self._key.payloads(), True)
+        decoder = RegistryDecoder(
+            RegistryValues(self._value.registry, self._value.payloads()),
+            key,
+            kafka_metadata=self._kafka_metadata,
+            schema_name=self._value.subject.description,
+        )
+        return RecordDecoding(decoder, self._policy, self._dead_letters)

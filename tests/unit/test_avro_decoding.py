@@ -1,0 +1,333 @@
+"""Avro values written by confluent-kafka's own serializer, decoded into Arrow columns with the registry's schemas:
+every type, schema evolution across versions, keys, and the records that do not fit, with where and why."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import pickle
+import uuid
+from decimal import Decimal
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from confluent_kafka.schema_registry import Schema, SchemaReference
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from spark_writer.kafka_records import BadRecordError, BadRecordPolicy
+from spark_writer.registry_decoding import UnsupportedSchemaError
+from spark_writer.registry_records import RegistryBatchParser, RegistryFormat, RegistrySubject, SchemaChangeError
+from spark_writer.schema_registry import RegistrySettings, registry_client
+from tests.fixtures.registry_records import FIRST_OFFSET, kafka_batch, next_decoding, reasons
+
+UTC = dt.UTC
+ITEM = {"type": "record", "name": "Item", "fields": [{"name": "sku", "type": "string"}, {"name": "qty", "type": "int"}]}
+ORDER_V1: dict[str, Any] = {
+    "type": "record",
+    "name": "Order",
+    "namespace": "shop",
+    "fields": [
+        {"name": "order_id", "type": "long"},
+        {"name": "amount", "type": "double"},
+        {"name": "created_at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "note", "type": ["null", "string"], "default": None},
+        {"name": "items", "type": {"type": "array", "items": ITEM}},
+    ],
+}
+ORDER_V2 = {
+    **ORDER_V1,
+    "fields": [
+        *ORDER_V1["fields"],
+        {"name": "coupon", "type": "string", "default": "NONE"},
+        {"name": "discount", "type": ["null", "double"], "default": None},
+    ],
+}
+EVERY_TYPE = {
+    "type": "record",
+    "name": "Everything",
+    "fields": [
+        {"name": "flag", "type": "boolean"},
+        {"name": "small", "type": "int"},
+        {"name": "big", "type": "long"},
+        {"name": "ratio", "type": "float"},
+        {"name": "exact", "type": "double"},
+        {"name": "text", "type": "string"},
+        {"name": "blob", "type": "bytes"},
+        {"name": "digest", "type": {"type": "fixed", "name": "Digest", "size": 4}},
+        {"name": "color", "type": {"type": "enum", "name": "Color", "symbols": ["RED", "GREEN"]}},
+        {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 10, "scale": 2}},
+        {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+        {"name": "at_millis", "type": {"type": "int", "logicalType": "time-millis"}},
+        {"name": "at_micros", "type": {"type": "long", "logicalType": "time-micros"}},
+        {"name": "ts_millis", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "ts_micros", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+        {"name": "local_ts", "type": {"type": "long", "logicalType": "local-timestamp-micros"}},
+        {"name": "id", "type": {"type": "string", "logicalType": "uuid"}},
+        {"name": "tags", "type": {"type": "array", "items": "string"}},
+        {"name": "counts", "type": {"type": "map", "values": "long"}},
+        {"name": "maybe", "type": ["null", "long"], "default": None},
+        {
+            "name": "address",
+            "type": {"type": "record", "name": "Address", "fields": [{"name": "city", "type": "string"}]},
+        },
+        {"name": "previous", "type": ["null", "Address"], "default": None},
+    ],
+}
+
+
+def serializer(registry: RegistrySettings, schema: dict[str, Any] | str) -> AvroSerializer:
+    text = schema if isinstance(schema, str) else json.dumps(schema)
+    return AvroSerializer(registry_client(registry), text)
+
+
+def produce(registry: RegistrySettings, topic: str, schema: dict[str, Any] | str, *values: Any) -> list[bytes]:
+    write = serializer(registry, schema)
+    return [write(value, SerializationContext(topic, MessageField.VALUE)) for value in values]
+
+
+def unique_topic() -> str:
+    """A topic of its own: a subject the external registry does not have yet."""
+    return f"orders-{uuid.uuid4().hex[:12]}"
+
+
+def order(order_id: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "order_id": order_id,
+        "amount": order_id * 1.5,
+        "created_at": dt.datetime(2025, 3, 1, 10, 0, order_id % 60, tzinfo=UTC),
+        "note": None,
+        "items": [{"sku": "a", "qty": order_id}],
+        **extra,
+    }
+
+
+def parser(registry: RegistrySettings, topic: str, **options: Any) -> RegistryBatchParser:
+    return RegistryBatchParser(registry, RegistrySubject(RegistryFormat.AVRO, f"{topic}-value"), **options)
+
+
+def test_every_avro_type_becomes_its_arrow_column(registry: RegistrySettings) -> None:
+    topic = unique_topic()
+    record = {
+        "flag": True,
+        "small": -7,
+        "big": 2**40,
+        "ratio": 0.5,
+        "exact": 2.25,
+        "text": "héllo",
+        "blob": b"\x00\xff",
+        "digest": b"abcd",
+        "color": "GREEN",
+        "price": Decimal("12.34"),
+        "day": dt.date(2025, 3, 1),
+        "at_millis": dt.time(10, 30, 0, 123000),
+        "at_micros": dt.time(10, 30, 0, 123456),
+        "ts_millis": dt.datetime(2025, 3, 1, 10, 0, 0, 123000, tzinfo=UTC),
+        "ts_micros": dt.datetime(2025, 3, 1, 10, 0, 0, 123456, tzinfo=UTC),
+        "local_ts": dt.datetime(2025, 3, 1, 10, 0, 0, 5),
+        "id": "0f8fad5b-d9cb-469f-a165-70867728950e",
+        "tags": ["x", "y"],
+        "counts": {"a": 1},
+        "maybe": None,
+        "address": {"city": "Lyon"},
+        "previous": {"city": "Paris"},
+    }
+    values = produce(registry, topic, EVERY_TYPE, record)
+
+    decoded = next_decoding(parser(registry, topic)).decoder.decode(kafka_batch(values))
+
+    assert decoded.misfits.num_rows == 0
+    assert dict(zip(decoded.rows.schema.names, decoded.rows.schema.types, strict=True)) == {
+        "flag": pa.bool_(),
+        "small": pa.int32(),
+        "big": pa.int64(),
+        "ratio": pa.float32(),
+        "exact": pa.float64(),
+        "text": pa.string(),
+        "blob": pa.binary(),
+        "digest": pa.binary(),
+        "color": pa.string(),
+        "price": pa.decimal128(10, 2),
+        "day": pa.date32(),
+        "at_millis": pa.time64("us"),
+        "at_micros": pa.time64("us"),
+        "ts_millis": pa.timestamp("us", tz="UTC"),
+        "ts_micros": pa.timestamp("us", tz="UTC"),
+        "local_ts": pa.timestamp("us"),
+        "id": pa.string(),
+        "tags": pa.list_(pa.string()),
+        "counts": pa.map_(pa.string(), pa.int64()),
+        "maybe": pa.int64(),
+        "address": pa.struct([("city", pa.string())]),
+        "previous": pa.struct([("city", pa.string())]),
+    }
+    (row,) = decoded.rows.to_pylist()
+    assert row == {**record, "counts": [("a", 1)]}
+
+
+def test_records_of_older_versions_are_read_with_the_newest_and_its_fields_become_columns(
+    registry: RegistrySettings,
+) -> None:
+    topic = unique_topic()
+    old = produce(registry, topic, ORDER_V1, order(1), order(2))
+    evolving = parser(registry, topic, kafka_metadata=True)
+    assert "coupon" not in evolving.table_schema.names
+
+    new = produce(registry, topic, ORDER_V2, order(3, coupon="SPRING", discount=0.1))
+    decoded = next_decoding(evolving).decoder.decode(kafka_batch([*old, *new]))
+
+    metadata = ["kafka_topic", "kafka_partition", "kafka_offset", "kafka_timestamp"]
+    assert evolving.table_schema.names[-6:] == ["coupon", "discount", *metadata]
+    assert decoded.misfits.num_rows == 0
+    rows = {row["order_id"]: row for row in decoded.rows.to_pylist()}
+    # v1 records take the v2 defaults (Avro's schema resolution); the v2 record keeps its values.
+    expected = [("NONE", None), ("NONE", None), ("SPRING", 0.1)]
+    assert [(rows[i]["coupon"], rows[i]["discount"]) for i in (1, 2, 3)] == expected
+    assert rows[3]["created_at"] == order(3)["created_at"]
+    assert rows[2]["items"] == [{"sku": "a", "qty": 2}]
+
+
+def test_without_evolution_the_table_keeps_the_version_it_started_with(registry: RegistrySettings) -> None:
+    topic = unique_topic()
+    produce(registry, topic, ORDER_V1, order(1))
+    fixed = parser(registry, topic, evolve=False)
+    new = produce(registry, topic, ORDER_V2, order(2, coupon="SPRING"))
+
+    decoded = next_decoding(fixed).decoder.decode(kafka_batch(new))
+
+    assert "coupon" not in fixed.table_schema.names
+    assert decoded.rows.column("order_id").to_pylist() == [2]
+
+
+def test_a_newer_version_that_changes_a_columns_type_fails_the_batch(registry: RegistrySettings) -> None:
+    topic = unique_topic()
+    produce(registry, topic, ORDER_V1, order(1))
+    evolving = parser(registry, topic)
+    if not registry.url.startswith("mock://"):  # the in-memory registry checks no compatibility (nor sets it)
+        registry_client(registry).set_compatibility(f"{topic}-value", "NONE")
+    changed = {**ORDER_V1, "fields": [{"name": "order_id", "type": "string"}, *ORDER_V1["fields"][1:]]}
+    produce(registry, topic, changed, {**order(2), "order_id": "two"})
+
+    with pytest.raises(SchemaChangeError, match=r"field order_id is string in the latest version, .* column is int64"):
+        next_decoding(evolving)
+
+
+def test_bad_records_fail_the_batch_naming_topic_partition_offset_and_why(registry: RegistrySettings) -> None:
+    topic = unique_topic()
+    (good,) = produce(registry, topic, ORDER_V1, order(1))
+    values = [
+        good,
+        b"\x01" + good[1:],  # another magic byte
+        b"\x00\x7f\xff\xff\xff" + good[5:],  # a schema id the registry does not have
+        good[:-4],  # truncated
+        good + b"\x00\x00",  # bytes after the record
+        b"\x00\x00",  # shorter than the header
+        None,  # a tombstone
+    ]
+    decoding = next_decoding(parser(registry, topic))
+
+    with pytest.raises(BadRecordError) as failure:
+        decoding.start().rows(kafka_batch(values, topic="shop", partition=7))
+    assert str(failure.value).startswith(
+        f"a Kafka record does not fit the Avro schema of subject {topic}-value: topic shop partition 7 offset "
+        f"{FIRST_OFFSET + 1}: not in the Confluent wire format: magic byte 0x01"
+    )
+
+    decoded = decoding.decoder.decode(kafka_batch(values))
+    why = reasons(decoded.misfits)
+    assert sorted(why) == list(range(FIRST_OFFSET + 1, FIRST_OFFSET + 7))
+    assert why[101].startswith("not in the Confluent wire format: magic byte 0x01, not 0x00")
+    assert why[102] == f"unknown schema id {0x7FFFFFFF}: the registry at {registry.safe_url} has none"
+    assert why[103].startswith("not Avro written with schema id ")
+    assert why[104].endswith("2 byte(s) left after the record")
+    assert why[105] == "not in the Confluent wire format: 2 byte(s), fewer than its 5-byte header"
+    assert why[106] == "tombstone: the record has no value"
+    assert decoded.rows.column("order_id").to_pylist() == [1]
+
+
+def test_the_null_policy_writes_bad_records_as_nulls_and_counts_them(registry: RegistrySettings) -> None:
+    topic = unique_topic()
+    (good,) = produce(registry, topic, ORDER_V1, order(1))
+    evolving = parser(registry, topic, on_bad_record=BadRecordPolicy.NULL, kafka_metadata=True)
+    task = next_decoding(evolving).start()
+
+    rows = task.rows(kafka_batch([good, good[:-4], None]))
+
+    assert [(row["kafka_offset"], row["order_id"]) for row in rows.to_pylist()] == [(100, 1), (101, None), (102, None)]
+    assert task.finish().bad_records == 2
+    assert evolving.batch_properties(2) == {"sink-coordinator.bad-records": "2"}
+
+
+def test_keys_decode_into_a_key_column_and_an_absent_key_is_null(registry: RegistrySettings) -> None:
+    topic = unique_topic()
+    values = produce(registry, topic, ORDER_V1, order(1), order(2), order(3))
+    key_writer = serializer(registry, json.dumps("string"))
+    keys = [key_writer(key, SerializationContext(topic, MessageField.KEY)) for key in ("one", "two")]
+    keyed = RegistryBatchParser(
+        registry,
+        RegistrySubject(RegistryFormat.AVRO, f"{topic}-value"),
+        RegistrySubject(RegistryFormat.AVRO, f"{topic}-key"),
+    )
+
+    decoded = next_decoding(keyed).decoder.decode(kafka_batch(values, keys=[*keys, None]))
+
+    assert keyed.table_schema.field("key").type == pa.string()
+    assert [(row["order_id"], row["key"]) for row in decoded.rows.to_pylist()] == [(1, "one"), (2, "two"), (3, None)]
+    bad = next_decoding(keyed).decoder.decode(kafka_batch(values[:1], keys=[b"raw key"]))
+    (why,) = reasons(bad.misfits).values()
+    assert why.startswith("key: not in the Confluent wire format: magic byte 0x72, not 0x00")
+
+
+def test_named_types_from_schema_references(registry: RegistrySettings) -> None:
+    topic = unique_topic()
+    client = registry_client(registry)
+    client.register_schema(f"{topic}-item", Schema(json.dumps({**ITEM, "namespace": "shop"}), "AVRO"))
+    items = {"name": "items", "type": {"type": "array", "items": "shop.Item"}}
+    order_with_reference = {**ORDER_V1, "fields": [*ORDER_V1["fields"][:4], items]}
+    reference = SchemaReference("shop.Item", f"{topic}-item", 1)
+    schema = Schema(json.dumps(order_with_reference), "AVRO", [reference])
+    client.register_schema(f"{topic}-value", schema)
+    write = AvroSerializer(client, schema, conf={"auto.register.schemas": False, "use.latest.version": True})
+    value = write(order(4), SerializationContext(topic, MessageField.VALUE))
+
+    decoded = next_decoding(parser(registry, topic)).decoder.decode(kafka_batch([value]))
+
+    assert decoded.rows.column("items").to_pylist() == [[{"sku": "a", "qty": 4}]]
+
+
+@pytest.mark.parametrize(
+    ("field_type", "refusal"),
+    [
+        (["null", "int", "string"], r"Avro field odd is the union \[\"null\", \"int\", \"string\"\]"),
+        ({"type": "long", "logicalType": "timestamp-nanos"}, "Avro field odd is timestamp-nanos"),
+        ({"type": "bytes", "logicalType": "decimal", "precision": 40, "scale": 2}, "at most 38 digits"),
+        ({"type": "array", "items": "Node"}, r"Avro field odd\[\] is a recursive record \(Node\)"),
+    ],
+)
+def test_types_no_column_can_hold_are_refused_before_the_query_starts(
+    registry: RegistrySettings, field_type: Any, refusal: str
+) -> None:
+    topic = unique_topic()
+    schema = {"type": "record", "name": "Node", "fields": [{"name": "odd", "type": field_type}]}
+    registry_client(registry).register_schema(f"{topic}-value", Schema(json.dumps(schema), "AVRO"))
+
+    with pytest.raises(UnsupportedSchemaError, match=refusal):
+        parser(registry, topic)
+
+
+def test_a_subject_the_registry_does_not_have_is_refused_saying_so(registry: RegistrySettings) -> None:
+    with pytest.raises(ValueError, match="subject nowhere-value is not in the schema registry at"):
+        parser(registry, "nowhere")
+
+
+def test_the_decoding_travels_to_the_executors_without_a_registry_client(registry: RegistrySettings) -> None:
+    topic = unique_topic()
+    values = produce(registry, topic, ORDER_V1, order(1))
+    decoding = next_decoding(parser(registry, topic))
+    decoding.decoder.decode(kafka_batch(values))  # builds the cached reader schema
+
+    shipped = pickle.dumps(decoding)
+
+    assert b"SchemaRegistryClient" not in shipped and b"httpx" not in shipped
+    assert pickle.loads(shipped).decoder.decode(kafka_batch(values)).rows.column("order_id").to_pylist() == [1]
