@@ -22,7 +22,7 @@ from coordinator_service.errors import InvalidArgument
 from coordinator_service.models import AbortCause, PendingSinkState
 from coordinator_service.operations import AbortOutcome, EpochDetail, MaintenanceView, ResetOutcome, SinkOverview
 from coordinator_service.settings import MaintenancePolicy
-from coordinator_service.views import EpochStatus, EpochView, SinkView, from_attributes
+from coordinator_service.views import EpochStatus, EpochView, SinkTable, SinkView, from_attributes
 
 # Epochs are PostgreSQL bigints.
 MAX_EPOCH = 2**63 - 1
@@ -107,6 +107,7 @@ class SinkResponse(SinkView):
             sink,
             sink=sink.name,
             table=sink.table_identifier,
+            tables=(SinkTable(sink.table_identifier, sink.committed_epoch),),
             awaiting_writer_after_reset=sink.rebase_on_register,
             pending_epochs=counts.pending,
             aborted_epochs=counts.aborted,

@@ -116,6 +116,11 @@ class SinkCoordinatorServicer(pb_grpc.SinkCoordinatorServicer):
         state = await _answer(context, self.coordinator.sink_state(request.sink), sink=request.sink)
         return to_message(state, pb.GetSinkStateResponse)
 
+    async def EnsureTables(  # noqa: N802
+        self, request: pb.EnsureTablesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.EnsureTablesResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "EnsureTables is not served by this release yet")
+
 
 class WriterTokenInterceptor(grpc.aio.ServerInterceptor):
     """Requires `authorization: Bearer <WRITER_TOKEN>` on every call except health and reflection."""

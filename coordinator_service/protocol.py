@@ -56,6 +56,7 @@ from coordinator_service.views import (
     PreCommitResult,
     Registration,
     SinkState,
+    SinkTable,
     from_attributes,
 )
 
@@ -543,6 +544,7 @@ class Coordinator:
                 row,
                 sink=row.name,
                 table=row.table_identifier,
+                tables=(SinkTable(row.table_identifier, row.committed_epoch),),
                 epochs=tuple(from_attributes(EpochView, epoch) for epoch in epochs),
             )
 
