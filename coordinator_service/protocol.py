@@ -41,13 +41,13 @@ from coordinator_service.iceberg import (
     IcebergGateway,
     canonical_uri,
     check_inside_location,
-    check_table_identifier,
     decode_arrow_schema,
 )
 from coordinator_service.models import AbortCause, PendingSinkState, Sink
 from coordinator_service.precommit_files import FileFacts, check_facts
 from coordinator_service.precommit_metadata import DataFileEntry, PreCommitMetadata
 from coordinator_service.source_positions import check_positions
+from coordinator_service.table_identifiers import check_table_identifier
 from coordinator_service.views import (
     CheckpointResult,
     EpochStatus,

@@ -55,6 +55,7 @@ from spark_writer.kafka_records import (
     schema_from_ddl,
 )
 from spark_writer.kafka_source import KafkaDataSource
+from spark_writer.routing import Routes, Unrouted, routes_from_flags
 from spark_writer.session import local_spark_session, retries_tasks
 from spark_writer.stop_signals import StopRequest, stop_on_signals
 from spark_writer.storage import Storage
@@ -148,6 +149,7 @@ class SinkSettings:
     available_now: bool = False
     coordinator_retry_seconds: float = DEFAULT_COORDINATOR_RETRY_SECONDS
     storage: dict[str, str] = field(default_factory=dict)
+    routes: Routes | None = None
 
     def __post_init__(self) -> None:
         if self.target_file_size_bytes <= 0:
@@ -237,6 +239,7 @@ def start_job(spark: SparkSession, kafka: KafkaSettings, parse: ParseSettings, s
         query_name=sink.sink,
         coordinator_retry_seconds=sink.coordinator_retry_seconds,
         storage=sink.storage,
+        routes=sink.routes,
     )
 
 
@@ -343,6 +346,22 @@ def main(
             metavar=KEY_VALUE,
         ),
     ] = None,
+    route_by: Annotated[
+        str | None, typer.Option(help="Fan-out: the column whose value picks each record's table.")
+    ] = None,
+    route: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Fan-out: records whose --route-by value is VALUE go to TABLE (repeat).", metavar="VALUE=TABLE"
+        ),
+    ] = None,
+    dynamic_routes: Annotated[
+        bool, typer.Option(help="Fan-out: the --route-by value is the table (namespace.table), created when new.")
+    ] = False,
+    unrouted: Annotated[
+        Unrouted | None,
+        typer.Option(help="Fan-out: a record no route takes goes to --table (default), or fails the batch (fail)."),
+    ] = None,
     master: Annotated[str | None, typer.Option(help="Spark master; default: spark-submit's, else local[*].")] = None,
     log_level: Annotated[LogLevel, typer.Option(case_sensitive=False, help="Log level.")] = LogLevel.INFO,
     log_format: Annotated[LogFormat, typer.Option(help="Log lines as console text or JSON.")] = LogFormat.CONSOLE,
@@ -387,6 +406,7 @@ def main(
             available_now=available_now,
             coordinator_retry_seconds=coordinator_retry_seconds,
             storage=dict(storage or ()),
+            routes=routes_from_flags(route_by, route or (), dynamic_routes, unrouted),
         )
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
