@@ -4,8 +4,10 @@ real coordinator process and the session's Spark; every record once, in its tabl
 from __future__ import annotations
 
 import json
+import signal
+import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ from pyspark.sql import SparkSession
 from spark_writer.iceberg_sink import write_to_iceberg
 from spark_writer.job import KafkaSettings, ParseSettings, SinkSettings, start_job
 from spark_writer.routing import Routes, Unrouted
-from tests.fixtures.coordinator import CoordinatorProcess
+from tests.fixtures.coordinator import CoordinatorProcess, failpoints_env
 from tests.fixtures.kafka_broker import ProducedRecord, produce_records
 from tests.fixtures.pipeline import (
     COUNTRIES,
@@ -193,3 +195,65 @@ def test_unrouted_records_fail_the_batch_or_go_to_the_sinks_own_table(
     assert sum((kafka_positions(catalog, table) for table in tables.values()), Counter()) == produced_positions(
         produced
     )
+
+
+@pytest.fixture
+def successor() -> Iterator[list[CoordinatorProcess]]:
+    """Coordinators the test starts itself (on the ports of a killed one); stopped at the end."""
+    started: list[CoordinatorProcess] = []
+    yield started
+    for process in started:
+        process.stop()
+
+
+def test_a_coordinator_killed_between_the_tables_of_an_epoch(
+    spark: SparkSession,
+    kafka_bootstrap: str,
+    kafka_topic: TopicFactory,
+    coordinator_factory: Callable[..., CoordinatorProcess],
+    successor: list[CoordinatorProcess],
+    database_url: str,
+    catalog: Catalog,
+    tmp_path: Path,
+) -> None:
+    """kill -9 once one table of an epoch holds its files and the others not yet: the next coordinator appends the
+    others' and not that one's again, and the query goes on; every record once, in its table."""
+    topic = kafka_topic(partitions=3)
+    produced = produce_orders(kafka_bootstrap, topic, range(1500), partitions=3)
+    first = coordinator_factory(**failpoints_env("commit.between_tables=kill"))
+    tables = {country: f"shop.crash_{country.lower()}" for country in COUNTRIES}
+    running = write_to_iceberg(
+        order_stream(spark, kafka_bootstrap, topic, max_offsets=300),
+        sink="orders-fan-crash",
+        table=tables["DE"],
+        coordinator=first.target,
+        checkpoint_location=str(tmp_path / "checkpoint"),
+        routes=Routes.static("country", [(country, tables[country]) for country in ("FR", "US")], Unrouted.DEFAULT),
+        available_now=True,
+    )
+    outcome: list[object] = []  # the query can only end once the successor answers: awaited in a thread
+
+    def await_query() -> None:
+        try:
+            outcome.append(running.await_termination(QUERY_TIMEOUT_SECONDS))
+        except Exception as error:
+            outcome.append(error)
+
+    waiter = threading.Thread(target=await_query)
+    waiter.start()
+    assert first.wait_killed(timeout=QUERY_TIMEOUT_SECONDS) == -signal.SIGKILL
+    second = CoordinatorProcess(
+        database_url=database_url, data_dir=first.data_dir, grpc_port=first.grpc_port, http_port=first.http_port
+    )
+    successor.append(second)
+    second.start()
+    waiter.join(QUERY_TIMEOUT_SECONDS)
+
+    assert outcome == [True], "the query did not finish after the coordinator came back"
+    expected = positions_by_country(produced)
+    for country, table in tables.items():
+        assert kafka_positions(catalog, table) == expected[country], table
+    with second.client() as client:
+        state = client.sink_state("orders-fan-crash")
+    assert state.committed_epoch == state.checkpointed_epoch == 4
+    assert {table.committed_epoch for table in state.tables} == {4}
