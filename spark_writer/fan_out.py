@@ -81,12 +81,14 @@ class FanOut:
         self._locations = {own_table: own_location}
 
     def start(self, schema: pa.Schema) -> None:
-        """Ensure the tables known before the first batch: the static routes', or in dynamic mode the sink's."""
+        """Ensure the tables known before the first batch: the static routes', or in dynamic mode the sink's. The
+        sink's own table is among them (RegisterWriter just did the same for it), so that a coordinator without
+        fan-out is found out here, before any batch."""
         if self.routes.dynamic:
             known = tuple(table.table for table in self._client.sink_state(self._sink).tables)
         else:
             known = self.routes.static_tables
-        self._ensure([table for table in known if table != self._own_table], schema)
+        self._ensure(tuple(dict.fromkeys((self._own_table, *known))), schema)
 
     def task_routing(self) -> TaskRouting:
         return TaskRouting(self.routes, self._own_table, dict(self._locations))
@@ -170,5 +172,4 @@ class FanOut:
                     ) from error
                 raise
             self._locations.update((each.table, each.location) for each in ensured.tables)
-        if tables:
-            log.info("tables ensured", sink=self._sink, tables=list(tables))
+        log.info("tables ensured", sink=self._sink, tables=list(tables))
