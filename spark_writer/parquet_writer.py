@@ -48,8 +48,8 @@ PARQUET_COMPRESSION: Final = "zstd"
 # What every task yields: one row per data file (with its table when routed to another than the sink's own);
 # without a path, one carrying the count of the records that did not fit the schema when there were any, one per
 # Kafka topic-partition read with its latest record timestamp, and with routes one per table it had rows for but
-# no location (`table`) and one per value no route took (`unrouted`: the value as a message describes it, its
-# records and where the first came from). The DDL form is mapInArrow's output schema.
+# no location (`table`, its records in `record_count`) and one per value no route took (`unrouted`: the value as a
+# message describes it, its records and where the first came from). The DDL form is mapInArrow's output schema.
 WRITTEN_FILES_DDL: Final = (
     "path string, record_count bigint, size_bytes bigint, parquet_footer binary, bad_records bigint, "
     "topic string, partition int, latest_timestamp_ms bigint, table string, unrouted string, "
