@@ -383,11 +383,9 @@ class Committer:
         elif moved:
             async with self.database.connection(autocommit=True) as connection:
                 await repository.record_tables(connection, sink, moved)
-        if found:
-            log_.info(
-                "epochs found already in the table; marked committed",
-                epochs=sorted({epoch for epoch in found if epoch <= settled}),
-            )
+        marked_found = sorted({epoch for epoch in found if epoch <= settled})
+        if marked_found:
+            log_.info("epochs found already in the table; marked committed", epochs=marked_found)
         if failures:
             raise failures[0]
         return more

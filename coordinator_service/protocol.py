@@ -303,8 +303,6 @@ class Coordinator:
         adds none (a table it created in the catalog stays there, unused, as after a refused RegisterWriter).
         """
         _check_sink_name(sink)
-        if not tables:
-            raise InvalidArgument("EnsureTables names no table")
         if len(tables) > MAX_TABLES_PER_ENSURE:
             raise InvalidArgument(f"{len(tables)} tables in one EnsureTables exceed {MAX_TABLES_PER_ENSURE}")
         names = [spec.table for spec in tables]
@@ -664,7 +662,7 @@ def _files_by_table(request: PreCommitRequest, sink: _SinkHint) -> dict[str, lis
     if unknown:
         raise InvalidArgument(
             f"sink {request.sink} epoch {request.epoch}: data files name table {quote(unknown[0])}, which is not one "
-            f"of the sink's tables ({len(sink.tables)}, its own {sink.table}): call EnsureTables for it before "
+            f"of the sink's {len(sink.tables)} tables (its own is {sink.table}): call EnsureTables for it before "
             "writing its files. Nothing was changed"
         )
     return dict(sorted(groups.items(), key=lambda group: (group[0] != sink.table, group[0])))

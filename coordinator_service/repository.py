@@ -106,6 +106,8 @@ async def tables_of_sink(session: AsyncSession, sink_id: int) -> list[TableOfSin
 async def add_tables(session: AsyncSession, sink: Sink, tables: Sequence[str]) -> None:
     """Make these tables the sink's (those it has stay as they are), in the caller's transaction, which holds the
     sink's row lock: a new table holds every epoch up to the sink's committed one, none of which has files in it."""
+    if not tables:
+        return
     await session.execute(
         insert(WrittenTable)
         .values(

@@ -92,7 +92,9 @@ async def holdings(
     files = {row.epoch: tables_with_files(precommit_metadata.decode(row.metadata_)) for row in rows}
     walked: dict[str, dict[int, int]] = {}
     for table in sorted({table for each in files.values() for table in each} or {sink.table_identifier}):
-        above = [epoch for epoch, each in files.items() if (table in each or not each) and epoch > recorded[table]]
+        above = [
+            epoch for epoch, each in files.items() if (table in each or not each) and epoch > recorded.get(table, -1)
+        ]
         markers = await in_catalog(tables.sink_markers, table, identity, min(above)) if above else []
         walked[table] = {
             epoch: snapshot for snapshot, epochs in held_by_snapshot(above, markers).items() for epoch in epochs
@@ -100,7 +102,7 @@ async def holdings(
     held: dict[int | None, list[int]] = {}
     partial: dict[int, list[str]] = {}
     for epoch, each in sorted(files.items()):
-        holding = {table for table in walked if epoch <= recorded[table] or epoch in walked[table]}
+        holding = {table for table in walked if epoch <= recorded.get(table, -1) or epoch in walked[table]}
         if each and each <= holding:
             snapshot = walked[sink.table_identifier].get(epoch) if sink.table_identifier in each else None
             held.setdefault(snapshot, []).append(epoch)
