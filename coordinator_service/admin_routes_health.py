@@ -33,6 +33,14 @@ async def prometheus_metrics(operations: OperationsDep) -> Response:
                 oldest_pending_age_seconds=overview.counts.oldest_pending_age_seconds,
                 retrying=overview.health is not None and overview.health.retrying,
                 stuck=overview.health is not None and overview.health.stuck is not None,
+                tables=[
+                    metrics.TableGauges(
+                        table=table.table,
+                        committed_epoch=table.committed_epoch,
+                        retrying=overview.health is not None and table.table in overview.health.failing_tables,
+                    )
+                    for table in overview.tables
+                ],
             )
             for overview in await operations.sinks()
         ]

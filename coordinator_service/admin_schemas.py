@@ -22,7 +22,7 @@ from coordinator_service.errors import InvalidArgument
 from coordinator_service.models import AbortCause, PendingSinkState
 from coordinator_service.operations import AbortOutcome, EpochDetail, MaintenanceView, ResetOutcome, SinkOverview
 from coordinator_service.settings import MaintenancePolicy
-from coordinator_service.views import EpochStatus, EpochView, SinkView, from_attributes
+from coordinator_service.views import EpochStatus, EpochView, SinkTable, SinkView, from_attributes
 
 # Epochs are PostgreSQL bigints.
 MAX_EPOCH = 2**63 - 1
@@ -77,7 +77,28 @@ class CommitterState(BaseModel):
 
 
 @dataclass(frozen=True)
+class TableResponse(SinkTable):
+    retrying: Annotated[
+        bool,
+        Field(
+            description="True while this process's committer retries a failed commit to this table; the sink's "
+            "other tables commit meanwhile, and its committed_epoch waits for this one."
+        ),
+    ]
+    last_error: Annotated[
+        str | None, Field(description="Why the last commit to this table failed; null when none did.")
+    ]
+
+
+@dataclass(frozen=True)
 class SinkResponse(SinkView):
+    tables: Annotated[
+        tuple[TableResponse, ...],
+        Field(
+            description="Every table the sink writes, its own first, then (fan-out) the others by name; "
+            "committed_epoch of the sink is the least of theirs."
+        ),
+    ]
     generation: Annotated[int, Field(description="Bumped by each reset; the table's markers carry it.")]
     incarnation: Annotated[
         uuid.UUID,
@@ -102,11 +123,21 @@ class SinkResponse(SinkView):
     @classmethod
     def of(cls, overview: SinkOverview) -> SinkResponse:
         sink, counts = overview.sink, overview.counts
+        failing = {} if overview.health is None else overview.health.failing_tables
         return from_attributes(
             cls,
             sink,
             sink=sink.name,
             table=sink.table_identifier,
+            tables=tuple(
+                TableResponse(
+                    table=table.table,
+                    committed_epoch=table.committed_epoch,
+                    retrying=table.table in failing,
+                    last_error=failing.get(table.table),
+                )
+                for table in overview.tables
+            ),
             awaiting_writer_after_reset=sink.rebase_on_register,
             pending_epochs=counts.pending,
             aborted_epochs=counts.aborted,

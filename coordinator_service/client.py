@@ -22,7 +22,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_expone
 
 from coordinator_service.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
-from coordinator_service.views import CheckpointResult, PreCommitResult, Registration, SinkState
+from coordinator_service.views import CheckpointResult, PreCommitResult, Registration, SinkState, TablesEnsured
 from coordinator_service.wire import from_message
 
 Response = TypeVar("Response")
@@ -45,11 +45,23 @@ class CoordinatorRpcError(Exception):
 class PreCommitFile:
     """A data file to pre-commit. A writer that holds the file's Parquet footer sends it (pyarrow's FileMetaData
     written with write_metadata_file) with the file's size: the coordinator then checks the file with one metadata
-    request instead of reading its footer from storage."""
+    request instead of reading its footer from storage. `table` names the Iceberg table the file belongs to
+    (fan-out: one that ensure_tables made one of the sink's tables); "" is the sink's own table."""
 
     path: str
     parquet_footer: bytes = b""
     file_size_in_bytes: int = 0
+    table: str = ""
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A table a fan-out writer routes records to: created from `arrow_schema` (Arrow IPC bytes) and partitioned by
+    `partition_by` when missing, given the schema's new columns when present."""
+
+    table: str
+    arrow_schema: bytes = b""
+    partition_by: tuple[str, ...] = ()
 
 
 def _data_files(files: Sequence[str | PreCommitFile]) -> list[pb.DataFile]:
@@ -64,7 +76,9 @@ def _data_files(files: Sequence[str | PreCommitFile]) -> list[pb.DataFile]:
         footer = file.parquet_footer if len(file.parquet_footer) <= budget else b""
         budget -= len(footer)
         data_files.append(
-            pb.DataFile(path=file.path, parquet_footer=footer, file_size_in_bytes=file.file_size_in_bytes)
+            pb.DataFile(
+                path=file.path, parquet_footer=footer, file_size_in_bytes=file.file_size_in_bytes, table=file.table
+            )
         )
     return data_files
 
@@ -209,6 +223,23 @@ class CoordinatorClient:
             timeout_seconds,
         )
         return from_message(response, CheckpointResult)
+
+    def ensure_tables(self, sink: str, writer_term: int, tables: Sequence[TableSpec]) -> TablesEnsured:
+        """Make sure of the tables the writer routes records to before it writes files under their locations (the
+        answer's): the coordinator creates or evolves them and makes them the sink's, so that pre-commits may name
+        them. Idempotent; refused for a fenced term."""
+        response = self._call(
+            self._stub.EnsureTables,
+            pb.EnsureTablesRequest(
+                sink=sink,
+                writer_term=writer_term,
+                tables=[
+                    pb.TableSpec(table=spec.table, arrow_schema=spec.arrow_schema, partition_by=list(spec.partition_by))
+                    for spec in tables
+                ],
+            ),
+        )
+        return from_message(response, TablesEnsured)
 
     def sink_state(self, sink: str) -> SinkState:
         return from_message(self._call(self._stub.GetSinkState, pb.GetSinkStateRequest(sink=sink)), SinkState)

@@ -17,7 +17,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import pydantic
@@ -32,11 +32,11 @@ from coordinator_service.catalog_calls import in_catalog
 from coordinator_service.commit_history import CommitHistory
 from coordinator_service.commit_lock import CommitLock
 from coordinator_service.database import Database
-from coordinator_service.errors import InvalidArgument, cause
+from coordinator_service.errors import CommitLockLost, InvalidArgument, cause
 from coordinator_service.failpoints import Failpoint
-from coordinator_service.iceberg import IcebergGateway, Marker
+from coordinator_service.iceberg import IcebergGateway
 from coordinator_service.models import PendingSinkState, Sink
-from coordinator_service.precommit_metadata import MetadataDecodeError
+from coordinator_service.precommit_metadata import DataFileEntry, MetadataDecodeError, PreCommitMetadata
 from coordinator_service.settings import Settings
 from coordinator_service.source_positions import snapshot_positions
 from coordinator_service.table_maintenance import table_properties_for
@@ -58,6 +58,8 @@ class CommitterHealth:
     last_commit_at: datetime | None = None
     # Set when a commit failed in a way no retry can fix: the committer waits for an operator's resume.
     stuck: str | None = None
+    # Fan-out: the tables whose last commit failed while the others committed (retried), with the error.
+    failing_tables: dict[str, str] = field(default_factory=dict)
 
 
 # Failures of a commit pass that retrying cannot fix: the log's record cannot be decoded, the table is gone or
@@ -211,7 +213,7 @@ class Committer:
         for backlog in backlogs:
             self._sink_names[backlog.sink_id] = backlog.sink
             self.health.setdefault(backlog.sink_id, CommitterHealth()).last_commit_at = now
-            metrics.record_commit(backlog.sink, backlog.epochs, appended=False, seconds=seconds)
+            metrics.record_commit(backlog.sink, backlog.epochs, snapshots=0, seconds=seconds)
             self.history.record(backlog.sink, seconds, backlog.epochs, lag_epochs=0)
         log.info(
             "empty checkpointed epochs committed",
@@ -309,6 +311,7 @@ class Committer:
                 more = await self._commit_pass(sink_id)
         health.retrying = False
         health.attempts = 0
+        health.failing_tables.clear()
         return more
 
     async def _commit_pass(self, sink_id: int) -> bool:
@@ -321,10 +324,17 @@ class Committer:
             return await self._commit_next(sink_id, lock)
 
     async def _commit_next(self, sink_id: int, lock: CommitLock) -> bool:
-        """Commit the next group of checkpointed epochs; whether more may wait (or the group must be walked again)."""
+        """Commit the next group of checkpointed epochs to each of the sink's tables; whether more may wait (or the
+        group must be walked again).
+
+        Per table, only the epochs above the newest one it holds (the log's record) are its work: the tables
+        a crash or a failure left behind catch up, and those that hold the group already are not walked. A table
+        that fails does not stop the others: the pass records what each holds and marks COMMITTED the epochs all
+        of their tables hold, then raises the failure (the pass is retried, and only that table has work then).
+        """
         limit = self.settings.commit_max_epochs
         async with self.database.reading() as session:  # a plan: the COMMITTED record checks it again under locks
-            sink, waiting = await repository.sink_and_checkpointed_pending(session, sink_id, limit=limit + 1)
+            sink, waiting, recorded = await repository.sink_and_checkpointed_pending(session, sink_id, limit=limit + 1)
         if sink is None or not waiting:
             return False
         pending, more = waiting[:limit], len(waiting) > limit
@@ -332,59 +342,115 @@ class Committer:
         structlog.contextvars.bind_contextvars(sink=sink.name)
         log_ = log.bind(table=sink.table_identifier, epochs=[row.epoch for row in pending])
         decoded = [precommit_metadata.decode(row.metadata_) for row in pending]
-        entries = [entry for each in decoded for entry in each.data_files]
         started = time.monotonic()
-        if not entries:
-            # Empty epochs are never appended, so no marker can hold them: mark them without reading the table.
-            await self._record_commit(sink, pending, None, entries, started, log_)
+        if not any(each.data_files for each in decoded):
+            # Empty epochs are never appended, so no marker can hold them: mark them without reading the tables.
+            empty = _PassAppends()
+            await self._record_commit(sink, pending, empty.of(pending, {}), empty, started, log_)
             return more
+        files = _files_by_table(sink, recorded, pending, decoded)
+        top = pending[-1].epoch
+        held = {table: max(epoch, top) if table not in files else epoch for table, epoch in recorded.items()}
+        appends = _PassAppends()
+        found: list[int] = []
+        failures: list[BaseException] = []
+        health = self.health.setdefault(sink_id, CommitterHealth())
+        for index, (table, work) in enumerate(files.items()):
+            try:
+                outcome = await self._commit_table(sink, table, work, top, decoded[-1].properties, lock)
+            except Exception as error:
+                health.failing_tables[table] = f"{type(error).__name__}: {cause(error)}"
+                if cannot_succeed_by_retrying(error) or isinstance(error, CommitLockLost) or len(files) == 1:
+                    raise
+                # The other tables go on: this one is retried by the next pass (alone, unless more epochs came).
+                failures.append(error)
+                log_.warning("commit to one of the sink's tables failed", failed_table=table, error=str(error))
+                held[table] = max(recorded[table], next(iter(work)) - 1)
+                continue
+            if outcome is None:
+                return True  # a cached table was stale: walk the current one (what this pass appended is found)
+            health.failing_tables.pop(table, None)
+            held[table] = outcome.held
+            appends.add(outcome, own=table == sink.table_identifier)
+            if not outcome.files:
+                found.extend(outcome.snapshots)
+                more = True
+            if index < len(files) - 1:
+                await failpoints.hit(Failpoint.COMMIT_BETWEEN_TABLES)
+        if appends.files:
+            await failpoints.hit(Failpoint.COMMIT_AFTER_APPEND)
+        settled = min(held.values())
+        done = [row for row in pending if row.epoch <= settled]
+        moved = {table: epoch for table, epoch in held.items() if epoch > recorded[table]}
+        if done:
+            await self._record_commit(sink, done, appends.of(done, moved), appends, started, log_)
+        elif moved:
+            async with self.database.connection(autocommit=True) as connection:
+                await repository.record_tables(connection, sink, moved)
+        marked_found = sorted({epoch for epoch in found if epoch <= settled})
+        if marked_found:
+            log_.info("epochs found already in the table; marked committed", epochs=marked_found)
+        if failures:
+            raise failures[0]
+        return more
+
+    async def _commit_table(
+        self,
+        sink: Sink,
+        table_name: str,
+        work: Mapping[int, Sequence[DataFileEntry]],
+        top: int,
+        properties: Mapping[str, str],
+        lock: CommitLock,
+    ) -> _TableCommit | None:
+        """Append the table's files of these epochs (by epoch, oldest first) as one snapshot with the sink's marker of
+        `top`, the group's newest epoch; or, when its markers show that it holds some already, only say which. None:
+        the cached table was stale, and the pass must walk the current one."""
         identity = settlement.identity_of(sink)
         # The cached table (kept current by this process's own commits): the append asserts its branch head,
         # so a stale one fails the commit and the next round walks a freshly loaded table.
-        table, from_cache = await asyncio.to_thread(self.tables.cached, sink.table_identifier)
-        markers = await asyncio.to_thread(
-            self.tables.sink_markers, sink.table_identifier, identity, pending[0].epoch, table
-        )
-        if markers and markers[-1].epoch >= pending[0].epoch:
+        table, from_cache = await asyncio.to_thread(self.tables.cached, table_name)
+        markers = await asyncio.to_thread(self.tables.sink_markers, table_name, identity, next(iter(work)), table)
+        if markers and markers[-1].epoch >= next(iter(work)):
             if from_cache:
                 # Marking needs the current table, not a remembered one: walk again on a fresh load.
-                self.tables.forget(sink.table_identifier)
-                return True
-            await self._mark_already_in_table(sink, pending, markers)
-            log_.info(
-                "epochs found already in the table; marked committed",
-                epochs=[row.epoch for row in pending if row.epoch <= markers[-1].epoch],
-            )
-            return True
+                self.tables.forget(table_name)
+                return None
+            # A crash hit after an append and before its record: those epochs are only marked, and the pass
+            # after appends the rest (on a table walked again).
+            found = {
+                epoch: snapshot
+                for snapshot, epochs in settlement.held_by_snapshot(work, markers).items()
+                for epoch in epochs
+            }
+            return _TableCommit(found, files=0, held=markers[-1].epoch)
         await failpoints.hit(Failpoint.COMMIT_BEFORE_APPEND)
         # The lock's connection may have died since the walk: then another committer, an operator or the
         # cleaner may be deciding about these epochs, and the append must not happen.
         await lock.verify()
-        started = time.monotonic()
+        entries = [entry for each in work.values() for entry in each]
         try:
             snapshot_id = await asyncio.to_thread(
                 self.tables.append,
-                sink.table_identifier,
+                table_name,
                 identity,
-                pending[-1].epoch,
+                top,
                 uuid.uuid4().hex,
                 entries,
                 table,
                 self._table_properties(sink),
-                snapshot_positions(decoded[-1].properties),  # a coalesced snapshot says where its newest epoch ended
+                snapshot_positions(properties),  # a coalesced snapshot says where its newest epoch ended
             )
         except CommitFailedException as error:
             if not from_cache:
                 raise
             # The remembered table was behind the catalog (append forgot it): walk the current one now.
-            log_.debug("cached table was stale; walking the current table", error=str(error))
-            return True
-        await failpoints.hit(Failpoint.COMMIT_AFTER_APPEND)
-        await self._record_commit(sink, pending, snapshot_id, entries, started, log_)
-        return more
+            log.debug("cached table was stale; walking the current table", stale_table=table_name, error=str(error))
+            return None
+        return _TableCommit(dict.fromkeys(work, snapshot_id), files=len(entries), held=top)
 
     def _table_properties(self, sink: Sink) -> Mapping[str, str]:
-        """What the sink's commits make sure its table has: manifest merging and old metadata files removed
+        """What the sink's commits make sure its tables have: manifest merging and old metadata files removed
         when its maintenance is on (coordinator_service.maintenance)."""
         policy = self.settings.with_overrides(sink.maintenance_overrides)
         return table_properties_for(policy.manifest_merge_min_count) if policy.maintenance_enabled else {}
@@ -393,24 +459,24 @@ class Committer:
         self,
         sink: Sink,
         pending: Sequence[PendingSinkState],
-        snapshot_id: int | None,
-        entries: Sequence[object],
+        appended: repository.Appended,
+        appends: _PassAppends,
         started: float,
         log_: structlog.stdlib.BoundLogger,
     ) -> None:
-        """The COMMITTED transaction: each epoch is re-checked under its row lock before it is marked.
+        """The COMMITTED transaction: each epoch is re-checked under its row lock before it is marked, and the tables
+        record the newest epoch they hold.
 
         An epoch that is no longer PENDING with the attempt the committer read (an abort or a new attempt
         got in while the commit lock was lost) but whose files were just appended takes the table's side.
         """
         epochs = [row.epoch for row in pending]
         async with self.database.connection(autocommit=True) as connection:
-            attempts = {row.epoch: row.attempt for row in pending}
-            committed = await repository.mark_appended_epochs(connection, sink, attempts, snapshot_id)
+            committed = await repository.mark_appended_epochs(connection, sink, appended)
             if committed is not None:
                 await repository.prune_committed(connection, [sink.id], self.settings.retention_epochs)
         if committed is None:
-            committed = await self._record_commit_checking_each_epoch(sink, pending, snapshot_id)
+            committed = await self._record_commit_checking_each_epoch(sink, pending, appended, appends.files)
         if committed is None:
             return
         self._committed_here[sink.id] = (numbering_of(sink), committed)
@@ -418,19 +484,20 @@ class Committer:
         self._last_commit[sink.id] = time.monotonic()
         self.health.setdefault(sink.id, CommitterHealth()).last_commit_at = datetime.now(UTC)
         seconds = time.monotonic() - started
-        metrics.record_commit(sink.name, len(epochs), appended=bool(entries), seconds=seconds)
+        metrics.record_commit(sink.name, len(epochs), snapshots=appends.snapshots, seconds=seconds)
         self.history.record(sink.name, seconds, len(epochs), lag_epochs=sink.checkpointed_epoch - committed)
         log_.info(
             "epochs committed",
-            snapshot_id=snapshot_id,
-            files=len(entries),
+            epochs=epochs,
+            snapshot_ids=sorted({snapshot for snapshot in appended.snapshots.values() if snapshot is not None}),
+            files=appends.files,
             records=sum(row.record_count for row in pending),
             seconds=round(time.monotonic() - started, 4),
         )
         await self._notify_progress()
 
     async def _record_commit_checking_each_epoch(
-        self, sink: Sink, pending: Sequence[PendingSinkState], snapshot_id: int | None
+        self, sink: Sink, pending: Sequence[PendingSinkState], appended: repository.Appended, files: int
     ) -> int | None:
         """The general COMMITTED transaction, for what the one statement declined: the sink's committed epoch
         after it, or None when a reset (or a new incarnation) took the sink over meanwhile."""
@@ -443,12 +510,12 @@ class Committer:
                 for epoch in epochs
                 if (now := rows.get(epoch)) is not None
                 and now.status == EpochStatus.COMMITTED
-                and now.snapshot_id == snapshot_id
+                and now.snapshot_id == appended.snapshots.get(epoch)
             ]
             if current is None or (current.incarnation, current.generation) != (sink.incarnation, sink.generation):
                 # A reset (or a new incarnation) took over: what it found in the table it recorded.
-                if snapshot_id is not None and len(recorded) < len(epochs):
-                    settlement.alert(sink.name, "appended_after_reset", epochs=epochs, snapshot_id=snapshot_id)
+                if files and len(recorded) < len(epochs):
+                    settlement.alert(sink.name, "appended_after_reset", epochs=epochs)
                 return None
             as_read = [
                 row.epoch
@@ -457,30 +524,21 @@ class Committer:
                 and (now.status, now.attempt) == (EpochStatus.PENDING, row.attempt)
             ]
             committed = current.committed_epoch
-            if as_read:
-                moved = await repository.mark_committed(session, sink.id, as_read, snapshot_id)
-                committed = committed if moved is None else moved
-            for appended in pending:
-                now = rows.get(appended.epoch)
+            for snapshot_id, marked in _by_snapshot(as_read, appended.snapshots).items():
+                moved = await repository.mark_committed(session, sink.id, marked, snapshot_id)
+                committed = committed if moved is None else max(committed, moved)
+            for each in pending:
+                now = rows.get(each.epoch)
                 # Recorded already: an abort or a reset walked the table after the append and marked it.
-                if appended.epoch in as_read or appended.epoch in recorded or snapshot_id is None:
+                if each.epoch in as_read or each.epoch in recorded or not files:
                     continue
+                snapshot_id = appended.snapshots.get(each.epoch)
                 if now is None:
-                    settlement.alert(sink.name, "appended_epoch_gone", epoch=appended.epoch, snapshot_id=snapshot_id)
+                    settlement.alert(sink.name, "appended_epoch_gone", epoch=each.epoch, snapshot_id=snapshot_id)
                 else:
-                    await settlement.adopt_appended(session, sink, now, appended, snapshot_id)
+                    await settlement.adopt_appended(session, sink, now, each, snapshot_id)
             await repository.prune_committed(session, [sink.id], self.settings.retention_epochs)
         return committed
-
-    async def _mark_already_in_table(
-        self, sink: Sink, pending: Sequence[PendingSinkState], markers: Sequence[Marker]
-    ) -> None:
-        """Mark the pending epochs a marker covers, each with the snapshot that added it."""
-        held = settlement.held_by_snapshot([row.epoch for row in pending], markers)
-        async with self.database.transaction() as session:
-            marked = await settlement.mark_held(session, sink.id, held)
-        metrics.COMMITTED_EPOCHS.labels(sink.name).inc(len(marked))
-        await self._notify_progress()
 
     async def _respect_commit_interval(self, sink_id: int) -> None:
         """Wait out the rest of the sink's commit interval, unless a writer waits for the commit (flush)."""
@@ -523,17 +581,17 @@ class Committer:
                     row = await repository.epoch_row(session, sink_id, epoch)
                     if row is not None:
                         candidates.update(await repository.files_to_clean(session, row, self.cleanup_delays))
+                tables = await repository.tables_of_sink(session, sink_id)
             if sink is None or not epochs:
                 return 0
-            # On a fresh load, under the commit lock: no append of this sink can land meanwhile.
-            stale = set(await in_catalog(self.tables.unreferenced, sink.table_identifier, sorted(candidates)))
-            markers: list[Marker] | None = None
-            if candidates - stale:
-                markers = await in_catalog(
-                    self.tables.sink_markers, sink.table_identifier, settlement.identity_of(sink), min(epochs)
-                )
+            # On a fresh load of each of the sink's tables, under the commit lock: no append of this sink can land
+            # meanwhile. A file is deleted only when none of them references it.
+            stale = set(candidates)
+            for table in tables:
+                stale &= set(await in_catalog(self.tables.unreferenced, table.table, sorted(candidates)))
+            recorded = {table.table: table.committed_epoch for table in tables}
             for epoch in epochs:
-                await self._clean_epoch(sink, epoch, candidates, stale, markers or [], lock)
+                await self._clean_epoch(sink, epoch, candidates, stale, recorded, lock)
             if len(epochs) == CLEANUP_BATCH:
                 self.wake_cleaner()
             return len(epochs)
@@ -544,10 +602,10 @@ class Committer:
         epoch: int,
         checked: set[str],
         unreferenced: set[str],
-        markers: Sequence[Marker],
+        recorded: Mapping[str, int],
         lock: CommitLock,
     ) -> None:
-        """Delete the epoch's due files among those `checked` against the table (`unreferenced`: not in it)."""
+        """Delete the epoch's due files among those `checked` against the tables (`unreferenced`: in none)."""
         async with self.database.transaction() as session:
             # The row lock orders this with a new attempt of the epoch (PreCommit takes it too): a path the new
             # attempt holds is no longer due, and a path deleted here is seen as gone by the new attempt.
@@ -559,11 +617,13 @@ class Committer:
             ]
             referenced = sorted(set(due) - unreferenced)
             if referenced:
-                await self._keep_referenced(session, sink, row, referenced, markers)
+                await self._keep_referenced(session, sink, row, referenced, recorded)
                 return
             deleted = 0
             if due:
                 await lock.verify()
+                # Through the sink's own table's storage (its catalog's FileIO): a replaced attempt's file no
+                # longer says which table it was written for.
                 deleted = await in_catalog(self.tables.delete_files, sink.table_identifier, due)
                 await failpoints.hit(Failpoint.CLEANUP_AFTER_DELETE)
                 await repository.forget_files(session, due)
@@ -588,18 +648,80 @@ class Committer:
         )
 
     async def _keep_referenced(
-        self, session: AsyncSession, sink: Sink, row: PendingSinkState, referenced: list[str], markers: Sequence[Marker]
+        self,
+        session: AsyncSession,
+        sink: Sink,
+        row: PendingSinkState,
+        referenced: list[str],
+        recorded: Mapping[str, int],
     ) -> None:
-        """Files due for deletion that the table references: an append landed after the abort (its committer
-        had lost the commit lock). They are kept, and the epoch takes the table's side where the log can say so."""
-        held = settlement.held_by_snapshot([row.epoch], markers)
-        if row.status == EpochStatus.ABORTED and held and row.epoch <= sink.checkpointed_epoch:
-            [snapshot_id] = held
+        """Files due for deletion that a table references: an append landed after the abort (its committer had
+        lost the commit lock). They are kept, and the epoch takes the tables' side where the log can say so."""
+        found = await settlement.holdings(self.tables, sink, recorded, [row])
+        if row.status == EpochStatus.ABORTED and found.held and row.epoch <= sink.checkpointed_epoch:
+            [snapshot_id] = found.held
             await settlement.adopt_appended(session, sink, row, row, snapshot_id)
             return
-        # No marker of this generation holds it (a reset came in between) or the files are a replaced
-        # attempt's: keep them, held by the epoch, and stop trying to delete them.
+        # No marker of this generation holds it in every table with its files (a reset came in between) or the
+        # files are a replaced attempt's: keep them, held by the epoch, and stop trying to delete them.
         await repository.keep_files(session, sink.id, row.epoch, referenced)
         if row.status == EpochStatus.ABORTED:
             row.files_cleaned = True
         settlement.alert(sink.name, "aborted_files_in_table", epoch=row.epoch, files=referenced[:10])
+
+
+@dataclass(frozen=True)
+class _TableCommit:
+    """One table's part of a pass: the snapshot that holds each of the table's epochs (found by its markers or
+    appended now) and the files appended."""
+
+    snapshots: dict[int, int]
+    files: int
+    # The newest epoch the table holds now.
+    held: int
+
+
+@dataclass
+class _PassAppends:
+    """What a pass did to the sink's tables."""
+
+    # The snapshot of the sink's own table that holds each epoch with files there.
+    own_snapshots: dict[int, int] = field(default_factory=dict)
+    files: int = 0
+    snapshots: int = 0
+
+    def add(self, outcome: _TableCommit, own: bool) -> None:
+        if own:
+            self.own_snapshots.update(outcome.snapshots)
+        self.files += outcome.files
+        self.snapshots += 1 if outcome.files else 0
+
+    def of(self, done: Sequence[PendingSinkState], tables: Mapping[str, int]) -> repository.Appended:
+        """The COMMITTED record of the epochs all their tables hold, and of the tables that moved."""
+        return repository.Appended(
+            attempts={row.epoch: row.attempt for row in done},
+            snapshots={row.epoch: self.own_snapshots.get(row.epoch) for row in done},
+            tables=tables,
+        )
+
+
+def _files_by_table(
+    sink: Sink, recorded: Mapping[str, int], pending: Sequence[PendingSinkState], decoded: Sequence[PreCommitMetadata]
+) -> dict[str, dict[int, list[DataFileEntry]]]:
+    """Each table's work in a pass: its files of each epoch above the newest it holds, by epoch (only epochs with
+    files there); the sink's own table first, then the others by name, each with work."""
+    work: dict[str, dict[int, list[DataFileEntry]]] = {}
+    for row, metadata in zip(pending, decoded, strict=True):
+        for table, entries in metadata.by_table().items():
+            if table not in recorded:
+                raise AssertionError(f"epoch {row.epoch} has files in table {table}, which is not one of the sink's")
+            if entries and row.epoch > recorded[table]:
+                work.setdefault(table, {})[row.epoch] = entries
+    return dict(sorted(work.items(), key=lambda item: (item[0] != sink.table_identifier, item[0])))
+
+
+def _by_snapshot(epochs: Sequence[int], snapshots: Mapping[int, int | None]) -> dict[int | None, list[int]]:
+    grouped: dict[int | None, list[int]] = {}
+    for epoch in epochs:
+        grouped.setdefault(snapshots.get(epoch), []).append(epoch)
+    return grouped

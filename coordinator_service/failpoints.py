@@ -32,7 +32,9 @@ class Failpoint(StrEnum):
     COMMIT_AFTER_LOCK = "commit.after_lock"
     # The markers are walked and the epochs are not in the table: the append is next.
     COMMIT_BEFORE_APPEND = "commit.before_append"
-    # The Iceberg snapshot is committed, the epochs not yet marked COMMITTED.
+    # Fan-out: one table's snapshot of the group is committed, another table of the sink is next.
+    COMMIT_BETWEEN_TABLES = "commit.between_tables"
+    # The Iceberg snapshot (one per table with files) is committed, the epochs not yet marked COMMITTED.
     COMMIT_AFTER_APPEND = "commit.after_append"
     # The epochs are marked COMMITTED (and rows past the retention pruned in the same transaction).
     COMMIT_AFTER_MARK = "commit.after_mark"

@@ -16,7 +16,7 @@ from grpc_reflection.v1alpha import reflection
 from coordinator_service.database import DATA_ERRORS, unstorable
 from coordinator_service.errors import CoordinatorError, Unavailable, cause
 from coordinator_service.precommit_files import FileFacts
-from coordinator_service.protocol import Coordinator, PreCommitRequest
+from coordinator_service.protocol import Coordinator, PreCommitRequest, TableRequest
 from coordinator_service.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
 from coordinator_service.wire import to_message
@@ -90,6 +90,9 @@ class SinkCoordinatorServicer(pb_grpc.SinkCoordinatorServicer):
                         if data_file.parquet_footer or data_file.file_size_in_bytes
                     },
                     files_directory=request.files_directory,
+                    file_tables={
+                        data_file.path: data_file.table for data_file in request.data_files if data_file.table
+                    },
                 )
             ),
             sink=request.sink,
@@ -115,6 +118,25 @@ class SinkCoordinatorServicer(pb_grpc.SinkCoordinatorServicer):
     ) -> pb.GetSinkStateResponse:
         state = await _answer(context, self.coordinator.sink_state(request.sink), sink=request.sink)
         return to_message(state, pb.GetSinkStateResponse)
+
+    async def EnsureTables(  # noqa: N802
+        self, request: pb.EnsureTablesRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.EnsureTablesResponse:
+        ensured = await _answer(
+            context,
+            self.coordinator.ensure_tables(
+                sink=request.sink,
+                writer_term=request.writer_term,
+                tables=[
+                    TableRequest(
+                        table=spec.table, arrow_schema=spec.arrow_schema, partition_by=tuple(spec.partition_by)
+                    )
+                    for spec in request.tables
+                ],
+            ),
+            sink=request.sink,
+        )
+        return to_message(ensured, pb.EnsureTablesResponse)
 
 
 class WriterTokenInterceptor(grpc.aio.ServerInterceptor):

@@ -13,7 +13,6 @@ import copy
 import functools
 import math
 import posixpath
-import re
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -62,6 +61,7 @@ from coordinator_service import partition_syntax
 from coordinator_service.errors import InvalidArgument, cause, quote
 from coordinator_service.precommit_files import FileChecks, FileFacts
 from coordinator_service.precommit_metadata import DataFileEntry
+from coordinator_service.table_identifiers import parse_table_identifier
 
 log = structlog.get_logger(__name__)
 
@@ -76,10 +76,6 @@ MARKER_SINK_ID = "sink-coordinator.sink-id"
 # Table schema versions whose file-description rules are kept (the oldest is dropped first).
 _FILE_RULES_KEPT = 256
 
-# Longest namespace (its parts joined with '.') and table name: the SQL catalog keeps each in a VARCHAR(255),
-# and a file-system warehouse makes a directory of each, whose name is at most 255 bytes.
-MAX_NAME_BYTES = 255
-_CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 # Where a new table's metadata is built in memory, to be checked before anything is created.
 _CHECK_LOCATION = "memory://sink-coordinator/check"
 
@@ -122,33 +118,6 @@ class Marker:
 
     epoch: int
     snapshot_id: int
-
-
-def parse_table_identifier(identifier: str) -> tuple[str, ...]:
-    parts = tuple(identifier.split("."))
-    if len(parts) < 2 or any(not part.strip() or part != part.strip() for part in parts):
-        raise InvalidArgument(
-            f"table identifier {quote(identifier)} must be 'namespace.table' (namespaces may be dotted), "
-            "with no empty or space-padded parts"
-        )
-    return parts
-
-
-def check_table_identifier(identifier: str) -> tuple[str, ...]:
-    """Parse a table identifier a writer sent, refusing what a catalog or a warehouse cannot store."""
-    parts = parse_table_identifier(identifier)
-    if _CONTROL_CHARACTER.search(identifier):
-        raise InvalidArgument(
-            f"table identifier {quote(identifier)} contains a control character (such as NUL or a line break)"
-        )
-    for what, name in (("namespace", ".".join(parts[:-1])), ("table name", parts[-1])):
-        size = len(name.encode())
-        if size > MAX_NAME_BYTES:
-            raise InvalidArgument(
-                f"table identifier {quote(identifier)}: the {what} is {size} bytes long (UTF-8); catalogs and "
-                f"warehouses store at most {MAX_NAME_BYTES}"
-            )
-    return parts
 
 
 def parse_partition_field(text: str) -> tuple[str, Transform[Any, Any]]:

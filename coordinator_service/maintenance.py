@@ -1,15 +1,16 @@
 """Table maintenance run by the coordinator, in step with the sink's commits.
 
-A sink's table is maintained every MAINTENANCE_INTERVAL_SECONDS (and when an
-operator asks), under the sink's commit lock, so never while the sink's own
+A sink's tables (its own and, with fan-out, the others it writes) are
+maintained every MAINTENANCE_INTERVAL_SECONDS (and when an operator asks), one
+after the other, under the sink's commit lock, so never while the sink's own
 append runs; against any other writer of the table the commits are optimistic
 (a conflict fails the run, and the next run plans again on a fresh load). A run:
 
 1. expires the snapshots older than SNAPSHOT_MAX_AGE_SECONDS or beyond the
    newest SNAPSHOT_MAX_COUNT, except branch and tag heads and every snapshot
-   whose marker the recovery walk may still need (a sink's marker above its
-   committed epoch), then deletes the files only the expired snapshots
-   referenced;
+   whose marker the recovery walk may still need (a sink's marker above the
+   newest epoch of that sink the log records the table holds), then deletes
+   the files only the expired snapshots referenced;
 2. compacts the small files of each partition (smaller than 3/4 of
    COMPACTION_TARGET_FILE_BYTES, at least COMPACTION_MIN_FILES of them, at most
    COMPACTION_MAX_BYTES_PER_RUN in all) into a `replace` snapshot with the same
@@ -23,7 +24,8 @@ Manifests are merged by the commits themselves (the committer sets the table
 properties of manifest merging; see IcebergGateway.append). Every step that
 deletes files verifies the commit lock right before it (coordinator_service.
 commit_lock). A run is recorded in maintenance_runs, counted in metrics, and
-its failure never stops the sink's commits.
+its failure never stops the sink's commits; a table that fails does not keep
+the run from the sink's other tables (the run is recorded failed, naming it).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from coordinator_service.catalog_calls import in_catalog
 from coordinator_service.commit_lock import CommitLock
 from coordinator_service.committer import Committer
 from coordinator_service.database import Database
-from coordinator_service.errors import NotFound, cause
+from coordinator_service.errors import CommitLockLost, NotFound, cause
 from coordinator_service.failpoints import Failpoint
 from coordinator_service.iceberg import MARKER_EPOCH, IcebergGateway
 from coordinator_service.models import MaintenanceRun, Sink
@@ -63,10 +65,10 @@ def policy_of(settings: Settings, sink: Sink) -> MaintenancePolicy:
     return settings.with_overrides(sink.maintenance_overrides)
 
 
-def protected_by_markers(table: Table, sinks: Sequence[Sink]) -> set[int]:
-    """Snapshots whose marker the recovery walk may still need: a sink's own marker above its committed
-    epoch (an append whose COMMITTED update has not happened yet)."""
-    identities = [(settlement.identity_of(sink), sink.committed_epoch) for sink in sinks]
+def protected_by_markers(table: Table, sinks: Sequence[tuple[Sink, int]]) -> set[int]:
+    """Snapshots whose marker the recovery walk may still need: a sink's own marker above the newest epoch of the
+    sink the log records this table holds (an append whose record has not happened yet)."""
+    identities = [(settlement.identity_of(sink), committed_epoch) for sink, committed_epoch in sinks]
     protected = set()
     for snapshot in table.metadata.snapshots:
         if snapshot.summary is None:
@@ -135,20 +137,27 @@ class Maintainer:
                 raise NotFound(f"sink id {sink_id} no longer exists")
             last_sweep = await repository.last_sweep_at(session, sink_id)
             run = await repository.start_maintenance_run(session, sink_id, trigger)
+            tables = [table.table for table in await repository.tables_of_sink(session, sink_id)]
         policy = policy_of(self.settings, sink)
         started = time.monotonic()
-        log_ = log.bind(sink=sink.name, table=sink.table_identifier, trigger=trigger)
+        log_ = log.bind(sink=sink.name, trigger=trigger)
+        interval = timedelta(seconds=policy.orphan_sweep_interval_seconds)
+        sweep = trigger == OPERATOR or last_sweep is None or datetime.now(UTC) - last_sweep >= interval
+        errors: list[str] = []
         try:
-            await self._expire(sink, policy, lock, run)
-            await self._compact(sink, policy, lock, run)
-            interval = timedelta(seconds=policy.orphan_sweep_interval_seconds)
-            if trigger == OPERATOR or last_sweep is None or datetime.now(UTC) - last_sweep >= interval:
-                await self._sweep(sink, policy, lock, run)
-            run.outcome = "ok"
-        except Exception as error:
-            run.outcome = "failed"
-            run.error = f"{type(error).__name__}: {cause(error)}"
-            log_.warning("table maintenance failed; the next run plans again", error=run.error)
+            for table in tables:
+                try:
+                    await self._expire(sink, table, policy, lock, run)
+                    await self._compact(sink, table, policy, lock, run)
+                    if sweep:
+                        await self._sweep(table, policy, lock, run)
+                except Exception as error:
+                    errors.append(f"table {table}: {type(error).__name__}: {cause(error)}")
+                    log_.warning("table maintenance failed; the next run plans again", table=table, error=errors[-1])
+                    if isinstance(error, CommitLockLost):
+                        break  # nothing more without the lock
+            run.outcome = "failed" if errors else "ok"
+            run.error = "; ".join(errors) or None
         finally:
             async with self.database.transaction() as session:
                 await repository.finish_maintenance_run(session, run, RUNS_KEPT)
@@ -168,10 +177,12 @@ class Maintainer:
             )
         return run
 
-    async def _expire(self, sink: Sink, policy: MaintenancePolicy, lock: CommitLock, run: MaintenanceRun) -> None:
-        table = await in_catalog(self.tables.load, sink.table_identifier)
+    async def _expire(
+        self, sink: Sink, identifier: str, policy: MaintenancePolicy, lock: CommitLock, run: MaintenanceRun
+    ) -> None:
+        table = await in_catalog(self.tables.load, identifier)
         async with self.database.transaction() as session:
-            sinks = await repository.sinks_of_table(session, sink.table_identifier)
+            sinks = await repository.sinks_of_table(session, identifier)
         keep = tm.protected_by_refs(table) | protected_by_markers(table, sinks)
         expired = tm.snapshots_to_expire(
             table.metadata.snapshots,
@@ -184,20 +195,22 @@ class Maintainer:
             return
         await lock.verify()
         committed, gone = await in_catalog(tm.expire, table, expired)
-        self.tables.remember(sink.table_identifier, committed)
-        run.snapshots_expired = len(expired)
+        self.tables.remember(identifier, committed)
+        run.snapshots_expired += len(expired)
         await failpoints.hit(Failpoint.MAINTENANCE_AFTER_EXPIRE)
         paths = sorted(gone.all())
         async with self.database.transaction() as session:
             # Never a file an epoch that is not COMMITTED holds (only a lost commit lock could put one there).
             held = await repository.paths_held_by_uncommitted(session, paths)
         await lock.verify()
-        run.expired_files_deleted = await in_catalog(
-            self.tables.delete_files, sink.table_identifier, [path for path in paths if path not in held]
+        run.expired_files_deleted += await in_catalog(
+            self.tables.delete_files, identifier, [path for path in paths if path not in held]
         )
 
-    async def _compact(self, sink: Sink, policy: MaintenancePolicy, lock: CommitLock, run: MaintenanceRun) -> None:
-        table = await in_catalog(self.tables.load, sink.table_identifier)
+    async def _compact(
+        self, sink: Sink, identifier: str, policy: MaintenancePolicy, lock: CommitLock, run: MaintenanceRun
+    ) -> None:
+        table = await in_catalog(self.tables.load, identifier)
         files = await asyncio.to_thread(tm.live_data_files, table)
         small = [tm.as_small_file(data_file) for data_file in files]
         async with self.database.transaction() as session:
@@ -217,16 +230,16 @@ class Maintainer:
             committed = await asyncio.to_thread(tm.commit_compaction, table, replaced, written)
         except CommitFailedException:
             # The commit did not happen (a conflict): the files written are nobody's.
-            await in_catalog(self.tables.delete_files, sink.table_identifier, [f.file_path for f in written])
+            await in_catalog(self.tables.delete_files, identifier, [f.file_path for f in written])
             raise
-        self.tables.remember(sink.table_identifier, committed)
+        self.tables.remember(identifier, committed)
         await failpoints.hit(Failpoint.MAINTENANCE_AFTER_COMPACTION_COMMIT)
-        run.files_compacted = len(replaced)
-        run.files_written = len(written)
-        run.bytes_rewritten = sum(data_file.file_size_in_bytes for data_file in replaced)
+        run.files_compacted += len(replaced)
+        run.files_written += len(written)
+        run.bytes_rewritten += sum(data_file.file_size_in_bytes for data_file in replaced)
 
-    async def _sweep(self, sink: Sink, policy: MaintenancePolicy, lock: CommitLock, run: MaintenanceRun) -> None:
-        table = await in_catalog(self.tables.load, sink.table_identifier)
+    async def _sweep(self, identifier: str, policy: MaintenancePolicy, lock: CommitLock, run: MaintenanceRun) -> None:
+        table = await in_catalog(self.tables.load, identifier)
         # A sink's override can only lengthen the grace: pre-commits refuse files older than the coordinator's.
         grace = max(policy.orphan_grace_seconds, self.settings.orphan_grace_seconds)
         candidates = await in_catalog(_unreferenced_files, table, grace)
@@ -237,7 +250,7 @@ class Maintainer:
         for first in range(0, len(orphans), ORPHAN_DELETE_BATCH):
             batch = orphans[first : first + ORPHAN_DELETE_BATCH]
             await lock.verify()
-            run.orphans_deleted += await in_catalog(self.tables.delete_files, sink.table_identifier, batch)
+            run.orphans_deleted += await in_catalog(self.tables.delete_files, identifier, batch)
             await failpoints.hit(Failpoint.MAINTENANCE_DURING_SWEEP)
 
 

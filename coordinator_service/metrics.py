@@ -42,7 +42,11 @@ COMMIT_SECONDS = Histogram(
     ["sink"],
     buckets=_LATENCY_BUCKETS,
 )
-COMMITS = Counter("sink_coordinator_commits_total", "Iceberg snapshots the committer appended.", ["sink"])
+COMMITS = Counter(
+    "sink_coordinator_commits_total",
+    "Iceberg snapshots the committer appended (to any of the sink's tables).",
+    ["sink"],
+)
 COMMITTED_EPOCHS = Counter(
     "sink_coordinator_committed_epochs_total",
     "Epochs marked COMMITTED by this process (appended, empty, or found already in the table).",
@@ -104,6 +108,15 @@ COMMITTER_STUCK_EVENTS = Counter(
 
 
 @dataclass(frozen=True)
+class TableGauges:
+    """One table of a sink (its own, or with fan-out another): how far it is, and whether its commit is retried."""
+
+    table: str
+    committed_epoch: int
+    retrying: bool
+
+
+@dataclass(frozen=True)
 class SinkGauges:
     """One sink's gauges, read from the metastore (and this process's committer) at a scrape."""
 
@@ -113,6 +126,7 @@ class SinkGauges:
     oldest_pending_age_seconds: float | None
     retrying: bool
     stuck: bool
+    tables: Sequence[TableGauges]
 
 
 class _ScrapedGauges(Collector):
@@ -156,6 +170,26 @@ class _ScrapedGauges(Collector):
             for sink in self._sinks or ():
                 family.add_metric([sink.sink], float(value(sink)))
             yield family
+        table_families: list[tuple[str, str, Callable[[TableGauges], float]]] = [
+            (
+                "sink_coordinator_table_committed_epoch",
+                "The newest epoch of the sink whose files of this table the table holds (the sink's committed epoch "
+                "is the least over its tables).",
+                lambda t: t.committed_epoch,
+            ),
+            (
+                "sink_coordinator_table_commit_retrying",
+                "1 while this process's committer retries a failed commit to this table of the sink (its other "
+                "tables commit meanwhile).",
+                lambda t: 1 if t.retrying else 0,
+            ),
+        ]
+        for name, documentation, table_value in table_families:
+            family = GaugeMetricFamily(name, documentation, labels=["sink", "table"])
+            for sink in self._sinks or ():
+                for table in sink.tables:
+                    family.add_metric([sink.sink, table.table], float(table_value(table)))
+            yield family
 
 
 def exposition(sinks: Sequence[SinkGauges] | None) -> bytes:
@@ -166,11 +200,11 @@ def exposition(sinks: Sequence[SinkGauges] | None) -> bytes:
     return generate_latest(REGISTRY) + generate_latest(scraped)
 
 
-def record_commit(sink: str, epochs: int, *, appended: bool, seconds: float) -> None:
-    """One group of epochs marked COMMITTED by the committer (appended as a snapshot unless all empty)."""
+def record_commit(sink: str, epochs: int, *, snapshots: int, seconds: float) -> None:
+    """One group of epochs marked COMMITTED by the committer, with the snapshots it appended for them (one per table
+    with files of them; none when all are empty or were found in the tables)."""
     COMMITTED_EPOCHS.labels(sink).inc(epochs)
-    if appended:
-        COMMITS.labels(sink).inc()
+    COMMITS.labels(sink).inc(snapshots)
     COMMIT_SECONDS.labels(sink).observe(seconds)
 
 

@@ -43,7 +43,7 @@ class AbortCause(enum.StrEnum):
 
 
 class Sink(Base):
-    """One streaming query writing one Iceberg table."""
+    """One streaming query writing one Iceberg table (its own), or several (fan-out: sink_tables)."""
 
     __tablename__ = "sinks"
 
@@ -53,7 +53,7 @@ class Sink(Base):
     catalog: Mapped[str] = mapped_column(Text)
     # The newest epoch whose Spark checkpoint is durable, as the writer reported it.
     checkpointed_epoch: Mapped[int] = mapped_column(BigInteger, default=-1, server_default="-1")
-    # The newest epoch whose files are in the table (all epochs at or below it are).
+    # The newest epoch whose files are in its tables (all epochs at or below it are): the least of sink_tables'.
     committed_epoch: Mapped[int] = mapped_column(BigInteger, default=-1, server_default="-1")
     writer_term: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     writer_count: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
@@ -116,6 +116,26 @@ class PendingSinkState(Base):
         ),
         # The committer and the cleaner look up epochs by status, not by key.
         Index("ix_pending_sink_state_sink_status_epoch", "sink_id", "status", "epoch"),
+    )
+
+
+class WrittenTable(Base):
+    """One table a sink writes (fan-out), its own table among them, and the newest epoch that table holds.
+
+    committed_epoch: the newest epoch whose files of this table the table holds, every epoch below it included
+    (an epoch without files here is held trivially). Never below the sink's committed_epoch: a trigger
+    (migration 0006) raises the tables of a sink with it, whatever statement moves it. The committer raises a
+    table past the sink's as it appends to it, and the sink's follows once every table holds an epoch.
+    """
+
+    __tablename__ = "sink_tables"
+
+    sink_id: Mapped[int] = mapped_column(Integer, ForeignKey("sinks.id", ondelete="CASCADE"), primary_key=True)
+    table_identifier: Mapped[str] = mapped_column(Text, primary_key=True)
+    committed_epoch: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
     )
 
 

@@ -12,7 +12,7 @@ being committed, and nothing the table holds is ever reported as aborted.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -29,7 +29,7 @@ from coordinator_service.maintenance import Maintainer, policy_of
 from coordinator_service.models import AbortCause, MaintenanceRun, PendingSinkState, Sink
 from coordinator_service.precommit_metadata import PreCommitMetadata
 from coordinator_service.protocol import SINK_NAME
-from coordinator_service.repository import EpochCounts
+from coordinator_service.repository import EpochCounts, TableOfSink
 from coordinator_service.settings import MaintenancePolicy, Settings
 from coordinator_service.views import EpochStatus
 
@@ -53,6 +53,8 @@ class SinkOverview:
     counts: EpochCounts
     # None: this process has not run the sink's committer yet (another replica may have).
     health: CommitterHealth | None
+    # Its tables, its own first (fan-out: then the others by name).
+    tables: Sequence[TableOfSink]
 
 
 @dataclass(frozen=True)
@@ -104,16 +106,20 @@ class Operations:
     async def sinks(self) -> list[SinkOverview]:
         async with self.database.transaction() as session:
             rows = await repository.sinks_with_epoch_counts(session)
-        return [SinkOverview(sink, counts, self.committer.health.get(sink.id)) for sink, counts in rows]
+            tables = await repository.tables_of_sinks(session, [sink.id for sink, _ in rows])
+        return [
+            SinkOverview(sink, counts, self.committer.health.get(sink.id), tables[sink.id]) for sink, counts in rows
+        ]
 
     async def sink(self, name: str) -> SinkOverview:
         _check_known_name(name)
         async with self.database.transaction() as session:
             rows = await repository.sinks_with_epoch_counts(session, name)
-        if not rows:
-            raise _unknown_sink(name)
-        sink, counts = rows[0]
-        return SinkOverview(sink, counts, self.committer.health.get(sink.id))
+            if not rows:
+                raise _unknown_sink(name)
+            sink, counts = rows[0]
+            tables = await repository.tables_of_sink(session, sink.id)
+        return SinkOverview(sink, counts, self.committer.health.get(sink.id), tables)
 
     async def epochs(
         self, name: str, status: EpochStatus | None, below_epoch: int | None, limit: int
@@ -158,17 +164,21 @@ class Operations:
         async with self.database.transaction() as session:
             sink = await _existing_sink(session, name)
             pending = await _pending_epochs(session, sink, at_or_below=epoch)
-        held = await settlement.pending_held_by_table(self.tables, sink, pending)
-        if held:
+            recorded = await _recorded(session, sink)
+        found = await settlement.holdings(self.tables, sink, recorded, pending)
+        if found.held:
             async with self.database.transaction() as session:
-                marked = await settlement.mark_held(session, sink.id, held)
+                marked = await settlement.mark_held(session, sink.id, found.held)
             self.committer.wake(sink.id)
             if epoch in marked:
+                snapshot = next(snapshot for snapshot, epochs in found.held.items() if epoch in epochs)
                 raise FailedPrecondition(
-                    f"sink {name} epoch {epoch} is already in the table (snapshot "
-                    f"{next(snapshot for snapshot, epochs in held.items() if epoch in epochs)}): it was marked "
-                    "COMMITTED and cannot be aborted"
+                    f"sink {name} epoch {epoch} is already in the table"
+                    + ("" if snapshot is None else f" (snapshot {snapshot})")
+                    + ": it was marked COMMITTED and cannot be aborted"
                 )
+        if epoch in found.partial:
+            raise _partly_committed(name, {epoch: found.partial[epoch]}, "it cannot be aborted")
         await lock.verify()
         async with self.database.transaction() as session:
             # The sink row lock orders this abort with CommitCheckpoint, which moves checkpointed_epoch under it.
@@ -219,11 +229,14 @@ class Operations:
             async with self.database.transaction() as session:
                 sink = await _existing_sink(session, name)
                 pending = await _pending_epochs(session, sink, at_or_below=None)
-            held = await settlement.pending_held_by_table(self.tables, sink, pending)
+                recorded = await _recorded(session, sink)
+            found = await settlement.holdings(self.tables, sink, recorded, pending)
+            if found.partial:
+                raise _partly_committed(name, found.partial, "the sink cannot be reset")
             await lock.verify()
             async with self.database.transaction() as session:
                 sink = await _existing_sink(session, name, lock="update")
-                committed = await settlement.mark_held(session, sink.id, held)
+                committed = await settlement.mark_held(session, sink.id, found.held)
                 await session.refresh(sink)
                 aborted = await repository.abort_pending_above(
                     session, sink.id, -1, f"reset by {operator}: {reason}", AbortCause.RESET
@@ -305,13 +318,26 @@ class Operations:
         return await self.maintainer.run_now(sink.id)
 
 
-async def _pending_epochs(session: AsyncSession, sink: Sink, at_or_below: int | None) -> list[int]:
+async def _pending_epochs(session: AsyncSession, sink: Sink, at_or_below: int | None) -> list[PendingSinkState]:
     rows = await repository.epochs_not_committed(session, sink.id)
     return [
-        row.epoch
-        for row in rows
-        if row.status == EpochStatus.PENDING and (at_or_below is None or row.epoch <= at_or_below)
+        row for row in rows if row.status == EpochStatus.PENDING and (at_or_below is None or row.epoch <= at_or_below)
     ]
+
+
+async def _recorded(session: AsyncSession, sink: Sink) -> dict[str, int]:
+    """The newest epoch each of the sink's tables holds, as the log records it."""
+    return {table.table: table.committed_epoch for table in await repository.tables_of_sink(session, sink.id)}
+
+
+def _partly_committed(name: str, partial: Mapping[int, Sequence[str]], refused: str) -> FailedPrecondition:
+    """An epoch some of its tables hold and others not yet: only the committer can settle it, by appending."""
+    epoch, behind = next(iter(partial.items()))
+    return FailedPrecondition(
+        f"sink {name} epoch {epoch} is already in some of its tables but not yet in {', '.join(behind)}: the "
+        f"committer is completing it (GET /api/v1/sinks/{name} shows each table; a table whose catalog fails is "
+        f"retried until it is back). Nothing was changed: {refused} before the epoch is COMMITTED"
+    )
 
 
 def _check_abortable(sink: Sink, row: PendingSinkState, force: bool) -> None:

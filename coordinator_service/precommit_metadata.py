@@ -17,6 +17,11 @@ Partition values and bounds are Iceberg's single-value binary serialization
 (base64 in JSON), so the record carries every byte the Iceberg manifest entry
 needs and the commit does not read the data files again. A reader refuses a
 version it does not know rather than guess.
+
+"tables" lists the sink's own table first (with its files, possibly none), then
+the other tables the epoch has files in (fan-out), by name, each once. Releases
+before fan-out read only records of one table, and refuse the others with a
+message rather than lose their files.
 """
 
 from __future__ import annotations
@@ -47,15 +52,28 @@ class DataFileEntry:
     lower_bounds: dict[int, bytes] = field(default_factory=dict)
     upper_bounds: dict[int, bytes] = field(default_factory=dict)
     split_offsets: tuple[int, ...] | None = None
+    # The table the file belongs to (fan-out); "" for the sink's own table (PreCommitMetadata.table), which
+    # is never named here otherwise.
+    table: str = ""
 
 
 @dataclass(frozen=True)
 class PreCommitMetadata:
-    """One epoch's pre-commit: the data files of its table and the writer's properties."""
+    """One epoch's pre-commit: the data files of its tables (`table`: the sink's own) and the writer's properties."""
 
     table: str
     data_files: tuple[DataFileEntry, ...]
     properties: dict[str, str] = field(default_factory=dict)
+
+    def table_of(self, entry: DataFileEntry) -> str:
+        return entry.table or self.table
+
+    def by_table(self) -> dict[str, list[DataFileEntry]]:
+        """The data files by table: the sink's own table first (even without files), then the others by name."""
+        tables: dict[str, list[DataFileEntry]] = {self.table: []}
+        for entry in sorted(self.data_files, key=lambda entry: entry.table):
+            tables.setdefault(self.table_of(entry), []).append(entry)
+        return tables
 
     @property
     def paths(self) -> frozenset[str]:
@@ -78,7 +96,10 @@ def encode(metadata: PreCommitMetadata) -> bytes:
         "encoding": ENCODING,
         "version": VERSION,
         "properties": metadata.properties,
-        "tables": [{"table": metadata.table, "data_files": [_entry_to_json(entry) for entry in metadata.data_files]}],
+        "tables": [
+            {"table": table, "data_files": [_entry_to_json(entry) for entry in entries]}
+            for table, entries in metadata.by_table().items()
+        ],
     }
     return json.dumps(document, separators=(",", ":"), sort_keys=True).encode()
 
@@ -96,11 +117,16 @@ def decode(raw: bytes) -> PreCommitMetadata:
             f"(it reads version {VERSION}): upgrade sink-coordinator"
         )
     tables = document["tables"]
-    if len(tables) != 1:
-        raise MetadataDecodeError(f"pre-commit metadata names {len(tables)} tables; a sink writes one")
+    if not tables:
+        raise MetadataDecodeError("pre-commit metadata names no table")
+    own = tables[0]["table"]
     return PreCommitMetadata(
-        table=tables[0]["table"],
-        data_files=tuple(_entry_from_json(item) for item in tables[0]["data_files"]),
+        table=own,
+        data_files=tuple(
+            _entry_from_json(item, "" if index == 0 else each["table"])
+            for index, each in enumerate(tables)
+            for item in each["data_files"]
+        ),
         properties=dict(document.get("properties", {})),
     )
 
@@ -132,7 +158,7 @@ def _entry_to_json(entry: DataFileEntry) -> dict[str, Any]:
     }
 
 
-def _entry_from_json(item: dict[str, Any]) -> DataFileEntry:
+def _entry_from_json(item: dict[str, Any], table: str) -> DataFileEntry:
     if item.get("file_format") != "PARQUET":
         raise MetadataDecodeError(f"data file format {item.get('file_format')!r} is not PARQUET")
     offsets = item.get("split_offsets")
@@ -150,4 +176,5 @@ def _entry_from_json(item: dict[str, Any]) -> DataFileEntry:
         lower_bounds={int(k): _unb64(v) for k, v in item["lower_bounds"].items()},
         upper_bounds={int(k): _unb64(v) for k, v in item["upper_bounds"].items()},
         split_offsets=None if offsets is None else tuple(int(offset) for offset in offsets),
+        table=table,
     )

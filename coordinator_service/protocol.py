@@ -41,13 +41,13 @@ from coordinator_service.iceberg import (
     IcebergGateway,
     canonical_uri,
     check_inside_location,
-    check_table_identifier,
     decode_arrow_schema,
 )
 from coordinator_service.models import AbortCause, PendingSinkState, Sink
 from coordinator_service.precommit_files import FileFacts, check_facts
 from coordinator_service.precommit_metadata import DataFileEntry, PreCommitMetadata
 from coordinator_service.source_positions import check_positions
+from coordinator_service.table_identifiers import check_table_identifier
 from coordinator_service.views import (
     CheckpointResult,
     EpochStatus,
@@ -56,6 +56,9 @@ from coordinator_service.views import (
     PreCommitResult,
     Registration,
     SinkState,
+    SinkTable,
+    TableLocation,
+    TablesEnsured,
     from_attributes,
 )
 
@@ -65,6 +68,8 @@ SINK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")
 # Most first pre-commits written by one statement of the group insert.
 GROUP_INSERT_MAX_ROWS = 256
 MAX_FILES_PER_PRECOMMIT = 100_000
+# Tables one EnsureTables call may name.
+MAX_TABLES_PER_ENSURE = 1_000
 MAX_PROPERTIES_BYTES = 64 * 1024
 # How often a multi-writer epoch's part looks whether another writer's part completed the epoch.
 MULTI_WRITER_POLL_SECONDS = 0.05
@@ -83,6 +88,26 @@ class PreCommitRequest:
     file_facts: Mapping[str, FileFacts] = field(default_factory=dict)
     # A directory holding every file (the writer's directory of the batch), listed once to check them; or "".
     files_directory: str = ""
+    # Fan-out: the table of each file that names one (by path); the others are the sink's own table's.
+    file_tables: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TableRequest:
+    """A table a fan-out writer routes records to (EnsureTables)."""
+
+    table: str
+    arrow_schema: bytes = b""
+    partition_by: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class _SinkHint:
+    """A sink as last read, for the pre-commit's fast path (which checks the sink again in SQL)."""
+
+    sink_id: int
+    table: str
+    tables: frozenset[str]
 
 
 class GroupInsert:
@@ -151,8 +176,9 @@ class Coordinator:
         self.database = database
         self.tables = tables
         self.committer = committer
-        # Sink name -> (id, table), as last read; only a hint for the fast path, which re-checks it in SQL.
-        self._sink_hints: dict[str, tuple[int, str]] = {}
+        # Sink name -> its id, own table and tables, as last read; only a hint for the fast path, which re-checks
+        # the sink in SQL (a table once the sink's stays the sink's).
+        self._sink_hints: dict[str, _SinkHint] = {}
         self._group_insert = GroupInsert(database)
 
     async def close(self) -> None:
@@ -180,9 +206,10 @@ class Coordinator:
             existing = await repository.sink_by_name(session, sink)
             if existing is not None:
                 await _check_registration(session, existing, table, checkpointed_epoch)
-                above = [
-                    row.epoch for row in await repository.pending_epochs_above(session, existing.id, checkpointed_epoch)
-                ]
+                above = await repository.pending_epochs_above(session, existing.id, checkpointed_epoch)
+                recorded = {
+                    each.table: each.committed_epoch for each in await repository.tables_of_sink(session, existing.id)
+                }
         location = await in_catalog(self.tables.ensure_table, table, schema, tuple(partition_by))
         await failpoints.hit(Failpoint.REGISTER_BEFORE_RECOVERY)
 
@@ -191,17 +218,17 @@ class Coordinator:
             async with commit_lock.holding(
                 self.database, existing.id, self.committer.settings.admin_lock_timeout_seconds, f"sink {sink}: register"
             ) as lock:
-                held = await settlement.pending_held_by_table(self.tables, existing, above)
-                if held:
-                    # Above the writer's checkpoint, yet in the table: the checkpoint is behind the table.
+                found = await settlement.holdings(self.tables, existing, recorded, above)
+                if found.touched():
+                    # Above the writer's checkpoint, yet in the tables: the checkpoint is behind the tables.
                     # Unreachable while the log is sound (only checkpointed epochs are appended).
                     async with self.database.transaction() as session:
-                        marked = await settlement.mark_held(session, existing.id, held)
+                        marked = await settlement.mark_held(session, existing.id, found.held)
                     raise CheckpointBehind(
-                        f"sink {sink}: the table already holds epochs {marked}, above the writer's checkpoint "
-                        f"{checkpointed_epoch}: the Spark checkpoint was lost or rolled back. They were marked "
-                        f"COMMITTED and nothing else changed; reset the sink with POST /api/v1/sinks/{sink}/reset "
-                        "and start from a new checkpoint"
+                        f"sink {sink}: its tables already hold epochs {found.touched()}, above the writer's checkpoint "
+                        f"{checkpointed_epoch}: the Spark checkpoint was lost or rolled back. Those in all their "
+                        f"tables ({marked}) were marked COMMITTED and nothing else changed; reset the sink with "
+                        f"POST /api/v1/sinks/{sink}/reset and start from a new checkpoint"
                     )
                 await lock.verify()
                 registration, sink_id = await self._register(sink, table, checkpointed_epoch, writer_count, location)
@@ -255,7 +282,7 @@ class Coordinator:
             recommitting = await repository.pending_epochs_at_or_below(
                 session, row.id, checkpointed_epoch, limit=MAX_FILES_PER_PRECOMMIT
             )
-            self._sink_hints[sink] = (row.id, row.table_identifier)
+            self._sink_hints[sink] = await _hint(session, row)
             return (
                 Registration(
                     writer_term=row.writer_term,
@@ -268,6 +295,40 @@ class Coordinator:
                 row.id,
             )
 
+    async def ensure_tables(self, sink: str, writer_term: int, tables: Sequence[TableRequest]) -> TablesEnsured:
+        """Fan-out: create or evolve each table as RegisterWriter does the sink's own, then make them the sink's.
+
+        Every check first (the request, the sink, the term): a writer that will be refused changes nothing. The
+        tables are made the sink's under its row lock with the term checked again, so a writer fenced meanwhile
+        adds none (a table it created in the catalog stays there, unused, as after a refused RegisterWriter).
+        """
+        _check_sink_name(sink)
+        if len(tables) > MAX_TABLES_PER_ENSURE:
+            raise InvalidArgument(f"{len(tables)} tables in one EnsureTables exceed {MAX_TABLES_PER_ENSURE}")
+        names = [spec.table for spec in tables]
+        if len(set(names)) != len(names):
+            duplicate = next(name for name in names if names.count(name) > 1)
+            raise InvalidArgument(f"EnsureTables names table {quote(duplicate)} more than once")
+        schemas: list[pa.Schema | None] = []
+        for spec in tables:
+            check_table_identifier(spec.table)
+            schemas.append(decode_arrow_schema(spec.arrow_schema) if spec.arrow_schema else None)
+        async with self.database.transaction() as session:
+            check_term(await _existing_sink(session, sink), writer_term)
+        locations = [
+            await in_catalog(self.tables.ensure_table, spec.table, schema, spec.partition_by)
+            for spec, schema in zip(tables, schemas, strict=True)
+        ]
+        async with self.database.transaction() as session:
+            row = await _existing_sink(session, sink, lock="update")
+            check_term(row, writer_term)
+            await repository.add_tables(session, row, names)
+            self._sink_hints[sink] = await _hint(session, row)
+        log.info("tables ensured", sink=sink, writer_term=writer_term, tables=names)
+        return TablesEnsured(
+            tuple(TableLocation(name, location) for name, location in zip(names, locations, strict=True))
+        )
+
     async def pre_commit(self, request: PreCommitRequest) -> PreCommitResult:
         started = time.monotonic()
         _check_precommit_request(request)
@@ -276,6 +337,7 @@ class Coordinator:
             paths=tuple(canonical_uri(path) for path in request.paths),
             file_facts={canonical_uri(path): facts for path, facts in request.file_facts.items()},
             files_directory=canonical_uri(request.files_directory) if request.files_directory else "",
+            file_tables={canonical_uri(path): table for path, table in request.file_tables.items()},
         )
         if len(set(request.paths)) != len(request.paths):
             raise InvalidArgument("the pre-commit names a data file more than once")
@@ -290,7 +352,7 @@ class Coordinator:
             return fast
         async with self.database.transaction() as session:
             sink = await _existing_sink(session, request.sink)
-            self._sink_hints[sink.name] = (sink.id, sink.table_identifier)
+            hint = self._sink_hints[sink.name] = await _hint(session, sink)
             check_term(sink, request.writer_term)
             if request.writer_id >= sink.writer_count:
                 raise InvalidArgument(
@@ -301,20 +363,13 @@ class Coordinator:
                 log_.info("pre-commit of an epoch already committed")
                 return PreCommitResult(PreCommitOutcome.ALREADY_COMMITTED, attempt=0, record_count=0)
             current = await repository.epoch_row(session, sink.id, request.epoch)
-            sink_id, table, writer_count = sink.id, sink.table_identifier, sink.writer_count
+            sink_id, writer_count = sink.id, sink.writer_count
+        groups = _files_by_table(request, hint)
         if current is not None:
             repeated = answer_if_repeated(current, request)
             if repeated is not None:
                 return repeated
-        entries = await in_catalog(
-            self.tables.read_data_files,
-            table,
-            request.paths,
-            request.writer_id,
-            request.evolve_schema,
-            request.file_facts,
-            request.files_directory,
-        )
+        entries = await self._read_files(hint, groups, request, request.evolve_schema)
         if writer_count == 1:
             result = await self._persist(sink_id, request, entries, dict(request.properties))
         else:
@@ -334,29 +389,16 @@ class Coordinator:
         hint = self._sink_hints.get(request.sink)
         if hint is None or request.writer_id != 0:
             return None
-        sink_id, table = hint
         try:
-            # Never evolve here: the table must not change for a request that may yet be refused (a fenced
+            # Never evolve here: the tables must not change for a request that may yet be refused (a fenced
             # term). Files that need new columns fail to fit, and the general path evolves after its checks.
-            # An empty epoch has nothing to read: no trip to the catalog's thread.
-            entries = (
-                await in_catalog(
-                    self.tables.read_data_files,
-                    table,
-                    request.paths,
-                    request.writer_id,
-                    False,
-                    request.file_facts,
-                    request.files_directory,
-                )
-                if request.paths
-                else []
-            )
+            # A table the sink did not have when last read is looked up by the general path.
+            entries = await self._read_files(hint, _files_by_table(request, hint), request, evolve_schema=False)
         except CoordinatorError:
             return None
-        metadata = PreCommitMetadata(table=table, data_files=tuple(entries), properties=dict(request.properties))
+        metadata = PreCommitMetadata(table=hint.table, data_files=tuple(entries), properties=dict(request.properties))
         row = repository.NewEpoch(
-            sink_id=sink_id,
+            sink_id=hint.sink_id,
             epoch=request.epoch,
             writer_term=request.writer_term,
             metadata=precommit_metadata.encode(metadata),
@@ -369,6 +411,31 @@ class Coordinator:
             return None
         await failpoints.hit(Failpoint.PRECOMMIT_AFTER_PERSIST)
         return PreCommitResult(PreCommitOutcome.PERSISTED, attempt=1, record_count=metadata.record_count)
+
+    async def _read_files(
+        self, hint: _SinkHint, groups: Mapping[str, Sequence[str]], request: PreCommitRequest, evolve_schema: bool
+    ) -> list[DataFileEntry]:
+        """The manifest entries of the pre-commit's files, each checked against its own table (location, schema,
+        partitioning; evolved by its own files), the sink's own table's first, then by table name. The tables are
+        read concurrently; an empty epoch makes no trip to the catalog's thread."""
+        reads = [
+            in_catalog(
+                self.tables.read_data_files,
+                table,
+                paths,
+                request.writer_id,
+                evolve_schema,
+                request.file_facts,
+                request.files_directory,
+            )
+            for table, paths in groups.items()
+        ]
+        read = await asyncio.gather(*reads)
+        return [
+            entry if table == hint.table else replace(entry, table=table)
+            for table, entries in zip(groups, read, strict=True)
+            for entry in entries
+        ]
 
     async def _gather(
         self, sink_id: int, writer_count: int, request: PreCommitRequest, entries: list[DataFileEntry]
@@ -477,8 +544,11 @@ class Coordinator:
             await _check_files_free(session, sink, request.epoch, paths)
             # A path the aborted attempt named is kept for this one; but the cleaner may have deleted it
             # before this transaction took the epoch's row lock.
-            reused = sorted(metadata.paths & precommit_metadata.decode(row.metadata_).paths)
-            await in_catalog(self.tables.require_files, sink.table_identifier, reused)
+            reused = metadata.paths & precommit_metadata.decode(row.metadata_).paths
+            for table, entries in metadata.by_table().items():
+                again = sorted(entry.path for entry in entries if entry.path in reused)
+                if again:
+                    await in_catalog(self.tables.require_files, table, again)
             row.status = EpochStatus.PENDING
             row.attempt += 1
             row.metadata_ = precommit_metadata.encode(metadata)
@@ -538,11 +608,13 @@ class Coordinator:
         async with self.database.transaction() as session:
             row = await _existing_sink(session, sink)
             epochs = await repository.epochs_not_committed(session, row.id)
+            tables = await repository.tables_of_sink(session, row.id)
             return from_attributes(
                 SinkState,
                 row,
                 sink=row.name,
                 table=row.table_identifier,
+                tables=tuple(SinkTable(table.table, table.committed_epoch) for table in tables),
                 epochs=tuple(from_attributes(EpochView, epoch) for epoch in epochs),
             )
 
@@ -565,6 +637,7 @@ async def _rebase_after_reset(session: AsyncSession, sink: Sink, checkpoint: int
     )
     sink.checkpointed_epoch = sink.committed_epoch = checkpoint
     sink.rebase_on_register = False
+    await repository.rebase_tables(session, sink.id, checkpoint)
 
 
 async def _existing_sink(session: AsyncSession, name: str, lock: str | None = None) -> Sink:
@@ -572,6 +645,27 @@ async def _existing_sink(session: AsyncSession, name: str, lock: str | None = No
     if sink is None:
         raise NotFound(f"sink {name} is not registered: call RegisterWriter first")
     return sink
+
+
+async def _hint(session: AsyncSession, sink: Sink) -> _SinkHint:
+    tables = await repository.tables_of_sink(session, sink.id)
+    return _SinkHint(sink.id, sink.table_identifier, frozenset(table.table for table in tables))
+
+
+def _files_by_table(request: PreCommitRequest, sink: _SinkHint) -> dict[str, list[str]]:
+    """The pre-commit's paths by the table each belongs to, the sink's own first; a table that is not the sink's
+    is refused."""
+    groups: dict[str, list[str]] = {}
+    for path in request.paths:
+        groups.setdefault(request.file_tables.get(path) or sink.table, []).append(path)
+    unknown = sorted(set(groups) - sink.tables)
+    if unknown:
+        raise InvalidArgument(
+            f"sink {request.sink} epoch {request.epoch}: data files name table {quote(unknown[0])}, which is not one "
+            f"of the sink's {len(sink.tables)} tables (its own is {sink.table}): call EnsureTables for it before "
+            "writing its files. Nothing was changed"
+        )
+    return dict(sorted(groups.items(), key=lambda group: (group[0] != sink.table, group[0])))
 
 
 def _check_sink_name(name: str) -> None:
@@ -657,6 +751,8 @@ def _check_precommit_request(request: PreCommitRequest) -> None:
         raise InvalidArgument(str(error)) from None
     for path, facts in request.file_facts.items():
         check_facts(path, facts)
+    for table in set(request.file_tables.values()) - {""}:
+        check_table_identifier(table)
 
 
 def answer_if_repeated(row: PendingSinkState, request: PreCommitRequest) -> PreCommitResult | None:

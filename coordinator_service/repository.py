@@ -23,6 +23,7 @@ from coordinator_service.models import (
     MaintenanceRun,
     PendingSinkState,
     Sink,
+    WrittenTable,
 )
 from coordinator_service.views import EpochStatus
 
@@ -49,20 +50,103 @@ async def all_sinks(session: AsyncSession) -> Sequence[Sink]:
     return (await session.execute(select(Sink).order_by(Sink.name))).scalars().all()
 
 
+_INSERT_SINK_IF_ABSENT = """
+    WITH created AS (
+        INSERT INTO sinks (name, table_identifier, catalog, checkpointed_epoch, committed_epoch)
+        VALUES (:name, :table, :catalog, :epoch, :epoch)
+        ON CONFLICT (name) DO NOTHING
+        RETURNING id, table_identifier, committed_epoch
+    )
+    INSERT INTO sink_tables (sink_id, table_identifier, committed_epoch)
+    SELECT id, table_identifier, committed_epoch FROM created
+"""
+
+
 async def insert_sink_if_absent(
     session: AsyncSession, name: str, table: str, catalog: str, checkpointed_epoch: int
 ) -> None:
+    """A new sink starts at the writer's checkpoint, checkpointed and committed, with its own table as its one table."""
+    parameters = {"name": name, "table": table, "catalog": catalog, "epoch": checkpointed_epoch}
+    await session.execute(text(_INSERT_SINK_IF_ABSENT), parameters)
+
+
+# --------------------------------------------------------------------------------------- the tables of a sink
+
+
+@dataclass(frozen=True)
+class TableOfSink:
+    """One of a sink's tables and the newest epoch it holds (see models.WrittenTable)."""
+
+    sink_id: int
+    table: str
+    committed_epoch: int
+
+
+# The sink's own table first, then the others by name.
+_TABLES_OF_SINKS = """
+    SELECT t.sink_id, t.table_identifier, t.committed_epoch FROM sink_tables t JOIN sinks s ON s.id = t.sink_id
+    WHERE t.sink_id = ANY(:sink_ids)
+    ORDER BY t.sink_id, t.table_identifier <> s.table_identifier, t.table_identifier
+"""
+
+
+async def tables_of_sinks(session: AsyncSession, sink_ids: Sequence[int]) -> dict[int, list[TableOfSink]]:
+    """The tables of each of these sinks, each sink's own first, then the others by name."""
+    rows = await session.execute(text(_TABLES_OF_SINKS), {"sink_ids": list(sink_ids)})
+    tables: dict[int, list[TableOfSink]] = {sink_id: [] for sink_id in sink_ids}
+    for sink_id, table, committed_epoch in rows.all():
+        tables[sink_id].append(TableOfSink(sink_id, table, committed_epoch))
+    return tables
+
+
+async def tables_of_sink(session: AsyncSession, sink_id: int) -> list[TableOfSink]:
+    return (await tables_of_sinks(session, [sink_id]))[sink_id]
+
+
+async def add_tables(session: AsyncSession, sink: Sink, tables: Sequence[str]) -> None:
+    """Make these tables the sink's (those it has stay as they are), in the caller's transaction, which holds the
+    sink's row lock: a new table holds every epoch up to the sink's committed one, none of which has files in it."""
+    if not tables:
+        return
     await session.execute(
-        insert(Sink)
+        insert(WrittenTable)
         .values(
-            name=name,
-            table_identifier=table,
-            catalog=catalog,
-            checkpointed_epoch=checkpointed_epoch,
-            committed_epoch=checkpointed_epoch,
+            [
+                {"sink_id": sink.id, "table_identifier": table, "committed_epoch": sink.committed_epoch}
+                for table in tables
+            ]
         )
-        .on_conflict_do_nothing(index_elements=[Sink.name])
+        .on_conflict_do_nothing(index_elements=[WrittenTable.sink_id, WrittenTable.table_identifier])
     )
+
+
+async def rebase_tables(session: AsyncSession, sink_id: int, epoch: int) -> None:
+    """A new epoch numbering (the first writer after a reset): every table of the sink is at its first epoch."""
+    await session.execute(
+        update(WrittenTable).where(WrittenTable.sink_id == sink_id).values(committed_epoch=epoch, updated_at=func.now())
+    )
+
+
+_RECORD_TABLES = """
+    UPDATE sink_tables t SET committed_epoch = r.epoch, updated_at = now()
+    FROM unnest(CAST(:tables AS text[]), CAST(:table_epochs AS bigint[])) AS r(table_identifier, epoch), sinks s
+    WHERE s.id = :sink_id AND s.incarnation = :incarnation AND s.generation = :generation
+      AND t.sink_id = s.id AND t.table_identifier = r.table_identifier AND t.committed_epoch < r.epoch
+"""
+
+
+async def record_tables(connection: AsyncConnection, sink: Sink, held: Mapping[str, int]) -> None:
+    """Record the newest epoch each of these tables holds (in the sink's numbering as `sink` has it; nothing
+    after a reset or for another incarnation): a table's epoch only moves forward."""
+    await connection.execute(text(_RECORD_TABLES), {**_table_parameters(held), **_numbering_parameters(sink)})
+
+
+def _table_parameters(held: Mapping[str, int]) -> dict[str, object]:
+    return {"tables": list(held), "table_epochs": list(held.values())}
+
+
+def _numbering_parameters(sink: Sink) -> dict[str, object]:
+    return {"sink_id": sink.id, "incarnation": sink.incarnation, "generation": sink.generation}
 
 
 async def epoch_row(
@@ -92,11 +176,16 @@ async def epochs_between(
 
 async def sink_and_checkpointed_pending(
     session: AsyncSession, sink_id: int, limit: int
-) -> tuple[Sink | None, Sequence[PendingSinkState]]:
-    """The sink row and its PENDING epochs at or below its checkpointed epoch, oldest first, at most `limit`:
-    what a commit pass starts from, in one statement."""
+) -> tuple[Sink | None, Sequence[PendingSinkState], dict[str, int]]:
+    """The sink row, its PENDING epochs at or below its checkpointed epoch, oldest first, at most `limit`, and the
+    newest epoch each of its tables holds: what a commit pass starts from, in one statement."""
+    tables = (
+        select(func.json_object_agg(WrittenTable.table_identifier, WrittenTable.committed_epoch))
+        .where(WrittenTable.sink_id == Sink.id)
+        .scalar_subquery()
+    )
     statement = (
-        select(Sink, PendingSinkState)
+        select(Sink, PendingSinkState, tables)
         .outerjoin(
             PendingSinkState,
             and_(
@@ -112,8 +201,8 @@ async def sink_and_checkpointed_pending(
     )
     rows = (await session.execute(statement)).all()
     if not rows:
-        return None, []
-    return rows[0][0], [epoch for _, epoch in rows if epoch is not None]
+        return None, [], {}
+    return rows[0][0], [epoch for _, epoch, _ in rows if epoch is not None], dict(rows[0][2] or {})
 
 
 async def pending_epochs_at_or_below(
@@ -135,7 +224,6 @@ async def pending_epochs_at_or_below(
 async def pending_epochs_above(session: AsyncSession, sink_id: int, epoch: int) -> Sequence[PendingSinkState]:
     statement = (
         select(PendingSinkState)
-        .options(defer(PendingSinkState.metadata_, raiseload=True))
         .where(
             PendingSinkState.sink_id == sink_id,
             PendingSinkState.status == EpochStatus.PENDING,
@@ -303,21 +391,30 @@ async def mark_committed(
 # The COMMITTED transaction of the common commit, as one statement: the sink is still the incarnation and
 # generation the committer appended for, and every epoch still PENDING with the attempt it appended (each row
 # locked, the condition evaluated again on a row another transaction changed meanwhile); then all of them are
-# marked and committed_epoch moves, all or nothing. The marked rows are PENDING in the statement's snapshot: the
-# new committed epoch is computed without them.
+# marked and committed_epoch moves, all or nothing. The tables the pass appended to (or found holding its epochs)
+# record the newest epoch they hold in the same statement, whether or not the epochs are marked (a table's record is
+# a fact about the table); the trigger of migration 0006 raises the other tables with the sink. The marked rows are
+# PENDING in the statement's snapshot: the new committed epoch is computed without them.
 _MARK_APPENDED_EPOCHS = """
     WITH expected AS (
-        SELECT * FROM unnest(CAST(:epochs AS bigint[]), CAST(:attempts AS integer[])) AS e(epoch, attempt)
+        SELECT * FROM unnest(CAST(:epochs AS bigint[]), CAST(:attempts AS integer[]), CAST(:snapshot_ids AS bigint[]))
+                 AS e(epoch, attempt, snapshot_id)
     ), sink AS (
         SELECT id FROM sinks
         WHERE id = :sink_id AND incarnation = :incarnation AND generation = :generation FOR UPDATE
+    ), recorded AS (
+        UPDATE sink_tables t SET committed_epoch = r.epoch, updated_at = now()
+        FROM unnest(CAST(:tables AS text[]), CAST(:table_epochs AS bigint[])) AS r(table_identifier, epoch)
+        WHERE t.sink_id = (SELECT id FROM sink) AND t.table_identifier = r.table_identifier
+          AND t.committed_epoch < r.epoch
     ), unchanged AS (
         SELECT p.epoch FROM pending_sink_state p JOIN expected e ON e.epoch = p.epoch
         WHERE p.sink_id = (SELECT id FROM sink) AND p.status = 'PENDING' AND p.attempt = e.attempt
         FOR UPDATE OF p
     ), marked AS (
-        UPDATE pending_sink_state p SET status = 'COMMITTED', snapshot_id = :snapshot_id, updated_at = now()
-        WHERE p.sink_id = :sink_id AND p.epoch IN (SELECT epoch FROM unchanged)
+        UPDATE pending_sink_state p SET status = 'COMMITTED', snapshot_id = e.snapshot_id, updated_at = now()
+        FROM expected e
+        WHERE p.sink_id = :sink_id AND p.epoch = e.epoch AND p.epoch IN (SELECT epoch FROM unchanged)
           AND (SELECT count(*) FROM unchanged) = cardinality(CAST(:epochs AS bigint[]))
         RETURNING p.epoch
     )
@@ -331,22 +428,31 @@ _MARK_APPENDED_EPOCHS = """
 """
 
 
-async def mark_appended_epochs(
-    connection: AsyncConnection, sink: Sink, attempts: Mapping[int, int], snapshot_id: int | None
-) -> int | None:
+@dataclass(frozen=True)
+class Appended:
+    """What a commit pass did: the attempt of each epoch it appended (or found in its tables) with the snapshot of
+    the sink's own table that holds the epoch (None: none there), and the newest epoch each table it appended to
+    (or found holding its epochs) now holds."""
+
+    attempts: Mapping[int, int]
+    snapshots: Mapping[int, int | None]
+    tables: Mapping[str, int]
+
+
+async def mark_appended_epochs(connection: AsyncConnection, sink: Sink, appended: Appended) -> int | None:
     """The common COMMITTED transaction in one autocommit statement (see _MARK_APPENDED_EPOCHS): the sink's new
-    committed epoch, or None when anything differs from what was appended (nothing is changed then, and the
-    general transaction decides)."""
+    committed epoch, or None when anything differs from what was appended (no epoch is marked then, and the
+    general transaction decides; the tables' records are kept)."""
+    epochs = list(appended.attempts)
     row = (
         await connection.execute(
             text(_MARK_APPENDED_EPOCHS),
             {
-                "epochs": list(attempts),
-                "attempts": list(attempts.values()),
-                "sink_id": sink.id,
-                "incarnation": sink.incarnation,
-                "generation": sink.generation,
-                "snapshot_id": snapshot_id,
+                "epochs": epochs,
+                "attempts": [appended.attempts[epoch] for epoch in epochs],
+                "snapshot_ids": [appended.snapshots.get(epoch) for epoch in epochs],
+                **_table_parameters(appended.tables),
+                **_numbering_parameters(sink),
             },
         )
     ).one_or_none()
@@ -806,9 +912,16 @@ async def delete_epochs_of_old_generation(session: AsyncSession, sink_id: int) -
 # ---------------------------------------------------------------------------------------------- maintenance
 
 
-async def sinks_of_table(session: AsyncSession, table: str) -> Sequence[Sink]:
-    """Every sink writing the table (usually one): whose markers its snapshots carry."""
-    return (await session.execute(select(Sink).where(Sink.table_identifier == table).order_by(Sink.id))).scalars().all()
+async def sinks_of_table(session: AsyncSession, table: str) -> list[tuple[Sink, int]]:
+    """Every sink writing the table (usually one), whose markers its snapshots carry, with the newest epoch of the
+    sink that the table holds."""
+    statement = (
+        select(Sink, WrittenTable.committed_epoch)
+        .join(WrittenTable, WrittenTable.sink_id == Sink.id)
+        .where(WrittenTable.table_identifier == table)
+        .order_by(Sink.id)
+    )
+    return [(sink, committed_epoch) for sink, committed_epoch in (await session.execute(statement)).all()]
 
 
 async def paths_held_by_uncommitted(session: AsyncSession, paths: Sequence[str]) -> set[str]:

@@ -1,15 +1,20 @@
-"""What the table already holds, settled in the log.
+"""What the tables already hold, settled in the log.
 
-The snapshot markers are the table's own record of which epochs of a sink it
-holds. Every path that decides an epoch's fate against the table (the
-committer before it appends, RegisterWriter, an operator's abort or reset, the
-cleaner) reads them on a fresh load while it holds the sink's commit lock, and
-marks what the table holds COMMITTED before it aborts or deletes anything else.
+The snapshot markers are each table's own record of which epochs of a sink it
+holds; the log's sink_tables record, per table, the newest epoch it holds as
+far as the log knows. Every path that decides an epoch's fate against the
+tables (the committer before it appends, RegisterWriter, an operator's abort
+or reset, the cleaner) reads the markers of every table the epochs have files
+in, on a fresh load, while it holds the sink's commit lock, and marks what the
+tables hold COMMITTED before it aborts or deletes anything else. An epoch some
+of its tables hold and others not yet (fan-out, between two tables' appends)
+is neither: only the committer settles it, by appending to the rest.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import structlog
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -35,9 +40,9 @@ def identity_of(sink: Sink) -> SinkIdentity:
 def held_by_snapshot(epochs: Iterable[int], markers: Sequence[Marker]) -> dict[int, list[int]]:
     """The epochs a marker covers, by the snapshot that added each: the oldest marker at or above it.
 
-    Valid for PENDING epochs: the committer appends checkpointed epochs in order, all of them at once up to
-    a marker, and a PENDING epoch is never below a marker it is not in (a re-attempt is always above the
-    checkpoint, so above every marker).
+    Valid for PENDING epochs, per table: the committer appends checkpointed epochs in order, all of a table's
+    files of them at once up to a marker, and a PENDING epoch is never below a marker it is not in (a re-attempt
+    is always above the checkpoint, so above every marker).
     """
     by_snapshot: dict[int, list[int]] = {}
     for epoch in sorted(epochs):
@@ -48,15 +53,67 @@ def held_by_snapshot(epochs: Iterable[int], markers: Sequence[Marker]) -> dict[i
     return by_snapshot
 
 
-async def pending_held_by_table(tables: IcebergGateway, sink: Sink, epochs: Sequence[int]) -> dict[int, list[int]]:
-    """Which of these PENDING epochs the table holds, walked on a fresh load (the caller holds the commit lock)."""
-    if not epochs:
-        return {}
-    markers = await in_catalog(tables.sink_markers, sink.table_identifier, identity_of(sink), min(epochs))
-    return held_by_snapshot(epochs, markers)
+@dataclass(frozen=True)
+class Holdings:
+    """What the sink's tables hold of some PENDING epochs."""
+
+    # The epochs every table with files of them holds, by the snapshot of the sink's own table that holds each
+    # (None: the epoch has no file there, or the log's record of the table says it holds it).
+    held: dict[int | None, list[int]]
+    # Epochs some of their tables hold and others not yet (a commit pass between two tables' appends, or a table
+    # whose catalog fails): the tables that do not hold them yet. Only the committer may settle these, by
+    # appending to the rest.
+    partial: dict[int, list[str]]
+
+    @property
+    def epochs(self) -> list[int]:
+        return sorted(epoch for epochs in self.held.values() for epoch in epochs)
+
+    def touched(self) -> list[int]:
+        """The epochs any table holds."""
+        return sorted([*self.epochs, *self.partial])
 
 
-async def mark_held(session: AsyncSession, sink_id: int, held: dict[int, list[int]]) -> list[int]:
+def tables_with_files(metadata: precommit_metadata.PreCommitMetadata) -> set[str]:
+    return {table for table, entries in metadata.by_table().items() if entries}
+
+
+async def holdings(
+    tables: IcebergGateway, sink: Sink, recorded: Mapping[str, int], rows: Sequence[PendingSinkState]
+) -> Holdings:
+    """Which of these PENDING epochs the sink's tables hold, each table walked on a fresh load (the caller holds
+    the commit lock). A table holds an epoch when the log records it (`recorded`: the newest epoch each table
+    holds) or one of its markers covers it. An epoch with files is held when every table with files of it holds
+    it; an epoch without files when any table holds it (it was in an appended group: empty epochs are never
+    appended, but marked with their group)."""
+    if not rows:
+        return Holdings({}, {})
+    identity = identity_of(sink)
+    files = {row.epoch: tables_with_files(precommit_metadata.decode(row.metadata_)) for row in rows}
+    walked: dict[str, dict[int, int]] = {}
+    for table in sorted({table for each in files.values() for table in each} or {sink.table_identifier}):
+        above = [
+            epoch for epoch, each in files.items() if (table in each or not each) and epoch > recorded.get(table, -1)
+        ]
+        markers = await in_catalog(tables.sink_markers, table, identity, min(above)) if above else []
+        walked[table] = {
+            epoch: snapshot for snapshot, epochs in held_by_snapshot(above, markers).items() for epoch in epochs
+        }
+    held: dict[int | None, list[int]] = {}
+    partial: dict[int, list[str]] = {}
+    for epoch, each in sorted(files.items()):
+        holding = {table for table in walked if epoch <= recorded.get(table, -1) or epoch in walked[table]}
+        if each and each <= holding:
+            snapshot = walked[sink.table_identifier].get(epoch) if sink.table_identifier in each else None
+            held.setdefault(snapshot, []).append(epoch)
+        elif each and holding & each:
+            partial[epoch] = sorted(each - holding)
+        elif not each and holding:
+            held.setdefault(None, []).append(epoch)
+    return Holdings(held, partial)
+
+
+async def mark_held(session: AsyncSession, sink_id: int, held: Mapping[int | None, list[int]]) -> list[int]:
     """Mark the epochs the table holds COMMITTED, each with its snapshot; return them."""
     for snapshot_id, epochs in held.items():
         await repository.mark_committed(session, sink_id, epochs, snapshot_id)

@@ -70,14 +70,25 @@ class EpochView:
 
 
 @dataclass(frozen=True)
+class SinkTable:
+    """One of a sink's tables: the newest epoch whose files of this table it holds (every epoch below included)."""
+
+    table: str
+    committed_epoch: int
+
+
+@dataclass(frozen=True)
 class SinkView:
     sink: str
     table: str
     catalog: str
     checkpointed_epoch: int
+    # The least of its tables' committed epochs.
     committed_epoch: int
     writer_term: int
     writer_count: int
+    # Every table of the sink (fan-out): its own first, then the others by name.
+    tables: tuple[SinkTable, ...]
 
 
 @dataclass(frozen=True)
@@ -85,6 +96,19 @@ class SinkState(SinkView):
     """A sink and its epochs that are not COMMITTED, in epoch order (GetSinkState)."""
 
     epochs: tuple[EpochView, ...]
+
+
+@dataclass(frozen=True)
+class TableLocation:
+    table: str
+    location: str
+
+
+@dataclass(frozen=True)
+class TablesEnsured:
+    """EnsureTables' answer: each requested table's location, in the request's order."""
+
+    tables: tuple[TableLocation, ...]
 
 
 def from_attributes(view_type: type[View], source: object, **given: Any) -> View:

@@ -6,7 +6,9 @@ into a new Iceberg table with the Spark writer in several micro-batches, then re
 the table back and shows that every order is there exactly once. Each run uses a
 new topic, sink and table; --reset starts from an empty data directory. Flags point
 it at a real Kafka, PostgreSQL or catalog instead, keep the table on a local S3 and
-Glue emulator (--s3), or run Spark on a standalone cluster started here (--cluster).
+Glue emulator (--s3), run Spark on a standalone cluster started here (--cluster), or
+route the orders by country into a table per country (--fan-out), each checked to
+hold its country's orders only, and all of them every order exactly once.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ import shutil
 import signal
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Final
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import typer
 from pydantic import SecretStr
@@ -50,16 +53,19 @@ from coordinator_service.runtime import metastore_url, open_catalog
 from coordinator_service.settings import Settings
 from sink_coordinator_demo.local_services import CoordinatorService, LocalProcess, NoidaKafkaBroker
 from sink_coordinator_demo.object_store import emulated_object_store
-from sink_coordinator_demo.orders import ORDER_SCHEMA_DDL, create_topic, produce_orders
+from sink_coordinator_demo.orders import COUNTRY_CURRENCIES, ORDER_SCHEMA_DDL, create_topic, produce_orders
 from sink_coordinator_demo.ports import free_port
 from sink_coordinator_demo.spark_cluster import SparkCluster, start_spark_cluster
 from spark_writer.job import KafkaSettings, ParseSettings, SinkSettings, run_until_done, start_job
+from spark_writer.routing import Routes
 from spark_writer.session import local_spark_session
 from spark_writer.stop_signals import StopRequest, stop_on_signals
 from spark_writer.worker_logging import set_worker_log_level
 
 DEFAULT_EVENTS: Final = 100_000
 DEFAULT_BATCHES: Final = 8
+# --fan-out: the orders of these countries go to a table each; the others' (JP) to the sink's own table.
+ROUTED_COUNTRIES: Final = ("DE", "FR", "ES", "GB", "US")
 
 console = Console()
 app = typer.Typer(
@@ -96,6 +102,28 @@ class TableCheck:
     missing: int
     snapshots: int
     location: str
+
+
+@dataclass(frozen=True)
+class RouteCheck:
+    """One table of a fan-out: the countries routed to it, its rows, and those of another country (none)."""
+
+    table: str
+    countries: tuple[str, ...]
+    rows: int
+    misrouted: int
+
+
+def fan_out_routes(table: str) -> Routes:
+    return Routes.static("country", [(country, f"{table}_{country.lower()}") for country in ROUTED_COUNTRIES])
+
+
+def route_tables(table: str, routes: Routes | None) -> dict[str, tuple[str, ...]]:
+    """Every table of the sink and the countries whose orders it must hold: the sink's own takes the rest."""
+    if routes is None:
+        return {table: tuple(COUNTRY_CURRENCIES)}
+    routed = {route_table: (country,) for country, route_table in routes.tables.items()}
+    return {table: tuple(sorted(set(COUNTRY_CURRENCIES) - set(routes.tables))), **routed}
 
 
 class BatchProgress(StreamingQueryListener):
@@ -142,10 +170,13 @@ def _bar(description: str) -> Progress:
     )
 
 
-def check_table(catalog: Catalog, table: str, sink: str, events: int) -> TableCheck:
-    """Count the table's orders: each of 1..events must be there exactly once."""
-    loaded = catalog.load_table(table)
-    ids = loaded.scan(selected_fields=("order_id",)).to_arrow().column("order_id")
+def check_table(catalog: Catalog, tables: Sequence[str], sink: str, events: int) -> TableCheck:
+    """Count the orders of the sink's tables (the first is its own): each of 1..events must be in one exactly once."""
+    loaded = [catalog.load_table(table) for table in tables]
+    ids = pa.chunked_array(
+        [chunk for each in loaded for chunk in each.scan(selected_fields=("order_id",)).to_arrow()["order_id"].chunks],
+        type=pa.int64(),
+    )
     counts = pc.value_counts(ids).flatten()
     distinct = len(counts[0])
     duplicates = pc.sum(pc.greater(counts[1], 1)).as_py() or 0
@@ -155,9 +186,24 @@ def check_table(catalog: Catalog, table: str, sink: str, events: int) -> TableCh
         distinct_orders=distinct,
         duplicates=int(duplicates),
         missing=events - int(pc.sum(expected).as_py() or 0),
-        snapshots=sum(1 for s in loaded.snapshots() if s.summary is not None and s.summary.get(MARKER_SINK) == sink),
-        location=str(loaded.location()),
+        snapshots=sum(
+            1
+            for each in loaded
+            for s in each.snapshots()
+            if s.summary is not None and s.summary.get(MARKER_SINK) == sink
+        ),
+        location=str(loaded[0].location()),
     )
+
+
+def check_routes(catalog: Catalog, tables: Mapping[str, tuple[str, ...]]) -> list[RouteCheck]:
+    """Each table's rows, and how many are of a country not routed to it."""
+    checks = []
+    for table, countries in tables.items():
+        column = catalog.load_table(table).scan(selected_fields=("country",)).to_arrow().column("country")
+        misrouted = pc.sum(pc.invert(pc.is_in(column, value_set=pa.array(countries)))).as_py() or 0
+        checks.append(RouteCheck(table, countries, len(column), int(misrouted)))
+    return checks
 
 
 def reset_data_dir(data_dir: Path) -> None:
@@ -189,15 +235,22 @@ def stream_orders(
 
 
 def print_summary(
-    events: int, check: TableCheck, committed_epochs: int, settings: Settings, phases: Phases, where: dict[str, str]
+    events: int,
+    check: TableCheck,
+    committed_epochs: int,
+    settings: Settings,
+    phases: Phases,
+    where: dict[str, str],
+    routes: Sequence[RouteCheck] = (),
 ) -> None:
-    ok = check.duplicates == 0 and check.missing == 0 and check.rows == events
+    misrouted = sum(route.misrouted for route in routes)
+    ok = check.duplicates == 0 and check.missing == 0 and check.rows == events and misrouted == 0
     results = Table(title="exactly once?" + (" [green]yes[/green]" if ok else " [red]NO[/red]"), show_header=False)
     results.add_column(style="bold")
     results.add_column(justify="right")
     for label, value in [
         ("records produced", events),
-        ("rows in the Iceberg table", check.rows),
+        ("rows in the Iceberg table" + ("s" if routes else ""), check.rows),
         ("distinct order ids", check.distinct_orders),
         ("duplicates (order ids seen more than once)", check.duplicates),
         ("missing (order ids not in the table)", check.missing),
@@ -213,6 +266,13 @@ def print_summary(
         "table maintenance (expiry, merge, compaction, sweep)",
         f"every {settings.maintenance_interval_seconds:g} s" if settings.maintenance_enabled else "off",
     )
+    if routes:
+        results.add_row("misrouted (rows in a table not routed their country)", f"{misrouted:,}")
+    tables = Table(title="fan-out: the orders by country")
+    for column in ("table", "countries routed to it", "rows", "misrouted"):
+        tables.add_column(column, justify="right" if column in ("rows", "misrouted") else "left")
+    for route in routes:
+        tables.add_row(route.table, ", ".join(route.countries), f"{route.rows:,}", f"{route.misrouted:,}")
     timings = Table(title="time per phase", show_header=False)
     timings.add_column(style="bold")
     timings.add_column(justify="right")
@@ -224,7 +284,7 @@ def print_summary(
     places.add_column(overflow="fold")
     for place, location in where.items():
         places.add_row(place, location)
-    console.print(results, timings, places)
+    console.print(results, *([tables] if routes else []), timings, places)
     if not ok:
         raise typer.Exit(1)
 
@@ -270,6 +330,13 @@ def main(
             help="Keep the table on S3: an S3 and Glue emulator (moto, the demo extra) started here holds it, "
             "in its Glue catalog, and the executors write there (--storage). The emulator's contents go with "
             "the demo, so the run uses DATA_DIR/s3, emptied first."
+        ),
+    ] = False,
+    fan_out: Annotated[
+        bool,
+        typer.Option(
+            help="Route the orders by country: DE, FR, ES, GB and US into a table each (created by the writer), "
+            "the others into the sink's own table; every table is checked to hold its countries' orders only."
         ),
     ] = False,
     reset: Annotated[bool, typer.Option(help="Delete DATA_DIR first (its PostgreSQL, warehouse, broker).")] = False,
@@ -340,6 +407,7 @@ def main(
             checkpoint_location=str(data_dir / "checkpoints" / sink_name),
             available_now=True,
             storage=storage,
+            routes=fan_out_routes(table) if fan_out else None,
         )
         kafka = KafkaSettings(
             bootstrap_servers,
@@ -355,7 +423,10 @@ def main(
                 stream_orders(spark, kafka, sink, events, stop)
         with phases.phase("read the table back"):
             url, _ = metastore_url(settings)
-            check = check_table(open_catalog(settings, url), table, sink_name, events)
+            tables = route_tables(table, sink.routes)
+            opened = open_catalog(settings, url)
+            check = check_table(opened, list(tables), sink_name, events)
+            routes = check_routes(opened, tables) if sink.routes is not None else []
             with CoordinatorClient(coordinator.target) as client:
                 committed_epochs = client.sink_state(sink_name).committed_epoch + 1
         print_summary(
@@ -366,7 +437,8 @@ def main(
             phases,
             {
                 "Kafka topic": f"{topic} on {bootstrap_servers}",
-                "Iceberg table": f"{table} in catalog {settings.catalog_name!r} "
+                ("Iceberg table (the sink's own)" if fan_out else "Iceberg table"): f"{table} in catalog "
+                f"{settings.catalog_name!r} "
                 + (
                     "(Glue on the emulator)"
                     if s3
@@ -381,6 +453,7 @@ def main(
                 + ("" if keep_serving else ", while the coordinator runs: --keep-serving, or `make serve`"),
                 "coordinator log": str(coordinator.log_path),
             },
+            routes,
         )
         if keep_serving:
             console.print(f"coordinator serving at {coordinator.admin_url}/docs: Ctrl-C to stop")

@@ -19,6 +19,10 @@ through the coordinator's two-phase commit:
 A batch that Spark runs again after a crash is pre-committed again under the
 new writer term (a new attempt of the epoch); files of the aborted attempt are
 deleted by the coordinator and never reach the table.
+
+With ``routes`` (fan-out, ``spark_writer.routing``) the records go to several
+tables by a column: the tasks write each table's rows under its location and the
+one PreCommit of the batch names each file's table (``spark_writer.fan_out``).
 """
 
 from __future__ import annotations
@@ -40,10 +44,12 @@ from coordinator_service.client import CoordinatorClient, CoordinatorRpcError, P
 from coordinator_service.views import PreCommitOutcome, Registration
 from spark_writer.arrow_schema import arrow_schema_of, serialize_schema
 from spark_writer.checkpoint import NO_OFFSET, SparkCheckpoint
+from spark_writer.fan_out import FanOut
 from spark_writer.kafka_positions import TopicPartition, position_properties
 from spark_writer.listener import CheckpointListener, CheckpointReporter
 from spark_writer.parquet_writer import WRITTEN_FILES_DDL, DataFileTarget, delete_files, task_writer
 from spark_writer.partitioning import parse_partition_fields
+from spark_writer.routing import Routes
 from spark_writer.storage import Storage
 
 if TYPE_CHECKING:
@@ -117,6 +123,7 @@ class MicroBatchWriter:
         checkpoint: SparkCheckpoint,
         reporter: CheckpointReporter,
         transform: BatchTransform | DecodesInTasks | None,
+        fan_out: FanOut | None = None,
     ) -> None:
         self._client = client
         self._registration = registration
@@ -124,6 +131,7 @@ class MicroBatchWriter:
         self._checkpoint = checkpoint
         self._reporter = reporter
         self._transform = transform
+        self._fan_out = fan_out
         self._state = threading.Condition()
         self._stopping = False
         self._in_batch = False
@@ -166,11 +174,15 @@ class MicroBatchWriter:
             target_file_size_bytes=self._options.target_file_size_bytes,
             storage=self._options.storage,
             decoding=decoding,
+            routing=None if self._fan_out is None else self._fan_out.task_routing(),
         )
-        results = frame.mapInArrow(task_writer(target), WRITTEN_FILES_DDL).collect()
+        if self._fan_out is None:
+            results = frame.mapInArrow(task_writer(target), WRITTEN_FILES_DDL).collect()
+        else:
+            results = self._fan_out.write(frame, target, batch_id)
         written = [row for row in results if row.path is not None]
         paths = [row.path for row in written]
-        files = [PreCommitFile(row.path, bytes(row.parquet_footer), row.size_bytes) for row in written]
+        files = [PreCommitFile(row.path, bytes(row.parquet_footer), row.size_bytes, row.table or "") for row in written]
         records = sum(row.record_count for row in written)
         decodes = isinstance(self._transform, DecodesInTasks)
         latest = {(row.topic, row.partition): row.latest_timestamp_ms for row in results if row.topic is not None}
@@ -185,7 +197,9 @@ class MicroBatchWriter:
                 files,
                 properties=properties,
                 evolve_schema=self._options.evolve_schema,
-                files_directory=target.files_directory,
+                files_directory=(
+                    target.files_directory if self._fan_out is None else self._fan_out.files_directory(target, written)
+                ),
             )
         except CoordinatorRpcError as error:
             if error.code in REFUSED_CODES:
@@ -309,6 +323,7 @@ def write_to_iceberg(
     query_name: str | None = None,
     coordinator_retry_seconds: float = DEFAULT_COORDINATOR_RETRY_SECONDS,
     storage: Mapping[str, str] | None = None,
+    routes: Routes | None = None,
 ) -> IcebergSinkQuery:
     """Start a streaming query writing `df` into the Iceberg table `table` exactly once.
 
@@ -334,6 +349,9 @@ def write_to_iceberg(
         storage: how executors reach the table's location, as pyiceberg's FileIO properties (`s3.endpoint`,
             `s3.region`, `s3.access-key-id`, ...: the coordinator's catalog takes the same keys); keys left
             out come from each machine's environment (spark_writer.storage).
+        routes: fan-out: route each record to a table by a column (spark_writer.routing.Routes); `table` is the
+            sink's own table, where unrouted records go under Unrouted.DEFAULT. Each route table is created like
+            `table` (from the data's schema, partitioned by `partition_by`) and evolved by its own files.
 
     Raises CoordinatorRpcError when the coordinator refuses the registration (for
     example a checkpoint behind what it committed) and ValueError for bad options.
@@ -349,6 +367,8 @@ def write_to_iceberg(
         initial = df if transform is None else transform(spark.createDataFrame([], df.schema))
         arrow_schema = arrow_schema_of(initial.schema)
     parse_partition_fields(partition_by, arrow_schema)
+    if routes is not None:
+        routes.check_schema(arrow_schema)
     checkpoint = SparkCheckpoint(spark, checkpoint_location)
     checkpointed = checkpoint.last_committed_batch()
 
@@ -364,6 +384,12 @@ def write_to_iceberg(
             arrow_schema=serialize_schema(arrow_schema),
             partition_by=partition_by,
         )
+        fan_out = None
+        if routes is not None:
+            fan_out = FanOut(
+                client, sink, registration.writer_term, routes, table, registration.table_location, partition_by, files
+            )
+            fan_out.start(arrow_schema)
     except BaseException:
         client.close()
         raise
@@ -382,7 +408,7 @@ def write_to_iceberg(
     listener = CheckpointListener(reporter)
     spark.streams.addListener(listener)
 
-    batch_writer = MicroBatchWriter(client, registration, options, checkpoint, reporter, transform)
+    batch_writer = MicroBatchWriter(client, registration, options, checkpoint, reporter, transform, fan_out)
     writer = df.writeStream.foreachBatch(batch_writer).option("checkpointLocation", checkpoint_location)
     if query_name is not None:
         writer = writer.queryName(query_name)

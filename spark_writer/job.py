@@ -66,6 +66,7 @@ from spark_writer.registry_records import (
     RegistrySubject,
     topic_subject,
 )
+from spark_writer.routing import Routes, Unrouted, routes_from_flags
 from spark_writer.schema_registry import RegistrySettings, RegistryUnavailableError
 from spark_writer.session import local_spark_session, retries_tasks
 from spark_writer.stop_signals import StopRequest, stop_on_signals
@@ -210,6 +211,7 @@ class SinkSettings:
     available_now: bool = False
     coordinator_retry_seconds: float = DEFAULT_COORDINATOR_RETRY_SECONDS
     storage: dict[str, str] = field(default_factory=dict)
+    routes: Routes | None = None
 
     def __post_init__(self) -> None:
         if self.target_file_size_bytes <= 0:
@@ -327,6 +329,7 @@ def start_job(spark: SparkSession, kafka: KafkaSettings, parse: ParseSettings, s
         query_name=sink.sink,
         coordinator_retry_seconds=sink.coordinator_retry_seconds,
         storage=sink.storage,
+        routes=sink.routes,
     )
 
 
@@ -465,6 +468,22 @@ def main(
             metavar=KEY_VALUE,
         ),
     ] = None,
+    route_by: Annotated[
+        str | None, typer.Option(help="Fan-out: the column whose value picks each record's table.")
+    ] = None,
+    route: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Fan-out: records whose --route-by value is VALUE go to TABLE (repeat).", metavar="VALUE=TABLE"
+        ),
+    ] = None,
+    dynamic_routes: Annotated[
+        bool, typer.Option(help="Fan-out: the --route-by value is the table (namespace.table), created when new.")
+    ] = False,
+    unrouted: Annotated[
+        Unrouted | None,
+        typer.Option(help="Fan-out: a record no route takes goes to --table (default), or fails the batch (fail)."),
+    ] = None,
     master: Annotated[str | None, typer.Option(help="Spark master; default: spark-submit's, else local[*].")] = None,
     log_level: Annotated[LogLevel, typer.Option(case_sensitive=False, help="Log level.")] = LogLevel.INFO,
     log_format: Annotated[LogFormat, typer.Option(help="Log lines as console text or JSON.")] = LogFormat.CONSOLE,
@@ -515,6 +534,7 @@ def main(
             available_now=available_now,
             coordinator_retry_seconds=coordinator_retry_seconds,
             storage=dict(storage or ()),
+            routes=routes_from_flags(route_by, route or (), dynamic_routes, unrouted),
         )
         if parse.record_format.registry_format is not None:
             registry_parser(kafka, parse, sink)  # the subjects' schemas read and mapped: refused now, not in Spark

@@ -13,12 +13,17 @@ table (the attempt deletes them when it fails by an exception). A task given a
 decoding (``DataFileTarget.decoding``) receives Kafka records and decodes them into
 table rows itself (``spark_writer.kafka_records.RecordDecoding``), and also yields
 the count of the records that did not fit and the latest record timestamp of each
-Kafka topic-partition it read (spark_writer.kafka_positions).
+Kafka topic-partition it read (spark_writer.kafka_positions). A task given routes
+(``DataFileTarget.routing``, fan-out) splits its rows by route first
+(``spark_writer.route_split``) and writes each table's rows under that table's own
+location; its file rows name the table (null: the sink's own), and it also yields
+the tables it had rows for but no location, and the values no route took.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -30,6 +35,7 @@ import structlog
 from pyspark import TaskContext
 
 from spark_writer.partitioning import PartitionField, PartitionKey, split_by_partition
+from spark_writer.route_split import TaskRouting, UnroutedTally, record_origin, split_by_route
 from spark_writer.storage import Storage
 
 log = structlog.get_logger(__name__)
@@ -39,12 +45,15 @@ DATA_DIRECTORY: Final = "data"
 MAX_ROW_GROUP_BYTES: Final = 64 * 1024 * 1024
 PARQUET_COMPRESSION: Final = "zstd"
 
-# What every task yields: one row per data file; without a path, one carrying the count of the records that did
-# not fit the schema when there were any, and one per Kafka topic-partition read with its latest record timestamp
-# (the DDL form is mapInArrow's output schema).
+# What every task yields: one row per data file (with its table when routed to another than the sink's own);
+# without a path, one carrying the count of the records that did not fit the schema when there were any, one per
+# Kafka topic-partition read with its latest record timestamp, and with routes one per table it had rows for but
+# no location (`table`, its records in `record_count`) and one per value no route took (`unrouted`: the value as a
+# message describes it, its records and where the first came from). The DDL form is mapInArrow's output schema.
 WRITTEN_FILES_DDL: Final = (
     "path string, record_count bigint, size_bytes bigint, parquet_footer binary, bad_records bigint, "
-    "topic string, partition int, latest_timestamp_ms bigint"
+    "topic string, partition int, latest_timestamp_ms bigint, table string, unrouted string, "
+    "unrouted_records bigint, unrouted_origin string"
 )
 WRITTEN_FILES_SCHEMA: Final = pa.schema(
     [
@@ -56,6 +65,10 @@ WRITTEN_FILES_SCHEMA: Final = pa.schema(
         pa.field("topic", pa.string()),
         pa.field("partition", pa.int32()),
         pa.field("latest_timestamp_ms", pa.int64()),
+        pa.field("table", pa.string()),
+        pa.field("unrouted", pa.string()),
+        pa.field("unrouted_records", pa.int64()),
+        pa.field("unrouted_origin", pa.string()),
     ]
 )
 
@@ -108,6 +121,8 @@ class DataFileTarget:
     storage: Storage = field(default_factory=Storage)
     # How a task turns its input (Kafka records) into table rows; None: the input rows are the table's.
     decoding: TaskDecoding | None = None
+    # Fan-out: which table each row goes to, and the tables' locations; None: every row to `table_location`.
+    routing: TaskRouting | None = None
 
     @property
     def row_group_bytes(self) -> int:
@@ -120,6 +135,10 @@ class DataFileTarget:
         a directory per batch would stay behind after compaction)."""
         data = data_directory_uri(self.table_location)
         return f"{data}/{self.batch_id:08d}" if Storage.is_object_store(data) else ""
+
+    def at(self, table_location: str) -> DataFileTarget:
+        """The same batch's files under another table's location (a route's)."""
+        return dataclasses.replace(self, table_location=table_location)
 
 
 def data_directory_uri(table_location: str) -> str:
@@ -207,31 +226,81 @@ class RollingParquetFiles:
         self._closed.append(WrittenFile(current.uri, current.record_count, size, serialize_footer(footer)))
 
 
+class _TaskFiles:
+    """A task attempt's files by table: the sink's own (key None) or, with routes, each route table's under its
+    location, started at the table's first rows."""
+
+    def __init__(self, target: DataFileTarget, task_label: str) -> None:
+        self._target = target
+        self._label = task_label
+        self.unknown: dict[str, int] = {}
+        self.unrouted = UnroutedTally()
+        self._files: dict[str | None, RollingParquetFiles] = {}
+        if target.routing is None:
+            self._files[None] = RollingParquetFiles(target, task_label)
+
+    def write(self, rows: pa.Table, task_input: pa.RecordBatch | None) -> None:
+        """Write rows (of the target's schema); `task_input`: the Kafka records they were decoded from, if any."""
+        routing = self._target.routing
+        if routing is None:
+            self._write_partitions(self._files[None], rows)
+            return
+        split = split_by_route(rows, routing)
+        for table, table_rows in split.tables.items():
+            key = None if table == routing.own_table else table
+            files = self._files.get(key)
+            if files is None:
+                files = self._files[key] = RollingParquetFiles(self._target.at(routing.locations[table]), self._label)
+            self._write_partitions(files, table_rows)
+        for table, records in split.unknown.items():
+            self.unknown[table] = self.unknown.get(table, 0) + records
+        for value in split.unrouted:
+            origin = record_origin(rows, value.first_row, task_input) or f"Spark task {self._label}"
+            self.unrouted.add(value.description, value.records, origin)
+
+    def _write_partitions(self, files: RollingParquetFiles, rows: pa.Table) -> None:
+        for key, part in split_by_partition(rows, self._target.partition_fields):
+            files.write(key, part)
+
+    def close(self) -> list[tuple[str | None, WrittenFile]]:
+        return [(table, written) for table, files in self._files.items() for written in files.close()]
+
+    def abort(self) -> None:
+        for files in self._files.values():
+            files.abort()
+
+
 def task_writer(target: DataFileTarget) -> TaskWriter:
     """The ``mapInArrow`` function writing one task's rows of a micro-batch; yields WRITTEN_FILES_SCHEMA rows."""
 
     def write(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         context = TaskContext.get()
         label = "driver" if context is None else f"{context.partitionId():05d}-{context.taskAttemptId()}"
-        files = RollingParquetFiles(target, label)
+        files = _TaskFiles(target, label)
         decoder = None if target.decoding is None else target.decoding.start()
         try:
             for batch in batches:
                 rows = pa.Table.from_batches([batch]) if decoder is None else decoder.rows(batch)
-                for key, part in split_by_partition(rows.cast(target.schema), target.partition_fields):
-                    files.write(key, part)
+                files.write(rows.cast(target.schema), None if decoder is None else batch)
             summary = DecodingSummary() if decoder is None else decoder.finish()
             written = files.close()
         except BaseException:
             files.abort()
             raise
         nothing = {"record_count": 0, "size_bytes": 0, "bad_records": 0}
-        results: list[dict[str, object]] = [{**asdict(file), "bad_records": 0} for file in written]
+        results: list[dict[str, object]] = [
+            {**asdict(file), "bad_records": 0, "table": table} for table, file in written
+        ]
         if summary.bad_records:
             results.append({**nothing, "bad_records": summary.bad_records})
         results.extend(
             {**nothing, "topic": topic, "partition": partition, "latest_timestamp_ms": latest}
             for (topic, partition), latest in summary.latest_timestamps.items()
+        )
+        results.extend({**nothing, "table": table, "record_count": records} for table, records in files.unknown.items())
+        results.extend(
+            {**nothing, "unrouted": value, "unrouted_records": records, "unrouted_origin": origin}
+            for value, (records, origin) in files.unrouted.values.items()
         )
         yield pa.RecordBatch.from_pylist(results, schema=WRITTEN_FILES_SCHEMA)
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n.coordinator_service/rpc/sink_coordinator.proto\x12\x0csinkcoord.v1\"\x92\x01\n\x15RegisterWriterRequest\x12\x0c\n\x04sink\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12\x1a\n\x12\x63heckpointed_epoch\x18\x03 \x01(\x03\x12\x14\n\x0cwriter_count\x18\x04 \x01(\x05\x12\x14\n\x0c\x61rrow_schema\x18\x05 \x01(\x0c\x12\x14\n\x0cpartition_by\x18\x06 \x03(\t\"\xaf\x01\n\x16RegisterWriterResponse\x12\x13\n\x0bwriter_term\x18\x01 \x01(\x03\x12\x17\n\x0f\x63ommitted_epoch\x18\x02 \x01(\x03\x12\x1a\n\x12\x63heckpointed_epoch\x18\x03 \x01(\x03\x12\x16\n\x0e\x61\x62orted_epochs\x18\x04 \x03(\x03\x12\x1b\n\x13recommitting_epochs\x18\x05 \x03(\x03\x12\x16\n\x0etable_location\x18\x06 \x01(\t\"L\n\x08\x44\x61taFile\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x16\n\x0eparquet_footer\x18\x02 \x01(\x0c\x12\x1a\n\x12\x66ile_size_in_bytes\x18\x03 \x01(\x03\"\xaa\x02\n\x10PreCommitRequest\x12\x0c\n\x04sink\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x13\n\x0bwriter_term\x18\x03 \x01(\x03\x12\x11\n\twriter_id\x18\x04 \x01(\x05\x12*\n\ndata_files\x18\x05 \x03(\x0b\x32\x16.sinkcoord.v1.DataFile\x12\x42\n\nproperties\x18\x06 \x03(\x0b\x32..sinkcoord.v1.PreCommitRequest.PropertiesEntry\x12\x15\n\revolve_schema\x18\x07 \x01(\x08\x12\x17\n\x0f\x66iles_directory\x18\x08 \x01(\t\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xbe\x01\n\x11PreCommitResponse\x12\x38\n\x07outcome\x18\x01 \x01(\x0e\x32\'.sinkcoord.v1.PreCommitResponse.Outcome\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x14\n\x0crecord_count\x18\x03 \x01(\x03\"H\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\r\n\tPERSISTED\x10\x01\x12\x15\n\x11\x41LREADY_COMMITTED\x10\x02\"Y\n\x17\x43ommitCheckpointRequest\x12\x0c\n\x04sink\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x13\n\x0bwriter_term\x18\x03 \x01(\x03\x12\x0c\n\x04wait\x18\x04 \x01(\x08\"O\n\x18\x43ommitCheckpointResponse\x12\x17\n\x0f\x63ommitted_epoch\x18\x01 \x01(\x03\x12\x1a\n\x12\x63heckpointed_epoch\x18\x02 \x01(\x03\"#\n\x13GetSinkStateRequest\x12\x0c\n\x04sink\x18\x01 \x01(\t\"\xbd\x01\n\nEpochState\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12)\n\x06status\x18\x02 \x01(\x0e\x32\x19.sinkcoord.v1.EpochStatus\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12\x12\n\nfile_count\x18\x04 \x01(\x05\x12\x14\n\x0crecord_count\x18\x05 \x01(\x03\x12\x13\n\x0bsnapshot_id\x18\x06 \x01(\x03\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x15\n\rfiles_cleaned\x18\x08 \x01(\x08\"\xce\x01\n\x14GetSinkStateResponse\x12\x0c\n\x04sink\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12\x0f\n\x07\x63\x61talog\x18\x03 \x01(\t\x12\x1a\n\x12\x63heckpointed_epoch\x18\x04 \x01(\x03\x12\x17\n\x0f\x63ommitted_epoch\x18\x05 \x01(\x03\x12\x13\n\x0bwriter_term\x18\x06 \x01(\x03\x12\x14\n\x0cwriter_count\x18\x07 \x01(\x05\x12(\n\x06\x65pochs\x18\x08 \x03(\x0b\x32\x18.sinkcoord.v1.EpochState*T\n\x0b\x45pochStatus\x12\x1c\n\x18\x45POCH_STATUS_UNSPECIFIED\x10\x00\x12\x0b\n\x07PENDING\x10\x01\x12\r\n\tCOMMITTED\x10\x02\x12\x0b\n\x07\x41\x42ORTED\x10\x03\x32\xf6\x02\n\x0fSinkCoordinator\x12[\n\x0eRegisterWriter\x12#.sinkcoord.v1.RegisterWriterRequest\x1a$.sinkcoord.v1.RegisterWriterResponse\x12L\n\tPreCommit\x12\x1e.sinkcoord.v1.PreCommitRequest\x1a\x1f.sinkcoord.v1.PreCommitResponse\x12\x61\n\x10\x43ommitCheckpoint\x12%.sinkcoord.v1.CommitCheckpointRequest\x1a&.sinkcoord.v1.CommitCheckpointResponse\x12U\n\x0cGetSinkState\x12!.sinkcoord.v1.GetSinkStateRequest\x1a\".sinkcoord.v1.GetSinkStateResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n.coordinator_service/rpc/sink_coordinator.proto\x12\x0csinkcoord.v1\"\x92\x01\n\x15RegisterWriterRequest\x12\x0c\n\x04sink\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12\x1a\n\x12\x63heckpointed_epoch\x18\x03 \x01(\x03\x12\x14\n\x0cwriter_count\x18\x04 \x01(\x05\x12\x14\n\x0c\x61rrow_schema\x18\x05 \x01(\x0c\x12\x14\n\x0cpartition_by\x18\x06 \x03(\t\"\xaf\x01\n\x16RegisterWriterResponse\x12\x13\n\x0bwriter_term\x18\x01 \x01(\x03\x12\x17\n\x0f\x63ommitted_epoch\x18\x02 \x01(\x03\x12\x1a\n\x12\x63heckpointed_epoch\x18\x03 \x01(\x03\x12\x16\n\x0e\x61\x62orted_epochs\x18\x04 \x03(\x03\x12\x1b\n\x13recommitting_epochs\x18\x05 \x03(\x03\x12\x16\n\x0etable_location\x18\x06 \x01(\t\"[\n\x08\x44\x61taFile\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x16\n\x0eparquet_footer\x18\x02 \x01(\x0c\x12\x1a\n\x12\x66ile_size_in_bytes\x18\x03 \x01(\x03\x12\r\n\x05table\x18\x04 \x01(\t\"\xaa\x02\n\x10PreCommitRequest\x12\x0c\n\x04sink\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x13\n\x0bwriter_term\x18\x03 \x01(\x03\x12\x11\n\twriter_id\x18\x04 \x01(\x05\x12*\n\ndata_files\x18\x05 \x03(\x0b\x32\x16.sinkcoord.v1.DataFile\x12\x42\n\nproperties\x18\x06 \x03(\x0b\x32..sinkcoord.v1.PreCommitRequest.PropertiesEntry\x12\x15\n\revolve_schema\x18\x07 \x01(\x08\x12\x17\n\x0f\x66iles_directory\x18\x08 \x01(\t\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xbe\x01\n\x11PreCommitResponse\x12\x38\n\x07outcome\x18\x01 \x01(\x0e\x32\'.sinkcoord.v1.PreCommitResponse.Outcome\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x05\x12\x14\n\x0crecord_count\x18\x03 \x01(\x03\"H\n\x07Outcome\x12\x17\n\x13OUTCOME_UNSPECIFIED\x10\x00\x12\r\n\tPERSISTED\x10\x01\x12\x15\n\x11\x41LREADY_COMMITTED\x10\x02\"Y\n\x17\x43ommitCheckpointRequest\x12\x0c\n\x04sink\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x13\n\x0bwriter_term\x18\x03 \x01(\x03\x12\x0c\n\x04wait\x18\x04 \x01(\x08\"O\n\x18\x43ommitCheckpointResponse\x12\x17\n\x0f\x63ommitted_epoch\x18\x01 \x01(\x03\x12\x1a\n\x12\x63heckpointed_epoch\x18\x02 \x01(\x03\"#\n\x13GetSinkStateRequest\x12\x0c\n\x04sink\x18\x01 \x01(\t\"\xbd\x01\n\nEpochState\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12)\n\x06status\x18\x02 \x01(\x0e\x32\x19.sinkcoord.v1.EpochStatus\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\x05\x12\x12\n\nfile_count\x18\x04 \x01(\x05\x12\x14\n\x0crecord_count\x18\x05 \x01(\x03\x12\x13\n\x0bsnapshot_id\x18\x06 \x01(\x03\x12\x0e\n\x06reason\x18\x07 \x01(\t\x12\x15\n\rfiles_cleaned\x18\x08 \x01(\x08\"\xf7\x01\n\x14GetSinkStateResponse\x12\x0c\n\x04sink\x18\x01 \x01(\t\x12\r\n\x05table\x18\x02 \x01(\t\x12\x0f\n\x07\x63\x61talog\x18\x03 \x01(\t\x12\x1a\n\x12\x63heckpointed_epoch\x18\x04 \x01(\x03\x12\x17\n\x0f\x63ommitted_epoch\x18\x05 \x01(\x03\x12\x13\n\x0bwriter_term\x18\x06 \x01(\x03\x12\x14\n\x0cwriter_count\x18\x07 \x01(\x05\x12(\n\x06\x65pochs\x18\x08 \x03(\x0b\x32\x18.sinkcoord.v1.EpochState\x12\'\n\x06tables\x18\t \x03(\x0b\x32\x17.sinkcoord.v1.SinkTable\"3\n\tSinkTable\x12\r\n\x05table\x18\x01 \x01(\t\x12\x17\n\x0f\x63ommitted_epoch\x18\x02 \x01(\x03\"F\n\tTableSpec\x12\r\n\x05table\x18\x01 \x01(\t\x12\x14\n\x0c\x61rrow_schema\x18\x02 \x01(\x0c\x12\x14\n\x0cpartition_by\x18\x03 \x03(\t\"a\n\x13\x45nsureTablesRequest\x12\x0c\n\x04sink\x18\x01 \x01(\t\x12\x13\n\x0bwriter_term\x18\x02 \x01(\x03\x12\'\n\x06tables\x18\x03 \x03(\x0b\x32\x17.sinkcoord.v1.TableSpec\"0\n\rTableLocation\x12\r\n\x05table\x18\x01 \x01(\t\x12\x10\n\x08location\x18\x02 \x01(\t\"C\n\x14\x45nsureTablesResponse\x12+\n\x06tables\x18\x01 \x03(\x0b\x32\x1b.sinkcoord.v1.TableLocation*T\n\x0b\x45pochStatus\x12\x1c\n\x18\x45POCH_STATUS_UNSPECIFIED\x10\x00\x12\x0b\n\x07PENDING\x10\x01\x12\r\n\tCOMMITTED\x10\x02\x12\x0b\n\x07\x41\x42ORTED\x10\x03\x32\xcd\x03\n\x0fSinkCoordinator\x12[\n\x0eRegisterWriter\x12#.sinkcoord.v1.RegisterWriterRequest\x1a$.sinkcoord.v1.RegisterWriterResponse\x12L\n\tPreCommit\x12\x1e.sinkcoord.v1.PreCommitRequest\x1a\x1f.sinkcoord.v1.PreCommitResponse\x12\x61\n\x10\x43ommitCheckpoint\x12%.sinkcoord.v1.CommitCheckpointRequest\x1a&.sinkcoord.v1.CommitCheckpointResponse\x12U\n\x0cGetSinkState\x12!.sinkcoord.v1.GetSinkStateRequest\x1a\".sinkcoord.v1.GetSinkStateResponse\x12U\n\x0c\x45nsureTables\x12!.sinkcoord.v1.EnsureTablesRequest\x1a\".sinkcoord.v1.EnsureTablesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,32 +33,42 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PRECOMMITREQUEST_PROPERTIESENTRY']._loaded_options = None
   _globals['_PRECOMMITREQUEST_PROPERTIESENTRY']._serialized_options = b'8\001'
-  _globals['_EPOCHSTATUS']._serialized_start=1573
-  _globals['_EPOCHSTATUS']._serialized_end=1657
+  _globals['_EPOCHSTATUS']._serialized_start=1972
+  _globals['_EPOCHSTATUS']._serialized_end=2056
   _globals['_REGISTERWRITERREQUEST']._serialized_start=65
   _globals['_REGISTERWRITERREQUEST']._serialized_end=211
   _globals['_REGISTERWRITERRESPONSE']._serialized_start=214
   _globals['_REGISTERWRITERRESPONSE']._serialized_end=389
   _globals['_DATAFILE']._serialized_start=391
-  _globals['_DATAFILE']._serialized_end=467
-  _globals['_PRECOMMITREQUEST']._serialized_start=470
-  _globals['_PRECOMMITREQUEST']._serialized_end=768
-  _globals['_PRECOMMITREQUEST_PROPERTIESENTRY']._serialized_start=719
-  _globals['_PRECOMMITREQUEST_PROPERTIESENTRY']._serialized_end=768
-  _globals['_PRECOMMITRESPONSE']._serialized_start=771
-  _globals['_PRECOMMITRESPONSE']._serialized_end=961
-  _globals['_PRECOMMITRESPONSE_OUTCOME']._serialized_start=889
-  _globals['_PRECOMMITRESPONSE_OUTCOME']._serialized_end=961
-  _globals['_COMMITCHECKPOINTREQUEST']._serialized_start=963
-  _globals['_COMMITCHECKPOINTREQUEST']._serialized_end=1052
-  _globals['_COMMITCHECKPOINTRESPONSE']._serialized_start=1054
-  _globals['_COMMITCHECKPOINTRESPONSE']._serialized_end=1133
-  _globals['_GETSINKSTATEREQUEST']._serialized_start=1135
-  _globals['_GETSINKSTATEREQUEST']._serialized_end=1170
-  _globals['_EPOCHSTATE']._serialized_start=1173
-  _globals['_EPOCHSTATE']._serialized_end=1362
-  _globals['_GETSINKSTATERESPONSE']._serialized_start=1365
-  _globals['_GETSINKSTATERESPONSE']._serialized_end=1571
-  _globals['_SINKCOORDINATOR']._serialized_start=1660
-  _globals['_SINKCOORDINATOR']._serialized_end=2034
+  _globals['_DATAFILE']._serialized_end=482
+  _globals['_PRECOMMITREQUEST']._serialized_start=485
+  _globals['_PRECOMMITREQUEST']._serialized_end=783
+  _globals['_PRECOMMITREQUEST_PROPERTIESENTRY']._serialized_start=734
+  _globals['_PRECOMMITREQUEST_PROPERTIESENTRY']._serialized_end=783
+  _globals['_PRECOMMITRESPONSE']._serialized_start=786
+  _globals['_PRECOMMITRESPONSE']._serialized_end=976
+  _globals['_PRECOMMITRESPONSE_OUTCOME']._serialized_start=904
+  _globals['_PRECOMMITRESPONSE_OUTCOME']._serialized_end=976
+  _globals['_COMMITCHECKPOINTREQUEST']._serialized_start=978
+  _globals['_COMMITCHECKPOINTREQUEST']._serialized_end=1067
+  _globals['_COMMITCHECKPOINTRESPONSE']._serialized_start=1069
+  _globals['_COMMITCHECKPOINTRESPONSE']._serialized_end=1148
+  _globals['_GETSINKSTATEREQUEST']._serialized_start=1150
+  _globals['_GETSINKSTATEREQUEST']._serialized_end=1185
+  _globals['_EPOCHSTATE']._serialized_start=1188
+  _globals['_EPOCHSTATE']._serialized_end=1377
+  _globals['_GETSINKSTATERESPONSE']._serialized_start=1380
+  _globals['_GETSINKSTATERESPONSE']._serialized_end=1627
+  _globals['_SINKTABLE']._serialized_start=1629
+  _globals['_SINKTABLE']._serialized_end=1680
+  _globals['_TABLESPEC']._serialized_start=1682
+  _globals['_TABLESPEC']._serialized_end=1752
+  _globals['_ENSURETABLESREQUEST']._serialized_start=1754
+  _globals['_ENSURETABLESREQUEST']._serialized_end=1851
+  _globals['_TABLELOCATION']._serialized_start=1853
+  _globals['_TABLELOCATION']._serialized_end=1901
+  _globals['_ENSURETABLESRESPONSE']._serialized_start=1903
+  _globals['_ENSURETABLESRESPONSE']._serialized_end=1970
+  _globals['_SINKCOORDINATOR']._serialized_start=2059
+  _globals['_SINKCOORDINATOR']._serialized_end=2520
 # @@protoc_insertion_point(module_scope)

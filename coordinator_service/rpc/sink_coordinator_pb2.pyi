@@ -138,6 +138,7 @@ class DataFile(_message.Message):
     PATH_FIELD_NUMBER: _builtins.int
     PARQUET_FOOTER_FIELD_NUMBER: _builtins.int
     FILE_SIZE_IN_BYTES_FIELD_NUMBER: _builtins.int
+    TABLE_FIELD_NUMBER: _builtins.int
     path: _builtins.str
     """Full URI or absolute path of a Parquet file under the table location."""
     parquet_footer: _builtins.bytes
@@ -151,16 +152,23 @@ class DataFile(_message.Message):
     """The file's size in bytes: required with parquet_footer, optional without;
     when sent, a file of another size on storage is refused.
     """
+    table: _builtins.str
+    """Fan-out: the Iceberg table the file belongs to, "namespace.table"; empty
+    means the sink's own table (RegisterWriterRequest.table). Any other table
+    must have been made one of the sink's tables by EnsureTables, and the file
+    must lie under that table's location and fit that table's schema.
+    """
     def __init__(
         self,
         *,
         path: _builtins.str = ...,
         parquet_footer: _builtins.bytes = ...,
         file_size_in_bytes: _builtins.int = ...,
+        table: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["file_size_in_bytes", b"file_size_in_bytes", "parquet_footer", b"parquet_footer", "path", b"path"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["file_size_in_bytes", b"file_size_in_bytes", "parquet_footer", b"parquet_footer", "path", b"path", "table", b"table"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -207,7 +215,7 @@ class PreCommitRequest(_message.Message):
     """Add columns that the files have and the table lacks, before validating."""
     files_directory: _builtins.str
     """Optional: a directory under the table location that holds every file of
-    this pre-commit and few others (the writer's directory of this batch). The
+    this pre-commit (so all of them in one table) and few others (the writer's directory of this batch). The
     coordinator then checks the files sent with their footers by one listing
     of it (a request per 1,000 files) instead of a metadata request per file;
     a file the listing does not show is checked on its own.
@@ -407,6 +415,7 @@ class GetSinkStateResponse(_message.Message):
     WRITER_TERM_FIELD_NUMBER: _builtins.int
     WRITER_COUNT_FIELD_NUMBER: _builtins.int
     EPOCHS_FIELD_NUMBER: _builtins.int
+    TABLES_FIELD_NUMBER: _builtins.int
     sink: _builtins.str
     table: _builtins.str
     catalog: _builtins.str
@@ -417,6 +426,10 @@ class GetSinkStateResponse(_message.Message):
     @_builtins.property
     def epochs(self) -> _containers.RepeatedCompositeFieldContainer[Global___EpochState]:
         """Epochs that are PENDING or ABORTED, in epoch order."""
+
+    @_builtins.property
+    def tables(self) -> _containers.RepeatedCompositeFieldContainer[Global___SinkTable]:
+        """Every table of the sink, its own first, then the others by name."""
 
     def __init__(
         self,
@@ -429,11 +442,147 @@ class GetSinkStateResponse(_message.Message):
         writer_term: _builtins.int = ...,
         writer_count: _builtins.int = ...,
         epochs: _abc.Iterable[Global___EpochState] | None = ...,
+        tables: _abc.Iterable[Global___SinkTable] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["catalog", b"catalog", "checkpointed_epoch", b"checkpointed_epoch", "committed_epoch", b"committed_epoch", "epochs", b"epochs", "sink", b"sink", "table", b"table", "writer_count", b"writer_count", "writer_term", b"writer_term"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["catalog", b"catalog", "checkpointed_epoch", b"checkpointed_epoch", "committed_epoch", b"committed_epoch", "epochs", b"epochs", "sink", b"sink", "table", b"table", "tables", b"tables", "writer_count", b"writer_count", "writer_term", b"writer_term"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetSinkStateResponse: _TypeAlias = GetSinkStateResponse  # noqa: Y015
+
+@_typing.final
+class SinkTable(_message.Message):
+    """One of a sink's tables and how far it is."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TABLE_FIELD_NUMBER: _builtins.int
+    COMMITTED_EPOCH_FIELD_NUMBER: _builtins.int
+    table: _builtins.str
+    committed_epoch: _builtins.int
+    """The newest epoch whose files (those of this table) the table holds, every
+    epoch below it included. The sink's committed_epoch is the least of these.
+    """
+    def __init__(
+        self,
+        *,
+        table: _builtins.str = ...,
+        committed_epoch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["committed_epoch", b"committed_epoch", "table", b"table"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SinkTable: _TypeAlias = SinkTable  # noqa: Y015
+
+@_typing.final
+class TableSpec(_message.Message):
+    """A table a fan-out writer routes records to."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TABLE_FIELD_NUMBER: _builtins.int
+    ARROW_SCHEMA_FIELD_NUMBER: _builtins.int
+    PARTITION_BY_FIELD_NUMBER: _builtins.int
+    table: _builtins.str
+    """Iceberg table identifier, "namespace.table" (namespaces may be dotted)."""
+    arrow_schema: _builtins.bytes
+    """Optional: Arrow IPC-serialized schema, to create the table when it does
+    not exist and to add new columns when it does (as in RegisterWriter).
+    """
+    @_builtins.property
+    def partition_by(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Optional partition fields for a table created here (as in RegisterWriter)."""
+
+    def __init__(
+        self,
+        *,
+        table: _builtins.str = ...,
+        arrow_schema: _builtins.bytes = ...,
+        partition_by: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arrow_schema", b"arrow_schema", "partition_by", b"partition_by", "table", b"table"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TableSpec: _TypeAlias = TableSpec  # noqa: Y015
+
+@_typing.final
+class EnsureTablesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SINK_FIELD_NUMBER: _builtins.int
+    WRITER_TERM_FIELD_NUMBER: _builtins.int
+    TABLES_FIELD_NUMBER: _builtins.int
+    sink: _builtins.str
+    writer_term: _builtins.int
+    """The term RegisterWriter returned: an older one is refused (FAILED_PRECONDITION)."""
+    @_builtins.property
+    def tables(self) -> _containers.RepeatedCompositeFieldContainer[Global___TableSpec]:
+        """At most 1,000 distinct tables; the sink's own table may be among them."""
+
+    def __init__(
+        self,
+        *,
+        sink: _builtins.str = ...,
+        writer_term: _builtins.int = ...,
+        tables: _abc.Iterable[Global___TableSpec] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["sink", b"sink", "tables", b"tables", "writer_term", b"writer_term"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EnsureTablesRequest: _TypeAlias = EnsureTablesRequest  # noqa: Y015
+
+@_typing.final
+class TableLocation(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TABLE_FIELD_NUMBER: _builtins.int
+    LOCATION_FIELD_NUMBER: _builtins.int
+    table: _builtins.str
+    location: _builtins.str
+    """Location of the Iceberg table: its data files must lie under it."""
+    def __init__(
+        self,
+        *,
+        table: _builtins.str = ...,
+        location: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["location", b"location", "table", b"table"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TableLocation: _TypeAlias = TableLocation  # noqa: Y015
+
+@_typing.final
+class EnsureTablesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TABLES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def tables(self) -> _containers.RepeatedCompositeFieldContainer[Global___TableLocation]:
+        """One per requested table, in the request's order."""
+
+    def __init__(
+        self,
+        *,
+        tables: _abc.Iterable[Global___TableLocation] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tables", b"tables"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EnsureTablesResponse: _TypeAlias = EnsureTablesResponse  # noqa: Y015

@@ -54,6 +54,11 @@ class SinkCoordinatorStub:
                 request_serializer=coordinator__service_dot_rpc_dot_sink__coordinator__pb2.GetSinkStateRequest.SerializeToString,
                 response_deserializer=coordinator__service_dot_rpc_dot_sink__coordinator__pb2.GetSinkStateResponse.FromString,
                 _registered_method=True)
+        self.EnsureTables = channel.unary_unary(
+                '/sinkcoord.v1.SinkCoordinator/EnsureTables',
+                request_serializer=coordinator__service_dot_rpc_dot_sink__coordinator__pb2.EnsureTablesRequest.SerializeToString,
+                response_deserializer=coordinator__service_dot_rpc_dot_sink__coordinator__pb2.EnsureTablesResponse.FromString,
+                _registered_method=True)
 
 
 class SinkCoordinatorServicer:
@@ -91,6 +96,17 @@ class SinkCoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EnsureTables(self, request, context):
+        """Fan-out: makes sure of the tables a writer routes records to, besides the
+        sink's own, before it writes files under their locations. Creates a
+        missing table from its schema, adds new columns to an existing one, and
+        makes each one of the sink's tables (its data files may then name it).
+        Fenced by the writer term; idempotent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SinkCoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -113,6 +129,11 @@ def add_SinkCoordinatorServicer_to_server(servicer, server):
                     servicer.GetSinkState,
                     request_deserializer=coordinator__service_dot_rpc_dot_sink__coordinator__pb2.GetSinkStateRequest.FromString,
                     response_serializer=coordinator__service_dot_rpc_dot_sink__coordinator__pb2.GetSinkStateResponse.SerializeToString,
+            ),
+            'EnsureTables': grpc.unary_unary_rpc_method_handler(
+                    servicer.EnsureTables,
+                    request_deserializer=coordinator__service_dot_rpc_dot_sink__coordinator__pb2.EnsureTablesRequest.FromString,
+                    response_serializer=coordinator__service_dot_rpc_dot_sink__coordinator__pb2.EnsureTablesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -223,6 +244,33 @@ class SinkCoordinator:
             '/sinkcoord.v1.SinkCoordinator/GetSinkState',
             coordinator__service_dot_rpc_dot_sink__coordinator__pb2.GetSinkStateRequest.SerializeToString,
             coordinator__service_dot_rpc_dot_sink__coordinator__pb2.GetSinkStateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EnsureTables(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/sinkcoord.v1.SinkCoordinator/EnsureTables',
+            coordinator__service_dot_rpc_dot_sink__coordinator__pb2.EnsureTablesRequest.SerializeToString,
+            coordinator__service_dot_rpc_dot_sink__coordinator__pb2.EnsureTablesResponse.FromString,
             options,
             channel_credentials,
             insecure,

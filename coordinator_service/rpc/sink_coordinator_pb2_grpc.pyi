@@ -52,6 +52,13 @@ class SinkCoordinatorStub:
     """
     GetSinkState: _grpc.UnaryUnaryMultiCallable[_sink_coordinator_pb2.GetSinkStateRequest, _sink_coordinator_pb2.GetSinkStateResponse]
     """The sink row and its epochs that are not COMMITTED."""
+    EnsureTables: _grpc.UnaryUnaryMultiCallable[_sink_coordinator_pb2.EnsureTablesRequest, _sink_coordinator_pb2.EnsureTablesResponse]
+    """Fan-out: makes sure of the tables a writer routes records to, besides the
+    sink's own, before it writes files under their locations. Creates a
+    missing table from its schema, adds new columns to an existing one, and
+    makes each one of the sink's tables (its data files may then name it).
+    Fenced by the writer term; idempotent.
+    """
 
 @_typing.type_check_only
 class SinkCoordinatorAsyncStub(SinkCoordinatorStub):
@@ -71,6 +78,13 @@ class SinkCoordinatorAsyncStub(SinkCoordinatorStub):
     """
     GetSinkState: _aio.UnaryUnaryMultiCallable[_sink_coordinator_pb2.GetSinkStateRequest, _sink_coordinator_pb2.GetSinkStateResponse]  # type: ignore[assignment]
     """The sink row and its epochs that are not COMMITTED."""
+    EnsureTables: _aio.UnaryUnaryMultiCallable[_sink_coordinator_pb2.EnsureTablesRequest, _sink_coordinator_pb2.EnsureTablesResponse]  # type: ignore[assignment]
+    """Fan-out: makes sure of the tables a writer routes records to, besides the
+    sink's own, before it writes files under their locations. Creates a
+    missing table from its schema, adds new columns to an existing one, and
+    makes each one of the sink's tables (its data files may then name it).
+    Fenced by the writer term; idempotent.
+    """
 
 class SinkCoordinatorServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -111,5 +125,18 @@ class SinkCoordinatorServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_sink_coordinator_pb2.GetSinkStateResponse, _abc.Awaitable[_sink_coordinator_pb2.GetSinkStateResponse]]:
         """The sink row and its epochs that are not COMMITTED."""
+
+    @_abc_1.abstractmethod
+    def EnsureTables(
+        self,
+        request: _sink_coordinator_pb2.EnsureTablesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_sink_coordinator_pb2.EnsureTablesResponse, _abc.Awaitable[_sink_coordinator_pb2.EnsureTablesResponse]]:
+        """Fan-out: makes sure of the tables a writer routes records to, besides the
+        sink's own, before it writes files under their locations. Creates a
+        missing table from its schema, adds new columns to an existing one, and
+        makes each one of the sink's tables (its data files may then name it).
+        Fenced by the writer term; idempotent.
+        """
 
 def add_SinkCoordinatorServicer_to_server(servicer: SinkCoordinatorServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -12,6 +12,7 @@ from coordinator_service import repository
 from coordinator_service.models import AbortCause, Sink
 from coordinator_service.views import EpochStatus
 from tests.fixtures.admin import AdminApp, commit_lock_held, sink_id_of
+from tests.fixtures.postgres import query
 
 
 async def _sink_and_statuses(admin: AdminApp) -> tuple[Sink, dict[int, EpochStatus]]:
@@ -34,14 +35,24 @@ async def checkpointed_without_a_committer(admin: AdminApp, database_url: str) -
         yield sink
 
 
+def _appended(attempts: dict[int, int]) -> repository.Appended:
+    return repository.Appended(attempts, dict.fromkeys(attempts, 42), {"db.orders": max(attempts)})
+
+
+def _table_epochs(database_url: str) -> dict[str, int]:
+    rows = query(database_url, "SELECT table_identifier, committed_epoch FROM sink_tables")
+    return {str(table): int(str(epoch)) for table, epoch in rows}
+
+
 async def test_every_appended_epoch_is_marked_and_the_committed_epoch_moves(admin: AdminApp, database_url: str) -> None:
     async with checkpointed_without_a_committer(admin, database_url) as sink:
         async with admin.runtime.database.connection(autocommit=True) as connection:
-            committed = await repository.mark_appended_epochs(connection, sink, {0: 1, 1: 1}, 42)
+            committed = await repository.mark_appended_epochs(connection, sink, _appended({0: 1, 1: 1}))
         assert committed == 1
         after, statuses = await _sink_and_statuses(admin)
     assert after.committed_epoch == 1
     assert statuses == {0: EpochStatus.COMMITTED, 1: EpochStatus.COMMITTED, 2: EpochStatus.PENDING}
+    assert _table_epochs(database_url) == {"db.orders": 1}
 
 
 @pytest.mark.parametrize("change", ["attempt", "aborted", "generation", "incarnation"])
@@ -61,8 +72,10 @@ async def test_anything_else_than_what_was_appended_changes_nothing(
             sink.incarnation = uuid.uuid4()
 
         async with admin.runtime.database.connection(autocommit=True) as connection:
-            assert await repository.mark_appended_epochs(connection, sink, attempts, 42) is None
+            assert await repository.mark_appended_epochs(connection, sink, _appended(attempts)) is None
 
         after, statuses = await _sink_and_statuses(admin)
     assert after.committed_epoch == -1
     assert statuses[0] == EpochStatus.PENDING
+    # What the table holds is recorded whatever became of the epochs, but only in the numbering it was appended in.
+    assert _table_epochs(database_url) == {"db.orders": -1 if change in ("generation", "incarnation") else 1}

@@ -49,7 +49,7 @@ class OverlappingReads:
         else:
             self._second_read.set()
         return [
-            SinkOverview(Sink(name=name), EpochCounts(pending=pending), health=None)
+            SinkOverview(Sink(name=name), EpochCounts(pending=pending), health=None, tables=[])
             for name, pending in pending_by_sink.items()
         ]
 

@@ -82,3 +82,31 @@ async def test_a_sink_from_before_incarnations_keeps_its_markers(
     [(status, snapshot_id)] = query(database_url, "SELECT status, snapshot_id FROM pending_sink_state WHERE epoch = 1")
     assert (status, snapshot_id) == ("COMMITTED", appended.snapshot_id)
     assert table_order_ids(catalog.load_table("db.orders")) == list(range(20))
+
+
+def test_a_sink_from_before_fan_out_gets_its_own_table_and_its_tables_follow_it(database_url: str) -> None:
+    """0006: every sink's own table is one of its tables, at its committed epoch; when the sink's committed epoch
+    moves, no table of it stays behind (one that is ahead stays where it is)."""
+    engine = create_sync_engine(normalize_url(database_url))
+    try:
+        with engine.begin() as connection:
+            schema.upgrade(connection, "0005")
+            connection.execute(
+                text(
+                    "INSERT INTO sinks (name, table_identifier, catalog, checkpointed_epoch, committed_epoch) "
+                    "VALUES ('orders', 'db.orders', 'default', 9, 3)"
+                )
+            )
+            schema.upgrade(connection)
+    finally:
+        engine.dispose()
+    assert query(database_url, "SELECT table_identifier, committed_epoch FROM sink_tables") == [("db.orders", 3)]
+    query(
+        database_url,
+        "INSERT INTO sink_tables (sink_id, table_identifier, committed_epoch) SELECT id, 'db.eu', 7 FROM sinks",
+    )
+    query(database_url, "UPDATE sinks SET committed_epoch = 5")
+    assert query(database_url, "SELECT table_identifier, committed_epoch FROM sink_tables ORDER BY 1") == [
+        ("db.eu", 7),
+        ("db.orders", 5),
+    ]

@@ -19,9 +19,9 @@ import pytest
 
 from coordinator_service import repository
 from coordinator_service.errors import CoordinatorError, EpochAborted, FailedPrecondition, Fenced, InvalidArgument
-from coordinator_service.protocol import PreCommitRequest, PreCommitResult
+from coordinator_service.protocol import PreCommitRequest, PreCommitResult, TableRequest
 from tests.fixtures.admin import AdminApp
-from tests.fixtures.coordinator import orders, write_parquet
+from tests.fixtures.coordinator import ORDERS, orders, write_parquet
 from tests.fixtures.postgres import query
 
 
@@ -130,6 +130,53 @@ async def file_outside_the_table(admin: AdminApp) -> PreCommitRequest:
     return PreCommitRequest("orders", 0, registration.writer_term, (new_file(outside),))
 
 
+async def _fan_out(admin: AdminApp, *routed: str) -> tuple[int, dict[str, str]]:
+    """A sink with its own table and the routed ones; its writer term and the tables' locations."""
+    registration = await admin.register("orders")
+    ensured = await admin.runtime.coordinator.ensure_tables(
+        "orders", registration.writer_term, [TableRequest(table, ORDERS.serialize().to_pybytes()) for table in routed]
+    )
+    return registration.writer_term, {
+        "db.orders": registration.table_location,
+        **{table.table: table.location for table in ensured.tables},
+    }
+
+
+def _routed_files(locations: dict[str, str]) -> dict[str, str]:
+    """A new file in each table, by path: its table, or "" for the sink's own."""
+    return {new_file(location): "" if table == "db.orders" else table for table, location in locations.items()}
+
+
+async def fan_out(admin: AdminApp) -> PreCommitRequest:
+    term, locations = await _fan_out(admin, "db.eu", "db.us")
+    files = _routed_files(locations)
+    return PreCommitRequest("orders", 0, term, tuple(files), file_tables=files)
+
+
+async def fan_out_to_a_table_ensured_through_another_replica(admin: AdminApp) -> PreCommitRequest:
+    term, locations = await _fan_out(admin)
+    admin.runtime.tables.ensure_table("db.eu", ORDERS, ())
+    async with admin.runtime.database.transaction() as session:
+        sink = await repository.sink_by_name(session, "orders", lock="update")
+        assert sink is not None
+        await repository.add_tables(session, sink, ["db.eu"])
+    files = _routed_files({**locations, "db.eu": str(admin.runtime.tables.load("db.eu").location())})
+    return PreCommitRequest("orders", 0, term, tuple(files), file_tables=files)
+
+
+async def fan_out_to_a_table_never_ensured(admin: AdminApp) -> PreCommitRequest:
+    term, locations = await _fan_out(admin, "db.eu")
+    admin.runtime.tables.ensure_table("db.us", ORDERS, ())
+    files = _routed_files({**locations, "db.us": str(admin.runtime.tables.load("db.us").location())})
+    return PreCommitRequest("orders", 0, term, tuple(files), file_tables=files)
+
+
+async def fan_out_file_outside_its_table(admin: AdminApp) -> PreCommitRequest:
+    term, locations = await _fan_out(admin, "db.eu")
+    path = new_file(locations["db.orders"])
+    return PreCommitRequest("orders", 0, term, (path,), file_tables={path: "db.eu"})
+
+
 Case = Callable[[AdminApp], Awaitable[PreCommitRequest]]
 
 MATRIX: Sequence[tuple[Case, Expected]] = (
@@ -147,6 +194,10 @@ MATRIX: Sequence[tuple[Case, Expected]] = (
     (file_already_in_the_table, Expected(error=InvalidArgument, says="in the table: epoch 0 of sink orders")),
     (writer_id_beyond_the_writer_count, Expected(error=InvalidArgument, says="writer_id 1 is out of range")),
     (file_outside_the_table, Expected(error=InvalidArgument, says="the table location")),
+    (fan_out, Expected("PERSISTED", attempt=1, records=30)),
+    (fan_out_to_a_table_ensured_through_another_replica, Expected("PERSISTED", attempt=1, records=20)),
+    (fan_out_to_a_table_never_ensured, Expected(error=InvalidArgument, says="'db.us', which is not one of the sink")),
+    (fan_out_file_outside_its_table, Expected(error=InvalidArgument, says="the table location")),
 )
 
 
@@ -199,7 +250,7 @@ async def test_both_ways_answer_a_precommit_alike(
             assert ("orders", request.epoch, "PENDING", expected.attempt, len(request.paths), expected.records) in [
                 row[:6] for row in log_rows(database_url)
             ]
-    plain_case = case in (plain, empty_epoch)
+    plain_case = case in (plain, empty_epoch, fan_out)
     if fast_way_first and request.writer_id == 0 and not plain_case:
         assert not any(inserted), f"the group insert's SQL took a case the general way answers: {inserted}"
     if fast_way_first and plain_case:

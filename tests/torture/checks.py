@@ -395,3 +395,25 @@ def check_run(
         if zombie_paths & table_files:
             found.anomaly(f"a fenced writer's files are in the table: {_sample(zombie_paths & table_files, 3)}")
     return found
+
+
+def check_sink_tables(connection: psycopg.Connection[Any], sink: str, tables: set[str]) -> list[str]:
+    """A settled fan-out sink: its tables are the ones its writer wrote, each holds every checkpointed epoch, and
+    the sink's committed epoch is the least of theirs."""
+    rows = connection.execute(
+        "SELECT t.table_identifier, t.committed_epoch, s.committed_epoch, s.checkpointed_epoch "
+        "FROM sink_tables t JOIN sinks s ON s.id = t.sink_id WHERE s.name = %s",
+        (sink,),
+    ).fetchall()
+    problems = []
+    recorded = {str(table): int(epoch) for table, epoch, _, _ in rows}
+    if set(recorded) != tables:
+        problems.append(f"the log's tables of the sink are {sorted(recorded)}, its writer wrote {sorted(tables)}")
+    if rows:
+        committed, checkpointed = int(rows[0][2]), int(rows[0][3])
+        if min(recorded.values()) != committed:
+            problems.append(f"the sink's committed epoch {committed} is not the least of its tables' {recorded}")
+        behind = {table: epoch for table, epoch in recorded.items() if epoch != checkpointed}
+        if behind:
+            problems.append(f"tables not at the checkpointed epoch {checkpointed}: {behind}")
+    return problems

@@ -38,6 +38,8 @@ FAULTS: tuple[str, ...] = (
     "latest_under_load",  # startingOffsets=latest while a producer writes; the query stays up until all is read
     "topic_recreated",  # the topic deleted mid-stream: the data-loss error, then (failOnDataLoss=false) a batch
     #                     without it; the topic created again (1-4 partitions) and read from its start
+    "fan_out",  # 1-3 more sinks, each writing 3-5 tables through the protocol (one table added mid-stream);
+    #             in most runs the coordinator kills itself between two tables' appends of one epoch
 )
 
 # Faults whose checks assume one life of the topic, or the failOnDataLoss remedy of their own: a run that
@@ -192,6 +194,16 @@ def plan_faults(
             }
         elif name == "topic_recreated":
             params = {"records": rng.randint(50, 300), "partitions": rng.randint(1, 4)}
+        elif name == "fan_out":
+            params = {
+                "writers": rng.randint(1, 3),
+                "routes": rng.randint(2, 4),
+                "writers_seed": rng.randrange(2**31),
+                # commit.between_tables=kill@hit (None: no kill); hit once per table after the first of a pass
+                "failpoint": "commit.between_tables" if rng.random() < 0.7 else None,
+                "hit": rng.randint(1, 8),
+                "downtime_seconds": round(rng.uniform(0, 1), 3),
+            }
         elif name == "outage_then_idle":
             # Beyond the call deadline only, or beyond the writer's whole retry window too.
             params = {

@@ -42,7 +42,14 @@ from tests.fixtures.pipeline import ORDER_SCHEMA_DDL, produce_orders
 from tests.torture import checks, kafka_faults
 from tests.torture.faults import FAULTS, FaultPlan, FaultRecord, plan_faults
 from tests.torture.infra import Board, DriverServer, PgServer, Proxy, wait_for_change
-from tests.torture.writers import ADMIN_TOKEN, Operator, ProtocolWriter, plan_writers
+from tests.torture.writers import (
+    ADMIN_TOKEN,
+    FanOutWriter,
+    Operator,
+    ProtocolWriter,
+    plan_fan_out_writers,
+    plan_writers,
+)
 
 SINK = "orders"
 TABLE = "torture.orders"
@@ -388,7 +395,9 @@ class Run:
 
     def _drive(self) -> None:
         armed = [
-            self.records_of[name] for name in ("coordinator_failpoint", "maintenance_kill") if name in self.records_of
+            self.records_of[name]
+            for name in ("coordinator_failpoint", "maintenance_kill", "fan_out")
+            if name in self.records_of and self.records_of[name].plan.params.get("failpoint")
         ]
         retention = self.records_of.get("retention_before_rerun")
         killpoint = self.records_of.get("driver_killpoint")
@@ -463,20 +472,31 @@ class Run:
             resend.triggered = self.writers[0].resend.get("abort_status") == 200
 
     def _plan_writers(self) -> list[ProtocolWriter]:
-        """The protocol writers of many_sinks and resend_aborted (drawn from their own seeds)."""
+        """The protocol writers of many_sinks and resend_aborted, and fan_out's (drawn from their own seeds)."""
         many, resend = self.records_of.get("many_sinks"), self.records_of.get("resend_aborted")
-        shaping = many or resend
-        if shaping is None:
-            return []
-        plan = shaping.plan
-        count = int(many.plan.params["writers"]) if many is not None else 1
         first_key = (self.seed % 1000 + 1000) * 1_000_000
-        operator = self.operator if resend is not None else None
-        rng = random.Random(plan.params["writers_seed"])
-        self.writers = plan_writers(rng, count, self.proxy.target, first_key, operator, self.metastore_url)
-        if many is not None:
-            many.triggered = True
-            many.detail["sinks"] = count + 1
+        shaping = many or resend
+        if shaping is not None:
+            count = int(many.plan.params["writers"]) if many is not None else 1
+            operator = self.operator if resend is not None else None
+            rng = random.Random(shaping.plan.params["writers_seed"])
+            self.writers = plan_writers(rng, count, self.proxy.target, first_key, operator, self.metastore_url)
+            if many is not None:
+                many.triggered = True
+                many.detail["sinks"] = count + 1
+        if fan := self.records_of.get("fan_out"):
+            params = fan.plan.params
+            self.writers += plan_fan_out_writers(
+                random.Random(params["writers_seed"]),
+                int(params["writers"]),
+                int(params["routes"]),
+                self.proxy.target,
+                first_key + 50_000_000,
+            )
+            fan.triggered = fan.triggered or not params["failpoint"]
+            fan.detail["tables"] = {
+                writer.name: len(writer.routes) + 1 for writer in self.writers if isinstance(writer, FanOutWriter)
+            }
         return self.writers
 
     def _settle(self) -> float | None:
@@ -552,6 +572,9 @@ class Run:
                 if maintenance.triggered and left:
                     found.anomalies.append(f"orphan files the sweep should have deleted are still there: {left}")
             for writer in self.writers:
+                if isinstance(writer, FanOutWriter):
+                    self._check_fan_out(connection, catalog, writer, found)
+                    continue
                 keys = writer.expected_keys()
                 of_writer = checks.check_run(
                     connection=connection,
@@ -566,6 +589,29 @@ class Run:
                 found.anomalies.extend(f"{writer.name}: {text}" for text in of_writer.anomalies)
                 found.notes.extend(f"{writer.name}: {text}" for text in of_writer.notes)
         return found
+
+    def _check_fan_out(
+        self, connection: psycopg.Connection[Any], catalog: Catalog, writer: FanOutWriter, found: checks.Findings
+    ) -> None:
+        """Exactly once in each of the writer's tables (its keys that route there), and the tables' records."""
+        for table, keys in writer.keys_by_table().items():
+            of_table = checks.check_run(
+                connection=connection,
+                catalog=catalog,
+                sink=writer.name,
+                table=table,
+                produced=checks.Produced({(0, index): key for index, key in enumerate(keys)}),
+                spark_checkpoint=None,
+                zombie_paths=set(),
+                writer_checkpoint=writer.checkpoint,
+            )
+            found.anomalies.extend(f"{writer.name} {table}: {text}" for text in of_table.anomalies)
+            found.notes.extend(f"{writer.name} {table}: {text}" for text in of_table.notes)
+        found.anomalies.extend(
+            f"{writer.name}: {text}"
+            for text in checks.check_sink_tables(connection, writer.name, {writer.table, *writer.routes})
+        )
+        found.facts["fan_out_tables_checked"] = found.facts.get("fan_out_tables_checked", 0) + len(writer.routes) + 1
 
     def _unread_bad_records(self, connection: psycopg.Connection[Any]) -> None:
         """With startingOffsets=latest, bad records produced before the resolved start are never read."""
@@ -635,7 +681,9 @@ class Run:
     def _fault(self, record: FaultRecord) -> None:
         plan = record.plan
         try:
-            if plan.name in ("coordinator_failpoint", "maintenance_kill"):
+            if plan.name in ("coordinator_failpoint", "maintenance_kill") or (
+                plan.name == "fan_out" and plan.params["failpoint"]
+            ):
                 if plan.params.get("failpoint") == "maintenance.during_sweep":
                     self._plant_orphans(record)
                 self._failpoint(record)
@@ -646,6 +694,7 @@ class Run:
             if plan.name in (
                 "many_sinks",
                 "resend_aborted",
+                "fan_out",
                 "bad_records",
                 "latest_under_load",
                 "retention_before_rerun",

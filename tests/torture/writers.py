@@ -13,6 +13,12 @@ One of them can re-send an aborted epoch with the same paths (a client retry
 after a lost answer, or deterministic file names): the operator aborts the
 epoch after its PreCommit (force), and the writer sends it again naming the
 same files, writing them again first if the cleaner already deleted them.
+
+A `FanOutWriter` writes one sink into several tables (fan-out): its own and its
+routes, each key to the table it routes to, the last route appearing mid-stream
+(ensured in the epoch of its first record, as the dynamic mode does); the other
+routes are ensured at each start (static routes). An epoch may have no record
+for a table: no file there.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from grpc import StatusCode
 
-from coordinator_service.client import CoordinatorClient, CoordinatorRpcError
+from coordinator_service.client import CoordinatorClient, CoordinatorRpcError, PreCommitFile, TableSpec
 from tests.torture.infra import wait_for_change
 
 ORDERS = pa.schema(
@@ -173,24 +179,12 @@ class ProtocolWriter:
         self.anomalies.append(f"writer {self.name}: the final report never landed")
 
     def _write(self, location: str, epoch: int, names: list[str] | None = None) -> list[str]:
-        directory = Path(location.removeprefix("file://")) / "data"
-        directory.mkdir(parents=True, exist_ok=True)
         keys = self.keys(epoch)
         halves = (keys[: len(keys) // 2], keys[len(keys) // 2 :])
-        written = []
-        for index, part in enumerate(halves):
-            name = names[index] if names else f"{self.name}-{epoch}-{uuid.uuid4().hex}.parquet"
-            rows = {
-                "order_id": part,
-                "customer": [f"c{key % 7}" for key in part],
-                "amount": [key * 1.5 for key in part],
-            }
-            path = directory / name
-            temporary = path.with_name(f".{name}.tmp")
-            pq.write_table(pa.table(rows, schema=ORDERS), temporary)
-            temporary.replace(path)  # whole or not at all, as object storage writes a file
-            written.append(path.as_uri())
-        return written
+        return [
+            write_orders(location, part, names[index] if names else f"{self.name}-{epoch}-{uuid.uuid4().hex}.parquet")
+            for index, part in enumerate(halves)
+        ]
 
     def _resend_aborted(
         self, client: CoordinatorClient, term: int, location: str, epoch: int, paths: list[str]
@@ -229,6 +223,95 @@ class ProtocolWriter:
             (self.name, epoch),
         ).fetchone()
         return True if row is not None and row[0] else None
+
+
+@dataclass
+class FanOutWriter(ProtocolWriter):
+    """One sink writing its own table and `routes` (the last from epoch `added_at` on), each key to its route."""
+
+    routes: tuple[str, ...] = ()
+    added_at: int = 0
+
+    def tables_at(self, epoch: int) -> tuple[str, ...]:
+        routes = self.routes if epoch >= self.added_at else self.routes[:-1]
+        return (self.table, *routes)
+
+    def route(self, key: int, epoch: int) -> str:
+        tables = self.tables_at(epoch)
+        return tables[(key // 3) % len(tables)]
+
+    def keys_by_table(self) -> dict[str, list[int]]:
+        """The keys each table must hold once: those of the checkpointed epochs that route to it."""
+        keys: dict[str, list[int]] = {table: [] for table in (self.table, *self.routes)}
+        for epoch in range(self.checkpoint + 1):
+            for key in self.keys(epoch):
+                keys[self.route(key, epoch)].append(key)
+        return keys
+
+    def _session(self, client: CoordinatorClient, stop: threading.Event) -> None:
+        registration = client.register_writer(
+            self.name, self.table, self.checkpoint, arrow_schema=ORDERS.serialize().to_pybytes()
+        )
+        locations = {self.table: registration.table_location}
+        pacing = threading.Event()
+        while self.checkpoint < self.epochs - 1 and not stop.is_set():
+            epoch = self.checkpoint + 1
+            new = [table for table in self.tables_at(epoch) if table not in locations]
+            if new:
+                schema = ORDERS.serialize().to_pybytes()
+                ensured = client.ensure_tables(
+                    self.name, registration.writer_term, [TableSpec(table, schema) for table in new]
+                )
+                locations.update((table.table, table.location) for table in ensured.tables)
+            routed: dict[str, list[int]] = {}
+            for key in self.keys(epoch):
+                routed.setdefault(self.route(key, epoch), []).append(key)
+            files: list[str | PreCommitFile] = [
+                PreCommitFile(
+                    write_orders(locations[table], keys, f"{self.name}-{epoch}-{uuid.uuid4().hex}.parquet"),
+                    table="" if table == self.table else table,
+                )
+                for table, keys in routed.items()
+            ]
+            client.pre_commit(self.name, epoch, registration.writer_term, files)
+            self.checkpoint = epoch
+            client.commit_checkpoint(self.name, epoch, registration.writer_term)
+            pacing.wait(self.pace_seconds)
+
+
+def write_orders(location: str, keys: list[int], name: str) -> str:
+    """A Parquet file of these keys' orders under the table location's data directory; its URI."""
+    directory = Path(location.removeprefix("file://")) / "data"
+    directory.mkdir(parents=True, exist_ok=True)
+    rows = {"order_id": keys, "customer": [f"c{key % 7}" for key in keys], "amount": [key * 1.5 for key in keys]}
+    path = directory / name
+    temporary = path.with_name(f".{name}.tmp")
+    pq.write_table(pa.table(rows, schema=ORDERS), temporary)
+    temporary.replace(path)  # whole or not at all, as object storage writes a file
+    return path.as_uri()
+
+
+def plan_fan_out_writers(
+    rng: random.Random, count: int, routes: int, target: str, first_key: int
+) -> list[FanOutWriter]:
+    """`count` fan-out writers of `routes` tables besides their own (the last added mid-stream), drawn from `rng`."""
+    writers = []
+    for index in range(count):
+        epochs = rng.randint(6, 14)
+        writers.append(
+            FanOutWriter(
+                name=f"fan_{index}",
+                table=f"torture.fan_{index}",
+                target=target,
+                epochs=epochs,
+                first_key=first_key + index * 100_000,
+                rows=rng.randint(2, 40),
+                pace_seconds=round(rng.uniform(0.05, 0.6), 3),
+                routes=tuple(f"torture.fan_{index}_route_{route}" for route in range(routes)),
+                added_at=rng.randint(1, epochs - 1),
+            )
+        )
+    return writers
 
 
 def plan_writers(

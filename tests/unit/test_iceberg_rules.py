@@ -8,8 +8,8 @@ from coordinator_service.iceberg import (
     check_inside_location,
     decode_arrow_schema,
     parse_partition_field,
-    parse_table_identifier,
 )
+from coordinator_service.table_identifiers import parse_table_identifier
 
 
 @pytest.mark.parametrize(

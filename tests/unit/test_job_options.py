@@ -18,6 +18,7 @@ from spark_writer import job
 from spark_writer.job import KafkaSettings, KafkaSource, ParseSettings, SinkSettings
 from spark_writer.kafka_options import parse_options
 from spark_writer.kafka_records import BadRecordPolicy, check_time_zone
+from spark_writer.routing import Routes, Unrouted
 from spark_writer.schema_registry import RegistrySettings, registry_client
 from spark_writer.session import retries_tasks, with_task_retries
 
@@ -262,3 +263,34 @@ def test_an_unreachable_registry_fails_the_job_before_spark_starts(started: Star
     assert "secret" not in result.output
     assert not started.calls
     started.session.stop.assert_not_called()
+
+
+def test_route_flags_become_the_sinks_routes(started: Started) -> None:
+    result = started.invoke(
+        "--route-by", "region", "--route", "eu=shop.eu", "--route", "us=shop.us", "--unrouted", "fail"
+    )
+    assert result.exit_code == 0, result.output
+    assert started.sink.routes == Routes("region", {"eu": "shop.eu", "us": "shop.us"}, unrouted=Unrouted.FAIL)
+
+
+def test_no_route_flags_no_fan_out(started: Started) -> None:
+    assert started.invoke().exit_code == 0
+    assert started.sink.routes is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--route", "eu=shop.eu"], "--route needs --route-by COLUMN"),
+        (["--route-by", "region"], "--route-by region needs --route VALUE=TABLE (repeat) or --dynamic-routes"),
+        (["--route-by", "r", "--dynamic-routes", "--route", "eu=shop.eu"], "--route and --dynamic-routes exclude"),
+        (["--route-by", "r", "--route", "eu=orders"], "route 'eu': table identifier 'orders' must be"),
+        (["--route-by", "r", "--route", "eu=shop.a", "--route", "eu=shop.b"], "route value 'eu' is given twice"),
+        (["--route-by", "r", "--dynamic-routes", "--unrouted", "drop"], "'drop' is not one of 'default', 'fail'"),
+    ],
+)
+def test_bad_route_flags_are_refused_before_spark_starts(started: Started, flags: list[str], message: str) -> None:
+    result = started.invoke(*flags)
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split()), result.output
+    assert not started.calls

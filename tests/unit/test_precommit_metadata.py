@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from coordinator_service.precommit_metadata import (
@@ -66,3 +68,36 @@ def test_paths_and_counts() -> None:
 def test_refuses_what_it_cannot_read(raw: bytes, message: str) -> None:
     with pytest.raises(MetadataDecodeError, match=message):
         decode(raw)
+
+
+def test_an_epoch_of_several_tables_lists_the_sinks_own_first_then_the_others_by_name() -> None:
+    routed = [
+        DataFileEntry(
+            path=f"file:///w/{name}/data/a.parquet",
+            writer_id=0,
+            record_count=1,
+            file_size_in_bytes=1,
+            spec_id=0,
+            table=f"db.{name}",
+        )
+        for name in ("us", "eu")
+    ]
+    metadata = PreCommitMetadata(table="db.t", data_files=(*routed, ENTRY))
+    encoded = encode(metadata)
+    assert [table["table"] for table in json.loads(encoded)["tables"]] == ["db.t", "db.eu", "db.us"]
+    decoded = decode(encoded)
+    assert decoded.data_files == (ENTRY, routed[1], routed[0])
+    assert {table: [entry.path for entry in entries] for table, entries in decoded.by_table().items()} == {
+        "db.t": [ENTRY.path],
+        "db.eu": [routed[1].path],
+        "db.us": [routed[0].path],
+    }
+
+
+def test_the_sinks_own_table_is_listed_without_files() -> None:
+    routed = DataFileEntry(
+        path="file:///w/eu/a.parquet", writer_id=0, record_count=1, file_size_in_bytes=1, spec_id=0, table="db.eu"
+    )
+    decoded = decode(encode(PreCommitMetadata(table="db.t", data_files=(routed,))))
+    assert (decoded.table, decoded.data_files) == ("db.t", (routed,))
+    assert decoded.by_table() == {"db.t": [], "db.eu": [routed]}

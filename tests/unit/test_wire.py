@@ -20,6 +20,7 @@ from google.protobuf.message import Message
 from pydantic import TypeAdapter
 
 from coordinator_service.admin_schemas import EpochResponse, SinkResponse
+from coordinator_service.client import PreCommitFile, _data_files
 from coordinator_service.models import AbortCause, PendingSinkState
 from coordinator_service.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.views import (
@@ -30,7 +31,10 @@ from coordinator_service.views import (
     PreCommitResult,
     Registration,
     SinkState,
+    SinkTable,
     SinkView,
+    TableLocation,
+    TablesEnsured,
     from_attributes,
 )
 from coordinator_service.wire import from_message, to_message
@@ -42,6 +46,9 @@ ANSWERS: list[tuple[type[Any], type[Message]]] = [
     (CheckpointResult, pb.CommitCheckpointResponse),
     (EpochView, pb.EpochState),
     (SinkState, pb.GetSinkStateResponse),
+    (SinkTable, pb.SinkTable),
+    (TableLocation, pb.TableLocation),
+    (TablesEnsured, pb.EnsureTablesResponse),
 ]
 
 
@@ -176,3 +183,9 @@ def test_the_admin_api_shows_every_field_of_the_views() -> None:
     for response, view in ((EpochResponse, EpochView), (SinkResponse, SinkView)):
         properties = TypeAdapter(response).json_schema()["properties"]
         assert {field.name for field in dataclasses.fields(view)} <= set(properties), response
+
+
+def test_a_precommit_file_names_its_table_and_a_bare_path_the_sinks_own() -> None:
+    routed, own = _data_files([PreCommitFile("file:///w/a.parquet", table="db.eu"), "file:///w/b.parquet"])
+    assert (routed.path, routed.table) == ("file:///w/a.parquet", "db.eu")
+    assert (own.path, own.table) == ("file:///w/b.parquet", "")

@@ -49,6 +49,7 @@ SHARED_MODULES = (
     "coordinator_service.rpc.sink_coordinator_pb2",
     "coordinator_service.rpc.sink_coordinator_pb2_grpc",
     "coordinator_service.source_positions",
+    "coordinator_service.table_identifiers",
     "coordinator_service.views",
     "coordinator_service.wire",
 )
