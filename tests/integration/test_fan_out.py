@@ -137,6 +137,8 @@ async def test_an_epoch_with_files_in_three_tables_is_committed_once_in_each(
         ("db.eu", 1, False, None),
         ("db.us", 1, False, None),
     ]
+    detail = (await admin.get("/api/v1/sinks/orders/epochs/0")).json()
+    assert (detail["table"], sorted(file["table"] for file in detail["files"])) == (OWN, sorted(TABLES))
     scraped = (await admin.get("/metrics")).text
     assert 'sink_coordinator_table_committed_epoch{sink="orders",table="db.eu"} 1.0' in scraped
     assert 'sink_coordinator_table_commit_retrying{sink="orders",table="db.us"} 0.0' in scraped
