@@ -171,6 +171,7 @@ class EpochPage(BaseModel):
 
 class DataFileResponse(BaseModel):
     path: str
+    table: str = Field(description="The table the file is for: the sink's own, or (fan-out) another of its tables.")
     writer_id: int
     record_count: int
     file_size_in_bytes: int
@@ -192,6 +193,7 @@ class EpochDetailResponse(EpochResponse):
             files=[
                 DataFileResponse(
                     path=entry.path,
+                    table=detail.metadata.table_of(entry),
                     writer_id=entry.writer_id,
                     record_count=entry.record_count,
                     file_size_in_bytes=entry.file_size_in_bytes,

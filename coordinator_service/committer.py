@@ -350,6 +350,7 @@ class Committer:
             return more
         files = _files_by_table(sink, recorded, pending, decoded)
         top = pending[-1].epoch
+        # The newest epoch each table holds after the pass: a table without work holds the whole group.
         held = {table: max(epoch, top) if table not in files else epoch for table, epoch in recorded.items()}
         appends = _PassAppends()
         found: list[int] = []
@@ -365,7 +366,7 @@ class Committer:
                 # The other tables go on: this one is retried by the next pass (alone, unless more epochs came).
                 failures.append(error)
                 log_.warning("commit to one of the sink's tables failed", failed_table=table, error=str(error))
-                held[table] = max(recorded[table], next(iter(work)) - 1)
+                held[table] = max(recorded[table], next(iter(work)) - 1)  # below its first epoch with files
                 continue
             if outcome is None:
                 return True  # a cached table was stale: walk the current one (what this pass appended is found)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -20,7 +21,7 @@ import pytest
 from pyiceberg.catalog import Catalog
 
 from coordinator_service.client import CoordinatorRpcError, PreCommitFile, TableSpec
-from coordinator_service.errors import FailedPrecondition, Fenced, InvalidArgument, NotFound
+from coordinator_service.errors import CheckpointBehind, FailedPrecondition, Fenced, InvalidArgument, NotFound
 from coordinator_service.iceberg import MARKER_EPOCH, MARKER_SINK
 from coordinator_service.protocol import PreCommitRequest, TableRequest
 from coordinator_service.source_positions import END_OFFSETS, SNAPSHOT_END_OFFSETS
@@ -98,6 +99,10 @@ def markers(catalog: Catalog, table: str, sink: str = "orders") -> list[int]:
     ]
 
 
+def on_storage(paths: Iterable[str]) -> set[str]:
+    return {path for path in paths if Path(path.removeprefix("file://")).exists()}
+
+
 def table_epochs(database_url: str) -> dict[str, int]:
     rows = query(database_url, "SELECT table_identifier, committed_epoch FROM sink_tables ORDER BY 1")
     return {str(table): int(str(epoch)) for table, epoch in rows}
@@ -137,6 +142,8 @@ async def test_an_epoch_with_files_in_three_tables_is_committed_once_in_each(
         ("db.eu", 1, False, None),
         ("db.us", 1, False, None),
     ]
+    detail = (await admin.get("/api/v1/sinks/orders/epochs/0")).json()
+    assert (detail["table"], sorted(file["table"] for file in detail["files"])) == (OWN, sorted(TABLES))
     scraped = (await admin.get("/metrics")).text
     assert 'sink_coordinator_table_committed_epoch{sink="orders",table="db.eu"} 1.0' in scraped
     assert 'sink_coordinator_table_commit_retrying{sink="orders",table="db.us"} 0.0' in scraped
@@ -374,3 +381,42 @@ async def test_maintenance_runs_on_every_table_and_keeps_each_tables_unrecorded_
     assert {s.snapshot_id for s in catalog.load_table("db.eu").snapshots()} >= {crashed}
     for table in (OWN, "db.eu"):
         assert Counter(table_order_ids(catalog.load_table(table))) >= expected_orders(range(3), table), table
+
+
+async def test_recovery_aborts_an_epoch_in_every_table_and_the_cleaner_deletes_its_files(
+    admin_factory: AdminFactory, catalog: Catalog, database_url: str
+) -> None:
+    admin = await admin_factory(recovery_files_keep_seconds=0)
+    registration = await fan_out_sink(admin)
+    await pre_commit(admin, catalog, registration, 0)
+    paths = epoch_metadata(database_url, 0).paths
+    assert len(paths) == 3
+
+    again = await admin.register("orders")  # the writer restarted with no checkpoint: epoch 0 is aborted
+    assert again.aborted_epochs == (0,)
+
+    async def cleaned() -> bool:
+        return statuses(database_url) == {0: "ABORTED"} and bool(
+            query(database_url, "SELECT files_cleaned FROM pending_sink_state WHERE epoch = 0")[0][0]
+        )
+
+    await eventually(cleaned, "epoch 0's files cleaned")
+    assert on_storage(paths) == set(), "a table's file was left"
+    assert all(catalog.load_table(table).current_snapshot() is None for table in TABLES)
+
+
+async def test_a_checkpoint_behind_what_one_table_holds_is_refused(
+    admin: AdminApp, catalog: Catalog, database_url: str
+) -> None:
+    """Epoch 0 is in db.eu (a committer appended it there and lost it all, checkpoint included): a writer that
+    registers from no checkpoint is refused, and epoch 0, in db.eu only, is neither aborted nor marked."""
+    registration = await fan_out_sink(admin)
+    await pre_commit(admin, catalog, registration, 0)
+    [eu_files] = [entries for table, entries in epoch_metadata(database_url, 0).by_table().items() if table == "db.eu"]
+    await asyncio.to_thread(
+        admin.runtime.tables.append, "db.eu", await sink_identity(admin, "orders"), 0, "lost", eu_files
+    )
+    with pytest.raises(CheckpointBehind, match=r"its tables already hold epochs \[0\]"):
+        await admin.register("orders")
+    assert statuses(database_url) == {0: "PENDING"}
+    assert table_epochs(database_url) == dict.fromkeys(sorted(TABLES), -1)

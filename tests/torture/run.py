@@ -609,9 +609,9 @@ class Run:
             found.notes.extend(f"{writer.name} {table}: {text}" for text in of_table.notes)
         found.anomalies.extend(
             f"{writer.name}: {text}"
-            for text in checks.check_sink_tables(connection, writer.name, {writer.table, *writer.routes})
+            for text in checks.check_sink_tables(connection, writer.name, {writer.table, *writer.ensured})
         )
-        found.facts["fan_out_tables_checked"] = found.facts.get("fan_out_tables_checked", 0) + len(writer.routes) + 1
+        found.facts["fan_out_tables_checked"] = found.facts.get("fan_out_tables_checked", 0) + len(writer.ensured) + 1
 
     def _unread_bad_records(self, connection: psycopg.Connection[Any]) -> None:
         """With startingOffsets=latest, bad records produced before the resolved start are never read."""

@@ -50,6 +50,10 @@ ORDERS = pa.schema(
 )
 ADMIN_TOKEN = "torture-admin-token"
 WRITER_STARTS = 12  # a writer that had to start this often has an anomaly
+# How the coordinator ends a refusal of files that new files fix: after an outage longer than the maintenance's
+# short ORPHAN_GRACE_SECONDS, a file written before it is too old, or the orphan sweep deleted it (nothing held it).
+# The writer runs the epoch again, as a Spark job does after the failed batch.
+RUN_AGAIN = ("Write the batch again", "does not exist: write it before the pre-commit")
 
 
 class Operator:
@@ -135,9 +139,12 @@ class ProtocolWriter:
                     try:
                         self._session(client, stop)
                     except CoordinatorRpcError as error:
-                        if error.code not in (StatusCode.UNAVAILABLE, StatusCode.DEADLINE_EXCEEDED):
+                        if error.code not in (StatusCode.UNAVAILABLE, StatusCode.DEADLINE_EXCEEDED) and not (
+                            error.code == StatusCode.INVALID_ARGUMENT and error.message.endswith(RUN_AGAIN)
+                        ):
                             self.anomalies.append(f"writer {self.name}: {error.code.name} {error.message[:300]}")
                             return
+                        # As Spark does after a failed batch: the writer starts again and runs the epoch again.
                         self.notes.append(f"writer {self.name} restarts after {error.code.name}")
                 if not stop.is_set():
                     self._last_report(client)
@@ -231,6 +238,8 @@ class FanOutWriter(ProtocolWriter):
 
     routes: tuple[str, ...] = ()
     added_at: int = 0
+    # The tables EnsureTables made the sink's (its own is from its registration).
+    ensured: set[str] = field(default_factory=set)
 
     def tables_at(self, epoch: int) -> tuple[str, ...]:
         routes = self.routes if epoch >= self.added_at else self.routes[:-1]
@@ -241,8 +250,8 @@ class FanOutWriter(ProtocolWriter):
         return tables[(key // 3) % len(tables)]
 
     def keys_by_table(self) -> dict[str, list[int]]:
-        """The keys each table must hold once: those of the checkpointed epochs that route to it."""
-        keys: dict[str, list[int]] = {table: [] for table in (self.table, *self.routes)}
+        """The keys each of the sink's tables must hold once: those of the checkpointed epochs that route to it."""
+        keys: dict[str, list[int]] = {table: [] for table in (self.table, *self.ensured)}
         for epoch in range(self.checkpoint + 1):
             for key in self.keys(epoch):
                 keys[self.route(key, epoch)].append(key)
@@ -263,6 +272,7 @@ class FanOutWriter(ProtocolWriter):
                     self.name, registration.writer_term, [TableSpec(table, schema) for table in new]
                 )
                 locations.update((table.table, table.location) for table in ensured.tables)
+                self.ensured.update(table.table for table in ensured.tables)
             routed: dict[str, list[int]] = {}
             for key in self.keys(epoch):
                 routed.setdefault(self.route(key, epoch), []).append(key)
