@@ -13,7 +13,9 @@ import pytest
 
 from coordinator_service import console_routes
 from coordinator_service.console_session import COOKIE
+from coordinator_service.protocol import TableRequest
 from tests.fixtures.admin import CLIENT_ADDRESS, AdminApp, AdminFactory
+from tests.fixtures.coordinator import ORDERS
 from tests.fixtures.postgres import query
 
 TOKEN = "console-test-token"
@@ -188,3 +190,20 @@ async def test_the_list_is_paged_after_sorting_and_filtering_all_sinks(
     assert "page=3" in re.findall(r'hx-get="([^"]+)"', last.text)[0]
     assert shown(await client.get("/console/sinks-table?sort=sink&desc=true&page=2")) == ["c", "b"]
     assert shown(await client.get("/console?page=99")) == ["e"]  # beyond the last page: the last page
+
+
+async def test_a_fan_out_sinks_tables_are_listed_with_their_state(
+    admin_factory: AdminFactory, browser_of: list[httpx.AsyncClient]
+) -> None:
+    admin = await admin_factory()
+    registration = await admin.register("orders")
+    schema = ORDERS.serialize().to_pybytes()
+    await admin.runtime.coordinator.ensure_tables(
+        "orders", registration.writer_term, [TableRequest("db.eu", schema), TableRequest("db.us", schema)]
+    )
+    client = browser(admin, browser_of)
+
+    listing = await client.get("/console")
+    assert re.search(r'db\.orders <span class="muted" title="db\.eu db\.us ">\+2 tables</span>', listing.text)
+    page = await client.get("/console/sinks/orders")
+    assert re.findall(r'data-table="([^"]+)"', page.text) == ["db.orders", "db.eu", "db.us"]
