@@ -142,61 +142,79 @@ async def _rows(
     return sorted(rows, key=keys[sort], reverse=descending)
 
 
-@router.get("")
-async def sinks_page(
-    request: Request,
-    operations: OperationsDep,
-    sessions: SessionsDep,
+@dataclass(frozen=True)
+class ListQuery:
+    """What the list shows: the filter, the order and the page (the same for the page and its refresh)."""
+
+    q: str
+    state: StateFilter
+    sort: SortKey
+    desc: bool
+    page: int
+
+    def arguments(self, **changed: object) -> str:
+        values = {"q": self.q, "state": self.state.value, "sort": self.sort.value, "desc": str(self.desc).lower()}
+        return urlencode({**values, **changed})
+
+
+def list_query(
     q: Annotated[str, Query(max_length=200)] = "",
     state: StateFilter = StateFilter.ANY,
     sort: SortKey = SortKey.SINK,
     desc: bool = False,
     page: Annotated[int, Query(ge=1)] = 1,
+) -> ListQuery:
+    return ListQuery(q, state, sort, desc, page)
+
+
+ListQueryDep = Annotated[ListQuery, Depends(list_query)]
+
+
+async def _page_of_rows(operations: OperationsDep, query: ListQuery) -> tuple[list[SinkRow], int, int]:
+    """The rows of the query's page (the last page when it asks beyond), every row's count, and the page."""
+    rows = await _rows(operations, query.q, query.state, query.sort, query.desc)
+    page = min(query.page, max(math.ceil(len(rows) / PAGE_ROWS), 1))
+    return rows[(page - 1) * PAGE_ROWS : page * PAGE_ROWS], len(rows), page
+
+
+@router.get("")
+async def sinks_page(
+    request: Request, operations: OperationsDep, sessions: SessionsDep, query: ListQueryDep
 ) -> Response:
     visitor = _visitor(request, sessions)
     if visitor.role is Role.NONE:
         return _to_login(request)
-    rows = await _rows(operations, q, state, sort, desc)
-    pages = max(math.ceil(len(rows) / PAGE_ROWS), 1)
-    page = min(page, pages)
-    query = {"q": q, "state": state.value, "sort": sort.value, "desc": str(desc).lower()}
+    rows, total, page = await _page_of_rows(operations, query)
     return _page(
         request,
         sessions,
         visitor,
         "sinks.html",
-        rows=rows[(page - 1) * PAGE_ROWS : page * PAGE_ROWS],
-        total=len(rows),
+        rows=rows,
+        total=total,
         first=(page - 1) * PAGE_ROWS + 1,
         page=page,
-        pages=pages,
-        q=q,
-        state=state.value,
-        sort=sort.value,
-        desc=desc,
+        pages=max(math.ceil(total / PAGE_ROWS), 1),
+        q=query.q,
+        state=query.state.value,
+        sort=query.sort.value,
+        desc=query.desc,
         states=[member.value for member in StateFilter if member.value],
-        query=urlencode(query),
-        page_query=urlencode({**query, "page": page}),
+        query=query.arguments(),
+        page_query=query.arguments(page=page),
     )
 
 
 @router.get("/sinks-table")
 async def sinks_table(
-    request: Request,
-    operations: OperationsDep,
-    sessions: SessionsDep,
-    q: Annotated[str, Query(max_length=200)] = "",
-    state: StateFilter = StateFilter.ANY,
-    sort: SortKey = SortKey.SINK,
-    desc: bool = False,
-    page: Annotated[int, Query(ge=1)] = 1,
+    request: Request, operations: OperationsDep, sessions: SessionsDep, query: ListQueryDep
 ) -> Response:
     """The rows of a page alone: what the list page fetches every REFRESH_SECONDS."""
     visitor = _visitor(request, sessions)
     if visitor.role is Role.NONE:
         return Response(status_code=401)
-    rows = await _rows(operations, q, state, sort, desc)
-    return _page(request, sessions, visitor, "sinks_rows.html", rows=rows[(page - 1) * PAGE_ROWS : page * PAGE_ROWS])
+    rows, _, _ = await _page_of_rows(operations, query)
+    return _page(request, sessions, visitor, "sinks_rows.html", rows=rows)
 
 
 @router.get("/sinks/{sink}")
