@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -327,21 +328,12 @@ async def abort_epoch(
     force: Annotated[bool, Form()] = False,
     csrf: Annotated[str, Form()] = "",
 ) -> Response:
-    acting = await _acting(request, sessions, csrf)
-    if not isinstance(acting, Visitor):
-        return acting
-    try:
-        if not reason.strip() or "\x00" in reason:
-            raise _invalid("give the reason for the abort: it is recorded with the epoch")
-        outcome = await operations.abort_epoch(sink, epoch, reason, force, _operator(request, sessions))
-    except CoordinatorError as error:
-        return await _sink_page(
-            request, operations, sessions, acting, sink, error=error.message, status=error.http_status
-        )
-    message = f"epoch {epoch} aborted" if outcome.changed else f"epoch {epoch} was already aborted; nothing changed"
-    if outcome.warning:
-        message += f" ({outcome.warning})"
-    return _back_to(sink, message)
+    async def abort(operator: Operator) -> str:
+        outcome = await operations.abort_epoch(sink, epoch, reason, force, operator)
+        done = f"epoch {epoch} aborted" if outcome.changed else f"epoch {epoch} was already aborted; nothing changed"
+        return done + (f" ({outcome.warning})" if outcome.warning else "")
+
+    return await _act(request, operations, sessions, sink, csrf, reason, "the abort", abort)
 
 
 @router.post("/sinks/{sink}/reset")
@@ -354,23 +346,38 @@ async def reset_sink(
     reason: Annotated[str, Form(max_length=2000)] = "",
     csrf: Annotated[str, Form()] = "",
 ) -> Response:
+    async def reset(operator: Operator) -> str:
+        outcome = await operations.reset_sink(sink, confirm, reason, operator)
+        aborted = ", ".join(str(epoch) for epoch in outcome.aborted_epochs) or "none"
+        return f"sink reset (generation {outcome.sink.sink.generation}); epochs aborted: {aborted}"
+
+    return await _act(request, operations, sessions, sink, csrf, reason, "the reset", reset)
+
+
+async def _act(
+    request: Request,
+    operations: OperationsDep,
+    sessions: ConsoleSessions,
+    sink: str,
+    csrf: str,
+    reason: str,
+    what: str,
+    action: Callable[[Operator], Awaitable[str]],
+) -> Response:
+    """An operator's action from a form of their session, with a reason: back to the sink's page saying what it did,
+    or the page again with why it was refused (nothing changed)."""
     acting = await _acting(request, sessions, csrf)
     if not isinstance(acting, Visitor):
         return acting
     try:
         if not reason.strip() or "\x00" in reason:
-            raise _invalid("give the reason for the reset: it is recorded")
-        outcome = await operations.reset_sink(sink, confirm, reason, _operator(request, sessions))
+            raise InvalidArgument(f"give the reason for {what}: it is recorded")
+        done = await action(_operator(request, sessions))
     except CoordinatorError as error:
         return await _sink_page(
             request, operations, sessions, acting, sink, error=error.message, status=error.http_status
         )
-    aborted = ", ".join(str(epoch) for epoch in outcome.aborted_epochs) or "none"
-    return _back_to(sink, f"sink reset (generation {outcome.sink.sink.generation}); epochs aborted: {aborted}")
-
-
-def _invalid(message: str) -> CoordinatorError:
-    return InvalidArgument(message)
+    return _back_to(sink, done)
 
 
 def _back_to(sink: str, message: str) -> RedirectResponse:

@@ -125,6 +125,10 @@ async def test_a_reset_needs_the_typed_name_and_says_what_it_did(
     client = browser(admin, browser_of)
     page = await client.get("/console/sinks/orders")
 
+    reasonless = await client.post(
+        "/console/sinks/orders/reset", data={"confirm": "orders", "reason": "  ", "csrf": csrf_of(page)}
+    )
+    assert reasonless.status_code == 422 and "give the reason for the reset" in reasonless.text
     mistyped = await client.post(
         "/console/sinks/orders/reset", data={"confirm": "order", "reason": "lost", "csrf": csrf_of(page)}
     )
