@@ -449,7 +449,8 @@ def main(
                 **where,
                 "table location": check.location,
                 "Spark checkpoint": sink.checkpoint_location,
-                "admin API": f"{coordinator.admin_url}/api/v1/sinks (docs: {coordinator.admin_url}/docs)"
+                "console and admin API": f"{coordinator.admin_url}/console, {coordinator.admin_url}/api/v1/sinks "
+                f"(docs: {coordinator.admin_url}/docs)"
                 + ("" if keep_serving else ", while the coordinator runs: --keep-serving, or `make serve`"),
                 "coordinator log": str(coordinator.log_path),
             },
