@@ -3,6 +3,7 @@ one metadata request instead of a read, refusals that name the file and change n
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Iterator
@@ -80,10 +81,9 @@ def written_files(location: str, *partition_by: str) -> list[WrittenFile]:
     batches = [wide_rows(4000).slice(offset, 500) for offset in range(0, 4000, 500)]
     (result,) = task_writer(target)(iter(batches))
     rows = result.to_pylist()
-    # Nothing decoded (the rows are the table's): no record that did not fit, no Kafka partition read.
-    assert all(row.pop("bad_records") == 0 for row in rows)
-    assert all(row.pop(key) is None for row in rows for key in ("topic", "partition", "latest_timestamp_ms"))
-    return [WrittenFile(**row) for row in rows]
+    # One row per file, and nothing else: no record decoded (the rows are the table's), no route.
+    assert all(row["path"] is not None and row["bad_records"] == 0 and row["topic"] is None for row in rows)
+    return [WrittenFile(**{field.name: row[field.name] for field in dataclasses.fields(WrittenFile)}) for row in rows]
 
 
 def sent(files: list[WrittenFile]) -> dict[str, FileFacts]:
