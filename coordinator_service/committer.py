@@ -419,12 +419,7 @@ class Committer:
                 return None
             # A crash hit after an append and before its record: those epochs are only marked, and the pass
             # after appends the rest (on a table walked again).
-            found = {
-                epoch: snapshot
-                for snapshot, epochs in settlement.held_by_snapshot(work, markers).items()
-                for epoch in epochs
-            }
-            return _TableCommit(found, files=0, held=markers[-1].epoch)
+            return _TableCommit(settlement.covering_snapshots(work, markers), files=0, held=markers[-1].epoch)
         await failpoints.hit(Failpoint.COMMIT_BEFORE_APPEND)
         # The lock's connection may have died since the walk: then another committer, an operator or the
         # cleaner may be deciding about these epochs, and the append must not happen.
@@ -589,7 +584,9 @@ class Committer:
             # meanwhile. A file is deleted only when none of them references it.
             stale = set(candidates)
             for table in tables:
-                stale &= set(await in_catalog(self.tables.unreferenced, table.table, sorted(candidates)))
+                if not stale:
+                    break  # every candidate is referenced somewhere: no other table need be read
+                stale = set(await in_catalog(self.tables.unreferenced, table.table, sorted(stale)))
             recorded = {table.table: table.committed_epoch for table in tables}
             for epoch in epochs:
                 await self._clean_epoch(sink, epoch, candidates, stale, recorded, lock)

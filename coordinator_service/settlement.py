@@ -37,20 +37,20 @@ def identity_of(sink: Sink) -> SinkIdentity:
     )
 
 
-def held_by_snapshot(epochs: Iterable[int], markers: Sequence[Marker]) -> dict[int, list[int]]:
-    """The epochs a marker covers, by the snapshot that added each: the oldest marker at or above it.
+def covering_snapshots(epochs: Iterable[int], markers: Sequence[Marker]) -> dict[int, int]:
+    """The epochs a marker covers, each with the snapshot that added it: the oldest marker at or above it.
 
     Valid for PENDING epochs, per table: the committer appends checkpointed epochs in order, all of a table's
     files of them at once up to a marker, and a PENDING epoch is never below a marker it is not in (a re-attempt
     is always above the checkpoint, so above every marker).
     """
-    by_snapshot: dict[int, list[int]] = {}
+    covered: dict[int, int] = {}
     for epoch in sorted(epochs):
         covering = next((marker for marker in markers if marker.epoch >= epoch), None)
         if covering is None:
             break
-        by_snapshot.setdefault(covering.snapshot_id, []).append(epoch)
-    return by_snapshot
+        covered[epoch] = covering.snapshot_id
+    return covered
 
 
 @dataclass(frozen=True)
@@ -96,9 +96,7 @@ async def holdings(
             epoch for epoch, each in files.items() if (table in each or not each) and epoch > recorded.get(table, -1)
         ]
         markers = await in_catalog(tables.sink_markers, table, identity, min(above)) if above else []
-        walked[table] = {
-            epoch: snapshot for snapshot, epochs in held_by_snapshot(above, markers).items() for epoch in epochs
-        }
+        walked[table] = covering_snapshots(above, markers)
     held: dict[int | None, list[int]] = {}
     partial: dict[int, list[str]] = {}
     for epoch, each in sorted(files.items()):
