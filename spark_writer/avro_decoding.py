@@ -37,10 +37,10 @@ import fastavro
 import pyarrow as pa
 from confluent_kafka.schema_registry import Schema
 
+from spark_writer.decoded_batch import UTC
 from spark_writer.registry_decoding import UnreadableSchemaError, UnsupportedSchemaError
 from spark_writer.schema_registry import RegistrySettings, parsed_schema, schema_by_id, subject_version
 
-UTC: Final = "UTC"
 MAX_DECIMAL_PRECISION: Final = 38
 # Logical types read as their underlying type and converted in Arrow (see the module's docstring).
 CONVERTED_IN_ARROW: Final = frozenset(

@@ -45,7 +45,7 @@ from coordinator_service.views import PreCommitOutcome, Registration
 from spark_writer.arrow_schema import arrow_schema_of, serialize_schema
 from spark_writer.checkpoint import NO_OFFSET, SparkCheckpoint
 from spark_writer.fan_out import FanOut
-from spark_writer.kafka_positions import TopicPartition, position_properties
+from spark_writer.kafka_positions import TopicPartition, merge_latest, position_properties
 from spark_writer.listener import CheckpointListener, CheckpointReporter
 from spark_writer.parquet_writer import WRITTEN_FILES_DDL, DataFileTarget, delete_files, task_writer
 from spark_writer.partitioning import parse_partition_fields
@@ -185,7 +185,10 @@ class MicroBatchWriter:
         files = [PreCommitFile(row.path, bytes(row.parquet_footer), row.size_bytes, row.table or "") for row in written]
         records = sum(row.record_count for row in written)
         decodes = isinstance(self._transform, DecodesInTasks)
-        latest = {(row.topic, row.partition): row.latest_timestamp_ms for row in results if row.topic is not None}
+        # Each task's latest timestamps; merge_latest keeps the largest where tasks read the same partition.
+        latest = merge_latest(
+            {(row.topic, row.partition): row.latest_timestamp_ms} for row in results if row.topic is not None
+        )
         properties = self._properties(batch_id, latest if decodes else None)
         if isinstance(self._transform, DecodesInTasks):
             properties.update(self._transform.batch_properties(sum(row.bad_records for row in results)))

@@ -46,12 +46,12 @@ from google.protobuf.descriptor_pool import DescriptorPool
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 
+from spark_writer.decoded_batch import UTC
 from spark_writer.registry_decoding import UnreadableSchemaError, UnsupportedSchemaError
 from spark_writer.schema_registry import RegistrySettings, parsed_schema, schema_by_id, subject_version
 
 SERIALIZED: Final = "serialized"
 MAIN_FILE: Final = "registered.proto"
-UTC: Final = "UTC"
 MICROS_PER_SECOND: Final = 1_000_000
 # Imports resolved from installed packages rather than schema references: path prefix -> Python package.
 BUILTIN_PACKAGES: Final = {
