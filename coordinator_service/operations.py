@@ -164,7 +164,7 @@ class Operations:
         async with self.database.transaction() as session:
             sink = await _existing_sink(session, name)
             pending = await _pending_epochs(session, sink, at_or_below=epoch)
-            recorded = await _recorded(session, sink)
+            recorded = await repository.recorded_epochs(session, sink.id)
         found = await settlement.holdings(self.tables, sink, recorded, pending)
         if found.held:
             async with self.database.transaction() as session:
@@ -229,7 +229,7 @@ class Operations:
             async with self.database.transaction() as session:
                 sink = await _existing_sink(session, name)
                 pending = await _pending_epochs(session, sink, at_or_below=None)
-                recorded = await _recorded(session, sink)
+                recorded = await repository.recorded_epochs(session, sink.id)
             found = await settlement.holdings(self.tables, sink, recorded, pending)
             if found.partial:
                 raise _partly_committed(name, found.partial, "the sink cannot be reset")
@@ -323,11 +323,6 @@ async def _pending_epochs(session: AsyncSession, sink: Sink, at_or_below: int | 
     return [
         row for row in rows if row.status == EpochStatus.PENDING and (at_or_below is None or row.epoch <= at_or_below)
     ]
-
-
-async def _recorded(session: AsyncSession, sink: Sink) -> dict[str, int]:
-    """The newest epoch each of the sink's tables holds, as the log records it."""
-    return {table.table: table.committed_epoch for table in await repository.tables_of_sink(session, sink.id)}
 
 
 def _partly_committed(name: str, partial: Mapping[int, Sequence[str]], refused: str) -> FailedPrecondition:

@@ -207,9 +207,7 @@ class Coordinator:
             if existing is not None:
                 await _check_registration(session, existing, table, checkpointed_epoch)
                 above = await repository.pending_epochs_above(session, existing.id, checkpointed_epoch)
-                recorded = {
-                    each.table: each.committed_epoch for each in await repository.tables_of_sink(session, existing.id)
-                }
+                recorded = await repository.recorded_epochs(session, existing.id)
         location = await in_catalog(self.tables.ensure_table, table, schema, tuple(partition_by))
         await failpoints.hit(Failpoint.REGISTER_BEFORE_RECOVERY)
 

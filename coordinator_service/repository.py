@@ -103,6 +103,11 @@ async def tables_of_sink(session: AsyncSession, sink_id: int) -> list[TableOfSin
     return (await tables_of_sinks(session, [sink_id]))[sink_id]
 
 
+async def recorded_epochs(session: AsyncSession, sink_id: int) -> dict[str, int]:
+    """The newest epoch each of the sink's tables holds, as the log records it."""
+    return {table.table: table.committed_epoch for table in await tables_of_sink(session, sink_id)}
+
+
 async def add_tables(session: AsyncSession, sink: Sink, tables: Sequence[str]) -> None:
     """Make these tables the sink's (those it has stay as they are), in the caller's transaction, which holds the
     sink's row lock: a new table holds every epoch up to the sink's committed one, none of which has files in it."""
