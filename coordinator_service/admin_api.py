@@ -40,7 +40,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     _install_error_handlers(app)
     app.include_router(admin_routes_sinks.router)
     app.include_router(admin_routes_health.router)
-    app.state.console_sessions = ConsoleSessions(settings.admin_token, settings.admin_read_requires_token)
+    app.state.console_sessions = ConsoleSessions(app.state.auth)
     app.include_router(console_routes.router)
     app.mount(f"{CONSOLE_PREFIX}/static", StaticFiles(directory=STATIC_DIRECTORY), name="console-static")
     return app

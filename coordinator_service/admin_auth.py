@@ -8,7 +8,9 @@ constant time and never logged.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import secrets
 
 from fastapi import Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -30,24 +32,46 @@ class AdminAuth:
         self._token = token
         self._read_requires_token = read_requires_token
 
+    @property
+    def needs_token(self) -> bool:
+        """Whether acting needs the admin token (one is configured)."""
+        return self._token is not None
+
+    @property
+    def reads_need_token(self) -> bool:
+        return self._token is not None and self._read_requires_token
+
     def operator(self, request: Request, credentials: HTTPAuthorizationCredentials | None) -> Operator:
         """Who sends a mutating request; Unauthenticated unless the token is right (when one is set)."""
         if self._token is not None:
             self._check(credentials)
+        return self.operator_of(request)
+
+    def operator_of(self, request: Request) -> Operator:
+        """The identity recorded for an action of this request's sender, once the token was checked."""
         return Operator(identity="admin" if self._token is not None else "anonymous", address=_address(request))
 
     def check_reader(self, credentials: HTTPAuthorizationCredentials | None) -> None:
-        if self._token is not None and self._read_requires_token:
+        if self.reads_need_token:
             self._check(credentials)
 
+    def token_matches(self, sent: str) -> bool:
+        """Whether `sent` is the admin token (compared in constant time); any text when none is configured."""
+        return self._token is None or hmac.compare_digest(sent.encode(), self._token.get_secret_value().encode())
+
+    def derived_key(self, purpose: bytes) -> bytes:
+        """A key for `purpose` derived from the admin token, so that a new token changes it; a random one (for
+        this process) when no token is configured."""
+        if self._token is None:
+            return secrets.token_bytes(32)
+        return hmac.new(self._token.get_secret_value().encode(), purpose, hashlib.sha256).digest()
+
     def _check(self, credentials: HTTPAuthorizationCredentials | None) -> None:
-        assert self._token is not None
         if credentials is None:
             raise Unauthenticated(
                 "this route needs the admin token: send 'Authorization: Bearer <SINK_COORDINATOR_ADMIN_TOKEN>'"
             )
-        expected = self._token.get_secret_value().encode()
-        if not hmac.compare_digest(credentials.credentials.encode(), expected):
+        if not self.token_matches(credentials.credentials):
             raise Unauthenticated("the admin token is wrong")
 
 

@@ -290,12 +290,6 @@ async def epoch_page(
     )
 
 
-def _operator(request: Request, sessions: ConsoleSessions) -> Operator:
-    """The identity the admin API records for the same action."""
-    address = "unknown" if request.client is None else f"{request.client.host}:{request.client.port}"
-    return Operator(identity="admin" if sessions.needs_token else "anonymous", address=address)
-
-
 async def _acting(request: Request, sessions: ConsoleSessions, csrf: str) -> Visitor | Response:
     """The visitor, if they may act and the form is theirs; otherwise the answer that refuses it."""
     visitor = _visitor(request, sessions)
@@ -372,7 +366,7 @@ async def _act(
     try:
         if not reason.strip() or "\x00" in reason:
             raise InvalidArgument(f"give the reason for {what}: it is recorded")
-        done = await action(_operator(request, sessions))
+        done = await action(sessions.auth.operator_of(request))
     except CoordinatorError as error:
         return await _sink_page(
             request, operations, sessions, acting, sink, error=error.message, status=error.http_status

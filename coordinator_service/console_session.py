@@ -16,7 +16,6 @@ the action compares with the cookie's in constant time.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import secrets
 from dataclasses import dataclass
@@ -25,7 +24,8 @@ from typing import Final
 
 from fastapi import Request, Response
 from itsdangerous import BadSignature, URLSafeTimedSerializer
-from pydantic import SecretStr
+
+from coordinator_service.admin_auth import AdminAuth
 
 COOKIE: Final = "sink_console"
 SESSION_SECONDS: Final = 12 * 3600
@@ -44,19 +44,13 @@ class Session:
 
 
 class ConsoleSessions:
-    def __init__(self, token: SecretStr | None, read_requires_token: bool) -> None:
-        self._token = token
-        self._read_requires_token = read_requires_token
-        key = (
-            hmac.new(token.get_secret_value().encode(), b"sink-coordinator console", hashlib.sha256).digest()
-            if token is not None
-            else secrets.token_bytes(32)
-        )
-        self._serializer = URLSafeTimedSerializer(key, salt="sink-console-session")
+    """Console sessions under the admin API's own token rules (coordinator_service.admin_auth)."""
 
-    @property
-    def needs_token(self) -> bool:
-        return self._token is not None
+    def __init__(self, auth: AdminAuth) -> None:
+        self.auth = auth
+        self._serializer = URLSafeTimedSerializer(
+            auth.derived_key(b"sink-coordinator console"), salt="sink-console-session"
+        )
 
     def session_of(self, request: Request) -> Session:
         """The request's session, or a new anonymous one (not signed in) when it has none that is valid."""
@@ -71,15 +65,13 @@ class ConsoleSessions:
         return Session(signed_in=False, csrf=secrets.token_urlsafe(24))
 
     def role(self, session: Session) -> Role:
-        if self._token is None or session.signed_in:
+        if not self.auth.needs_token or session.signed_in:
             return Role.OPERATOR
-        return Role.NONE if self._read_requires_token else Role.READER
+        return Role.NONE if self.auth.reads_need_token else Role.READER
 
     def sign_in(self, token: str) -> Session | None:
-        """A new signed-in session when the token is the admin token (compared in constant time)."""
-        if self._token is None:
-            return Session(signed_in=True, csrf=secrets.token_urlsafe(24))
-        if not hmac.compare_digest(token.encode(), self._token.get_secret_value().encode()):
+        """A new signed-in session when the token is the admin token."""
+        if not self.auth.token_matches(token):
             return None
         return Session(signed_in=True, csrf=secrets.token_urlsafe(24))
 
