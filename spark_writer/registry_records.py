@@ -206,11 +206,12 @@ class _Column:
         self.version = _version_of(registry, subject, _latest(registry, subject))
         self.table_type = self.version.table_type
 
-    def refresh(self) -> None:
-        """Read the subject's latest version: the reader from now on, its new top-level fields new columns."""
+    def refresh(self) -> bool:
+        """Read the subject's latest version: the reader from now on, its new top-level fields new columns; whether
+        it is another version than the one read so far."""
         registered = _latest(self.registry, self.subject)
         if registered.schema_id == self.version.schema_id:
-            return
+            return False
         latest = _version_of(self.registry, self.subject, registered)
         if latest.message != self.version.message:
             raise SchemaChangeError(
@@ -236,6 +237,7 @@ class _Column:
             new_columns=added,
         )
         self.version, self.table_type = latest, table_type
+        return True
 
     def payloads(self) -> PayloadDecoder:
         registry, schema_id, target = self.registry, self.version.schema_id, self.table_type
@@ -291,10 +293,11 @@ class RegistryBatchParser:
     def prepare(self, batch: DataFrame) -> BatchInput:
         """The batch's input to the writer's tasks, with the subjects' latest versions (with `evolve`)."""
         if self._evolve:
-            self._value.refresh()
-            if self._key is not None:
-                self._key.refresh()
-            self._decoding = self._decoding_now()
+            # Both subjects are read every batch; the decoding is built again only for a new version.
+            value_moved = self._value.refresh()
+            key_moved = self._key is not None and self._key.refresh()
+            if value_moved or key_moved:
+                self._decoding = self._decoding_now()
         columns = task_columns(key=self._key is not None, dead_letters=self._dead_letters is not None)
         return BatchInput(batch.select(*columns), self.table_schema, self._decoding)
 
