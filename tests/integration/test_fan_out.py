@@ -26,7 +26,16 @@ from coordinator_service.iceberg import MARKER_EPOCH, MARKER_SINK
 from coordinator_service.protocol import PreCommitRequest, TableRequest
 from coordinator_service.source_positions import END_OFFSETS, SNAPSHOT_END_OFFSETS
 from coordinator_service.views import Registration
-from tests.fixtures.admin import AdminApp, AdminFactory, epoch_metadata, eventually, sink_id_of, sink_identity
+from tests.fixtures.admin import (
+    AdminApp,
+    AdminFactory,
+    commit_lock_held,
+    epoch_metadata,
+    eventually,
+    sink_id_of,
+    sink_identity,
+    wait_for_commit_lock_waiter,
+)
 from tests.fixtures.coordinator import (
     ORDERS,
     CoordinatorProcess,
@@ -420,3 +429,40 @@ async def test_a_checkpoint_behind_what_one_table_holds_is_refused(
         await admin.register("orders")
     assert statuses(database_url) == {0: "PENDING"}
     assert table_epochs(database_url) == dict.fromkeys(sorted(TABLES), -1)
+
+
+async def test_a_reset_of_a_half_appended_group_leaves_one_restart_point(
+    admin: AdminApp, catalog: Catalog, database_url: str
+) -> None:
+    """Defect: epoch 0 has files only in db.eu, epoch 1 only in db.orders; the pass appended db.orders (the sink's
+    own table first) and stopped before db.eu. A reset then marked 1, aborted 0 and reported -1: a restart from -1
+    writes epoch 1 twice, one from 1 loses epoch 0. After a reset every table holds exactly the epochs up to the
+    reported one."""
+    registration = await fan_out_sink(admin)
+    await pre_commit(admin, catalog, registration, 0, tables=("db.eu",))
+    await pre_commit(admin, catalog, registration, 1, tables=(OWN,))
+    sink_id = sink_id_of(database_url, "orders")
+    async with commit_lock_held(database_url, sink_id) as lock:
+        await admin.checkpoint("orders", registration, 1, wait=False)
+        # What the committer did before it died between the tables: the group's snapshot in the sink's own table.
+        await asyncio.to_thread(
+            admin.runtime.tables.append,
+            OWN,
+            await sink_identity(admin, "orders"),
+            1,
+            "died-between-tables",
+            epoch_metadata(database_url, 1).data_files,
+        )
+        reset = asyncio.create_task(
+            admin.post("/api/v1/sinks/orders/reset", json={"confirm": "orders", "reason": "checkpoint lost"})
+        )
+        await wait_for_commit_lock_waiter(lock, sink_id)
+    response = await reset
+    assert response.status_code == 200, response.text
+    restart = response.json()["sink"]["committed_epoch"]
+
+    for table in TABLES:
+        held = expected_orders(range(restart + 1), table)
+        assert Counter(table_order_ids(catalog.load_table(table))) == held, table
+    assert restart == 1
+    assert response.json()["aborted_epochs"] == []

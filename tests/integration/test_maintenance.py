@@ -21,6 +21,7 @@ from coordinator_service.views import Registration
 from tests.fixtures.admin import AdminApp, AdminFactory, epoch_metadata, eventually, sink_id_of, sink_identity
 from tests.fixtures.coordinator import ORDERS, orders, table_files, table_order_ids, write_parquet
 from tests.fixtures.duckdb_reader import duckdb_rows
+from tests.fixtures.postgres import query
 
 NO_COMPACTION = {"compaction_min_files": 1_000_000}
 
@@ -298,3 +299,54 @@ async def test_a_pre_commit_refuses_a_file_older_than_the_orphan_grace(
         await pre_commit_paths(admin, registration, 0, [stale])
     assert "ORPHAN_GRACE_SECONDS" in refused.value.message
     assert (await admin.runtime.coordinator.sink_state("orders")).epochs == ()
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("maintenance_interval_seconds", 1e15),
+        ("orphan_sweep_interval_seconds", 1e300),
+        ("snapshot_max_age_seconds", "1e309"),  # JSON's text of a number beyond a double: infinity
+        ("orphan_grace_seconds", 1e18),
+        ("snapshot_max_count", 2**63),
+        ("orphan_max_files_per_run", 10**12),
+    ],
+)
+async def test_an_override_the_code_cannot_live_with_is_refused(
+    admin: AdminApp, catalog: Catalog, setting: str, value: float | str
+) -> None:
+    """Defect: 1e15 s was accepted (200) and then overflowed timedelta in the scheduler's due-check."""
+    await commit_epochs(admin, "orders", 1)
+    body = f'{{"overrides": {{"{setting}": {value}}}}}'
+    refused = await admin.put(
+        "/api/v1/sinks/orders/maintenance", content=body, headers={"Content-Type": "application/json"}
+    )
+    assert refused.status_code == 422, refused.text
+    assert setting in refused.json()["error"]["message"]
+    assert (await admin.get("/api/v1/sinks/orders/maintenance")).json()["overrides"] == {}
+
+
+async def test_one_sinks_bad_maintenance_state_does_not_stop_the_others(
+    admin_factory: AdminFactory, catalog: Catalog, database_url: str
+) -> None:
+    """Defect: one sink's overrides that overflowed the due-check stopped the scheduled maintenance of every sink.
+    Here the bad overrides reach the log behind the API's back (an older release, a hand edit)."""
+    admin = await admin_factory(maintenance_interval_seconds=0.5, compaction_min_files=3)
+    await commit_epochs(admin, "broken", 1)
+    query(
+        database_url,
+        "UPDATE sinks SET maintenance_overrides = %s WHERE name = 'broken'",
+        '{"maintenance_interval_seconds": 1e15}',
+    )
+    registration = await admin.runtime.coordinator.register_writer(
+        "orders", "db.other", -1, arrow_schema=ORDERS.serialize().to_pybytes()
+    )
+    for epoch in range(3):
+        await admin.pre_commit("orders", registration, epoch, epoch * 10)
+        assert await admin.checkpoint("orders", registration, epoch) == epoch
+
+    async def compacted() -> bool:
+        runs = (await admin.get("/api/v1/sinks/orders/maintenance")).json()["runs"]
+        return any(run["trigger"] == "schedule" and run["files_compacted"] == 3 for run in runs)
+
+    await eventually(compacted, "the healthy sink's scheduled run")

@@ -14,6 +14,7 @@ from coordinator_service.errors import CheckpointBehind, Fenced
 from coordinator_service.failpoints import Failpoint
 from coordinator_service.iceberg import MARKER_EPOCH, MARKER_GENERATION, Marker
 from coordinator_service.protocol import PreCommitRequest
+from coordinator_service.views import PreCommitOutcome
 from tests.fixtures.admin import (
     AdminApp,
     AdminFactory,
@@ -27,7 +28,7 @@ from tests.fixtures.admin import (
     terminate_commit_lock_holder,
     wait_for_commit_lock_waiter,
 )
-from tests.fixtures.coordinator import table_order_ids
+from tests.fixtures.coordinator import orders, table_order_ids, write_parquet
 
 RESET = {"confirm": "orders", "reason": "checkpoint volume lost"}
 
@@ -209,3 +210,28 @@ async def test_a_reset_that_cannot_read_the_table_changes_nothing(
     response = await admin.post("/api/v1/sinks/orders/reset", json=RESET)
     assert response.status_code == 200, response.text
     assert response.json()["aborted_epochs"] == [1]
+
+
+async def test_an_epoch_number_of_the_new_numbering_is_never_answered_by_the_old_one(
+    admin_factory: AdminFactory, catalog: Catalog, database_url: str
+) -> None:
+    """Defect: epoch 0 was re-attempted before the reset, so its row still held the replaced attempt's files for
+    the cleaner; the registration after the reset kept that COMMITTED row, and the new numbering's epoch 0 was
+    answered ALREADY_COMMITTED (the writer deletes its file: records lost)."""
+    admin = await admin_factory(cleanup_delay_seconds=3600.0)
+    old = await admin.register("orders")
+    await admin.pre_commit("orders", old, 0, 0)  # attempt 1
+    restarted = await admin.register("orders", checkpointed_epoch=-1)  # aborts epoch 0 (recovery)
+    await admin.pre_commit("orders", restarted, 0, 0)  # attempt 2: attempt 1's file waits for the cleaner
+    assert await admin.checkpoint("orders", restarted, 0) == 0
+
+    response = await admin.post("/api/v1/sinks/orders/reset", json=RESET)
+    assert response.status_code == 200, response.text
+    new = await admin.register("orders", checkpointed_epoch=-1)
+    path = write_parquet(new.table_location, orders(100, 10))
+    result = await admin.runtime.coordinator.pre_commit(
+        PreCommitRequest(sink="orders", epoch=0, writer_term=new.writer_term, paths=(path,))
+    )
+    assert result.outcome == PreCommitOutcome.PERSISTED
+    assert await admin.checkpoint("orders", new, 0) == 0
+    assert table_order_ids(catalog.load_table("db.orders")) == [*range(10), *range(100, 110)]
