@@ -69,7 +69,7 @@ def build_log(
             location = catalog.load_table(identifier).location()
             for epoch in range(committed + 1, checkpoint + 1):
                 uri = write_orders_file(location, 100, first=epoch * 100)
-                entries = tables_.read_data_files(identifier, [uri], 0, False)
+                entries = tables_.read_data_files(identifier, [uri], 0, False).entries
                 encoded = precommit_metadata.encode(PreCommitMetadata(table=identifier, data_files=tuple(entries)))
                 connection.execute(
                     "UPDATE pending_sink_state SET metadata = %s, file_count = 1, record_count = 100"

@@ -35,7 +35,9 @@ def create_app(runtime: Runtime) -> FastAPI:
     )
     settings = runtime.settings
     app.state.runtime = runtime
-    app.state.operations = Operations(runtime.database, runtime.tables, runtime.committer, runtime.maintainer, settings)
+    app.state.operations = Operations(
+        runtime.database, runtime.tables, runtime.committer, runtime.cleaner, runtime.maintainer, settings
+    )
     app.state.auth = AdminAuth(settings.admin_token, settings.admin_read_requires_token)
     _install_error_handlers(app)
     app.include_router(admin_routes_sinks.router)

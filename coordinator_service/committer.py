@@ -1,4 +1,4 @@
-"""The commit path: checkpointed PENDING epochs into Iceberg, in order, exactly once; aborted files removed.
+"""The commit path: checkpointed PENDING epochs into Iceberg, in order, exactly once.
 
 One asyncio task per sink drives its commits. A pass holds the sink's
 PostgreSQL advisory lock, so one committer runs per sink even across
@@ -24,11 +24,9 @@ import pydantic
 import structlog
 from pyiceberg import exceptions as pyiceberg_errors
 from pyiceberg.exceptions import CommitFailedException
-from sqlalchemy.ext.asyncio import AsyncSession
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
 
 from coordinator_service import commit_lock, failpoints, metrics, precommit_metadata, repository, settlement
-from coordinator_service.catalog_calls import in_catalog
 from coordinator_service.commit_history import CommitHistory
 from coordinator_service.commit_lock import CommitLock
 from coordinator_service.database import Database
@@ -43,8 +41,6 @@ from coordinator_service.table_maintenance import table_properties_for
 from coordinator_service.views import EpochStatus
 
 log = structlog.get_logger(__name__)
-
-CLEANUP_BATCH = 100
 
 
 @dataclass
@@ -105,7 +101,6 @@ class Committer:
         self.history = CommitHistory()
         self._wake_events: dict[int, asyncio.Event] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
-        self._cleaner_event = asyncio.Event()
         self._progress = asyncio.Condition()
         self._commits_here = 0
         # Per sink: the committed epoch this process's last COMMITTED transaction recorded, and in which numbering
@@ -124,16 +119,10 @@ class Committer:
         # asyncio's semaphore hands its slots out in arrival order: a sink that just committed queues behind
         # the sinks already waiting.
         self._passes = asyncio.Semaphore(max(1, settings.commit_concurrency))
-        self.cleanup_delays = repository.CleanupDelays(
-            delay_seconds=settings.cleanup_delay_seconds, keep_seconds=settings.recovery_files_keep_seconds
-        )
 
     def start(self) -> None:
-        """Start the poller (which first resumes whatever the log holds) and the cleaner."""
-        self._background = [
-            asyncio.create_task(self._poll_forever(), name="committer-poller"),
-            asyncio.create_task(self._clean_forever(), name="aborted-file-cleaner"),
-        ]
+        """Start the poller, which first resumes whatever the log holds."""
+        self._background = [asyncio.create_task(self._poll_forever(), name="committer-poller")]
 
     async def stop(self) -> None:
         tasks = [*self._background, *self._tasks.values()]
@@ -153,9 +142,6 @@ class Committer:
         event.set()
         if sink_id not in self._tasks or self._tasks[sink_id].done():
             self._tasks[sink_id] = asyncio.create_task(self._drive(sink_id, event), name=f"committer-{sink_id}")
-
-    def wake_cleaner(self) -> None:
-        self._cleaner_event.set()
 
     async def wait_committed(self, sink_id: int, epoch: int, numbering: Numbering) -> int:
         """Wait until the sink's committed epoch reaches `epoch` (here or on another replica) in `numbering`."""
@@ -193,7 +179,6 @@ class Committer:
                     sink_ids = await repository.sink_ids_with_commit_work(session)
                 for sink_id in sink_ids:
                     self.wake(sink_id)
-                self.wake_cleaner()
             except Exception as error:
                 log.warning("looking for commit work failed; will look again", error=str(error))
             await asyncio.sleep(self.settings.poll_interval_seconds)
@@ -322,6 +307,12 @@ class Committer:
                 return False
             await failpoints.hit(Failpoint.COMMIT_AFTER_LOCK)
             return await self._commit_next(sink_id, lock)
+
+    async def commit_checkpointed(self, sink_id: int, lock: CommitLock) -> None:
+        """Commit every checkpointed PENDING epoch of the sink under a lock the caller holds (a reset), pass after
+        pass, at once: no slot, no interval, no retry (a failure is the caller's)."""
+        while await self._commit_next(sink_id, lock):
+            pass
 
     async def _commit_next(self, sink_id: int, lock: CommitLock) -> bool:
         """Commit the next group of checkpointed epochs to each of the sink's tables; whether more may wait (or the
@@ -545,127 +536,6 @@ class Committer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(flush.wait(), remaining)
         flush.clear()
-
-    async def _clean_forever(self) -> None:
-        while True:
-            await self._cleaner_event.wait()
-            self._cleaner_event.clear()
-            try:
-                await self.clean_aborted()
-            except Exception as error:
-                log.warning("cleaning aborted epochs failed; will try again", error=str(error))
-
-    async def clean_aborted(self) -> int:
-        """Delete the files of aborted attempts that are due (see repository.CleanupDelays) and that the table
-        does not reference; return the epochs whose files were looked at."""
-        async with self.database.transaction() as session:
-            sink_ids = await repository.sinks_with_cleanup_work(session, self.cleanup_delays)
-        handled = 0
-        for sink_id in sink_ids:
-            handled += await self._clean_sink(sink_id)
-        return handled
-
-    async def _clean_sink(self, sink_id: int) -> int:
-        async with commit_lock.try_holding(self.database, sink_id) as lock:
-            if lock is None:
-                return 0  # its committer (or an operator) holds the sink: the next round
-            candidates: set[str] = set()
-            async with self.database.transaction() as session:
-                sink = await repository.sink_by_id(session, sink_id)
-                epochs = await repository.cleanable_epochs(session, sink_id, self.cleanup_delays, CLEANUP_BATCH)
-                for epoch in epochs:
-                    row = await repository.epoch_row(session, sink_id, epoch)
-                    if row is not None:
-                        candidates.update(await repository.files_to_clean(session, row, self.cleanup_delays))
-                tables = await repository.tables_of_sink(session, sink_id)
-            if sink is None or not epochs:
-                return 0
-            # On a fresh load of each of the sink's tables, under the commit lock: no append of this sink can land
-            # meanwhile. A file is deleted only when none of them references it.
-            stale = set(candidates)
-            for table in tables:
-                if not stale:
-                    break  # every candidate is referenced somewhere: no other table need be read
-                stale = set(await in_catalog(self.tables.unreferenced, table.table, sorted(stale)))
-            recorded = {table.table: table.committed_epoch for table in tables}
-            for epoch in epochs:
-                await self._clean_epoch(sink, epoch, candidates, stale, recorded, lock)
-            if len(epochs) == CLEANUP_BATCH:
-                self.wake_cleaner()
-            return len(epochs)
-
-    async def _clean_epoch(
-        self,
-        sink: Sink,
-        epoch: int,
-        checked: set[str],
-        unreferenced: set[str],
-        recorded: Mapping[str, int],
-        lock: CommitLock,
-    ) -> None:
-        """Delete the epoch's due files among those `checked` against the tables (`unreferenced`: in none)."""
-        async with self.database.transaction() as session:
-            # The row lock orders this with a new attempt of the epoch (PreCommit takes it too): a path the new
-            # attempt holds is no longer due, and a path deleted here is seen as gone by the new attempt.
-            row = await repository.epoch_row(session, sink.id, epoch, for_update=True)
-            if row is None:
-                return
-            due = [
-                path for path in await repository.files_to_clean(session, row, self.cleanup_delays) if path in checked
-            ]
-            referenced = sorted(set(due) - unreferenced)
-            if referenced:
-                await self._keep_referenced(session, sink, row, referenced, recorded)
-                return
-            deleted = 0
-            if due:
-                await lock.verify()
-                # Through the sink's own table's storage (its catalog's FileIO): a replaced attempt's file no
-                # longer says which table it was written for.
-                deleted = await in_catalog(self.tables.delete_files, sink.table_identifier, due)
-                await failpoints.hit(Failpoint.CLEANUP_AFTER_DELETE)
-                await repository.forget_files(session, due)
-            # An ABORTED epoch is cleaned once it holds no file (an empty epoch holds none from the start).
-            cleaned = (
-                row.status == EpochStatus.ABORTED
-                and not row.files_cleaned
-                and not await repository.paths_held(session, sink.id, epoch)
-            )
-            if cleaned:
-                row.files_cleaned = True
-        if not (due or cleaned):
-            return
-        metrics.CLEANED_FILES.labels(sink.name).inc(deleted)
-        log.info(
-            "aborted epoch cleaned",
-            sink=sink.name,
-            epoch=epoch,
-            status=row.status.value,
-            attempt=row.attempt,
-            files_deleted=deleted,
-        )
-
-    async def _keep_referenced(
-        self,
-        session: AsyncSession,
-        sink: Sink,
-        row: PendingSinkState,
-        referenced: list[str],
-        recorded: Mapping[str, int],
-    ) -> None:
-        """Files due for deletion that a table references: an append landed after the abort (its committer had
-        lost the commit lock). They are kept, and the epoch takes the tables' side where the log can say so."""
-        found = await settlement.holdings(self.tables, sink, recorded, [row])
-        if row.status == EpochStatus.ABORTED and found.held and row.epoch <= sink.checkpointed_epoch:
-            [snapshot_id] = found.held
-            await settlement.adopt_appended(session, sink, row, row, snapshot_id)
-            return
-        # No marker of this generation holds it in every table with its files (a reset came in between) or the
-        # files are a replaced attempt's: keep them, held by the epoch, and stop trying to delete them.
-        await repository.keep_files(session, sink.id, row.epoch, referenced)
-        if row.status == EpochStatus.ABORTED:
-            row.files_cleaned = True
-        settlement.alert(sink.name, "aborted_files_in_table", epoch=row.epoch, files=referenced[:10])
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,13 @@
-"""Files under a directory of a table's storage, listed in one request per page (1,000 keys on S3)."""
+"""Files under a directory of a table's storage, listed in one request per page (1,000 keys on S3).
+
+A local file system is walked without following symbolic links, and only regular files are listed: a link under a
+table's location (to another table's files, to a backup) is never taken for one of its files.
+"""
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
 
 import pyarrow.fs as pafs
@@ -21,10 +27,11 @@ def listed_files(io: FileIO, directory: str) -> dict[str, ListedFile] | None:
     if not isinstance(io, PyArrowFileIO):
         return None
     scheme, netloc, path = io.parse_location(directory)
+    filesystem = io.fs_by_scheme(scheme, netloc)
+    if isinstance(filesystem, pafs.LocalFileSystem):
+        return {f"{scheme}://{file}": listed for file, listed in _walk_local(path).items()}
     try:
-        infos = io.fs_by_scheme(scheme, netloc).get_file_info(
-            pafs.FileSelector(path, recursive=True, allow_not_found=True)
-        )
+        infos = filesystem.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
     except FileNotFoundError:
         return {}
     return {
@@ -32,3 +39,19 @@ def listed_files(io: FileIO, directory: str) -> dict[str, ListedFile] | None:
         for info in infos
         if info.type == pafs.FileType.File
     }
+
+
+def _walk_local(root: str) -> dict[str, ListedFile]:
+    """Regular files under root, links neither followed nor listed (os.walk does not descend into linked
+    directories; a linked file is not regular under lstat)."""
+    files: dict[str, ListedFile] = {}
+    for directory, _, names in os.walk(root, followlinks=False):
+        for name in names:
+            path = os.path.join(directory, name)
+            try:
+                info = os.lstat(path)
+            except FileNotFoundError:
+                continue  # deleted while listed
+            if stat.S_ISREG(info.st_mode):
+                files[path] = ListedFile(info.st_size, info.st_mtime_ns)
+    return files

@@ -8,11 +8,12 @@ the protocol runs them in worker threads.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import math
+import os
 import posixpath
+import stat
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -72,6 +73,10 @@ MARKER_COMMIT_ID = "sink-coordinator.commit-id"
 MARKER_GENERATION = "sink-coordinator.generation"
 # The sink row's incarnation (a UUID); absent on snapshots written before incarnations existed.
 MARKER_SINK_ID = "sink-coordinator.sink-id"
+# A fence snapshot (no row changed) an operator's abort or reset committed, by which sink and why.
+FENCE_SINK = "sink-coordinator.fence"
+FENCE_SINK_ID = "sink-coordinator.fence.sink-id"
+FENCE_REASON = "sink-coordinator.fence.reason"
 
 # Table schema versions whose file-description rules are kept (the oldest is dropped first).
 _FILE_RULES_KEPT = 256
@@ -110,6 +115,15 @@ class SinkIdentity:
             MARKER_COMMIT_ID: commit_id,
             MARKER_GENERATION: str(self.generation),
         }
+
+
+@dataclass(frozen=True)
+class DescribedFiles:
+    """A pre-commit's files of one table, validated: their manifest entries, and when the oldest was written (Unix
+    seconds; where storage does not tell, when it was checked), from which its claim's deadline counts."""
+
+    entries: list[DataFileEntry]
+    written_at: float | None
 
 
 @dataclass(frozen=True)
@@ -304,7 +318,7 @@ class IcebergGateway:
         evolve_schema: bool,
         facts: Mapping[str, FileFacts] = EMPTY_DICT,
         directory: str = "",
-    ) -> list[DataFileEntry]:
+    ) -> DescribedFiles:
         """Validate the files (canonical URIs) of a pre-commit and build their manifest entries.
 
         The entries come from the Parquet footers (the ones the writer sent in `facts`, else read from storage);
@@ -329,15 +343,24 @@ class IcebergGateway:
         evolve_schema: bool,
         facts: Mapping[str, FileFacts],
         directory: str,
-    ) -> list[DataFileEntry]:
+    ) -> DescribedFiles:
+        # Only under the table's data directory: a writer never names the table's metadata files, or another
+        # table's, since the coordinator deletes the files of an epoch it aborts (file_deletion).
+        data = table.location_provider().data_path
         for uri in uris:
-            check_inside_location(uri, str(table.location()))
+            check_inside_location(uri, data, within="the table's data directory")
         if directory:
             check_inside_location(directory, str(table.location()), subject="files_directory")
+        checked_at = time.time()
         files = self._file_checks.check(table.io, uris, facts, directory)
         if evolve_schema:
             table = self._evolve_for(table, [file.footer.schema.to_arrow_schema() for file in files])
-        return [self._entry_from_footer(table.metadata, file.path, file.footer, file.size, writer_id) for file in files]
+        return DescribedFiles(
+            entries=[
+                self._entry_from_footer(table.metadata, file.path, file.footer, file.size, writer_id) for file in files
+            ],
+            written_at=min((file.written_at(checked_at) for file in files), default=None),
+        )
 
     def _rules(self, metadata: TableMetadata) -> _FileRules:
         key = _FileRules.key_of(metadata)
@@ -486,34 +509,25 @@ class IcebergGateway:
         assert snapshot.summary.get(MARKER_COMMIT_ID) == markers[MARKER_COMMIT_ID]
         return int(snapshot.snapshot_id), committed
 
-    def unreferenced(self, identifier: str, paths: Iterable[str]) -> list[str]:
-        """The given paths that no live data file of the table references."""
-        candidates = set(paths)
-        if not candidates:
-            return []
-        table = self.load(identifier)
-        referenced = set(table.inspect.data_files().column("file_path").to_pylist())
-        return sorted(candidates - referenced)
-
-    def require_files(self, identifier: str, paths: Iterable[str]) -> None:
-        """Raise InvalidArgument naming the first of the paths that is not on the table's storage."""
-        table = self.cached(identifier)[0]
-        for path in paths:
-            if not table.io.new_input(path).exists():
-                raise InvalidArgument(
-                    f"data file {quote(path)} does not exist (an earlier attempt of its epoch named it too, and its "
-                    "files were deleted): write it again"
-                )
-
-    def delete_files(self, identifier: str, paths: Iterable[str]) -> int:
-        """Delete files from the table's storage; a file already gone counts as deleted."""
-        table = self.load(identifier)
-        deleted = 0
-        for path in paths:
-            with contextlib.suppress(FileNotFoundError):
-                table.io.delete(path)
-            deleted += 1
-        return deleted
+    def fence(self, identifier: str, sink: SinkIdentity, reason: str) -> int:
+        """Commit a snapshot that changes no row and carries the sink's fence (no marker: marker walks pass over it),
+        on the table loaded now; return its id. Any append built on the branch head before it fails its
+        requirement instead of landing: an operator's abort or reset fences the sink's tables under the commit
+        lock before it aborts anything whose files may then be deleted (docs/architecture.md, "The fence")."""
+        try:
+            table = without_retries(self.load(identifier))
+            transaction = MetadataOnceTransaction(table)
+            fence = {FENCE_SINK: sink.name, FENCE_SINK_ID: sink.incarnation, FENCE_REASON: reason[:500]}
+            with transaction.update_snapshot(snapshot_properties=fence).fast_append():
+                pass  # no file: the new head is the fence
+            committed = transaction.commit_transaction()
+        except BaseException:
+            self.forget(identifier)
+            raise
+        self.remember(identifier, committed)
+        snapshot = committed.current_snapshot()
+        assert snapshot is not None
+        return int(snapshot.snapshot_id)
 
 
 def _describe_new_table(transaction: Transaction, fields: list[tuple[str, Transform[Any, Any]]]) -> None:
@@ -572,13 +586,41 @@ def canonical_uri(path: str) -> str:
     return f"{scheme}://{parsed.netloc}{posixpath.normpath(parsed.path)}"
 
 
+def misplaced(uri: str, directories: Sequence[str]) -> str | None:
+    """Why the canonical `uri` is not a file under one of `directories` (URIs), or None when it is one: on the same
+    storage, below the directory, and on a local file system reached through no symbolic link (its real path is
+    under the directory's real path, at the same place, and it is not a link itself). What pre-commits accept and
+    what deletions require (coordinator_service.file_deletion)."""
+    parsed = urlparse(uri)
+    for directory in directories:
+        root = urlparse(canonical_uri(directory))
+        if (parsed.scheme, parsed.netloc) != (root.scheme, root.netloc):
+            continue
+        if not parsed.path.startswith(root.path.rstrip("/") + "/"):
+            continue
+        if parsed.scheme == "file" and _linked(parsed.path, root.path):
+            return f"is reached through a symbolic link (its real path is {os.path.realpath(parsed.path)}) under"
+        return None
+    return "lies outside"
+
+
+def _linked(path: str, root: str) -> bool:
+    """A local path that is a symbolic link, or reached through one below `root`."""
+    real, real_root = os.path.realpath(path), os.path.realpath(root).rstrip("/")
+    if real[len(real_root) :] != path[len(root.rstrip("/")) :] or not real.startswith(real_root + "/"):
+        return True
+    try:
+        return stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:  # missing, or a name no file can have: whether it exists is checked on its own
+        return False
+
+
 def check_inside_location(
     uri: str, location: str, *, subject: str = "data file", within: str = "the table location"
 ) -> None:
-    parsed, root = urlparse(uri), urlparse(canonical_uri(location))
-    inside = parsed.path.startswith(root.path.rstrip("/") + "/")
-    if (parsed.scheme, parsed.netloc) != (root.scheme, root.netloc) or not inside:
-        raise InvalidArgument(f"{subject} {quote(uri)} lies outside {within} {location}")
+    problem = misplaced(uri, [location])
+    if problem is not None:
+        raise InvalidArgument(f"{subject} {quote(uri)} {problem} {within} {location}")
 
 
 def _primitive(field_type: object) -> PrimitiveType:

@@ -71,6 +71,12 @@ COMMIT_ANOMALIES = Counter(
 CLEANED_FILES = Counter(
     "sink_coordinator_cleaned_files_total", "Data files of aborted epochs deleted from storage.", ["sink"]
 )
+DELETIONS_REFUSED = Counter(
+    "sink_coordinator_deletions_refused_total",
+    "Files a deletion was asked for and refused: not where the sink's tables keep their files (outside their data "
+    "or metadata directory, through a symbolic link, inside another table's location). Alert on any increase.",
+    ["sink"],
+)
 MAINTENANCE_RUNS = Counter(
     "sink_coordinator_maintenance_runs_total", "Table maintenance runs, by outcome (ok, failed).", ["sink", "outcome"]
 )

@@ -13,7 +13,6 @@ from sqlalchemy import (
     DateTime,
     Enum,
     ForeignKey,
-    ForeignKeyConstraint,
     Identity,
     Index,
     Integer,
@@ -140,28 +139,33 @@ class WrittenTable(Base):
 
 
 class EpochFile(Base):
-    """A data file path and the epoch that holds it: one epoch of one sink per path.
+    """A path whose fate the log decides: the claim of an epoch's attempt or of a waiting part, the cleaner's queue,
+    or a deletion's mark. One row per path, so that a claim and a deletion of a path exclude each other.
 
-    The current attempt's files (discarded_at NULL), and the files of an attempt a newer one replaced,
-    waiting for the cleaner (discarded_at set). Rows go with their epoch's row (pruning cascades).
+    * held: an epoch's attempt (epoch, attempt) or a part waiting in epoch_parts (epoch, no attempt) holds it;
+    * discarded (discarded_at): garbage since then (an abort, a replaced attempt, a dropped part), due for the
+      cleaner after CLEANUP_DELAY_SECONDS, or RECOVERY_FILES_KEEP_SECONDS with keep_for_rerun; epoch is NULL once
+      its epoch row is gone (pruned, or an older numbering after a reset);
+    * marked (deleting_at): a deletion is deleting it, or did (deleted_at); no claim takes it, and the mark stays
+      ORPHAN_GRACE_SECONDS after the deletion (coordinator_service.file_deletion).
     """
 
     __tablename__ = "epoch_files"
 
     path: Mapped[str] = mapped_column(Text, primary_key=True)
-    sink_id: Mapped[int] = mapped_column(Integer)
-    epoch: Mapped[int] = mapped_column(BigInteger)
-    attempt: Mapped[int] = mapped_column(Integer)
+    sink_id: Mapped[int] = mapped_column(Integer, ForeignKey("sinks.id", ondelete="CASCADE"))
+    epoch: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    attempt: Mapped[int | None] = mapped_column(Integer, nullable=True)
     discarded_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    keep_for_rerun: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
+    deleting_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
     __table_args__ = (
-        ForeignKeyConstraint(
-            ["sink_id", "epoch"],
-            ["pending_sink_state.sink_id", "pending_sink_state.epoch"],
-            ondelete="CASCADE",
-        ),
+        CheckConstraint("deleted_at IS NULL OR deleting_at IS NOT NULL", name="deleted_after_marked"),
         Index("ix_epoch_files_sink_epoch", "sink_id", "epoch"),
         Index("ix_epoch_files_discarded", "discarded_at", postgresql_where=text("discarded_at IS NOT NULL")),
+        Index("ix_epoch_files_deleting", "deleting_at", postgresql_where=text("deleting_at IS NOT NULL")),
     )
 
 

@@ -20,10 +20,20 @@ from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from coordinator_service import commit_lock, metrics, precommit_metadata, repository, settlement
+from coordinator_service.catalog_calls import in_catalog
+from coordinator_service.cleaner import Cleaner
 from coordinator_service.commit_lock import CommitLock
-from coordinator_service.committer import Committer, CommitterHealth
+from coordinator_service.committer import Committer, CommitterHealth, cannot_succeed_by_retrying
 from coordinator_service.database import Database
-from coordinator_service.errors import FailedPrecondition, InvalidArgument, NotFound, quote
+from coordinator_service.errors import (
+    CoordinatorError,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    Unavailable,
+    cause,
+    quote,
+)
 from coordinator_service.iceberg import IcebergGateway
 from coordinator_service.maintenance import Maintainer, policy_of
 from coordinator_service.models import AbortCause, MaintenanceRun, PendingSinkState, Sink
@@ -93,12 +103,14 @@ class Operations:
         database: Database,
         tables: IcebergGateway,
         committer: Committer,
+        cleaner: Cleaner,
         maintainer: Maintainer,
         settings: Settings,
     ) -> None:
         self.database = database
         self.tables = tables
         self.committer = committer
+        self.cleaner = cleaner
         self.maintainer = maintainer
         self.settings = settings
         self.lock_timeout_seconds = settings.admin_lock_timeout_seconds
@@ -165,6 +177,8 @@ class Operations:
             sink = await _existing_sink(session, name)
             pending = await _pending_epochs(session, sink, at_or_below=epoch)
             recorded = await repository.recorded_epochs(session, sink.id)
+            tables = await repository.tables_of_sink(session, sink.id)
+        await self._fence(sink, [table.table for table in tables], lock, f"abort of epoch {epoch} by {operator}")
         found = await settlement.holdings(self.tables, sink, recorded, pending)
         if found.held:
             async with self.database.transaction() as session:
@@ -208,8 +222,17 @@ class Operations:
         )
         metrics.ABORTED_EPOCHS.labels(name, "operator").inc()
         self.committer.wake(sink.id)
-        self.committer.wake_cleaner()
+        self.cleaner.wake()
         return AbortOutcome(row, changed=True, warning=warning)
+
+    async def _fence(self, sink: Sink, tables: Sequence[str], lock: CommitLock, why: str) -> None:
+        """Commit a fence to each of the sink's tables under its commit lock (IcebergGateway.fence): an append
+        that a committer which lost the lock built on an older head fails instead of landing, so the files of what
+        is aborted next can be deleted whenever the cleaner comes. A table that cannot take it leaves nothing
+        aborted (503: retry)."""
+        for table in tables:
+            await lock.verify()
+            await in_catalog(self.tables.fence, table, settlement.identity_of(sink), why)
 
     async def reset_sink(self, name: str, confirm: str, reason: str, operator: Operator) -> ResetOutcome:
         """Prepare a sink for a writer whose Spark checkpoint was lost (see docs/operations.md).
@@ -226,10 +249,16 @@ class Operations:
         async with self.database.transaction() as session:
             sink_id = (await _existing_sink(session, name)).id
         async with commit_lock.holding(self.database, sink_id, self.lock_timeout_seconds, "reset") as lock:
+            # The restart point: every checkpointed epoch goes into every table with files of it first, so that
+            # after the reset each table holds exactly the epochs up to the one reported (a group a crash left
+            # half appended is completed, never aborted in some tables and held by others).
+            await self._complete_checkpointed(name, sink_id, lock)
             async with self.database.transaction() as session:
                 sink = await _existing_sink(session, name)
                 pending = await _pending_epochs(session, sink, at_or_below=None)
                 recorded = await repository.recorded_epochs(session, sink.id)
+                tables = await repository.tables_of_sink(session, sink.id)
+            await self._fence(sink, [table.table for table in tables], lock, f"reset by {operator}")
             found = await settlement.holdings(self.tables, sink, recorded, pending)
             if found.partial:
                 raise _partly_committed(name, found.partial, "the sink cannot be reset")
@@ -259,8 +288,28 @@ class Operations:
             committed_epoch=sink.committed_epoch,
         )
         metrics.ABORTED_EPOCHS.labels(name, "reset").inc(len(aborted))
-        self.committer.wake_cleaner()
+        self.cleaner.wake()
         return ResetOutcome(await self.sink(name), tuple(aborted))
+
+    async def _complete_checkpointed(self, name: str, sink_id: int, lock: CommitLock) -> None:
+        """Commit the sink's checkpointed PENDING epochs to its tables, under the reset's lock; nothing changed but
+        what the committer would have done when the commit cannot be completed (FailedPrecondition when no retry
+        can complete it, Unavailable otherwise)."""
+        try:
+            await self.committer.commit_checkpointed(sink_id, lock)
+        except CoordinatorError:
+            raise
+        except Exception as error:
+            message = (
+                f"sink {name} cannot be reset: its checkpointed epochs could not be committed to its tables, so no "
+                f"epoch was aborted and nothing else changed ({type(error).__name__}: {cause(error)})"
+            )
+            if cannot_succeed_by_retrying(error):
+                raise FailedPrecondition(
+                    f"{message}. Fix the cause (a table dropped for good: remove it from the sink with "
+                    f"DELETE /api/v1/sinks/{name}/tables/<table>), then reset again"
+                ) from error
+            raise Unavailable(f"{message}. Retry the reset") from error
 
     async def resume_sink(self, name: str, operator: Operator) -> SinkOverview:
         """Retry a stuck sink's commits; the sink as it is once the first pass has run (stuck again, or not)."""

@@ -41,11 +41,17 @@ class FileFacts:
 
 @dataclass(frozen=True)
 class CheckedFile:
-    """A data file that exists, with its footer and its size on storage."""
+    """A data file that exists, with its footer, its size on storage and when it was last written (None where the
+    store does not tell)."""
 
     path: str
     footer: pq.FileMetaData
     size: int
+    mtime_ns: int | None
+
+    def written_at(self, otherwise: float) -> float:
+        """When it was written, in Unix seconds; `otherwise` where the store does not tell."""
+        return otherwise if self.mtime_ns is None else self.mtime_ns / 1e9
 
 
 def check_facts(path: str, facts: FileFacts) -> None:
@@ -96,9 +102,10 @@ class FileChecks:
             footer, size, mtime_ns = _read_footer(path, io.new_input(path))
             metrics.PRECOMMIT_FOOTERS.labels("read").inc()
         if facts.file_size_in_bytes and size != facts.file_size_in_bytes:
+            # The size on storage is not echoed: a writer learns nothing about a file it did not write.
             raise InvalidArgument(
-                f"data file {quote(path)} is {size} bytes on storage, but the writer sent {facts.file_size_in_bytes}: "
-                "it is not the file the writer wrote (changed or replaced since). Write the batch again"
+                f"data file {quote(path)} on storage is not {facts.file_size_in_bytes} bytes, the size the writer "
+                "sent: it is not the file the writer wrote (changed or replaced since). Write the batch again"
             )
         if mtime_ns is not None:
             age = time.time() - mtime_ns / 1e9
@@ -107,7 +114,7 @@ class FileChecks:
                     f"data file {quote(path)} was written {age:.0f} s ago, longer than ORPHAN_GRACE_SECONDS "
                     f"({self.orphan_grace_seconds:g} s): the orphan sweep may be deleting it. Write the batch again"
                 )
-        return CheckedFile(path, footer, size)
+        return CheckedFile(path, footer, size, mtime_ns)
 
 
 def _cancel(futures: Sequence[Future[CheckedFile]]) -> None:

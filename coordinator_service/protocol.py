@@ -22,8 +22,17 @@ import pyarrow as pa
 import structlog
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from coordinator_service import commit_lock, failpoints, metrics, precommit_metadata, repository, settlement
+from coordinator_service import (
+    commit_lock,
+    failpoints,
+    metrics,
+    path_claims,
+    precommit_metadata,
+    repository,
+    settlement,
+)
 from coordinator_service.catalog_calls import in_catalog
+from coordinator_service.cleaner import Cleaner
 from coordinator_service.committer import Committer, Numbering, numbering_of
 from coordinator_service.database import Database
 from coordinator_service.errors import (
@@ -38,6 +47,7 @@ from coordinator_service.errors import (
 )
 from coordinator_service.failpoints import Failpoint
 from coordinator_service.iceberg import (
+    DescribedFiles,
     IcebergGateway,
     canonical_uri,
     check_inside_location,
@@ -172,10 +182,11 @@ class GroupInsert:
 class Coordinator:
     """The writer-facing operations of the protocol."""
 
-    def __init__(self, database: Database, tables: IcebergGateway, committer: Committer) -> None:
+    def __init__(self, database: Database, tables: IcebergGateway, committer: Committer, cleaner: Cleaner) -> None:
         self.database = database
         self.tables = tables
         self.committer = committer
+        self.cleaner = cleaner
         # Sink name -> its id, own table and tables, as last read; only a hint for the fast path, which re-checks
         # the sink in SQL (a table once the sink's stays the sink's).
         self._sink_hints: dict[str, _SinkHint] = {}
@@ -244,7 +255,7 @@ class Coordinator:
         )
         self.committer.wake(sink_id)
         if registration.aborted_epochs:
-            self.committer.wake_cleaner()
+            self.cleaner.wake()
         return registration
 
     async def _register(
@@ -367,13 +378,14 @@ class Coordinator:
             repeated = answer_if_repeated(current, request)
             if repeated is not None:
                 return repeated
-        entries = await self._read_files(hint, groups, request, request.evolve_schema)
+        files = await self._read_files(hint, groups, request, request.evolve_schema)
+        deadline = self._claim_deadline(files)
         if writer_count == 1:
-            result = await self._persist(sink_id, request, entries, dict(request.properties))
+            result = await self._persist(sink_id, request, files.entries, dict(request.properties), deadline)
         else:
-            result = await self._gather(sink_id, writer_count, request, entries)
+            result = await self._gather(sink_id, writer_count, request, files.entries, deadline)
         metrics.PRECOMMIT_SECONDS.labels(request.sink).observe(time.monotonic() - started)
-        log_.info("pre-commit persisted", attempt=result.attempt, records=result.record_count, files=len(entries))
+        log_.info("pre-commit persisted", attempt=result.attempt, records=result.record_count, files=len(files.entries))
         return result
 
     async def _pre_commit_first_attempt(self, request: PreCommitRequest) -> PreCommitResult | None:
@@ -391,18 +403,21 @@ class Coordinator:
             # Never evolve here: the tables must not change for a request that may yet be refused (a fenced
             # term). Files that need new columns fail to fit, and the general path evolves after its checks.
             # A table the sink did not have when last read is looked up by the general path.
-            entries = await self._read_files(hint, _files_by_table(request, hint), request, evolve_schema=False)
+            files = await self._read_files(hint, _files_by_table(request, hint), request, evolve_schema=False)
         except CoordinatorError:
             return None
-        metadata = PreCommitMetadata(table=hint.table, data_files=tuple(entries), properties=dict(request.properties))
+        metadata = PreCommitMetadata(
+            table=hint.table, data_files=tuple(files.entries), properties=dict(request.properties)
+        )
         row = repository.NewEpoch(
             sink_id=hint.sink_id,
             epoch=request.epoch,
             writer_term=request.writer_term,
             metadata=precommit_metadata.encode(metadata),
-            file_count=len(entries),
+            file_count=len(files.entries),
             record_count=metadata.record_count,
             paths=request.paths,
+            deadline=self._claim_deadline(files),
         )
         await failpoints.hit(Failpoint.PRECOMMIT_BEFORE_PERSIST)
         if not await self._group_insert.insert(row):
@@ -410,12 +425,20 @@ class Coordinator:
         await failpoints.hit(Failpoint.PRECOMMIT_AFTER_PERSIST)
         return PreCommitResult(PreCommitOutcome.PERSISTED, attempt=1, record_count=metadata.record_count)
 
+    def _claim_deadline(self, files: DescribedFiles) -> float | None:
+        """Until when the pre-commit may claim its files' paths: ORPHAN_GRACE_SECONDS after the oldest was written,
+        when the orphan sweep may delete it (path_claims)."""
+        if files.written_at is None:
+            return None
+        return files.written_at + self.committer.settings.orphan_grace_seconds
+
     async def _read_files(
         self, hint: _SinkHint, groups: Mapping[str, Sequence[str]], request: PreCommitRequest, evolve_schema: bool
-    ) -> list[DataFileEntry]:
+    ) -> DescribedFiles:
         """The manifest entries of the pre-commit's files, each checked against its own table (location, schema,
-        partitioning; evolved by its own files), the sink's own table's first, then by table name. The tables are
-        read concurrently; an empty epoch makes no trip to the catalog's thread."""
+        partitioning; evolved by its own files), the sink's own table's first, then by table name, and when the
+        oldest was written. The tables are read concurrently; an empty epoch makes no trip to the catalog's
+        thread."""
         reads = [
             in_catalog(
                 self.tables.read_data_files,
@@ -429,19 +452,28 @@ class Coordinator:
             for table, paths in groups.items()
         ]
         read = await asyncio.gather(*reads)
-        return [
-            entry if table == hint.table else replace(entry, table=table)
-            for table, entries in zip(groups, read, strict=True)
-            for entry in entries
-        ]
+        return DescribedFiles(
+            entries=[
+                entry if table == hint.table else replace(entry, table=table)
+                for table, described in zip(groups, read, strict=True)
+                for entry in described.entries
+            ],
+            written_at=min((each.written_at for each in read if each.written_at is not None), default=None),
+        )
 
     async def _gather(
-        self, sink_id: int, writer_count: int, request: PreCommitRequest, entries: list[DataFileEntry]
+        self,
+        sink_id: int,
+        writer_count: int,
+        request: PreCommitRequest,
+        entries: list[DataFileEntry],
+        deadline: float | None,
     ) -> PreCommitResult:
         """One writer's part of a multi-writer epoch. The parts are kept in the metastore (epoch_parts), so
         writers whose calls reach different replicas still complete the epoch: the part that completes it
         persists the epoch with the others' in the same transaction; every other writer's call answers once
-        the epoch is persisted (or its writer is fenced, or its deadline passes: it sends its part again)."""
+        the epoch is persisted (or its writer is fenced, or its deadline passes: it sends its part again). A part
+        claims its paths while it waits (path_claims), so no deletion takes its files meanwhile."""
         part = PreCommitMetadata(table="", data_files=tuple(entries), properties=dict(request.properties))
         await failpoints.hit(Failpoint.PRECOMMIT_BEFORE_PERSIST)
         async with self.database.transaction() as session:
@@ -452,14 +484,30 @@ class Coordinator:
             check_term(sink, request.writer_term)
             if request.epoch <= sink.committed_epoch:
                 return PreCommitResult(PreCommitOutcome.ALREADY_COMMITTED, attempt=0, record_count=0)
+            # Completed by the other writers' parts since this call looked (this writer's part included).
+            current = await repository.epoch_row(session, sink_id, request.epoch)
+            repeated = None if current is None else answer_if_repeated(current, request)
+            if repeated is not None:
+                return repeated
+            previous = await repository.part_of(session, sink_id, request.epoch, request.writer_id)
+            released = sorted(precommit_metadata.decode(previous).paths - part.paths) if previous else []
+            paths = sorted(part.paths)
+            await _check_files_free(session, sink, request.epoch, paths)
+            if not await path_claims.claim_for_part(session, sink_id, request.epoch, paths, released, deadline):
+                raise await _unclaimable(session, sink, request.epoch, paths)
             parts = await repository.store_part(
                 session, sink_id, request.epoch, request.writer_id, request.writer_term, precommit_metadata.encode(part)
             )
             if len(parts) == writer_count:
                 decoded = [precommit_metadata.decode(encoded) for encoded in parts]
                 combined = [entry for each in decoded for entry in each.data_files]
+                if len({entry.path for entry in combined}) != len(combined):
+                    raise InvalidArgument(
+                        f"sink {request.sink} epoch {request.epoch}: two writers' parts name the same data file; "
+                        "each writer must name files of its own. Nothing was persisted"
+                    )
                 properties = {key: value for each in decoded for key, value in each.properties.items()}
-                result = await self._persist_in(session, sink, request, combined, properties)
+                result = await self._persist_in(session, sink, request, combined, properties, deadline)
                 await repository.drop_parts(session, sink_id, request.epoch)
                 completed = True
             else:
@@ -490,13 +538,14 @@ class Coordinator:
         request: PreCommitRequest,
         entries: list[DataFileEntry],
         properties: dict[str, str],
+        deadline: float | None,
     ) -> PreCommitResult:
         await failpoints.hit(Failpoint.PRECOMMIT_BEFORE_PERSIST)
         async with self.database.transaction() as session:
             sink = await repository.sink_by_name(session, request.sink, lock="share")
             if sink is None:
                 raise NotFound(f"sink {request.sink} was deleted during the pre-commit")
-            result = await self._persist_in(session, sink, request, entries, properties)
+            result = await self._persist_in(session, sink, request, entries, properties, deadline)
         await failpoints.hit(Failpoint.PRECOMMIT_AFTER_PERSIST)
         return result
 
@@ -507,9 +556,11 @@ class Coordinator:
         request: PreCommitRequest,
         entries: list[DataFileEntry],
         properties: dict[str, str],
+        deadline: float | None,
     ) -> PreCommitResult:
         """The epoch's row, in the caller's transaction (which holds the sink's row lock): inserted, or a new
-        attempt of an ABORTED one, or the answer to a repeat; its files claimed."""
+        attempt of an ABORTED one, or the answer to a repeat; its files claimed (path_claims: a path an earlier
+        attempt named is taken over unless a deletion marked it, and no deletion can take it afterwards)."""
         sink_id = sink.id
         check_term(sink, request.writer_term)
         if request.epoch <= sink.committed_epoch:
@@ -540,13 +591,6 @@ class Coordinator:
                     "checkpoint; it cannot be pre-committed again"
                 )
             await _check_files_free(session, sink, request.epoch, paths)
-            # A path the aborted attempt named is kept for this one; but the cleaner may have deleted it
-            # before this transaction took the epoch's row lock.
-            reused = metadata.paths & precommit_metadata.decode(row.metadata_).paths
-            for table, entries in metadata.by_table().items():
-                again = sorted(entry.path for entry in entries if entry.path in reused)
-                if again:
-                    await in_catalog(self.tables.require_files, table, again)
             row.status = EpochStatus.PENDING
             row.attempt += 1
             row.metadata_ = precommit_metadata.encode(metadata)
@@ -559,10 +603,8 @@ class Coordinator:
             row.files_cleaned = False
             attempt = row.attempt
             await session.flush()
-        if not await repository.claim_files(session, sink_id, request.epoch, attempt, paths):
-            raise InvalidArgument(
-                f"sink {request.sink} epoch {request.epoch}: another epoch took one of its data files meanwhile"
-            )
+        if not await path_claims.claim_for_attempt(session, sink_id, request.epoch, attempt, paths, deadline):
+            raise await _unclaimable(session, sink, request.epoch, paths)
         return PreCommitResult(PreCommitOutcome.PERSISTED, attempt=attempt, record_count=metadata.record_count)
 
     async def commit_checkpoint(self, sink: str, epoch: int, writer_term: int, wait: bool) -> CheckpointResult:
@@ -692,20 +734,31 @@ async def _check_registration(session: AsyncSession, sink: Sink, table: str, che
 
 
 async def _check_files_free(session: AsyncSession, sink: Sink, epoch: int, paths: Sequence[str]) -> None:
-    """Refuse data files that another epoch holds: a file of a COMMITTED epoch is in the table (its rows would
-    be there twice), a file of another PENDING or ABORTED epoch belongs to it (and its cleaner)."""
-    holders = await repository.other_holders(session, sink.id, epoch, paths)
+    """Refuse data files the epoch cannot claim: a file of a COMMITTED epoch is in the table (its rows would be there
+    twice), a file of another PENDING or ABORTED epoch or of another epoch's waiting part belongs to it (and its
+    cleaner), a given-up file waits for the cleaner, a file a deletion marked is being deleted."""
+    holders = await path_claims.holders(session, sink.id, epoch, paths)
     if holders:
-        described = "; ".join(
-            f"{quote(holder.path)} is {'in the table: ' if holder.status == EpochStatus.COMMITTED else 'held by '}"
-            f"epoch {holder.epoch} of sink {holder.sink}"
-            + ("" if holder.status == EpochStatus.COMMITTED else f" ({holder.status.value})")
-            for holder in holders[:3]
-        )
-        raise InvalidArgument(
-            f"sink {sink.name} epoch {epoch}: {len(holders)} data file(s) belong to another epoch: {described}. "
-            "Every pre-commit must name files of its own; nothing was changed"
-        )
+        raise _held_elsewhere(sink, epoch, holders)
+
+
+def _held_elsewhere(sink: Sink, epoch: int, holders: Sequence[path_claims.PathHolder]) -> InvalidArgument:
+    described = "; ".join(holder.describe() for holder in holders[:3])
+    return InvalidArgument(
+        f"sink {sink.name} epoch {epoch}: {len(holders)} data file(s) cannot be its own: {described}. "
+        "Every pre-commit must name files of its own; nothing was changed"
+    )
+
+
+async def _unclaimable(session: AsyncSession, sink: Sink, epoch: int, paths: Sequence[str]) -> InvalidArgument:
+    """Why a claim failed after the checks passed: something took a path meanwhile, or the deadline passed."""
+    holders = await path_claims.holders(session, sink.id, epoch, paths)
+    if holders:
+        return _held_elsewhere(sink, epoch, holders)
+    return InvalidArgument(
+        f"sink {sink.name} epoch {epoch}: its oldest data file was written more than ORPHAN_GRACE_SECONDS ago, so "
+        "the orphan sweep may be deleting it. Nothing was changed: write the batch again"
+    )
 
 
 def _check_same_table(sink: Sink, table: str) -> None:

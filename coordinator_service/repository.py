@@ -16,9 +16,9 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import defer
 
+from coordinator_service import path_claims
 from coordinator_service.models import (
     AbortCause,
-    EpochFile,
     EpochPart,
     MaintenanceRun,
     PendingSinkState,
@@ -282,6 +282,8 @@ class NewEpoch:
     file_count: int
     record_count: int
     paths: tuple[str, ...]
+    # The claim of its paths must be made before this moment (Unix seconds; see path_claims), None without files.
+    deadline: float | None
 
 
 _INSERT_NEW_EPOCHS = """
@@ -294,10 +296,11 @@ _INSERT_NEW_EPOCHS = """
         SELECT s.id, r.epoch, CAST('PENDING' AS epoch_status), r.metadata, 1, r.file_count, r.record_count, false
         FROM unnest(CAST(%(sink_ids)s AS integer[]), CAST(%(epochs)s AS bigint[]), CAST(%(terms)s AS bigint[]),
                     CAST(%(metadata)s AS bytea[]), CAST(%(file_counts)s AS integer[]),
-                    CAST(%(record_counts)s AS bigint[]))
-             AS r(sink_id, epoch, term, metadata, file_count, record_count)
+                    CAST(%(record_counts)s AS bigint[]), CAST(%(deadlines)s AS double precision[]))
+             AS r(sink_id, epoch, term, metadata, file_count, record_count, deadline)
         JOIN sinks s ON s.id = r.sink_id
         WHERE s.writer_term = r.term AND s.committed_epoch < r.epoch AND s.writer_count = 1
+          AND (r.deadline IS NULL OR clock_timestamp() < to_timestamp(r.deadline))
           AND NOT EXISTS (SELECT 1 FROM files JOIN epoch_files e ON e.path = files.path
                           WHERE files.sink_id = r.sink_id AND files.epoch = r.epoch)
         FOR SHARE OF s
@@ -317,8 +320,9 @@ async def insert_new_epochs(connection: psycopg.AsyncConnection[Any], rows: Sequ
     the (sink_id, epoch) inserted.
 
     A row is inserted only where it is the plain case of a pre-commit: no row for the epoch yet, the
-    writer's term current, the epoch above the committed one, one writer per sink, no file another epoch
-    holds. The sink rows are share-locked like in every pre-commit, so that a concurrent RegisterWriter sees
+    writer's term current, the epoch above the committed one, one writer per sink, no path with a claim or a
+    deletion's mark, and its deadline not passed (path_claims). The sink rows are share-locked like in every
+    pre-commit, so that a concurrent RegisterWriter sees
     (and aborts) the new rows or fences them. Rows not inserted are left to the general path, which answers
     them; two rows of one statement naming the same file fail the statement, and the general path answers.
     """
@@ -332,6 +336,7 @@ async def insert_new_epochs(connection: psycopg.AsyncConnection[Any], rows: Sequ
             "metadata": [row.metadata for row in rows],
             "file_counts": [row.file_count for row in rows],
             "record_counts": [row.record_count for row in rows],
+            "deadlines": [row.deadline for row in rows],
             "file_sink_ids": [sink_id for sink_id, _, _ in files],
             "file_epochs": [epoch for _, epoch, _ in files],
             "file_paths": [path for _, _, path in files],
@@ -353,7 +358,9 @@ async def abort_pending_above(
         .values(_aborted(reason, cause))
         .returning(PendingSinkState.epoch)
     )
-    return sorted(result.scalars().all())
+    aborted = sorted(result.scalars().all())
+    await path_claims.discard_epochs(session, sink_id, aborted, keep_for_rerun=cause == AbortCause.RECOVERY)
+    return aborted
 
 
 def _aborted(reason: str, cause: AbortCause) -> dict[str, object]:
@@ -374,6 +381,7 @@ async def abort_epoch(session: AsyncSession, sink_id: int, epoch: int, reason: s
         .where(PendingSinkState.sink_id == sink_id, PendingSinkState.epoch == epoch)
         .values(_aborted(reason, cause))
     )
+    await path_claims.discard_epochs(session, sink_id, [epoch], keep_for_rerun=cause == AbortCause.RECOVERY)
 
 
 async def mark_committed(
@@ -540,36 +548,24 @@ async def epochs_for_update(session: AsyncSession, sink_id: int, epochs: Sequenc
     return {row.epoch: row for row in (await session.execute(statement)).scalars().all()}
 
 
+_PRUNE_COMMITTED = f"""
+    WITH deleted AS (
+        DELETE FROM pending_sink_state p USING sinks s
+        WHERE s.id = p.sink_id AND p.sink_id = ANY(:sink_ids) AND p.epoch <= s.committed_epoch - :retention
+          AND (p.status = 'COMMITTED' OR (p.status = 'ABORTED' AND p.files_cleaned))
+        RETURNING p.sink_id, p.epoch
+    ), {path_claims.RELEASE_CLAIMS_OF_DELETED_EPOCHS}
+    SELECT count(*) FROM deleted
+"""
+
+
 async def prune_committed(
     session: AsyncSession | AsyncConnection, sink_ids: Sequence[int], retention_epochs: int
 ) -> int:
     """Delete COMMITTED rows, and ABORTED rows whose files are cleaned, that are retention_epochs or more
-    below their sink's committed_epoch."""
-    result = await session.execute(
-        delete(PendingSinkState).where(
-            PendingSinkState.sink_id.in_(sink_ids),
-            PendingSinkState.epoch
-            <= select(Sink.committed_epoch).where(Sink.id == PendingSinkState.sink_id).scalar_subquery()
-            - retention_epochs,
-            (PendingSinkState.status == EpochStatus.COMMITTED)
-            | and_(PendingSinkState.status == EpochStatus.ABORTED, PendingSinkState.files_cleaned.is_(True)),
-            ~_has_discarded_files(),
-        )
-    )
-    return int(getattr(result, "rowcount", 0) or 0)
-
-
-def _has_discarded_files() -> Any:
-    """The epoch row still has files of a replaced attempt waiting for the cleaner (it must not be pruned)."""
-    return (
-        select(EpochFile.path)
-        .where(
-            EpochFile.sink_id == PendingSinkState.sink_id,
-            EpochFile.epoch == PendingSinkState.epoch,
-            EpochFile.discarded_at.is_not(None),
-        )
-        .exists()
-    )
+    below their sink's committed_epoch; the paths they held are released (path_claims)."""
+    parameters = {"sink_ids": list(sink_ids), "retention": retention_epochs}
+    return int((await session.execute(text(_PRUNE_COMMITTED), parameters)).scalar_one())
 
 
 @dataclass(frozen=True)
@@ -648,143 +644,6 @@ async def sink_ids_with_commit_work(session: AsyncSession) -> list[int]:
         .order_by(Sink.id)
     )
     return list((await session.execute(statement)).scalars().all())
-
-
-_CLEANABLE_ABORTED = """
-    p.status = 'ABORTED' AND NOT p.files_cleaned
-    AND p.aborted_at <= now() - make_interval(secs => CASE p.abort_cause WHEN 'RECOVERY'
-                                                        THEN GREATEST(:keep_seconds, :delay_seconds)
-                                                        ELSE :delay_seconds END)
-"""
-
-_SINKS_WITH_CLEANUP_WORK = f"""
-    SELECT p.sink_id FROM pending_sink_state p WHERE {_CLEANABLE_ABORTED}
-    UNION
-    SELECT f.sink_id FROM epoch_files f
-    WHERE f.discarded_at IS NOT NULL AND f.discarded_at <= now() - make_interval(secs => :delay_seconds)
-    ORDER BY 1
-"""
-
-
-@dataclass(frozen=True)
-class CleanupDelays:
-    """How long files of an aborted attempt are kept: every abort `delay_seconds` at least; an abort by
-    recovery (Spark runs the batch again) `keep_seconds`, unless the new attempt comes first."""
-
-    delay_seconds: float
-    keep_seconds: float
-
-    def parameters(self) -> dict[str, float]:
-        return {"delay_seconds": self.delay_seconds, "keep_seconds": self.keep_seconds}
-
-
-async def sinks_with_cleanup_work(session: AsyncSession, delays: CleanupDelays) -> list[int]:
-    """Sinks with an aborted epoch, or a replaced attempt's files, whose files are due for deletion."""
-    return list((await session.execute(text(_SINKS_WITH_CLEANUP_WORK), delays.parameters())).scalars().all())
-
-
-async def cleanable_epochs(session: AsyncSession, sink_id: int, delays: CleanupDelays, limit: int) -> list[int]:
-    """Epochs of the sink whose files are due: ABORTED ones past their delay, and those holding due discards."""
-    statement = f"""
-        SELECT p.epoch FROM pending_sink_state p WHERE p.sink_id = :sink_id AND {_CLEANABLE_ABORTED}
-        UNION
-        SELECT f.epoch FROM epoch_files f
-        WHERE f.sink_id = :sink_id AND f.discarded_at IS NOT NULL
-          AND f.discarded_at <= now() - make_interval(secs => :delay_seconds)
-        ORDER BY 1 LIMIT :limit
-    """
-    parameters = {"sink_id": sink_id, "limit": limit, **delays.parameters()}
-    return list((await session.execute(text(statement), parameters)).scalars().all())
-
-
-async def files_to_clean(session: AsyncSession, row: PendingSinkState, delays: CleanupDelays) -> list[str]:
-    """Under the epoch's row lock: the paths due for deletion. An ABORTED epoch's own files once its delay
-    passed, and discarded files of replaced attempts past theirs; never a path the current attempt holds."""
-    statement = (
-        """
-        SELECT f.path FROM epoch_files f JOIN pending_sink_state p ON p.sink_id = f.sink_id AND p.epoch = f.epoch
-        WHERE f.sink_id = :sink_id AND f.epoch = :epoch AND (
-              (f.discarded_at IS NOT NULL AND f.discarded_at <= now() - make_interval(secs => :delay_seconds))
-           OR (f.discarded_at IS NULL AND """
-        + _CLEANABLE_ABORTED
-        + """))
-        ORDER BY f.path
-    """
-    )
-    parameters = {"sink_id": row.sink_id, "epoch": row.epoch, **delays.parameters()}
-    return list((await session.execute(text(statement), parameters)).scalars().all())
-
-
-async def keep_files(session: AsyncSession, sink_id: int, epoch: int, paths: Sequence[str]) -> None:
-    """The table references these files: the epoch holds them again, and the cleaner leaves them."""
-    await session.execute(
-        update(EpochFile)
-        .where(EpochFile.sink_id == sink_id, EpochFile.epoch == epoch, EpochFile.path.in_(paths))
-        .values(discarded_at=None)
-    )
-
-
-async def forget_files(session: AsyncSession, paths: Sequence[str]) -> None:
-    """The files are deleted from storage: no epoch holds them any more."""
-    await session.execute(delete(EpochFile).where(EpochFile.path.in_(paths)))
-
-
-@dataclass(frozen=True)
-class FileHolder:
-    """An epoch that holds a data file path."""
-
-    path: str
-    sink: str
-    epoch: int
-    status: EpochStatus
-
-
-async def other_holders(session: AsyncSession, sink_id: int, epoch: int, paths: Sequence[str]) -> list[FileHolder]:
-    """The paths among `paths` that another epoch, of this sink or another, holds (at most 10)."""
-    statement = (
-        select(EpochFile.path, Sink.name, EpochFile.epoch, PendingSinkState.status)
-        .join(
-            PendingSinkState,
-            and_(PendingSinkState.sink_id == EpochFile.sink_id, PendingSinkState.epoch == EpochFile.epoch),
-        )
-        .join(Sink, Sink.id == EpochFile.sink_id)
-        .where(EpochFile.path.in_(paths), ~and_(EpochFile.sink_id == sink_id, EpochFile.epoch == epoch))
-        .order_by(EpochFile.path)
-        .limit(10)
-    )
-    return [FileHolder(*row) for row in (await session.execute(statement)).all()]
-
-
-async def paths_held(session: AsyncSession, sink_id: int, epoch: int) -> set[str]:
-    """The paths the epoch's current attempt holds (not those of replaced attempts)."""
-    statement = select(EpochFile.path).where(
-        EpochFile.sink_id == sink_id, EpochFile.epoch == epoch, EpochFile.discarded_at.is_(None)
-    )
-    return set((await session.execute(statement)).scalars().all())
-
-
-_CLAIM_FILES = """
-    WITH claimed AS (
-        INSERT INTO epoch_files (path, sink_id, epoch, attempt)
-        SELECT path, :sink_id, :epoch, :attempt FROM unnest(CAST(:paths AS text[])) AS path
-        ON CONFLICT (path) DO UPDATE SET attempt = EXCLUDED.attempt, discarded_at = NULL
-        WHERE epoch_files.sink_id = EXCLUDED.sink_id AND epoch_files.epoch = EXCLUDED.epoch
-        RETURNING path
-    ), discarded AS (
-        UPDATE epoch_files SET discarded_at = now()
-        WHERE sink_id = :sink_id AND epoch = :epoch AND discarded_at IS NULL AND path <> ALL(CAST(:paths AS text[]))
-    )
-    SELECT count(*) FROM claimed
-"""
-
-
-async def claim_files(session: AsyncSession, sink_id: int, epoch: int, attempt: int, paths: Sequence[str]) -> bool:
-    """The epoch's attempt now holds exactly `paths`: a path an earlier attempt of the epoch held is taken over,
-    the earlier attempts' other paths are discarded (queued for the cleaner). False when another epoch holds
-    one of the paths (nothing is claimed then; the caller rolls back)."""
-    parameters = {"sink_id": sink_id, "epoch": epoch, "attempt": attempt, "paths": list(paths)}
-    claimed = (await session.execute(text(_CLAIM_FILES), parameters)).scalar_one()
-    return int(claimed) == len(paths)
 
 
 async def try_commit_lock(connection: AsyncConnection, sink_id: int) -> bool:
@@ -898,20 +757,19 @@ async def epochs_newest_first(
     return (await session.execute(statement)).scalars().all()
 
 
-async def delete_epochs_of_old_generation(session: AsyncSession, sink_id: int) -> int:
-    """Delete COMMITTED rows, and ABORTED rows whose files are cleaned: their epoch numbers are obsolete.
+_DELETE_EPOCHS_OF_SINK = f"""
+    WITH deleted AS (
+        DELETE FROM pending_sink_state WHERE sink_id = :sink_id RETURNING sink_id, epoch
+    ), {path_claims.RELEASE_CLAIMS_OF_DELETED_EPOCHS}
+    SELECT count(*) FROM deleted
+"""
 
-    ABORTED rows whose files are not cleaned yet stay for the cleaner.
-    """
-    result = await session.execute(
-        delete(PendingSinkState).where(
-            PendingSinkState.sink_id == sink_id,
-            (PendingSinkState.status == EpochStatus.COMMITTED)
-            | and_(PendingSinkState.status == EpochStatus.ABORTED, PendingSinkState.files_cleaned.is_(True)),
-            ~_has_discarded_files(),
-        )
-    )
-    return int(getattr(result, "rowcount", 0) or 0)
+
+async def delete_epochs_of_old_generation(session: AsyncSession, sink_id: int) -> int:
+    """Delete every epoch row of the sink: after a reset their numbers belong to the new numbering, and no row of
+    the old one may answer for an epoch of the new (the reset left no PENDING row). The paths they held wait for
+    the cleaner without an epoch (path_claims)."""
+    return int((await session.execute(text(_DELETE_EPOCHS_OF_SINK), {"sink_id": sink_id})).scalar_one())
 
 
 # ---------------------------------------------------------------------------------------------- maintenance
@@ -927,28 +785,6 @@ async def sinks_of_table(session: AsyncSession, table: str) -> list[tuple[Sink, 
         .order_by(Sink.id)
     )
     return [(sink, committed_epoch) for sink, committed_epoch in (await session.execute(statement)).all()]
-
-
-async def paths_held_by_uncommitted(session: AsyncSession, paths: Sequence[str]) -> set[str]:
-    """The paths among `paths` that an epoch holds which is not COMMITTED, or that wait for the cleaner."""
-    statement = (
-        select(EpochFile.path)
-        .join(
-            PendingSinkState,
-            and_(PendingSinkState.sink_id == EpochFile.sink_id, PendingSinkState.epoch == EpochFile.epoch),
-        )
-        .where(
-            EpochFile.path.in_(paths),
-            (PendingSinkState.status != EpochStatus.COMMITTED) | EpochFile.discarded_at.is_not(None),
-        )
-    )
-    return set((await session.execute(statement)).scalars().all())
-
-
-async def paths_held_by_any(session: AsyncSession, paths: Sequence[str]) -> set[str]:
-    """The paths among `paths` that any epoch of any sink holds."""
-    statement = select(EpochFile.path).where(EpochFile.path.in_(paths))
-    return set((await session.execute(statement)).scalars().all())
 
 
 async def maintenance_candidates(session: AsyncSession) -> Sequence[tuple[Sink, datetime | None, datetime | None]]:
@@ -1026,9 +862,20 @@ async def store_part(
     return list((await session.execute(statement)).scalars().all())
 
 
+async def part_of(session: AsyncSession, sink_id: int, epoch: int, writer_id: int) -> bytes | None:
+    """The writer's stored part of the epoch, if any."""
+    statement = select(EpochPart.metadata_).where(
+        EpochPart.sink_id == sink_id, EpochPart.epoch == epoch, EpochPart.writer_id == writer_id
+    )
+    return (await session.execute(statement)).scalar_one_or_none()
+
+
 async def drop_parts(session: AsyncSession, sink_id: int, epoch: int | None = None) -> None:
-    """Forget the parts of an epoch once it is persisted (or every part of the sink: a new writer term)."""
+    """Forget the parts of an epoch once it is persisted (its attempt took their paths over), or every part of the
+    sink: a new writer term, whose parts' paths are garbage."""
     statement = delete(EpochPart).where(EpochPart.sink_id == sink_id)
     if epoch is not None:
         statement = statement.where(EpochPart.epoch == epoch)
+    else:
+        await path_claims.discard_parts(session, sink_id)
     await session.execute(statement)

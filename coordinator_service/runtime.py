@@ -10,6 +10,7 @@ from pyiceberg.catalog import Catalog, load_catalog
 from sqlalchemy.engine import URL
 
 from coordinator_service import schema
+from coordinator_service.cleaner import Cleaner
 from coordinator_service.committer import Committer
 from coordinator_service.database import Database, create_sync_engine, normalize_url
 from coordinator_service.embedded import start_embedded_postgres
@@ -73,6 +74,7 @@ class Runtime:
     database: Database
     tables: IcebergGateway
     committer: Committer
+    cleaner: Cleaner
     coordinator: Coordinator
     maintainer: Maintainer
 
@@ -88,22 +90,26 @@ class Runtime:
         database = Database(url)
         tables = IcebergGateway(catalog, settings.table_cache_seconds, settings.orphan_grace_seconds)
         committer = Committer(database, tables, settings)
+        cleaner = Cleaner(database, tables, settings)
         return cls(
             settings,
             database,
             tables,
             committer,
-            Coordinator(database, tables, committer),
-            Maintainer(database, tables, committer, settings),
+            cleaner,
+            Coordinator(database, tables, committer, cleaner),
+            Maintainer(database, tables, committer, cleaner.deleter, settings),
         )
 
     def start(self) -> None:
-        """The background work: the committer (with its poller and cleaner) and table maintenance."""
+        """The background work: the committer (with its poller), the cleaner and table maintenance."""
         self.committer.start()
+        self.cleaner.start()
         self.maintainer.start()  # always: a sink's overrides may turn maintenance on where the default is off
 
     async def close(self) -> None:
         await self.maintainer.stop()
+        await self.cleaner.stop()
         await self.committer.stop()
         await self.coordinator.close()
         await self.database.dispose()

@@ -24,9 +24,20 @@ from coordinator_service.logs import LogFormat, LogLevel
 
 ENV_PREFIX = "SINK_COORDINATOR_"
 
+# Bounds the code can live with: durations become timedeltas and SQL intervals, counts SQL limits and integers.
+DAY = 24 * 3600.0
+THIRTY_DAYS = 30 * DAY
+TEN_YEARS = 3650 * DAY
+INT32_MAX = 2**31 - 1
+
 # A size of data files: bytes, or with a unit (128MiB, 1GB) in a flag or a variable. JSON (the admin API, where a
 # sink's overrides are integers) keeps the integer's schema.
-FileBytes = Annotated[ByteSize, Field(ge=1024), WithJsonSchema({"type": "integer", "minimum": 1024})]
+MAX_FILE_BYTES = 2**50  # 1 PiB
+FileBytes = Annotated[
+    ByteSize,
+    Field(ge=1024, le=MAX_FILE_BYTES),
+    WithJsonSchema({"type": "integer", "minimum": 1024, "maximum": MAX_FILE_BYTES}),
+]
 
 
 class MaintenancePolicy(BaseModel):
@@ -42,23 +53,29 @@ class MaintenancePolicy(BaseModel):
     )
     maintenance_interval_seconds: float = Field(
         default=300.0,
-        gt=0.0,
+        ge=0.1,
+        le=THIRTY_DAYS,
+        allow_inf_nan=False,
         description="How often a table's snapshots are expired and its small files compacted (per sink).",
     )
     snapshot_max_age_seconds: float = Field(
         default=24 * 3600.0,
-        gt=0.0,
+        ge=1.0,
+        le=TEN_YEARS,
+        allow_inf_nan=False,
         description="Snapshots older than this are expired (time travel reaches this far back at most).",
     )
     snapshot_max_count: int = Field(
         default=500,
         ge=1,
+        le=1_000_000,
         description="At most this many snapshots are kept, the newest; older ones are expired whatever their "
         "age. Bounds the table's metadata.json, which every commit rewrites.",
     )
     manifest_merge_min_count: int = Field(
         default=16,
         ge=2,
+        le=1_000_000,
         description="A commit merges the table's manifests once this many have accumulated "
         "(Iceberg's commit.manifest.min-count-to-merge, set on the tables the coordinator commits to).",
     )
@@ -68,7 +85,10 @@ class MaintenancePolicy(BaseModel):
         "(bytes, or 128MiB, 1GB, ...).",
     )
     compaction_min_files: int = Field(
-        default=5, ge=2, description="Fewest small files of one partition that are worth a compaction."
+        default=5,
+        ge=2,
+        le=INT32_MAX,
+        description="Fewest small files of one partition that are worth a compaction.",
     )
     compaction_max_bytes_per_run: FileBytes = Field(
         default=ByteSize(1024 * 1024 * 1024),
@@ -77,18 +97,23 @@ class MaintenancePolicy(BaseModel):
     )
     orphan_sweep_interval_seconds: float = Field(
         default=3600.0,
-        gt=0.0,
+        ge=1.0,
+        le=THIRTY_DAYS,
+        allow_inf_nan=False,
         description="How often the files under a table's location that nothing references are looked for.",
     )
     orphan_grace_seconds: float = Field(
         default=24 * 3600.0,
-        ge=0.0,
+        ge=1.0,
+        le=THIRTY_DAYS,
+        allow_inf_nan=False,
         description="An unreferenced file is deleted only once it is this old: a writer may be about to "
         "pre-commit it (Spark tasks write their files before the batch's pre-commit). A pre-commit refuses a "
-        "file older than the coordinator's value; a sink's override can only lengthen it.",
+        "file older than the coordinator's value, and the mark of a file deleted stays this long; a sink's "
+        "override can only lengthen it.",
     )
     orphan_max_files_per_run: int = Field(
-        default=10_000, ge=1, description="Most orphan files one maintenance run deletes."
+        default=10_000, ge=1, le=1_000_000, description="Most orphan files one maintenance run deletes."
     )
 
     def with_overrides(self, overrides: Mapping[str, object] | None) -> MaintenancePolicy:
@@ -141,6 +166,8 @@ class Settings(BaseSettings, MaintenancePolicy):
     admin_lock_timeout_seconds: float = Field(
         default=5.0,
         gt=0.0,
+        le=3600.0,
+        allow_inf_nan=False,
         description="How long an abort, a reset, or a RegisterWriter that aborts epochs waits for a sink's "
         "commit lock (a committer finishing its Iceberg commit, the cleaner) before it answers 503 / UNAVAILABLE.",
     )
@@ -157,11 +184,14 @@ class Settings(BaseSettings, MaintenancePolicy):
     commit_max_epochs: int = Field(
         default=100,
         ge=1,
+        le=100_000,
         description="Most checkpointed epochs coalesced into one Iceberg snapshot (1: none).",
     )
     commit_interval_seconds: float = Field(
         default=10.0,
         ge=0.0,
+        le=DAY,
+        allow_inf_nan=False,
         description="Least time between two Iceberg commits of one sink: the epochs checkpointed meanwhile are "
         "committed together, as one snapshot (0: a commit as soon as a checkpoint arrives). 10 s keeps a "
         "streaming table to at most 8,640 snapshots a day and the data about 10 s from the stream.",
@@ -169,39 +199,57 @@ class Settings(BaseSettings, MaintenancePolicy):
     commit_concurrency: int = Field(
         default=4,
         ge=1,
+        le=1024,
         description="Most sinks committed at the same time by this process (each commit holds two metastore "
         "connections while it runs).",
     )
     table_cache_seconds: float = Field(
         default=10.0,
         ge=0.0,
+        le=3600.0,
+        allow_inf_nan=False,
         description="How long table metadata read from the catalog is reused for pre-commit validation and as "
         "the committer's base before it is read again (0: read it every time). This process's own commits "
         "refresh it; a stale copy is detected (refused file, failed commit) and read again.",
     )
     retention_epochs: int = Field(
-        default=1000, ge=0, description="COMMITTED epochs kept in the log per sink; older rows are pruned."
+        default=1000,
+        ge=0,
+        le=INT32_MAX,
+        description="COMMITTED epochs kept in the log per sink; older rows are pruned.",
     )
     cleanup_delay_seconds: float = Field(
         default=60.0,
         ge=0.0,
+        le=THIRTY_DAYS,
+        allow_inf_nan=False,
         description="Least time between the abort of an epoch (or the replacement of an attempt) and the deletion "
-        "of its files: longer than an Iceberg append can still be in flight after its committer lost the commit "
-        "lock (the committer checks the lock right before it appends).",
+        "of its files, for an operator to look at them. Safety does not rest on it: an operator's abort fences "
+        "the tables first, so no append built before it can land on files deleted after it.",
     )
     recovery_files_keep_seconds: float = Field(
         default=7 * 24 * 3600.0,
         ge=0.0,
+        le=365 * DAY,
+        allow_inf_nan=False,
         description="How long the files of an epoch aborted by recovery (a writer restarted below it) are kept "
         "while Spark has not run the batch again: if Kafka's retention removed the batch's records meanwhile, "
         "they are the last copy. The batch's new attempt releases them at once (after CLEANUP_DELAY_SECONDS). "
         "Default: Kafka's default retention, 7 days.",
     )
     poll_interval_seconds: float = Field(
-        default=2.0, gt=0.0, description="How often the committer looks for work recorded by other replicas."
+        default=2.0,
+        gt=0.0,
+        le=3600.0,
+        allow_inf_nan=False,
+        description="How often the committer looks for work recorded by other replicas.",
     )
-    retry_initial_seconds: float = Field(default=0.2, gt=0.0, description="First backoff of a failed commit.")
-    retry_max_seconds: float = Field(default=30.0, gt=0.0, description="Longest backoff of a failed commit.")
+    retry_initial_seconds: float = Field(
+        default=0.2, gt=0.0, le=3600.0, allow_inf_nan=False, description="First backoff of a failed commit."
+    )
+    retry_max_seconds: float = Field(
+        default=30.0, gt=0.0, le=DAY, allow_inf_nan=False, description="Longest backoff of a failed commit."
+    )
     log_level: LogLevel = Field(default=LogLevel.INFO, description="DEBUG, INFO, WARNING or ERROR.")
     log_format: LogFormat = Field(default=LogFormat.JSON, description="json or console.")
     enable_failpoints: bool = Field(
@@ -242,6 +290,11 @@ class Settings(BaseSettings, MaintenancePolicy):
             setattr(self, name, SecretStr(value))
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError(f"set both {ENV_PREFIX}TLS_CERT_FILE and {ENV_PREFIX}TLS_KEY_FILE, or neither")
+        if self.retry_max_seconds < self.retry_initial_seconds:
+            raise ValueError(
+                f"{ENV_PREFIX}RETRY_MAX_SECONDS ({self.retry_max_seconds:g}) is below "
+                f"{ENV_PREFIX}RETRY_INITIAL_SECONDS ({self.retry_initial_seconds:g})"
+            )
         if self.admin_read_requires_token and self.admin_token is None:
             raise ValueError(
                 f"{ENV_PREFIX}ADMIN_READ_REQUIRES_TOKEN is true but no {ENV_PREFIX}ADMIN_TOKEN is set: "

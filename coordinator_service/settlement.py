@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import structlog
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from coordinator_service import metrics, precommit_metadata, repository
+from coordinator_service import metrics, path_claims, precommit_metadata, repository
 from coordinator_service.catalog_calls import in_catalog
 from coordinator_service.iceberg import IcebergGateway, Marker, SinkIdentity
 from coordinator_service.models import PendingSinkState, Sink
@@ -137,7 +137,7 @@ async def adopt_appended(
     row.files_cleaned = False
     await session.flush()
     paths = sorted(precommit_metadata.decode(appended.metadata_).paths)
-    await repository.claim_files(session, sink.id, row.epoch, appended.attempt, paths)
+    await path_claims.claim_for_attempt(session, sink.id, row.epoch, appended.attempt, paths, deadline=None)
     await repository.advance_committed_epoch(session, sink.id)
     alert(sink.name, "appended_after_abort", epoch=row.epoch, snapshot_id=snapshot_id, previous=previous)
 

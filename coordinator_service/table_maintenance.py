@@ -8,8 +8,9 @@ location that nothing references. What may be expired, rewritten or deleted is t
 
 from __future__ import annotations
 
+import threading
 import uuid
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
@@ -17,7 +18,7 @@ from urllib.parse import urlparse
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import ArrowScan, _dataframe_to_data_files
-from pyiceberg.manifest import DataFile
+from pyiceberg.manifest import DataFile, DataFileContent, ManifestFile
 from pyiceberg.table import FileScanTask, Table, TableProperties
 from pyiceberg.table.snapshots import Operation, Snapshot, Summary
 from pyiceberg.table.update.snapshot import ExpireSnapshots, _OverwriteFiles
@@ -51,8 +52,37 @@ class Reachable:
         return self.manifest_lists | self.manifests | self.data_files
 
 
+class _ManifestEntries:
+    """The live file paths of each manifest read, by manifest path: a manifest never changes once written, so a
+    table's reachable files are read again only where new manifests came (bounded, least recently used first)."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._paths: OrderedDict[str, frozenset[str]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def of(self, io: FileIO, manifest: ManifestFile) -> frozenset[str]:
+        with self._lock:
+            paths = self._paths.get(manifest.manifest_path)
+            if paths is not None:
+                self._paths.move_to_end(manifest.manifest_path)
+                return paths
+        paths = frozenset(
+            entry.data_file.file_path for entry in manifest.fetch_manifest_entry(io, discard_deleted=True)
+        )
+        with self._lock:
+            self._paths[manifest.manifest_path] = paths
+            while len(self._paths) > self._capacity:
+                self._paths.popitem(last=False)
+        return paths
+
+
+_MANIFEST_ENTRIES = _ManifestEntries(capacity=20_000)
+
+
 def reachable(io: FileIO, snapshots: Iterable[Snapshot]) -> Reachable:
-    """Every file the snapshots reference; each manifest is read once, however many snapshots share it."""
+    """Every file the snapshots reference (data and delete files); each manifest is read once, however many
+    snapshots share it, and not again while it stays in the process's manifest cache."""
     found = Reachable()
     for snapshot in snapshots:
         found.manifest_lists.add(snapshot.manifest_list)
@@ -60,10 +90,32 @@ def reachable(io: FileIO, snapshots: Iterable[Snapshot]) -> Reachable:
             if manifest.manifest_path in found.manifests:
                 continue
             found.manifests.add(manifest.manifest_path)
-            found.data_files.update(
-                entry.data_file.file_path for entry in manifest.fetch_manifest_entry(io, discard_deleted=True)
-            )
+            found.data_files.update(_MANIFEST_ENTRIES.of(io, manifest))
     return found
+
+
+def referenced_files(table: Table) -> set[str]:
+    """Every file the table's metadata reaches, each in same_file's spelling: its metadata files (the current one and
+    those of its metadata log), statistics files, and every snapshot's manifest list, manifests, data and delete
+    files."""
+    files = reachable(table.io, table.metadata.snapshots).all() | metadata_files(table)
+    files.update(statistics.statistics_path for statistics in table.metadata.statistics)
+    files.update(statistics.statistics_path for statistics in table.metadata.partition_statistics)
+    return {same_file(uri) for uri in files}
+
+
+@dataclass(frozen=True)
+class StorageRoots:
+    """Where a table keeps its files: its location, its data files' directory and its metadata files' directory."""
+
+    location: str
+    data: str
+    metadata: str
+
+
+def storage_roots(table: Table) -> StorageRoots:
+    provider = table.location_provider()
+    return StorageRoots(table.location().rstrip("/"), provider.data_path, provider.metadata_path)
 
 
 def snapshots_to_expire(
@@ -143,15 +195,31 @@ def compaction_groups(
     return groups
 
 
-def live_data_files(table: Table) -> list[DataFile]:
+@dataclass(frozen=True)
+class LiveFiles:
+    """The current snapshot's live data files and delete files (position or equality)."""
+
+    data: list[DataFile]
+    deletes: list[DataFile]
+
+    def partitions_with_deletes(self) -> set[tuple[int, tuple[object, ...]]]:
+        """(spec id, partition) of every delete file; an unpartitioned spec's delete files apply to its whole table."""
+        return {(small.spec_id, small.partition) for small in map(as_small_file, self.deletes)}
+
+
+def live_files(table: Table) -> LiveFiles:
     snapshot = table.current_snapshot()
     if snapshot is None:
-        return []
-    return [
+        return LiveFiles([], [])
+    files = [
         entry.data_file
         for manifest in snapshot.manifests(table.io)
         for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
     ]
+    return LiveFiles(
+        data=[file for file in files if file.content == DataFileContent.DATA],
+        deletes=[file for file in files if file.content != DataFileContent.DATA],
+    )
 
 
 def as_small_file(data_file: DataFile) -> SmallFile:
@@ -179,7 +247,7 @@ def write_compacted(
     """Rewrite each group into files of about target_bytes with pyiceberg's own writer (the table's schema with
     its field ids, the partition, the statistics); return the files replaced and those written. Nothing is
     committed: the files written are unreferenced until commit_compaction."""
-    by_path = {data_file.file_path: data_file for data_file in live_data_files(table)}
+    by_path = {data_file.file_path: data_file for data_file in live_files(table).data}
     table = without_retries(table)
     table.metadata = table.metadata.model_copy(
         update={
@@ -219,10 +287,10 @@ class StoredFile:
     modified_ms: int
 
 
-def stored_files(table: Table, subdirectory: str) -> list[StoredFile]:
-    """Every file under the table's location/subdirectory, with its modification time (object stores: the
-    upload's)."""
-    listed = listed_files(table.io, f"{table.location().rstrip('/')}/{subdirectory}")
+def stored_files(table: Table, directory: str) -> list[StoredFile]:
+    """Every file under a directory of the table's storage (a URI), with its modification time (object stores: the
+    upload's); symbolic links are neither listed nor followed."""
+    listed = listed_files(table.io, directory)
     if listed is None:
         raise NotImplementedError(f"listing files needs pyiceberg's PyArrowFileIO, the table uses {type(table.io)}")
     return [

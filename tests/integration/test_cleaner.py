@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from pyiceberg.catalog import Catalog
 
+from coordinator_service.file_deletion import Deletion
 from coordinator_service.protocol import PreCommitRequest
 from tests.fixtures.admin import AdminFactory, eventually
 from tests.fixtures.coordinator import orders, table_files, table_order_ids, write_parquet
@@ -33,19 +34,18 @@ async def test_the_cleaner_never_deletes_a_path_a_new_attempt_holds(
         PreCommitRequest(sink="orders", epoch=3, writer_term=first.writer_term, paths=(reused,))
     )
 
-    # The cleaner is held after it read the aborted attempt, just before it looks at the table.
+    # The cleaner is held after it read the aborted attempt's paths, just before it marks them for deletion.
     reached, release = threading.Event(), threading.Event()
-    tables = admin.runtime.tables
-    unreferenced = tables.unreferenced
+    deleter = admin.runtime.cleaner.deleter
+    delete = deleter.delete
 
-    def held_unreferenced(identifier: str, paths: Iterable[str]) -> list[str]:
-        paths = list(paths)
-        if reused in paths:
+    async def held_delete(*args: Any, **kwargs: Any) -> Deletion:
+        if reused in args[4]:
             reached.set()
-            release.wait(15.0)
-        return unreferenced(identifier, paths)
+            await asyncio.to_thread(release.wait, 15.0)
+        return await delete(*args, **kwargs)
 
-    tables.unreferenced = held_unreferenced  # type: ignore[method-assign]
+    deleter.delete = held_delete  # type: ignore[method-assign]
     second = await admin.register("orders", checkpointed_epoch=2)  # recovery aborts epoch 3
     assert second.aborted_epochs == (3,)
     assert await asyncio.to_thread(reached.wait, 15.0)
@@ -72,11 +72,11 @@ async def test_files_of_an_epoch_aborted_by_recovery_are_kept_until_it_runs_agai
     stranded = await admin.pre_commit("orders", first, 1, 10)
     second = await admin.register("orders", checkpointed_epoch=0)
     assert second.aborted_epochs == (1,)
-    assert await admin.runtime.committer.clean_aborted() == 0
+    assert await admin.runtime.cleaner.clean() == 0
     assert await asyncio.to_thread(exists, stranded)
 
     rerun = await admin.pre_commit("orders", second, 1, 10)  # Spark runs batch 1 again: a new attempt
-    admin.runtime.committer.wake_cleaner()
+    admin.runtime.cleaner.wake()
 
     async def deleted() -> bool:
         return not await asyncio.to_thread(exists, stranded)

@@ -98,9 +98,7 @@ async def test_a_path_claimed_while_the_sweep_runs_is_not_deleted(
     assert not await asyncio.to_thread(exists, oldest)
     # The writer's task writes its file under the same name again and pre-commits it.
     assert write_parquet(location, orders(0, 10), name="task-00001-attempt-0") == reused
-    await admin.runtime.coordinator.pre_commit(
-        PreCommitRequest("orders", 0, registration.writer_term, (reused,))
-    )
+    await admin.runtime.coordinator.pre_commit(PreCommitRequest("orders", 0, registration.writer_term, (reused,)))
     first_batch.open()
     assert (await run).outcome == "ok"
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import grpc
 import pyarrow as pa
 import pytest
+from pyiceberg.catalog import Catalog
 
 from coordinator_service.client import CoordinatorClient, CoordinatorRpcError
 from coordinator_service.views import PreCommitOutcome, Registration
@@ -68,7 +69,7 @@ def test_register_same_sink_other_table(client: CoordinatorClient, writer: Regis
 
 
 def test_precommit_bad_requests(
-    client: CoordinatorClient, writer: Registration, database_url: str, tmp_path: Path
+    client: CoordinatorClient, writer: Registration, database_url: str, tmp_path: Path, catalog: Catalog
 ) -> None:
     term = writer.writer_term
     good = write_parquet(writer.table_location, orders(0, 3))
@@ -81,7 +82,21 @@ def test_precommit_bad_requests(
         database_url,
         lambda: client.pre_commit("orders-sink", 0, term, [outside.as_uri()]),
         invalid,
-        "outside the table location",
+        "outside the table's data directory",
+    )
+    # Never a file of the table's own metadata (or another table's): the coordinator deletes an aborted epoch's.
+    table = catalog.load_table("shop.orders")
+    refused(
+        database_url,
+        lambda: client.pre_commit("orders-sink", 0, term, [table.metadata_location]),
+        invalid,
+        "outside the table's data directory",
+    )
+    # Nor a file reached through a symbolic link: its real path is elsewhere.
+    linked = Path(writer.table_location.removeprefix("file://")) / "data" / "linked.parquet"
+    linked.symlink_to(outside)
+    refused(
+        database_url, lambda: client.pre_commit("orders-sink", 0, term, [linked.as_uri()]), invalid, "symbolic link"
     )
     escaping = good.rsplit("/", 2)[0] + "/../../x.parquet"
     refused(database_url, lambda: client.pre_commit("orders-sink", 0, term, [escaping]), invalid, "'..'")

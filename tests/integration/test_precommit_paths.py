@@ -11,8 +11,9 @@ leave the same log; the fast way's statement must insert only in the plain case.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ import pytest
 from coordinator_service import repository
 from coordinator_service.errors import CoordinatorError, EpochAborted, FailedPrecondition, Fenced, InvalidArgument
 from coordinator_service.protocol import PreCommitRequest, PreCommitResult, TableRequest
-from tests.fixtures.admin import AdminApp
+from tests.fixtures.admin import AdminApp, commit_lock_held
 from tests.fixtures.coordinator import ORDERS, orders, write_parquet
 from tests.fixtures.postgres import query
 
@@ -34,6 +35,16 @@ class Expected:
     records: int = 0
     error: type[CoordinatorError] | None = None
     says: str = ""
+
+
+# What a case holds for the rest of its test (closed by the autouse fixture below).
+HELD = contextlib.AsyncExitStack()
+
+
+@pytest.fixture(autouse=True)
+async def release_what_cases_hold(database_url: str) -> AsyncIterator[None]:
+    yield
+    await HELD.aclose()  # before the database goes (this fixture depends on it)
 
 
 def new_file(registration_location: str) -> str:
@@ -93,7 +104,11 @@ async def epoch_aborted_under_the_checkpoint(admin: AdminApp) -> PreCommitReques
     await admin.pre_commit("orders", registration, 1, 10)
     aborted = await admin.post("/api/v1/sinks/orders/epochs/1/abort", json={"reason": "poison", "force": True})
     assert aborted.status_code == 200, aborted.text
-    # The checkpoint covers epoch 1, given up by the operator; epoch 0 stays PENDING, so 1 is not committed.
+    # The checkpoint covers epoch 1, given up by the operator; epoch 0 stays PENDING (its committer waits for the
+    # commit lock the test holds to the end), so 1 is not committed.
+    database_url = admin.runtime.settings.database_url
+    assert database_url is not None
+    await HELD.enter_async_context(commit_lock_held(database_url.get_secret_value(), 1))
     await admin.runtime.coordinator.commit_checkpoint("orders", 1, registration.writer_term, wait=False)
     return PreCommitRequest("orders", 1, registration.writer_term, (new_file(registration.table_location),))
 
@@ -193,11 +208,11 @@ MATRIX: Sequence[tuple[Case, Expected]] = (
     (file_of_another_sink, Expected(error=InvalidArgument, says="held by epoch 0 of sink other (PENDING)")),
     (file_already_in_the_table, Expected(error=InvalidArgument, says="in the table: epoch 0 of sink orders")),
     (writer_id_beyond_the_writer_count, Expected(error=InvalidArgument, says="writer_id 1 is out of range")),
-    (file_outside_the_table, Expected(error=InvalidArgument, says="the table location")),
+    (file_outside_the_table, Expected(error=InvalidArgument, says="the table's data directory")),
     (fan_out, Expected("PERSISTED", attempt=1, records=30)),
     (fan_out_to_a_table_ensured_through_another_replica, Expected("PERSISTED", attempt=1, records=20)),
     (fan_out_to_a_table_never_ensured, Expected(error=InvalidArgument, says="'db.us', which is not one of the sink")),
-    (fan_out_file_outside_its_table, Expected(error=InvalidArgument, says="the table location")),
+    (fan_out_file_outside_its_table, Expected(error=InvalidArgument, says="the table's data directory")),
 )
 
 

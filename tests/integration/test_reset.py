@@ -12,7 +12,7 @@ from pyiceberg.catalog import Catalog
 
 from coordinator_service.errors import CheckpointBehind, Fenced
 from coordinator_service.failpoints import Failpoint
-from coordinator_service.iceberg import MARKER_EPOCH, MARKER_GENERATION, Marker
+from coordinator_service.iceberg import FENCE_SINK, MARKER_EPOCH, MARKER_GENERATION, Marker
 from coordinator_service.protocol import PreCommitRequest
 from coordinator_service.views import PreCommitOutcome
 from tests.fixtures.admin import (
@@ -113,16 +113,17 @@ async def test_a_reset_sink_adopts_a_checkpoint_ahead_too(admin: AdminApp, catal
         await wait_for_commit_lock_waiter(lock, sink_id_of(database_url, "orders"))
     response = await reset
     assert response.status_code == 200
-    assert response.json()["aborted_epochs"] == [1]
+    # The restart point: the checkpointed epoch is committed by the reset, never left half way.
+    assert response.json()["aborted_epochs"] == []
     sink = response.json()["sink"]
-    assert (sink["checkpointed_epoch"], sink["committed_epoch"]) == (0, 0)
+    assert (sink["checkpointed_epoch"], sink["committed_epoch"]) == (1, 1)
 
     # E.g. a checkpoint restored from another copy: its batches up to 7 are done.
     new = await admin.register("orders", checkpointed_epoch=7)
     assert new.committed_epoch == 7
     await admin.pre_commit("orders", new, 8, 80)
     assert await admin.checkpoint("orders", new, 8) == 8
-    assert table_order_ids(catalog.load_table("db.orders")) == [*range(10), *range(80, 90)]
+    assert table_order_ids(catalog.load_table("db.orders")) == [*range(20), *range(80, 90)]
 
 
 async def test_reset_of_an_unknown_sink_is_404(admin: AdminApp) -> None:
@@ -173,10 +174,12 @@ async def test_reset_marks_committed_an_epoch_the_table_already_holds(
     assert reset["aborted_epochs"] == []
     assert (reset["sink"]["checkpointed_epoch"], reset["sink"]["committed_epoch"]) == (1, 1)
     table = catalog.load_table("db.orders")
-    snapshot = table.current_snapshot()
-    assert snapshot is not None
+    [holding] = [s for s in table.snapshots() if s.summary is not None and s.summary.get(MARKER_EPOCH) == "1"]
+    fence = table.current_snapshot()
+    assert fence is not None and fence.summary is not None
+    assert (fence.parent_snapshot_id, fence.summary.get(FENCE_SINK)) == (holding.snapshot_id, "orders")
     epoch = (await admin.get("/api/v1/sinks/orders/epochs/1")).json()
-    assert (epoch["status"], epoch["snapshot_id"]) == ("COMMITTED", snapshot.snapshot_id)
+    assert (epoch["status"], epoch["snapshot_id"]) == ("COMMITTED", holding.snapshot_id)
     appended.open()  # the old committer's COMMITTED transaction finds the reset already recorded its snapshot
     # The documented restart after a reset goes on from the committed epoch: nothing is written twice.
     new = await admin.register("orders", checkpointed_epoch=1)

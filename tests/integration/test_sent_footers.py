@@ -111,8 +111,8 @@ def test_a_sent_footer_describes_a_file_exactly_as_the_read_one(
     paths = [file.path for file in files]
     sent_before = footers_counted("sent")
 
-    read = tables.read_data_files("shop.wide", paths, 0, False)
-    from_sent = tables.read_data_files("shop.wide", paths, 0, False, sent(files))
+    read = tables.read_data_files("shop.wide", paths, 0, False).entries
+    from_sent = tables.read_data_files("shop.wide", paths, 0, False, sent(files)).entries
 
     assert footers_counted("sent") - sent_before == len(files)
     assert from_sent == read
@@ -128,7 +128,7 @@ def test_with_a_sent_footer_the_file_is_not_read(tables: IcebergGateway) -> None
     location = tables.ensure_table("shop.wide", WIDE, ())
     (file, *_) = written_files(location)
     Path(file.path.removeprefix("file://")).write_bytes(b"x" * file.size_bytes)
-    (entry,) = tables.read_data_files("shop.wide", [file.path], 0, False, sent([file]))
+    (entry,) = tables.read_data_files("shop.wide", [file.path], 0, False, sent([file])).entries
     assert entry.record_count == pq.read_metadata(pa.BufferReader(file.parquet_footer)).num_rows
     with pytest.raises(InvalidArgument, match="not a readable Parquet file"):
         tables.read_data_files("shop.wide", [file.path], 0, False)
@@ -147,7 +147,7 @@ def test_a_file_with_a_sent_footer_older_than_the_orphan_grace_is_refused(tables
 def test_sent_footers_of_many_files_evolve_the_schema(tables: IcebergGateway) -> None:
     location = tables.ensure_table("shop.narrow", pa.schema(list(WIDE)[:4]), ())
     files = written_files(location)
-    entries = tables.read_data_files("shop.narrow", [f.path for f in files], 0, True, sent(files))
+    entries = tables.read_data_files("shop.narrow", [f.path for f in files], 0, True, sent(files)).entries
     assert sum(entry.record_count for entry in entries) == 4000
     assert "point" in tables.load("shop.narrow").schema().column_names
 
@@ -193,8 +193,11 @@ def test_sent_footers_that_do_not_fit_are_refused(
         lambda: pre_commit(PreCommitFile(good.path, good.parquet_footer, good.file_size_in_bytes + 1)),
         invalid,
         name,
-        f"is {good.file_size_in_bytes} bytes on storage, but the writer sent {good.file_size_in_bytes + 1}",
+        f"is not {good.file_size_in_bytes + 1} bytes, the size the writer sent",
     )
+    # The size on storage is not echoed: a writer learns nothing of a file it did not write.
+    echoed = refused(database_url, lambda: pre_commit(PreCommitFile(good.path, good.parquet_footer, 7)), invalid, name)
+    assert str(good.file_size_in_bytes) not in echoed.message.replace(name, "")
     refused(database_url, lambda: pre_commit(PreCommitFile(good.path, good.parquet_footer)), invalid, name, "size")
     refused(database_url, lambda: pre_commit(PreCommitFile(good.path, b"", -5)), invalid, name, "negative")
     missing = PreCommitFile(
@@ -207,7 +210,7 @@ def test_sent_footers_that_do_not_fit_are_refused(
         lambda: pre_commit(PreCommitFile(good.path, b"", good.file_size_in_bytes - 1)),
         invalid,
         name,
-        "bytes on storage",
+        "the size the writer sent",
     )
 
 
