@@ -20,6 +20,7 @@ from coordinator_service.protocol import PreCommitRequest
 from coordinator_service.views import Registration
 from tests.fixtures.admin import AdminApp, AdminFactory, epoch_metadata, eventually, sink_id_of, sink_identity
 from tests.fixtures.coordinator import ORDERS, orders, table_files, table_order_ids, write_parquet
+from tests.fixtures.delete_files import commit_position_deletes
 from tests.fixtures.duckdb_reader import duckdb_rows
 from tests.fixtures.postgres import query
 
@@ -350,3 +351,23 @@ async def test_one_sinks_bad_maintenance_state_does_not_stop_the_others(
         return any(run["trigger"] == "schedule" and run["files_compacted"] == 3 for run in runs)
 
     await eventually(compacted, "the healthy sink's scheduled run")
+
+
+async def test_compaction_leaves_alone_a_partition_with_delete_files(
+    admin_factory: AdminFactory, catalog: Catalog, database_url: str
+) -> None:
+    """Another engine deleted a row with a position delete file: compaction rewriting the partition's files without
+    applying it (and dropping it) would bring the row back."""
+    admin = await admin_factory(compaction_min_files=3)
+    await commit_epochs(admin, "orders", 4)
+    table = catalog.load_table("db.orders")
+    [first, *_] = sorted(tm.live_files(table).data, key=lambda data_file: data_file.file_path)
+    await asyncio.to_thread(commit_position_deletes, table, first, [0])
+    before = rows_digest(catalog.load_table("db.orders"))
+    assert before[0] == 39
+
+    run = await admin.runtime.maintainer.run_now(sink_id_of(database_url, "orders"))
+
+    assert (run.outcome, run.files_compacted) == ("ok", 0), run.error
+    assert rows_digest(catalog.load_table("db.orders")) == before
+    assert len(duckdb_rows(catalog.load_table("db.orders").metadata_location, "order_id")) == 39

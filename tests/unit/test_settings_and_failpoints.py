@@ -1,15 +1,19 @@
+import math
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from unittest import mock
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 from typer.testing import CliRunner, Result
 
 from coordinator_service import cli, failpoints
 from coordinator_service.failpoints import Action, Failpoint, FailpointError
 from coordinator_service.logs import LogLevel
-from coordinator_service.settings import Settings
+from coordinator_service.settings import MaintenancePolicy, Settings
 
 
 def test_environment_names(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -193,3 +197,58 @@ async def test_failpoints_fire_only_when_armed() -> None:
         await failpoints.hit(Failpoint.COMMIT_AFTER_MARK)
     finally:
         failpoints.configure("")
+
+
+NUMERIC_SETTINGS = sorted(
+    name
+    for name, field in Settings.model_fields.items()
+    if field.annotation in (int, float) or name.endswith("_bytes") or name.endswith("_bytes_per_run")
+)
+HOSTILE_NUMBERS = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.sampled_from([0, -1, 2**31, 2**63, 1e15, 1e300, 10**12]),
+)
+
+
+def assert_livable(name: str, value: float) -> None:
+    """What the code does with a setting of that kind must work with the value: an interval around now (timedelta,
+    PostgreSQL's make_interval), an integer of PostgreSQL's (bigint) or a port."""
+    assert math.isfinite(value), (name, value)
+    if name.endswith("_seconds"):
+        now = datetime.now(UTC)
+        assert now - timedelta(seconds=value) <= now + timedelta(seconds=value)  # and no OverflowError
+        assert value <= 10 * 366 * 24 * 3600, (name, value)
+    else:
+        assert -(2**63) <= value < 2**63, (name, value)
+
+
+@settings(max_examples=400, deadline=None)
+@given(name=st.sampled_from(NUMERIC_SETTINGS), value=HOSTILE_NUMBERS)
+def test_every_numeric_setting_has_a_range_the_code_can_live_with(name: str, value: float) -> None:
+    """Issue 23: a value the code cannot live with (1e15 s overflowed the maintenance schedule) is refused at start,
+    saying which setting, never taken."""
+    try:
+        taken = getattr(Settings(**{name: value}), name)
+    except ValidationError as error:
+        refusal = str(error)
+    else:
+        assert_livable(name, float(taken))
+        return
+    assert name in refusal
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.sampled_from(sorted(MaintenancePolicy.model_fields)), value=HOSTILE_NUMBERS)
+def test_every_maintenance_override_has_the_settings_range(name: str, value: float) -> None:
+    """A sink's override (the admin API) goes through the same rules as the setting."""
+    try:
+        policy = Settings().with_overrides({name: value})
+    except ValidationError as error:
+        refusal = str(error)
+    else:
+        taken = getattr(policy, name)
+        if not isinstance(taken, bool):
+            assert_livable(name, float(taken))
+        return
+    assert name in refusal
