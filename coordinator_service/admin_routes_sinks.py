@@ -26,6 +26,8 @@ from coordinator_service.admin_schemas import (
     MaintenanceOverridesRequest,
     MaintenanceResponse,
     MaintenanceRunResponse,
+    RemoveTableRequest,
+    RemoveTableResponse,
     ResetRequest,
     ResetResponse,
     SinkList,
@@ -120,6 +122,25 @@ async def reset_sink(operations: OperationsDep, sink: SinkName, body: ResetReque
     others, fence the writer, and let the next RegisterWriter start a new epoch numbering from its checkpoint
     (docs/operations.md). A catalog that cannot be read answers 503 with nothing changed."""
     return ResetResponse.of(await operations.reset_sink(sink, body.confirm, body.reason, caller))
+
+
+@router.post(
+    "/sinks/{sink}/tables/{table}/remove",
+    response_model=RemoveTableResponse,
+    responses=_error_responses(HTTPStatus.NOT_FOUND, HTTPStatus.CONFLICT),
+)
+async def remove_table(
+    operations: OperationsDep,
+    sink: SinkName,
+    table: Annotated[str, PathParameter(max_length=600, description="One of the sink's tables, not its own.")],
+    body: RemoveTableRequest,
+    caller: Caller,
+) -> RemoveTableResponse:
+    """A fan-out table gone for good (dropped from the catalog) wedges its sink: the committer retries it forever,
+    and an abort or a reset cannot settle its epochs. This removes it from the sink: the files that epochs not yet
+    COMMITTED have there are given up (their records, counted in the answer, reach no table), the writer is fenced
+    (restart it with routes that no longer name the table), and the other tables go on (docs/operations.md)."""
+    return RemoveTableResponse.of(await operations.remove_table(sink, table, body.confirm, body.reason, caller))
 
 
 @router.post("/sinks/{sink}/resume", response_model=SinkResponse, responses=_error_responses(HTTPStatus.NOT_FOUND))

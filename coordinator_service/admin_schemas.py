@@ -20,7 +20,14 @@ from pydantic.dataclasses import dataclass
 from coordinator_service.committer import CommitterHealth
 from coordinator_service.errors import InvalidArgument
 from coordinator_service.models import AbortCause, PendingSinkState
-from coordinator_service.operations import AbortOutcome, EpochDetail, MaintenanceView, ResetOutcome, SinkOverview
+from coordinator_service.operations import (
+    AbortOutcome,
+    EpochDetail,
+    MaintenanceView,
+    ResetOutcome,
+    SinkOverview,
+    TableRemoved,
+)
 from coordinator_service.settings import MaintenancePolicy
 from coordinator_service.views import EpochStatus, EpochView, SinkTable, SinkView, from_attributes
 
@@ -237,6 +244,29 @@ class ResetResponse(BaseModel):
     @classmethod
     def of(cls, outcome: ResetOutcome) -> ResetResponse:
         return cls(sink=SinkResponse.of(outcome.sink), aborted_epochs=list(outcome.aborted_epochs))
+
+
+class RemoveTableRequest(BaseModel):
+    confirm: str = Field(max_length=300, description="The table's name again, to confirm.")
+    reason: OperatorText
+
+
+class GivenUpResponse(BaseModel):
+    epoch: int
+    files: int = Field(description="The epoch's data files in the removed table.")
+    records: int = Field(description="Their records, which no table will get.")
+
+
+class RemoveTableResponse(BaseModel):
+    sink: SinkResponse
+    given_up: list[GivenUpResponse]
+
+    @classmethod
+    def of(cls, outcome: TableRemoved) -> RemoveTableResponse:
+        return cls(
+            sink=SinkResponse.of(outcome.sink),
+            given_up=[GivenUpResponse(epoch=e.epoch, files=e.files, records=e.records) for e in outcome.given_up],
+        )
 
 
 class MaintenanceRunResponse(BaseModel):

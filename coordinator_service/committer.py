@@ -352,9 +352,11 @@ class Committer:
                 outcome = await self._commit_table(sink, table, work, top, decoded[-1].properties, lock)
             except Exception as error:
                 health.failing_tables[table] = f"{type(error).__name__}: {cause(error)}"
-                if cannot_succeed_by_retrying(error) or isinstance(error, CommitLockLost) or len(files) == 1:
+                if isinstance(error, CommitLockLost) or len(files) == 1:
                     raise
-                # The other tables go on: this one is retried by the next pass (alone, unless more epochs came).
+                # The other tables go on: this one is retried by the next pass (alone, unless more epochs came), or,
+                # when no retry can help (a table dropped for good), waits for an operator (stuck) while the others
+                # hold what they got.
                 failures.append(error)
                 log_.warning("commit to one of the sink's tables failed", failed_table=table, error=str(error))
                 held[table] = max(recorded[table], next(iter(work)) - 1)  # below its first epoch with files

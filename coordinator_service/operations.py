@@ -13,13 +13,13 @@ being committed, and nothing the table holds is ever reported as aborted.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import structlog
 from pydantic import ValidationError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from coordinator_service import commit_lock, metrics, precommit_metadata, repository, settlement
+from coordinator_service import commit_lock, metrics, path_claims, precommit_metadata, repository, settlement
 from coordinator_service.catalog_calls import in_catalog
 from coordinator_service.cleaner import Cleaner
 from coordinator_service.commit_lock import CommitLock
@@ -86,6 +86,21 @@ class AbortOutcome:
 class ResetOutcome:
     sink: SinkOverview
     aborted_epochs: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class GivenUp:
+    """An epoch's files in a table removed from its sink: their records will not reach any table."""
+
+    epoch: int
+    files: int
+    records: int
+
+
+@dataclass(frozen=True)
+class TableRemoved:
+    sink: SinkOverview
+    given_up: tuple[GivenUp, ...]
 
 
 @dataclass(frozen=True)
@@ -310,6 +325,55 @@ class Operations:
                     f"DELETE /api/v1/sinks/{name}/tables/<table>), then reset again"
                 ) from error
             raise Unavailable(f"{message}. Retry the reset") from error
+
+    async def remove_table(self, name: str, table: str, confirm: str, reason: str, operator: Operator) -> TableRemoved:
+        """The way out of a fan-out table gone for good (dropped from its catalog): it stops being one of the sink's
+        tables, and the files the sink's epochs that are not COMMITTED have there are given up (their records are
+        counted in the answer and the log; their paths are no longer the log's to delete). The writer is fenced: a
+        writer still routing to the table must restart (its EnsureTables would make the table the sink's again).
+        The sink's own table cannot be removed."""
+        _check_known_name(name)
+        if confirm != table:
+            raise InvalidArgument(f"confirm must repeat the table name {quote(table)} exactly, got {quote(confirm)}")
+        async with self.database.transaction() as session:
+            sink = await _existing_sink(session, name)
+        if table == sink.table_identifier:
+            raise FailedPrecondition(
+                f"{quote(table)} is sink {name}'s own table: it cannot be removed from the sink, only the sink itself"
+            )
+        async with commit_lock.holding(self.database, sink.id, self.lock_timeout_seconds, "remove table") as lock:
+            await lock.verify()
+            async with self.database.transaction() as session:
+                sink = await _existing_sink(session, name, lock="update")
+                if table not in await repository.recorded_epochs(session, sink.id):
+                    raise NotFound(f"table {quote(table)} is not one of sink {name}'s tables")
+                given_up = []
+                for row in await repository.epochs_not_committed(session, sink.id):
+                    metadata = precommit_metadata.decode(row.metadata_)
+                    gone = metadata.by_table().get(table, [])
+                    if not gone:
+                        continue
+                    kept = replace(metadata, data_files=tuple(e for e in metadata.data_files if e not in gone))
+                    row.metadata_ = precommit_metadata.encode(kept)
+                    row.file_count = len(kept.data_files)
+                    row.record_count = kept.record_count
+                    await path_claims.forget(session, [entry.path for entry in gone])
+                    given_up.append(GivenUp(row.epoch, len(gone), sum(entry.record_count for entry in gone)))
+                await repository.remove_table(session, sink.id, table)
+                sink.writer_term += 1
+                await repository.advance_committed_epoch(session, sink.id)
+        log.warning(
+            "table removed from a sink by an operator",
+            sink=name,
+            table=table,
+            who=operator.identity,
+            client=operator.address,
+            reason=reason,
+            given_up={each.epoch: each.records for each in given_up},
+            writer_term=sink.writer_term,
+        )
+        self.committer.resume(sink.id)  # stuck on the table, most likely: the cause is gone
+        return TableRemoved(await self.sink(name), tuple(given_up))
 
     async def resume_sink(self, name: str, operator: Operator) -> SinkOverview:
         """Retry a stuck sink's commits; the sink as it is once the first pass has run (stuck again, or not)."""

@@ -417,6 +417,7 @@ class Coordinator:
             file_count=len(files.entries),
             record_count=metadata.record_count,
             paths=request.paths,
+            tables=tuple(sorted({entry.table for entry in files.entries} - {""})),
             deadline=self._claim_deadline(files),
         )
         await failpoints.hit(Failpoint.PRECOMMIT_BEFORE_PERSIST)
@@ -566,6 +567,13 @@ class Coordinator:
         if request.epoch <= sink.committed_epoch:
             return PreCommitResult(PreCommitOutcome.ALREADY_COMMITTED, attempt=0, record_count=0)
         metadata = PreCommitMetadata(table=sink.table_identifier, data_files=tuple(entries), properties=properties)
+        # Under the sink's row lock: an operator may have removed a table since the files were read.
+        removed = sorted(set(metadata.by_table()) - set(await repository.recorded_epochs(session, sink_id)))
+        if removed:
+            raise InvalidArgument(
+                f"sink {request.sink} epoch {request.epoch}: table {quote(removed[0])} is no longer one of the sink's "
+                "(an operator removed it): route no records to it. Nothing was changed"
+            )
         row = await repository.epoch_row(session, sink_id, request.epoch, for_update=True)
         paths = sorted(metadata.paths)
         if row is None:

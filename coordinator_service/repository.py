@@ -125,6 +125,13 @@ async def add_tables(session: AsyncSession, sink: Sink, tables: Sequence[str]) -
     )
 
 
+async def remove_table(session: AsyncSession, sink_id: int, table: str) -> None:
+    """The table stops being one of the sink's (an operator's way out of a table dropped for good)."""
+    await session.execute(
+        delete(WrittenTable).where(WrittenTable.sink_id == sink_id, WrittenTable.table_identifier == table)
+    )
+
+
 async def rebase_tables(session: AsyncSession, sink_id: int, epoch: int) -> None:
     """A new epoch numbering (the first writer after a reset): every table of the sink is at its first epoch."""
     await session.execute(
@@ -282,6 +289,8 @@ class NewEpoch:
     file_count: int
     record_count: int
     paths: tuple[str, ...]
+    # The tables other than the sink's own that its files name: each must be one of the sink's.
+    tables: tuple[str, ...]
     # The claim of its paths must be made before this moment (Unix seconds; see path_claims), None without files.
     deadline: float | None
 
@@ -290,6 +299,9 @@ _INSERT_NEW_EPOCHS = """
     WITH files AS (
         SELECT * FROM unnest(CAST(%(file_sink_ids)s AS integer[]), CAST(%(file_epochs)s AS bigint[]),
                              CAST(%(file_paths)s AS text[])) AS f(sink_id, epoch, path)
+    ), named AS (
+        SELECT * FROM unnest(CAST(%(table_sink_ids)s AS integer[]), CAST(%(table_epochs)s AS bigint[]),
+                             CAST(%(table_names)s AS text[])) AS n(sink_id, epoch, table_identifier)
     ), inserted AS (
         INSERT INTO pending_sink_state (sink_id, epoch, status, metadata, attempt, file_count, record_count,
                                         files_cleaned)
@@ -303,6 +315,10 @@ _INSERT_NEW_EPOCHS = """
           AND (r.deadline IS NULL OR clock_timestamp() < to_timestamp(r.deadline))
           AND NOT EXISTS (SELECT 1 FROM files JOIN epoch_files e ON e.path = files.path
                           WHERE files.sink_id = r.sink_id AND files.epoch = r.epoch)
+          AND NOT EXISTS (SELECT 1 FROM named
+                          WHERE named.sink_id = r.sink_id AND named.epoch = r.epoch
+                            AND NOT EXISTS (SELECT 1 FROM sink_tables t WHERE t.sink_id = named.sink_id
+                                              AND t.table_identifier = named.table_identifier))
         FOR SHARE OF s
         ON CONFLICT (sink_id, epoch) DO NOTHING
         RETURNING sink_id, epoch
@@ -320,13 +336,15 @@ async def insert_new_epochs(connection: psycopg.AsyncConnection[Any], rows: Sequ
     the (sink_id, epoch) inserted.
 
     A row is inserted only where it is the plain case of a pre-commit: no row for the epoch yet, the
-    writer's term current, the epoch above the committed one, one writer per sink, no path with a claim or a
+    writer's term current, the epoch above the committed one, one writer per sink, every table it names one of
+    the sink's (an operator may remove one), no path with a claim or a
     deletion's mark, and its deadline not passed (path_claims). The sink rows are share-locked like in every
     pre-commit, so that a concurrent RegisterWriter sees
     (and aborts) the new rows or fences them. Rows not inserted are left to the general path, which answers
     them; two rows of one statement naming the same file fail the statement, and the general path answers.
     """
     files = [(row.sink_id, row.epoch, path) for row in rows for path in row.paths]
+    named = [(row.sink_id, row.epoch, table) for row in rows for table in row.tables]
     cursor = await connection.execute(
         _INSERT_NEW_EPOCHS,
         {
@@ -340,6 +358,9 @@ async def insert_new_epochs(connection: psycopg.AsyncConnection[Any], rows: Sequ
             "file_sink_ids": [sink_id for sink_id, _, _ in files],
             "file_epochs": [epoch for _, epoch, _ in files],
             "file_paths": [path for _, _, path in files],
+            "table_sink_ids": [sink_id for sink_id, _, _ in named],
+            "table_epochs": [epoch for _, epoch, _ in named],
+            "table_names": [table for _, _, table in named],
         },
     )
     return {(int(sink_id), int(epoch)) for sink_id, epoch in await cursor.fetchall()}

@@ -472,3 +472,43 @@ async def test_a_reset_of_a_half_appended_group_leaves_one_restart_point(
         assert Counter(table_order_ids(catalog.load_table(table))) == held, table
     assert restart == 1
     assert response.json()["aborted_epochs"] == []
+
+
+async def test_a_table_dropped_for_good_is_removed_from_its_sink_with_its_records_accounted_for(
+    admin: AdminApp, catalog: Catalog, database_url: str
+) -> None:
+    """A fan-out table dropped from the catalog wedged its sink: the committer retried it forever, and a forced
+    abort and a reset answered 422. The operator removes it from the sink; the other tables go on."""
+    registration = await fan_out_sink(admin)
+    await pre_commit(admin, catalog, registration, 0)
+    catalog.drop_table("db.eu")
+    await admin.checkpoint("orders", registration, 0, wait=False)
+
+    async def others_hold_epoch_0() -> bool:
+        return table_epochs(database_url) == {"db.eu": -1, OWN: 0, "db.us": 0}
+
+    await eventually(others_hold_epoch_0, "db.orders and db.us hold epoch 0, db.eu cannot")
+    remove = "/api/v1/sinks/orders/tables/{}/remove"
+    body = {"confirm": "db.eu", "reason": "dropped by its owners"}
+    assert (await admin.post(remove.format(OWN), json={**body, "confirm": OWN})).status_code == 409
+    assert (await admin.post(remove.format("db.nope"), json={**body, "confirm": "db.nope"})).status_code == 404
+    assert (await admin.post(remove.format("db.eu"), json={**body, "confirm": "db.us"})).status_code == 422
+
+    response = await admin.post(remove.format("db.eu"), json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["given_up"] == [{"epoch": 0, "files": 1, "records": 10}]
+    assert [table["table"] for table in response.json()["sink"]["tables"]] == [OWN, "db.us"]
+
+    # The writer was fenced: one restarted without db.eu in its routes goes on.
+    restarted = await admin.register("orders", checkpointed_epoch=0)
+    assert restarted.writer_term == registration.writer_term + 2  # fenced by the removal, then registered
+    assert await admin.checkpoint("orders", restarted, 0) == 0
+    stray = write_parquet(location_of(catalog, OWN), orders(first_order(1, "db.eu"), 10))
+    with pytest.raises(InvalidArgument, match="not one of the sink's"):
+        await admin.runtime.coordinator.pre_commit(
+            PreCommitRequest("orders", 1, restarted.writer_term, (stray,), file_tables={stray: "db.eu"})
+        )
+    await pre_commit(admin, catalog, restarted, 1, tables=(OWN, "db.us"))
+    assert await admin.checkpoint("orders", restarted, 1) == 1
+    for table in (OWN, "db.us"):
+        assert Counter(table_order_ids(catalog.load_table(table))) == expected_orders(range(2), table), table
