@@ -28,9 +28,15 @@ bearer_scheme = HTTPBearer(
 
 
 class AdminAuth:
-    def __init__(self, token: SecretStr | None, read_requires_token: bool) -> None:
+    def __init__(
+        self, token: SecretStr | None, read_requires_token: bool, metrics_token: SecretStr | None = None
+    ) -> None:
+        for name, configured in (("admin", token), ("metrics", metrics_token)):
+            if configured is not None and not configured.get_secret_value():
+                raise ValueError(f"the {name} token is empty: an empty token would open what it guards")
         self._token = token
         self._read_requires_token = read_requires_token
+        self._metrics_token = metrics_token
 
     @property
     def needs_token(self) -> bool:

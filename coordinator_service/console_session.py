@@ -70,8 +70,8 @@ class ConsoleSessions:
         return Role.NONE if self.auth.reads_need_token else Role.READER
 
     def sign_in(self, token: str) -> Session | None:
-        """A new signed-in session when the token is the admin token."""
-        if not self.auth.token_matches(token):
+        """A new signed-in session when the token is the admin token (never an empty one)."""
+        if not token or not self.auth.token_matches(token):
             return None
         return Session(signed_in=True, csrf=secrets.token_urlsafe(24))
 
