@@ -23,8 +23,10 @@ from coordinator_service.console_routes import CONSOLE_PREFIX, STATIC_DIRECTORY
 from coordinator_service.console_session import ConsoleSessions
 from coordinator_service.database import DATA_ERRORS, unstorable
 from coordinator_service.errors import CoordinatorError
+from coordinator_service.http_gate import HttpGate
 from coordinator_service.operations import Operations
 from coordinator_service.runtime import Runtime
+from coordinator_service.shared_answer import SharedAnswer
 
 
 def create_app(runtime: Runtime) -> FastAPI:
@@ -36,13 +38,16 @@ def create_app(runtime: Runtime) -> FastAPI:
     settings = runtime.settings
     app.state.runtime = runtime
     app.state.operations = Operations(runtime.database, runtime.tables, runtime.committer, runtime.maintainer, settings)
-    app.state.auth = AdminAuth(settings.admin_token, settings.admin_read_requires_token)
+    auth = app.state.auth = AdminAuth(settings.admin_token, settings.admin_read_requires_token, settings.metrics_token)
+    app.state.metrics_answer = SharedAnswer[bytes](settings.metrics_cache_seconds)
+    app.state.readiness_answer = SharedAnswer[dict[str, str]](0.0)
     _install_error_handlers(app)
     app.include_router(admin_routes_sinks.router)
     app.include_router(admin_routes_health.router)
-    app.state.console_sessions = ConsoleSessions(app.state.auth)
+    sessions = app.state.console_sessions = ConsoleSessions(auth, runtime.database)
     app.include_router(console_routes.router)
     app.mount(f"{CONSOLE_PREFIX}/static", StaticFiles(directory=STATIC_DIRECTORY), name="console-static")
+    app.add_middleware(HttpGate, auth=auth, sessions=sessions, allowed_hosts=settings.allowed_hosts)
     return app
 
 

@@ -346,11 +346,6 @@ class Settings(BaseSettings, MaintenancePolicy):
         return self
 
     @property
-    def reads_need_token(self) -> bool:
-        """Whether the read routes (and /metrics) need a token: an admin token is set and reads are not opened."""
-        return self.admin_token is not None and self.admin_read_requires_token
-
-    @property
     def postgres_dir(self) -> Path:
         return self.data_dir / "postgres"
 
