@@ -43,6 +43,10 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             log_config=None,
             access_log=False,
             lifespan="off",
+            # X-Forwarded-For names the operator only from a proxy the settings trust (uvicorn would believe
+            # 127.0.0.1, where kubectl port-forward arrives from).
+            proxy_headers=bool(settings.trusted_proxies),
+            forwarded_allow_ips=settings.trusted_proxies or None,
             ssl_certfile=settings.tls_cert_file,
             ssl_keyfile=settings.tls_key_file,
         )

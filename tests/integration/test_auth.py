@@ -120,6 +120,34 @@ def test_grpc_needs_the_writer_token_and_no_secret_is_logged(
     assert ADMIN_TOKEN not in logged
 
 
+def test_the_recorded_operator_address_is_the_peers_unless_a_proxy_is_trusted(
+    coordinator_factory: Callable[..., CoordinatorProcess],
+) -> None:
+    """X-Forwarded-For from 127.0.0.1 (kubectl port-forward arrives from there) names no operator."""
+    process = coordinator_factory(SINK_COORDINATOR_ADMIN_TOKEN=ADMIN_TOKEN)
+    with process.client() as client:
+        registration = client.register_writer("orders", "db.orders", -1, arrow_schema=ORDERS.serialize().to_pybytes())
+        for epoch in (0, 1):
+            client.pre_commit("orders", epoch, registration.writer_term, [])
+    spoofed = {**RIGHT, "X-Forwarded-For": "203.0.113.9"}
+    response = httpx.post(
+        f"{process.http_url}/api/v1/sinks/orders/epochs/0/abort", json={"reason": "x", "force": True}, headers=spoofed
+    )
+    assert response.status_code == 200, response.text
+    reason = response.json()["epoch"]["reason"]
+    assert "203.0.113.9" not in reason and "from 127.0.0.1:" in reason
+    process.stop()
+
+    trusting = coordinator_factory(
+        SINK_COORDINATOR_ADMIN_TOKEN=ADMIN_TOKEN, SINK_COORDINATOR_TRUSTED_PROXIES="127.0.0.1"
+    )
+    response = httpx.post(
+        f"{trusting.http_url}/api/v1/sinks/orders/epochs/1/abort", json={"reason": "x", "force": True}, headers=spoofed
+    )
+    assert response.status_code == 200, response.text
+    assert "from 203.0.113.9" in response.json()["epoch"]["reason"]
+
+
 @dataclass
 class TlsCoordinatorProcess(CoordinatorProcess):
     def wait_serving(self) -> None:
