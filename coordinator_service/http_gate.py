@@ -68,18 +68,17 @@ class HttpGate:
             refusal = await self._refusal(request)
         except CoordinatorError as error:
             refusal = _error(error.http_status, error.grpc_code.name, error.message)
-        if refusal is None:
-            body = await _bounded_body(request)
-            if body is None:
-                refusal = _error(
-                    HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                    "INVALID_ARGUMENT",
-                    f"the request body is over {MAX_BODY_BYTES} bytes: nothing was read or changed",
-                )
-        if refusal is not None:
-            await refusal(scope, receive, send)
+        body = None if refusal is not None else await _bounded_body(request)
+        if body is not None:
+            await self.app(scope, _replaying(body, receive), send)
             return
-        await self.app(scope, _replaying(body, receive), send)
+        if refusal is None:
+            refusal = _error(
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                "INVALID_ARGUMENT",
+                f"the request body is over {MAX_BODY_BYTES} bytes: nothing was read or changed",
+            )
+        await refusal(scope, receive, send)
 
     async def _refusal(self, request: Request) -> JSONResponse | RedirectResponse | None:
         path, method = request.url.path, request.method

@@ -195,7 +195,7 @@ class Settings(BaseSettings, MaintenancePolicy):
     )
     grpc_max_connection_age_seconds: float = Field(
         default=1800.0,
-        ge=10.0,
+        ge=1.0,
         le=7 * 24 * 3600.0,
         description="A gRPC connection is closed (GOAWAY) after this long, its calls given a grace to finish; "
         "clients reconnect, and spread over the replicas again.",

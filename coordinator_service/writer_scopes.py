@@ -10,6 +10,7 @@ has the open scope, the same.
 
 The rules are pure functions of the scope and the request; coordinator_service.grpc_gate applies them to every
 call, and coordinator_service.writer_admission counts the quotas in the metastore.
+
 """
 
 from __future__ import annotations
@@ -167,10 +168,12 @@ class Credentials:
         """Whether calls need a token (some writer credential is configured)."""
         return bool(self._by_digest)
 
-    def scope_of(self, token: str) -> Scope | None:
-        """The scope of a sent token; None if it is no writer token."""
+    def scope_of(self, token: str | None) -> Scope | None:
+        """The scope of a sent token (None: no token was sent); None if it is no writer token."""
         if not self._by_digest:
             return Scope(OPEN, EVERYTHING)
+        if token is None:
+            return None
         return self._by_digest.get(_digest(token))
 
 
