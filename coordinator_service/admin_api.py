@@ -2,9 +2,11 @@
 
 create_app puts the runtime, the operator rules and the token check in
 app.state, where the routes' dependencies (admin_deps) take them; the routes
-themselves are module-level routers (admin_routes_sinks, admin_routes_health).
-Every error is JSON {"error": {"code", "message"}}; a CoordinatorError
-answers its http_status, a request that does not validate answers 422.
+themselves are module-level routers (admin_routes_sinks, admin_routes_tables,
+admin_routes_health, console_routes). Every request passes the HTTP gate
+(http_gate) first. Every error is JSON {"error": {"code", "message"}}; a
+CoordinatorError answers its http_status, a request that does not validate
+answers 422.
 """
 
 from __future__ import annotations
@@ -17,7 +19,13 @@ from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
-from coordinator_service import __version__, admin_routes_health, admin_routes_sinks, console_routes
+from coordinator_service import (
+    __version__,
+    admin_routes_health,
+    admin_routes_sinks,
+    admin_routes_tables,
+    console_routes,
+)
 from coordinator_service.admin_auth import AdminAuth
 from coordinator_service.console_routes import CONSOLE_PREFIX, STATIC_DIRECTORY
 from coordinator_service.console_session import ConsoleSessions
@@ -43,6 +51,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     app.state.readiness_answer = SharedAnswer[dict[str, str]](0.0)
     _install_error_handlers(app)
     app.include_router(admin_routes_sinks.router)
+    app.include_router(admin_routes_tables.router)
     app.include_router(admin_routes_health.router)
     sessions = app.state.console_sessions = ConsoleSessions(auth, runtime.database)
     app.include_router(console_routes.router)
