@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -298,9 +299,19 @@ class Settings(BaseSettings, MaintenancePolicy):
     @classmethod
     def _host_names(cls, hosts: list[str]) -> list[str]:
         for host in hosts:
-            if host != "*" and not _HOST_NAME.match(host):
+            if host != "*" and not _HOST_NAME.fullmatch(host):
                 raise ValueError(f"{host[:100]!r} is not a host name or an IP address (without a port), nor '*'")
         return [host.lower().strip("[]") for host in hosts]
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxy_addresses(cls, proxies: list[str]) -> list[str]:
+        for proxy in proxies:
+            try:
+                ipaddress.ip_network(proxy, strict=False)
+            except ValueError:
+                raise ValueError(f"{proxy[:100]!r} is not an IP address or network (10.0.0.0/8)") from None
+        return proxies
 
     @field_validator("writer_scopes")
     @classmethod
@@ -354,7 +365,7 @@ class Settings(BaseSettings, MaintenancePolicy):
         return self.data_dir / "warehouse"
 
 
-_HOST_NAME: Final = re.compile(r"^(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?)+$|^\[?[0-9A-Fa-f:.]+\]?$")
+_HOST_NAME: Final = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?)+|\[?[0-9A-Fa-f:.]+\]?")
 
 
 def _secret(variable: str, value: SecretStr | None, path: Path | None) -> SecretStr | None:

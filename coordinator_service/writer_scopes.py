@@ -27,18 +27,18 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr
 from coordinator_service.errors import PermissionDenied, quote
 
 # Scope names are environment variable name parts (lower-cased by the settings, '__' separates parts).
-SCOPE_NAME: Final = re.compile(r"^[a-z0-9](?:[a-z0-9-]|_(?!_)){0,62}$")
+SCOPE_NAME: Final = re.compile(r"[a-z0-9](?:[a-z0-9-]|_(?!_)){0,62}")
 # The name scopes the unscoped credential and a coordinator without writer credentials go by: no scope key
 # can take them (scope keys are lower case).
 UNSCOPED: Final = "WRITER_TOKEN"
 OPEN: Final = "OPEN"
 DEFAULT_MAX_SINKS: Final = 10_000
 DEFAULT_MAX_TABLES: Final = 100_000
-_PATTERN: Final = re.compile(r"^[^\s*\x00-\x1f\x7f]{0,255}\*?$")
+_PATTERN: Final = re.compile(r"[^\s*\x00-\x1f\x7f]{0,255}\*?")
 
 
 def _check_pattern(pattern: str) -> str:
-    if not pattern or not _PATTERN.match(pattern):
+    if not pattern or not _PATTERN.fullmatch(pattern):
         raise ValueError(
             f"pattern {quote(pattern)} is not a name or a prefix ending in '*' (at most 255 characters, no spaces, "
             "no control characters, '*' only at the end)"
@@ -103,7 +103,7 @@ EVERYTHING: Final = WriterScope(sinks=["*"], namespaces=["*"])
 
 def check_scope_names(scopes: Mapping[str, WriterScope]) -> None:
     for name in scopes:
-        if not SCOPE_NAME.match(name):
+        if not SCOPE_NAME.fullmatch(name):
             raise ValueError(
                 f"writer scope name {quote(name)} is invalid: use 1 to 63 lower-case letters, digits, '-' and single "
                 "'_', starting with a letter or digit (it is part of environment variable names)"

@@ -25,7 +25,7 @@ from tests.fixtures.admin import (
 )
 from tests.fixtures.coordinator import table_files, table_order_ids
 
-TOKEN = "s3cret-admin-token"
+TOKEN = "s3cret-admin-token-Zq3vX9pL2mN8rT5wY"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 

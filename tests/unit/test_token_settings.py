@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from coordinator_service import cli
 from coordinator_service.admin_auth import AdminAuth
 from coordinator_service.console_session import ConsoleSessions
+from coordinator_service.database import Database, normalize_url
 from coordinator_service.settings import MIN_TOKEN_CHARACTERS, Settings
 
 GOOD = "Zq3vX9pL2mN8rT5wY7bC4dF6gH1jK0sA"  # 32 characters of the bearer-token alphabet
@@ -86,6 +87,38 @@ def test_one_token_for_two_apis_is_refused() -> None:
 def test_the_console_never_signs_in_an_empty_token() -> None:
     with pytest.raises(ValueError, match="empty"):
         AdminAuth(SecretStr(""), read_requires_token=False)
+    unused = Database(normalize_url("postgresql://127.0.0.1:1/unused"))  # signing in reads no metastore
     for configured in (None, SecretStr(GOOD)):
-        sessions = ConsoleSessions(AdminAuth(configured, read_requires_token=False))
+        sessions = ConsoleSessions(AdminAuth(configured, read_requires_token=False), unused)
         assert sessions.sign_in("") is None
+
+
+@pytest.mark.parametrize(
+    ("hosts", "message"),
+    [
+        (["evil host"], "is not a host name"),
+        (["coordinator:8080"], "is not a host name"),
+        (["a/b"], "is not a host name"),
+        (["localhost\n"], "is not a host name"),
+        (["*.example.com"], "is not a host name"),
+        ("a,b c", "is not a host name"),
+    ],
+)
+def test_an_allowed_host_that_is_no_host_name_is_refused(hosts: str | list[str], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        Settings(allowed_hosts=hosts)  # type: ignore[arg-type]
+
+
+def test_hosts_and_proxies_are_comma_separated_in_a_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SINK_COORDINATOR_ALLOWED_HOSTS", "Coordinator.Example, [::1],localhost")
+    monkeypatch.setenv("SINK_COORDINATOR_TRUSTED_PROXIES", "10.0.0.0/8, 192.168.1.7")
+    settings = Settings()
+    assert settings.allowed_hosts == ["coordinator.example", "::1", "localhost"]
+    assert settings.trusted_proxies == ["10.0.0.0/8", "192.168.1.7"]
+    assert Settings().allowed_hosts == ["coordinator.example", "::1", "localhost"]
+
+
+@pytest.mark.parametrize("proxy", ["proxy.example", "10.0.0.0/33", "300.1.1.1", "*"])
+def test_a_trusted_proxy_that_is_no_address_or_network_is_refused(proxy: str) -> None:
+    with pytest.raises(ValidationError, match="is not an IP address or network"):
+        Settings(trusted_proxies=[proxy])
