@@ -155,7 +155,8 @@ def build_server(
     With tls_credentials it serves TLS only (there is no plaintext port beside it). Calls beyond
     GRPC_MAX_CONCURRENT_RPCS are refused with RESOURCE_EXHAUSTED, a connection carries at most
     GRPC_MAX_STREAMS_PER_CONNECTION calls at once, and lives GRPC_MAX_CONNECTION_AGE_SECONDS, after which its
-    calls get CONNECTION_AGE_GRACE_SECONDS to finish.
+    calls get CONNECTION_AGE_GRACE_SECONDS to finish. HTTP/2 windows do not grow past their initial 64 KiB (no
+    BDP probing), so the server holds at most that of a body nobody reads.
     """
     gate = WriterGate(
         Credentials(settings.writer_token, settings.writer_scopes),
@@ -168,6 +169,9 @@ def build_server(
             ("grpc.max_concurrent_streams", settings.grpc_max_streams_per_connection),
             ("grpc.max_connection_age_ms", int(settings.grpc_max_connection_age_seconds * 1000)),
             ("grpc.max_connection_age_grace_ms", int(CONNECTION_AGE_GRACE_SECONDS * 1000)),
+            # A stream's window stays at its initial 64 KiB instead of growing with the link's bandwidth-delay
+            # product: a body the gate refuses unread costs at most that much, whatever its size.
+            ("grpc.http2.bdp_probe", 0),
         ],
     )
     pb_grpc.add_SinkCoordinatorServicer_to_server(SinkCoordinatorServicer(coordinator), server)
