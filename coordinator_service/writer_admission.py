@@ -108,7 +108,7 @@ async def _additions(session: AsyncSession, sink: str, tables: list[str]) -> tup
 
 async def _written(session: AsyncSession, tables: list[str]) -> set[str]:
     """Those of the tables some sink writes."""
-    statement = select(distinct(WrittenTable.table_identifier)).where(WrittenTable.table_identifier.in_(tables))
+    statement = select(WrittenTable.table_identifier).where(WrittenTable.table_identifier.in_(tables)).distinct()
     return set(await session.scalars(statement))
 
 
