@@ -157,8 +157,8 @@ class Settings(BaseSettings, MaintenancePolicy):
     )
     metrics_token: SecretStr | None = Field(
         default=None,
-        description="Bearer token that opens /metrics and nothing else (for Prometheus); /metrics takes it or "
-        "the admin token when the read routes need a token.",
+        description="Bearer token that opens /metrics and nothing else (for Prometheus). Once it is set, or "
+        "wherever the read routes need the admin token, /metrics needs it (or the admin token).",
     )
     metrics_token_file: Path | None = Field(default=None, description="File holding METRICS_TOKEN.")
     admin_read_requires_token: bool = Field(

@@ -10,7 +10,6 @@ has the open scope, the same.
 
 The rules are pure functions of the scope and the request; coordinator_service.grpc_gate applies them to every
 call, and coordinator_service.writer_admission counts the quotas in the metastore.
-
 """
 
 from __future__ import annotations
