@@ -26,10 +26,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from coordinator_service import table_origin
 from coordinator_service.catalog_calls import in_catalog
 from coordinator_service.database import Database
-from coordinator_service.errors import QuotaExceeded, Unavailable
+from coordinator_service.errors import InvalidArgument, QuotaExceeded, Unavailable
 from coordinator_service.iceberg import IcebergGateway
 from coordinator_service.models import Sink, WrittenTable
-from coordinator_service.protocol import _check_sink_name
+from coordinator_service.protocol import MAX_TABLES_PER_ENSURE, _check_sink_name
 from coordinator_service.settings import ENV_PREFIX
 from coordinator_service.table_identifiers import check_table_identifier
 from coordinator_service.writer_scopes import OPEN, UNSCOPED, Scope
@@ -48,8 +48,11 @@ class Admission:
     async def admitting(self, scope: Scope, sink: str, tables: Sequence[str]) -> AsyncIterator[None]:
         """Run the block as the call that may add `sink` and `tables` to the scope: at once when it adds
         nothing, else under the scope's lock once the quotas and the tables' origin allow it."""
-        # The names first, by the name policy: a name it refuses never reaches the metastore or the catalog.
+        # The names first, by the name policy, and as many as a call may name: what the call would refuse never
+        # reaches the metastore or the catalog.
         _check_sink_name(sink)
+        if len(tables) > MAX_TABLES_PER_ENSURE:
+            raise InvalidArgument(f"{len(tables)} tables in one call exceed {MAX_TABLES_PER_ENSURE}")
         named = list(dict.fromkeys(tables))
         for table in named:
             check_table_identifier(table)

@@ -164,6 +164,14 @@ def test_each_scope_has_quotas_of_sinks_and_tables(
             "MAX_TABLES",
         )
         assert not catalog.table_exists("team_a.t4")
+        # More tables than one call may name: refused before any is looked up or counted.
+        refused(
+            lambda: team_a.ensure_tables(
+                "a-1", again.writer_term, [TableSpec(f"team_a.many_{index}", SCHEMA) for index in range(1001)]
+            ),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "1001 tables",
+        )
         # Tables ensured before count once and are ensured again.
         team_a.ensure_tables("a-1", again.writer_term, [TableSpec("team_a.t3", SCHEMA)])
         # Another scope's quota is its own.
