@@ -62,6 +62,13 @@ def test_an_operator_goes_through_the_console(
         sink_with_epochs(client, "orders", "shop.orders", pending=2)
         sink_with_epochs(client, "payments", "shop.payments", pending=0)
         page = browser.new_page(viewport={"width": 1280, "height": 900})
+        # What the browser refused to load or run (the pages' Content-Security-Policy must let them work).
+        refused: list[str] = []
+        page.expose_function("reportViolation", lambda violation: refused.append(violation))
+        page.add_init_script(
+            "document.addEventListener('securitypolicyviolation', "
+            "(e) => window.reportViolation(`${e.violatedDirective} ${e.blockedURI}`))"
+        )
         console = f"{coordinator.http_url}/console"
 
         # Reads are opened (as the API's are here); the list shows each sink and its lag.
@@ -129,6 +136,7 @@ def test_an_operator_goes_through_the_console(
 
     coordinator.wait_for_log("epoch aborted by an operator", sink="orders", epoch=3)
     _signed_out(page, console)
+    assert refused == [], refused
 
 
 def _signed_out(page: Page, console: str) -> None:
