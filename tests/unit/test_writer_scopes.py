@@ -10,7 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import SecretStr, ValidationError
+from typer.testing import CliRunner
 
+from coordinator_service import cli
 from coordinator_service.errors import MESSAGE_BYTES, PermissionDenied
 from coordinator_service.grpc_gate import SERVICE_NAME, TARGETS
 from coordinator_service.rpc import sink_coordinator_pb2 as pb
@@ -141,3 +143,19 @@ def test_a_scope_refuses_what_it_does_not_cover_saying_what_it_covers(sink: str,
 def test_every_call_of_the_service_has_a_scope_rule() -> None:
     methods = pb.DESCRIPTOR.services_by_name["SinkCoordinator"].methods
     assert {f"/{SERVICE_NAME}/{method.name}" for method in methods} == set(TARGETS)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--writer-scopes", json.dumps({"a": scope(["a b"], ["a"])})], "is not a name or a prefix"),
+        (["--writer-scopes", json.dumps({"a": scope(["a-*"], ["a"], TOKEN_A[:20])})], "has 20 characters"),
+        (["--writer-scopes", "{not json"], "not JSON"),
+        (["--writer-scopes", "[]"], "not a JSON object"),
+    ],
+)
+def test_a_bad_scope_flag_is_refused_without_showing_its_token(flags: list[str], message: str) -> None:
+    result = CliRunner().invoke(cli.app, ["migrate", *flags], env={"COLUMNS": "300"})
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split()), result.output
+    assert TOKEN_A[:20] not in result.output
