@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from hypothesis import given
@@ -159,3 +160,17 @@ def test_a_bad_scope_flag_is_refused_without_showing_its_token(flags: list[str],
     assert result.exit_code == 2
     assert message in " ".join(result.output.split()), result.output
     assert TOKEN_A[:20] not in result.output
+
+
+def test_scopes_from_a_flag() -> None:
+    taken: list[Settings] = []
+    with (
+        mock.patch.object(cli, "metastore_url", lambda settings: (taken.append(settings), ("postgresql://x", True))[1]),
+        mock.patch.object(cli, "migrate_metastore", return_value="head"),
+        mock.patch.object(cli, "configure_logging"),
+    ):
+        flag = json.dumps({"team-a": scope(["a-*"], ["team_a"])})
+        result = CliRunner().invoke(cli.app, ["migrate", "--writer-scopes", flag], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    (settings,) = taken
+    assert settings.writer_scopes["team-a"].sinks == ["a-*"]
