@@ -224,3 +224,29 @@ async def test_an_unknown_route_costs_nothing_without_the_token(admin_factory: A
     admin = await admin_factory(admin_token=TOKEN)
     response = await admin.http.request(method, "/api/v1/sinks/orders/nothing-here", content=Pulled(30))
     assert response.status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("table", "body", "status"),
+    [
+        ("db.missing", {"reason": "x"}, 404),
+        ("no_namespace", {"reason": "x"}, 422),
+        ("db.a%2F..%2Fb", {"reason": "x"}, 404),  # a path of its own: no route
+        ("db..orders", {"reason": "x"}, 422),
+        ("db.nul%00", {"reason": "x"}, 422),
+        ("db." + "t" * 300, {"reason": "x"}, 422),
+        ("db.orders", {"reason": ""}, 422),
+        ("db.orders", {"reason": "nul \x00"}, 422),
+        ("db.orders", {"reason": "x" * 2001}, 422),
+        ("db.orders", {}, 422),
+    ],
+)
+async def test_adopting_a_table_refuses_what_is_wrong_and_changes_nothing(
+    admin_factory: AdminFactory, table: str, body: dict[str, str], status: int
+) -> None:
+    admin = await admin_factory(admin_token=TOKEN)
+    await sink_with_a_pending_epoch(admin)  # db.orders: the coordinator's own
+    before = admin.runtime.tables.catalog.load_table("db.orders").metadata_location
+    response = await admin.post(f"/api/v1/tables/{table}/adopt", json=body, headers=AUTH)
+    assert response.status_code == status, response.text
+    assert admin.runtime.tables.catalog.load_table("db.orders").metadata_location == before

@@ -122,3 +122,31 @@ def test_hosts_and_proxies_are_comma_separated_in_a_variable(monkeypatch: pytest
 def test_a_trusted_proxy_that_is_no_address_or_network_is_refused(proxy: str) -> None:
     with pytest.raises(ValidationError, match="is not an IP address or network"):
         Settings(trusted_proxies=[proxy])
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("grpc_max_concurrent_rpcs", 0),
+        ("grpc_max_concurrent_rpcs", 10**9),
+        ("grpc_max_streams_per_connection", 0),
+        ("grpc_max_streams_per_connection", -5),
+        ("grpc_max_connection_age_seconds", 0.5),
+        ("grpc_max_connection_age_seconds", float("inf")),
+        ("grpc_max_connection_age_seconds", float("nan")),
+        ("metrics_cache_seconds", -1.0),
+        ("metrics_cache_seconds", 1e9),
+        ("metrics_cache_seconds", float("nan")),
+    ],
+)
+def test_the_bounds_of_the_security_settings(name: str, value: float) -> None:
+    with pytest.raises(ValidationError, match=name):
+        Settings(**{name: value})  # type: ignore[arg-type]
+
+
+@given(st.text(max_size=300))
+def test_the_console_shows_no_notice_it_did_not_sign(sent: str) -> None:
+    unused = Database(normalize_url("postgresql://127.0.0.1:1/unused"))
+    sessions = ConsoleSessions(AdminAuth(SecretStr(GOOD), read_requires_token=False), unused)
+    assert sessions.notice_text(sent) == ""
+    assert sessions.notice_text(sessions.notice(sent)) == sent
