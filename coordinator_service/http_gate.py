@@ -5,8 +5,9 @@ An ASGI middleware around the admin app, in this order:
 1. the Host: the admin API and the console answer only SINK_COORDINATOR_ALLOWED_HOSTS (DNS rebinding of a
    tokenless coordinator on a laptop); the probes and /metrics answer any Host (the kubelet and Prometheus send
    the pod's address);
-2. where an unsafe request comes from: a browser's cross-site POST, PUT or DELETE (Sec-Fetch-Site, or an Origin
-   other than the Host) is refused whatever its body, so that body-less routes need the same care as the rest;
+2. where an unsafe request comes from: a browser's cross-site POST, PUT or DELETE (Sec-Fetch-Site; from a browser
+   that sends none, an Origin other than the Host) is refused whatever its body, so that body-less routes get
+   the same care as the rest;
 3. the token (coordinator_service.admin_auth's rules): the admin API's routes, /metrics, and the console's
    actions (an operator's session) are refused before their body is read;
 4. the body: at most MAX_BODY_BYTES, refused from its Content-Length or as soon as it grows past it, and read
@@ -130,10 +131,12 @@ def _host(request: Request) -> str:
 
 
 def _cross_site(request: Request) -> bool:
-    """Whether a browser sent the request from another site (non-browser clients send neither header)."""
+    """Whether a browser sent the request from another site. The browser's own verdict (Sec-Fetch-Site) when it
+    gives one, which holds behind a proxy that rewrites the Host; else an Origin other than the Host. Clients
+    that are no browser send neither."""
     site = request.headers.get("sec-fetch-site")
-    if site is not None and site not in ("same-origin", "none"):
-        return True
+    if site is not None:
+        return site not in ("same-origin", "none")
     origin = request.headers.get("origin")
     return origin is not None and urlsplit(origin).netloc.lower() != request.headers.get("host", "").lower()
 
