@@ -2,9 +2,11 @@
 
 create_app puts the runtime, the operator rules and the token check in
 app.state, where the routes' dependencies (admin_deps) take them; the routes
-themselves are module-level routers (admin_routes_sinks, admin_routes_health).
-Every error is JSON {"error": {"code", "message"}}; a CoordinatorError
-answers its http_status, a request that does not validate answers 422.
+themselves are module-level routers (admin_routes_sinks, admin_routes_tables,
+admin_routes_health, console_routes). Every request passes the HTTP gate
+(http_gate) first. Every error is JSON {"error": {"code", "message"}}; a
+CoordinatorError answers its http_status, a request that does not validate
+answers 422.
 """
 
 from __future__ import annotations
@@ -17,14 +19,22 @@ from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException
 
-from coordinator_service import __version__, admin_routes_health, admin_routes_sinks, console_routes
+from coordinator_service import (
+    __version__,
+    admin_routes_health,
+    admin_routes_sinks,
+    admin_routes_tables,
+    console_routes,
+)
 from coordinator_service.admin_auth import AdminAuth
 from coordinator_service.console_routes import CONSOLE_PREFIX, STATIC_DIRECTORY
 from coordinator_service.console_session import ConsoleSessions
 from coordinator_service.database import DATA_ERRORS, unstorable
 from coordinator_service.errors import CoordinatorError
+from coordinator_service.http_gate import HttpGate
 from coordinator_service.operations import Operations
 from coordinator_service.runtime import Runtime
+from coordinator_service.shared_answer import SharedAnswer
 
 
 def create_app(runtime: Runtime) -> FastAPI:
@@ -38,13 +48,17 @@ def create_app(runtime: Runtime) -> FastAPI:
     app.state.operations = Operations(
         runtime.database, runtime.tables, runtime.committer, runtime.cleaner, runtime.maintainer, settings
     )
-    app.state.auth = AdminAuth(settings.admin_token, settings.admin_read_requires_token)
+    auth = app.state.auth = AdminAuth(settings.admin_token, settings.admin_read_requires_token, settings.metrics_token)
+    app.state.metrics_answer = SharedAnswer[bytes](settings.metrics_cache_seconds)
+    app.state.readiness_answer = SharedAnswer[dict[str, str]](0.0)
     _install_error_handlers(app)
     app.include_router(admin_routes_sinks.router)
+    app.include_router(admin_routes_tables.router)
     app.include_router(admin_routes_health.router)
-    app.state.console_sessions = ConsoleSessions(app.state.auth)
+    sessions = app.state.console_sessions = ConsoleSessions(auth, runtime.database)
     app.include_router(console_routes.router)
     app.mount(f"{CONSOLE_PREFIX}/static", StaticFiles(directory=STATIC_DIRECTORY), name="console-static")
+    app.add_middleware(HttpGate, auth=auth, sessions=sessions, allowed_hosts=settings.allowed_hosts)
     return app
 
 

@@ -1,9 +1,13 @@
-"""Bearer-token authentication of the admin API.
+"""Bearer-token authentication of the admin API, the console and /metrics.
 
 Once SINK_COORDINATOR_ADMIN_TOKEN is set, mutating routes need it; read
-routes need it too when ADMIN_READ_REQUIRES_TOKEN is true. Without a token
-every route is open and operators are 'anonymous'. The token is compared in
-constant time and never logged.
+routes (and /metrics) need it too unless ADMIN_READ_REQUIRES_TOKEN is false.
+/metrics also takes SINK_COORDINATOR_METRICS_TOKEN, which opens nothing else,
+and needs one of the two whenever a metrics token is set. Without a token
+every route is open and operators are 'anonymous'. Tokens are compared in
+constant time and never logged. coordinator_service.http_gate applies these
+rules to every request before its body is read; the routes' dependencies
+(admin_deps) apply them again and name the operator.
 """
 
 from __future__ import annotations
@@ -28,9 +32,15 @@ bearer_scheme = HTTPBearer(
 
 
 class AdminAuth:
-    def __init__(self, token: SecretStr | None, read_requires_token: bool) -> None:
+    def __init__(
+        self, token: SecretStr | None, read_requires_token: bool, metrics_token: SecretStr | None = None
+    ) -> None:
+        for name, configured in (("admin", token), ("metrics", metrics_token)):
+            if configured is not None and not configured.get_secret_value():
+                raise ValueError(f"the {name} token is empty: an empty token would open what it guards")
         self._token = token
         self._read_requires_token = read_requires_token
+        self._metrics_token = metrics_token
 
     @property
     def needs_token(self) -> bool:
@@ -54,6 +64,21 @@ class AdminAuth:
     def check_reader(self, credentials: HTTPAuthorizationCredentials | None) -> None:
         if self.reads_need_token:
             self._check(credentials)
+
+    def check_metrics_reader(self, credentials: HTTPAuthorizationCredentials | None) -> None:
+        """/metrics: the metrics token or the admin token, when reads need a token or a metrics token is set."""
+        if not self.reads_need_token and self._metrics_token is None:
+            return
+        if credentials is None:
+            raise Unauthenticated(
+                "/metrics needs a token: send 'Authorization: Bearer <SINK_COORDINATOR_METRICS_TOKEN>'"
+            )
+        sent = credentials.credentials
+        metrics = self._metrics_token
+        if metrics is not None and hmac.compare_digest(sent.encode(), metrics.get_secret_value().encode()):
+            return
+        if self._token is None or not self.token_matches(sent):
+            raise Unauthenticated("the metrics token is wrong")
 
     def token_matches(self, sent: str) -> bool:
         """Whether `sent` is the admin token (compared in constant time); any text when none is configured."""

@@ -1,19 +1,26 @@
-"""The open routes for probes and Prometheus: /healthz, /readyz, /metrics (never behind the admin token)."""
+"""The routes for probes and Prometheus: /healthz, /readyz (open) and /metrics (open, or behind the metrics token:
+coordinator_service.http_gate).
+
+Anyone may ask /readyz and /metrics as often as they like: concurrent asks share one computation, and a scrape
+is answered from one at most METRICS_CACHE_SECONDS old (coordinator_service.shared_answer)."""
 
 from __future__ import annotations
 
 import asyncio
 
 import structlog
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
 
 from coordinator_service import metrics
 from coordinator_service.admin_deps import OperationsDep, RuntimeDep
-from coordinator_service.errors import CoordinatorError, SchemaNotCurrent
+from coordinator_service.errors import CoordinatorError, SchemaNotCurrent, cause
+from coordinator_service.operations import Operations
+from coordinator_service.runtime import Runtime
 from coordinator_service.schema import require_current_schema
+from coordinator_service.shared_answer import SharedAnswer
 
 log = structlog.get_logger(__name__)
 
@@ -21,8 +28,14 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/metrics", response_class=Response)
-async def prometheus_metrics(operations: OperationsDep) -> Response:
-    """Prometheus metrics; the per-sink gauges are read from the metastore at each scrape."""
+async def prometheus_metrics(request: Request, operations: OperationsDep) -> Response:
+    """Prometheus metrics; the per-sink gauges are read from the metastore (at most METRICS_CACHE_SECONDS ago)."""
+    shared: SharedAnswer[bytes] = request.app.state.metrics_answer
+    body = await shared.get(lambda: _scrape(operations))
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
+async def _scrape(operations: Operations) -> bytes:
     gauges: list[metrics.SinkGauges] | None
     try:
         gauges = [
@@ -49,8 +62,7 @@ async def prometheus_metrics(operations: OperationsDep) -> Response:
         gauges = None
     # Rendering every label of every metric takes tens of milliseconds with many sinks: not on the loop that
     # answers the writers.
-    body = await asyncio.to_thread(metrics.exposition, gauges)
-    return Response(body, media_type=CONTENT_TYPE_LATEST)
+    return await asyncio.to_thread(metrics.exposition, gauges)
 
 
 @router.get("/healthz")
@@ -60,20 +72,31 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz")
-async def readyz(runtime: RuntimeDep) -> JSONResponse:
-    """PostgreSQL and the catalog are reachable and the metastore schema is current."""
+async def readyz(request: Request, runtime: RuntimeDep) -> JSONResponse:
+    """PostgreSQL and the catalog are reachable and the metastore schema is current. Each check says what is
+    wrong in words an operator acts on; the error itself (its SQL, parameters, driver text) goes to the log."""
+    shared: SharedAnswer[dict[str, str]] = request.app.state.readiness_answer
+    checks = await shared.get(lambda: _readiness(runtime))
+    ready = all(value == "ok" for value in checks.values())
+    return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
+
+
+async def _readiness(runtime: Runtime) -> dict[str, str]:
     checks: dict[str, str] = {}
     try:
         async with runtime.database.connection() as connection:
             await connection.execute(text("SELECT 1"))
             await connection.run_sync(require_current_schema)
         checks["metastore"] = "ok"
-    except (CoordinatorError, SchemaNotCurrent) as error:
-        checks["metastore"] = str(error)
+    except SchemaNotCurrent:
+        checks["metastore"] = "schema not current: run `sink-coordinator migrate` with this release"
+    except Exception as error:
+        log.warning("readiness: the metastore failed", error=cause(error))
+        checks["metastore"] = "unreachable: see the coordinator's log"
     try:
         await asyncio.to_thread(runtime.tables.catalog.list_namespaces)
         checks["catalog"] = "ok"
     except Exception as error:
-        checks["catalog"] = f"{type(error).__name__}: {error}"
-    ready = all(value == "ok" for value in checks.values())
-    return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
+        log.warning("readiness: the catalog failed", error=cause(error), error_type=type(error).__name__)
+        checks["catalog"] = "unreachable: see the coordinator's log"
+    return checks

@@ -42,16 +42,14 @@ Epoch = Annotated[int, PathParameter(ge=0, le=MAX_EPOCH, description="The epoch 
 Runs = Annotated[int, Query(ge=1, le=100, description="How many of the last maintenance runs to list.")]
 
 
-def _error_responses(*statuses: HTTPStatus) -> dict[int | str, dict[str, Any]]:
+def error_responses(*statuses: HTTPStatus) -> dict[int | str, dict[str, Any]]:
     return {int(status): {"model": ErrorResponse, "description": status.phrase} for status in statuses}
 
 
 router = APIRouter(
     prefix=API_PREFIX,
     tags=["sinks"],
-    responses=_error_responses(
-        HTTPStatus.UNAUTHORIZED, HTTPStatus.UNPROCESSABLE_ENTITY, HTTPStatus.SERVICE_UNAVAILABLE
-    ),
+    responses=error_responses(HTTPStatus.UNAUTHORIZED, HTTPStatus.UNPROCESSABLE_ENTITY, HTTPStatus.SERVICE_UNAVAILABLE),
 )
 
 
@@ -61,13 +59,13 @@ async def list_sinks(operations: OperationsDep, _: Reader) -> SinkList:
     return SinkList(sinks=[SinkResponse.of(overview) for overview in await operations.sinks()])
 
 
-@router.get("/sinks/{sink}", response_model=SinkResponse, responses=_error_responses(HTTPStatus.NOT_FOUND))
+@router.get("/sinks/{sink}", response_model=SinkResponse, responses=error_responses(HTTPStatus.NOT_FOUND))
 async def get_sink(operations: OperationsDep, sink: SinkName, _: Reader) -> SinkResponse:
     """One sink: checkpointed and committed epochs, writer term, pending and aborted epochs, committer health."""
     return SinkResponse.of(await operations.sink(sink))
 
 
-@router.get("/sinks/{sink}/epochs", response_model=EpochPage, responses=_error_responses(HTTPStatus.NOT_FOUND))
+@router.get("/sinks/{sink}/epochs", response_model=EpochPage, responses=error_responses(HTTPStatus.NOT_FOUND))
 async def list_epochs(
     operations: OperationsDep,
     sink: SinkName,
@@ -90,7 +88,7 @@ async def list_epochs(
 @router.get(
     "/sinks/{sink}/epochs/{epoch}",
     response_model=EpochDetailResponse,
-    responses=_error_responses(HTTPStatus.NOT_FOUND),
+    responses=error_responses(HTTPStatus.NOT_FOUND),
 )
 async def get_epoch(operations: OperationsDep, sink: SinkName, epoch: Epoch, _: Reader) -> EpochDetailResponse:
     """One epoch with its data files and the writer's properties."""
@@ -100,7 +98,7 @@ async def get_epoch(operations: OperationsDep, sink: SinkName, epoch: Epoch, _: 
 @router.post(
     "/sinks/{sink}/epochs/{epoch}/abort",
     response_model=AbortResponse,
-    responses=_error_responses(HTTPStatus.NOT_FOUND, HTTPStatus.CONFLICT),
+    responses=error_responses(HTTPStatus.NOT_FOUND, HTTPStatus.CONFLICT),
 )
 async def abort_epoch(
     operations: OperationsDep, sink: SinkName, epoch: Epoch, body: AbortRequest, caller: Caller
@@ -115,7 +113,7 @@ async def abort_epoch(
 @router.post(
     "/sinks/{sink}/reset",
     response_model=ResetResponse,
-    responses=_error_responses(HTTPStatus.NOT_FOUND),
+    responses=error_responses(HTTPStatus.NOT_FOUND),
 )
 async def reset_sink(operations: OperationsDep, sink: SinkName, body: ResetRequest, caller: Caller) -> ResetResponse:
     """After a lost Spark checkpoint: mark COMMITTED the PENDING epochs the table already holds, abort the
@@ -127,7 +125,7 @@ async def reset_sink(operations: OperationsDep, sink: SinkName, body: ResetReque
 @router.post(
     "/sinks/{sink}/tables/{table}/remove",
     response_model=RemoveTableResponse,
-    responses=_error_responses(HTTPStatus.NOT_FOUND, HTTPStatus.CONFLICT),
+    responses=error_responses(HTTPStatus.NOT_FOUND, HTTPStatus.CONFLICT),
 )
 async def remove_table(
     operations: OperationsDep,
@@ -143,7 +141,7 @@ async def remove_table(
     return RemoveTableResponse.of(await operations.remove_table(sink, table, body.confirm, body.reason, caller))
 
 
-@router.post("/sinks/{sink}/resume", response_model=SinkResponse, responses=_error_responses(HTTPStatus.NOT_FOUND))
+@router.post("/sinks/{sink}/resume", response_model=SinkResponse, responses=error_responses(HTTPStatus.NOT_FOUND))
 async def resume_sink(operations: OperationsDep, sink: SinkName, caller: Caller) -> SinkResponse:
     """Retry the commits of a stuck sink (committer state `stuck`: a failure no retry could fix), once its
     cause is fixed; answers the sink as it is then (stuck again if the cause is still there)."""
@@ -153,7 +151,7 @@ async def resume_sink(operations: OperationsDep, sink: SinkName, caller: Caller)
 @router.get(
     "/sinks/{sink}/maintenance",
     response_model=MaintenanceResponse,
-    responses=_error_responses(HTTPStatus.NOT_FOUND),
+    responses=error_responses(HTTPStatus.NOT_FOUND),
 )
 async def get_maintenance(operations: OperationsDep, sink: SinkName, _: Reader, runs: Runs = 20) -> MaintenanceResponse:
     """The maintenance of the sink's table: the settings in force, the sink's overrides, the last runs."""
@@ -163,7 +161,7 @@ async def get_maintenance(operations: OperationsDep, sink: SinkName, _: Reader, 
 @router.put(
     "/sinks/{sink}/maintenance",
     response_model=MaintenanceResponse,
-    responses=_error_responses(HTTPStatus.NOT_FOUND),
+    responses=error_responses(HTTPStatus.NOT_FOUND),
 )
 async def set_maintenance(
     operations: OperationsDep, sink: SinkName, body: MaintenanceOverridesRequest, caller: Caller, runs: Runs = 20
@@ -176,7 +174,7 @@ async def set_maintenance(
 @router.post(
     "/sinks/{sink}/maintenance/run",
     response_model=MaintenanceRunResponse,
-    responses=_error_responses(HTTPStatus.NOT_FOUND),
+    responses=error_responses(HTTPStatus.NOT_FOUND),
 )
 async def run_maintenance(operations: OperationsDep, sink: SinkName, caller: Caller) -> MaintenanceRunResponse:
     """Maintain the sink's table now (expiration, compaction and the orphan sweep), under its commit lock;

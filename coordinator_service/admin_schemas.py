@@ -232,6 +232,18 @@ class AbortResponse(BaseModel):
         return cls(epoch=EpochResponse.of(outcome.row), changed=outcome.changed, warning=outcome.warning)
 
 
+class AdoptRequest(BaseModel):
+    reason: OperatorText = Field(description="Why writers may take the table; logged with who adopted it.")
+
+
+class AdoptResponse(BaseModel):
+    table: str
+    changed: bool = Field(
+        description="False when writers could already take the table (the coordinator created it, or it was "
+        "adopted before): nothing changed."
+    )
+
+
 class ResetRequest(BaseModel):
     confirm: str = Field(max_length=300, description="The sink's name again, to confirm.")
     reason: OperatorText

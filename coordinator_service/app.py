@@ -12,7 +12,8 @@ from grpc_health.v1 import health_pb2
 
 from coordinator_service import failpoints
 from coordinator_service.admin_api import create_app
-from coordinator_service.grpc_server import SERVICE_NAME, build_server
+from coordinator_service.grpc_gate import SERVICE_NAME
+from coordinator_service.grpc_server import build_server
 from coordinator_service.runtime import Runtime
 from coordinator_service.settings import Settings
 
@@ -31,9 +32,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
 
     tls_credentials = _grpc_tls_credentials(settings)
     runtime = await Runtime.open(settings)
-    writer_token = settings.writer_token.get_secret_value() if settings.writer_token else None
     grpc_server, health, grpc_port = build_server(
-        runtime.coordinator, f"{settings.bind_host}:{settings.grpc_port}", writer_token, tls_credentials
+        runtime.coordinator, f"{settings.bind_host}:{settings.grpc_port}", settings, tls_credentials
     )
     http = uvicorn.Server(
         uvicorn.Config(
@@ -43,6 +43,10 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             log_config=None,
             access_log=False,
             lifespan="off",
+            # X-Forwarded-For names the operator only from a proxy the settings trust (uvicorn would believe
+            # 127.0.0.1, where kubectl port-forward arrives from).
+            proxy_headers=bool(settings.trusted_proxies),
+            forwarded_allow_ips=settings.trusted_proxies or None,
             ssl_certfile=settings.tls_cert_file,
             ssl_keyfile=settings.tls_key_file,
         )
@@ -63,7 +67,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         grpc=f"{settings.bind_host}:{grpc_port}",
         http=f"{'https' if tls_credentials else 'http'}://{settings.bind_host}:{settings.http_port}",
         tls=tls_credentials is not None,
-        writer_auth=writer_token is not None,
+        writer_auth=settings.writer_token is not None or bool(settings.writer_scopes),
+        writer_scopes=sorted(settings.writer_scopes),
         admin_auth=settings.admin_token is not None,
         admin_read_auth=settings.admin_read_requires_token,
     )

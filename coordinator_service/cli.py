@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 from collections.abc import Callable
 from functools import wraps
 from typing import Annotated, Any, Final
@@ -30,6 +31,7 @@ from coordinator_service.runtime import metastore_url, require_migrated
 from coordinator_service.runtime import migrate as migrate_metastore
 from coordinator_service.settings import ENV_PREFIX, Settings
 from coordinator_service.views import EpochStatus
+from coordinator_service.writer_scopes import WriterScope
 
 app = typer.Typer(
     name="sink-coordinator",
@@ -38,10 +40,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console(stderr=True)
-# Settings whose values are never shown; their flags take plain text.
+# Settings whose values are never shown (the writer scopes hold tokens); their flags take plain text.
 SECRETS: Final = frozenset(
     name for name, field in Settings.model_fields.items() if field.annotation == SecretStr | None
-)
+) | {"writer_scopes"}
 
 
 def _settings_from(given: dict[str, Any]) -> Settings:
@@ -80,6 +82,9 @@ def _option(name: str, field: FieldInfo) -> inspect.Parameter:
     if annotation == dict[str, str]:  # --catalog key=value, repeated
         annotation, default, parser, metavar = list[KeyValue] | None, None, parse_key_value, KEY_VALUE
         env = f"{ENV_PREFIX}{name.upper()}__<KEY>"
+    elif annotation == dict[str, WriterScope]:  # --writer-scopes '{"team_a": {...}}'
+        annotation, default, parser, metavar = str | None, None, _json_object, "<json>"
+        env = f"{ENV_PREFIX}{name.upper()} or {ENV_PREFIX}{name.upper()}__<SCOPE>__<FIELD>"
     elif annotation is ByteSize:
         parser, metavar = parse_size, SIZE
     elif name in SECRETS:
@@ -90,6 +95,16 @@ def _option(name: str, field: FieldInfo) -> inspect.Parameter:
     return inspect.Parameter(
         name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[annotation, option]
     )
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise typer.BadParameter(f"not JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise typer.BadParameter("not a JSON object")
+    return value
 
 
 def with_settings(command: Callable[[Settings], None]) -> Callable[..., None]:

@@ -118,9 +118,9 @@ class CoordinatorClient:
         self.close()
 
     def wait_serving(self, timeout_seconds: float, check_alive: Callable[[], None] | None = None) -> None:
-        """Block until the coordinator's gRPC health service says SERVING.
+        """Block until the coordinator's gRPC health Check says SERVING (the one call open without a token).
 
-        `check_alive` runs between short watches and may raise, so that a
+        `check_alive` runs between short checks and may raise, so that a
         coordinator process that died is noticed at once rather than at the timeout.
         """
         health = health_pb2_grpc.HealthStub(self._channel)
@@ -129,11 +129,10 @@ class CoordinatorClient:
             if check_alive is not None:
                 check_alive()
             try:
-                for reply in health.Watch(
-                    health_pb2.HealthCheckRequest(service=""), timeout=1.0, wait_for_ready=True, metadata=self._metadata
-                ):
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
+                reply = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0, wait_for_ready=True)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+                time.sleep(0.1)  # up, not serving yet: no stream to wait on without a token
             except grpc.RpcError as error:
                 if time.monotonic() > deadline:
                     raise CoordinatorRpcError(

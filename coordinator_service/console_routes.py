@@ -92,8 +92,8 @@ class Visitor:
         return self.role is Role.OPERATOR
 
 
-def _visitor(request: Request, sessions: ConsoleSessions) -> Visitor:
-    session = sessions.session_of(request)
+async def _visitor(request: Request, sessions: ConsoleSessions) -> Visitor:
+    session = await sessions.session_of(request)
     return Visitor(session, sessions.role(session))
 
 
@@ -182,7 +182,7 @@ async def _page_of_rows(operations: OperationsDep, query: ListQuery) -> tuple[li
 async def sinks_page(
     request: Request, operations: OperationsDep, sessions: SessionsDep, query: ListQueryDep
 ) -> Response:
-    visitor = _visitor(request, sessions)
+    visitor = await _visitor(request, sessions)
     if visitor.role is Role.NONE:
         return _to_login(request)
     rows, total, page = await _page_of_rows(operations, query)
@@ -211,7 +211,7 @@ async def sinks_table(
     request: Request, operations: OperationsDep, sessions: SessionsDep, query: ListQueryDep
 ) -> Response:
     """The rows of a page alone: what the list page fetches every REFRESH_SECONDS."""
-    visitor = _visitor(request, sessions)
+    visitor = await _visitor(request, sessions)
     if visitor.role is Role.NONE:
         return Response(status_code=401)
     rows, _, _ = await _page_of_rows(operations, query)
@@ -224,13 +224,13 @@ async def sink_page(
     operations: OperationsDep,
     sessions: SessionsDep,
     sink: str,
-    done: Annotated[str, Query(max_length=500)] = "",
+    done: Annotated[str, Query(max_length=8000)] = "",
 ) -> Response:
-    visitor = _visitor(request, sessions)
+    visitor = await _visitor(request, sessions)
     if visitor.role is Role.NONE:
         return _to_login(request)
     try:
-        return await _sink_page(request, operations, sessions, visitor, sink, done=done)
+        return await _sink_page(request, operations, sessions, visitor, sink, done=sessions.notice_text(done))
     except CoordinatorError as error:
         return _page(request, sessions, visitor, "error.html", status=error.http_status, message=error.message)
 
@@ -271,7 +271,7 @@ async def _sink_page(
 async def epoch_page(
     request: Request, operations: OperationsDep, sessions: SessionsDep, sink: str, epoch: int
 ) -> Response:
-    visitor = _visitor(request, sessions)
+    visitor = await _visitor(request, sessions)
     if visitor.role is Role.NONE:
         return _to_login(request)
     try:
@@ -292,7 +292,7 @@ async def epoch_page(
 
 async def _acting(request: Request, sessions: ConsoleSessions, csrf: str) -> Visitor | Response:
     """The visitor, if they may act and the form is theirs; otherwise the answer that refuses it."""
-    visitor = _visitor(request, sessions)
+    visitor = await _visitor(request, sessions)
     if visitor.role is Role.NONE:
         return _to_login(request)
     if not visitor.may_act:
@@ -371,18 +371,16 @@ async def _act(
         return await _sink_page(
             request, operations, sessions, acting, sink, error=error.message, status=error.http_status
         )
-    return _back_to(sink, done)
-
-
-def _back_to(sink: str, message: str) -> RedirectResponse:
-    return RedirectResponse(f"{CONSOLE_PREFIX}/sinks/{sink}?{urlencode({'done': message})}", status_code=303)
+    return RedirectResponse(
+        f"{CONSOLE_PREFIX}/sinks/{sink}?{urlencode({'done': sessions.notice(done)})}", status_code=303
+    )
 
 
 @router.get("/login")
 async def login_page(
     request: Request, sessions: SessionsDep, next: Annotated[str, Query(max_length=500)] = CONSOLE_PREFIX
 ) -> Response:
-    visitor = _visitor(request, sessions)
+    visitor = await _visitor(request, sessions)
     return _page(request, sessions, visitor, "login.html", next=_local(next), failed=False)
 
 
@@ -395,7 +393,7 @@ async def login(
 ) -> Response:
     session = sessions.sign_in(token)
     if session is None:
-        visitor = _visitor(request, sessions)
+        visitor = await _visitor(request, sessions)
         return _page(request, sessions, visitor, "login.html", status=401, next=_local(next), failed=True)
     response = RedirectResponse(_local(next), status_code=303)
     sessions.keep(response, session)
@@ -404,11 +402,11 @@ async def login(
 
 @router.post("/logout")
 async def logout(request: Request, sessions: SessionsDep, csrf: Annotated[str, Form()] = "") -> Response:
-    visitor = _visitor(request, sessions)
+    visitor = await _visitor(request, sessions)
     if not sessions.csrf_matches(visitor.session, csrf):
         return _page(request, sessions, visitor, "error.html", status=403, message="Reload the page and try again.")
     response = RedirectResponse(f"{CONSOLE_PREFIX}/login", status_code=303)
-    sessions.end(response)
+    await sessions.end(response, visitor.session)
     return response
 
 

@@ -95,6 +95,21 @@ class Unauthenticated(CoordinatorError):
     http_status = HTTPStatus.UNAUTHORIZED
 
 
+class PermissionDenied(CoordinatorError):
+    """The caller's credential does not cover what the request names (a writer scope's sinks or namespaces, a
+    table no operator adopted)."""
+
+    grpc_code = grpc.StatusCode.PERMISSION_DENIED
+    http_status = HTTPStatus.FORBIDDEN
+
+
+class QuotaExceeded(CoordinatorError):
+    """A writer scope already has the most sinks or tables it may have: an operator raises the quota."""
+
+    grpc_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    http_status = HTTPStatus.TOO_MANY_REQUESTS
+
+
 class SchemaNotCurrent(Exception):
     """The metastore schema is missing, older or newer than this release knows."""
 

@@ -1,31 +1,35 @@
-"""The gRPC adapter: proto messages to protocol calls and their answers back (wire), errors to status codes,
-and writer auth."""
+"""The gRPC adapter: proto messages to protocol calls and their answers back (wire), errors to status codes;
+every call passes the writer gate (coordinator_service.grpc_gate) first."""
 
 from __future__ import annotations
 
-import hmac
-from collections.abc import Awaitable, Callable
-from typing import Any, NoReturn, TypeVar, cast
+from collections.abc import Awaitable
+from typing import Any, Final, NoReturn, TypeVar
 
 import grpc
 import structlog
-from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from coordinator_service.database import DATA_ERRORS, unstorable
-from coordinator_service.errors import CoordinatorError, Unavailable, cause
+from coordinator_service.errors import CoordinatorError, Unavailable
+from coordinator_service.grpc_gate import SERVICE_NAME, WriterGate
 from coordinator_service.precommit_files import FileFacts
 from coordinator_service.protocol import Coordinator, PreCommitRequest, TableRequest
 from coordinator_service.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
+from coordinator_service.settings import Settings
 from coordinator_service.wire import to_message
+from coordinator_service.writer_admission import Admission
+from coordinator_service.writer_scopes import Credentials
 
 log = structlog.get_logger(__name__)
 
 Response = TypeVar("Response")
 
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["SinkCoordinator"].full_name
+# How long a connection's calls may still run after it reached its maximum age: a multi-writer pre-commit
+# waiting for the epoch's other writers, a CommitCheckpoint waiting for its commit.
+CONNECTION_AGE_GRACE_SECONDS: Final = 300.0
 
 
 async def _answer(
@@ -139,93 +143,37 @@ class SinkCoordinatorServicer(pb_grpc.SinkCoordinatorServicer):
         return to_message(ensured, pb.EnsureTablesResponse)
 
 
-class WriterTokenInterceptor(grpc.aio.ServerInterceptor):
-    """Requires `authorization: Bearer <WRITER_TOKEN>` on every call except health and reflection."""
-
-    _OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
-
-    def __init__(self, token: str) -> None:
-        self._expected = f"Bearer {token}".encode()
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        method = handler_call_details.method or ""
-        if method.startswith(self._OPEN_PREFIXES):
-            return await continuation(handler_call_details)
-        metadata = dict(handler_call_details.invocation_metadata or ())
-        sent = metadata.get("authorization")
-        if sent is None:
-            return _deny("no writer token: send metadata 'authorization: Bearer <SINK_COORDINATOR_WRITER_TOKEN>'")
-        sent_bytes = sent.encode() if isinstance(sent, str) else sent
-        if not hmac.compare_digest(sent_bytes, self._expected):
-            return _deny("the writer token is wrong")
-        return await continuation(handler_call_details)
-
-
-class RequestDecodingInterceptor(grpc.aio.ServerInterceptor):
-    """Answers a request that does not decode (corrupt bytes, a string that is not UTF-8) with INVALID_ARGUMENT.
-
-    grpc would answer UNKNOWN ("Unexpected DecodeError"); here the unary handlers take the raw bytes and decode
-    them themselves. Wrapped handlers are kept per method: they do not change while the server runs.
-    """
-
-    def __init__(self) -> None:
-        self._wrapped: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler[Any, Any] | None:
-        method = handler_call_details.method or ""
-        wrapped = self._wrapped.get(method)
-        if wrapped is not None:
-            return wrapped
-        handler = await continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None or handler.request_deserializer is None:
-            return handler
-        decode = handler.request_deserializer
-        # On the asyncio server, every unary handler (ours, health) is a coroutine function.
-        behavior = cast(Callable[..., Awaitable[Any]], handler.unary_unary)
-
-        async def decoding(raw: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-            try:
-                request = decode(raw)
-            except DecodeError as error:
-                await context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a valid {method} message: {cause(error)}"
-                )
-            return await behavior(request, context)
-
-        wrapped = self._wrapped[method] = grpc.unary_unary_rpc_method_handler(
-            decoding, response_serializer=handler.response_serializer
-        )
-        return wrapped
-
-
-def _deny(message: str) -> grpc.RpcMethodHandler[Any, Any]:
-    async def abort(request: object, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-
-    return grpc.unary_unary_rpc_method_handler(abort)
-
-
 def build_server(
     coordinator: Coordinator,
     bind_address: str,
-    writer_token: str | None,
+    settings: Settings,
     tls_credentials: grpc.ServerCredentials | None = None,
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
-    """The gRPC server with the coordinator, health and reflection services; returns the bound port.
+    """The gRPC server with the coordinator, health and reflection services behind the writer gate; returns the
+    bound port.
 
-    With tls_credentials it serves TLS only (there is no plaintext port beside it).
+    With tls_credentials it serves TLS only (there is no plaintext port beside it). Calls beyond
+    GRPC_MAX_CONCURRENT_RPCS are refused with RESOURCE_EXHAUSTED, a connection carries at most
+    GRPC_MAX_STREAMS_PER_CONNECTION calls at once, and lives GRPC_MAX_CONNECTION_AGE_SECONDS, after which its
+    calls get CONNECTION_AGE_GRACE_SECONDS to finish. HTTP/2 windows do not grow past their initial 64 KiB (no
+    BDP probing), so the server holds at most that of a body nobody reads.
     """
-    # The token is checked first: a caller without it learns nothing, not even whether its request decodes.
-    interceptors: list[grpc.aio.ServerInterceptor] = [WriterTokenInterceptor(writer_token)] if writer_token else []
-    server = grpc.aio.server(interceptors=[*interceptors, RequestDecodingInterceptor()])
+    gate = WriterGate(
+        Credentials(settings.writer_token, settings.writer_scopes),
+        Admission(coordinator.database, coordinator.tables, settings.admin_lock_timeout_seconds),
+    )
+    server = grpc.aio.server(
+        interceptors=[gate],
+        maximum_concurrent_rpcs=settings.grpc_max_concurrent_rpcs,
+        options=[
+            ("grpc.max_concurrent_streams", settings.grpc_max_streams_per_connection),
+            ("grpc.max_connection_age_ms", int(settings.grpc_max_connection_age_seconds * 1000)),
+            ("grpc.max_connection_age_grace_ms", int(CONNECTION_AGE_GRACE_SECONDS * 1000)),
+            # A stream's window stays at its initial 64 KiB instead of growing with the link's bandwidth-delay
+            # product: a body the gate refuses unread costs at most that much, whatever its size.
+            ("grpc.http2.bdp_probe", 0),
+        ],
+    )
     pb_grpc.add_SinkCoordinatorServicer_to_server(SinkCoordinatorServicer(coordinator), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

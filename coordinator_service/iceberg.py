@@ -63,6 +63,7 @@ from coordinator_service.errors import InvalidArgument, cause, quote
 from coordinator_service.precommit_files import FileChecks, FileFacts
 from coordinator_service.precommit_metadata import DataFileEntry
 from coordinator_service.table_identifiers import parse_table_identifier
+from coordinator_service.table_origin import CREATED, ORIGIN
 
 log = structlog.get_logger(__name__)
 
@@ -261,7 +262,9 @@ class IcebergGateway:
             if not self.catalog.namespace_exists(namespace):
                 raise
         try:
-            with self.catalog.create_table_transaction(parts, schema=schema) as transaction:
+            with self.catalog.create_table_transaction(
+                parts, schema=schema, properties={ORIGIN: CREATED}
+            ) as transaction:
                 _describe_new_table(transaction, fields)
             log.info("created iceberg table", table=".".join(parts), partition_by=[str(f) for f in fields])
         except Exception:

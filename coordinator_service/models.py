@@ -209,3 +209,12 @@ class EpochPart(Base):
     # The part's pre-commit record (precommit_metadata's encoding; its table is the sink's).
     metadata_: Mapped[bytes] = mapped_column("metadata", LargeBinary)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class ConsoleSignOut(Base):
+    """A console session its operator signed out of: its cookie is refused until it would have expired anyway."""
+
+    __tablename__ = "console_sign_outs"
+
+    session_id: Mapped[str] = mapped_column(Text, primary_key=True)
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, ClassVar, Self
+from typing import Annotated, ClassVar, Final, Self
 
 from pydantic import (
     BaseModel,
@@ -17,12 +19,21 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from coordinator_service import failpoints
 from coordinator_service.logs import LogFormat, LogLevel
+from coordinator_service.writer_scopes import WriterScope, check_disjoint, check_scope_names
 
 ENV_PREFIX = "SINK_COORDINATOR_"
+# A token is a secret only if it cannot be guessed: at least this many characters, of the bearer-token alphabet
+# (RFC 6750's b64token, what an Authorization header and gRPC metadata carry as they are), not monotonous.
+MIN_TOKEN_CHARACTERS: Final = 32
+MIN_DISTINCT_TOKEN_CHARACTERS: Final = 8
+_TOKEN_ALPHABET: Final = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
+
+# A list in a variable: comma-separated ("localhost,coordinator.example"); a flag is repeated.
+CommaSeparated = Annotated[list[str], NoDecode]
 
 # Bounds the code can live with: durations become timedeltas and SQL intervals, counts SQL limits and integers.
 DAY = 24 * 3600.0
@@ -152,16 +163,68 @@ class Settings(BaseSettings, MaintenancePolicy):
     grpc_port: int = Field(default=50051, ge=0, le=65535, description="Port of the gRPC writer API.")
     http_port: int = Field(default=8080, ge=0, le=65535, description="Port of the REST admin API.")
     bind_host: str = Field(default="127.0.0.1", description="Address both servers listen on.")
-    admin_token: SecretStr | None = Field(default=None, description="Bearer token of the admin API.")
+    admin_token: SecretStr | None = Field(
+        default=None,
+        description=f"Bearer token of the admin API and the console (at least {MIN_TOKEN_CHARACTERS} characters).",
+    )
     admin_token_file: Path | None = Field(default=None, description="File holding ADMIN_TOKEN.")
     writer_token: SecretStr | None = Field(
-        default=None, description="Token gRPC writers send in the 'authorization' metadata."
+        default=None,
+        description="Token gRPC writers send in the 'authorization' metadata: every sink and table (WRITER_SCOPES "
+        "gives each team a token of its own instead).",
     )
     writer_token_file: Path | None = Field(default=None, description="File holding WRITER_TOKEN.")
+    writer_scopes: dict[str, WriterScope] = Field(
+        default_factory=dict,
+        description="Writer credentials, each covering named sinks and table namespaces, with quotas: JSON "
+        '{"<scope>": {"token": ..., "sinks": ["orders-*"], "namespaces": ["sales"], "max_sinks": 100, '
+        '"max_tables": 1000}}, or WRITER_SCOPES__<scope>__<field> variables (docs/operations.md, Writer scopes).',
+    )
+    metrics_token: SecretStr | None = Field(
+        default=None,
+        description="Bearer token that opens /metrics and nothing else (for Prometheus). Once it is set, or "
+        "wherever the read routes need the admin token, /metrics needs it (or the admin token).",
+    )
+    metrics_token_file: Path | None = Field(default=None, description="File holding METRICS_TOKEN.")
     admin_read_requires_token: bool = Field(
-        default=False,
-        description="Require ADMIN_TOKEN on the admin API's read routes too (mutating routes always need it "
-        "once it is set). /healthz, /readyz and /metrics stay open.",
+        default=True,
+        description="With ADMIN_TOKEN set, require it on the admin API's and the console's read routes and on "
+        "/metrics (which also takes METRICS_TOKEN) too; mutating routes always need it. /healthz and /readyz "
+        "stay open.",
+    )
+    allowed_hosts: CommaSeparated = Field(
+        default=["localhost", "127.0.0.1", "::1"],
+        description="Host names (the Host header, without port) the admin API and the console answer; others get "
+        "421, which stops DNS rebinding. '*': any. The probes and /metrics answer any Host.",
+    )
+    trusted_proxies: CommaSeparated = Field(
+        default=[],
+        description="Addresses of reverse proxies whose X-Forwarded-For and X-Forwarded-Proto are believed "
+        "(the recorded operator address). Empty: none, the peer's address is recorded.",
+    )
+    metrics_cache_seconds: float = Field(
+        default=5.0,
+        ge=0.0,
+        le=300.0,
+        description="A /metrics scrape is answered from the last one this recent; concurrent scrapes share one "
+        "read of the metastore.",
+    )
+    grpc_max_concurrent_rpcs: int = Field(
+        default=1000,
+        ge=1,
+        le=100_000,
+        description="Most gRPC calls this process serves at once; more are refused with RESOURCE_EXHAUSTED. "
+        "Multi-writer epochs hold one call per waiting writer.",
+    )
+    grpc_max_streams_per_connection: int = Field(
+        default=100, ge=1, le=10_000, description="Most concurrent gRPC calls on one connection (HTTP/2 streams)."
+    )
+    grpc_max_connection_age_seconds: float = Field(
+        default=1800.0,
+        ge=1.0,
+        le=7 * 24 * 3600.0,
+        description="A gRPC connection is closed (GOAWAY) after this long, its calls given a grace to finish; "
+        "clients reconnect, and spread over the replicas again.",
     )
     admin_lock_timeout_seconds: float = Field(
         default=5.0,
@@ -273,21 +336,64 @@ class Settings(BaseSettings, MaintenancePolicy):
             )
         return spec
 
+    @field_validator("allowed_hosts", "trusted_proxies", mode="before")
+    @classmethod
+    def _split_commas(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _host_names(cls, hosts: list[str]) -> list[str]:
+        for host in hosts:
+            if host != "*" and not _HOST_NAME.fullmatch(host):
+                raise ValueError(f"{host[:100]!r} is not a host name or an IP address (without a port), nor '*'")
+        return [host.lower().strip("[]") for host in hosts]
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxy_addresses(cls, proxies: list[str]) -> list[str]:
+        for proxy in proxies:
+            try:
+                ipaddress.ip_network(proxy, strict=False)
+            except ValueError:
+                raise ValueError(f"{proxy[:100]!r} is not an IP address or network (10.0.0.0/8)") from None
+        return proxies
+
+    @field_validator("writer_scopes")
+    @classmethod
+    def _writer_scopes(cls, scopes: dict[str, WriterScope]) -> dict[str, WriterScope]:
+        check_scope_names(scopes)
+        check_disjoint(scopes)
+        return scopes
+
     @model_validator(mode="after")
     def _read_secret_files(self) -> Self:
-        for name in ("database_url", "admin_token", "writer_token"):
-            path: Path | None = getattr(self, f"{name}_file")
-            if path is None:
+        for name in ("database_url", "admin_token", "writer_token", "metrics_token"):
+            setattr(
+                self, name, _secret(f"{ENV_PREFIX}{name.upper()}", getattr(self, name), getattr(self, f"{name}_file"))
+            )
+        for scope_name, scope in self.writer_scopes.items():
+            variable = f"{ENV_PREFIX}WRITER_SCOPES__{scope_name}__TOKEN"
+            scope.token = _secret(variable, scope.token, scope.token_file)
+            if scope.token is None:
+                raise ValueError(f"writer scope {scope_name} has no token: set {variable} (or {variable}_FILE)")
+        tokens = {
+            f"{ENV_PREFIX}{name.upper()}": getattr(self, name)
+            for name in ("admin_token", "writer_token", "metrics_token")
+        } | {f"{ENV_PREFIX}WRITER_SCOPES__{name}__TOKEN": scope.token for name, scope in self.writer_scopes.items()}
+        seen: dict[str, str] = {}
+        for variable, token in tokens.items():
+            if token is None:
                 continue
-            if getattr(self, name) is not None:
-                raise ValueError(f"set {ENV_PREFIX}{name.upper()} or {ENV_PREFIX}{name.upper()}_FILE, not both")
-            try:
-                value = path.read_text().strip()
-            except OSError as error:
-                raise ValueError(f"cannot read {ENV_PREFIX}{name.upper()}_FILE {path}: {error}") from error
-            if not value:
-                raise ValueError(f"{ENV_PREFIX}{name.upper()}_FILE {path} is empty")
-            setattr(self, name, SecretStr(value))
+            _check_token(variable, token.get_secret_value())
+            other = seen.setdefault(token.get_secret_value(), variable)
+            if other != variable:
+                raise ValueError(
+                    f"{other} and {variable} are the same token: each must be different, or one would open what "
+                    "the other is for"
+                )
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError(f"set both {ENV_PREFIX}TLS_CERT_FILE and {ENV_PREFIX}TLS_KEY_FILE, or neither")
         if self.retry_max_seconds < self.retry_initial_seconds:
@@ -295,7 +401,8 @@ class Settings(BaseSettings, MaintenancePolicy):
                 f"{ENV_PREFIX}RETRY_MAX_SECONDS ({self.retry_max_seconds:g}) is below "
                 f"{ENV_PREFIX}RETRY_INITIAL_SECONDS ({self.retry_initial_seconds:g})"
             )
-        if self.admin_read_requires_token and self.admin_token is None:
+        explicit = "admin_read_requires_token" in self.model_fields_set
+        if explicit and self.admin_read_requires_token and self.admin_token is None:
             raise ValueError(
                 f"{ENV_PREFIX}ADMIN_READ_REQUIRES_TOKEN is true but no {ENV_PREFIX}ADMIN_TOKEN is set: "
                 "set the token, or the read routes would be closed to everyone"
@@ -309,3 +416,46 @@ class Settings(BaseSettings, MaintenancePolicy):
     @property
     def warehouse_dir(self) -> Path:
         return self.data_dir / "warehouse"
+
+
+_HOST_NAME: Final = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?)+|\[?[0-9A-Fa-f:.]+\]?")
+
+
+def _secret(variable: str, value: SecretStr | None, path: Path | None) -> SecretStr | None:
+    """A secret setting's value, or read from its *_FILE (stripped); both set, an unreadable or empty file:
+    ValueError."""
+    if path is None:
+        return value
+    if value is not None:
+        raise ValueError(f"set {variable} or {variable}_FILE, not both")
+    try:
+        text = path.read_text().strip()
+    except OSError as error:
+        raise ValueError(f"cannot read {variable}_FILE {path}: {error}") from error
+    if not text:
+        raise ValueError(f"{variable}_FILE {path} is empty")
+    return SecretStr(text)
+
+
+def _check_token(variable: str, token: str) -> None:
+    """Refuse a token that is empty (a variable or a Secret key set to nothing is no token: unset it for none),
+    short, monotonous, or holds a character a header does not carry as it is."""
+    if not token:
+        raise ValueError(
+            f"{variable} is empty: set a token of at least {MIN_TOKEN_CHARACTERS} characters "
+            "(openssl rand -hex 32 makes one), or unset the variable"
+        )
+    if len(token) < MIN_TOKEN_CHARACTERS:
+        raise ValueError(
+            f"{variable} has {len(token)} characters: a token needs at least {MIN_TOKEN_CHARACTERS} characters "
+            "(openssl rand -hex 32 makes one)"
+        )
+    if not _TOKEN_ALPHABET.fullmatch(token):
+        raise ValueError(
+            f"{variable} may hold only letters, digits and -._~+/ (and '=' at the end), as a bearer token does"
+        )
+    if len(set(token)) < MIN_DISTINCT_TOKEN_CHARACTERS:
+        raise ValueError(
+            f"{variable} has fewer than {MIN_DISTINCT_TOKEN_CHARACTERS} different characters: use a random token "
+            "(openssl rand -hex 32 makes one)"
+        )

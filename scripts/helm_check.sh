@@ -201,17 +201,21 @@ check_rejected() {
 }
 
 # The authentication a render wires. $2 is the mode:
-#   generated  the chart's Secret holds 48-character tokens, the Deployment reads them from it
-#   given      the same with the tokens $3 and $4
+#   generated  the chart's Secret holds 48-character tokens (admin, writer, metrics), the Deployment
+#              reads the admin and the writer token from it by name
+#   given      the same with the admin and writer tokens $3 and $4
 #   existing   no chart Secret: the Deployment reads both tokens from existingSecret
 #   insecure   no token anywhere
-# Every mode: no failpoint setting anywhere; the admin read routes closed unless insecure.
+# Every mode: no failpoint setting anywhere; the admin read routes closed unless insecure; the
+# console and the API answer the Service's names and localhost only; the ServiceMonitor (if any)
+# sends the metrics token.
 check_auth() {
   "$VENV/bin/python" - "$@" <<'PY'
 import base64, sys, yaml
 path, mode, *given = sys.argv[1:]
 docs = [d for d in yaml.safe_load_all(open(path)) if d]
 TOKENS = ("SINK_COORDINATOR_ADMIN_TOKEN", "SINK_COORDINATOR_WRITER_TOKEN")
+METRICS = "SINK_COORDINATOR_METRICS_TOKEN"
 FAILPOINTS = ("SINK_COORDINATOR_FAILPOINTS", "SINK_COORDINATOR_ENABLE_FAILPOINTS")
 errors = []
 [deployment] = [d for d in docs if d["kind"] == "Deployment"]
@@ -224,8 +228,17 @@ for name in FAILPOINTS:
     if name in config or name in env or any(name in data for data in secrets.values()):
         errors.append(f"{name} is set: the chart must never arm failpoints")
 read_closed = config.get("SINK_COORDINATOR_ADMIN_READ_REQUIRES_TOKEN") == "true"
+hosts = config.get("SINK_COORDINATOR_ALLOWED_HOSTS", "").split(",")
+if "*" in hosts or not {"localhost", "127.0.0.1"} <= set(hosts) or not any(h.endswith(".svc") for h in hosts):
+    errors.append(f"SINK_COORDINATOR_ALLOWED_HOSTS is {hosts}: want localhost and the Service's names, no '*'")
+monitors = [d for d in docs if d["kind"] == "ServiceMonitor"]
+for monitor in monitors:
+    credentials = [(ep.get("authorization") or {}).get("credentials") for ep in monitor["spec"]["endpoints"]]
+    expected = None if mode == "insecure" else {"name": secret_name, "key": METRICS}
+    if credentials != [expected]:
+        errors.append(f"the ServiceMonitor sends {credentials}, not the metrics token {expected}")
 if mode == "insecure":
-    for key in TOKENS:
+    for key in (*TOKENS, METRICS):
         if key in env or any(key in data for data in secrets.values()):
             errors.append(f"auth.insecure renders {key}")
     if read_closed:
@@ -243,14 +256,82 @@ else:
     else:
         data = secrets.get(secret_name, {})
         values = [base64.b64decode(data.get(key, "")).decode() for key in TOKENS]
+        metrics = base64.b64decode(data.get(METRICS, "")).decode()
         if mode == "given" and values != given:
             errors.append(f"Secret {secret_name} holds {values}, not the configured tokens {given}")
         if mode == "generated" and not all(len(v) == 48 and v.isalnum() for v in values):
             errors.append(f"Secret {secret_name} does not hold two generated 48-character tokens")
+        if not (len(metrics) == 48 and metrics.isalnum()):
+            errors.append(f"Secret {secret_name} does not hold a generated 48-character metrics token")
 for e in errors:
     print(e, file=sys.stderr)
 sys.exit(1 if errors else 0)
 PY
+}
+
+# A render with writer scopes, no unscoped writer token, and the NetworkPolicy: each scope's rules in the
+# ConfigMap, its generated token in the Secret and read by name, and the policy admitting writers to gRPC
+# and operators and monitoring to HTTP.
+check_scopes() {
+  "$VENV/bin/python" - "$@" <<'PY'
+import base64, json, sys, yaml
+path, = sys.argv[1:]
+docs = [d for d in yaml.safe_load_all(open(path)) if d]
+errors = []
+[deployment] = [d for d in docs if d["kind"] == "Deployment"]
+[container] = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "coordinator"]
+env = {e["name"]: e for e in container.get("env", [])}
+secrets = {k: v for d in docs if d["kind"] == "Secret" for k, v in (d.get("data") or {}).items()}
+config = {k: v for d in docs if d["kind"] == "ConfigMap" for k, v in (d.get("data") or {}).items()}
+values = yaml.safe_load(open("helm/ci-values/scopes.yaml"))
+for scope, rules in values["auth"]["writerScopes"].items():
+    prefix = f"SINK_COORDINATOR_WRITER_SCOPES__{scope}__"
+    if json.loads(config.get(prefix + "SINKS", "null")) != rules["sinks"]:
+        errors.append(f"{prefix}SINKS is {config.get(prefix + 'SINKS')}, not {rules['sinks']}")
+    if json.loads(config.get(prefix + "NAMESPACES", "null")) != rules["namespaces"]:
+        errors.append(f"{prefix}NAMESPACES is {config.get(prefix + 'NAMESPACES')}")
+    if "maxSinks" in rules and config.get(prefix + "MAX_SINKS") != str(rules["maxSinks"]):
+        errors.append(f"{prefix}MAX_SINKS is {config.get(prefix + 'MAX_SINKS')}")
+    token = base64.b64decode(secrets.get(prefix + "TOKEN", "")).decode()
+    if rules.get("token"):
+        if token != rules["token"]:
+            errors.append(f"{prefix}TOKEN is not the configured token")
+    elif not (len(token) == 48 and token.isalnum()):
+        errors.append(f"{prefix}TOKEN is not a generated 48-character token")
+    if ((env.get(prefix + "TOKEN") or {}).get("valueFrom") or {}).get("secretKeyRef", {}).get("key") != prefix + "TOKEN":
+        errors.append(f"the Deployment does not read {prefix}TOKEN by name")
+for key in ("SINK_COORDINATOR_WRITER_TOKEN",):
+    if key in secrets or key in env:
+        errors.append(f"{key} is rendered although auth.unscopedWriterToken is false")
+if "console.example.com" not in config.get("SINK_COORDINATOR_ALLOWED_HOSTS", "").split(","):
+    errors.append("allowedHosts did not reach SINK_COORDINATOR_ALLOWED_HOSTS")
+if config.get("SINK_COORDINATOR_TRUSTED_PROXIES") != "10.0.0.0/8":
+    errors.append("trustedProxies did not reach SINK_COORDINATOR_TRUSTED_PROXIES")
+[policy] = [d for d in docs if d["kind"] == "NetworkPolicy"] or [None]
+if policy is None:
+    errors.append("no NetworkPolicy")
+else:
+    ports = {rule["ports"][0]["port"]: len(rule["from"]) for rule in policy["spec"]["ingress"]}
+    want = {"grpc": len(values["networkPolicy"]["writers"]),
+            "http": len(values["networkPolicy"]["operators"]) + len(values["networkPolicy"]["monitoring"])}
+    if ports != want:
+        errors.append(f"the NetworkPolicy admits {ports}, not {want}")
+    if policy["spec"]["podSelector"]["matchLabels"].get("app.kubernetes.io/component") != "coordinator":
+        errors.append("the NetworkPolicy does not select the coordinator pods")
+for e in errors:
+    print(e, file=sys.stderr)
+sys.exit(1 if errors else 0)
+PY
+}
+
+scopes_checked() {
+  local name=$1
+  [[ -f "$WORK/$name.yaml" ]] || return 0
+  if check_scopes "$WORK/$name.yaml"; then
+    SUMMARY+=("$(printf '%-11s ok: writer scopes, no unscoped writer token, NetworkPolicy' "$name")")
+  else
+    fail "$name: writer scopes or NetworkPolicy"
+  fi
 }
 
 auth_checked() {
@@ -265,12 +346,15 @@ auth_checked() {
 
 # A stand-in Kubernetes API on 127.0.0.1: discovery for the chart's kinds, and one Secret,
 # sink/sc-sink-coordinator, as an earlier install of release "sc" left it (Helm's ownership
-# labels; tokens "kept-admin" and "kept-writer"). Enough for `helm install --dry-run=server`,
-# whose lookup reads it. Prints its port, then serves until killed.
+# labels; tokens "kept-admin-..." and "kept-writer-..."), one with a short admin token left by an
+# older chart (release "short"), and an existingSecret with an empty admin token. Enough for
+# `helm install --dry-run=server`, whose lookup reads them. Prints its port, then serves until killed.
 fake_cluster() {
   exec "$VENV/bin/python" - <<'PY'
-import json
+import base64, json
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+def b64(text):
+    return base64.b64encode(text.encode()).decode()
 KINDS = {
     "v1": [("secrets", "Secret"), ("configmaps", "ConfigMap"), ("services", "Service"),
            ("serviceaccounts", "ServiceAccount")],
@@ -284,8 +368,14 @@ KEPT = {
     "metadata": {"name": "sc-sink-coordinator", "namespace": "sink",
                  "labels": {"app.kubernetes.io/managed-by": "Helm"},
                  "annotations": {"meta.helm.sh/release-name": "sc", "meta.helm.sh/release-namespace": "sink"}},
-    "data": {"SINK_COORDINATOR_ADMIN_TOKEN": "a2VwdC1hZG1pbg==", "SINK_COORDINATOR_WRITER_TOKEN": "a2VwdC13cml0ZXI="},
+    "data": {"SINK_COORDINATOR_ADMIN_TOKEN": b64("kept-admin-Zq3vX9pL2mN8rT5wY7bC4dF6g"),
+             "SINK_COORDINATOR_WRITER_TOKEN": b64("kept-writer-Hq7vX2pL9mN4rT1wY6bC3dE")},
 }
+# Left by an install of release "short" by an older chart that took any token, and a Secret of yours.
+SHORT = {**KEPT, "metadata": {**KEPT["metadata"], "name": "short-sink-coordinator"},
+         "data": {**KEPT["data"], "SINK_COORDINATOR_ADMIN_TOKEN": b64("kept-admin")}}
+EMPTY = {**KEPT, "metadata": {**KEPT["metadata"], "name": "empty-tokens"},
+         "data": {**KEPT["data"], "SINK_COORDINATOR_ADMIN_TOKEN": ""}}
 def resources(group_version):
     return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": [
         {"name": name, "singularName": kind.lower(), "namespaced": True, "kind": kind, "verbs": ["get", "list", "create"]}
@@ -300,6 +390,8 @@ ANSWERS = {
     **{f"/apis/{gv}": resources(gv) for gv in KINDS if gv != "v1"},
     "/api/v1/namespaces/sink/secrets": {"kind": "SecretList", "apiVersion": "v1", "metadata": {}, "items": []},
     "/api/v1/namespaces/sink/secrets/sc-sink-coordinator": KEPT,
+    "/api/v1/namespaces/sink/secrets/short-sink-coordinator": SHORT,
+    "/api/v1/namespaces/sink/secrets/empty-tokens": EMPTY,
 }
 NOT_FOUND = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}
 class Handler(BaseHTTPRequestHandler):
@@ -340,7 +432,7 @@ in_cluster_case() {
 
 upgrade_keeps_tokens() {
   install_dry_run sc --set "database.url=$DB_URL" \
-    && check_auth "$WORK/in-cluster.yaml" given kept-admin kept-writer \
+    && check_auth "$WORK/in-cluster.yaml" given kept-admin-Zq3vX9pL2mN8rT5wY7bC4dF6g kept-writer-Hq7vX2pL9mN4rT1wY6bC3dE \
     && grep -qF "kubectl -n sink get secret sc-sink-coordinator -o jsonpath='{.data.SINK_COORDINATOR_ADMIN_TOKEN}' | base64 -d" "$WORK/in-cluster.txt" \
     && grep -qF "kubectl -n sink get secret sc-sink-coordinator -o jsonpath='{.data.SINK_COORDINATOR_WRITER_TOKEN}' | base64 -d" "$WORK/in-cluster.txt"
 }
@@ -350,9 +442,21 @@ first_install_generates() {
 }
 
 values_win_over_the_secret() {
-  install_dry_run sc --set "database.url=$DB_URL" --set auth.adminToken=from-values \
-    --set auth.writerToken=writer-from-values \
-    && check_auth "$WORK/in-cluster.yaml" given from-values writer-from-values
+  install_dry_run sc --set "database.url=$DB_URL" --set auth.adminToken="$ADMIN_FROM_VALUES" \
+    --set auth.writerToken="$WRITER_FROM_VALUES" \
+    && check_auth "$WORK/in-cluster.yaml" given "$ADMIN_FROM_VALUES" "$WRITER_FROM_VALUES"
+}
+
+# The coordinator refuses a token under 32 characters at start: an upgrade that would keep one, or an
+# existingSecret that holds an empty one, is refused at render time instead, naming the key.
+short_kept_token_is_refused() {
+  ! install_dry_run short --set "database.url=$DB_URL" \
+    && grep -qF "SINK_COORDINATOR_ADMIN_TOKEN in Secret short-sink-coordinator has 10 characters" "$WORK/in-cluster.txt"
+}
+
+empty_existing_token_is_refused() {
+  ! install_dry_run mine --set existingSecret=empty-tokens \
+    && grep -qF "SINK_COORDINATOR_ADMIN_TOKEN in Secret empty-tokens is empty" "$WORK/in-cluster.txt"
 }
 
 insecure_is_announced() {
@@ -379,10 +483,12 @@ KUBECONFIG
   in_cluster_case "a first install did not generate tokens" first_install_generates
   in_cluster_case "configured tokens did not replace the Secret's" values_win_over_the_secret
   in_cluster_case "NOTES.txt does not warn about auth.insecure" insecure_is_announced
+  in_cluster_case "an upgrade kept a short token" short_kept_token_is_refused
+  in_cluster_case "an existingSecret with an empty token was taken" empty_existing_token_is_refused
   kill "$FAKE_PID"
   wait "$FAKE_PID" 2>/dev/null || true
   FAKE_PID=
-  SUMMARY+=("$(printf '%-11s ok: %d of 4 installs on a stand-in API (upgrade keeps the tokens, NOTES.txt)' \
+  SUMMARY+=("$(printf '%-11s ok: %d of 6 installs on a stand-in API (upgrade keeps the tokens, NOTES.txt, short tokens refused)' \
     in-cluster "$IN_CLUSTER_OK")")
 }
 
@@ -398,6 +504,8 @@ export HELM_CONFIG_HOME="$TOOLS/helm-home/config" HELM_CACHE_HOME="$TOOLS/helm-h
   HELM_DATA_HOME="$TOOLS/helm-home/data"
 
 DB_URL="postgresql+psycopg://sink:secret@postgres.sink.svc:5432/sink_coordinator"
+ADMIN_FROM_VALUES="admin-from-values-Zq3vX9pL2mN8rT5wY7bC"
+WRITER_FROM_VALUES="writer-from-values-Hq7vX2pL9mN4rT1wY6b"
 log "checking $CHART with $("$HELM" version --short)"
 # The defaults need a database URL on purpose (there is no safe default); the
 # rejected checks below prove they fail without one.
@@ -405,15 +513,16 @@ log "checking $CHART with $("$HELM" version --short)"
 # them from its existingSecret, insecure.yaml is the one set that renders without them.
 check_value_set default --set "database.url=$DB_URL"
 auth_checked default generated
-check_value_set tokens --set "database.url=$DB_URL" --set auth.adminToken=admin-from-values \
-  --set auth.writerToken=writer-from-values
-auth_checked tokens given admin-from-values writer-from-values
+check_value_set tokens --set "database.url=$DB_URL" --set auth.adminToken="$ADMIN_FROM_VALUES" \
+  --set auth.writerToken="$WRITER_FROM_VALUES"
+auth_checked tokens given "$ADMIN_FROM_VALUES" "$WRITER_FROM_VALUES"
 for values in "$CI_VALUES_DIR"/*.yaml; do
   name=$(basename "$values" .yaml)
   check_value_set "$name" -f "$values"
   case "$name" in
     insecure) auth_checked "$name" insecure ;;
     production) auth_checked "$name" existing ;;
+    scopes) scopes_checked "$name" ;;
     *) auth_checked "$name" generated ;;
   esac
 done
@@ -427,13 +536,35 @@ check_rejected non-psycopg-url "database.url" --set database.url=postgres://u:p@
 check_rejected tls-without-secret "secretName" --set "database.url=$DB_URL" --set tls.enabled=true
 check_rejected unknown-key "Additional property" --set "database.url=$DB_URL" --set replicas=2
 check_rejected insecure-with-token "auth.insecure" --set "database.url=$DB_URL" --set auth.insecure=true \
-  --set auth.adminToken=x
+  --set auth.adminToken="$ADMIN_FROM_VALUES"
 check_rejected failpoints-in-extra "SINK_COORDINATOR_FAILPOINTS" --set "database.url=$DB_URL" \
   --set config.extra.SINK_COORDINATOR_FAILPOINTS=commit.after_append=kill
 check_rejected failpoint-switch-in-extra "SINK_COORDINATOR_ENABLE_FAILPOINTS" --set "database.url=$DB_URL" \
   --set-string config.extra.SINK_COORDINATOR_ENABLE_FAILPOINTS=true
 check_rejected failpoints-in-extra-env "SINK_COORDINATOR_ENABLE_FAILPOINTS is set" --set "database.url=$DB_URL" \
   --set "extraEnv[0].name=SINK_COORDINATOR_ENABLE_FAILPOINTS" --set-string "extraEnv[0].value=true"
+# The coordinator reads variable names case-insensitively: lower case arms failpoints just the same.
+check_rejected lower-case-failpoints-in-extra-env "sink_coordinator_enable_failpoints is set" \
+  --set "database.url=$DB_URL" --set "extraEnv[0].name=sink_coordinator_enable_failpoints" \
+  --set-string "extraEnv[0].value=true"
+check_rejected mixed-case-failpoints-in-extra "Sink_Coordinator_Failpoints" --set "database.url=$DB_URL" \
+  --set config.extra.Sink_Coordinator_Failpoints=commit.after_append=kill
+check_rejected short-admin-token "adminToken" --set "database.url=$DB_URL" --set auth.adminToken=s3cret
+check_rejected token-with-a-space "writerToken" --set "database.url=$DB_URL" \
+  --set "auth.writerToken=writer token with spaces in it and long enough"
+check_rejected no-writer-at-all "no writer could call the coordinator" --set "database.url=$DB_URL" \
+  --set auth.unscopedWriterToken=false
+check_rejected bad-scope-name "writerScopes" --set "database.url=$DB_URL" \
+  --set "auth.writerScopes.Team__A.sinks[0]=a-*" --set "auth.writerScopes.Team__A.namespaces[0]=a"
+check_rejected scope-without-namespaces "namespaces" --set "database.url=$DB_URL" \
+  --set "auth.writerScopes.team_a.sinks[0]=a-*"
+check_rejected insecure-with-scopes "auth.insecure" --set "database.url=$DB_URL" --set auth.insecure=true \
+  --set "auth.writerScopes.team_a.sinks[0]=a-*" --set "auth.writerScopes.team_a.namespaces[0]=a"
+check_rejected scope-token-with-existing-secret "existingSecret is set" --set existingSecret=s \
+  --set "auth.writerScopes.team_a.sinks[0]=a-*" --set "auth.writerScopes.team_a.namespaces[0]=a" \
+  --set "auth.writerScopes.team_a.token=$WRITER_FROM_VALUES"
+check_rejected allowed-host-with-a-port "allowedHosts" --set "database.url=$DB_URL" \
+  --set "allowedHosts[0]=console.example:443"
 SUMMARY+=("$(printf '%-11s ok: %d invalid value sets refused' rejected "$REJECTED_OK")")
 
 echo

@@ -18,7 +18,7 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 from coordinator_service.client import CoordinatorClient
 from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, orders, write_parquet
 
-TOKEN = "console-browser-token"
+TOKEN = "console-browser-token-Zq3vX9pL2mN8rT5w"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
@@ -55,14 +55,23 @@ def sink_with_epochs(client: CoordinatorClient, sink: str, table: str, pending: 
 def test_an_operator_goes_through_the_console(
     coordinator_factory: Callable[..., CoordinatorProcess], browser: Browser, screenshots: Path
 ) -> None:
-    coordinator = coordinator_factory(SINK_COORDINATOR_ADMIN_TOKEN=TOKEN)
+    coordinator = coordinator_factory(
+        SINK_COORDINATOR_ADMIN_TOKEN=TOKEN, SINK_COORDINATOR_ADMIN_READ_REQUIRES_TOKEN="false"
+    )
     with coordinator.client(token=TOKEN) as client:
         sink_with_epochs(client, "orders", "shop.orders", pending=2)
         sink_with_epochs(client, "payments", "shop.payments", pending=0)
         page = browser.new_page(viewport={"width": 1280, "height": 900})
+        # What the browser refused to load or run (the pages' Content-Security-Policy must let them work).
+        refused: list[str] = []
+        page.expose_function("reportViolation", lambda violation: refused.append(violation))
+        page.add_init_script(
+            "document.addEventListener('securitypolicyviolation', "
+            "(e) => window.reportViolation(`${e.violatedDirective} ${e.blockedURI}`))"
+        )
         console = f"{coordinator.http_url}/console"
 
-        # Reads are open (as the API's are by default); the list shows each sink and its lag.
+        # Reads are opened (as the API's are here); the list shows each sink and its lag.
         page.goto(console)
         expect(page.locator("tr[data-sink]")).to_have_count(2)
         expect(page.locator('tr[data-sink="orders"] td').nth(5)).to_have_text("2")  # pending epochs
@@ -127,6 +136,7 @@ def test_an_operator_goes_through_the_console(
 
     coordinator.wait_for_log("epoch aborted by an operator", sink="orders", epoch=3)
     _signed_out(page, console)
+    assert refused == [], refused
 
 
 def _signed_out(page: Page, console: str) -> None:

@@ -25,7 +25,7 @@ from tests.fixtures.admin import (
 )
 from tests.fixtures.coordinator import table_files, table_order_ids
 
-TOKEN = "s3cret-admin-token"
+TOKEN = "s3cret-admin-token-Zq3vX9pL2mN8rT5wY"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
@@ -186,7 +186,7 @@ async def test_abort_of_a_pending_epoch_needs_force_and_does_not_wedge_the_write
     admin_factory: AdminFactory, catalog: Catalog
 ) -> None:
     """Item 10: Spark may have checkpointed a PENDING epoch already (its report not yet arrived)."""
-    admin = await admin_factory(admin_token=TOKEN)
+    admin = await admin_factory(admin_token=TOKEN, admin_read_requires_token=False)
     registration = await admin.register("orders")
     path = await admin.pre_commit("orders", registration, 0, 0)
 

@@ -1,10 +1,13 @@
-"""Property-based run of the admin API's OpenAPI schema (schemathesis) against the real service: no 5xx, ever."""
+"""Property-based runs of the admin API's OpenAPI schema (schemathesis) against the real service: no 5xx, ever;
+and without a token, no route that does work."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -17,7 +20,10 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, orders, write_parquet
+from tests.fixtures.postgres import query
 
+ADMIN_TOKEN = "schema-admin-token-Zq3vX9pL2mN8rT5wY7bC"
+METRICS = "schema-metrics-token-Hq7vX2pL9mN4rT1wY"
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
 
@@ -50,3 +56,52 @@ def test_no_request_makes_the_admin_api_fail(coordinator_factory: Callable[..., 
         case.call_and_validate(base_url=process.http_url, checks=CHECKS)
 
     call()
+
+
+def test_without_a_token_no_route_does_work(
+    coordinator_factory: Callable[..., CoordinatorProcess], database_url: str
+) -> None:
+    """Every route of the schema, valid and invalid requests, none with a token: the API answers 401 before it
+    reads a body; only the probes and the API's own description answer; nothing changes."""
+    process = coordinator_factory(SINK_COORDINATOR_ADMIN_TOKEN=ADMIN_TOKEN, SINK_COORDINATOR_METRICS_TOKEN=METRICS)
+    with process.client() as client:
+        writer = client.register_writer("orders", "db.orders", -1, arrow_schema=ORDERS.serialize().to_pybytes())
+        for epoch in range(2):
+            path = write_parquet(writer.table_location, orders(epoch * 10, 10))
+            client.pre_commit("orders", epoch, writer.writer_term, [path])
+    log_before = query(database_url, "SELECT name, generation, writer_term, maintenance_overrides FROM sinks")
+    epochs_before = query(database_url, "SELECT epoch, status, attempt FROM pending_sink_state ORDER BY epoch")
+
+    schema = schemathesis.openapi.from_dict(httpx.get(f"{process.http_url}/openapi.json").json())
+    cases = st.one_of(
+        schema.as_strategy(),
+        schema.as_strategy(path_parameters={"sink": "orders"}),
+        schema.as_strategy(GenerationMode.NEGATIVE),
+    )
+    slowest = 0.0
+
+    @settings(
+        max_examples=300,
+        deadline=None,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(case=cases)
+    def call(case: Case[Any]) -> None:
+        nonlocal slowest
+        case.headers = {key: value for key, value in (case.headers or {}).items() if key.lower() != "authorization"}
+        started = time.monotonic()
+        response = case.call(base_url=process.http_url)
+        slowest = max(slowest, time.monotonic() - started)
+        if case.path.startswith("/api/"):
+            assert response.status_code == 401, (case.method, case.formatted_path, response.status_code)
+            assert response.json()["error"]["code"] == "UNAUTHENTICATED"
+
+    call()
+    for path, status in (("/metrics", 401), ("/healthz", 200), ("/readyz", 200), ("/openapi.json", 200)):
+        assert httpx.get(f"{process.http_url}{path}").status_code == status, path
+    assert query(database_url, "SELECT name, generation, writer_term, maintenance_overrides FROM sinks") == log_before
+    assert query(database_url, "SELECT epoch, status, attempt FROM pending_sink_state ORDER BY epoch") == epochs_before
+    assert query(database_url, "SELECT count(*) FROM maintenance_runs") == [(0,)]
+    assert slowest < 2.0, f"an unauthenticated request took {slowest:.2f} s"

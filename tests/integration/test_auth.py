@@ -22,11 +22,11 @@ from tests.fixtures.admin import AdminApp
 from tests.fixtures.coordinator import ORDERS, CoordinatorProcess
 
 AdminFactory = Callable[..., Awaitable[AdminApp]]
-ADMIN_TOKEN = "admin-token-5f1c"
-WRITER_TOKEN = "writer-token-9a2e"
+ADMIN_TOKEN = "admin-token-5f1c-Zq3vX9pL2mN8rT5wY7bC"
+WRITER_TOKEN = "writer-token-9a2e-Hq7vX2pL9mN4rT1wY"
 ABORT = "/api/v1/sinks/orders/epochs/0/abort"
 READ_ROUTES = ("/api/v1/sinks", "/api/v1/sinks/orders", "/api/v1/sinks/orders/epochs", "/api/v1/sinks/orders/epochs/0")
-OPEN_ROUTES = ("/healthz", "/readyz", "/metrics", "/docs", "/openapi.json")
+OPEN_ROUTES = ("/healthz", "/readyz", "/docs", "/openapi.json")
 WRONG_CREDENTIALS: tuple[tuple[dict[str, str], str], ...] = (
     ({}, "needs the admin token"),
     ({"Authorization": "Bearer not-the-token"}, "the admin token is wrong"),
@@ -50,13 +50,13 @@ async def sink_with_a_pending_epoch(admin: AdminApp) -> None:
 
 
 async def test_mutating_routes_need_the_admin_token(admin_factory: AdminFactory) -> None:
-    admin = await admin_factory(admin_token=ADMIN_TOKEN)
+    admin = await admin_factory(admin_token=ADMIN_TOKEN, admin_read_requires_token=False)
     await sink_with_a_pending_epoch(admin)
     for headers, message in WRONG_CREDENTIALS:
         assert_unauthenticated(await admin.post(ABORT, json={"reason": "x"}, headers=headers), message)
         reset = {"confirm": "orders", "reason": "x"}
         assert_unauthenticated(await admin.post("/api/v1/sinks/orders/reset", json=reset, headers=headers), message)
-    for path in READ_ROUTES:  # reads stay open unless ADMIN_READ_REQUIRES_TOKEN
+    for path in (*READ_ROUTES, "/metrics"):  # reads opened with ADMIN_READ_REQUIRES_TOKEN=false
         assert (await admin.get(path)).status_code == 200, path
     sink = (await admin.get("/api/v1/sinks/orders")).json()
     assert (sink["writer_term"], sink["generation"], sink["pending_epochs"]) == (1, 0, 1)
@@ -66,8 +66,8 @@ async def test_mutating_routes_need_the_admin_token(admin_factory: AdminFactory)
     assert response.json()["epoch"]["reason"].startswith("operator abort by admin from ")
 
 
-async def test_read_routes_need_the_token_when_configured(admin_factory: AdminFactory) -> None:
-    admin = await admin_factory(admin_token=ADMIN_TOKEN, admin_read_requires_token=True)
+async def test_read_routes_need_the_token_unless_opened(admin_factory: AdminFactory) -> None:
+    admin = await admin_factory(admin_token=ADMIN_TOKEN)  # reads need the token by default
     await sink_with_a_pending_epoch(admin)
     for path in READ_ROUTES:
         for headers, message in WRONG_CREDENTIALS:
@@ -111,13 +111,41 @@ def test_grpc_needs_the_writer_token_and_no_secret_is_logged(
     writer_bearer = {"Authorization": f"Bearer {WRITER_TOKEN}"}
     response = httpx.post(f"{process.http_url}/api/v1/sinks/orders/reset", json=reset, headers=writer_bearer)
     assert response.status_code == 401
-    assert httpx.get(f"{process.http_url}/api/v1/sinks/orders").json()["writer_term"] == 1
+    assert httpx.get(f"{process.http_url}/api/v1/sinks/orders", headers=RIGHT).json()["writer_term"] == 1
 
     process.stop()
     logged = json.dumps(process.drain_logs())
     assert "sink-coordinator serving" in logged
     assert WRITER_TOKEN not in logged
     assert ADMIN_TOKEN not in logged
+
+
+def test_the_recorded_operator_address_is_the_peers_unless_a_proxy_is_trusted(
+    coordinator_factory: Callable[..., CoordinatorProcess],
+) -> None:
+    """X-Forwarded-For from 127.0.0.1 (kubectl port-forward arrives from there) names no operator."""
+    process = coordinator_factory(SINK_COORDINATOR_ADMIN_TOKEN=ADMIN_TOKEN)
+    with process.client() as client:
+        registration = client.register_writer("orders", "db.orders", -1, arrow_schema=ORDERS.serialize().to_pybytes())
+        for epoch in (0, 1):
+            client.pre_commit("orders", epoch, registration.writer_term, [])
+    spoofed = {**RIGHT, "X-Forwarded-For": "203.0.113.9"}
+    response = httpx.post(
+        f"{process.http_url}/api/v1/sinks/orders/epochs/0/abort", json={"reason": "x", "force": True}, headers=spoofed
+    )
+    assert response.status_code == 200, response.text
+    reason = response.json()["epoch"]["reason"]
+    assert "203.0.113.9" not in reason and "from 127.0.0.1:" in reason
+    process.stop()
+
+    trusting = coordinator_factory(
+        SINK_COORDINATOR_ADMIN_TOKEN=ADMIN_TOKEN, SINK_COORDINATOR_TRUSTED_PROXIES="127.0.0.1"
+    )
+    response = httpx.post(
+        f"{trusting.http_url}/api/v1/sinks/orders/epochs/1/abort", json={"reason": "x", "force": True}, headers=spoofed
+    )
+    assert response.status_code == 200, response.text
+    assert "from 203.0.113.9" in response.json()["epoch"]["reason"]
 
 
 @dataclass

@@ -254,7 +254,7 @@ async def test_a_value_postgresql_refuses_is_invalid_argument_not_unknown(
         raise AssertionError("PostgreSQL stored a NUL byte")
 
     monkeypatch.setattr(runtime.coordinator, "sink_state", refused_by_postgresql)
-    server, _, port = build_server(runtime.coordinator, "127.0.0.1:0", None)
+    server, _, port = build_server(runtime.coordinator, "127.0.0.1:0", runtime.settings)
     await server.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:

@@ -18,7 +18,7 @@ from tests.fixtures.admin import CLIENT_ADDRESS, AdminApp, AdminFactory
 from tests.fixtures.coordinator import ORDERS
 from tests.fixtures.postgres import query
 
-TOKEN = "console-test-token"
+TOKEN = "console-test-token-Zq3vX9pL2mN8rT5wY7bC"
 
 
 def csrf_of(page: httpx.Response) -> str:
@@ -54,7 +54,7 @@ async def sink_with_pending_epochs(admin: AdminApp) -> None:
 async def test_reads_are_open_where_the_api_reads_are_and_acting_needs_the_token(
     admin_factory: AdminFactory, browser_of: list[httpx.AsyncClient], database_url: str
 ) -> None:
-    admin = await admin_factory(admin_token=TOKEN)
+    admin = await admin_factory(admin_token=TOKEN, admin_read_requires_token=False)
     await sink_with_pending_epochs(admin)
     client = browser(admin, browser_of)
 
@@ -65,7 +65,7 @@ async def test_reads_are_open_where_the_api_reads_are_and_acting_needs_the_token
     assert page.status_code == 200 and 'id="abort-form"' not in page.text and 'id="read-only"' in page.text
 
     refused = await client.post("/console/sinks/orders/abort", data={"epoch": "2", "reason": "x", "force": "true"})
-    assert refused.status_code == 403 and "Sign in with the admin token" in refused.text
+    assert refused.status_code == 303 and refused.headers["location"].startswith("/console/login")
     assert query(database_url, "SELECT status FROM pending_sink_state WHERE epoch = 2") == [("PENDING",)]
 
 
@@ -95,7 +95,7 @@ async def test_signing_in_makes_an_operator_whose_abort_is_recorded_as_the_apis(
         data={"epoch": "2", "reason": "poison", "force": "true", "csrf": csrf_of(page)},
     )
     assert done.status_code == 303
-    assert "epoch+2+aborted" in done.headers["location"]
+    assert "epoch 2 aborted" in (await client.get(done.headers["location"])).text
     [(status, reason, cause)] = query(
         database_url, "SELECT status, reason, abort_cause FROM pending_sink_state WHERE epoch = 2"
     )
@@ -137,14 +137,15 @@ async def test_a_reset_needs_the_typed_name_and_says_what_it_did(
     done = await client.post(
         "/console/sinks/orders/reset", data={"confirm": "orders", "reason": "lost", "csrf": csrf_of(page)}
     )
-    assert done.status_code == 303 and "sink+reset" in done.headers["location"]
+    assert done.status_code == 303
+    assert "sink reset (generation 1)" in (await client.get(done.headers["location"])).text
     assert query(database_url, "SELECT generation FROM sinks WHERE name = 'orders'") == [(1,)]
 
 
 async def test_with_reads_closed_the_console_asks_to_sign_in_first(
     admin_factory: AdminFactory, browser_of: list[httpx.AsyncClient]
 ) -> None:
-    admin = await admin_factory(admin_token=TOKEN, admin_read_requires_token=True)
+    admin = await admin_factory(admin_token=TOKEN)  # reads need the token by default
     client = browser(admin, browser_of)
 
     listing = await client.get("/console")
@@ -211,3 +212,50 @@ async def test_a_fan_out_sinks_tables_are_listed_with_their_state(
     assert re.search(r'db\.orders <span class="muted" title="db\.eu db\.us ">\+2 tables</span>', listing.text)
     page = await client.get("/console/sinks/orders")
     assert re.findall(r'data-table="([^"]+)"', page.text) == ["db.orders", "db.eu", "db.us"]
+
+
+async def test_the_done_banner_shows_only_what_an_action_said(
+    admin_factory: AdminFactory, browser_of: list[httpx.AsyncClient]
+) -> None:
+    admin = await admin_factory()
+    await sink_with_pending_epochs(admin)
+    client = browser(admin, browser_of)
+
+    forged = await client.get("/console/sinks/orders", params={"done": "Sink verified. Call +1 555 0100 now"})
+    assert forged.status_code == 200
+    assert "555 0100" not in forged.text and 'class="flash ok"' not in forged.text
+    done = await client.post(
+        "/console/sinks/orders/abort",
+        data={"epoch": "2", "reason": "poison", "force": "true", "csrf": csrf_of(forged)},
+    )
+    assert done.status_code == 303
+    shown = await client.get(done.headers["location"])
+    assert '<p class="flash ok" role="status">epoch 2 aborted' in shown.text
+
+
+async def test_signing_out_ends_the_session_for_every_copy_of_its_cookie(
+    admin_factory: AdminFactory, browser_of: list[httpx.AsyncClient], database_url: str
+) -> None:
+    admin = await admin_factory(admin_token=TOKEN, admin_read_requires_token=False)
+    await sink_with_pending_epochs(admin)
+    client = browser(admin, browser_of)
+    signed = await client.post("/console/login", data={"token": TOKEN, "next": "/console/sinks/orders"})
+    assert signed.status_code == 303
+    page = await client.get("/console/sinks/orders")
+    assert 'id="abort-form"' in page.text
+    copied_cookie, csrf = client.cookies[COOKIE], csrf_of(page)
+
+    signed_out = await client.post("/console/logout", data={"csrf": csrf})
+    assert signed_out.status_code == 303
+
+    replayed = browser(admin, browser_of)  # the cookie as it was, from another browser (or a stolen copy)
+    copy = {"Cookie": f"{COOKIE}={copied_cookie}"}
+    again = await replayed.get("/console/sinks/orders", headers=copy)
+    assert again.status_code == 200 and 'id="abort-form"' not in again.text
+    refused = await replayed.post(
+        "/console/sinks/orders/abort",
+        data={"epoch": "2", "reason": "after sign-out", "force": "true", "csrf": csrf},
+        headers=copy,
+    )
+    assert refused.status_code == 303 and refused.headers["location"].startswith("/console/login")
+    assert query(database_url, "SELECT status FROM pending_sink_state WHERE epoch = 2") == [("PENDING",)]

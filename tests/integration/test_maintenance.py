@@ -238,8 +238,9 @@ async def test_commits_merge_manifests_so_that_their_number_stays_bounded(
 
 
 async def test_operators_see_set_and_trigger_a_sinks_maintenance(admin_factory: AdminFactory, catalog: Catalog) -> None:
-    admin = await admin_factory(admin_token="token")
-    auth = {"Authorization": "Bearer token"}
+    token = "maintenance-admin-token-Zq3vX9pL2mN8"
+    admin = await admin_factory(admin_token=token, admin_read_requires_token=False)
+    auth = {"Authorization": f"Bearer {token}"}
     await commit_epochs(admin, "orders", 4)
 
     shown = (await admin.get("/api/v1/sinks/orders/maintenance")).json()

@@ -1,9 +1,10 @@
-"""The per-sink gauges of /metrics: computed for each scrape alone, so that overlapping scrapes do not mix and a
-sink gone from the metastore is gone from the next scrape."""
+"""The per-sink gauges of /metrics: computed for each read of the metastore alone, which overlapping scrapes
+share, so that scrapes never mix two reads and a sink gone from the metastore is gone from the next read."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -11,7 +12,8 @@ from coordinator_service.admin_deps import operations_of
 from coordinator_service.models import Sink
 from coordinator_service.operations import SinkOverview
 from coordinator_service.repository import EpochCounts
-from tests.fixtures.admin import AdminApp
+from coordinator_service.shared_answer import SharedAnswer
+from tests.fixtures.admin import AdminFactory
 from tests.fixtures.postgres import query
 
 SINK_GAUGES = (
@@ -32,46 +34,74 @@ def sink_gauges(text: str) -> dict[str, dict[str, float]]:
     }
 
 
-class OverlappingReads:
-    """Operations whose sinks() answers each call its own sinks, and holds the first answer back until the
-    second call has read: two scrapes that overlap, the first rendered after the second read."""
+class HeldReads:
+    """Operations whose sinks() answers each call its own sinks, the first held back until the test lets it go."""
 
     def __init__(self, *answers: dict[str, int]) -> None:
         self._answers = list(answers)
-        self._second_read = asyncio.Event()
+        self.reads = 0
+        self.reading = asyncio.Event()
+        self.release = asyncio.Event()
 
     async def sinks(self) -> list[SinkOverview]:
-        first = len(self._answers) == 2
+        self.reads += 1
         pending_by_sink = self._answers.pop(0)
-        if first:
-            async with asyncio.timeout(15.0):
-                await self._second_read.wait()
-        else:
-            self._second_read.set()
+        self.reading.set()
+        async with asyncio.timeout(15.0):
+            await self.release.wait()
         return [
             SinkOverview(Sink(name=name), EpochCounts(pending=pending), health=None, tables=[])
             for name, pending in pending_by_sink.items()
         ]
 
 
-async def test_overlapping_scrapes_each_show_their_own_sinks(admin: AdminApp) -> None:
+class CountedAsks(SharedAnswer[bytes]):
+    """The scrapes' shared answer, saying when the second scrape has asked for it."""
+
+    def __init__(self) -> None:
+        super().__init__(fresh_seconds=0.0)
+        self.asks = 0
+        self.second_asked = asyncio.Event()
+
+    async def get(self, compute: Callable[[], Awaitable[bytes]]) -> bytes:
+        self.asks += 1
+        if self.asks == 2:
+            self.second_asked.set()
+        return await super().get(compute)
+
+
+async def test_overlapping_scrapes_share_one_read_and_the_next_reads_again(admin_factory: AdminFactory) -> None:
+    admin = await admin_factory(metrics_cache_seconds=0.0)
     # "gone" is in the first read only: the sink was deleted between the two.
-    reads = OverlappingReads({"gone": 3, "kept": 1}, {"kept": 2, "new": 5})
+    reads = HeldReads({"gone": 3, "kept": 1}, {"kept": 2, "new": 5})
     admin.app.dependency_overrides[operations_of] = lambda: reads
+    asks = admin.app.state.metrics_answer = CountedAsks()
 
-    first, second = await asyncio.gather(admin.get("/metrics"), admin.get("/metrics"))
+    first = asyncio.create_task(admin.get("/metrics"))
+    second = asyncio.create_task(admin.get("/metrics"))
+    async with asyncio.timeout(15.0):
+        await reads.reading.wait()
+        await asks.second_asked.wait()  # the second scrape arrived while the first read is under way
+    reads.release.set()
+    overlapping = await asyncio.gather(first, second)
+    assert reads.reads == 1
+    for scrape in overlapping:
+        assert scrape.status_code == 200
+        gauges = sink_gauges(scrape.text)
+        assert set(gauges) == set(SINK_GAUGES)
+        for name in SINK_GAUGES:
+            assert set(gauges[name]) == {"gone", "kept"}, name
+        assert gauges["sink_coordinator_pending_epochs"] == {"gone": 3, "kept": 1}
 
-    assert first.status_code == second.status_code == 200
-    first_gauges, second_gauges = sink_gauges(first.text), sink_gauges(second.text)
-    assert set(first_gauges) == set(second_gauges) == set(SINK_GAUGES)
-    for name in SINK_GAUGES:
-        assert set(first_gauges[name]) == {"gone", "kept"}, name
-        assert set(second_gauges[name]) == {"kept", "new"}, name
-    assert first_gauges["sink_coordinator_pending_epochs"] == {"gone": 3, "kept": 1}
-    assert second_gauges["sink_coordinator_pending_epochs"] == {"kept": 2, "new": 5}
+    later = sink_gauges((await admin.get("/metrics")).text)
+    assert reads.reads == 2
+    assert later["sink_coordinator_pending_epochs"] == {"kept": 2, "new": 5}
 
 
-async def test_a_sink_deleted_from_the_metastore_leaves_the_next_scrape(admin: AdminApp, database_url: str) -> None:
+async def test_a_sink_deleted_from_the_metastore_leaves_the_next_scrape(
+    admin_factory: AdminFactory, database_url: str
+) -> None:
+    admin = await admin_factory(metrics_cache_seconds=0.0)
     for sink in ("kept", "deleted"):
         registration = await admin.register(sink, table=f"db.{sink}")
         await admin.pre_commit(sink, registration, 0, 0)

@@ -48,7 +48,7 @@ ORDERS = pa.schema(
         pa.field("amount", pa.float64()),
     ]
 )
-ADMIN_TOKEN = "torture-admin-token"
+ADMIN_TOKEN = "torture-admin-token-Zq3vX9pL2mN8rT5wY"
 WRITER_STARTS = 12  # a writer that had to start this often has an anomaly
 # How the coordinator ends a refusal of files that new files fix: after an outage longer than the maintenance's
 # short ORPHAN_GRACE_SECONDS, a file written before it is too old, or the orphan sweep deleted it (nothing held it).

@@ -138,12 +138,13 @@ def test_help_shows_every_flags_type_default_and_variable() -> None:
 
 
 def test_secrets_from_files(tmp_path: Path) -> None:
+    secret = "s3cret-Zq3vX9pL2mN8rT5wY7bC4dF6gH"
     token = tmp_path / "token"
-    token.write_text("s3cret\n")
+    token.write_text(f"{secret}\n")
     settings = Settings(admin_token_file=token)
     assert settings.admin_token is not None
-    assert settings.admin_token.get_secret_value() == "s3cret"
-    assert "s3cret" not in repr(settings)
+    assert settings.admin_token.get_secret_value() == secret
+    assert secret not in repr(settings)
 
 
 @pytest.mark.parametrize(

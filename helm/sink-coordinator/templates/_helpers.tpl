@@ -114,9 +114,51 @@ every offline render makes new tokens. Called with (list $ key configured).
 {{- if $configured }}
 {{- $configured | b64enc }}
 {{- else }}
-{{- $current := lookup "v1" "Secret" $root.Release.Namespace (include "sink-coordinator.fullname" $root) | default dict }}
-{{- dig "data" $key "" $current | default (randAlphaNum 48 | b64enc) }}
+{{- $name := include "sink-coordinator.fullname" $root }}
+{{- $current := lookup "v1" "Secret" $root.Release.Namespace $name | default dict }}
+{{- $kept := dig "data" $key "" $current }}
+{{- include "sink-coordinator.requireLongToken" (list $key $name (b64dec $kept)) }}
+{{- $kept | default (randAlphaNum 48 | b64enc) }}
 {{- end }}
+{{- end }}
+
+{{/*
+Refuse a token the coordinator would refuse at start (set but shorter than 32
+characters), read from a Secret in the cluster. Called with (list key secret value).
+*/}}
+{{- define "sink-coordinator.requireLongToken" -}}
+{{- $key := index . 0 }}
+{{- $secret := index . 1 }}
+{{- $value := index . 2 }}
+{{- if and $value (lt (len $value) 32) }}
+{{- fail (printf "%s in Secret %s has %d characters: the coordinator refuses tokens under 32 at start. Set a longer one (openssl rand -hex 32), or delete the key from the chart's Secret to have one generated" $key $secret (len $value)) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The environment variable names of the tokens the pods need by name: the admin
+token, the unscoped writer token (auth.unscopedWriterToken), each scope's token.
+*/}}
+{{- define "sink-coordinator.requiredTokenKeys" -}}
+{{- $keys := list "SINK_COORDINATOR_ADMIN_TOKEN" }}
+{{- if .Values.auth.unscopedWriterToken }}
+{{- $keys = append $keys "SINK_COORDINATOR_WRITER_TOKEN" }}
+{{- end }}
+{{- range $scope := keys .Values.auth.writerScopes | sortAlpha }}
+{{- $keys = append $keys (printf "SINK_COORDINATOR_WRITER_SCOPES__%s__TOKEN" $scope) }}
+{{- end }}
+{{- toJson $keys }}
+{{- end }}
+
+{{/*
+The host names the admin API and the console answer: localhost, the Service's
+names, and allowedHosts.
+*/}}
+{{- define "sink-coordinator.allowedHosts" -}}
+{{- $fullname := include "sink-coordinator.fullname" . }}
+{{- $ns := .Release.Namespace }}
+{{- $hosts := list "localhost" "127.0.0.1" "::1" $fullname (printf "%s.%s" $fullname $ns) (printf "%s.%s.svc" $fullname $ns) (printf "%s.%s.svc.%s" $fullname $ns .Values.clusterDomain) }}
+{{- join "," (concat $hosts .Values.allowedHosts) }}
 {{- end }}
 
 {{/*
@@ -144,20 +186,40 @@ failures only) from the templates that depend on them.
 {{- if not .Values.existingSecret }}
 {{- $_ := required "database.url is required (an SQLAlchemy URL such as postgresql+psycopg://user:pass@host:5432/db), unless existingSecret names a Secret holding SINK_COORDINATOR_DATABASE_URL" .Values.database.url }}
 {{- else }}
-{{- if or .Values.database.url .Values.auth.adminToken .Values.auth.writerToken .Values.catalog.secretProperties }}
-{{- fail "existingSecret is set: leave database.url, auth.adminToken, auth.writerToken and catalog.secretProperties empty and put them in that Secret" }}
+{{- $scopeTokens := list }}
+{{- range .Values.auth.writerScopes }}
+{{- $scopeTokens = append $scopeTokens (.token | default "") }}
+{{- end }}
+{{- if or .Values.database.url .Values.auth.adminToken .Values.auth.writerToken .Values.auth.metricsToken .Values.catalog.secretProperties (compact $scopeTokens) }}
+{{- fail "existingSecret is set: leave database.url, auth.adminToken, auth.writerToken, auth.metricsToken, the writer scopes' tokens and catalog.secretProperties empty and put them in that Secret" }}
+{{- end }}
+{{- if not .Values.auth.insecure }}
+{{- /* What the cluster shows of existingSecret (nothing under `helm template`): its tokens must be long enough. */}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace .Values.existingSecret | default dict }}
+{{- range $key := include "sink-coordinator.requiredTokenKeys" . | fromJsonArray }}
+{{- if hasKey (dig "data" dict $existing) $key }}
+{{- include "sink-coordinator.requireLongToken" (list $key $.Values.existingSecret (b64dec (index $existing.data $key)) ) }}
+{{- if not (b64dec (index $existing.data $key)) }}
+{{- fail (printf "%s in Secret %s is empty: the coordinator refuses an empty token at start" $key $.Values.existingSecret) }}
 {{- end }}
 {{- end }}
-{{- if and .Values.auth.insecure (or .Values.auth.adminToken .Values.auth.writerToken) }}
-{{- fail "auth.insecure is true, which serves both APIs without tokens: leave auth.adminToken and auth.writerToken empty, or drop auth.insecure" }}
 {{- end }}
+{{- end }}
+{{- end }}
+{{- if and .Values.auth.insecure (or .Values.auth.adminToken .Values.auth.writerToken .Values.auth.metricsToken .Values.auth.writerScopes) }}
+{{- fail "auth.insecure is true, which serves both APIs without tokens: leave auth.adminToken, auth.writerToken, auth.metricsToken and auth.writerScopes empty, or drop auth.insecure" }}
+{{- end }}
+{{- if and (not .Values.auth.insecure) (not .Values.auth.unscopedWriterToken) (not .Values.auth.writerScopes) }}
+{{- fail "auth.unscopedWriterToken is false and auth.writerScopes is empty: no writer could call the coordinator; give the writers scopes, or keep the unscoped token" }}
+{{- end }}
+{{- /* The coordinator reads variable names case-insensitively: so does this guard. */}}
 {{- $failpoints := list "SINK_COORDINATOR_FAILPOINTS" "SINK_COORDINATOR_ENABLE_FAILPOINTS" }}
 {{- $names := keys .Values.config.extra }}
 {{- range .Values.extraEnv }}
 {{- $names = append $names .name }}
 {{- end }}
 {{- range $name := $names }}
-{{- if has $name $failpoints }}
+{{- if has (upper $name) $failpoints }}
 {{- fail (printf "%s is set (config.extra or extraEnv): failpoints kill or stall the coordinator on purpose, for tests only, and the chart never arms them" $name) }}
 {{- end }}
 {{- end }}
