@@ -210,14 +210,17 @@ class Maintainer:
         self, sink: Sink, identifier: str, policy: MaintenancePolicy, lock: CommitLock, run: MaintenanceRun
     ) -> None:
         table = await in_catalog(self.tables.load, identifier)
+        retention = tm.retention_of(table, int(policy.snapshot_max_age_seconds * 1000), policy.snapshot_max_count)
+        if not retention.gc_enabled:
+            return  # the table's owners said so (gc.enabled=false)
         async with self.database.transaction() as session:
             sinks = await repository.sinks_of_table(session, identifier)
         keep = tm.protected_by_refs(table) | protected_by_markers(table, sinks)
         expired = tm.snapshots_to_expire(
             table.metadata.snapshots,
             now_ms=int(time.time() * 1000),
-            max_age_ms=int(policy.snapshot_max_age_seconds * 1000),
-            max_count=policy.snapshot_max_count,
+            max_age_ms=retention.max_age_ms,
+            max_count=retention.max_count,
             keep=keep,
         )
         if not expired:
@@ -281,6 +284,8 @@ class Maintainer:
         self, sink: Sink, identifier: str, policy: MaintenancePolicy, lock: CommitLock, run: MaintenanceRun
     ) -> None:
         table = await in_catalog(self.tables.load, identifier)
+        if not tm.retention_of(table, 0, 0).gc_enabled:
+            return
         # A sink's override can only lengthen the grace: pre-commits refuse files older than the coordinator's.
         grace = max(policy.orphan_grace_seconds, self.settings.orphan_grace_seconds)
         candidates = await in_catalog(_unreferenced_files, table, grace)

@@ -130,6 +130,43 @@ def snapshots_to_expire(
     ]
 
 
+# The table's own retention properties (Iceberg's names): they win over the coordinator's settings for that table.
+MAX_SNAPSHOT_AGE_MS = "history.expire.max-snapshot-age-ms"
+MIN_SNAPSHOTS_TO_KEEP = "history.expire.min-snapshots-to-keep"
+GC_ENABLED = "gc.enabled"
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How long a table keeps its snapshots, and whether its files may be garbage-collected at all."""
+
+    max_age_ms: int
+    max_count: int
+    gc_enabled: bool
+
+
+def retention_of(table: Table, max_age_ms: int, max_count: int) -> Retention:
+    """The coordinator's retention (`max_age_ms`, `max_count`) where the table sets none of its own: the table's
+    max-snapshot-age replaces the age, its min-snapshots-to-keep raises the count, gc.enabled=false turns expiration
+    and the orphan sweep off (Iceberg's rules). A property that is not a number is ignored."""
+    properties = table.metadata.properties
+    age = _positive_int(properties.get(MAX_SNAPSHOT_AGE_MS))
+    keep = _positive_int(properties.get(MIN_SNAPSHOTS_TO_KEEP))
+    return Retention(
+        max_age_ms=max_age_ms if age is None else age,
+        max_count=max_count if keep is None else max(max_count, keep),
+        gc_enabled=properties.get(GC_ENABLED, "true").strip().lower() != "false",
+    )
+
+
+def _positive_int(value: str | None) -> int | None:
+    try:
+        number = int(value) if value is not None else None
+    except ValueError:
+        return None
+    return number if number is not None and number > 0 else None
+
+
 def protected_by_refs(table: Table) -> set[int]:
     """Branch and tag heads: Iceberg never expires them."""
     return {ref.snapshot_id for ref in table.metadata.refs.values()}

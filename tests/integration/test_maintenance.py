@@ -372,3 +372,28 @@ async def test_compaction_leaves_alone_a_partition_with_delete_files(
     assert (run.outcome, run.files_compacted) == ("ok", 0), run.error
     assert rows_digest(catalog.load_table("db.orders")) == before
     assert len(duckdb_rows(catalog.load_table("db.orders").metadata_location, "order_id")) == 39
+
+
+async def test_a_tables_own_retention_properties_win_over_the_coordinators(
+    admin_factory: AdminFactory, catalog: Catalog, database_url: str
+) -> None:
+    """Security review: any table a sink names came under the coordinator's maintenance, which ignored the table's
+    own history.expire.* properties and expired what its owners keep."""
+    admin = await admin_factory(snapshot_max_count=1, **NO_COMPACTION)
+    await commit_epochs(admin, "orders", 2)
+    with catalog.load_table("db.orders").transaction() as transaction:
+        transaction.set_properties({tm.MIN_SNAPSHOTS_TO_KEEP: "4"})
+    registration = await admin.register("orders", checkpointed_epoch=1)
+    for epoch in range(2, 6):
+        await admin.pre_commit("orders", registration, epoch, epoch * 10)
+        assert await admin.checkpoint("orders", registration, epoch) == epoch
+    run = await admin.runtime.maintainer.run_now(sink_id_of(database_url, "orders"))
+    assert (run.outcome, run.snapshots_expired) == ("ok", 2), run.error  # 6 snapshots, the table keeps 4
+    assert len(catalog.load_table("db.orders").snapshots()) == 4
+
+    with catalog.load_table("db.orders").transaction() as transaction:
+        transaction.set_properties({tm.GC_ENABLED: "false", tm.MIN_SNAPSHOTS_TO_KEEP: "1"})
+    run = await admin.runtime.maintainer.run_now(sink_id_of(database_url, "orders"))
+    assert (run.outcome, run.snapshots_expired, run.orphans_deleted) == ("ok", 0, 0), run.error
+    assert len(catalog.load_table("db.orders").snapshots()) == 4
+    assert table_order_ids(catalog.load_table("db.orders")) == list(range(60))
