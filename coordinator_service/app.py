@@ -10,8 +10,9 @@ import structlog
 import uvicorn
 from grpc_health.v1 import health_pb2
 
-from coordinator_service import failpoints
+from coordinator_service import failpoints, listening
 from coordinator_service.admin_api import create_app
+from coordinator_service.errors import CannotServe
 from coordinator_service.grpc_gate import SERVICE_NAME
 from coordinator_service.grpc_server import build_server
 from coordinator_service.runtime import Runtime
@@ -31,10 +32,17 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         loop.add_signal_handler(signum, stop.set)
 
     tls_credentials = _grpc_tls_credentials(settings)
-    runtime = await Runtime.open(settings)
+    http_socket = listening.bind(settings.bind_host, settings.http_port, "HTTP")
+    try:
+        listening.check_free(settings.bind_host, settings.grpc_port, "gRPC")
+        runtime = await Runtime.open(settings)
+    except BaseException:
+        http_socket.close()
+        raise
     grpc_server, health, grpc_port = build_server(
         runtime.coordinator, f"{settings.bind_host}:{settings.grpc_port}", settings, tls_credentials
     )
+    http_port = http_socket.getsockname()[1]
     http = uvicorn.Server(
         uvicorn.Config(
             create_app(runtime),
@@ -52,12 +60,12 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         )
     )
     await grpc_server.start()
-    http_task = asyncio.create_task(http.serve(), name="http")
+    http_task = asyncio.create_task(http.serve(sockets=[http_socket]), name="http")
     while not http.started:
         if http_task.done():
             await grpc_server.stop(None)
             await runtime.close()
-            raise OSError(f"cannot serve HTTP on {settings.bind_host}:{settings.http_port}; is the port in use?")
+            raise CannotServe(f"the HTTP server on {settings.bind_host}:{http_port} did not start: see the log above")
         await asyncio.sleep(0.01)
     runtime.start()
     for service in ("", SERVICE_NAME):
@@ -65,7 +73,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     log.info(
         "sink-coordinator serving",
         grpc=f"{settings.bind_host}:{grpc_port}",
-        http=f"{'https' if tls_credentials else 'http'}://{settings.bind_host}:{settings.http_port}",
+        http=f"{'https' if tls_credentials else 'http'}://{settings.bind_host}:{http_port}",
         tls=tls_credentials is not None,
         writer_auth=settings.writer_token is not None or bool(settings.writer_scopes),
         writer_scopes=sorted(settings.writer_scopes),

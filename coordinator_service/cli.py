@@ -13,18 +13,19 @@ import inspect
 import json
 from collections.abc import Callable
 from functools import wraps
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, NoReturn
 
 import typer
 from pydantic import ByteSize, SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from coordinator_service import repository
 from coordinator_service.database import Database
-from coordinator_service.errors import SchemaNotCurrent
+from coordinator_service.errors import CannotServe, SchemaNotCurrent
 from coordinator_service.flag_values import KEY_VALUE, SIZE, KeyValue, parse_key_value, parse_size
 from coordinator_service.logs import configure_logging
 from coordinator_service.runtime import metastore_url, require_migrated
@@ -55,6 +56,12 @@ def _settings_from(given: dict[str, Any]) -> Settings:
         raise typer.Exit(2) from None
     configure_logging(settings.log_level, settings.log_format)
     return settings
+
+
+def _refuse(what: str, error: Exception, code: int = 1) -> NoReturn:
+    """End the command with one line on stderr (never wrapped: the cause and the fix stay on the last line)."""
+    console.print(f"[red]{what}:[/red] {escape(str(error))}", soft_wrap=True)
+    raise typer.Exit(code)
 
 
 def _problem(error: ErrorDetails, given: dict[str, Any]) -> str:
@@ -141,9 +148,8 @@ def serve(settings: Settings) -> None:
 
     try:
         asyncio.run(serve_forever(settings))
-    except SchemaNotCurrent as error:
-        console.print(f"[red]cannot serve:[/red] {error}")
-        raise typer.Exit(1) from None
+    except (SchemaNotCurrent, CannotServe) as error:
+        _refuse("cannot serve", error)
 
 
 @app.command()
@@ -164,8 +170,7 @@ def status(settings: Settings) -> None:
     try:
         require_migrated(url)
     except SchemaNotCurrent as error:
-        console.print(f"[red]cannot read the metastore:[/red] {error}")
-        raise typer.Exit(1) from None
+        _refuse("cannot read the metastore", error)
     asyncio.run(_print_status(Database(url, pool_size=1)))
 
 

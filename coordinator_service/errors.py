@@ -114,5 +114,9 @@ class SchemaNotCurrent(Exception):
     """The metastore schema is missing, older or newer than this release knows."""
 
 
+class CannotServe(Exception):
+    """`serve` cannot start here (a port in use): the message names what and what to do; nothing was started."""
+
+
 class CommitLockLost(Unavailable):
     """The sink's commit lock vanished with its connection: nothing relying on it was done; retry."""

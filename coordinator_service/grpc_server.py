@@ -12,13 +12,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from coordinator_service.database import DATA_ERRORS, unstorable
-from coordinator_service.errors import CoordinatorError, Unavailable
+from coordinator_service.errors import CannotServe, CoordinatorError, Unavailable
 from coordinator_service.grpc_gate import SERVICE_NAME, WriterGate
+from coordinator_service.listening import GRPC_EXCLUSIVE_PORT
 from coordinator_service.precommit_files import FileFacts
 from coordinator_service.protocol import Coordinator, PreCommitRequest, TableRequest
 from coordinator_service.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
-from coordinator_service.settings import Settings
+from coordinator_service.settings import ENV_PREFIX, Settings
 from coordinator_service.wire import to_message
 from coordinator_service.writer_admission import Admission
 from coordinator_service.writer_scopes import Credentials
@@ -150,7 +151,7 @@ def build_server(
     tls_credentials: grpc.ServerCredentials | None = None,
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
     """The gRPC server with the coordinator, health and reflection services behind the writer gate; returns the
-    bound port.
+    bound port, bound exclusively (coordinator_service.listening).
 
     With tls_credentials it serves TLS only (there is no plaintext port beside it). Calls beyond
     GRPC_MAX_CONCURRENT_RPCS are refused with RESOURCE_EXHAUSTED, a connection carries at most
@@ -172,6 +173,7 @@ def build_server(
             # A stream's window stays at its initial 64 KiB instead of growing with the link's bandwidth-delay
             # product: a body the gate refuses unread costs at most that much, whatever its size.
             ("grpc.http2.bdp_probe", 0),
+            GRPC_EXCLUSIVE_PORT,
         ],
     )
     pb_grpc.add_SinkCoordinatorServicer_to_server(SinkCoordinatorServicer(coordinator), server)
@@ -181,11 +183,15 @@ def build_server(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
         server,
     )
-    port = (
-        server.add_secure_port(bind_address, tls_credentials)
-        if tls_credentials is not None
-        else server.add_insecure_port(bind_address)
-    )
-    if port == 0:
-        raise OSError(f"cannot listen for gRPC on {bind_address}: the address is in use or not local")
+    try:
+        port = (
+            server.add_secure_port(bind_address, tls_credentials)
+            if tls_credentials is not None
+            else server.add_insecure_port(bind_address)
+        )
+    except RuntimeError as error:  # grpcio's "Failed to bind": taken since coordinator_service.listening checked it
+        raise CannotServe(
+            f"the gRPC port {bind_address} cannot be listened on ({error}): stop what listens there, or choose "
+            f"another port with --grpc-port or {ENV_PREFIX}GRPC_PORT"
+        ) from None
     return server, health_servicer, port

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,18 +19,19 @@ from coordinator_service.database import normalize_url
 from coordinator_service.runtime import migrate
 from coordinator_service.schema import head_revision
 from coordinator_service.views import PreCommitOutcome
+from sink_coordinator_demo.ports import free_port
 from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, orders, table_order_ids, write_parquet
 from tests.fixtures.postgres import query
 
 SCHEMA = ORDERS.serialize().to_pybytes()
 
 
-def cli(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, cwd: Path | None = None, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "coordinator_service.cli", *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         cwd=cwd,
         env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), **env},
     )
@@ -84,6 +86,54 @@ def test_serve_refuses_a_newer_schema(database_url: str) -> None:
     result = cli("serve", SINK_COORDINATOR_DATABASE_URL=database_url)
     assert result.returncode == 1
     assert "newer than this release knows" in " ".join(result.stderr.split())
+
+
+def test_a_second_coordinator_on_the_same_grpc_port_is_refused(
+    coordinator: CoordinatorProcess, database_url: str, tmp_path: Path
+) -> None:
+    """grpcio binds with SO_REUSEPORT unless told not to: a second coordinator on another metastore would listen
+    beside the first and take some of its writers' calls. It is refused in one line naming the port."""
+    started = time.monotonic()
+    result = cli(
+        "serve",
+        "--grpc-port",
+        str(coordinator.grpc_port),
+        "--http-port",
+        str(free_port()),
+        timeout=30,
+        SINK_COORDINATOR_DATABASE_URL=database_url,
+        SINK_COORDINATOR_DATA_DIR=str(tmp_path / "second"),
+    )
+    assert time.monotonic() - started < 5
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"cannot serve: the gRPC port 127.0.0.1:{coordinator.grpc_port} is in use (another coordinator?): stop "
+        "what listens there, or choose another port with --grpc-port or SINK_COORDINATOR_GRPC_PORT"
+    ]
+    with coordinator.client() as client:  # the first one still answers, alone
+        client.wait_serving(5)
+
+
+def test_an_http_port_in_use_is_one_line_naming_it(
+    coordinator: CoordinatorProcess, database_url: str, tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    result = cli(
+        "serve",
+        "--grpc-port",
+        str(free_port()),
+        "--http-port",
+        str(coordinator.http_port),
+        timeout=30,
+        SINK_COORDINATOR_DATABASE_URL=database_url,
+        SINK_COORDINATOR_DATA_DIR=str(tmp_path / "second"),
+    )
+    assert time.monotonic() - started < 5
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"cannot serve: the HTTP port 127.0.0.1:{coordinator.http_port} is in use (another coordinator?): stop "
+        "what listens there, or choose another port with --http-port or SINK_COORDINATOR_HTTP_PORT"
+    ]
 
 
 def test_migrate_is_idempotent(database_url: str) -> None:
