@@ -21,6 +21,7 @@ from coordinator_service.operations import Operations
 from coordinator_service.runtime import Runtime
 from coordinator_service.schema import require_current_schema
 from coordinator_service.shared_answer import SharedAnswer
+from coordinator_service.warehouse import local_warehouse, writability
 
 log = structlog.get_logger(__name__)
 
@@ -73,8 +74,9 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz")
 async def readyz(request: Request, runtime: RuntimeDep) -> JSONResponse:
-    """PostgreSQL and the catalog are reachable and the metastore schema is current. Each check says what is
-    wrong in words an operator acts on; the error itself (its SQL, parameters, driver text) goes to the log."""
+    """PostgreSQL and the catalog are reachable, the metastore schema is current, and a warehouse on this machine
+    is there and writable. Each check says what is wrong in words an operator acts on; the error itself (its SQL,
+    parameters, driver text) goes to the log."""
     shared: SharedAnswer[dict[str, str]] = request.app.state.readiness_answer
     checks = await shared.get(lambda: _readiness(runtime))
     ready = all(value == "ok" for value in checks.values())
@@ -99,4 +101,12 @@ async def _readiness(runtime: Runtime) -> dict[str, str]:
     except Exception as error:
         log.warning("readiness: the catalog failed", error=cause(error), error_type=type(error).__name__)
         checks["catalog"] = "unreachable: see the coordinator's log"
+    checks.update(_warehouse_check(runtime))
     return checks
+
+
+def _warehouse_check(runtime: Runtime) -> dict[str, str]:
+    """A warehouse on this machine's file system is there and writable (coordinator_service.warehouse); one
+    elsewhere is the catalog's and its storage's business (no check)."""
+    directory = local_warehouse(runtime.settings)
+    return {} if directory is None else {"warehouse": writability(directory)}

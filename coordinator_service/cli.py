@@ -32,6 +32,7 @@ from coordinator_service.runtime import metastore_url, require_migrated
 from coordinator_service.runtime import migrate as migrate_metastore
 from coordinator_service.settings import ENV_PREFIX, Settings
 from coordinator_service.views import EpochStatus
+from coordinator_service.warehouse import serving_refusal
 from coordinator_service.writer_scopes import WriterScope
 
 app = typer.Typer(
@@ -146,6 +147,9 @@ def serve(settings: Settings) -> None:
     """Serve the gRPC writer API and the HTTP admin API until SIGTERM or Ctrl-C."""
     from coordinator_service.app import serve as serve_forever
 
+    refusal = serving_refusal(settings)
+    if refusal is not None:
+        _refuse("invalid configuration", ValueError(refusal), code=2)
     try:
         asyncio.run(serve_forever(settings))
     except (SchemaNotCurrent, CannotServe) as error:

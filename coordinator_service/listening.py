@@ -11,6 +11,7 @@ it, before the metastore or the catalog is opened; the HTTP socket tried is the 
 from __future__ import annotations
 
 import errno
+import os
 import socket
 from typing import Final
 
@@ -34,7 +35,7 @@ def bind(host: str, port: int, api: str) -> socket.socket:
         if error.errno == errno.EADDRINUSE:
             problem = "is in use (another coordinator?): stop what listens there, or choose another port"
         else:
-            problem = f"cannot be listened on ({error.strerror}): choose another address or port"
+            problem = f"cannot be listened on ({os.strerror(error.errno or 0)}): choose another address or port"
         raise CannotServe(
             f"the {api} port {where} {problem} with --{setting.replace('_', '-')} or {ENV_PREFIX}{setting.upper()}"
         ) from None

@@ -18,6 +18,7 @@ from coordinator_service.iceberg import IcebergGateway
 from coordinator_service.maintenance import Maintainer
 from coordinator_service.protocol import Coordinator
 from coordinator_service.settings import Settings
+from coordinator_service.warehouse import local_warehouse
 
 log = structlog.get_logger(__name__)
 
@@ -51,14 +52,16 @@ def require_migrated(url: URL) -> None:
 
 def catalog_properties(settings: Settings, url: URL) -> dict[str, str]:
     """The configured pyiceberg catalog properties, or a SQL catalog in the metastore database."""
+    warehouse = local_warehouse(settings)
+    # Made here (the configured one too), so that readiness tells a warehouse that vanished from one never made.
+    if warehouse is not None:
+        warehouse.mkdir(parents=True, exist_ok=True)
     if settings.catalog:
         return dict(settings.catalog)
-    warehouse = settings.warehouse_dir.expanduser().resolve()
-    warehouse.mkdir(parents=True, exist_ok=True)
     return {
         "type": "sql",
         "uri": url.render_as_string(hide_password=False),
-        "warehouse": warehouse.as_uri(),
+        "warehouse": settings.warehouse_dir.expanduser().resolve().as_uri(),
     }
 
 

@@ -239,6 +239,12 @@ class Settings(BaseSettings, MaintenancePolicy):
     )
     tls_key_file: Path | None = Field(default=None, description="PEM private key of TLS_CERT_FILE.")
     catalog_name: str = Field(default="default", description="Name of the pyiceberg catalog.")
+    allow_local_warehouse: bool = Field(
+        default=False,
+        description="Serve on an address beyond loopback (BIND_HOST) with the warehouse on this machine's file "
+        "system (no catalog: DATA_DIR/warehouse; or a file: warehouse). Only where every writer's executors share "
+        "that file system; otherwise `serve` refuses to start.",
+    )
     catalog: dict[str, str] = Field(
         default_factory=dict,
         description="pyiceberg catalog properties (CATALOG__<key>=value, or --catalog key=value). "

@@ -183,18 +183,19 @@ check_value_set() {
     fi
     validated+=("$kube")
   done
-  SUMMARY+=("$(printf '%-11s ok: lint, %d resources valid on kube %s, %d CRD resource(s) checked structurally' \
+  SUMMARY+=("$(printf '%-13s ok: lint, %d resources valid on kube %s, %d CRD resource(s) checked structurally' \
     "$name" "$core_n" "${validated[*]}" "$crd_n")")
 }
 
-# A value set the chart must refuse, with stderr mentioning $2.
+# A value set the chart must refuse, with stderr mentioning $2, and saying it in words (a schema's
+# if/then says only 'Must validate "then" as "if" was valid').
 check_rejected() {
   local name=$1 expect=$2; shift 2
   if "$HELM" template sc "$CHART" "$@" >/dev/null 2>"$WORK/reject.err"; then
     fail "rejected/$name: rendered, but must be refused"
-  elif ! grep -q -- "$expect" "$WORK/reject.err"; then
+  elif ! grep -q -- "$expect" "$WORK/reject.err" || grep -q 'Must validate "' "$WORK/reject.err"; then
     cat "$WORK/reject.err" >&2
-    fail "rejected/$name: refused without mentioning '$expect'"
+    fail "rejected/$name: refused without saying '$expect' in words"
   else
     REJECTED_OK=$((REJECTED_OK + 1))
   fi
@@ -328,9 +329,19 @@ scopes_checked() {
   local name=$1
   [[ -f "$WORK/$name.yaml" ]] || return 0
   if check_scopes "$WORK/$name.yaml"; then
-    SUMMARY+=("$(printf '%-11s ok: writer scopes, no unscoped writer token, NetworkPolicy' "$name")")
+    SUMMARY+=("$(printf '%-13s ok: writer scopes, no unscoped writer token, NetworkPolicy' "$name")")
   else
     fail "$name: writer scopes or NetworkPolicy"
+  fi
+}
+
+# The ConfigMap allows a warehouse on the pods' file system exactly where catalog.allowLocalWarehouse says so ($2).
+local_warehouse_checked() {
+  local name=$1 want=$2 got=no
+  [[ -f "$WORK/$name.yaml" ]] || return 0
+  grep -q 'SINK_COORDINATOR_ALLOW_LOCAL_WAREHOUSE: "true"' "$WORK/$name.yaml" && got=yes
+  if [[ "$got" != "$want" ]]; then
+    fail "$name: SINK_COORDINATOR_ALLOW_LOCAL_WAREHOUSE rendered: $got, want $want"
   fi
 }
 
@@ -338,7 +349,7 @@ auth_checked() {
   local name=$1; shift
   [[ -f "$WORK/$name.yaml" ]] || return 0  # not rendered: check_value_set reported why
   if check_auth "$WORK/$name.yaml" "$@"; then
-    SUMMARY+=("$(printf '%-11s ok: authentication %s' "$name" "$1")")
+    SUMMARY+=("$(printf '%-13s ok: authentication %s' "$name" "$1")")
   else
     fail "$name: authentication is not $1"
   fi
@@ -431,18 +442,18 @@ in_cluster_case() {
 }
 
 upgrade_keeps_tokens() {
-  install_dry_run sc --set "database.url=$DB_URL" \
+  install_dry_run sc --set "database.url=$DB_URL" "${CATALOG[@]}" \
     && check_auth "$WORK/in-cluster.yaml" given kept-admin-Zq3vX9pL2mN8rT5wY7bC4dF6g kept-writer-Hq7vX2pL9mN4rT1wY6bC3dE \
     && grep -qF "kubectl -n sink get secret sc-sink-coordinator -o jsonpath='{.data.SINK_COORDINATOR_ADMIN_TOKEN}' | base64 -d" "$WORK/in-cluster.txt" \
     && grep -qF "kubectl -n sink get secret sc-sink-coordinator -o jsonpath='{.data.SINK_COORDINATOR_WRITER_TOKEN}' | base64 -d" "$WORK/in-cluster.txt"
 }
 
 first_install_generates() {
-  install_dry_run fresh --set "database.url=$DB_URL" && check_auth "$WORK/in-cluster.yaml" generated
+  install_dry_run fresh --set "database.url=$DB_URL" "${CATALOG[@]}" && check_auth "$WORK/in-cluster.yaml" generated
 }
 
 values_win_over_the_secret() {
-  install_dry_run sc --set "database.url=$DB_URL" --set auth.adminToken="$ADMIN_FROM_VALUES" \
+  install_dry_run sc --set "database.url=$DB_URL" "${CATALOG[@]}" --set auth.adminToken="$ADMIN_FROM_VALUES" \
     --set auth.writerToken="$WRITER_FROM_VALUES" \
     && check_auth "$WORK/in-cluster.yaml" given "$ADMIN_FROM_VALUES" "$WRITER_FROM_VALUES"
 }
@@ -450,7 +461,7 @@ values_win_over_the_secret() {
 # The coordinator refuses a token under 32 characters at start: an upgrade that would keep one, or an
 # existingSecret that holds an empty one, is refused at render time instead, naming the key.
 short_kept_token_is_refused() {
-  ! install_dry_run short --set "database.url=$DB_URL" \
+  ! install_dry_run short --set "database.url=$DB_URL" "${CATALOG[@]}" \
     && grep -qF "SINK_COORDINATOR_ADMIN_TOKEN in Secret short-sink-coordinator has 10 characters" "$WORK/in-cluster.txt"
 }
 
@@ -460,7 +471,7 @@ empty_existing_token_is_refused() {
 }
 
 insecure_is_announced() {
-  install_dry_run open --set "database.url=$DB_URL" --set auth.insecure=true \
+  install_dry_run open --set "database.url=$DB_URL" "${CATALOG[@]}" --set auth.insecure=true \
     && grep -qF "WARNING: auth.insecure is true" "$WORK/in-cluster.txt"
 }
 
@@ -488,7 +499,7 @@ KUBECONFIG
   kill "$FAKE_PID"
   wait "$FAKE_PID" 2>/dev/null || true
   FAKE_PID=
-  SUMMARY+=("$(printf '%-11s ok: %d of 6 installs on a stand-in API (upgrade keeps the tokens, NOTES.txt, short tokens refused)' \
+  SUMMARY+=("$(printf '%-13s ok: %d of 6 installs on a stand-in API (upgrade keeps the tokens, NOTES.txt, short tokens refused)' \
     in-cluster "$IN_CLUSTER_OK")")
 }
 
@@ -504,6 +515,9 @@ export HELM_CONFIG_HOME="$TOOLS/helm-home/config" HELM_CACHE_HOME="$TOOLS/helm-h
   HELM_DATA_HOME="$TOOLS/helm-home/data"
 
 DB_URL="postgresql+psycopg://sink:secret@postgres.sink.svc:5432/sink_coordinator"
+# A catalog whose warehouse every pod and executor reaches: the chart refuses to render without one.
+CATALOG=(--set catalog.properties.type=rest --set catalog.properties.uri=https://iceberg-rest.sink.svc:8181
+  --set catalog.properties.warehouse=s3://lake/warehouse)
 ADMIN_FROM_VALUES="admin-from-values-Zq3vX9pL2mN8rT5wY7bC"
 WRITER_FROM_VALUES="writer-from-values-Hq7vX2pL9mN4rT1wY6b"
 log "checking $CHART with $("$HELM" version --short)"
@@ -511,9 +525,9 @@ log "checking $CHART with $("$HELM" version --short)"
 # rejected checks below prove they fail without one.
 # Each render's authentication: the default and minimal sets generate tokens, production reads
 # them from its existingSecret, insecure.yaml is the one set that renders without them.
-check_value_set default --set "database.url=$DB_URL"
+check_value_set default --set "database.url=$DB_URL" "${CATALOG[@]}"
 auth_checked default generated
-check_value_set tokens --set "database.url=$DB_URL" --set auth.adminToken="$ADMIN_FROM_VALUES" \
+check_value_set tokens --set "database.url=$DB_URL" "${CATALOG[@]}" --set auth.adminToken="$ADMIN_FROM_VALUES" \
   --set auth.writerToken="$WRITER_FROM_VALUES"
 auth_checked tokens given "$ADMIN_FROM_VALUES" "$WRITER_FROM_VALUES"
 for values in "$CI_VALUES_DIR"/*.yaml; do
@@ -525,47 +539,57 @@ for values in "$CI_VALUES_DIR"/*.yaml; do
     scopes) scopes_checked "$name" ;;
     *) auth_checked "$name" generated ;;
   esac
+  local_warehouse_checked "$name" "$([[ "$name" == shared-volume ]] && echo yes || echo no)"
 done
 check_in_cluster
 
 REJECTED_OK=0
-check_rejected no-database-url "database.url"
-check_rejected bad-log-format "logFormat" --set "database.url=$DB_URL" --set config.logFormat=xml
-check_rejected url-and-existing-secret "database.url" --set "database.url=$DB_URL" --set existingSecret=s
+check_rejected no-database-url "database.url is required" "${CATALOG[@]}"
+check_rejected no-catalog "catalog.properties names no catalog" --set "database.url=$DB_URL"
+check_rejected catalog-without-type-or-uri "catalog.properties names no catalog" --set "database.url=$DB_URL" \
+  --set catalog.properties.warehouse=s3://lake/warehouse
+check_rejected warehouse-on-the-pods-disk "is a path on the pod's file system" --set "database.url=$DB_URL" \
+  --set catalog.properties.type=sql --set catalog.properties.uri=postgresql+psycopg://c:c@pg.sink.svc/catalog \
+  --set catalog.properties.warehouse=file:///var/lib/sink-coordinator/warehouse
+check_rejected warehouse-as-a-path "is a path on the pod's file system" --set "database.url=$DB_URL" \
+  --set catalog.properties.type=sql --set catalog.properties.uri=postgresql+psycopg://c:c@pg.sink.svc/catalog \
+  --set catalog.properties.warehouse=/tmp/warehouse
+check_rejected bad-log-format "logFormat" --set "database.url=$DB_URL" "${CATALOG[@]}" --set config.logFormat=xml
+check_rejected url-and-existing-secret "leave database.url" --set "database.url=$DB_URL" "${CATALOG[@]}" --set existingSecret=s
 check_rejected non-psycopg-url "database.url" --set database.url=postgres://u:p@h/db
-check_rejected tls-without-secret "secretName" --set "database.url=$DB_URL" --set tls.enabled=true
-check_rejected unknown-key "Additional property" --set "database.url=$DB_URL" --set replicas=2
-check_rejected insecure-with-token "auth.insecure" --set "database.url=$DB_URL" --set auth.insecure=true \
+check_rejected tls-without-secret "tls.enabled needs tls.secretName" --set "database.url=$DB_URL" "${CATALOG[@]}" --set tls.enabled=true
+check_rejected unknown-key "Additional property" --set "database.url=$DB_URL" "${CATALOG[@]}" --set replicas=2
+check_rejected insecure-with-token "auth.insecure" --set "database.url=$DB_URL" "${CATALOG[@]}" --set auth.insecure=true \
   --set auth.adminToken="$ADMIN_FROM_VALUES"
-check_rejected failpoints-in-extra "SINK_COORDINATOR_FAILPOINTS" --set "database.url=$DB_URL" \
+check_rejected failpoints-in-extra "SINK_COORDINATOR_FAILPOINTS" --set "database.url=$DB_URL" "${CATALOG[@]}" \
   --set config.extra.SINK_COORDINATOR_FAILPOINTS=commit.after_append=kill
-check_rejected failpoint-switch-in-extra "SINK_COORDINATOR_ENABLE_FAILPOINTS" --set "database.url=$DB_URL" \
+check_rejected failpoint-switch-in-extra "SINK_COORDINATOR_ENABLE_FAILPOINTS" --set "database.url=$DB_URL" "${CATALOG[@]}" \
   --set-string config.extra.SINK_COORDINATOR_ENABLE_FAILPOINTS=true
-check_rejected failpoints-in-extra-env "SINK_COORDINATOR_ENABLE_FAILPOINTS is set" --set "database.url=$DB_URL" \
+check_rejected failpoints-in-extra-env "SINK_COORDINATOR_ENABLE_FAILPOINTS is set" --set "database.url=$DB_URL" "${CATALOG[@]}" \
   --set "extraEnv[0].name=SINK_COORDINATOR_ENABLE_FAILPOINTS" --set-string "extraEnv[0].value=true"
 # The coordinator reads variable names case-insensitively: lower case arms failpoints just the same.
 check_rejected lower-case-failpoints-in-extra-env "sink_coordinator_enable_failpoints is set" \
-  --set "database.url=$DB_URL" --set "extraEnv[0].name=sink_coordinator_enable_failpoints" \
+  --set "database.url=$DB_URL" "${CATALOG[@]}" --set "extraEnv[0].name=sink_coordinator_enable_failpoints" \
   --set-string "extraEnv[0].value=true"
-check_rejected mixed-case-failpoints-in-extra "Sink_Coordinator_Failpoints" --set "database.url=$DB_URL" \
+check_rejected mixed-case-failpoints-in-extra "Sink_Coordinator_Failpoints" --set "database.url=$DB_URL" "${CATALOG[@]}" \
   --set config.extra.Sink_Coordinator_Failpoints=commit.after_append=kill
-check_rejected short-admin-token "adminToken" --set "database.url=$DB_URL" --set auth.adminToken=s3cret
-check_rejected token-with-a-space "writerToken" --set "database.url=$DB_URL" \
+check_rejected short-admin-token "adminToken" --set "database.url=$DB_URL" "${CATALOG[@]}" --set auth.adminToken=s3cret
+check_rejected token-with-a-space "writerToken" --set "database.url=$DB_URL" "${CATALOG[@]}" \
   --set "auth.writerToken=writer token with spaces in it and long enough"
-check_rejected no-writer-at-all "no writer could call the coordinator" --set "database.url=$DB_URL" \
+check_rejected no-writer-at-all "no writer could call the coordinator" --set "database.url=$DB_URL" "${CATALOG[@]}" \
   --set auth.unscopedWriterToken=false
-check_rejected bad-scope-name "writerScopes" --set "database.url=$DB_URL" \
+check_rejected bad-scope-name "writerScopes" --set "database.url=$DB_URL" "${CATALOG[@]}" \
   --set "auth.writerScopes.Team__A.sinks[0]=a-*" --set "auth.writerScopes.Team__A.namespaces[0]=a"
-check_rejected scope-without-namespaces "namespaces" --set "database.url=$DB_URL" \
+check_rejected scope-without-namespaces "namespaces" --set "database.url=$DB_URL" "${CATALOG[@]}" \
   --set "auth.writerScopes.team_a.sinks[0]=a-*"
-check_rejected insecure-with-scopes "auth.insecure" --set "database.url=$DB_URL" --set auth.insecure=true \
+check_rejected insecure-with-scopes "auth.insecure" --set "database.url=$DB_URL" "${CATALOG[@]}" --set auth.insecure=true \
   --set "auth.writerScopes.team_a.sinks[0]=a-*" --set "auth.writerScopes.team_a.namespaces[0]=a"
 check_rejected scope-token-with-existing-secret "existingSecret is set" --set existingSecret=s \
   --set "auth.writerScopes.team_a.sinks[0]=a-*" --set "auth.writerScopes.team_a.namespaces[0]=a" \
   --set "auth.writerScopes.team_a.token=$WRITER_FROM_VALUES"
-check_rejected allowed-host-with-a-port "allowedHosts" --set "database.url=$DB_URL" \
+check_rejected allowed-host-with-a-port "allowedHosts" --set "database.url=$DB_URL" "${CATALOG[@]}" \
   --set "allowedHosts[0]=console.example:443"
-SUMMARY+=("$(printf '%-11s ok: %d invalid value sets refused' rejected "$REJECTED_OK")")
+SUMMARY+=("$(printf '%-13s ok: %d invalid value sets refused' rejected "$REJECTED_OK")")
 
 echo
 echo "helm-check summary ($(( $(date +%s) - START ))s):"

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -210,7 +212,8 @@ async def test_readyz_says_what_is_wrong_without_internals(
     admin_factory: AdminFactory, catalog_database: CatalogDatabase
 ) -> None:
     admin = await admin_factory(catalog=catalog_database.properties)
-    assert (await admin.get("/readyz")).json() == {"ready": True, "checks": {"metastore": "ok", "catalog": "ok"}}
+    checks = {"metastore": "ok", "catalog": "ok", "warehouse": "ok"}
+    assert (await admin.get("/readyz")).json() == {"ready": True, "checks": checks}
     catalog_database.go_down()
 
     response = await admin.get("/readyz")
@@ -220,6 +223,18 @@ async def test_readyz_says_what_is_wrong_without_internals(
     assert checks["catalog"].startswith("unreachable")
     for internal in ("SELECT", "psycopg", "sqlalchemy", catalog_database.name, "Error", "[SQL"):
         assert internal not in response.text, internal
+
+
+async def test_readyz_says_when_the_local_warehouse_is_gone(admin: AdminApp, tmp_path: Path) -> None:
+    """The tables' metadata and files were in it: a pod's scratch disk that went with the pod, say."""
+    checks = {"metastore": "ok", "catalog": "ok", "warehouse": "ok"}
+    assert (await admin.get("/readyz")).json() == {"ready": True, "checks": checks}
+    shutil.rmtree(tmp_path / "coordinator" / "warehouse")
+
+    response = await admin.get("/readyz")
+    assert response.status_code == 503
+    warehouse = response.json()["checks"]["warehouse"]
+    assert warehouse.startswith(f"missing: {tmp_path / 'coordinator' / 'warehouse'} is not a directory")
 
 
 @pytest.mark.parametrize("method", ["GET", "POST"])

@@ -44,7 +44,7 @@ def test_embedded_default_needs_no_configuration(tmp_path: Path) -> None:
     try:
         ready = httpx.get(f"{process.http_url}/readyz", timeout=10)
         assert ready.status_code == 200, ready.text
-        assert ready.json()["checks"] == {"metastore": "ok", "catalog": "ok"}
+        assert ready.json()["checks"] == {"metastore": "ok", "catalog": "ok", "warehouse": "ok"}
         with process.client() as client:
             writer = client.register_writer("local", "demo.orders", -1, arrow_schema=SCHEMA)
             assert writer.table_location.startswith((tmp_path / ".sink-coordinator" / "warehouse").as_uri())
@@ -134,6 +134,27 @@ def test_an_http_port_in_use_is_one_line_naming_it(
         f"cannot serve: the HTTP port 127.0.0.1:{coordinator.http_port} is in use (another coordinator?): stop "
         "what listens there, or choose another port with --http-port or SINK_COORDINATOR_HTTP_PORT"
     ]
+
+
+def test_serve_refuses_a_local_warehouse_for_writers_on_other_machines(database_url: str, tmp_path: Path) -> None:
+    """No catalog: the warehouse is DATA_DIR/warehouse, which executors on other machines cannot write and which goes
+    with this machine. Listening beyond loopback with it is refused, before anything starts, unless allowed.
+    192.0.2.1 (TEST-NET-1) is no address of this machine: allowed, the start goes on to fail at the bind."""
+    env = {"SINK_COORDINATOR_DATABASE_URL": database_url, "SINK_COORDINATOR_DATA_DIR": str(tmp_path / "data")}
+    started = time.monotonic()
+    result = cli("serve", "--bind-host", "192.0.2.1", timeout=30, **env)
+    assert time.monotonic() - started < 5
+    assert result.returncode == 2, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("invalid configuration: no catalog is configured, so the tables would go to a SQL catalog")
+    assert "listens on 192.0.2.1" in line
+    assert line.endswith("or set SINK_COORDINATOR_ALLOW_LOCAL_WAREHOUSE=true if every writer shares this file system")
+    assert not (tmp_path / "data").exists()
+
+    allowed = cli("serve", "--bind-host", "192.0.2.1", "--allow-local-warehouse", timeout=30, **env)
+    assert allowed.returncode == 1, allowed.stderr
+    [line] = allowed.stderr.strip().splitlines()
+    assert line.startswith("cannot serve: the HTTP port 192.0.2.1:8080 cannot be listened on")
 
 
 def test_migrate_is_idempotent(database_url: str) -> None:

@@ -226,6 +226,16 @@ failures only) from the templates that depend on them.
 {{- if and .Values.tls.enabled (not .Values.tls.secretName) }}
 {{- fail "tls.enabled needs tls.secretName (a kubernetes.io/tls Secret with tls.crt and tls.key)" }}
 {{- end }}
+{{- /* The tables live where every pod and every executor reaches them: without a catalog the coordinator would
+keep them in a SQL catalog whose warehouse is the pod's scratch disk (an emptyDir that goes with the pod). */}}
+{{- $catalog := merge (dict) (.Values.catalog.properties | default dict) (.Values.catalog.secretProperties | default dict) }}
+{{- if not (or (hasKey $catalog "type") (hasKey $catalog "uri")) }}
+{{- fail "catalog.properties names no catalog (no type, no uri): the coordinator would keep the tables in a SQL catalog with its warehouse on the pod's scratch disk, which Spark executors in other pods cannot write and which goes with the pod. Set catalog.properties: type, uri and a warehouse every pod and executor reaches (s3://bucket/warehouse); docs/deploying.md, \"The Iceberg catalog\"" }}
+{{- end }}
+{{- $warehouse := toString (index $catalog "warehouse" | default "") }}
+{{- if and (or (hasPrefix "file:" (lower $warehouse)) (hasPrefix "/" $warehouse)) (not .Values.catalog.allowLocalWarehouse) }}
+{{- fail (printf "catalog.properties.warehouse %s is a path on the pod's file system, which Spark executors in other pods cannot write: use an object store (s3://bucket/warehouse), or set catalog.allowLocalWarehouse: true if every pod and executor mounts that path (a shared volume, extraVolumes)" $warehouse) }}
+{{- end }}
 {{- end }}
 
 {{/*
