@@ -73,6 +73,7 @@ class SinkCoordinatorServicer(pb_grpc.SinkCoordinatorServicer):
             ),
             sink=request.sink,
         )
+        self.coordinator.writer_calls.note(request.sink)
         return to_message(registration, pb.RegisterWriterResponse)
 
     async def PreCommit(  # noqa: N802
@@ -103,6 +104,7 @@ class SinkCoordinatorServicer(pb_grpc.SinkCoordinatorServicer):
             sink=request.sink,
             epoch=request.epoch,
         )
+        self.coordinator.writer_calls.note(request.sink)
         return to_message(result, pb.PreCommitResponse)
 
     async def CommitCheckpoint(  # noqa: N802
@@ -116,6 +118,7 @@ class SinkCoordinatorServicer(pb_grpc.SinkCoordinatorServicer):
             sink=request.sink,
             epoch=request.epoch,
         )
+        self.coordinator.writer_calls.note(request.sink)
         return to_message(result, pb.CommitCheckpointResponse)
 
     async def GetSinkState(  # noqa: N802
@@ -141,6 +144,7 @@ class SinkCoordinatorServicer(pb_grpc.SinkCoordinatorServicer):
             ),
             sink=request.sink,
         )
+        self.coordinator.writer_calls.note(request.sink)
         return to_message(ensured, pb.EnsureTablesResponse)
 
 

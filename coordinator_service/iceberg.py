@@ -29,6 +29,7 @@ from pyiceberg.conversions import from_bytes, to_bytes
 from pyiceberg.exceptions import (
     CommitFailedException,
     NoSuchTableError,
+    ValidationError,
 )
 from pyiceberg.io.pyarrow import (
     PyArrowFileIO,
@@ -225,8 +226,14 @@ class IcebergGateway:
         self.remember(identifier, table)
         return table
 
-    def ensure_table(self, identifier: str, schema: pa.Schema | None, partition_by: Sequence[str]) -> str:
-        """Create the table when missing (given a schema), add new columns when present; return its location."""
+    def ensure_table(
+        self, identifier: str, schema: pa.Schema | None, partition_by: Sequence[str], written_by: Sequence[str] = ()
+    ) -> str:
+        """Create the table when missing (given a schema), add new columns when present; return its location.
+
+        A present table's schema must take the writer's files (InvalidArgument, nothing changed, naming the other
+        sinks that write it, `written_by`): the same check the pre-commit makes of each file, before Spark writes
+        one."""
         parts = parse_table_identifier(identifier)
         if len(parts) > 2 and isinstance(self.catalog, MetastoreCatalog):
             raise InvalidArgument(
@@ -245,6 +252,7 @@ class IcebergGateway:
             table = self._create_table(parts, schema, fields)
         else:
             if schema is not None:
+                _check_writer_schema(table, identifier, schema, written_by)
                 self._add_missing_columns(table, schema)
         self.forget(identifier)  # the schema may have just changed
         return str(table.location())
@@ -711,6 +719,41 @@ class _FitKey:
     rules: _FileRules = field(compare=False, hash=False, repr=False)
 
 
+def _check_writer_schema(table: Table, identifier: str, schema: pa.Schema, written_by: Sequence[str]) -> None:
+    """Refuse a writer's schema whose files the table would refuse, as registering leaves the table: with the new
+    columns added (_add_missing_columns) when there are any. pyiceberg's union_by_name, applied in memory (its
+    _apply(): nothing is committed), refuses a type that cannot change."""
+    known = set(table.schema().column_names)
+    try:
+        evolved = table.update_schema().union_by_name(schema)._apply()
+        target = evolved if any(name not in known for name in schema.names) else table.schema()
+        _check_pyarrow_schema_compatible(target, schema, format_version=table.format_version)
+    except (ValueError, ValidationError) as error:
+        writers = ", ".join(written_by)
+        whose = f", which sink {writers} writes" if len(written_by) == 1 else f", which sinks {writers} write"
+        raise InvalidArgument(
+            f"the writer's schema does not fit table {quote(identifier)}{whose if written_by else ''}: "
+            f"{flat_misfit(str(error), 'the writer')}. Write a table of its own, or a schema that fits this one "
+            "(its new columns are added). Nothing was changed"
+        ) from None
+
+
+def flat_misfit(text: str, theirs: str) -> str:
+    """pyiceberg's schema mismatch on one line: its table's rows marked ❌ (a table field and `theirs`, the data's),
+    or the text itself when it has no table."""
+    rows: list[list[str]] = []
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.split("│")[1:-1]]
+        if len(cells) != 3:
+            continue
+        if cells[0]:
+            rows.append(cells)
+        elif rows:  # a cell wrapped onto the next line
+            rows[-1] = [" ".join(filter(None, pair)) for pair in zip(rows[-1], cells, strict=True)]
+    mismatched = [f"{table} ({theirs}: {data})" for mark, table, data in rows if mark == "❌"]
+    return "mismatched fields: " + "; ".join(mismatched) if mismatched else " ".join(text.split())
+
+
 @functools.lru_cache(maxsize=1024)
 def _schema_misfit(key: _FitKey) -> str | None:
     """Why files of this Arrow schema do not fit the table schema, or None: the writers of a stream write
@@ -719,5 +762,5 @@ def _schema_misfit(key: _FitKey) -> str | None:
     try:
         _check_pyarrow_schema_compatible(key.rules.schema, file_schema, format_version=key.rules.format_version)
     except ValueError as error:
-        return str(error)
+        return flat_misfit(str(error), "the file")
     return None

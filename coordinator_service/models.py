@@ -66,6 +66,8 @@ class Sink(Base):
     incarnation: Mapped[uuid.UUID] = mapped_column(Uuid, unique=True, server_default=text("gen_random_uuid()"))
     # Sinks that existed before incarnations (migration 0003): markers without one count as theirs.
     legacy_markers: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
+    # When its writer last called (a successful call, on any replica; migration 0009): coordinator_service.writer_calls.
+    writer_last_call_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     # Settings of its table's maintenance that differ from the coordinator's (maintenance.MaintenancePolicy).
     maintenance_overrides: Mapped[dict[str, object] | None] = mapped_column(JSONB, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

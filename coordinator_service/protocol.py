@@ -71,6 +71,7 @@ from coordinator_service.views import (
     TablesEnsured,
     from_attributes,
 )
+from coordinator_service.writer_calls import WriterCalls
 
 log = structlog.get_logger(__name__)
 
@@ -191,9 +192,12 @@ class Coordinator:
         # the sink in SQL (a table once the sink's stays the sink's).
         self._sink_hints: dict[str, _SinkHint] = {}
         self._group_insert = GroupInsert(database)
+        # The transport notes each writer call it answered here (liveness, coordinator_service.writer_calls).
+        self.writer_calls = WriterCalls(database)
 
     async def close(self) -> None:
         await self._group_insert.close()
+        await self.writer_calls.stop()
 
     async def register_writer(
         self,
@@ -219,7 +223,8 @@ class Coordinator:
                 await _check_registration(session, existing, table, checkpointed_epoch)
                 above = await repository.pending_epochs_above(session, existing.id, checkpointed_epoch)
                 recorded = await repository.recorded_epochs(session, existing.id)
-        location = await in_catalog(self.tables.ensure_table, table, schema, tuple(partition_by))
+            others = (await repository.sinks_writing(session, [table], besides=sink)).get(table, [])
+        location = await in_catalog(self.tables.ensure_table, table, schema, tuple(partition_by), others)
         await failpoints.hit(Failpoint.REGISTER_BEFORE_RECOVERY)
 
         if existing is not None and above:
@@ -324,8 +329,11 @@ class Coordinator:
             schemas.append(decode_arrow_schema(spec.arrow_schema) if spec.arrow_schema else None)
         async with self.database.transaction() as session:
             check_term(await _existing_sink(session, sink), writer_term)
+            others = await repository.sinks_writing(session, names, besides=sink)
         locations = [
-            await in_catalog(self.tables.ensure_table, spec.table, schema, spec.partition_by)
+            await in_catalog(
+                self.tables.ensure_table, spec.table, schema, spec.partition_by, others.get(spec.table, [])
+            )
             for spec, schema in zip(tables, schemas, strict=True)
         ]
         async with self.database.transaction() as session:

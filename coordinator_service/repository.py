@@ -808,6 +808,34 @@ async def sinks_of_table(session: AsyncSession, table: str) -> list[tuple[Sink, 
     return [(sink, committed_epoch) for sink, committed_epoch in (await session.execute(statement)).all()]
 
 
+_RECORD_WRITER_CALL = """
+    UPDATE sinks SET writer_last_call_at = now() - make_interval(secs => :ago)
+    WHERE name = :sink AND (writer_last_call_at IS NULL OR writer_last_call_at < now() - make_interval(secs => :ago))
+"""
+
+
+async def record_writer_calls(connection: AsyncConnection, calls: Mapping[str, float]) -> None:
+    """Each sink's writer called `calls[sink]` seconds ago: a statement per sink (autocommit: no transaction holds
+    two sinks' rows), moving the time forward only."""
+    for sink, ago in sorted(calls.items()):
+        await connection.execute(text(_RECORD_WRITER_CALL), {"sink": sink, "ago": ago})
+
+
+async def sinks_writing(session: AsyncSession, tables: Sequence[str], besides: str = "") -> dict[str, list[str]]:
+    """The names of the sinks (but `besides`) writing each of these tables, by name; a table none writes is left
+    out."""
+    statement = (
+        select(WrittenTable.table_identifier, Sink.name)
+        .join(Sink, Sink.id == WrittenTable.sink_id)
+        .where(WrittenTable.table_identifier.in_(tables), Sink.name != besides)
+        .order_by(Sink.name)
+    )
+    writers: dict[str, list[str]] = {}
+    for table, name in (await session.execute(statement)).all():
+        writers.setdefault(table, []).append(name)
+    return writers
+
+
 async def maintenance_candidates(session: AsyncSession) -> Sequence[tuple[Sink, datetime | None, datetime | None]]:
     """Every sink with the start of its last maintenance run and of its last orphan sweep (None: never)."""
     last_run = select(func.max(MaintenanceRun.started_at)).where(MaintenanceRun.sink_id == Sink.id).scalar_subquery()

@@ -8,7 +8,8 @@ import pyarrow as pa
 import pytest
 from pyiceberg.catalog import Catalog
 
-from coordinator_service.errors import CheckpointBehind, FailedPrecondition
+from coordinator_service import repository
+from coordinator_service.errors import CheckpointBehind, FailedPrecondition, InvalidArgument
 from tests.fixtures.admin import AdminApp
 from tests.fixtures.coordinator import ORDERS
 
@@ -47,3 +48,54 @@ async def test_writers_registering_at_once_create_their_tables_in_one_new_namesp
         )
     )
     assert [registration.writer_term for registration in registrations] == [1] * 12
+
+
+TEXT_AMOUNT = pa.schema(
+    [
+        pa.field("order_id", pa.int64(), nullable=False),
+        pa.field("customer", pa.string()),
+        pa.field("amount", pa.string()),
+    ]
+)
+
+
+async def test_a_schema_that_does_not_fit_another_sinks_table_is_refused_at_registration(
+    admin: AdminApp, catalog: Catalog
+) -> None:
+    """Issue 26.4: a second sink on a table was refused only at its first PreCommit, after Spark wrote its files.
+    It is refused when it registers, naming the sink that writes the table, and nothing changes."""
+    await admin.register("orders")
+    before = catalog.load_table("db.orders").schema()
+    for schema in (TEXT_AMOUNT, TEXT_AMOUNT.append(pa.field("coupon", pa.string()))):
+        with pytest.raises(InvalidArgument) as refused:
+            await admin.runtime.coordinator.register_writer(
+                "orders-copy", "db.orders", -1, arrow_schema=schema.serialize().to_pybytes()
+            )
+        message = refused.value.message
+        assert message.startswith("the writer's schema does not fit table 'db.orders', which sink orders writes: ")
+        assert "amount: double -> string" in message
+        assert message.endswith("Nothing was changed")
+    assert catalog.load_table("db.orders").schema() == before
+    async with admin.runtime.database.transaction() as session:
+        assert await repository.sink_by_name(session, "orders-copy") is None
+
+
+async def test_a_nullable_column_the_table_requires_is_refused_at_registration(admin: AdminApp) -> None:
+    """Files with it would be refused at PreCommit (their column may hold nulls the table refuses)."""
+    await admin.register("orders")
+    nullable = pa.schema([pa.field("order_id", pa.int64()), pa.field("customer", pa.string())])
+    with pytest.raises(InvalidArgument, match=r"1: order_id: required long \(the writer: 1: order_id: optional long\)"):
+        await admin.runtime.coordinator.register_writer(
+            "orders-copy", "db.orders", -1, arrow_schema=nullable.serialize().to_pybytes()
+        )
+
+
+async def test_a_second_sink_whose_schema_fits_shares_the_table(admin: AdminApp, catalog: Catalog) -> None:
+    """Two streams into one table (fewer columns, a narrower integer, a new column) stay welcome."""
+    await admin.register("orders")
+    fitting = pa.schema([pa.field("order_id", pa.int32(), nullable=False), pa.field("coupon", pa.string())]).serialize()
+    registration = await admin.runtime.coordinator.register_writer(
+        "orders-copy", "db.orders", -1, arrow_schema=fitting.to_pybytes()
+    )
+    assert registration.writer_term == 1
+    assert "coupon" in catalog.load_table("db.orders").schema().column_names
