@@ -55,6 +55,8 @@ async def _scrape(operations: Operations) -> bytes:
                     )
                     for table in overview.tables
                 ],
+                stalled=overview.stalled is not None,
+                writer_last_call_age_seconds=overview.counts.writer_last_call_age_seconds,
             )
             for overview in await operations.sinks()
         ]

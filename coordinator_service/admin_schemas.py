@@ -63,12 +63,11 @@ class CommitterState(BaseModel):
     failed_attempts: int
     last_error: str | None
     last_error_at: datetime | None
-    last_commit_at: datetime | None
 
     @classmethod
     def of(cls, health: CommitterHealth | None) -> CommitterState:
         if health is None:
-            return cls(state="idle", failed_attempts=0, last_error=None, last_error_at=None, last_commit_at=None)
+            return cls(state="idle", failed_attempts=0, last_error=None, last_error_at=None)
         state: Literal["healthy", "retrying", "stuck"] = "healthy"
         if health.stuck is not None:
             state = "stuck"
@@ -79,7 +78,6 @@ class CommitterState(BaseModel):
             failed_attempts=health.attempts,
             last_error=health.last_error,
             last_error_at=health.last_error_at,
-            last_commit_at=health.last_commit_at,
         )
 
 
@@ -94,6 +92,10 @@ class TableResponse(SinkTable):
     ]
     last_error: Annotated[
         str | None, Field(description="Why the last commit to this table failed; null when none did.")
+    ]
+    also_written_by: Annotated[
+        tuple[str, ...],
+        Field(description="The other sinks writing this table, by name: their writers' schemas must fit it too."),
     ]
 
 
@@ -123,6 +125,28 @@ class SinkResponse(SinkView):
     oldest_pending_age_seconds: Annotated[
         float | None, Field(description="Seconds since the oldest PENDING epoch was pre-committed; null without one.")
     ]
+    stalled: Annotated[
+        str | None,
+        Field(
+            description="Why the sink does not advance, once its oldest PENDING epoch has waited "
+            "STALLED_AFTER_SECONDS (its writer died or hangs before the checkpoint, or its commits fail); null "
+            "while it advances."
+        ),
+    ]
+    writer_last_call_at: Annotated[
+        datetime | None,
+        Field(description="When the sink's writer last made a call a coordinator answered (any replica); null: none."),
+    ]
+    writer_last_call_age_seconds: Annotated[
+        float | None, Field(description="Seconds since writer_last_call_at; null without one.")
+    ]
+    last_commit_at: Annotated[
+        datetime | None,
+        Field(
+            description="When the log marked the committed epoch COMMITTED, whichever replica or process did; null "
+            "when it has none (no commit yet, pruned, or an epoch an operator aborted)."
+        ),
+    ]
     committer: CommitterState
     created_at: datetime
     updated_at: datetime
@@ -142,6 +166,7 @@ class SinkResponse(SinkView):
                     committed_epoch=table.committed_epoch,
                     retrying=table.table in failing,
                     last_error=failing.get(table.table),
+                    also_written_by=tuple(overview.also_written_by.get(table.table, ())),
                 )
                 for table in overview.tables
             ),
@@ -149,6 +174,9 @@ class SinkResponse(SinkView):
             pending_epochs=counts.pending,
             aborted_epochs=counts.aborted,
             oldest_pending_age_seconds=counts.oldest_pending_age_seconds,
+            stalled=overview.stalled,
+            writer_last_call_age_seconds=counts.writer_last_call_age_seconds,
+            last_commit_at=counts.last_commit_at,
             committer=CommitterState.of(overview.health),
         )
 

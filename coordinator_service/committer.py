@@ -51,7 +51,6 @@ class CommitterHealth:
     attempts: int = 0
     last_error: str | None = None
     last_error_at: datetime | None = None
-    last_commit_at: datetime | None = None
     # Set when a commit failed in a way no retry can fix: the committer waits for an operator's resume.
     stuck: str | None = None
     # Fan-out: the tables whose last commit failed while the others committed (retried), with the error.
@@ -194,10 +193,9 @@ class Committer:
         if not backlogs:
             return
         seconds = time.monotonic() - started
-        now = datetime.now(UTC)
         for backlog in backlogs:
             self._sink_names[backlog.sink_id] = backlog.sink
-            self.health.setdefault(backlog.sink_id, CommitterHealth()).last_commit_at = now
+            self.health.setdefault(backlog.sink_id, CommitterHealth())  # committed here: no longer idle
             metrics.record_commit(backlog.sink, backlog.epochs, snapshots=0, seconds=seconds)
             self.history.record(backlog.sink, seconds, backlog.epochs, lag_epochs=0)
         log.info(
@@ -471,7 +469,7 @@ class Committer:
         self._committed_here[sink.id] = (numbering_of(sink), committed)
         await failpoints.hit(Failpoint.COMMIT_AFTER_MARK)
         self._last_commit[sink.id] = time.monotonic()
-        self.health.setdefault(sink.id, CommitterHealth()).last_commit_at = datetime.now(UTC)
+        self.health.setdefault(sink.id, CommitterHealth())  # committed here: no longer idle
         seconds = time.monotonic() - started
         metrics.record_commit(sink.name, len(epochs), snapshots=appends.snapshots, seconds=seconds)
         self.history.record(sink.name, seconds, len(epochs), lag_epochs=sink.checkpointed_epoch - committed)

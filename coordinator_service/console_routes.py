@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -26,21 +26,28 @@ from fastapi import APIRouter, Depends, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
+from coordinator_service import console_format
 from coordinator_service.admin_deps import OperationsDep
 from coordinator_service.admin_schemas import MAX_EPOCH, EpochResponse, SinkResponse
 from coordinator_service.console_session import ConsoleSessions, Role, Session
-from coordinator_service.errors import CoordinatorError, InvalidArgument
-from coordinator_service.operations import Operator
+from coordinator_service.errors import CoordinatorError, FailedPrecondition, InvalidArgument
+from coordinator_service.operations import ForceRequired, Operator
+from coordinator_service.source_positions import VALID_THROUGH_MS
 
 CONSOLE_PREFIX: Final = "/console"
 STATIC_DIRECTORY: Final = Path(str(files("coordinator_service").joinpath("console", "static")))
 TEMPLATES: Final = Jinja2Templates(directory=str(files("coordinator_service").joinpath("console", "templates")))
+TEMPLATES.env.filters.update(
+    epoch=console_format.epoch, duration=console_format.duration, ms_time=console_format.milliseconds_time
+)
 # The newest epochs a sink's page shows.
 TIMELINE_EPOCHS: Final = 200
 # Sinks on one page of the list (sorted and filtered over all of them): a page a browser draws at once, and that
 # the refresh can redraw every few seconds, whatever the number of sinks.
 PAGE_ROWS: Final = 100
 REFRESH_SECONDS: Final = 5
+# The abort form's checkbox, as the page and its refusals name it.
+FORCE_LABEL: Final = "force: give its records up"
 
 router = APIRouter(prefix=CONSOLE_PREFIX, include_in_schema=False)
 
@@ -69,7 +76,16 @@ class StateFilter(StrEnum):
     RETRYING = "retrying"
     STUCK = "stuck"
     IDLE = "idle"
+    STALLED = "stalled"  # its oldest PENDING epoch waited STALLED_AFTER_SECONDS
     LAGGING = "lagging"  # epochs checkpointed but not committed
+
+
+def shown_state(sink: SinkResponse) -> str:
+    """The committer's state, unless the sink is stalled while its committer has nothing wrong to say: a writer that
+    died leaves a healthy (or idle) committer behind."""
+    if sink.stalled is not None and sink.committer.state in ("healthy", "idle"):
+        return StateFilter.STALLED.value
+    return sink.committer.state
 
 
 @dataclass(frozen=True)
@@ -80,6 +96,15 @@ class SinkRow:
     @property
     def lag(self) -> int:
         return max(self.sink.checkpointed_epoch - self.sink.committed_epoch, 0)
+
+    @property
+    def state(self) -> str:
+        return shown_state(self.sink)
+
+    @property
+    def shared_with(self) -> list[str]:
+        """The other sinks writing one of its tables."""
+        return sorted({other for table in self.sink.tables for other in table.also_written_by})
 
 
 @dataclass(frozen=True)
@@ -103,7 +128,13 @@ def _page(
     response = TEMPLATES.TemplateResponse(
         request,
         name,
-        {"visitor": visitor, "prefix": CONSOLE_PREFIX, "refresh_seconds": REFRESH_SECONDS, **context},
+        {
+            "visitor": visitor,
+            "prefix": CONSOLE_PREFIX,
+            "refresh_seconds": REFRESH_SECONDS,
+            "force_label": FORCE_LABEL,
+            **context,
+        },
         status_code=status,
     )
     sessions.keep(response, visitor.session)
@@ -129,16 +160,18 @@ async def _rows(
         rows = [row for row in rows if needle in row.sink.sink.lower() or needle in row.sink.table.lower()]
     if state is StateFilter.LAGGING:
         rows = [row for row in rows if row.lag > 0 or row.sink.pending_epochs > 0]
+    elif state is StateFilter.STALLED:
+        rows = [row for row in rows if row.sink.stalled is not None]
     elif state is not StateFilter.ANY:
-        rows = [row for row in rows if row.sink.committer.state == state.value]
+        rows = [row for row in rows if row.state == state.value]
     keys = {
         SortKey.SINK: lambda row: row.sink.sink,
         SortKey.TABLE: lambda row: row.sink.table,
         SortKey.LAG: lambda row: row.lag,
         SortKey.PENDING: lambda row: row.sink.pending_epochs,
         SortKey.AGE: lambda row: row.sink.oldest_pending_age_seconds or 0.0,
-        SortKey.STATE: lambda row: row.sink.committer.state,
-        SortKey.LAST_COMMIT: lambda row: row.sink.committer.last_commit_at or datetime.min.replace(tzinfo=UTC),
+        SortKey.STATE: lambda row: row.state,
+        SortKey.LAST_COMMIT: lambda row: row.sink.last_commit_at or datetime.min.replace(tzinfo=UTC),
     }
     return sorted(rows, key=keys[sort], reverse=descending)
 
@@ -245,18 +278,21 @@ async def _sink_page(
     done: str = "",
     error: str = "",
     status: int = 200,
+    form: Mapping[str, object] | None = None,
 ) -> Response:
     overview = await operations.sink(sink)
     epochs, _ = await operations.epochs(sink, None, None, TIMELINE_EPOCHS)
     samples = operations.committer.history.samples(sink)
     window = operations.committer.history.window_seconds
+    shown = SinkResponse.of(overview)
     return _page(
         request,
         sessions,
         visitor,
         "sink.html",
         status=status,
-        sink=SinkResponse.of(overview),
+        sink=shown,
+        state=shown_state(shown),
         epochs=[EpochResponse.of(row) for row in epochs],
         latency_chart=line_chart([(sample.at, sample.seconds * 1000) for sample in samples], "ms", window),
         lag_chart=line_chart([(sample.at, float(sample.lag_epochs)) for sample in samples], "epochs", window),
@@ -264,6 +300,7 @@ async def _sink_page(
         window_minutes=round(window / 60),
         done=done,
         error=error,
+        form=form or {},
     )
 
 
@@ -287,6 +324,7 @@ async def epoch_page(
         epoch=EpochResponse.of(detail.row),
         files=detail.metadata.data_files,
         properties=detail.metadata.properties,
+        valid_through=VALID_THROUGH_MS,
     )
 
 
@@ -323,11 +361,15 @@ async def abort_epoch(
     csrf: Annotated[str, Form()] = "",
 ) -> Response:
     async def abort(operator: Operator) -> str:
-        outcome = await operations.abort_epoch(sink, epoch, reason, force, operator)
+        try:
+            outcome = await operations.abort_epoch(sink, epoch, reason, force, operator)
+        except ForceRequired as refused:  # said with the form's checkbox, not the API's field
+            raise FailedPrecondition(refused.explained(f"Tick “{FORCE_LABEL}”")) from None
         done = f"epoch {epoch} aborted" if outcome.changed else f"epoch {epoch} was already aborted; nothing changed"
         return done + (f" ({outcome.warning})" if outcome.warning else "")
 
-    return await _act(request, operations, sessions, sink, csrf, reason, "the abort", abort)
+    form = {"form": "abort", "epoch": epoch, "reason": reason, "force": force}
+    return await _act(request, operations, sessions, sink, csrf, reason, "the abort", abort, form)
 
 
 @router.post("/sinks/{sink}/reset")
@@ -345,7 +387,8 @@ async def reset_sink(
         aborted = ", ".join(str(epoch) for epoch in outcome.aborted_epochs) or "none"
         return f"sink reset (generation {outcome.sink.sink.generation}); epochs aborted: {aborted}"
 
-    return await _act(request, operations, sessions, sink, csrf, reason, "the reset", reset)
+    form = {"form": "reset", "confirm": confirm, "reason": reason}
+    return await _act(request, operations, sessions, sink, csrf, reason, "the reset", reset, form)
 
 
 async def _act(
@@ -357,9 +400,10 @@ async def _act(
     reason: str,
     what: str,
     action: Callable[[Operator], Awaitable[str]],
+    form: Mapping[str, object],
 ) -> Response:
     """An operator's action from a form of their session, with a reason: back to the sink's page saying what it did,
-    or the page again with why it was refused (nothing changed)."""
+    or the page again with why it was refused (nothing changed) and the form as it was sent."""
     acting = await _acting(request, sessions, csrf)
     if not isinstance(acting, Visitor):
         return acting
@@ -369,7 +413,7 @@ async def _act(
         done = await action(sessions.auth.operator_of(request))
     except CoordinatorError as error:
         return await _sink_page(
-            request, operations, sessions, acting, sink, error=error.message, status=error.http_status
+            request, operations, sessions, acting, sink, error=error.message, status=error.http_status, form=form
         )
     return RedirectResponse(
         f"{CONSOLE_PREFIX}/sinks/{sink}?{urlencode({'done': sessions.notice(done)})}", status_code=303

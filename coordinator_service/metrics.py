@@ -133,6 +133,10 @@ class SinkGauges:
     retrying: bool
     stuck: bool
     tables: Sequence[TableGauges]
+    # The sink does not advance (its oldest PENDING epoch waited STALLED_AFTER_SECONDS).
+    stalled: bool = False
+    # Seconds since its writer's last answered call; None: none recorded (no series).
+    writer_last_call_age_seconds: float | None = None
 
 
 class _ScrapedGauges(Collector):
@@ -147,7 +151,7 @@ class _ScrapedGauges(Collector):
         )
         up.add_metric([], 0 if self._sinks is None else 1)
         yield up
-        families: list[tuple[str, str, Callable[[SinkGauges], float]]] = [
+        families: list[tuple[str, str, Callable[[SinkGauges], float | None]]] = [
             ("sink_coordinator_pending_epochs", "PENDING epochs of the sink (at scrape time).", lambda s: s.pending),
             (
                 "sink_coordinator_aborted_epochs_in_log",
@@ -170,11 +174,25 @@ class _ScrapedGauges(Collector):
                 "retry can fix (the sink's committer.last_error says why).",
                 lambda s: 1 if s.stuck else 0,
             ),
+            (
+                "sink_coordinator_sink_stalled",
+                "1 while the sink does not advance: its oldest PENDING epoch has waited STALLED_AFTER_SECONDS (its "
+                "writer died or hangs before the checkpoint, or its commits fail; the sink's `stalled` says which).",
+                lambda s: 1 if s.stalled else 0,
+            ),
+            (
+                "sink_coordinator_writer_last_call_age_seconds",
+                "Seconds since the sink's writer last made a call a coordinator answered (no series before its "
+                "first recorded call).",
+                lambda s: s.writer_last_call_age_seconds,
+            ),
         ]
         for name, documentation, value in families:
             family = GaugeMetricFamily(name, documentation, labels=["sink"])
             for sink in self._sinks or ():
-                family.add_metric([sink.sink], float(value(sink)))
+                measured = value(sink)
+                if measured is not None:
+                    family.add_metric([sink.sink], float(measured))
             yield family
         table_families: list[tuple[str, str, Callable[[TableGauges], float]]] = [
             (

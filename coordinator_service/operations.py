@@ -13,7 +13,7 @@ being committed, and nothing the table holds is ever reported as aborted.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import structlog
 from pydantic import ValidationError
@@ -65,6 +65,10 @@ class SinkOverview:
     health: CommitterHealth | None
     # Its tables, its own first (fan-out: then the others by name).
     tables: Sequence[TableOfSink]
+    # The other sinks writing each of its tables that others write too, by name.
+    also_written_by: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    # Why the sink does not advance (its oldest PENDING epoch waited STALLED_AFTER_SECONDS); None while it does.
+    stalled: str | None = None
 
 
 @dataclass(frozen=True)
@@ -132,21 +136,17 @@ class Operations:
 
     async def sinks(self) -> list[SinkOverview]:
         async with self.database.transaction() as session:
-            rows = await repository.sinks_with_epoch_counts(session)
-            tables = await repository.tables_of_sinks(session, [sink.id for sink, _ in rows])
-        return [
-            SinkOverview(sink, counts, self.committer.health.get(sink.id), tables[sink.id]) for sink, counts in rows
-        ]
+            return await sink_overviews(session, self.committer.health, self.settings.stalled_after_seconds)
 
     async def sink(self, name: str) -> SinkOverview:
         _check_known_name(name)
         async with self.database.transaction() as session:
-            rows = await repository.sinks_with_epoch_counts(session, name)
-            if not rows:
-                raise _unknown_sink(name)
-            sink, counts = rows[0]
-            tables = await repository.tables_of_sink(session, sink.id)
-        return SinkOverview(sink, counts, self.committer.health.get(sink.id), tables)
+            overviews = await sink_overviews(
+                session, self.committer.health, self.settings.stalled_after_seconds, name=name
+            )
+        if not overviews:
+            raise _unknown_sink(name)
+        return overviews[0]
 
     async def epochs(
         self, name: str, status: EpochStatus | None, below_epoch: int | None, limit: int
@@ -431,6 +431,57 @@ class Operations:
         return await self.maintainer.run_now(sink.id)
 
 
+async def sink_overviews(
+    session: AsyncSession,
+    health: Mapping[int, CommitterHealth],
+    stalled_after_seconds: float,
+    *,
+    name: str | None = None,
+) -> list[SinkOverview]:
+    """Every sink (or the one named), by name, as the log has it, with this process's committer `health`."""
+    rows = await repository.sinks_with_epoch_counts(session, name)
+    tables = await repository.tables_of_sinks(session, [sink.id for sink, _ in rows])
+    shared = await repository.shared_tables(session)
+    return [
+        SinkOverview(
+            sink,
+            counts,
+            health.get(sink.id),
+            tables[sink.id],
+            {
+                table.table: [other for other in shared[table.table] if other != sink.name]
+                for table in tables[sink.id]
+                if table.table in shared
+            },
+            _stalled(sink, counts, stalled_after_seconds),
+        )
+        for sink, counts in rows
+    ]
+
+
+def _stalled(sink: Sink, counts: EpochCounts, after_seconds: float) -> str | None:
+    """Why the sink does not advance, when its oldest PENDING epoch has waited `after_seconds`: for its checkpoint
+    (the writer died or hangs), or for its commit (the committer retries, is stuck, or no replica runs it)."""
+    epoch, age = counts.oldest_pending_epoch, counts.oldest_pending_age_seconds
+    if epoch is None or age is None or age < after_seconds:
+        return None
+    if epoch <= sink.checkpointed_epoch:
+        return (
+            f"epoch {epoch} was checkpointed and is not committed {age:.0f} s after its pre-commit: the committer "
+            "retries or is stuck (its state and last error say why), or no coordinator runs it"
+        )
+    called = counts.writer_last_call_age_seconds
+    writer = (
+        "no call of its writer is recorded"
+        if called is None
+        else f"its writer (term {sink.writer_term}) last called {called:.0f} s ago"
+    )
+    return (
+        f"epoch {epoch} was pre-committed {age:.0f} s ago and its checkpoint has not come: {writer}. A writer that "
+        "died resumes it when restarted (RegisterWriter); an operator may abort it"
+    )
+
+
 async def _pending_epochs(session: AsyncSession, sink: Sink, at_or_below: int | None) -> list[PendingSinkState]:
     rows = await repository.epochs_not_committed(session, sink.id)
     return [
@@ -462,9 +513,22 @@ def _check_abortable(sink: Sink, row: PendingSinkState, force: bool) -> None:
             else "pre-committed, and Spark may already have checkpointed its batch (the report is on its way): "
             "then it will not write it again"
         )
-        raise FailedPrecondition(
-            f"sink {sink.name} epoch {row.epoch} is {where}. Nothing was changed. Send force=true only if its "
-            f"{row.record_count} records must never reach the table"
+        raise ForceRequired(f"sink {sink.name} epoch {row.epoch} is {where}", row.record_count)
+
+
+class ForceRequired(FailedPrecondition):
+    """An abort of a PENDING epoch without force. Its message says how the API asks for force; explained() says
+    it in another surface's words (the console's checkbox)."""
+
+    def __init__(self, situation: str, records: int) -> None:
+        self.situation = situation
+        self.records = records
+        super().__init__(self.explained("Send force=true"))
+
+    def explained(self, how_to_force: str) -> str:
+        return (
+            f"{self.situation}. Nothing was changed. {how_to_force} only if its {self.records} records must never "
+            "reach the table"
         )
 
 

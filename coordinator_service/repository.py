@@ -14,7 +14,7 @@ from sqlalchemy import and_, delete, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
-from sqlalchemy.orm import defer
+from sqlalchemy.orm import aliased, defer
 
 from coordinator_service import path_claims
 from coordinator_service.models import (
@@ -718,16 +718,24 @@ async def holds_commit_lock(connection: AsyncConnection, sink_id: int) -> bool:
 
 @dataclass(frozen=True)
 class EpochCounts:
-    """A sink's epochs that are not committed yet."""
+    """A sink's epochs that are not committed yet, its last commit, and its writer's last call, as the log has them
+    (the same on every replica; ages by the metastore's clock)."""
 
     pending: int = 0
     aborted: int = 0
     # Seconds since the oldest PENDING epoch was (last) pre-committed; None without a PENDING epoch.
     oldest_pending_age_seconds: float | None = None
+    # The least PENDING epoch; None without one.
+    oldest_pending_epoch: int | None = None
+    # When the sink's committed epoch was marked COMMITTED; None when it was not (never, pruned, or an epoch an
+    # operator aborted).
+    last_commit_at: datetime | None = None
+    # Seconds since its writer's last answered call (sinks.writer_last_call_at); None: none recorded.
+    writer_last_call_age_seconds: float | None = None
 
 
 async def sinks_with_epoch_counts(session: AsyncSession, name: str | None = None) -> list[tuple[Sink, EpochCounts]]:
-    """Every sink (or the one named) with its pending and aborted counts, by name."""
+    """Every sink (or the one named) with its pending and aborted counts, last commit and writer's call, by name."""
     pending = PendingSinkState.status == EpochStatus.PENDING
     counts = (
         select(
@@ -735,13 +743,25 @@ async def sinks_with_epoch_counts(session: AsyncSession, name: str | None = None
             func.count().filter(pending).label("pending"),
             func.count().filter(PendingSinkState.status == EpochStatus.ABORTED).label("aborted"),
             func.extract("epoch", func.now() - func.min(PendingSinkState.updated_at).filter(pending)).label("age"),
+            func.min(PendingSinkState.epoch).filter(pending).label("oldest"),
         )
         .where(PendingSinkState.status != EpochStatus.COMMITTED)
         .group_by(PendingSinkState.sink_id)
         .subquery()
     )
+    committed = aliased(PendingSinkState)
+    last_commit = (
+        select(committed.updated_at)
+        .where(
+            committed.sink_id == Sink.id,
+            committed.epoch == Sink.committed_epoch,
+            committed.status == EpochStatus.COMMITTED,
+        )
+        .scalar_subquery()
+    )
+    writer_age = func.extract("epoch", func.now() - Sink.writer_last_call_at)
     statement = (
-        select(Sink, counts.c.pending, counts.c.aborted, counts.c.age)
+        select(Sink, counts.c.pending, counts.c.aborted, counts.c.age, counts.c.oldest, last_commit, writer_age)
         .outerjoin(counts, counts.c.sink_id == Sink.id)
         .order_by(Sink.name)
     )
@@ -754,10 +774,35 @@ async def sinks_with_epoch_counts(session: AsyncSession, name: str | None = None
                 pending=pending_count or 0,
                 aborted=aborted_count or 0,
                 oldest_pending_age_seconds=None if age is None else float(age),
+                oldest_pending_epoch=oldest,
+                last_commit_at=committed_at,
+                writer_last_call_age_seconds=None if call_age is None else float(call_age),
             ),
         )
-        for sink, pending_count, aborted_count, age in (await session.execute(statement)).all()
+        for sink, pending_count, aborted_count, age, oldest, committed_at, call_age in (
+            await session.execute(statement)
+        ).all()
     ]
+
+
+async def shared_tables(session: AsyncSession) -> dict[str, list[str]]:
+    """Every table more than one sink writes, with the names of those sinks, by name."""
+    shared = (
+        select(WrittenTable.table_identifier)
+        .group_by(WrittenTable.table_identifier)
+        .having(func.count() > 1)
+        .scalar_subquery()
+    )
+    statement = (
+        select(WrittenTable.table_identifier, Sink.name)
+        .join(Sink, Sink.id == WrittenTable.sink_id)
+        .where(WrittenTable.table_identifier.in_(shared))
+        .order_by(Sink.name)
+    )
+    writers: dict[str, list[str]] = {}
+    for table, sink in (await session.execute(statement)).all():
+        writers.setdefault(table, []).append(sink)
+    return writers
 
 
 async def epochs_newest_first(

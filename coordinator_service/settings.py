@@ -226,6 +226,15 @@ class Settings(BaseSettings, MaintenancePolicy):
         description="A gRPC connection is closed (GOAWAY) after this long, its calls given a grace to finish; "
         "clients reconnect, and spread over the replicas again.",
     )
+    stalled_after_seconds: float = Field(
+        default=300.0,
+        ge=1.0,
+        le=THIRTY_DAYS,
+        allow_inf_nan=False,
+        description="A sink whose oldest PENDING epoch has waited this long is stalled (the admin API, the console, "
+        "status, the metric sink_coordinator_sink_stalled): its writer died or hangs before the checkpoint, or its "
+        "commits fail. A writer that called more recently is live: a sink is not deleted under it.",
+    )
     admin_lock_timeout_seconds: float = Field(
         default=5.0,
         gt=0.0,

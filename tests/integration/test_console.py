@@ -9,13 +9,14 @@ import re
 from collections.abc import AsyncIterator
 
 import httpx
+import pyarrow as pa
 import pytest
 
 from coordinator_service import console_routes
 from coordinator_service.console_session import COOKIE
-from coordinator_service.protocol import TableRequest
+from coordinator_service.protocol import PreCommitRequest, TableRequest
 from tests.fixtures.admin import CLIENT_ADDRESS, AdminApp, AdminFactory
-from tests.fixtures.coordinator import ORDERS
+from tests.fixtures.coordinator import ORDERS, orders, write_parquet
 from tests.fixtures.postgres import query
 
 TOKEN = "console-test-token-Zq3vX9pL2mN8rT5wY7bC"
@@ -259,3 +260,76 @@ async def test_signing_out_ends_the_session_for_every_copy_of_its_cookie(
     )
     assert refused.status_code == 303 and refused.headers["location"].startswith("/console/login")
     assert query(database_url, "SELECT status FROM pending_sink_state WHERE epoch = 2") == [("PENDING",)]
+
+
+def row_of(page: httpx.Response, sink: str) -> str:
+    found = re.search(rf'<tr [^>]*data-sink="{re.escape(sink)}">(.*?)</tr>', page.text, re.DOTALL)
+    assert found is not None, f"no row of {sink}"
+    return found.group(1)
+
+
+async def test_the_list_shows_liveness_stalls_last_commits_and_shared_tables(
+    admin_factory: AdminFactory, browser_of: list[httpx.AsyncClient], database_url: str
+) -> None:
+    """Issue 26.5: every row was a green 'healthy' even with its writer dead, and the last commit a dash on every
+    replica but the one that made it. Issue 26.4: nothing said that two sinks write one table. Issue 26.12: -1 for
+    none, numbers misaligned under their headers."""
+    first = await admin_factory()
+    await sink_with_pending_epochs(first)  # orders: epoch 0 committed, 1 and 2 pending
+    narrower = pa.schema([pa.field("order_id", pa.int64(), nullable=False)]).serialize().to_pybytes()
+    await first.runtime.coordinator.register_writer("orders-replay", "db.orders", -1, arrow_schema=narrower)
+    query(database_url, "UPDATE sinks SET writer_last_call_at = now() - interval '42 seconds' WHERE name = 'orders'")
+    query(database_url, "UPDATE pending_sink_state SET updated_at = now() - interval '1 hour' WHERE epoch = 1")
+    other = await admin_factory(stalled_after_seconds=600)  # another replica: it committed nothing
+    client = browser(other, browser_of)
+
+    page = await client.get("/console")
+    orders_row, replay_row = row_of(page, "orders"), row_of(page, "orders-replay")
+    assert '<span class="badge stalled"' in orders_row
+    assert "term 1, 42 s ago" in orders_row
+    assert re.search(r"<time [^>]*>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d</time>", orders_row)  # the log's last commit
+    assert "shared with orders-replay" in orders_row and "shared with orders<" in replay_row
+    assert ">none<" in replay_row and ">-1<" not in replay_row  # nothing checkpointed or committed yet
+    assert "no call" in replay_row
+    headers = re.findall(r"<th( class=\"num\")?>(?:<a [^>]*>)?([^<]+)", page.text)
+    numeric = {label for css, label in headers if css}
+    assert numeric == {"Checkpointed", "Committed", "Lag (epochs)", "Pending", "Oldest pending"}
+    assert re.findall(r'data-sink="([^"]+)"', (await client.get("/console?state=stalled")).text) == ["orders"]
+
+    sink_page = await client.get("/console/sinks/orders")
+    assert "epoch 1 was pre-committed 3600 s ago and its checkpoint has not come" in sink_page.text
+    assert "term 1, last call 42 s ago" in sink_page.text
+    assert "also written by orders-replay" in sink_page.text
+
+
+async def test_an_epochs_valid_through_time_is_a_time(
+    admin_factory: AdminFactory, browser_of: list[httpx.AsyncClient]
+) -> None:
+    admin = await admin_factory()
+    registration = await admin.register("orders")
+    path = write_parquet(registration.table_location, orders(0, 10))
+    properties = {"kafka.valid-through-ms": "1764081234567", "kafka.end-offsets": '{"orders": {"0": 10}}'}
+    await admin.runtime.coordinator.pre_commit(
+        PreCommitRequest("orders", 0, registration.writer_term, (path,), properties=properties)
+    )
+    page = await browser(admin, browser_of).get("/console/sinks/orders/epochs/0")
+    assert "1764081234567 (2025-11-25 14:33:54.567 UTC)" in page.text
+
+
+async def test_a_refused_abort_says_what_to_do_in_the_forms_words_and_keeps_the_form(
+    admin_factory: AdminFactory, browser_of: list[httpx.AsyncClient]
+) -> None:
+    admin = await admin_factory()
+    await sink_with_pending_epochs(admin)
+    client = browser(admin, browser_of)
+    page = await client.get("/console/sinks/orders")
+
+    refused = await client.post(
+        "/console/sinks/orders/abort", data={"epoch": "2", "reason": "poison <b>", "csrf": csrf_of(page)}
+    )
+    assert refused.status_code == 409
+    assert "force=true" not in refused.text and "Tick “force: give its records up”" in refused.text
+    form = re.search(r'<form [^>]*id="abort-form".*?</form>', refused.text, re.DOTALL)
+    assert form is not None
+    assert 'name="epoch" min="0" required value="2"' in form.group(0)
+    assert 'value="poison &lt;b&gt;"' in form.group(0)
