@@ -23,15 +23,15 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from coordinator_service import repository
+from coordinator_service import display, repository
 from coordinator_service.database import Database
 from coordinator_service.errors import CannotServe, SchemaNotCurrent
 from coordinator_service.flag_values import KEY_VALUE, SIZE, KeyValue, parse_key_value, parse_size
-from coordinator_service.logs import configure_logging
+from coordinator_service.logs import LogFormat, LogLevel, configure_logging
+from coordinator_service.operations import sink_overviews
 from coordinator_service.runtime import metastore_url, require_migrated
 from coordinator_service.runtime import migrate as migrate_metastore
 from coordinator_service.settings import ENV_PREFIX, Settings
-from coordinator_service.views import EpochStatus
 from coordinator_service.warehouse import serving_refusal
 from coordinator_service.writer_scopes import WriterScope
 
@@ -40,6 +40,10 @@ app = typer.Typer(
     help="Exactly-once commits from Spark micro-batches to Apache Iceberg, through a PostgreSQL log.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # Click's own help: rich's boxes cut flag and variable names to fit their columns. As wide as the terminal, up
+    # to 120 columns.
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 120},
 )
 console = Console(stderr=True)
 # Settings whose values are never shown (the writer scopes hold tokens); their flags take plain text.
@@ -48,14 +52,17 @@ SECRETS: Final = frozenset(
 ) | {"writer_scopes"}
 
 
-def _settings_from(given: dict[str, Any]) -> Settings:
+def _settings_from(given: dict[str, Any], *, quiet: bool) -> Settings:
     try:
         settings = Settings(**given)
     except ValidationError as error:
         problems = "; ".join(_problem(item, given) for item in error.errors())
-        console.print(f"[red]invalid configuration:[/red] {problems}")
-        raise typer.Exit(2) from None
-    configure_logging(settings.log_level, settings.log_format)
+        _refuse("invalid configuration", ValueError(problems), code=2)
+    explicit = settings.model_fields_set
+    configure_logging(
+        settings.log_level if not quiet or "log_level" in explicit else LogLevel.WARNING,
+        settings.log_format if not quiet or "log_format" in explicit else LogFormat.CONSOLE,
+    )
     return settings
 
 
@@ -115,24 +122,30 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
-def with_settings(command: Callable[[Settings], None]) -> Callable[..., None]:
-    """Give a command one flag per setting and call it with the resulting Settings.
+def with_settings(*flags: str) -> Callable[[Callable[[Settings], None]], Callable[..., None]]:
+    """Give a command one flag per setting in `flags` (none named: every setting) and call it with the resulting
+    Settings; the other settings come from their variables.
 
     A flag shows the setting's default, but only flags given on the command line are passed on: a variable
-    sets what no flag does.
+    sets what no flag does. A command without the log flags (every one but serve) logs warnings and errors only,
+    for people, unless the variables say otherwise: its answer is what it prints.
     """
+    names = flags or tuple(Settings.model_fields)
     context = inspect.Parameter("context", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
-    parameters = [context, *(_option(name, field) for name, field in Settings.model_fields.items())]
+    parameters = [context, *(_option(name, Settings.model_fields[name]) for name in names)]
 
-    @wraps(command)
-    def wrapper(context: typer.Context, **options: Any) -> None:
-        given = {name: value for name, value in options.items() if _on_command_line(context, name)}
-        if "catalog" in given:
-            given["catalog"] = dict(given["catalog"])
-        command(_settings_from(given))
+    def decorate(command: Callable[[Settings], None]) -> Callable[..., None]:
+        @wraps(command)
+        def wrapper(context: typer.Context, **options: Any) -> None:
+            given = {name: value for name, value in options.items() if _on_command_line(context, name)}
+            if "catalog" in given:
+                given["catalog"] = dict(given["catalog"])
+            command(_settings_from(given, quiet="log_level" not in names))
 
-    wrapper.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
-    return wrapper
+        wrapper.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate
 
 
 def _on_command_line(context: typer.Context, name: str) -> bool:
@@ -141,8 +154,12 @@ def _on_command_line(context: typer.Context, name: str) -> bool:
     return source is not None and source.name == "COMMANDLINE"
 
 
+# The settings saying where the metastore is: every command that reads or writes it has their flags.
+METASTORE: Final = ("database_url", "database_url_file", "data_dir")
+
+
 @app.command()
-@with_settings
+@with_settings()
 def serve(settings: Settings) -> None:
     """Serve the gRPC writer API and the HTTP admin API until SIGTERM or Ctrl-C."""
     from coordinator_service.app import serve as serve_forever
@@ -157,7 +174,7 @@ def serve(settings: Settings) -> None:
 
 
 @app.command()
-@with_settings
+@with_settings(*METASTORE)
 def migrate(settings: Settings) -> None:
     """Create or upgrade the metastore schema (sinks, pending_sink_state)."""
     url, embedded = metastore_url(settings)
@@ -167,52 +184,71 @@ def migrate(settings: Settings) -> None:
 
 
 @app.command()
-@with_settings
+@with_settings(*METASTORE, "stalled_after_seconds")
 def status(settings: Settings) -> None:
-    """Show every sink with its checkpointed and committed epochs and its epochs not yet committed."""
+    """Show every sink (its writer, progress, last commit, the sinks sharing its tables) and its epochs not yet
+    committed, as the metastore has them (whether or not a coordinator runs)."""
     url, _ = metastore_url(settings)
     try:
         require_migrated(url)
     except SchemaNotCurrent as error:
         _refuse("cannot read the metastore", error)
-    asyncio.run(_print_status(Database(url, pool_size=1)))
+    asyncio.run(_print_status(Database(url, pool_size=1), settings.stalled_after_seconds))
 
 
-async def _print_status(database: Database) -> None:
-    sinks_table = Table(title="sinks")
-    for column in ("sink", "table", "term", "checkpointed", "committed", "pending", "aborted"):
-        sinks_table.add_column(column, justify="right" if column not in ("sink", "table") else "left")
-    epochs_table = Table(title="epochs not committed")
-    for column in ("sink", "epoch", "status", "attempt", "files", "records", "reason"):
-        epochs_table.add_column(column)
+async def _print_status(database: Database, stalled_after_seconds: float) -> None:
     try:
         async with database.transaction() as session:
-            for sink in await repository.all_sinks(session):
-                epochs = await repository.epochs_not_committed(session, sink.id)
-                pending = [e for e in epochs if e.status == EpochStatus.PENDING]
-                sinks_table.add_row(
-                    sink.name,
-                    sink.table_identifier,
-                    str(sink.writer_term),
-                    str(sink.checkpointed_epoch),
-                    str(sink.committed_epoch),
-                    str(len(pending)),
-                    str(len(epochs) - len(pending)),
-                )
-                for epoch in epochs:
-                    epochs_table.add_row(
-                        sink.name,
-                        str(epoch.epoch),
-                        epoch.status.value,
-                        str(epoch.attempt),
-                        str(epoch.file_count),
-                        str(epoch.record_count),
-                        epoch.reason or "",
-                    )
+            overviews = await sink_overviews(session, {}, stalled_after_seconds)
+            open_epochs = [(o.sink.name, await repository.epochs_not_committed(session, o.sink.id)) for o in overviews]
     finally:
         await database.dispose()
     out = Console()
+    longest = max((len(overview.sink.name) for overview in overviews), default=4)
+    sinks_table = Table(title="sinks")
+    # The names whole (a terminal narrower than the table folds the other cells, never these).
+    sinks_table.add_column("sink", no_wrap=True, min_width=longest)
+    sinks_table.add_column("table", overflow="fold")
+    for column in ("state", "writer"):
+        sinks_table.add_column(column, overflow="fold")
+    for column in ("checkpointed", "committed", "pending", "aborted"):
+        sinks_table.add_column(column, justify="right", overflow="fold")
+    sinks_table.add_column("last commit", overflow="fold")
+    for overview in overviews:
+        sink, counts = overview.sink, overview.counts
+        shared = sorted({other for others in overview.also_written_by.values() for other in others})
+        called = counts.writer_last_call_age_seconds
+        sinks_table.add_row(
+            sink.name,
+            sink.table_identifier + (f" (shared with {', '.join(shared)})" if shared else ""),
+            "stalled" if overview.stalled else "waiting" if counts.pending else "committed",
+            f"term {sink.writer_term}, " + ("no call" if called is None else f"{display.duration(called)} ago"),
+            display.epoch(sink.checkpointed_epoch),
+            display.epoch(sink.committed_epoch),
+            str(counts.pending),
+            str(counts.aborted),
+            display.moment(counts.last_commit_at),
+        )
+    epochs_table = Table(title="epochs not committed")
+    epochs_table.add_column("sink", no_wrap=True, min_width=longest)
+    for column in ("epoch", "status", "attempt", "files", "records"):
+        epochs_table.add_column(column, justify="right" if column != "status" else "left", overflow="fold")
+    epochs_table.add_column("reason", overflow="fold")
+    for name, epochs in open_epochs:
+        for epoch in epochs:
+            epochs_table.add_row(
+                name,
+                str(epoch.epoch),
+                epoch.status.value,
+                str(epoch.attempt),
+                str(epoch.file_count),
+                str(epoch.record_count),
+                epoch.reason or "",
+            )
     out.print(sinks_table)
+    for overview in overviews:
+        if overview.stalled:
+            out.print(f"{overview.sink.name} is stalled: {overview.stalled}")
     if epochs_table.row_count:
         out.print(epochs_table)
 

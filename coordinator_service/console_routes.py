@@ -26,7 +26,7 @@ from fastapi import APIRouter, Depends, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from coordinator_service import console_format
+from coordinator_service import display
 from coordinator_service.admin_deps import OperationsDep
 from coordinator_service.admin_schemas import MAX_EPOCH, EpochResponse, SinkResponse
 from coordinator_service.console_session import ConsoleSessions, Role, Session
@@ -37,9 +37,7 @@ from coordinator_service.source_positions import VALID_THROUGH_MS
 CONSOLE_PREFIX: Final = "/console"
 STATIC_DIRECTORY: Final = Path(str(files("coordinator_service").joinpath("console", "static")))
 TEMPLATES: Final = Jinja2Templates(directory=str(files("coordinator_service").joinpath("console", "templates")))
-TEMPLATES.env.filters.update(
-    epoch=console_format.epoch, duration=console_format.duration, ms_time=console_format.milliseconds_time
-)
+TEMPLATES.env.filters.update(epoch=display.epoch, duration=display.duration, ms_time=display.milliseconds_time)
 # The newest epochs a sink's page shows.
 TIMELINE_EPOCHS: Final = 200
 # Sinks on one page of the list (sorted and filtered over all of them): a page a browser draws at once, and that

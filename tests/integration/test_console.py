@@ -297,7 +297,7 @@ async def test_the_list_shows_liveness_stalls_last_commits_and_shared_tables(
     assert re.findall(r'data-sink="([^"]+)"', (await client.get("/console?state=stalled")).text) == ["orders"]
 
     sink_page = await client.get("/console/sinks/orders")
-    assert "epoch 1 was pre-committed 3600 s ago and its checkpoint has not come" in sink_page.text
+    assert re.search(r"epoch 1 was pre-committed 36\d\d s ago and its checkpoint has not come", sink_page.text)
     assert "term 1, last call 42 s ago" in sink_page.text
     assert "also written by orders-replay" in sink_page.text
 

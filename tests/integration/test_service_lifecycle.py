@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -18,6 +19,7 @@ from coordinator_service.client import CoordinatorClient, CoordinatorRpcError
 from coordinator_service.database import normalize_url
 from coordinator_service.runtime import migrate
 from coordinator_service.schema import head_revision
+from coordinator_service.settings import Settings
 from coordinator_service.views import PreCommitOutcome
 from sink_coordinator_demo.ports import free_port
 from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, orders, table_order_ids, write_parquet
@@ -186,10 +188,75 @@ def test_status_shows_sinks_and_open_epochs(coordinator: CoordinatorProcess, dat
     result = cli("status", "--database-url", database_url, COLUMNS="200")
     assert result.returncode == 0, result.stderr
     sink_line = next(line for line in result.stdout.splitlines() if "status-sink" in line and "shop.orders" in line)
-    # term, checkpointed, committed, pending, aborted
-    assert [cell.strip() for cell in sink_line.split("│")[3:8]] == ["1", "0", "0", "2", "0"]
+    # writer, checkpointed, committed, pending, aborted
+    cells = [cell.strip() for cell in sink_line.split("│")[4:9]]
+    assert re.fullmatch(r"term 1, \d+ s ago", cells[0])
+    assert cells[1:] == ["0", "0", "2", "0"]
     pending_lines = [line for line in result.stdout.splitlines() if "PENDING" in line]
     assert [cell.strip() for line in pending_lines for cell in line.split("│")[2:3]] == ["1", "2"]
+
+
+def test_status_names_every_sink_whole_at_80_columns_and_logs_nothing(
+    coordinator: CoordinatorProcess, database_url: str
+) -> None:
+    """Issue 26.12: four sinks of a demo showed as four identical `demo-orde…` rows, under a JSON log line."""
+    names = [f"demo-orders-20261125_1540{second:02d}" for second in range(4)]
+    with coordinator.client() as client:
+        for name in names:
+            client.register_writer(name, f"demo.orders_{name[-15:]}", -1, arrow_schema=SCHEMA)
+    result = cli("status", "--database-url", database_url, COLUMNS="80")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert "…" not in result.stdout
+    assert [next(line for line in lines if name in line) for name in names]  # each name whole, on a line
+
+
+def test_status_shows_liveness_stalls_last_commits_and_shared_tables(
+    coordinator: CoordinatorProcess, database_url: str
+) -> None:
+    """Issues 26.4 and 26.5, as `status` says them: the writer's term and last call, stalled, the last commit from
+    the log, and the sinks writing one table."""
+    with coordinator.client() as client:
+        writer = client.register_writer("orders", "shop.orders", -1, arrow_schema=SCHEMA)
+        client.pre_commit("orders", 0, writer.writer_term, [write_parquet(writer.table_location, orders(0, 5))])
+        client.commit_checkpoint("orders", 0, writer.writer_term, wait=True)
+        client.pre_commit("orders", 1, writer.writer_term, [write_parquet(writer.table_location, orders(5, 5))])
+        client.register_writer("orders-replay", "shop.orders", -1, arrow_schema=SCHEMA)
+    coordinator.stop()  # its last notes of the writers' calls written: status reads the metastore alone
+    query(database_url, "UPDATE pending_sink_state SET updated_at = now() - interval '1 hour' WHERE epoch = 1")
+    query(database_url, "UPDATE sinks SET writer_last_call_at = now() - interval '2 hours' WHERE name = 'orders'")
+    result = cli("status", "--database-url", database_url, "--stalled-after-seconds", "600", COLUMNS="250")
+    assert result.returncode == 0, result.stderr
+    sinks_lines = result.stdout.split("epochs not committed")[0].splitlines()
+    [orders_line] = [line for line in sinks_lines if "│ orders " in line]
+    cells = [cell.strip() for cell in orders_line.split("│")[1:-1]]
+    assert cells[:3] == ["orders", "shop.orders (shared with orders-replay)", "stalled"]
+    assert cells[3] == "term 1, 2 h ago"
+    assert cells[4:8] == ["0", "0", "1", "0"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", cells[8])
+    said = " ".join(result.stdout.split())
+    assert re.search(r"orders is stalled: epoch 1 was pre-committed 36\d\d s ago and its checkpoint has not come", said)
+    [replay_line] = [line for line in sinks_lines if "│ orders-replay " in line]
+    replay = [cell.strip() for cell in replay_line.split("│")[1:-1]]
+    assert replay[4:6] == ["none", "none"] and replay[8] == "\N{EN DASH}"
+
+
+def test_each_commands_help_fits_120_columns_with_its_flags_and_variables_whole() -> None:
+    """Issue 26.12: `serve --help` cut flag and variable names at 120 columns, and `status --help` listed every
+    flag of the server (408 lines)."""
+    serve = cli("serve", "--help", COLUMNS="120")
+    assert serve.returncode == 0
+    assert "…" not in serve.stdout and max(len(line) for line in serve.stdout.splitlines()) <= 120
+    for name in Settings.model_fields:
+        assert f"--{name.replace('_', '-')}" in serve.stdout, name
+        assert f"SINK_COORDINATOR_{name.upper()}" in serve.stdout, name
+    status = cli("status", "--help", COLUMNS="120")
+    assert status.returncode == 0
+    assert "--database-url" in status.stdout and "--stalled-after-seconds" in status.stdout
+    assert "--grpc-port" not in status.stdout and "--compaction-min-files" not in status.stdout
+    assert len(status.stdout.splitlines()) < 40
 
 
 def test_configured_catalog_is_used(

@@ -4,6 +4,7 @@ writing one of its tables (issue 26.4)."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -49,7 +50,7 @@ async def test_a_sink_whose_oldest_epoch_waits_too_long_is_stalled(
 
     query(database_url, "UPDATE pending_sink_state SET updated_at = now() - interval '150 seconds' WHERE epoch = 1")
     sink = await sink_of(admin, "orders")
-    assert sink["stalled"].startswith("epoch 1 was pre-committed 150 s ago and its checkpoint has not come")
+    assert re.match(r"epoch 1 was pre-committed 15\d s ago and its checkpoint has not come", sink["stalled"])
     assert sink["committer"]["state"] == "healthy"  # the committer has nothing to do: the writer is the matter
     scrape = (await admin.get("/metrics")).text
     assert 'sink_coordinator_sink_stalled{sink="orders"} 1.0' in scrape

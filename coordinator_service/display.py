@@ -1,8 +1,12 @@
-"""How the console shows values: an epoch that is none yet, a duration, a time in milliseconds (Jinja filters)."""
+"""How people are shown values, by the console (its Jinja filters) and `sink-coordinator status`: an epoch that is
+none yet, a duration, a time in milliseconds."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+
+# What stands for a value there is none of (a sink never committed).
+NOTHING = "\N{EN DASH}"
 
 
 def epoch(value: int) -> str:
@@ -28,3 +32,8 @@ def milliseconds_time(value: str) -> str:
     except (ValueError, OverflowError, OSError):
         return value
     return f"{moment:%Y-%m-%d %H:%M:%S}.{moment.microsecond // 1000:03d} UTC"
+
+
+def moment(value: datetime | None) -> str:
+    """A time to the second, or NOTHING."""
+    return NOTHING if value is None else f"{value:%Y-%m-%d %H:%M:%S}"
