@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
+from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException
 
 from coordinator_service import (
@@ -38,7 +39,9 @@ from coordinator_service.shared_answer import SharedAnswer
 
 
 def create_app(runtime: Runtime) -> FastAPI:
-    app = FastAPI(
+    # /docs and /redoc load Swagger UI and ReDoc from the fastapi-offline package (/static-offline-docs), so that
+    # they work where no CDN is reachable.
+    app = FastAPIOffline(
         title="sink-coordinator admin API",
         version=__version__,
         description="Operate the sink-coordinator: sinks, epochs, abort, reset. See docs/operations.md.",

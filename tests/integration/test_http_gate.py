@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -268,3 +269,17 @@ async def test_adopting_a_table_refuses_what_is_wrong_and_changes_nothing(
     response = await admin.post(f"/api/v1/tables/{table}/adopt", json=body, headers=AUTH)
     assert response.status_code == status, response.text
     assert admin.runtime.tables.catalog.load_table("db.orders").metadata_location == before
+
+
+async def test_the_api_docs_page_loads_nothing_from_elsewhere(admin: AdminApp) -> None:
+    """Issue 26.9: /docs loaded Swagger UI from a CDN, and was blank offline. Its script and style are the
+    coordinator's own, served to anyone who may see /docs (no token, as /docs and /openapi.json)."""
+    for page, needs in (("/docs", ("swagger-ui-bundle.js", "swagger-ui.css")), ("/redoc", ("redoc.standalone.js",))):
+        response = await admin.get(page)
+        assert response.status_code == 200
+        assert not re.search(r"""(?:src|href)=["']?(?:https?:)?//""", response.text), page
+        for asset in needs:
+            [url] = re.findall(rf"""["']([^"']*/{re.escape(asset)})["']""", response.text)
+            served = await admin.get(url)
+            assert served.status_code == 200, url
+            assert len(served.content) > 10_000, url
