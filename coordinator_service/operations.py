@@ -554,8 +554,12 @@ async def _existing_epoch(
 ) -> PendingSinkState:
     row = await repository.epoch_row(session, sink.id, epoch, for_update=for_update)
     if row is None:
+        if epoch > sink.committed_epoch:  # only COMMITTED epochs are pruned
+            newest = await repository.newest_epoch(session, sink.id)
+            known = "it has none yet" if newest is None else f"its newest epoch is {newest}"
+            raise NotFound(f"sink {sink.name} has no epoch {epoch}: it was never pre-committed ({known})")
         raise NotFound(
-            f"sink {sink.name} has no epoch {epoch} in its log: it was never pre-committed, or it was "
-            f"committed and pruned (committed epoch {sink.committed_epoch})"
+            f"sink {sink.name} has no epoch {epoch} in its log: it was committed and pruned (committed epoch "
+            f"{sink.committed_epoch}), or never pre-committed"
         )
     return row

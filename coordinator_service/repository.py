@@ -170,6 +170,13 @@ async def epoch_row(
     return (await session.execute(statement)).scalar_one_or_none()
 
 
+async def newest_epoch(session: AsyncSession, sink_id: int) -> int | None:
+    """The sink's highest epoch in the log; None when it has none."""
+    statement = select(func.max(PendingSinkState.epoch)).where(PendingSinkState.sink_id == sink_id)
+    newest: int | None = await session.scalar(statement)
+    return newest
+
+
 async def epochs_between(
     session: AsyncSession, sink_id: int, above: int, at_or_below: int
 ) -> Sequence[PendingSinkState]:

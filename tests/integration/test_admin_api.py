@@ -380,3 +380,25 @@ async def test_a_failing_committer_shows_as_retrying(
     assert samples["sink_coordinator_committer_retrying", (("sink", sink),)] == 1
     assert samples["sink_coordinator_commit_retries_total", (("sink", sink),)] >= 2
     assert (await epoch_state(admin, sink, 0))["status"] == "PENDING"
+
+
+async def test_an_epoch_not_in_the_log_is_said_to_be_pruned_only_when_it_could_be(
+    admin_factory: AdminFactory,
+) -> None:
+    """Issue 26.12: GET .../epochs/99999 said 'committed and pruned', far above the committed epoch."""
+    admin = await admin_factory(retention_epochs=0)
+    registration = await admin.register("orders")
+    for epoch in range(3):
+        await admin.pre_commit("orders", registration, epoch, epoch * 10)
+    await admin.checkpoint("orders", registration, 1)
+
+    above = await admin.get("/api/v1/sinks/orders/epochs/99999")
+    assert above.status_code == 404
+    message = above.json()["error"]["message"]
+    assert "pruned" not in message
+    assert message == "sink orders has no epoch 99999: it was never pre-committed (its newest epoch is 2)"
+    pruned = await admin.get("/api/v1/sinks/orders/epochs/0")
+    assert pruned.status_code == 404
+    assert pruned.json()["error"]["message"] == (
+        "sink orders has no epoch 0 in its log: it was committed and pruned (committed epoch 1), or never pre-committed"
+    )
