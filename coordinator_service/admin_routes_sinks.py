@@ -1,4 +1,4 @@
-"""The versioned admin API (/api/v1): sinks, epochs, abort, reset, resume, maintenance.
+"""The versioned admin API (/api/v1): sinks, epochs, abort, reset, delete, resume, maintenance.
 
 Routes only translate: the rules live in coordinator_service.operations, and
 every dependency comes from coordinator_service.admin_deps. Read routes take
@@ -18,6 +18,8 @@ from coordinator_service.admin_schemas import (
     MAX_EPOCH,
     AbortRequest,
     AbortResponse,
+    DeleteSinkRequest,
+    DeleteSinkResponse,
     EpochDetailResponse,
     EpochPage,
     EpochResponse,
@@ -139,6 +141,22 @@ async def remove_table(
     COMMITTED have there are given up (their records, counted in the answer, reach no table), the writer is fenced
     (restart it with routes that no longer name the table), and the other tables go on (docs/operations.md)."""
     return RemoveTableResponse.of(await operations.remove_table(sink, table, body.confirm, body.reason, caller))
+
+
+@router.post(
+    "/sinks/{sink}/delete",
+    response_model=DeleteSinkResponse,
+    responses=error_responses(HTTPStatus.NOT_FOUND, HTTPStatus.CONFLICT),
+)
+async def delete_sink(
+    operations: OperationsDep, sink: SinkName, body: DeleteSinkRequest, caller: Caller
+) -> DeleteSinkResponse:
+    """Delete a sink (a typo, a trial run): its rows in the log and the files of its epochs not committed; with
+    drop_tables also its tables, which their catalog purges. `confirm` repeats its name. Refused (409, nothing
+    changed) while its writer is live (a call within STALLED_AFTER_SECONDS) and, with drop_tables, when another
+    sink writes one of its tables. What its tables hold stays unless they are dropped (docs/operations.md)."""
+    deleted = await operations.delete_sink(sink, body.confirm, body.reason, body.drop_tables, caller)
+    return DeleteSinkResponse.of(deleted)
 
 
 @router.post("/sinks/{sink}/resume", response_model=SinkResponse, responses=error_responses(HTTPStatus.NOT_FOUND))

@@ -25,6 +25,7 @@ from coordinator_service.operations import (
     EpochDetail,
     MaintenanceView,
     ResetOutcome,
+    SinkDeleted,
     SinkOverview,
     TableRemoved,
 )
@@ -306,6 +307,39 @@ class RemoveTableResponse(BaseModel):
         return cls(
             sink=SinkResponse.of(outcome.sink),
             given_up=[GivenUpResponse(epoch=e.epoch, files=e.files, records=e.records) for e in outcome.given_up],
+        )
+
+
+class DeleteSinkRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    confirm: str = Field(max_length=300, description="The sink's name again, to confirm.")
+    reason: OperatorText
+    drop_tables: StrictBool = Field(
+        default=False,
+        description="Drop the sink's tables too (the catalog purges their files); refused when another sink writes "
+        "one of them.",
+    )
+
+
+class DeleteSinkResponse(BaseModel):
+    sink: str
+    given_up: list[GivenUpResponse] = Field(description="Its PENDING epochs, aborted: their records reach no table.")
+    files_deleted: int = Field(description="Files of its epochs not committed, proven garbage and deleted.")
+    files_kept: int = Field(
+        description="Files of its epochs not committed that could not be proven garbage (a table gone, or one that "
+        "references them), left on storage."
+    )
+    tables_dropped: list[str]
+
+    @classmethod
+    def of(cls, deleted: SinkDeleted) -> DeleteSinkResponse:
+        return cls(
+            sink=deleted.sink,
+            given_up=[GivenUpResponse(epoch=e.epoch, files=e.files, records=e.records) for e in deleted.given_up],
+            files_deleted=deleted.files_deleted,
+            files_kept=deleted.files_kept,
+            tables_dropped=list(deleted.tables_dropped),
         )
 
 

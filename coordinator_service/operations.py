@@ -34,9 +34,11 @@ from coordinator_service.errors import (
     cause,
     quote,
 )
+from coordinator_service.file_deletion import DELETE_BATCH, FileDeleter
 from coordinator_service.iceberg import IcebergGateway
 from coordinator_service.maintenance import Maintainer, policy_of
 from coordinator_service.models import AbortCause, MaintenanceRun, PendingSinkState, Sink
+from coordinator_service.path_claims import CleanupDelays, MarkRule
 from coordinator_service.precommit_metadata import PreCommitMetadata
 from coordinator_service.protocol import SINK_NAME
 from coordinator_service.repository import EpochCounts, TableOfSink
@@ -105,6 +107,19 @@ class GivenUp:
 class TableRemoved:
     sink: SinkOverview
     given_up: tuple[GivenUp, ...]
+
+
+@dataclass(frozen=True)
+class SinkDeleted:
+    """What deleting a sink did: the records of its epochs not committed that no table will get, its files proven
+    garbage and deleted, those left on storage (not provably garbage: a table gone, or one that references them),
+    and the tables dropped (purged by their catalog)."""
+
+    sink: str
+    given_up: tuple[GivenUp, ...]
+    files_deleted: int
+    files_kept: int
+    tables_dropped: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -374,6 +389,90 @@ class Operations:
         )
         self.committer.resume(sink.id)  # stuck on the table, most likely: the cause is gone
         return TableRemoved(await self.sink(name), tuple(given_up))
+
+    async def delete_sink(
+        self, name: str, confirm: str, reason: str, drop_tables: bool, operator: Operator
+    ) -> SinkDeleted:
+        """Delete a sink: its rows in the log, the files of its epochs not committed, and with drop_tables its
+        tables (the catalog's purge). Refused, nothing changed, without its name in `confirm`, while its writer is
+        live (a call within STALLED_AFTER_SECONDS: its next call would find no sink, and a restart would create
+        it again without its epochs), and for drop_tables when another sink writes one of its tables.
+
+        Holding the sink's commit lock (no commit, cleaner or maintenance of it meanwhile), its tables are fenced
+        (as an abort does), every PENDING epoch is aborted, and every path it gave up goes to file_deletion at
+        once (no cleanup delay: nothing will need them), which proves each one garbage or leaves it; then the
+        tables are purged when asked and the sink's rows deleted. What the tables hold stays."""
+        _check_known_name(name)
+        if confirm != name:
+            raise InvalidArgument(f"confirm must repeat the sink name {name!r} exactly, got {quote(confirm)}")
+        overview = await self.sink(name)
+        async with self.database.transaction() as session:
+            others = await repository.sinks_writing(session, [t.table for t in overview.tables], besides=name)
+        sink, called = overview.sink, overview.counts.writer_last_call_age_seconds
+        if called is not None and called < self.settings.stalled_after_seconds:
+            raise FailedPrecondition(
+                f"sink {name}: its writer (term {sink.writer_term}) called {called:.0f} s ago: stop it first (its "
+                "next call would find no sink, and its restart would create the sink again without these epochs), "
+                f"then delete once it has been silent {self.settings.stalled_after_seconds:g} s "
+                "(STALLED_AFTER_SECONDS). Nothing was changed"
+            )
+        if drop_tables and others:
+            table, writers = next(iter(others.items()))
+            raise FailedPrecondition(
+                f"sink {name}: table {table} is also written by sink{'s' if len(writers) > 1 else ''} "
+                f"{', '.join(writers)}: delete the sink without drop_tables, or those sinks first. Nothing was changed"
+            )
+        async with commit_lock.holding(self.database, sink.id, self.lock_timeout_seconds, "delete") as lock:
+            present = [t.table for t in overview.tables if await in_catalog(self.tables.catalog.table_exists, t.table)]
+            await self._fence(sink, present, lock, f"deletion of sink {name} by {operator}")
+            async with self.database.transaction() as session:
+                given_up = tuple(
+                    GivenUp(row.epoch, row.file_count, row.record_count)
+                    for row in await _pending_epochs(session, sink, at_or_below=None)
+                )
+                await repository.abort_pending_above(
+                    session, sink.id, -1, f"sink deleted by {operator}: {reason}", AbortCause.OPERATOR
+                )
+                await repository.drop_parts(session, sink.id)
+            deleted, kept = await self._delete_given_up(sink, present, lock)
+            for table in present if drop_tables else []:
+                await in_catalog(self.tables.catalog.purge_table, table)
+                self.tables.forget(table)
+            await lock.verify()
+            async with self.database.transaction() as session:
+                await repository.delete_sink(session, sink.id)
+        dropped = tuple(present) if drop_tables else ()
+        log.warning(
+            "sink deleted by an operator",
+            sink=name,
+            who=operator.identity,
+            client=operator.address,
+            reason=reason,
+            given_up={each.epoch: each.records for each in given_up},
+            files_deleted=deleted,
+            files_kept=kept,
+            tables_dropped=list(dropped),
+        )
+        return SinkDeleted(name, given_up, deleted, kept, dropped)
+
+    async def _delete_given_up(self, sink: Sink, tables: Sequence[str], lock: CommitLock) -> tuple[int, int]:
+        """Every path the sink gave up, through file_deletion now (no delay); how many were deleted and how many
+        left (the log stops deciding those: they stay on storage)."""
+        at_once = CleanupDelays(0.0, 0.0)
+        deleter = FileDeleter(self.database, self.tables, at_once)
+        deleted = kept = 0
+        while True:
+            async with self.database.transaction() as session:
+                due = [path.path for path in await path_claims.due_paths(session, sink.id, at_once, DELETE_BATCH)]
+            if not due:
+                return deleted, kept
+            # No table left to prove them against (dropped by hand): nothing to hand the deleter, which would count
+            # each as a refused deletion (an alert).
+            done = await deleter.delete(sink.name, sink.id, lock, tables, due, MarkRule.DISCARDED) if tables else None
+            left = sorted(set(due) - set(done.deleted if done else ()))
+            async with self.database.transaction() as session:
+                await path_claims.forget(session, left)
+            deleted, kept = deleted + len(due) - len(left), kept + len(left)
 
     async def resume_sink(self, name: str, operator: Operator) -> SinkOverview:
         """Retry a stuck sink's commits; the sink as it is once the first pass has run (stuck again, or not)."""

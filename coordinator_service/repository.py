@@ -62,6 +62,11 @@ _INSERT_SINK_IF_ABSENT = """
 """
 
 
+async def delete_sink(session: AsyncSession, sink_id: int) -> None:
+    """The sink's row, and with it (cascades) its epochs, claims, parts, tables and maintenance runs."""
+    await session.execute(delete(Sink).where(Sink.id == sink_id))
+
+
 async def insert_sink_if_absent(
     session: AsyncSession, name: str, table: str, catalog: str, checkpointed_epoch: int
 ) -> None:

@@ -1,0 +1,153 @@
+"""Deleting a sink (issue 26.10): its log rows, the files of its epochs not committed (through file_deletion, each
+proven garbage), and on request its tables; refused while its writer is live, without the name typed again, or
+when another sink writes a table it would drop. A refusal changes nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyiceberg.catalog import Catalog
+
+from tests.fixtures.admin import AdminApp
+from tests.fixtures.coordinator import table_order_ids
+from tests.fixtures.postgres import query
+
+LOG_TABLES = ("sinks", "pending_sink_state", "epoch_files", "sink_tables")
+
+
+def log_rows(database_url: str) -> dict[str, int]:
+    return {table: int(query(database_url, f"SELECT count(*) FROM {table}")[0][0]) for table in LOG_TABLES}  # type: ignore[call-overload]
+
+
+def exists(uri: str) -> bool:
+    return Path(uri.removeprefix("file://")).exists()
+
+
+def writer_silent(database_url: str, name: str, seconds: int) -> None:
+    query(
+        database_url,
+        f"UPDATE sinks SET writer_last_call_at = now() - interval '{seconds} seconds' WHERE name = %s",
+        name,
+    )
+
+
+async def a_sink_with_a_pending_epoch(admin: AdminApp) -> str:
+    """orders: epoch 0 committed (10 rows in db.orders), epoch 1 pre-committed (its file); returns epoch 1's file."""
+    registration = await admin.register("orders")
+    await admin.pre_commit("orders", registration, 0, 0)
+    await admin.checkpoint("orders", registration, 0)
+    return await admin.pre_commit("orders", registration, 1, 10)
+
+
+async def delete(admin: AdminApp, name: str, **body: Any) -> Any:
+    return await admin.post(f"/api/v1/sinks/{name}/delete", json={"confirm": name, "reason": "a trial run", **body})
+
+
+async def test_deleting_a_sink_takes_its_log_and_its_uncommitted_files_and_keeps_its_table(
+    admin: AdminApp, database_url: str, catalog: Catalog
+) -> None:
+    pending_file = await a_sink_with_a_pending_epoch(admin)
+    writer_silent(database_url, "orders", 3600)
+    before = log_rows(database_url)
+
+    response = await delete(admin, "orders")
+    assert response.status_code == 200, response.text
+    assert response.json() == {
+        "sink": "orders",
+        "given_up": [{"epoch": 1, "files": 1, "records": 10}],
+        "files_deleted": 1,
+        "files_kept": 0,
+        "tables_dropped": [],
+    }
+    assert before["sinks"] == 1 and log_rows(database_url) == dict.fromkeys(LOG_TABLES, 0)
+    assert not exists(pending_file)
+    assert table_order_ids(catalog.load_table("db.orders")) == list(range(10))  # what was committed stays
+    assert (await admin.get("/api/v1/sinks/orders")).status_code == 404
+    assert 'sink="orders"' not in (await admin.get("/metrics")).text.split("# HELP sink_coordinator_metastore_up")[1]
+    # The name is free again: a new sink, a new incarnation, which takes no marker of the old one as its own.
+    assert (await admin.register("orders")).writer_term == 1
+
+
+async def test_a_sink_is_not_deleted_under_a_live_writer_or_without_its_name(
+    admin: AdminApp, database_url: str
+) -> None:
+    pending_file = await a_sink_with_a_pending_epoch(admin)
+    writer_silent(database_url, "orders", 5)
+    before = log_rows(database_url)
+
+    live = await delete(admin, "orders")
+    assert live.status_code == 409
+    assert live.json()["error"]["message"].startswith("sink orders: its writer (term 1) called 5 s ago")
+    for body, status in (
+        ({"confirm": "order"}, 422),
+        ({"confirm": ""}, 422),
+        ({"confirm": "orders" * 60}, 422),
+        ({"reason": ""}, 422),
+        ({"reason": "nul\x00"}, 422),
+        ({"drop_tables": "yes"}, 422),
+        ({"drop_tables": 1}, 422),
+        ({"extra": True}, 422),
+    ):
+        refused = await admin.post(
+            "/api/v1/sinks/orders/delete", json={"confirm": "orders", "reason": "a trial run", **body}
+        )
+        assert refused.status_code == status, (body, refused.text)
+    assert (
+        await admin.post("/api/v1/sinks/nobody/delete", json={"confirm": "nobody", "reason": "x"})
+    ).status_code == 404
+    assert (
+        await admin.post("/api/v1/sinks/..%2Forders/delete", json={"confirm": "x", "reason": "x"})
+    ).status_code == 404
+    assert log_rows(database_url) == before and exists(pending_file)
+
+
+async def test_dropping_its_tables_purges_them_unless_another_sink_writes_one(
+    admin: AdminApp, database_url: str, catalog: Catalog
+) -> None:
+    await a_sink_with_a_pending_epoch(admin)
+    narrower = pa.schema([pa.field("order_id", pa.int64(), nullable=False)]).serialize().to_pybytes()
+    await admin.runtime.coordinator.register_writer("orders-replay", "db.orders", -1, arrow_schema=narrower)
+    for name in ("orders", "orders-replay"):
+        writer_silent(database_url, name, 3600)
+
+    shared = await delete(admin, "orders", drop_tables=True)
+    assert shared.status_code == 409
+    assert shared.json()["error"]["message"].startswith(
+        "sink orders: table db.orders is also written by sink orders-replay"
+    )
+    assert catalog.table_exists("db.orders") and log_rows(database_url)["sinks"] == 2
+
+    assert (await delete(admin, "orders-replay")).json()["tables_dropped"] == []
+    dropped = await delete(admin, "orders", drop_tables=True)
+    assert dropped.status_code == 200, dropped.text
+    assert dropped.json()["tables_dropped"] == ["db.orders"]
+    assert not catalog.table_exists("db.orders")
+    assert log_rows(database_url) == dict.fromkeys(LOG_TABLES, 0)
+
+
+async def test_a_sink_whose_table_is_gone_is_deleted_all_the_same(
+    admin: AdminApp, database_url: str, catalog: Catalog
+) -> None:
+    """A trial run whose table someone dropped by hand: its files cannot be proven garbage, and are left."""
+    await a_sink_with_a_pending_epoch(admin)
+    writer_silent(database_url, "orders", 3600)
+    catalog.drop_table("db.orders")
+    admin.runtime.tables.forget("db.orders")
+
+    response = await delete(admin, "orders")
+    assert response.status_code == 200, response.text
+    assert (response.json()["files_deleted"], response.json()["files_kept"]) == (0, 1)
+    assert log_rows(database_url) == dict.fromkeys(LOG_TABLES, 0)
+
+
+@pytest.mark.parametrize("path", ["/api/v1/sinks/orders/delete"])
+async def test_deleting_needs_the_admin_token(admin_factory: Any, database_url: str, path: str) -> None:
+    admin = await admin_factory(admin_token="deletion-admin-token-Zq3vX9pL2mN8rT5w")
+    await a_sink_with_a_pending_epoch(admin)
+    writer_silent(database_url, "orders", 3600)
+    refused = await admin.post(path, json={"confirm": "orders", "reason": "x"})
+    assert refused.status_code == 401
+    assert log_rows(database_url)["sinks"] == 1
