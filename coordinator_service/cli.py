@@ -9,11 +9,13 @@ SINK_COORDINATOR_GRPC_PORT), of the setting's type and with its default
 from __future__ import annotations
 
 import asyncio
+import getpass
 import inspect
 import json
+import socket
 from collections.abc import Callable
 from functools import wraps
-from typing import Annotated, Any, Final, NoReturn
+from typing import Annotated, Any, Final, NoReturn, get_type_hints
 
 import typer
 from pydantic import ByteSize, SecretStr, ValidationError
@@ -25,11 +27,11 @@ from rich.table import Table
 
 from coordinator_service import display, repository
 from coordinator_service.database import Database
-from coordinator_service.errors import CannotServe, SchemaNotCurrent
+from coordinator_service.errors import CannotServe, CoordinatorError, InvalidArgument, SchemaNotCurrent
 from coordinator_service.flag_values import KEY_VALUE, SIZE, KeyValue, parse_key_value, parse_size
 from coordinator_service.logs import LogFormat, LogLevel, configure_logging
-from coordinator_service.operations import sink_overviews
-from coordinator_service.runtime import metastore_url, require_migrated
+from coordinator_service.operations import Operations, Operator, SinkDeleted, sink_overviews
+from coordinator_service.runtime import Runtime, metastore_url, require_migrated
 from coordinator_service.runtime import migrate as migrate_metastore
 from coordinator_service.settings import ENV_PREFIX, Settings
 from coordinator_service.warehouse import serving_refusal
@@ -122,7 +124,7 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
-def with_settings(*flags: str) -> Callable[[Callable[[Settings], None]], Callable[..., None]]:
+def with_settings(*flags: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
     """Give a command one flag per setting in `flags` (none named: every setting) and call it with the resulting
     Settings; the other settings come from their variables.
 
@@ -132,17 +134,25 @@ def with_settings(*flags: str) -> Callable[[Callable[[Settings], None]], Callabl
     """
     names = flags or tuple(Settings.model_fields)
     context = inspect.Parameter("context", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
-    parameters = [context, *(_option(name, Settings.model_fields[name]) for name in names)]
+    settings_options = [_option(name, Settings.model_fields[name]) for name in names]
 
-    def decorate(command: Callable[[Settings], None]) -> Callable[..., None]:
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        # The command's own arguments and options (after its Settings), with their annotations resolved.
+        hints = get_type_hints(command, include_extras=True)
+        own = [
+            parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints[parameter.name])
+            for parameter in list(inspect.signature(command).parameters.values())[1:]
+        ]
+
         @wraps(command)
         def wrapper(context: typer.Context, **options: Any) -> None:
+            mine = {parameter.name: options.pop(parameter.name) for parameter in own}
             given = {name: value for name, value in options.items() if _on_command_line(context, name)}
             if "catalog" in given:
                 given["catalog"] = dict(given["catalog"])
-            command(_settings_from(given, quiet="log_level" not in names))
+            command(_settings_from(given, quiet="log_level" not in names), **mine)
 
-        wrapper.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+        wrapper.__signature__ = inspect.Signature([context, *own, *settings_options])  # type: ignore[attr-defined]
         return wrapper
 
     return decorate
@@ -194,6 +204,51 @@ def status(settings: Settings) -> None:
     except SchemaNotCurrent as error:
         _refuse("cannot read the metastore", error)
     asyncio.run(_print_status(Database(url, pool_size=1), settings.stalled_after_seconds))
+
+
+@app.command()
+@with_settings(*METASTORE, "catalog_name", "catalog", "stalled_after_seconds", "admin_lock_timeout_seconds")
+def delete(
+    settings: Settings,
+    sink: Annotated[str, typer.Argument(help="The sink to delete.", metavar="SINK")],
+    confirm: Annotated[str, typer.Option(help="The sink's name again, to confirm.")],
+    reason: Annotated[str, typer.Option(help="Why; recorded in the log with who deleted it.")],
+    drop_tables: Annotated[
+        bool, typer.Option(help="Drop its tables too (their catalog purges their files); refused if shared.")
+    ] = False,
+) -> None:
+    """Delete a sink: its rows in the metastore and the files of its epochs not committed; with --drop-tables its
+    tables too. Refused while its writer is live. The same rules as the admin API's POST /api/v1/sinks/{sink}/delete,
+    run from here against the metastore and the catalog (whether or not a coordinator runs)."""
+    if not reason.strip() or "\x00" in reason:
+        _refuse("cannot delete", ValueError("give the reason (--reason): it is recorded"), code=2)
+    try:
+        deleted = asyncio.run(_delete(settings, sink, confirm, reason, drop_tables))
+    except CoordinatorError as error:
+        _refuse("cannot delete", error, code=2 if isinstance(error, InvalidArgument) else 1)
+    except SchemaNotCurrent as error:
+        _refuse("cannot delete", error)
+    records = sum(each.records for each in deleted.given_up)
+    epochs = len(deleted.given_up)
+    tables = ", ".join(deleted.tables_dropped) or "no table"
+    Console(soft_wrap=True).print(
+        f"sink {sink} deleted: {epochs} epoch{'' if epochs == 1 else 's'} given up ({records} records), "
+        f"{deleted.files_deleted} file{'' if deleted.files_deleted == 1 else 's'} deleted, {deleted.files_kept} left, "
+        f"{tables} dropped",
+        markup=False,
+    )
+
+
+async def _delete(settings: Settings, sink: str, confirm: str, reason: str, drop_tables: bool) -> SinkDeleted:
+    runtime = await Runtime.open(settings)
+    try:
+        operations = Operations(
+            runtime.database, runtime.tables, runtime.committer, runtime.cleaner, runtime.maintainer, settings
+        )
+        operator = Operator("cli", f"{getpass.getuser()}@{socket.gethostname()}")
+        return await operations.delete_sink(sink, confirm, reason, drop_tables, operator)
+    finally:
+        await runtime.close()
 
 
 async def _print_status(database: Database, stalled_after_seconds: float) -> None:

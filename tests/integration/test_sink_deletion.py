@@ -5,6 +5,8 @@ when another sink writes a table it would drop. A refusal changes nothing."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ import pytest
 from pyiceberg.catalog import Catalog
 
 from tests.fixtures.admin import AdminApp
-from tests.fixtures.coordinator import table_order_ids
+from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, orders, table_order_ids, write_parquet
 from tests.fixtures.postgres import query
 
 LOG_TABLES = ("sinks", "pending_sink_state", "epoch_files", "sink_tables")
@@ -154,3 +156,41 @@ async def test_deleting_needs_the_admin_token(admin_factory: Any, database_url: 
     refused = await admin.post(path, json={"confirm": "orders", "reason": "x"})
     assert refused.status_code == 401
     assert log_rows(database_url)["sinks"] == 1
+
+
+def test_the_command_line_deletes_a_sink_as_the_api_does(
+    coordinator: CoordinatorProcess, database_url: str, tmp_path: Path
+) -> None:
+    with coordinator.client() as client:
+        writer = client.register_writer("orders", "db.orders", -1, arrow_schema=ORDERS.serialize().to_pybytes())
+        client.pre_commit("orders", 0, writer.writer_term, [write_parquet(writer.table_location, orders(0, 5))])
+    env = {"SINK_COORDINATOR_DATABASE_URL": database_url, "SINK_COORDINATOR_DATA_DIR": str(coordinator.data_dir)}
+
+    def delete_command(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "coordinator_service.cli", "delete", "orders", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), **env},
+        )
+
+    live = delete_command("--confirm", "orders", "--reason", "a trial run")
+    assert live.returncode == 1
+    [line] = live.stderr.strip().splitlines()
+    assert re.match(r"cannot delete: sink orders: its writer \(term 1\) called \d+ s ago: stop it first", line)
+    coordinator.stop()  # its notes of the writer's calls written
+    writer_silent(database_url, "orders", 3600)
+    mistyped = delete_command("--confirm", "order", "--reason", "a trial run")
+    assert mistyped.returncode == 2
+    assert mistyped.stderr.strip().splitlines() == [
+        "cannot delete: confirm must repeat the sink name 'orders' exactly, got 'order'"
+    ]
+    assert log_rows(database_url)["sinks"] == 1
+
+    done = delete_command("--confirm", "orders", "--reason", "a trial run")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines() == [
+        "sink orders deleted: 1 epoch given up (5 records), 1 file deleted, 0 left, no table dropped"
+    ]
+    assert log_rows(database_url) == dict.fromkeys(LOG_TABLES, 0)
