@@ -228,15 +228,7 @@ def delete(
         _refuse("cannot delete", error, code=2 if isinstance(error, InvalidArgument) else 1)
     except SchemaNotCurrent as error:
         _refuse("cannot delete", error)
-    records = sum(each.records for each in deleted.given_up)
-    epochs = len(deleted.given_up)
-    tables = ", ".join(deleted.tables_dropped) or "no table"
-    Console(soft_wrap=True).print(
-        f"sink {sink} deleted: {epochs} epoch{'' if epochs == 1 else 's'} given up ({records} records), "
-        f"{deleted.files_deleted} file{'' if deleted.files_deleted == 1 else 's'} deleted, {deleted.files_kept} left, "
-        f"{tables} dropped",
-        markup=False,
-    )
+    Console(soft_wrap=True).print(deleted.summary(), markup=False)
 
 
 async def _delete(settings: Settings, sink: str, confirm: str, reason: str, drop_tables: bool) -> SinkDeleted:

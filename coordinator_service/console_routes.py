@@ -211,7 +211,11 @@ async def _page_of_rows(operations: OperationsDep, query: ListQuery) -> tuple[li
 
 @router.get("")
 async def sinks_page(
-    request: Request, operations: OperationsDep, sessions: SessionsDep, query: ListQueryDep
+    request: Request,
+    operations: OperationsDep,
+    sessions: SessionsDep,
+    query: ListQueryDep,
+    done: Annotated[str, Query(max_length=8000)] = "",
 ) -> Response:
     visitor = await _visitor(request, sessions)
     if visitor.role is Role.NONE:
@@ -234,6 +238,7 @@ async def sinks_page(
         states=[member.value for member in StateFilter if member.value],
         query=query.arguments(),
         page_query=query.arguments(page=page),
+        done=sessions.notice_text(done),
     )
 
 
@@ -389,6 +394,26 @@ async def reset_sink(
     return await _act(request, operations, sessions, sink, csrf, reason, "the reset", reset, form)
 
 
+@router.post("/sinks/{sink}/delete")
+async def delete_sink(
+    request: Request,
+    operations: OperationsDep,
+    sessions: SessionsDep,
+    sink: str,
+    confirm: Annotated[str, Form(max_length=300)] = "",
+    reason: Annotated[str, Form(max_length=2000)] = "",
+    drop_tables: Annotated[bool, Form()] = False,
+    csrf: Annotated[str, Form()] = "",
+) -> Response:
+    async def delete(operator: Operator) -> str:
+        return (await operations.delete_sink(sink, confirm, reason, drop_tables, operator)).summary()
+
+    form = {"form": "delete", "confirm": confirm, "reason": reason, "drop_tables": drop_tables}
+    return await _act(
+        request, operations, sessions, sink, csrf, reason, "the deletion", delete, form, then=CONSOLE_PREFIX
+    )
+
+
 async def _act(
     request: Request,
     operations: OperationsDep,
@@ -399,9 +424,10 @@ async def _act(
     what: str,
     action: Callable[[Operator], Awaitable[str]],
     form: Mapping[str, object],
+    then: str = "",
 ) -> Response:
-    """An operator's action from a form of their session, with a reason: back to the sink's page saying what it did,
-    or the page again with why it was refused (nothing changed) and the form as it was sent."""
+    """An operator's action from a form of their session, with a reason: on to `then` (the sink's page) saying what
+    it did, or the sink's page again with why it was refused (nothing changed) and the form as it was sent."""
     acting = await _acting(request, sessions, csrf)
     if not isinstance(acting, Visitor):
         return acting
@@ -414,7 +440,7 @@ async def _act(
             request, operations, sessions, acting, sink, error=error.message, status=error.http_status, form=form
         )
     return RedirectResponse(
-        f"{CONSOLE_PREFIX}/sinks/{sink}?{urlencode({'done': sessions.notice(done)})}", status_code=303
+        f"{then or f'{CONSOLE_PREFIX}/sinks/{sink}'}?{urlencode({'done': sessions.notice(done)})}", status_code=303
     )
 
 

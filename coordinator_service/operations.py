@@ -121,6 +121,16 @@ class SinkDeleted:
     files_kept: int
     tables_dropped: tuple[str, ...]
 
+    def summary(self) -> str:
+        """One line for people (the console's notice, the command line's answer)."""
+        epochs, files = len(self.given_up), self.files_deleted
+        records = sum(each.records for each in self.given_up)
+        return (
+            f"sink {self.sink} deleted: {epochs} epoch{'' if epochs == 1 else 's'} given up ({records} records), "
+            f"{files} file{'' if files == 1 else 's'} deleted, {self.files_kept} left, "
+            f"{', '.join(self.tables_dropped) or 'no table'} dropped"
+        )
+
 
 @dataclass(frozen=True)
 class MaintenanceView:

@@ -333,3 +333,30 @@ async def test_a_refused_abort_says_what_to_do_in_the_forms_words_and_keeps_the_
     assert form is not None
     assert 'name="epoch" min="0" required value="2"' in form.group(0)
     assert 'value="poison &lt;b&gt;"' in form.group(0)
+
+
+async def test_an_operator_deletes_a_sink_from_its_page(
+    admin_factory: AdminFactory, browser_of: list[httpx.AsyncClient], database_url: str
+) -> None:
+    """Issue 26.10: a typo or a trial run stayed in every list and metric forever."""
+    admin = await admin_factory()
+    await sink_with_pending_epochs(admin)
+    query(database_url, "UPDATE sinks SET writer_last_call_at = now() - interval '1 hour'")
+    client = browser(admin, browser_of)
+    page = await client.get("/console/sinks/orders")
+    assert 'id="delete-form"' in page.text
+
+    mistyped = await client.post(
+        "/console/sinks/orders/delete", data={"confirm": "order", "reason": "trial", "csrf": csrf_of(page)}
+    )
+    assert mistyped.status_code == 422 and "confirm must repeat the sink name" in mistyped.text
+    assert 'name="confirm" required autocomplete="off" value="order"' in mistyped.text
+    assert query(database_url, "SELECT count(*) FROM sinks") == [(1,)]
+    done = await client.post(
+        "/console/sinks/orders/delete", data={"confirm": "orders", "reason": "trial", "csrf": csrf_of(page)}
+    )
+    assert done.status_code == 303 and done.headers["location"].startswith("/console?")
+    listing = await client.get(done.headers["location"])
+    assert '<p class="flash ok" role="status">sink orders deleted: 2 epochs given up (20 records)' in listing.text
+    assert 'data-sink="orders"' not in listing.text
+    assert query(database_url, "SELECT count(*) FROM sinks") == [(0,)]
