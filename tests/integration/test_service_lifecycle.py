@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
@@ -23,6 +24,7 @@ from coordinator_service.settings import Settings
 from coordinator_service.views import PreCommitOutcome
 from sink_coordinator_demo.ports import free_port
 from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, orders, table_order_ids, write_parquet
+from tests.fixtures.duckdb_reader import duckdb_rows
 from tests.fixtures.postgres import query
 
 SCHEMA = ORDERS.serialize().to_pybytes()
@@ -257,6 +259,36 @@ def test_each_commands_help_fits_120_columns_with_its_flags_and_variables_whole(
     assert "--database-url" in status.stdout and "--stalled-after-seconds" in status.stdout
     assert "--grpc-port" not in status.stdout and "--compaction-min-files" not in status.stdout
     assert len(status.stdout.splitlines()) < 40
+
+
+def test_the_catalog_command_prints_lines_that_read_the_table(
+    coordinator: CoordinatorProcess, database_url: str
+) -> None:
+    """Issue 26.8: nothing said how to read one's table. The lines it prints for pyiceberg and DuckDB read it."""
+    with coordinator.client() as client:
+        writer = client.register_writer("orders", "shop.orders", -1, arrow_schema=SCHEMA)
+        client.pre_commit("orders", 0, writer.writer_term, [write_parquet(writer.table_location, orders(0, 5))])
+        client.commit_checkpoint("orders", 0, writer.writer_term, wait=True)
+    env = {"SINK_COORDINATOR_DATABASE_URL": database_url, "SINK_COORDINATOR_DATA_DIR": str(coordinator.data_dir)}
+
+    shown = cli("catalog", "shop.orders", "--show-secrets", **env)
+    assert shown.returncode == 0, shown.stderr
+    sections = shown.stdout.split("\n\n")
+    pyiceberg = [line.strip() for line in sections[1].splitlines()[1:]]
+    read: dict[str, Any] = {}
+    exec("\n".join(pyiceberg[:2]), read)  # the lines as a reader pastes them
+    assert table_order_ids(read["catalog"].load_table("shop.orders")) == [0, 1, 2, 3, 4]
+    [scan] = re.findall(r"iceberg_scan\('([^']+)'\)", sections[2])
+    assert len(duckdb_rows(scan, "order_id")) == 5
+    assert "spark.sql.catalog.default.catalog-impl=org.apache.iceberg.jdbc.JdbcCatalog" in sections[3]
+
+    missing = cli("catalog", "shop.nothing", **env)
+    assert missing.returncode == 1
+    assert missing.stderr.strip().splitlines() == [
+        "cannot read the table: table 'shop.nothing' does not exist in catalog default"
+    ]
+    bad = cli("catalog", "no/such table", **env)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
 
 
 def test_configured_catalog_is_used(
