@@ -44,17 +44,18 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from coordinator_service.catalog_access import CatalogAccess
 from coordinator_service.client import CoordinatorClient
 from coordinator_service.embedded import stop_embedded_postgres
 from coordinator_service.flag_values import KEY_VALUE, KeyValue, parse_key_value
 from coordinator_service.iceberg import MARKER_SINK
 from coordinator_service.logs import LogFormat, LogLevel, configure_logging
-from coordinator_service.runtime import metastore_url, open_catalog
+from coordinator_service.runtime import catalog_properties, metastore_url, open_catalog
 from coordinator_service.settings import Settings
-from sink_coordinator_demo.local_services import CoordinatorService, LocalProcess, NoidaKafkaBroker
+from sink_coordinator_demo.local_services import CoordinatorService, LocalProcess, NoidaKafkaBroker, ServiceError
 from sink_coordinator_demo.object_store import emulated_object_store
 from sink_coordinator_demo.orders import COUNTRY_CURRENCIES, ORDER_SCHEMA_DDL, create_topic, produce_orders
-from sink_coordinator_demo.ports import free_port
+from sink_coordinator_demo.ports import free_port, port_is_free
 from sink_coordinator_demo.spark_cluster import SparkCluster, start_spark_cluster
 from spark_writer.job import KafkaSettings, ParseSettings, SinkSettings, run_until_done, start_job
 from spark_writer.routing import Routes
@@ -73,6 +74,9 @@ app = typer.Typer(
     help="Kafka -> Spark -> Iceberg exactly once, through the sink coordinator, on this machine.",
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Click's own help, as wide as the terminal up to 120 columns: rich's boxes cut the flags' names.
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 120},
 )
 
 
@@ -241,8 +245,10 @@ def print_summary(
     settings: Settings,
     phases: Phases,
     where: dict[str, str],
+    reading: str,
     routes: Sequence[RouteCheck] = (),
 ) -> None:
+    """The results, the time of each phase, where things are, and (whole lines, to paste) how to read the table."""
     misrouted = sum(route.misrouted for route in routes)
     ok = check.duplicates == 0 and check.missing == 0 and check.rows == events and misrouted == 0
     results = Table(title="exactly once?" + (" [green]yes[/green]" if ok else " [red]NO[/red]"), show_header=False)
@@ -285,19 +291,51 @@ def print_summary(
     for place, location in where.items():
         places.add_row(place, location)
     console.print(results, *([tables] if routes else []), timings, places)
+    console.print("read the table:", reading, sep="\n", soft_wrap=True, markup=False, highlight=False)
     if not ok:
         raise typer.Exit(1)
 
 
-@app.command()
+def read_the_table(access: CatalogAccess, data_dir: Path, *, secrets_are_local: bool) -> str:
+    """pyiceberg's and DuckDB's lines for the demo's table, and the command that prints Spark's too."""
+    spark = f"sink-coordinator catalog {access.table}" + (
+        "" if data_dir == Path(".sink-coordinator").resolve() else f" --data-dir {data_dir}"
+    )
+    return "\n".join(
+        [
+            *access.pyiceberg(show_secrets=secrets_are_local),
+            *access.duckdb(show_secrets=secrets_are_local),
+            f"(Spark's lines too: {spark})",
+        ]
+    )
+
+
+def while_serving(keep_serving: bool, s3: bool) -> str:
+    """Where the console and the API are once the demo ended."""
+    if keep_serving:
+        return ""
+    if s3:  # `make serve` has another data dir, and the emulator holding the table goes with the demo
+        return (
+            ", while the coordinator runs: run the demo with --keep-serving (the S3 and Glue emulator, and the "
+            "table, go with the demo)"
+        )
+    return ", while the coordinator runs: --keep-serving, or `make serve`"
+
+
+@app.callback(invoke_without_command=True)
 def main(
+    context: typer.Context,
     events: Annotated[int, typer.Option(min=1, help="Order events to produce.")] = DEFAULT_EVENTS,
     partitions: Annotated[int, typer.Option(min=1, help="Partitions of the new topic.")] = 4,
     max_offsets_per_trigger: Annotated[
         int | None, typer.Option(min=1, help=f"Records per micro-batch; default: events / {DEFAULT_BATCHES}.")
     ] = None,
     bootstrap_servers: Annotated[
-        str | None, typer.Option(help="A real Kafka; default: a local noida-db broker in DATA_DIR/kafka.")
+        str | None,
+        typer.Option(
+            help="A real Kafka; default: a local noida-db broker in DATA_DIR/kafka, its data deleted when the demo "
+            "ends."
+        ),
     ] = None,
     replication_factor: Annotated[int, typer.Option(min=1, help="Replication of the new topic.")] = 1,
     database_url: Annotated[
@@ -345,13 +383,15 @@ def main(
     ] = False,
 ) -> None:
     """Produce order events, stream them into a new Iceberg table exactly once, and check the table."""
+    if context.invoked_subcommand is not None:
+        return
     configure_logging(LogLevel.WARNING, LogFormat.CONSOLE)
     quiet_spark()
     # SIGTERM stops the demo as Ctrl-C does, by KeyboardInterrupt; while Spark runs, both only request a stop
     # (stop_on_signals below): an exception there would break py4j's connection to the JVM.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    catalog_properties = dict(catalog or ())
-    if s3 and catalog_properties:
+    configured_catalog = dict(catalog or ())
+    if s3 and configured_catalog:
         raise typer.BadParameter("--s3 brings its own catalog (Glue on the emulator): leave out --catalog")
     # With --s3 the metastore's sinks name tables that live only as long as the emulator: a data dir of its own.
     data_dir = data_dir.resolve() / ("s3" if s3 else "")
@@ -366,21 +406,22 @@ def main(
     emulator = contextlib.ExitStack()
     where: dict[str, str] = {}
     storage: dict[str, str] = {}
+    broker_data = data_dir / "kafka"
     try:
         if s3:
             with phases.phase("start the object store (moto: S3 and Glue)"):
                 store = emulator.enter_context(emulated_object_store("sink-coordinator-demo"))
-                catalog_properties = store.catalog_properties("glue", store.uri("warehouse"))
+                configured_catalog = store.catalog_properties("glue", store.uri("warehouse"))
                 storage = store.properties
                 where["object store"] = f"{store.endpoint} (moto's S3 and Glue: gone when the demo ends)"
         settings = Settings(
             data_dir=data_dir,
             database_url=None if database_url is None else SecretStr(database_url),
-            catalog=catalog_properties,
+            catalog=configured_catalog,
         )
         coordinator_env = {
             **({"DATABASE_URL": database_url} if database_url else {}),
-            **{f"CATALOG__{key}": value for key, value in catalog_properties.items()},
+            **{f"CATALOG__{key}": value for key, value in configured_catalog.items()},
         }
         with phases.phase("start the coordinator (PostgreSQL, catalog)"):
             coordinator = CoordinatorService(data_dir, free_port(grpc_port), free_port(http_port), coordinator_env)
@@ -388,10 +429,16 @@ def main(
             coordinator.wait_serving()
         if bootstrap_servers is None:
             with phases.phase("start the Kafka broker (noida-db)"):
-                broker = NoidaKafkaBroker(data_dir / "kafka", free_port(9092))
+                # Each run's topic is its own: what an earlier run (or one killed) left is of no use, and takes disk.
+                shutil.rmtree(broker_data, ignore_errors=True)
+                broker = NoidaKafkaBroker(broker_data, free_port(9092))
                 services.append(broker)
                 broker.wait_ready()
                 bootstrap_servers = broker.bootstrap
+                where["Kafka topic"] = (
+                    f"{topic} on {bootstrap_servers} (the demo's broker: stopped, and its data deleted, when the demo "
+                    "ends; `python -m sink_coordinator_demo broker` runs one for your own topics)"
+                )
         with phases.phase(f"produce {events:,} orders"), _bar("produce") as progress:
             create_topic(bootstrap_servers, topic, partitions, replication_factor)
             task = progress.add_task(topic, total=events)
@@ -426,6 +473,12 @@ def main(
             tables = route_tables(table, sink.routes)
             opened = open_catalog(settings, url)
             check = check_table(opened, list(tables), sink_name, events)
+            access = CatalogAccess(
+                settings.catalog_name,
+                catalog_properties(settings, url),
+                table,
+                opened.load_table(table).metadata_location,
+            )
             routes = check_routes(opened, tables) if sink.routes is not None else []
             with CoordinatorClient(coordinator.target) as client:
                 committed_epochs = client.sink_state(sink_name).committed_epoch + 1
@@ -437,23 +490,24 @@ def main(
             phases,
             {
                 "Kafka topic": f"{topic} on {bootstrap_servers}",
+                **where,
                 ("Iceberg table (the sink's own)" if fan_out else "Iceberg table"): f"{table} in catalog "
                 f"{settings.catalog_name!r} "
                 + (
                     "(Glue on the emulator)"
                     if s3
                     else "(the configured one)"
-                    if catalog_properties
+                    if configured_catalog
                     else "(SQL catalog in the coordinator's PostgreSQL)"
                 ),
-                **where,
                 "table location": check.location,
+                "read the table": "the lines below",
                 "Spark checkpoint": sink.checkpoint_location,
                 "console and admin API": f"{coordinator.admin_url}/console, {coordinator.admin_url}/api/v1/sinks "
-                f"(docs: {coordinator.admin_url}/docs)"
-                + ("" if keep_serving else ", while the coordinator runs: --keep-serving, or `make serve`"),
+                f"(docs: {coordinator.admin_url}/docs)" + while_serving(keep_serving, s3),
                 "coordinator log": str(coordinator.log_path),
             },
+            read_the_table(access, data_dir, secrets_are_local=not (database_url or catalog)),
             routes,
         )
         if keep_serving:
@@ -470,4 +524,39 @@ def main(
             spark_cluster.stop()
         for service in reversed(services):
             service.stop()
+        if any(isinstance(service, NoidaKafkaBroker) for service in services):
+            shutil.rmtree(broker_data, ignore_errors=True)
         emulator.close()
+
+
+@app.command()
+def broker(
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the broker on 127.0.0.1.")] = 9092,
+    data_dir: Annotated[Path, typer.Option(help="Where the broker keeps its topics (kept when it stops).")] = Path(
+        ".sink-coordinator/broker"
+    ),
+) -> None:
+    """Run a local Kafka-protocol broker (noida-db) for your own topics until Ctrl-C."""
+    configure_logging(LogLevel.WARNING, LogFormat.CONSOLE)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    if not port_is_free(port):
+        console.print(f"[red]cannot start the broker:[/red] port {port} is in use: choose another with --port")
+        raise typer.Exit(1)
+    running = NoidaKafkaBroker(data_dir.resolve(), port)
+    try:
+        running.wait_ready()
+        console.print(
+            f"Kafka-protocol broker on {running.bootstrap} (topics in {data_dir}, its log {running.log_path}); stream "
+            f"a topic of yours with `sink-writer --bootstrap-servers {running.bootstrap} --topic <topic> ...`. "
+            "Ctrl-C stops it.",
+            soft_wrap=True,
+        )
+        running.process.wait()
+        raise ServiceError(f"the broker exited with status {running.process.returncode}; see {running.log_path}")
+    except KeyboardInterrupt:
+        console.print("broker stopped")
+    except ServiceError as error:
+        console.print(f"[red]{error}[/red]", soft_wrap=True)
+        raise typer.Exit(1) from None
+    finally:
+        running.stop()

@@ -109,7 +109,8 @@ class CoordinatorService(LocalProcess):
 
 
 class NoidaKafkaBroker(LocalProcess):
-    """noida-db's Kafka-protocol broker (`noida-db start --only kafka`) on a local port."""
+    """noida-db's Kafka-protocol broker (`noida-db start --only kafka`) on a local port, its data in data_dir and its
+    log beside it (data_dir with .log), so that the data can go without the log."""
 
     def __init__(self, data_dir: Path, port: int) -> None:
         self.bootstrap = f"127.0.0.1:{port}"
@@ -120,7 +121,7 @@ class NoidaKafkaBroker(LocalProcess):
         super().__init__(
             "the Kafka broker (noida-db)",
             [executable, "start", "--only", "kafka", "--kafka-port", str(port), "--data-dir", str(data_dir)],
-            data_dir / "noida-db.log",
+            data_dir.with_name(f"{data_dir.name}.log"),
         )
 
     def wait_ready(self) -> None:

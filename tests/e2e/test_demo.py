@@ -1,0 +1,49 @@
+"""`make demo` as a newcomer runs it (issues 26.8, 26.11): exactly once, the lines that read its table (which read
+it), and no broker data left behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sink_coordinator_demo.cli import while_serving
+from tests.fixtures.duckdb_reader import duckdb_rows
+
+pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+
+
+def test_the_demo_says_how_to_read_its_table_and_leaves_no_broker_data(tmp_path: Path) -> None:
+    data_dir = tmp_path / "demo"
+    result = subprocess.run(
+        [sys.executable, "-m", "sink_coordinator_demo", "--events", "300", "--partitions", "1", "--data-dir", data_dir],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "COLUMNS": "300"},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "exactly once? yes" in result.stdout
+    said = result.stdout
+    # What the newcomer pastes: DuckDB reads the table from its metadata file (pyiceberg's lines need the
+    # coordinator's PostgreSQL, which stopped with the demo).
+    assert "from pyiceberg.catalog import load_catalog" in said
+    [table] = re.findall(r"catalog\.load_table\('(demo\.orders_\d{8}_\d{6})'\)", said)
+    [metadata] = re.findall(r"iceberg_scan\('([^']+)'\)", said)
+    assert len(duckdb_rows(metadata, "order_id")) == 300
+    assert f"sink-coordinator catalog {table} --data-dir {data_dir}" in said
+    assert "its data deleted, when the demo ends" in said
+    assert not (data_dir / "kafka").exists()  # the demo's broker data: 1.4 GB after a few runs, before
+    assert (data_dir / "kafka.log").exists()
+
+
+def test_the_s3_demo_does_not_send_you_to_make_serve() -> None:
+    """Issue 26.12: `make serve` has another data dir, and the emulator holding the table goes with the demo."""
+    assert "make serve" not in while_serving(keep_serving=False, s3=True)
+    assert "--keep-serving" in while_serving(keep_serving=False, s3=True)
+    assert "make serve" in while_serving(keep_serving=False, s3=False)
+    assert while_serving(keep_serving=True, s3=True) == ""
