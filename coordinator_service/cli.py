@@ -13,7 +13,8 @@ import getpass
 import inspect
 import json
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from functools import wraps
 from typing import Annotated, Any, Final, NoReturn, get_type_hints
@@ -27,6 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from coordinator_service import display, repository
 from coordinator_service.catalog_access import CatalogAccess
@@ -37,6 +39,8 @@ from coordinator_service.errors import (
     InvalidArgument,
     NotFound,
     SchemaNotCurrent,
+    Unavailable,
+    cause,
     quote,
 )
 from coordinator_service.flag_values import KEY_VALUE, SIZE, KeyValue, parse_key_value, parse_size
@@ -84,6 +88,20 @@ def _refuse(what: str, error: Exception, code: int = 1) -> NoReturn:
     """End the command with one line on stderr (never wrapped: the cause and the fix stay on the last line)."""
     console.print(f"[red]{what}:[/red] {escape(str(error))}", soft_wrap=True)
     raise typer.Exit(code)
+
+
+@contextmanager
+def _reaching_metastore(url: URL) -> Iterator[None]:
+    """End the command in one line when PostgreSQL cannot be reached at `url` (down, or a wrong URL)."""
+    try:
+        yield
+    except (OperationalError, InterfaceError, Unavailable) as error:
+        _refuse(
+            f"cannot reach the metastore {url.render_as_string(hide_password=True)}",
+            ValueError(
+                f"{cause(error)}: is PostgreSQL running there, and is {ENV_PREFIX}DATABASE_URL (--database-url) right?"
+            ),
+        )
 
 
 def _problem(error: ErrorDetails, given: dict[str, Any]) -> str:
@@ -200,7 +218,8 @@ def serve(settings: Settings) -> None:
 def migrate(settings: Settings) -> None:
     """Create or upgrade the metastore schema (sinks, pending_sink_state)."""
     url, embedded = metastore_url(settings)
-    revision = migrate_metastore(url)
+    with _reaching_metastore(url):
+        revision = migrate_metastore(url)
     where = f"embedded PostgreSQL in {settings.data_dir}" if embedded else url.render_as_string(hide_password=True)
     console.print(f"metastore at revision {revision}: {where}")
 
@@ -211,11 +230,12 @@ def status(settings: Settings) -> None:
     """Show every sink (its writer, progress, last commit, the sinks sharing its tables) and its epochs not yet
     committed, as the metastore has them (whether or not a coordinator runs)."""
     url, _ = metastore_url(settings)
-    try:
-        require_migrated(url)
-    except SchemaNotCurrent as error:
-        _refuse("cannot read the metastore", error)
-    asyncio.run(_print_status(Database(url, pool_size=1), settings.stalled_after_seconds))
+    with _reaching_metastore(url):
+        try:
+            require_migrated(url)
+        except SchemaNotCurrent as error:
+            _refuse("cannot read the metastore", error)
+        asyncio.run(_print_status(Database(url, pool_size=1), settings.stalled_after_seconds))
 
 
 @app.command()
@@ -236,7 +256,8 @@ def catalog(
     if table is not None:
         try:
             check_table_identifier(table)
-            access = replace(access, metadata_location=_metadata_location(settings, url, table))
+            with _reaching_metastore(url):
+                access = replace(access, metadata_location=_metadata_location(settings, url, table))
         except CoordinatorError as error:
             _refuse("cannot read the table", error, code=2 if isinstance(error, InvalidArgument) else 1)
     Console(soft_wrap=True).print(access.text(show_secrets), markup=False, highlight=False)
@@ -266,8 +287,10 @@ def delete(
     run from here against the metastore and the catalog (whether or not a coordinator runs)."""
     if not reason.strip() or "\x00" in reason:
         _refuse("cannot delete", ValueError("give the reason (--reason): it is recorded"), code=2)
+    url, _ = metastore_url(settings)
     try:
-        deleted = asyncio.run(_delete(settings, sink, confirm, reason, drop_tables))
+        with _reaching_metastore(url):
+            deleted = asyncio.run(_delete(settings, sink, confirm, reason, drop_tables))
     except CoordinatorError as error:
         _refuse("cannot delete", error, code=2 if isinstance(error, InvalidArgument) else 1)
     except SchemaNotCurrent as error:
