@@ -145,3 +145,40 @@ def _signed_out(page: Page, console: str) -> None:
     page.click('button:text("Sign out")')
     page.goto(console)
     expect(page.locator("#role")).to_have_text("read-only")
+
+
+def test_a_newcomer_sees_what_is_wrong_and_cleans_up(
+    coordinator_factory: Callable[..., CoordinatorProcess], browser: Browser
+) -> None:
+    """Issue 26's first hour in the browser: a sink whose writer died shows stalled (it was a green 'healthy'), the
+    writer's term and last call, the last commit; a trial sink is deleted from its page; /docs works offline."""
+    coordinator = coordinator_factory(SINK_COORDINATOR_STALLED_AFTER_SECONDS="1")
+    with coordinator.client() as client:
+        client.register_writer("orders-trial", "shop.orders_trial", -1, arrow_schema=ORDERS.serialize().to_pybytes())
+        sink_with_epochs(client, "orders", "shop.orders", pending=1)  # then its writer died: no checkpoint comes
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    console = f"{coordinator.http_url}/console"
+
+    page.goto(console)
+    row = page.locator('tr[data-sink="orders"]')
+    expect(row.locator(".badge")).to_have_text("stalled", timeout=15_000)  # the list refreshes itself
+    expect(row).to_contain_text("term 1, ")
+    expect(row.locator("time")).to_have_count(1)  # the last commit, from the log
+    expect(page.locator('tr[data-sink="orders-trial"] td').nth(2)).to_have_text("none")
+    header = page.get_by_role("columnheader", name="Pending", exact=True)
+    assert header.evaluate("th => getComputedStyle(th).textAlign") == "right"
+
+    row.locator("a").first.click()
+    expect(page.locator("#stalled")).to_contain_text("its checkpoint has not come")
+    expect(page.locator("#writer")).to_contain_text("term 1, last call")
+
+    page.goto(f"{console}/sinks/orders-trial")
+    delete = page.locator("#delete-form")
+    delete.locator('input[name="confirm"]').fill("orders-trial")
+    delete.locator('input[name="reason"]').fill("a trial run")
+    delete.locator('button[type="submit"]').click()
+    expect(page.locator(".flash.ok")).to_contain_text("sink orders-trial deleted")
+    expect(page.locator('tr[data-sink="orders-trial"]')).to_have_count(0)
+
+    page.goto(f"{coordinator.http_url}/docs")  # no network here: Swagger UI must come from the coordinator
+    expect(page.get_by_text("/api/v1/sinks/{sink}/delete", exact=True)).to_be_visible(timeout=15_000)
