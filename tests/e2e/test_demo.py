@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient
 
 from sink_coordinator_demo.cli import while_serving
+from sink_coordinator_demo.ports import free_port
 from tests.fixtures.duckdb_reader import duckdb_rows
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
@@ -47,3 +52,46 @@ def test_the_s3_demo_does_not_send_you_to_make_serve() -> None:
     assert "--keep-serving" in while_serving(keep_serving=False, s3=True)
     assert "make serve" in while_serving(keep_serving=False, s3=False)
     assert while_serving(keep_serving=True, s3=True) == ""
+
+
+def test_a_broker_for_your_own_topics_starts_says_where_and_stops(tmp_path: Path) -> None:
+    """Issue 26.8: only the demo's code knew how to start noida-db."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "300"}
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        busy = subprocess.run(
+            [sys.executable, "-m", "sink_coordinator_demo", "broker", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd=tmp_path,
+            env=env,
+        )
+        assert time.monotonic() - started < 5
+    assert busy.returncode == 1
+    assert busy.stdout.strip().splitlines() == [
+        f"cannot start the broker: port {port} is in use: choose another with --port"
+    ]
+
+    port = free_port()
+    broker = subprocess.Popen(
+        [sys.executable, "-m", "sink_coordinator_demo", "broker", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    try:
+        assert broker.stdout is not None
+        said = broker.stdout.readline()
+        assert said.startswith(f"Kafka-protocol broker on 127.0.0.1:{port} (topics in .sink-coordinator/broker")
+        admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"})
+        assert admin.list_topics(timeout=10).brokers
+    finally:
+        broker.send_signal(signal.SIGINT)
+        out, _ = broker.communicate(timeout=60)
+    assert broker.returncode == 0, out
+    assert "broker stopped" in out
+    assert (tmp_path / ".sink-coordinator" / "broker").is_dir()  # your topics stay
