@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from typer.testing import CliRunner, Result
 
-from coordinator_service import cli, failpoints
+from coordinator_service import app, cli, failpoints
 from coordinator_service.failpoints import Action, Failpoint, FailpointError
 from coordinator_service.logs import LogLevel
 from coordinator_service.settings import MaintenancePolicy, Settings
@@ -36,33 +36,32 @@ def test_sizes_take_a_unit_in_the_environment(monkeypatch: pytest.MonkeyPatch) -
     assert settings.compaction_max_bytes_per_run == 2**30
 
 
-class Migrated:
-    """`sink-coordinator migrate` run without a metastore: the Settings its flags and environment made."""
+class Served:
+    """`sink-coordinator serve` run without serving (every setting has its flag there): the Settings its flags and
+    environment made."""
 
     def __init__(self) -> None:
         self.settings: list[Settings] = []
 
     def invoke(self, *flags: str, **env: str) -> Result:
-        return CliRunner().invoke(cli.app, ["migrate", *flags], env={"COLUMNS": "300", **env})
+        return CliRunner().invoke(cli.app, ["serve", *flags], env={"COLUMNS": "300", **env})
 
-    def metastore_url(self, settings: Settings) -> tuple[str, bool]:
+    async def serve(self, settings: Settings) -> None:
         self.settings.append(settings)
-        return "postgresql://nowhere", True
 
 
 @pytest.fixture
-def migrated() -> Iterator[Migrated]:
-    run = Migrated()
+def served() -> Iterator[Served]:
+    run = Served()
     with (
-        mock.patch.object(cli, "metastore_url", run.metastore_url),
-        mock.patch.object(cli, "migrate_metastore", return_value="head"),
+        mock.patch.object(app, "serve", run.serve),
         mock.patch.object(cli, "configure_logging"),  # the test process keeps its logging
     ):
         yield run
 
 
-def test_flags_are_typed_and_win_over_the_environment(migrated: Migrated) -> None:
-    result = migrated.invoke(
+def test_flags_are_typed_and_win_over_the_environment(served: Served) -> None:
+    result = served.invoke(
         "--compaction-target-file-bytes", "64MiB",
         "--no-maintenance-enabled",
         "--catalog", "type=rest", "--catalog", "uri=http://catalog:8181/?a=b",
@@ -73,7 +72,7 @@ def test_flags_are_typed_and_win_over_the_environment(migrated: Migrated) -> Non
         SINK_COORDINATOR_COMPACTION_MAX_BYTES_PER_RUN="2GiB",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    (settings,) = migrated.settings
+    (settings,) = served.settings
     assert settings.compaction_target_file_bytes == 64 * 2**20
     assert settings.compaction_max_bytes_per_run == 2 * 2**30
     assert settings.maintenance_enabled is False
@@ -82,10 +81,10 @@ def test_flags_are_typed_and_win_over_the_environment(migrated: Migrated) -> Non
     assert settings.log_level is LogLevel.DEBUG
 
 
-def test_a_flag_left_out_keeps_the_environments_value(migrated: Migrated) -> None:
-    result = migrated.invoke(SINK_COORDINATOR_MAINTENANCE_ENABLED="false", SINK_COORDINATOR_LOG_LEVEL="warning")
+def test_a_flag_left_out_keeps_the_environments_value(served: Served) -> None:
+    result = served.invoke(SINK_COORDINATOR_MAINTENANCE_ENABLED="false", SINK_COORDINATOR_LOG_LEVEL="warning")
     assert result.exit_code == 0, result.output
-    (settings,) = migrated.settings
+    (settings,) = served.settings
     assert settings.maintenance_enabled is False
     assert settings.log_level is LogLevel.WARNING
 
@@ -107,23 +106,31 @@ def test_a_flag_left_out_keeps_the_environments_value(migrated: Migrated) -> Non
         ),
         ([], {"SINK_COORDINATOR_GRPC_PORT": "70000"}, "SINK_COORDINATOR_GRPC_PORT='70000': Input should be less"),
         (["--admin-token", "s3cret", "--admin-token-file", "/dev/null"], {}, "not both"),
+        (
+            ["--stalled-after-seconds", "0"],
+            {},
+            "--stalled-after-seconds 0.0: Input should be greater than or equal to 1",
+        ),
+        ([], {"SINK_COORDINATOR_STALLED_AFTER_SECONDS": "inf"}, "SINK_COORDINATOR_STALLED_AFTER_SECONDS='inf'"),
+        ([], {"SINK_COORDINATOR_STALLED_AFTER_SECONDS": "1e12"}, "Input should be less than or equal to 2592000"),
+        ([], {"SINK_COORDINATOR_ALLOW_LOCAL_WAREHOUSE": "maybe"}, "SINK_COORDINATOR_ALLOW_LOCAL_WAREHOUSE='maybe'"),
     ],
 )
 def test_bad_flags_and_variables_are_refused(
-    migrated: Migrated, flags: list[str], env: dict[str, str], message: str
+    served: Served, flags: list[str], env: dict[str, str], message: str
 ) -> None:
-    result = migrated.invoke(*flags, **env)
+    result = served.invoke(*flags, **env)
     assert result.exit_code == 2
     assert message in " ".join(result.output.split()), result.output
     assert "s3cret" not in result.output
-    assert not migrated.settings
+    assert not served.settings
 
 
 def test_help_shows_every_flags_type_default_and_variable() -> None:
     shown = " ".join(CliRunner().invoke(cli.app, ["serve", "--help"], env={"COLUMNS": "400"}).output.split())
     for flag in (
         "--compaction-target-file-bytes <size>",
-        "--maintenance-enabled --no-maintenance-enabled <bool>",
+        "--maintenance-enabled / --no-maintenance-enabled",
         "--catalog <key=value>",
         "--grpc-port <int>",
         "--maintenance-interval-seconds <float>",
