@@ -724,18 +724,22 @@ def _check_writer_schema(table: Table, identifier: str, schema: pa.Schema, writt
     columns added (_add_missing_columns) when there are any. pyiceberg's union_by_name, applied in memory (its
     _apply(): nothing is committed), refuses a type that cannot change."""
     known = set(table.schema().column_names)
+    new = [name for name in schema.names if name not in known]
+    writers = ", ".join(written_by)
+    whose = f", which sink {writers} writes" if len(written_by) == 1 else f", which sinks {writers} write"
+    refusal = f"the writer's schema does not fit table {quote(identifier)}{whose if written_by else ''}"
+    advice = "Write a table of its own, or a schema that fits this one. Nothing was changed"
     try:
         evolved = table.update_schema().union_by_name(schema)._apply()
-        target = evolved if any(name not in known for name in schema.names) else table.schema()
-        _check_pyarrow_schema_compatible(target, schema, format_version=table.format_version)
     except (ValueError, ValidationError) as error:
-        writers = ", ".join(written_by)
-        whose = f", which sink {writers} writes" if len(written_by) == 1 else f", which sinks {writers} write"
-        raise InvalidArgument(
-            f"the writer's schema does not fit table {quote(identifier)}{whose if written_by else ''}: "
-            f"{flat_misfit(str(error), 'the writer')}. Write a table of its own, or a schema that fits this one "
-            "(its new columns are added). Nothing was changed"
-        ) from None
+        adding = f"it cannot add the columns {quote(', '.join(new))}, or change one: " if new else ""
+        raise InvalidArgument(f"{refusal}: {adding}{cause(error).rstrip('.')}. {advice}") from None
+    try:
+        _check_pyarrow_schema_compatible(
+            evolved if new else table.schema(), schema, format_version=table.format_version
+        )
+    except ValueError as error:
+        raise InvalidArgument(f"{refusal}: {flat_misfit(str(error), 'the writer')}. {advice}") from None
 
 
 def flat_misfit(text: str, theirs: str) -> str:

@@ -38,7 +38,7 @@ def test_an_empty_token_variable_is_refused(name: str, monkeypatch: pytest.Monke
 
 
 def test_an_empty_token_flag_is_refused() -> None:
-    result = CliRunner().invoke(cli.app, ["migrate", "--writer-token", ""], env={"COLUMNS": "300"})
+    result = CliRunner().invoke(cli.app, ["serve", "--writer-token", ""], env={"COLUMNS": "300"})
     assert result.exit_code == 2
     assert "SINK_COORDINATOR_WRITER_TOKEN is empty" in " ".join(result.output.split())
 
