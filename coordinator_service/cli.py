@@ -1,9 +1,10 @@
-"""The `sink-coordinator` command: serve, migrate, status.
+"""The `sink-coordinator` command: serve, migrate, status, catalog, delete.
 
 Every setting is a flag of the same name (--grpc-port for
 SINK_COORDINATOR_GRPC_PORT), of the setting's type and with its default
 (--maintenance-enabled/--no-maintenance-enabled, --compaction-target-file-bytes 128MiB,
---catalog key=value); flags win over the environment.
+--catalog key=value); flags win over the environment. The service's modules (SQLAlchemy, pyiceberg, the servers)
+load inside the commands that use them, once the flags and the ports are checked: a refusal is said at once.
 """
 
 from __future__ import annotations
@@ -17,22 +18,17 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from functools import wraps
-from typing import Annotated, Any, Final, NoReturn, get_type_hints
+from typing import TYPE_CHECKING, Annotated, Any, Final, NoReturn, get_type_hints
 
 import typer
 from pydantic import ByteSize, SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
-from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from sqlalchemy.engine import URL
-from sqlalchemy.exc import InterfaceError, OperationalError
 
-from coordinator_service import display, repository
-from coordinator_service.catalog_access import CatalogAccess
-from coordinator_service.database import Database
+from coordinator_service import display, listening
 from coordinator_service.errors import (
     CannotServe,
     CoordinatorError,
@@ -45,13 +41,15 @@ from coordinator_service.errors import (
 )
 from coordinator_service.flag_values import KEY_VALUE, SIZE, KeyValue, parse_key_value, parse_size
 from coordinator_service.logs import LogFormat, LogLevel, configure_logging
-from coordinator_service.operations import Operations, Operator, SinkDeleted, sink_overviews
-from coordinator_service.runtime import Runtime, catalog_properties, metastore_url, open_catalog, require_migrated
-from coordinator_service.runtime import migrate as migrate_metastore
 from coordinator_service.settings import ENV_PREFIX, Settings
-from coordinator_service.table_identifiers import check_table_identifier
 from coordinator_service.warehouse import serving_refusal
 from coordinator_service.writer_scopes import WriterScope
+
+if TYPE_CHECKING:  # the service's modules load in the commands that use them (see the module)
+    from sqlalchemy.engine import URL
+
+    from coordinator_service.database import Database
+    from coordinator_service.operations import SinkDeleted
 
 app = typer.Typer(
     name="sink-coordinator",
@@ -93,6 +91,8 @@ def _refuse(what: str, error: Exception, code: int = 1) -> NoReturn:
 @contextmanager
 def _reaching_metastore(url: URL) -> Iterator[None]:
     """End the command in one line when PostgreSQL cannot be reached at `url` (down, or a wrong URL)."""
+    from sqlalchemy.exc import InterfaceError, OperationalError
+
     try:
         yield
     except (OperationalError, InterfaceError, Unavailable) as error:
@@ -202,12 +202,15 @@ METASTORE: Final = ("database_url", "database_url_file", "data_dir")
 @with_settings()
 def serve(settings: Settings) -> None:
     """Serve the gRPC writer API and the HTTP admin API until SIGTERM or Ctrl-C."""
-    from coordinator_service.app import serve as serve_forever
-
     refusal = serving_refusal(settings)
     if refusal is not None:
         _refuse("invalid configuration", ValueError(refusal), code=2)
     try:
+        # Said before the service loads (seconds): the service binds them for good (coordinator_service.app).
+        listening.check_free(settings.bind_host, settings.http_port, "HTTP")
+        listening.check_free(settings.bind_host, settings.grpc_port, "gRPC")
+        from coordinator_service.app import serve as serve_forever
+
         asyncio.run(serve_forever(settings))
     except (SchemaNotCurrent, CannotServe) as error:
         _refuse("cannot serve", error)
@@ -217,6 +220,9 @@ def serve(settings: Settings) -> None:
 @with_settings(*METASTORE)
 def migrate(settings: Settings) -> None:
     """Create or upgrade the metastore schema (sinks, pending_sink_state)."""
+    from coordinator_service.runtime import metastore_url
+    from coordinator_service.runtime import migrate as migrate_metastore
+
     url, embedded = metastore_url(settings)
     with _reaching_metastore(url):
         revision = migrate_metastore(url)
@@ -229,6 +235,9 @@ def migrate(settings: Settings) -> None:
 def status(settings: Settings) -> None:
     """Show every sink (its writer, progress, last commit, the sinks sharing its tables) and its epochs not yet
     committed, as the metastore has them (whether or not a coordinator runs)."""
+    from coordinator_service.database import Database
+    from coordinator_service.runtime import metastore_url, require_migrated
+
     url, _ = metastore_url(settings)
     with _reaching_metastore(url):
         try:
@@ -251,11 +260,13 @@ def catalog(
 ) -> None:
     """Print how to read the coordinator's tables: the lines to paste into pyiceberg, DuckDB and Spark, for the
     catalog it uses with these settings (the embedded defaults, or CATALOG__*)."""
+    from coordinator_service.catalog_access import CatalogAccess
+    from coordinator_service.runtime import catalog_properties, metastore_url
+
     url, _ = metastore_url(settings)
     access = CatalogAccess(settings.catalog_name, catalog_properties(settings, url), table)
     if table is not None:
         try:
-            check_table_identifier(table)
             with _reaching_metastore(url):
                 access = replace(access, metadata_location=_metadata_location(settings, url, table))
         except CoordinatorError as error:
@@ -264,6 +275,12 @@ def catalog(
 
 
 def _metadata_location(settings: Settings, url: URL, table: str) -> str:
+    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+    from coordinator_service.runtime import open_catalog
+    from coordinator_service.table_identifiers import check_table_identifier
+
+    check_table_identifier(table)
     try:
         location: str = open_catalog(settings, url).load_table(table).metadata_location
     except (NoSuchTableError, NoSuchNamespaceError):
@@ -287,6 +304,8 @@ def delete(
     run from here against the metastore and the catalog (whether or not a coordinator runs)."""
     if not reason.strip() or "\x00" in reason:
         _refuse("cannot delete", ValueError("give the reason (--reason): it is recorded"), code=2)
+    from coordinator_service.runtime import metastore_url
+
     url, _ = metastore_url(settings)
     try:
         with _reaching_metastore(url):
@@ -299,6 +318,9 @@ def delete(
 
 
 async def _delete(settings: Settings, sink: str, confirm: str, reason: str, drop_tables: bool) -> SinkDeleted:
+    from coordinator_service.operations import Operations, Operator
+    from coordinator_service.runtime import Runtime
+
     runtime = await Runtime.open(settings)
     try:
         operations = Operations(
@@ -311,6 +333,9 @@ async def _delete(settings: Settings, sink: str, confirm: str, reason: str, drop
 
 
 async def _print_status(database: Database, stalled_after_seconds: float) -> None:
+    from coordinator_service import repository
+    from coordinator_service.operations import sink_overviews
+
     try:
         async with database.transaction() as session:
             overviews = await sink_overviews(session, {}, stalled_after_seconds)
