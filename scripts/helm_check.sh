@@ -554,6 +554,8 @@ check_rejected warehouse-on-the-pods-disk "is a path on the pod's file system" -
 check_rejected warehouse-as-a-path "is a path on the pod's file system" --set "database.url=$DB_URL" \
   --set catalog.properties.type=sql --set catalog.properties.uri=postgresql+psycopg://c:c@pg.sink.svc/catalog \
   --set catalog.properties.warehouse=/tmp/warehouse
+check_rejected allow-local-warehouse-not-a-boolean "allowLocalWarehouse" --set "database.url=$DB_URL" "${CATALOG[@]}" \
+  --set-string catalog.allowLocalWarehouse=yes
 check_rejected bad-log-format "logFormat" --set "database.url=$DB_URL" "${CATALOG[@]}" --set config.logFormat=xml
 check_rejected url-and-existing-secret "leave database.url" --set "database.url=$DB_URL" "${CATALOG[@]}" --set existingSecret=s
 check_rejected non-psycopg-url "database.url" --set database.url=postgres://u:p@h/db
