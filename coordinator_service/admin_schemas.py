@@ -283,7 +283,10 @@ class RemoveTableResponse(BaseModel):
 
 class MaintenanceRunResponse(BaseModel):
     id: int
-    trigger: str = Field(description="schedule (the coordinator's timing) or operator (POST .../maintenance/run).")
+    trigger: str = Field(
+        description="schedule (the coordinator's timing), threshold (a commit took a table past SNAPSHOT_MAX_COUNT) "
+        "or operator (POST .../maintenance/run)."
+    )
     started_at: datetime
     finished_at: datetime | None
     outcome: str = Field(description="running, ok or failed.")

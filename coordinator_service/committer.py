@@ -16,7 +16,7 @@ import contextlib
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -37,7 +37,7 @@ from coordinator_service.models import PendingSinkState, Sink
 from coordinator_service.precommit_metadata import DataFileEntry, MetadataDecodeError, PreCommitMetadata
 from coordinator_service.settings import Settings
 from coordinator_service.source_positions import snapshot_positions
-from coordinator_service.table_maintenance import table_properties_for
+from coordinator_service.table_maintenance import retention_of, table_properties_for
 from coordinator_service.views import EpochStatus
 
 log = structlog.get_logger(__name__)
@@ -119,6 +119,8 @@ class Committer:
         # asyncio's semaphore hands its slots out in arrival order: a sink that just committed queues behind
         # the sinks already waiting.
         self._passes = asyncio.Semaphore(max(1, settings.commit_concurrency))
+        # Told the sinks whose tables outgrew their maintenance thresholds in a commit (the maintainer sets it).
+        self.maintenance_wanted: Callable[[int], None] = lambda sink_id: None
 
     def start(self) -> None:
         """Start the poller, which first resumes whatever the log holds."""
@@ -364,6 +366,8 @@ class Committer:
             if outcome is None:
                 return True  # a cached table was stale: walk the current one (what this pass appended is found)
             health.failing_tables.pop(table, None)
+            if outcome.files:
+                self._check_thresholds(sink, table)
             held[table] = outcome.held
             appends.add(outcome, own=table == sink.table_identifier)
             if not outcome.files:
@@ -437,6 +441,23 @@ class Committer:
             log.debug("cached table was stale; walking the current table", stale_table=table_name, error=str(error))
             return None
         return _TableCommit(dict.fromkeys(work, snapshot_id), files=len(entries), held=top)
+
+    def _check_thresholds(self, sink: Sink, table_name: str) -> None:
+        """Ask for the sink's maintenance now when a commit took a table past its snapshot bound (the coordinator's
+        SNAPSHOT_MAX_COUNT, or the table's own min-snapshots-to-keep) by a tenth: the bound holds whatever the commit
+        rate, not only on the maintenance clock."""
+        table = self.tables.last_known(table_name)
+        if table is None:
+            return
+        try:
+            policy = self.settings.with_overrides(sink.maintenance_overrides)
+        except pydantic.ValidationError:
+            return  # stored out of range behind the API's back: the maintainer says so, the commit goes on
+        if not policy.maintenance_enabled:
+            return
+        bound = retention_of(table, int(policy.snapshot_max_age_seconds * 1000), policy.snapshot_max_count).max_count
+        if len(table.metadata.snapshots) > bound + max(1, bound // 10):
+            self.maintenance_wanted(sink.id)
 
     def _table_properties(self, sink: Sink) -> Mapping[str, str]:
         """What the sink's commits make sure its tables have: manifest merging and old metadata files removed

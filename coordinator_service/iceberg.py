@@ -208,6 +208,11 @@ class IcebergGateway:
     def forget(self, identifier: str) -> None:
         self._cache.pop(identifier, None)
 
+    def last_known(self, identifier: str) -> Table | None:
+        """The table as this process last loaded or committed it, however old; no catalog call."""
+        entry = self._cache.get(identifier)
+        return None if entry is None else entry[1]
+
     @property
     def catalog_name(self) -> str:
         return str(self.catalog.name)

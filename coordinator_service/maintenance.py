@@ -31,6 +31,7 @@ the run from the sink's other tables (the run is recorded failed, naming it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -62,6 +63,8 @@ RUNS_KEPT = 100
 ORPHAN_DELETE_BATCH = 100
 SCHEDULE = "schedule"
 OPERATOR = "operator"
+# A commit took a table past a bound (coordinator_service.committer, _check_thresholds).
+THRESHOLD = "threshold"
 
 
 def policy_of(settings: Settings, sink: Sink) -> MaintenancePolicy:
@@ -100,9 +103,18 @@ class Maintainer:
         self.deleter = deleter
         self.settings = settings
         self._task: asyncio.Task[None] | None = None
+        # Sinks whose commits took a table past a threshold: maintained at the next round, whatever the clock.
+        self._wanted: set[int] = set()
+        self._wake = asyncio.Event()
+        committer.maintenance_wanted = self.want
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._schedule_forever(), name="table-maintenance")
+
+    def want(self, sink_id: int) -> None:
+        """A commit took one of the sink's tables past a threshold (the committer calls it)."""
+        self._wanted.add(sink_id)
+        self._wake.set()
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -116,17 +128,24 @@ class Maintainer:
             except Exception as error:
                 log.warning("table maintenance could not look for due sinks; will try again", error=cause(error))
                 due = []
-            for sink_id in due:
+            wanted, self._wanted = self._wanted, set()
+            runs = [(sink_id, THRESHOLD) for sink_id in sorted(wanted)]
+            runs += [(sink_id, SCHEDULE) for sink_id in due if sink_id not in wanted]
+            for sink_id, trigger in runs:
                 # One sink's failure (its table, its stored overrides, anything) never keeps the others from theirs.
                 try:
                     async with commit_lock.try_holding(self.database, sink_id) as lock:
-                        if lock is not None:  # else its committer is at work: the next round
-                            await self._run(sink_id, SCHEDULE, lock)
+                        if lock is not None:
+                            await self._run(sink_id, trigger, lock)
+                        elif trigger == THRESHOLD:
+                            self._wanted.add(sink_id)  # its committer is at work: the next round
                 except Exception as error:
                     log.warning(
                         "table maintenance of a sink failed; will try again", sink_id=sink_id, error=cause(error)
                     )
-            await asyncio.sleep(self.settings.poll_interval_seconds)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.settings.poll_interval_seconds)
+            self._wake.clear()
 
     async def _due(self) -> list[int]:
         now = datetime.now(UTC)

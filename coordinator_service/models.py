@@ -176,7 +176,8 @@ class MaintenanceRun(Base):
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
     sink_id: Mapped[int] = mapped_column(Integer, ForeignKey("sinks.id", ondelete="CASCADE"))
-    # 'schedule' (the coordinator's own timing) or 'operator' (the admin API's run-now).
+    # 'schedule' (the coordinator's own timing), 'threshold' (a commit took a table past a bound: SNAPSHOT_MAX_COUNT)
+    # or 'operator' (the admin API's run-now).
     trigger: Mapped[str] = mapped_column(Text)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
@@ -191,7 +192,7 @@ class MaintenanceRun(Base):
     orphans_deleted: Mapped[int] = mapped_column(Integer, server_default="0")
 
     __table_args__ = (
-        CheckConstraint("trigger IN ('schedule', 'operator')", name="maintenance_trigger_known"),
+        CheckConstraint("trigger IN ('schedule', 'threshold', 'operator')", name="maintenance_trigger_known"),
         CheckConstraint("outcome IN ('running', 'ok', 'failed')", name="maintenance_outcome_known"),
         Index("ix_maintenance_runs_sink_started", "sink_id", "started_at"),
     )

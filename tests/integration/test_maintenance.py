@@ -397,3 +397,20 @@ async def test_a_tables_own_retention_properties_win_over_the_coordinators(
     assert (run.outcome, run.snapshots_expired, run.orphans_deleted) == ("ok", 0, 0), run.error
     assert len(catalog.load_table("db.orders").snapshots()) == 4
     assert table_order_ids(catalog.load_table("db.orders")) == list(range(60))
+
+
+async def test_a_commit_past_the_snapshot_bound_triggers_maintenance_whatever_the_clock(
+    admin_factory: AdminFactory, catalog: Catalog, database_url: str
+) -> None:
+    """On-call review: SNAPSHOT_MAX_COUNT promised a bound, but maintenance ran only on its clock; a commit per epoch
+    had 1,309 live snapshots at commit 1,750. A commit that takes a table a tenth past the bound asks for a run."""
+    admin = await admin_factory(snapshot_max_count=4, maintenance_interval_seconds=3600, **NO_COMPACTION)
+    await commit_epochs(admin, "orders", 16)
+
+    async def bounded() -> bool:
+        runs = (await admin.get("/api/v1/sinks/orders/maintenance")).json()["runs"]
+        snapshots = len(catalog.load_table("db.orders").snapshots())
+        return snapshots <= 5 and any(run["trigger"] == "threshold" for run in runs)
+
+    await eventually(bounded, "the table back within its bound by a run a commit triggered")
+    assert table_order_ids(catalog.load_table("db.orders")) == list(range(160))
