@@ -46,6 +46,7 @@ async def _scrape(operations: Operations) -> bytes:
                 oldest_pending_age_seconds=overview.counts.oldest_pending_age_seconds,
                 retrying=overview.health is not None and overview.health.retrying,
                 stuck=overview.health is not None and overview.health.stuck is not None,
+                suspended=overview.sink.suspended_reason is not None,
                 tables=[
                     metrics.TableGauges(
                         table=table.table,

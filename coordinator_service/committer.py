@@ -30,7 +30,7 @@ from coordinator_service import commit_lock, failpoints, metrics, precommit_meta
 from coordinator_service.commit_history import CommitHistory
 from coordinator_service.commit_lock import CommitLock
 from coordinator_service.database import Database
-from coordinator_service.errors import CommitLockLost, InvalidArgument, cause
+from coordinator_service.errors import CommitLockLost, InvalidArgument, SinkSuspended, cause
 from coordinator_service.failpoints import Failpoint
 from coordinator_service.iceberg import IcebergGateway
 from coordinator_service.models import PendingSinkState, Sink
@@ -64,6 +64,7 @@ class CommitterHealth:
 _PERMANENT_FAILURES: tuple[type[BaseException], ...] = (
     MetadataDecodeError,
     InvalidArgument,
+    SinkSuspended,
     pyiceberg_errors.NoSuchTableError,
     pyiceberg_errors.NoSuchNamespaceError,
     pyiceberg_errors.ValidationError,
@@ -332,6 +333,8 @@ class Committer:
             return False
         pending, more = waiting[:limit], len(waiting) > limit
         self._sink_names[sink_id] = sink.name
+        if sink.suspended_reason is not None:
+            raise SinkSuspended(sink.suspended_reason)
         structlog.contextvars.bind_contextvars(sink=sink.name)
         log_ = log.bind(table=sink.table_identifier, epochs=[row.epoch for row in pending])
         decoded = [precommit_metadata.decode(row.metadata_) for row in pending]

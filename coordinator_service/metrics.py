@@ -132,6 +132,7 @@ class SinkGauges:
     oldest_pending_age_seconds: float | None
     retrying: bool
     stuck: bool
+    suspended: bool
     tables: Sequence[TableGauges]
 
 
@@ -169,6 +170,12 @@ class _ScrapedGauges(Collector):
                 "1 while this process's committer of the sink waits for an operator: its commits failed in a way no "
                 "retry can fix (the sink's committer.last_error says why).",
                 lambda s: 1 if s.stuck else 0,
+            ),
+            (
+                "sink_coordinator_sink_suspended",
+                "1 while the sink is suspended: its log is out of step with one of its tables (a restored metastore, "
+                "another table, another catalog); its suspended_reason says why and how to recover.",
+                lambda s: 1 if s.suspended else 0,
             ),
         ]
         for name, documentation, value in families:

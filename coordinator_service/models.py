@@ -68,6 +68,9 @@ class Sink(Base):
     legacy_markers: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
     # Settings of its table's maintenance that differ from the coordinator's (maintenance.MaintenancePolicy).
     maintenance_overrides: Mapped[dict[str, object] | None] = mapped_column(JSONB, nullable=True)
+    # Set when the log is out of step with one of its tables (coordinator_service.metastore_checks): nothing is
+    # committed or accepted for the sink until an operator reconciles it, or the cause goes away.
+    suspended_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
@@ -132,6 +135,8 @@ class WrittenTable(Base):
     sink_id: Mapped[int] = mapped_column(Integer, ForeignKey("sinks.id", ondelete="CASCADE"), primary_key=True)
     table_identifier: Mapped[str] = mapped_column(Text, primary_key=True)
     committed_epoch: Mapped[int] = mapped_column(BigInteger)
+    # The table's UUID as its first check found it: another table under the same name is not this one.
+    table_uuid: Mapped[uuid.UUID | None] = mapped_column(Uuid, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), onupdate=func.now()

@@ -43,6 +43,7 @@ from coordinator_service.errors import (
     Fenced,
     InvalidArgument,
     NotFound,
+    SinkSuspended,
     quote,
 )
 from coordinator_service.failpoints import Failpoint
@@ -728,6 +729,7 @@ async def _check_registration(session: AsyncSession, sink: Sink, table: str, che
     """Refuse a writer that does not fit the sink: another table, a checkpoint behind the recorded one, or one
     over epochs never pre-committed or aborted. After a reset, the first writer's checkpoint is adopted."""
     _check_same_table(sink, table)
+    check_not_suspended(sink)
     if sink.rebase_on_register:
         return
     if checkpoint < sink.checkpointed_epoch:
@@ -778,6 +780,7 @@ def _check_same_table(sink: Sink, table: str) -> None:
 
 
 def check_term(sink: Sink, writer_term: int) -> None:
+    check_not_suspended(sink)
     if writer_term < sink.writer_term:
         raise Fenced(
             f"sink {sink.name}: writer term {writer_term} is fenced by term {sink.writer_term}; "
@@ -788,6 +791,11 @@ def check_term(sink: Sink, writer_term: int) -> None:
             f"sink {sink.name}: writer term {writer_term} was never issued (current {sink.writer_term}): "
             "call RegisterWriter and use the term it returns"
         )
+
+
+def check_not_suspended(sink: Sink) -> None:
+    if sink.suspended_reason is not None:
+        raise SinkSuspended(f"sink {sink.name} is suspended, nothing is accepted for it: {sink.suspended_reason}")
 
 
 def _check_precommit_request(request: PreCommitRequest) -> None:

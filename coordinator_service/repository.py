@@ -80,11 +80,14 @@ class TableOfSink:
     sink_id: int
     table: str
     committed_epoch: int
+    # The table's UUID as the first check of the sink found it (metastore_checks); None before.
+    table_uuid: uuid.UUID | None = None
 
 
 # The sink's own table first, then the others by name.
 _TABLES_OF_SINKS = """
-    SELECT t.sink_id, t.table_identifier, t.committed_epoch FROM sink_tables t JOIN sinks s ON s.id = t.sink_id
+    SELECT t.sink_id, t.table_identifier, t.committed_epoch, t.table_uuid
+    FROM sink_tables t JOIN sinks s ON s.id = t.sink_id
     WHERE t.sink_id = ANY(:sink_ids)
     ORDER BY t.sink_id, t.table_identifier <> s.table_identifier, t.table_identifier
 """
@@ -94,8 +97,8 @@ async def tables_of_sinks(session: AsyncSession, sink_ids: Sequence[int]) -> dic
     """The tables of each of these sinks, each sink's own first, then the others by name."""
     rows = await session.execute(text(_TABLES_OF_SINKS), {"sink_ids": list(sink_ids)})
     tables: dict[int, list[TableOfSink]] = {sink_id: [] for sink_id in sink_ids}
-    for sink_id, table, committed_epoch in rows.all():
-        tables[sink_id].append(TableOfSink(sink_id, table, committed_epoch))
+    for sink_id, table, committed_epoch, table_uuid in rows.all():
+        tables[sink_id].append(TableOfSink(sink_id, table, committed_epoch, table_uuid))
     return tables
 
 
@@ -123,6 +126,35 @@ async def add_tables(session: AsyncSession, sink: Sink, tables: Sequence[str]) -
         )
         .on_conflict_do_nothing(index_elements=[WrittenTable.sink_id, WrittenTable.table_identifier])
     )
+
+
+async def record_table_uuid(session: AsyncSession, sink_id: int, table: str, table_uuid: uuid.UUID) -> None:
+    await session.execute(
+        update(WrittenTable)
+        .where(WrittenTable.sink_id == sink_id, WrittenTable.table_identifier == table)
+        .values(table_uuid=table_uuid)
+    )
+
+
+async def record_tables_at(session: AsyncSession, sink_id: int, held: Mapping[str, int]) -> None:
+    """Set the newest epoch each of these tables holds, as found in the tables (a reconcile): forward or back."""
+    for table, epoch in held.items():
+        await session.execute(
+            update(WrittenTable)
+            .where(WrittenTable.sink_id == sink_id, WrittenTable.table_identifier == table)
+            .values(committed_epoch=epoch, updated_at=func.now())
+        )
+
+
+async def set_suspended(session: AsyncSession, sink_id: int, reason: str | None) -> bool:
+    """Suspend the sink with `reason` (None: resume it); whether that changed anything."""
+    result = await session.execute(
+        update(Sink)
+        .where(Sink.id == sink_id, Sink.suspended_reason.is_distinct_from(reason))
+        .values(suspended_reason=reason)
+        .returning(Sink.id)
+    )
+    return result.scalar_one_or_none() is not None
 
 
 async def remove_table(session: AsyncSession, sink_id: int, table: str) -> None:
@@ -312,6 +344,7 @@ _INSERT_NEW_EPOCHS = """
              AS r(sink_id, epoch, term, metadata, file_count, record_count, deadline)
         JOIN sinks s ON s.id = r.sink_id
         WHERE s.writer_term = r.term AND s.committed_epoch < r.epoch AND s.writer_count = 1
+          AND s.suspended_reason IS NULL
           AND (r.deadline IS NULL OR clock_timestamp() < to_timestamp(r.deadline))
           AND NOT EXISTS (SELECT 1 FROM files JOIN epoch_files e ON e.path = files.path
                           WHERE files.sink_id = r.sink_id AND files.epoch = r.epoch)
@@ -506,7 +539,7 @@ _ADVANCE_COMMITTED_EPOCH = """
 
 _RECORD_CHECKPOINT_OVER_PENDING = """
     UPDATE sinks s SET checkpointed_epoch = :epoch, updated_at = now()
-    WHERE s.name = :name AND s.writer_term = :term AND s.checkpointed_epoch < :epoch
+    WHERE s.name = :name AND s.writer_term = :term AND s.checkpointed_epoch < :epoch AND s.suspended_reason IS NULL
       AND (SELECT count(*) FROM pending_sink_state p
            WHERE p.sink_id = s.id AND p.epoch > s.checkpointed_epoch AND p.epoch <= :epoch
              AND p.status = 'PENDING') = CAST(:epoch AS numeric) - s.checkpointed_epoch
@@ -611,7 +644,9 @@ _ONLY_EMPTY_BACKLOG = """
 # Transaction-level advisory locks conflict with the committer's session-level ones on the same keys: a sink
 # another committer is working on is skipped. MATERIALIZED keeps the lock function off sinks that do not qualify.
 _LOCK_EMPTY_BACKLOGS = f"""
-    WITH candidates AS MATERIALIZED (SELECT s.id FROM sinks s WHERE {_ONLY_EMPTY_BACKLOG} ORDER BY s.id)
+    WITH candidates AS MATERIALIZED (
+        SELECT s.id FROM sinks s WHERE s.suspended_reason IS NULL AND {_ONLY_EMPTY_BACKLOG} ORDER BY s.id
+    )
     SELECT id FROM candidates WHERE pg_try_advisory_xact_lock(:class_id, id)
 """
 

@@ -16,6 +16,7 @@ from coordinator_service.database import Database, create_sync_engine, normalize
 from coordinator_service.embedded import start_embedded_postgres
 from coordinator_service.iceberg import IcebergGateway
 from coordinator_service.maintenance import Maintainer
+from coordinator_service.metastore_checks import MetastoreChecks
 from coordinator_service.protocol import Coordinator
 from coordinator_service.settings import Settings
 
@@ -77,6 +78,7 @@ class Runtime:
     cleaner: Cleaner
     coordinator: Coordinator
     maintainer: Maintainer
+    checks: MetastoreChecks
 
     @classmethod
     async def open(cls, settings: Settings) -> Runtime:
@@ -99,15 +101,18 @@ class Runtime:
             cleaner,
             Coordinator(database, tables, committer, cleaner),
             Maintainer(database, tables, committer, cleaner.deleter, settings),
+            MetastoreChecks(database, tables, committer, settings),
         )
 
     def start(self) -> None:
         """The background work: the committer (with its poller), the cleaner and table maintenance."""
+        self.checks.start()
         self.committer.start()
         self.cleaner.start()
         self.maintainer.start()  # always: a sink's overrides may turn maintenance on where the default is off
 
     async def close(self) -> None:
+        await self.checks.stop()
         await self.maintainer.stop()
         await self.cleaner.stop()
         await self.committer.stop()

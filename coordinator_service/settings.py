@@ -300,6 +300,15 @@ class Settings(BaseSettings, MaintenancePolicy):
         "they are the last copy. The batch's new attempt releases them at once (after CLEANUP_DELAY_SECONDS). "
         "Default: Kafka's default retention, 7 days.",
     )
+    metastore_check_interval_seconds: float = Field(
+        default=300.0,
+        ge=1.0,
+        le=DAY,
+        allow_inf_nan=False,
+        description="How often every sink is checked against its tables (and once at start): a table holding epochs "
+        "above the log's checkpoint (a restored metastore), another table under a sink's table's name, another "
+        "catalog suspend the sink (docs/operations.md, 'A restored metastore').",
+    )
     poll_interval_seconds: float = Field(
         default=2.0,
         gt=0.0,
