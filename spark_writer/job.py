@@ -47,7 +47,7 @@ from spark_writer.iceberg_sink import (
     SinkRefusedError,
     write_to_iceberg,
 )
-from spark_writer.kafka_options import DEFAULT_STARTING_OFFSETS, SOURCE_NAME
+from spark_writer.kafka_options import DEFAULT_STARTING_OFFSETS, SOURCE_NAME, parse_options
 from spark_writer.kafka_records import (
     DEFAULT_JSON_TIME_ZONE,
     BadRecordPolicy,
@@ -114,12 +114,23 @@ class KafkaSettings:
     consumer_options: dict[str, str] = field(default_factory=dict)
     source: KafkaSource = KafkaSource.PYTHON
 
+    def __post_init__(self) -> None:
+        parse_options(self._options())  # the source's own options refused now (ValueError), not once Spark runs
+
     @property
     def source_format(self) -> str:
         return SOURCE_NAME if self.source is KafkaSource.PYTHON else SPARK_KAFKA_FORMAT
 
     def source_options(self) -> dict[str, str]:
         """The options of the source: the same for both but what Spark's needs to read as the Python one does."""
+        options = self._options()
+        if self.source is KafkaSource.SPARK:
+            # Committed records only, as the Python source reads them (Spark's reads aborted ones by default), and
+            # the headers, which dead letters keep.
+            options.update({"kafka.isolation.level": "read_committed", "includeHeaders": "true"})
+        return options
+
+    def _options(self) -> dict[str, str]:
         options = {
             "kafka.bootstrap.servers": self.bootstrap_servers,
             "subscribe": ",".join(self.topics),
@@ -129,10 +140,6 @@ class KafkaSettings:
         }
         if self.max_offsets_per_trigger is not None:
             options["maxOffsetsPerTrigger"] = str(self.max_offsets_per_trigger)
-        if self.source is KafkaSource.SPARK:
-            # Committed records only, as the Python source reads them (Spark's reads aborted ones by default), and
-            # the headers, which dead letters keep.
-            options.update({"kafka.isolation.level": "read_committed", "includeHeaders": "true"})
         return options
 
     def producer_config(self) -> dict[str, str]:
