@@ -34,6 +34,7 @@ import typer
 from pydantic import ByteSize
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
 
 from coordinator_service.client import CoordinatorRpcError
 from coordinator_service.flag_values import KEY_VALUE, SIZE, KeyValue, parse_key_value, parse_size
@@ -47,6 +48,7 @@ from spark_writer.iceberg_sink import (
     SinkRefusedError,
     write_to_iceberg,
 )
+from spark_writer.json_columns import grow
 from spark_writer.kafka_options import DEFAULT_STARTING_OFFSETS, SOURCE_NAME, parse_options
 from spark_writer.kafka_records import (
     DEFAULT_JSON_TIME_ZONE,
@@ -300,11 +302,12 @@ def table_records(
         return stream, registry_parser(kafka, parse, sink)
     # The sample is read by this project's own consumer, whichever source the stream has.
     sample_options = replace(kafka, source=KafkaSource.PYTHON).source_options()
-    schema = (
-        schema_from_ddl(parse.schema_ddl)
-        if parse.schema_ddl
-        else sampled_json_schema(spark, sample_options, parse.sample_size)
-    )
+    if parse.schema_ddl:
+        schema = schema_from_ddl(parse.schema_ddl)
+    else:
+        sampled = sampled_json_schema(spark, sample_options, parse.sample_size)
+        # Only the sampled fields a column can hold (json_columns); records giving the others a value are bad records.
+        schema = grow(StructType([]), sampled.fieldNames(), lambda: sampled, kafka_metadata=parse.kafka_metadata).schema
     log.info("json schema", schema=schema.simpleString(), source="given" if parse.schema_ddl else "sampled")
     if not parse.evolve_schema and not schema.fields:
         raise ValueError("the topics are empty, so no schema could be inferred: pass --schema or --evolve-schema")

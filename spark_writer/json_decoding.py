@@ -81,6 +81,7 @@ RECORD_BY_RECORD_BELOW: Final = 16
 NOT_JSON: Final = "not valid JSON"
 NOT_AN_OBJECT: Final = "a JSON value that is not an object"
 MISFIT_PREFIX: Final = "fields whose value does not fit the schema: "
+UNTAKEN_PREFIX: Final = "fields the table cannot take: "
 # A timestamp's text that ends with its zone after the time: Z, or an offset +hh:mm, +hhmm, +hh (a date alone has
 # none: its "-01" is the day).
 ZONED_TEXT: Final = r":\d\d(\.\d+)?\s*(Z|z|[+-]\d\d(:?\d\d)?)$"
@@ -229,6 +230,8 @@ class JsonDecoder:
     type_names: tuple[str, ...]  # each field's type as Spark writes it ("double", "array<string>"), for reasons
     kafka_metadata: bool = False
     time_zone: str = UTC
+    # Fields the table cannot take (json_columns), each with why: a record giving one a value does not fit.
+    refused: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.type_names) != len(self.schema):
@@ -247,7 +250,9 @@ class JsonDecoder:
 
     @cached_property
     def _parse_options(self) -> pj.ParseOptions:
-        parse_schema = pa.schema([f.with_type(_parse_type(f.type, self.time_zone)) for f in self.schema])
+        # A refused field is parsed as null, which any other value fails: its records are then checked one by one.
+        refused = [pa.field(name, pa.null()) for name, _ in self.refused]
+        parse_schema = pa.schema([*(f.with_type(_parse_type(f.type, self.time_zone)) for f in self.schema), *refused])
         return pj.ParseOptions(explicit_schema=parse_schema, unexpected_field_behavior="ignore")
 
     @cached_property
@@ -264,7 +269,9 @@ class JsonDecoder:
 
     def __getstate__(self) -> dict[str, Any]:
         # Only what defines the decoder travels; the cached parts are built again where it runs.
-        return {name: getattr(self, name) for name in ("schema", "type_names", "kafka_metadata", "time_zone")}
+        return {
+            name: getattr(self, name) for name in ("schema", "type_names", "kafka_metadata", "time_zone", "refused")
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -387,7 +394,9 @@ class JsonDecoder:
             if name in record and name in self.schema.names:
                 repeated.append(name)
             record[name] = self._as_text_where_text(name, value_text)
-        if not repeated:
+        refused = dict(self.refused)
+        untaken = [name for name, text in record.items() if name in refused and text != "null"]
+        if not repeated and not untaken:
             parsed = self._parse_fields(record)
             if parsed is not None:
                 fitting.append((parsed, pa.array([index], pa.int64())))
@@ -396,8 +405,12 @@ class JsonDecoder:
         wrong = [name for name, text in record.items() if name in decoders and not decoders[name].fits(text)]
         named = [f"{name} ({decoders[name].type_names[0]})" for name in wrong if name not in repeated]
         named += [f"{name} (given {TWICE})" for name in dict.fromkeys(repeated)]
-        reason = MISFIT_PREFIX + (", ".join(named) or "a nested field")
-        misfits.append((index, reason, {k: v for k, v in record.items() if k not in wrong and k not in repeated}))
+        parts = [MISFIT_PREFIX + ", ".join(named)] if named else []
+        if untaken:
+            parts.append(UNTAKEN_PREFIX + ", ".join(f"{name or repr(name)} ({refused[name]})" for name in untaken))
+        reason = "; ".join(parts) or MISFIT_PREFIX + "a nested field"
+        left_out = {*wrong, *repeated, *refused}
+        misfits.append((index, reason, {k: v for k, v in record.items() if k not in left_out}))
 
     def _as_text_where_text(self, name: str, value_text: str) -> str:
         """A STRING field's non-string value as a string of its text in the record (as from_json gives it)."""
