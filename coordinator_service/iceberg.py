@@ -61,7 +61,7 @@ from coordinator_service import partition_syntax
 from coordinator_service.errors import InvalidArgument, cause, quote
 from coordinator_service.precommit_files import FileChecks, FileFacts
 from coordinator_service.precommit_metadata import DataFileEntry
-from coordinator_service.table_identifiers import parse_table_identifier
+from coordinator_service.table_identifiers import check_table_identifier, parse_table_identifier
 
 log = structlog.get_logger(__name__)
 
@@ -197,6 +197,11 @@ class IcebergGateway:
     def catalog_name(self) -> str:
         return str(self.catalog.name)
 
+    @property
+    def nested_namespaces(self) -> bool:
+        """Whether the catalog holds nested namespaces (lake.shop.orders): the SQL, Hive and Glue catalogs do not."""
+        return not isinstance(self.catalog, MetastoreCatalog)
+
     def load(self, identifier: str) -> Table:
         """The table as the catalog has it now (and remembered in the cache)."""
         try:
@@ -212,12 +217,7 @@ class IcebergGateway:
 
     def ensure_table(self, identifier: str, schema: pa.Schema | None, partition_by: Sequence[str]) -> str:
         """Create the table when missing (given a schema), add new columns when present; return its location."""
-        parts = parse_table_identifier(identifier)
-        if len(parts) > 2 and isinstance(self.catalog, MetastoreCatalog):
-            raise InvalidArgument(
-                f"table identifier {quote(identifier)}: catalog {self.catalog_name} "
-                f"({type(self.catalog).__name__}) has no nested namespaces: use 'namespace.table'"
-            )
+        parts = check_table_identifier(identifier, nested_namespaces=self.nested_namespaces)
         fields = [parse_partition_field(text) for text in partition_by]
         try:
             table = self.catalog.load_table(parts)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -47,7 +46,7 @@ from coordinator_service.models import AbortCause, PendingSinkState, Sink
 from coordinator_service.precommit_files import FileFacts, check_facts
 from coordinator_service.precommit_metadata import DataFileEntry, PreCommitMetadata
 from coordinator_service.source_positions import check_positions
-from coordinator_service.table_identifiers import check_table_identifier
+from coordinator_service.table_identifiers import check_sink_name, check_table_identifier
 from coordinator_service.views import (
     CheckpointResult,
     EpochStatus,
@@ -64,7 +63,6 @@ from coordinator_service.views import (
 
 log = structlog.get_logger(__name__)
 
-SINK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")
 # Most first pre-commits written by one statement of the group insert.
 GROUP_INSERT_MAX_ROWS = 256
 MAX_FILES_PER_PRECOMMIT = 100_000
@@ -193,7 +191,7 @@ class Coordinator:
         arrow_schema: bytes = b"",
         partition_by: Sequence[str] = (),
     ) -> Registration:
-        _check_sink_name(sink)
+        check_sink_name(sink)
         check_table_identifier(table)
         if checkpointed_epoch < -1:
             raise InvalidArgument(f"checkpointed_epoch {checkpointed_epoch} is below -1 (-1 means no checkpoint)")
@@ -289,6 +287,7 @@ class Coordinator:
                     aborted_epochs=tuple(aborted),
                     recommitting_epochs=tuple(r.epoch for r in recommitting),
                     table_location=location,
+                    nested_namespaces=self.tables.nested_namespaces,
                 ),
                 row.id,
             )
@@ -300,7 +299,7 @@ class Coordinator:
         tables are made the sink's under its row lock with the term checked again, so a writer fenced meanwhile
         adds none (a table it created in the catalog stays there, unused, as after a refused RegisterWriter).
         """
-        _check_sink_name(sink)
+        check_sink_name(sink)
         if len(tables) > MAX_TABLES_PER_ENSURE:
             raise InvalidArgument(f"{len(tables)} tables in one EnsureTables exceed {MAX_TABLES_PER_ENSURE}")
         names = [spec.table for spec in tables]
@@ -566,7 +565,7 @@ class Coordinator:
         return PreCommitResult(PreCommitOutcome.PERSISTED, attempt=attempt, record_count=metadata.record_count)
 
     async def commit_checkpoint(self, sink: str, epoch: int, writer_term: int, wait: bool) -> CheckpointResult:
-        _check_sink_name(sink)
+        check_sink_name(sink)
         if epoch < 0:
             raise InvalidArgument(f"epoch {epoch} is negative: Spark batch ids start at 0")
         async with self.database.connection(autocommit=True) as connection:
@@ -602,7 +601,7 @@ class Coordinator:
             return row.id, numbering_of(row), CheckpointResult(row.committed_epoch, row.checkpointed_epoch)
 
     async def sink_state(self, sink: str) -> SinkState:
-        _check_sink_name(sink)
+        check_sink_name(sink)
         async with self.database.transaction() as session:
             row = await _existing_sink(session, sink)
             epochs = await repository.epochs_not_committed(session, row.id)
@@ -666,14 +665,6 @@ def _files_by_table(request: PreCommitRequest, sink: _SinkHint) -> dict[str, lis
     return dict(sorted(groups.items(), key=lambda group: (group[0] != sink.table, group[0])))
 
 
-def _check_sink_name(name: str) -> None:
-    if not SINK_NAME.match(name):
-        raise InvalidArgument(
-            f"sink name {quote(name)} is invalid: use 1 to 200 letters, digits, '_', '.', '-', "
-            "starting with a letter or digit"
-        )
-
-
 async def _check_registration(session: AsyncSession, sink: Sink, table: str, checkpoint: int) -> None:
     """Refuse a writer that does not fit the sink: another table, a checkpoint behind the recorded one, or one
     over epochs never pre-committed or aborted. After a reset, the first writer's checkpoint is adopted."""
@@ -730,7 +721,7 @@ def check_term(sink: Sink, writer_term: int) -> None:
 
 
 def _check_precommit_request(request: PreCommitRequest) -> None:
-    _check_sink_name(request.sink)
+    check_sink_name(request.sink)
     if request.epoch < 0:
         raise InvalidArgument(f"epoch {request.epoch} is negative: Spark batch ids start at 0")
     if request.writer_term < 1:

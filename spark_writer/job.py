@@ -46,6 +46,7 @@ from spark_writer.iceberg_sink import (
     DecodesInTasks,
     IcebergSinkQuery,
     SinkRefusedError,
+    check_names,
     write_to_iceberg,
 )
 from spark_writer.json_columns import grow
@@ -223,6 +224,7 @@ class SinkSettings:
     routes: Routes | None = None
 
     def __post_init__(self) -> None:
+        check_names(self.sink, self.table)
         if self.target_file_size_bytes <= 0:
             raise ValueError(f"--target-file-size must be positive, got {self.target_file_size_bytes}")
         Storage(self.storage)  # unknown keys and bad values refused before Spark starts
