@@ -10,18 +10,22 @@ writer's tasks). The rule for the table's schema:
 * With ``evolve``, the driver asks the registry for the subject's latest version
   before every batch. A version with new top-level fields adds them as columns
   (the writer pre-commits with evolve_schema, and the coordinator adds them to the
-  table). Records are read with that version as the reader schema: records written
-  with older versions decode through Avro's schema resolution (defaults for fields
-  they lack) or Protobuf's field numbers. A producer registers a version before it
-  writes records with it, and the driver asks after the batch's records were
-  written, so no record of a batch has a newer version than the batch's reader.
+  table).
+* Every record is decoded with its own writer schema (the id in its header), never
+  with a newer version, and its fields go to the columns by name: a record decodes
+  to the same row whatever versions the subject gains later, so a batch that Spark
+  runs again gives the same rows. A field a record was written without is null (not
+  a later version's default); a field a newer version drops keeps its values in the
+  records written with it.
 * Columns never go away and never change type: a field a newer version dropped
-  stays a column (null from then on; Avro's resolution reads no value for it), a
-  nested field a newer version added to a known struct is not read (the coordinator
-  grows top-level columns only), and a version that changes a known column's type
-  fails the batch, saying which, before anything is written.
+  stays a column (null in the records written without it), a nested field a newer
+  version added to a known struct is not read (the coordinator grows top-level
+  columns only), and a version that changes a known column's type fails the batch,
+  saying which, before anything is written. A record whose writer schema gives a
+  field a type its column cannot take as written (text for a long) does not fit;
+  one the column widens (int to long) does.
 * Without ``evolve`` the schema stays the one read at start; records of newer
-  versions are read with it (their new fields are not read).
+  versions are read by it (their new fields are not read).
 
 The schemas live in the driver and are read again from the registry when the job
 restarts.
@@ -240,12 +244,12 @@ class _Column:
         return True
 
     def payloads(self) -> PayloadDecoder:
-        registry, schema_id, target = self.registry, self.version.schema_id, self.table_type
+        registry, target = self.registry, self.table_type
         if self.subject.format is RegistryFormat.AVRO:
-            return AvroPayloads(registry, schema_id, target)
+            return AvroPayloads(registry, target)
         if self.subject.format is RegistryFormat.PROTOBUF:
             assert self.version.message is not None
-            return ProtobufPayloads(registry, schema_id, self.version.message, target)
+            return ProtobufPayloads(registry, self.version.message, target)
         return JsonSchemaPayloads(target, spark_type_names(target))
 
 
