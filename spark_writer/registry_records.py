@@ -129,14 +129,36 @@ class _Version:
     message: str | None  # Protobuf: the message's full name
 
 
-def _latest(registry: RegistrySettings, subject: RegistrySubject) -> RegisteredSchema:
+def _latest(registry: RegistrySettings, subject: RegistrySubject) -> tuple[RegisteredSchema, bool]:
+    """The subject's latest version, and whether the subject is deleted: then its last version (said loudly) where
+    the registry keeps it (soft-deleted)."""
     try:
-        return latest_version(registry, subject.subject, subject.format.schema_format)
+        return latest_version(registry, subject.subject, subject.format.schema_format), False
+    except SchemaNotFoundError:
+        pass
+    try:
+        latest = latest_version(registry, subject.subject, subject.format.schema_format, deleted=True)
     except SchemaNotFoundError:
         raise ValueError(
-            f"subject {subject.subject} is not in the schema registry at {registry.safe_url}: register its schema "
-            "first (a producer's serializer does), or name another subject"
+            f"subject {subject.subject} is not in the schema registry at {registry.safe_url}, not even among its "
+            "deleted subjects: register its schema first (a producer's serializer does), or name another subject"
         ) from None
+    _say_deleted(registry, subject, latest.version)
+    return latest, True
+
+
+def _say_deleted(registry: RegistrySettings, subject: RegistrySubject, version: int | None) -> None:
+    log.error(
+        "schema registry subject deleted",
+        subject=subject.subject,
+        registry=registry.safe_url,
+        version=version,
+        message=(
+            "the table keeps the columns of the versions known; every record is decoded with the schema its id "
+            "names, and a record whose schema the registry no longer gives does not fit (--on-bad-record). Register "
+            "the subject's schema again to follow new versions"
+        ),
+    )
 
 
 def _version_of(registry: RegistrySettings, subject: RegistrySubject, latest: RegisteredSchema) -> _Version:
@@ -207,13 +229,23 @@ class _Column:
         self.registry = registry
         self.subject = subject
         self.grows = grows  # whether a new top-level field becomes a column (the value's), or is left out (the key's)
-        self.version = _version_of(registry, subject, _latest(registry, subject))
+        latest, self.deleted = _latest(registry, subject)  # deleted: the registry said the subject is gone (once)
+        self.version = _version_of(registry, subject, latest)
         self.table_type = self.version.table_type
 
     def refresh(self) -> bool:
-        """Read the subject's latest version: the reader from now on, its new top-level fields new columns; whether
-        it is another version than the one read so far."""
-        registered = _latest(self.registry, self.subject)
+        """Read the subject's latest version: its new top-level fields new columns; whether it is another version
+        than the one read so far. A subject deleted meanwhile keeps the columns known (said loudly, once)."""
+        try:
+            registered = latest_version(self.registry, self.subject.subject, self.subject.format.schema_format)
+        except SchemaNotFoundError:
+            if not self.deleted:
+                self.deleted = True
+                _say_deleted(self.registry, self.subject, self.version.version)
+            return False
+        if self.deleted:
+            self.deleted = False
+            log.info("schema registry subject back", subject=self.subject.subject, version=registered.version)
         if registered.schema_id == self.version.schema_id:
             return False
         latest = _version_of(self.registry, self.subject, registered)

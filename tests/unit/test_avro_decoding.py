@@ -14,13 +14,17 @@ import pyarrow as pa
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaReference
 from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext
+from structlog.testing import capture_logs
 
+from spark_writer import schema_registry
 from spark_writer.kafka_records import BadRecordError, BadRecordPolicy
 from spark_writer.registry_decoding import UnsupportedSchemaError
 from spark_writer.registry_records import RegistryBatchParser, RegistryFormat, RegistrySubject, SchemaChangeError
 from spark_writer.schema_registry import RegistrySettings, registry_client
 from tests.fixtures.registry_records import FIRST_OFFSET, kafka_batch, next_decoding, reasons
+from tests.fixtures.schema_registry import SchemaRegistryServer
 
 UTC = dt.UTC
 ITEM = {"type": "record", "name": "Item", "fields": [{"name": "sku", "type": "string"}, {"name": "qty", "type": "int"}]}
@@ -213,7 +217,10 @@ def test_a_newer_version_that_changes_a_columns_type_fails_the_batch(registry: R
         next_decoding(evolving)
 
 
-def test_bad_records_fail_the_batch_naming_topic_partition_offset_and_why(registry: RegistrySettings) -> None:
+def test_bad_records_fail_the_batch_naming_topic_partition_offset_and_why(
+    registry: RegistrySettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(schema_registry, "SCHEMA_ID_LAG_SECONDS", 0.2)  # the unknown id: asked again for 0.2 s
     topic = unique_topic()
     (good,) = produce(registry, topic, ORDER_V1, order(1))
     values = [
@@ -389,3 +396,62 @@ def test_an_older_versions_field_is_widened_to_its_column_or_does_not_fit(regist
     assert decoded.rows.column("order_id").to_pylist() == [1, 3]
     (why,) = reasons(decoded.misfits).values()
     assert "field order_id is written as string, which the table's column, int64, cannot take as written" in why
+
+
+def test_a_schema_id_a_lagging_registry_does_not_know_yet_is_asked_again(
+    registry: RegistrySettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    topic = unique_topic()
+    produce(registry, topic, ORDER_V1, order(1))
+    fixed = parser(registry, topic, evolve=False, on_bad_record=BadRecordPolicy.NULL)
+    unique_v2 = {**ORDER_V2, "doc": topic}  # a schema id of its own, which no process has asked for yet
+    (just_registered,) = produce(registry, topic, unique_v2, order(2, coupon="SPRING"))
+    client = registry_client(registry)
+    answer = client.get_schema
+    lagging = [SchemaRegistryError(404, 40403, "Schema not found"), SchemaRegistryError(404, 40403, "Schema not found")]
+
+    def replica(*args: Any, **kwargs: Any) -> Schema:
+        if lagging:
+            raise lagging.pop(0)
+        return answer(*args, **kwargs)
+
+    monkeypatch.setattr(client, "get_schema", replica)
+    task = next_decoding(fixed).start()
+
+    rows = task.rows(kafka_batch([just_registered]))
+
+    assert task.bad_records == 0 and not lagging
+    assert rows.column("order_id").to_pylist() == [2]
+
+
+def test_a_deleted_subject_keeps_the_stream_decoding_with_the_versions_known(registry: RegistrySettings) -> None:
+    topic = unique_topic()
+    values = produce(registry, topic, ORDER_V1, order(1), order(2))
+    evolving = parser(registry, topic)
+    next_decoding(evolving).decoder.decode(kafka_batch(values))  # this process now knows the schema by its id
+    registry_client(registry).delete_subject(f"{topic}-value")
+
+    with capture_logs() as logs:
+        decoded = next_decoding(evolving).decoder.decode(kafka_batch(values))
+
+    assert decoded.rows.column("order_id").to_pylist() == [1, 2]
+    assert [line["log_level"] for line in logs if line["event"] == "schema registry subject deleted"] == ["error"]
+
+
+def test_a_restart_after_the_subject_was_deleted_follows_its_last_version(
+    local_registry_server: SchemaRegistryServer,
+) -> None:
+    registry = RegistrySettings.of(local_registry_server.url)
+    topic = unique_topic()
+    values = produce(registry, topic, ORDER_V2, order(1, coupon="SPRING"))
+    registry_client(registry).delete_subject(f"{topic}-value")  # soft: its versions stay, marked deleted
+
+    with capture_logs() as logs:
+        restarted = parser(registry, topic)
+
+    assert restarted.table_schema.names[-2:] == ["coupon", "discount"]
+    assert next_decoding(restarted).decoder.decode(kafka_batch(values)).rows.column("coupon").to_pylist() == ["SPRING"]
+    assert [line["event"] for line in logs].count("schema registry subject deleted") == 1
+    registry_client(registry).delete_subject(f"{topic}-value", permanent=True)
+    with pytest.raises(ValueError, match="not even among its deleted subjects"):
+        parser(registry, topic)

@@ -15,6 +15,7 @@ from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf.message import Message
 
+from spark_writer import schema_registry
 from spark_writer.kafka_records import BadRecordError
 from spark_writer.registry_decoding import UnsupportedSchemaError
 from spark_writer.registry_records import RegistryBatchParser, RegistryFormat, RegistrySubject
@@ -175,7 +176,10 @@ def test_records_of_older_versions_keep_their_own_fields(registry: RegistrySetti
     ]
 
 
-def test_bad_records_name_where_they_are_and_why(registry: RegistrySettings, tmp_path: Path) -> None:
+def test_bad_records_name_where_they_are_and_why(
+    registry: RegistrySettings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(schema_registry, "SCHEMA_ID_LAG_SECONDS", 0.2)  # the unknown id: asked again for 0.2 s
     topic = unique_topic()
     classes = compile_proto(tmp_path, {"order.proto": ORDER_V1})
     good = serialize(registry, topic, classes["shop.Order"](order_id=1, amount=1.5, customer="somebody"))
