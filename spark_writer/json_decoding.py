@@ -159,7 +159,12 @@ def _binary_from_base64(text: pa.Array, target: pa.DataType) -> pa.Array:
 
 def _converted(array: pa.Array, target: pa.DataType, time_zone: str) -> pa.Array:
     """`array` as pyarrow read it (`_parse_type`), turned into `target`; raises ArrowInvalid if a value cannot be."""
-    if array.type == target:
+    if pa.types.is_decimal(target):
+        # pyarrow's JSON reader checks a decimal's digits as written, not once scaled: 1234567890.5 is a
+        # decimal(12, 3) of 13 digits. A full validation finds each value over the precision.
+        array.validate(full=True)
+        return array
+    if array.type == target and not _holds_decimals(target):
         return array
     if pa.types.is_timestamp(target):
         return _timestamps_from_text(array, target, time_zone)
@@ -203,6 +208,16 @@ def object_fields(text: str) -> list[tuple[str, str]]:
         end = _VALUE_SCANNER.raw_decode(text, position)[1]
         fields.append((name, _BETWEEN_TOKENS.sub(lambda match: match.group(1) or "", text[position:end])))
         position = end
+
+
+def _holds_decimals(data_type: pa.DataType) -> bool:
+    if pa.types.is_decimal(data_type):
+        return True
+    if pa.types.is_struct(data_type):
+        return any(_holds_decimals(child.type) for child in data_type)
+    if pa.types.is_list(data_type) or pa.types.is_large_list(data_type):
+        return _holds_decimals(data_type.value_type)
+    return False
 
 
 def _lines(values: pa.Array) -> pa.Buffer:
