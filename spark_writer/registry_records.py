@@ -8,9 +8,10 @@ writer's tasks). The rule for the table's schema:
   job starts (``<topic>-value``, Confluent's TopicNameStrategy, unless a subject is
   named), then the key's (one ``key`` column) when keys are decoded.
 * With ``evolve``, the driver asks the registry for the subject's latest version
-  before every batch. A version with new top-level fields adds them as columns
-  (the writer pre-commits with evolve_schema, and the coordinator adds them to the
-  table).
+  before every batch, and when it is a new one, for every version registered since
+  the one read last (one superseded in between holds fields its records have). A
+  version with new top-level fields adds them as columns (the writer pre-commits
+  with evolve_schema, and the coordinator adds them to the table).
 * Every record is decoded with its own writer schema (the id in its header), never
   with a newer version, and its fields go to the columns by name: a record decodes
   to the same row whatever versions the subject gains later, so a batch that Spark
@@ -56,7 +57,13 @@ from spark_writer.kafka_records import (
 )
 from spark_writer.protobuf_decoding import SERIALIZED, ProtobufPayloads, protobuf_table_type
 from spark_writer.registry_decoding import PayloadDecoder, RegistryDecoder, RegistryValues, UnsupportedSchemaError
-from spark_writer.schema_registry import RegistrySettings, SchemaNotFoundError, latest_version
+from spark_writer.schema_registry import (
+    RegistrySettings,
+    SchemaNotFoundError,
+    latest_version,
+    subject_version,
+    subject_versions,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -234,10 +241,20 @@ class _Column:
         self.table_type = self.version.table_type
 
     def refresh(self) -> bool:
-        """Read the subject's latest version: its new top-level fields new columns; whether it is another version
-        than the one read so far. A subject deleted meanwhile keeps the columns known (said loudly, once)."""
+        """Read the versions registered since the one read last, in order: their new top-level fields new columns (a
+        version registered and superseded between two batches too: its records hold its fields); whether the latest
+        is another version than the one read so far. A subject deleted meanwhile keeps the columns known (said
+        loudly, once)."""
         try:
             registered = latest_version(self.registry, self.subject.subject, self.subject.format.schema_format)
+            if registered.schema_id == self.version.schema_id:
+                between = []
+            else:
+                between = [
+                    subject_version(self.registry, self.subject.subject, number, self.subject.format.schema_format)
+                    for number in subject_versions(self.registry, self.subject.subject)
+                    if (self.version.version or 0) < number < (registered.version or 0)
+                ]
         except SchemaNotFoundError:
             if not self.deleted:
                 self.deleted = True
@@ -248,32 +265,37 @@ class _Column:
             log.info("schema registry subject back", subject=self.subject.subject, version=registered.version)
         if registered.schema_id == self.version.schema_id:
             return False
-        latest = _version_of(self.registry, self.subject, registered)
-        if latest.message != self.version.message:
+        for version in (*between, registered):
+            self._read(version)
+        return True
+
+    def _read(self, registered: RegisteredSchema) -> None:
+        """A newer version: its new top-level fields become columns (SchemaChangeError for a changed one)."""
+        version = _version_of(self.registry, self.subject, registered)
+        if version.message != self.version.message:
             raise SchemaChangeError(
-                f"the latest version of subject {self.subject.subject} has {latest.message} as its first message, "
-                f"the table holds {self.version.message}: name the message"
+                f"version {version.version} of subject {self.subject.subject} has {version.message} as its first "
+                f"message, the table holds {self.version.message}: name the message"
             )
         try:
             if self.grows:
-                table_type, added = grown(self.table_type, latest.table_type)
+                table_type, added = grown(self.table_type, version.table_type)
             else:
-                _check_same(self.table_type, latest.table_type, "")
+                _check_same(self.table_type, version.table_type, "")
                 table_type, added = self.table_type, []
         except SchemaChangeError as error:
             raise SchemaChangeError(
-                f"version {latest.version} of subject {self.subject.subject} (schema id {latest.schema_id}) "
+                f"version {version.version} of subject {self.subject.subject} (schema id {version.schema_id}) "
                 f"cannot be read into the table: {error}"
             ) from None
         log.info(
             "new schema version",
             subject=self.subject.subject,
-            version=latest.version,
-            schema_id=latest.schema_id,
+            version=version.version,
+            schema_id=version.schema_id,
             new_columns=added,
         )
-        self.version, self.table_type = latest, table_type
-        return True
+        self.version, self.table_type = version, table_type
 
     def payloads(self) -> PayloadDecoder:
         registry, target = self.registry, self.table_type

@@ -176,6 +176,13 @@ def latest_version(
     )
 
 
+def subject_versions(settings: RegistrySettings, subject: str) -> list[int]:
+    """The numbers of a subject's versions, asked of the registry now."""
+    return _call(
+        settings, f"the versions of subject {subject!r}", lambda: registry_client(settings).get_versions(subject)
+    )
+
+
 def subject_version(settings: RegistrySettings, subject: str, version: int, fmt: str | None = None) -> RegisteredSchema:
     """A version of a subject (a schema reference's target), soft-deleted or not: it names a schema for good."""
     return _call(

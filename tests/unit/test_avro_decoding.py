@@ -455,3 +455,16 @@ def test_a_restart_after_the_subject_was_deleted_follows_its_last_version(
     registry_client(registry).delete_subject(f"{topic}-value", permanent=True)
     with pytest.raises(ValueError, match="not even among its deleted subjects"):
         parser(registry, topic)
+
+
+def test_a_field_of_a_version_between_two_batches_is_a_column(registry: RegistrySettings) -> None:
+    """v2 adds coupon and v3 drops it again before the next batch: v2's records still have their coupons read."""
+    topic = unique_topic()
+    produce(registry, topic, ORDER_V1, order(1))
+    evolving = parser(registry, topic)
+    (with_coupon,) = produce(registry, topic, ORDER_V2, order(2, coupon="SPRING"))
+    produce(registry, topic, {**ORDER_V1, "doc": "v3: v1 again"}, order(3))
+
+    decoded = next_decoding(evolving).decoder.decode(kafka_batch([with_coupon]))
+
+    assert decoded.rows.column("coupon").to_pylist() == ["SPRING"]

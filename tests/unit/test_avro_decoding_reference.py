@@ -185,6 +185,8 @@ def test_a_record_decodes_to_its_writer_schemas_values_whatever_came_after(
     mixed = data.draw(st.permutations([*[(p, f, s) for p, f, s in written], *[(b, None, None) for b in BAD]]))
     decoding = next_decoding(parser)
     columns = parser.table_schema.names
+    # Every field any version wrote is a column (an intermediate version's too): no value is left unread.
+    assert {field.name for fields in sequence for field in fields} <= set(columns)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(schema_registry, "SCHEMA_ID_LAG_SECONDS", 0.05)  # the unknown id of BAD
