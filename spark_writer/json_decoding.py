@@ -86,7 +86,6 @@ UNTAKEN_PREFIX: Final = "fields the table cannot take: "
 # none: its "-01" is the day).
 ZONED_TEXT: Final = r":\d\d(\.\d+)?\s*(Z|z|[+-]\d\d(:?\d\d)?)$"
 _PARSE_ERRORS: Final = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError)
-TWICE: Final = "twice"
 JSON_WHITESPACE: Final = " \t\n\r"
 # A string (kept whole, escapes as written), or whitespace between tokens (dropped).
 _BETWEEN_TOKENS: Final = re.compile(r'("(?:[^"\\]|\\.)*")|[ \t\n\r]+')
@@ -419,7 +418,7 @@ class JsonDecoder:
         decoders = self._field_decoders
         wrong = [name for name, text in record.items() if name in decoders and not decoders[name].fits(text)]
         named = [f"{name} ({decoders[name].type_names[0]})" for name in wrong if name not in repeated]
-        named += [f"{name} (given {TWICE})" for name in dict.fromkeys(repeated)]
+        named += [f"{name} (given twice)" for name in dict.fromkeys(repeated)]
         parts = [MISFIT_PREFIX + ", ".join(named)] if named else []
         if untaken:
             parts.append(UNTAKEN_PREFIX + ", ".join(f"{name or repr(name)} ({refused[name]})" for name in untaken))
