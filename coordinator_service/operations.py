@@ -39,9 +39,9 @@ from coordinator_service.maintenance import Maintainer, policy_of
 from coordinator_service.metastore_checks import table_seen
 from coordinator_service.models import AbortCause, MaintenanceRun, PendingSinkState, Sink
 from coordinator_service.precommit_metadata import PreCommitMetadata
-from coordinator_service.protocol import SINK_NAME
 from coordinator_service.repository import EpochCounts, TableOfSink
 from coordinator_service.settings import MaintenancePolicy, Settings
+from coordinator_service.table_identifiers import sink_name_problem
 from coordinator_service.views import EpochStatus
 
 log = structlog.get_logger(__name__)
@@ -547,7 +547,7 @@ def _check_abortable(sink: Sink, row: PendingSinkState, force: bool) -> None:
 
 def _check_known_name(name: str) -> None:
     # RegisterWriter refuses other names, so no such sink exists (and the name never reaches SQL).
-    if not SINK_NAME.match(name):
+    if sink_name_problem(name) is not None:
         raise _unknown_sink(name)
 
 

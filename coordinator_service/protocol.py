@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -58,7 +57,7 @@ from coordinator_service.models import AbortCause, PendingSinkState, Sink
 from coordinator_service.precommit_files import FileFacts, check_facts
 from coordinator_service.precommit_metadata import DataFileEntry, PreCommitMetadata
 from coordinator_service.source_positions import check_positions
-from coordinator_service.table_identifiers import check_table_identifier
+from coordinator_service.table_identifiers import check_sink_name, check_table_identifier
 from coordinator_service.views import (
     CheckpointResult,
     EpochStatus,
@@ -75,7 +74,6 @@ from coordinator_service.views import (
 
 log = structlog.get_logger(__name__)
 
-SINK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")
 # Most first pre-commits written by one statement of the group insert.
 GROUP_INSERT_MAX_ROWS = 256
 MAX_FILES_PER_PRECOMMIT = 100_000
@@ -205,8 +203,7 @@ class Coordinator:
         arrow_schema: bytes = b"",
         partition_by: Sequence[str] = (),
     ) -> Registration:
-        _check_sink_name(sink)
-        check_table_identifier(table)
+        check_sink_name(sink)
         if checkpointed_epoch < -1:
             raise InvalidArgument(f"checkpointed_epoch {checkpointed_epoch} is below -1 (-1 means no checkpoint)")
         if writer_count < 1:
@@ -216,6 +213,7 @@ class Coordinator:
         # Every check first: a writer that will be refused changes nothing, the table included.
         async with self.database.transaction() as session:
             existing = await repository.sink_by_name(session, sink)
+            self._check_new_tables([table], set() if existing is None else {existing.table_identifier})
             if existing is not None:
                 await _check_registration(session, existing, table, checkpointed_epoch)
                 above = await repository.pending_epochs_above(session, existing.id, checkpointed_epoch)
@@ -301,9 +299,17 @@ class Coordinator:
                     aborted_epochs=tuple(aborted),
                     recommitting_epochs=tuple(r.epoch for r in recommitting),
                     table_location=location,
+                    nested_namespaces=self.tables.nested_namespaces,
                 ),
                 row.id,
             )
+
+    def _check_new_tables(self, tables: Sequence[str], recorded: set[str]) -> None:
+        """The name policy (table_identifiers) for each table the log does not record yet: a sink's table named
+        before the policy existed keeps working; a new one must fit it, on this catalog."""
+        for table in tables:
+            if table not in recorded:
+                check_table_identifier(table, nested_namespaces=self.tables.nested_namespaces)
 
     async def ensure_tables(self, sink: str, writer_term: int, tables: Sequence[TableRequest]) -> TablesEnsured:
         """Fan-out: create or evolve each table as RegisterWriter does the sink's own, then make them the sink's.
@@ -312,19 +318,18 @@ class Coordinator:
         tables are made the sink's under its row lock with the term checked again, so a writer fenced meanwhile
         adds none (a table it created in the catalog stays there, unused, as after a refused RegisterWriter).
         """
-        _check_sink_name(sink)
+        check_sink_name(sink)
         if len(tables) > MAX_TABLES_PER_ENSURE:
             raise InvalidArgument(f"{len(tables)} tables in one EnsureTables exceed {MAX_TABLES_PER_ENSURE}")
         names = [spec.table for spec in tables]
         if len(set(names)) != len(names):
             duplicate = next(name for name in names if names.count(name) > 1)
             raise InvalidArgument(f"EnsureTables names table {quote(duplicate)} more than once")
-        schemas: list[pa.Schema | None] = []
-        for spec in tables:
-            check_table_identifier(spec.table)
-            schemas.append(decode_arrow_schema(spec.arrow_schema) if spec.arrow_schema else None)
+        schemas = [decode_arrow_schema(spec.arrow_schema) if spec.arrow_schema else None for spec in tables]
         async with self.database.transaction() as session:
-            check_term(await _existing_sink(session, sink), writer_term)
+            existing = await _existing_sink(session, sink)
+            check_term(existing, writer_term)
+            self._check_new_tables(names, set(await repository.recorded_epochs(session, existing.id)))
         locations = [
             await in_catalog(self.tables.ensure_table, spec.table, schema, spec.partition_by)
             for spec, schema in zip(tables, schemas, strict=True)
@@ -617,7 +622,7 @@ class Coordinator:
         return PreCommitResult(PreCommitOutcome.PERSISTED, attempt=attempt, record_count=metadata.record_count)
 
     async def commit_checkpoint(self, sink: str, epoch: int, writer_term: int, wait: bool) -> CheckpointResult:
-        _check_sink_name(sink)
+        check_sink_name(sink)
         if epoch < 0:
             raise InvalidArgument(f"epoch {epoch} is negative: Spark batch ids start at 0")
         async with self.database.connection(autocommit=True) as connection:
@@ -653,7 +658,7 @@ class Coordinator:
             return row.id, numbering_of(row), CheckpointResult(row.committed_epoch, row.checkpointed_epoch)
 
     async def sink_state(self, sink: str) -> SinkState:
-        _check_sink_name(sink)
+        check_sink_name(sink)
         async with self.database.transaction() as session:
             row = await _existing_sink(session, sink)
             epochs = await repository.epochs_not_committed(session, row.id)
@@ -715,14 +720,6 @@ def _files_by_table(request: PreCommitRequest, sink: _SinkHint) -> dict[str, lis
             "writing its files. Nothing was changed"
         )
     return dict(sorted(groups.items(), key=lambda group: (group[0] != sink.table, group[0])))
-
-
-def _check_sink_name(name: str) -> None:
-    if not SINK_NAME.match(name):
-        raise InvalidArgument(
-            f"sink name {quote(name)} is invalid: use 1 to 200 letters, digits, '_', '.', '-', "
-            "starting with a letter or digit"
-        )
 
 
 async def _check_registration(session: AsyncSession, sink: Sink, table: str, checkpoint: int) -> None:
@@ -799,7 +796,7 @@ def check_not_suspended(sink: Sink) -> None:
 
 
 def _check_precommit_request(request: PreCommitRequest) -> None:
-    _check_sink_name(request.sink)
+    check_sink_name(request.sink)
     if request.epoch < 0:
         raise InvalidArgument(f"epoch {request.epoch} is negative: Spark batch ids start at 0")
     if request.writer_term < 1:
@@ -818,8 +815,6 @@ def _check_precommit_request(request: PreCommitRequest) -> None:
         raise InvalidArgument(str(error)) from None
     for path, facts in request.file_facts.items():
         check_facts(path, facts)
-    for table in set(request.file_tables.values()) - {""}:
-        check_table_identifier(table)
 
 
 def answer_if_repeated(row: PendingSinkState, request: PreCommitRequest) -> PreCommitResult | None:

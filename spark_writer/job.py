@@ -34,6 +34,7 @@ import typer
 from pydantic import ByteSize
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
 
 from coordinator_service.client import CoordinatorRpcError
 from coordinator_service.flag_values import KEY_VALUE, SIZE, KeyValue, parse_key_value, parse_size
@@ -45,9 +46,11 @@ from spark_writer.iceberg_sink import (
     DecodesInTasks,
     IcebergSinkQuery,
     SinkRefusedError,
+    check_names,
     write_to_iceberg,
 )
-from spark_writer.kafka_options import DEFAULT_STARTING_OFFSETS, SOURCE_NAME
+from spark_writer.json_columns import grow
+from spark_writer.kafka_options import DEFAULT_STARTING_OFFSETS, SOURCE_NAME, parse_options
 from spark_writer.kafka_records import (
     DEFAULT_JSON_TIME_ZONE,
     BadRecordPolicy,
@@ -114,12 +117,23 @@ class KafkaSettings:
     consumer_options: dict[str, str] = field(default_factory=dict)
     source: KafkaSource = KafkaSource.PYTHON
 
+    def __post_init__(self) -> None:
+        parse_options(self._options())  # the source's own options refused now (ValueError), not once Spark runs
+
     @property
     def source_format(self) -> str:
         return SOURCE_NAME if self.source is KafkaSource.PYTHON else SPARK_KAFKA_FORMAT
 
     def source_options(self) -> dict[str, str]:
         """The options of the source: the same for both but what Spark's needs to read as the Python one does."""
+        options = self._options()
+        if self.source is KafkaSource.SPARK:
+            # Committed records only, as the Python source reads them (Spark's reads aborted ones by default), and
+            # the headers, which dead letters keep.
+            options.update({"kafka.isolation.level": "read_committed", "includeHeaders": "true"})
+        return options
+
+    def _options(self) -> dict[str, str]:
         options = {
             "kafka.bootstrap.servers": self.bootstrap_servers,
             "subscribe": ",".join(self.topics),
@@ -129,10 +143,6 @@ class KafkaSettings:
         }
         if self.max_offsets_per_trigger is not None:
             options["maxOffsetsPerTrigger"] = str(self.max_offsets_per_trigger)
-        if self.source is KafkaSource.SPARK:
-            # Committed records only, as the Python source reads them (Spark's reads aborted ones by default), and
-            # the headers, which dead letters keep.
-            options.update({"kafka.isolation.level": "read_committed", "includeHeaders": "true"})
         return options
 
     def producer_config(self) -> dict[str, str]:
@@ -214,6 +224,7 @@ class SinkSettings:
     routes: Routes | None = None
 
     def __post_init__(self) -> None:
+        check_names(self.sink, self.table)
         if self.target_file_size_bytes <= 0:
             raise ValueError(f"--target-file-size must be positive, got {self.target_file_size_bytes}")
         Storage(self.storage)  # unknown keys and bad values refused before Spark starts
@@ -293,11 +304,12 @@ def table_records(
         return stream, registry_parser(kafka, parse, sink)
     # The sample is read by this project's own consumer, whichever source the stream has.
     sample_options = replace(kafka, source=KafkaSource.PYTHON).source_options()
-    schema = (
-        schema_from_ddl(parse.schema_ddl)
-        if parse.schema_ddl
-        else sampled_json_schema(spark, sample_options, parse.sample_size)
-    )
+    if parse.schema_ddl:
+        schema = schema_from_ddl(parse.schema_ddl)
+    else:
+        sampled = sampled_json_schema(spark, sample_options, parse.sample_size)
+        # Only the sampled fields a column can hold (json_columns); records giving the others a value are bad records.
+        schema = grow(StructType([]), sampled.fieldNames(), lambda: sampled, kafka_metadata=parse.kafka_metadata).schema
     log.info("json schema", schema=schema.simpleString(), source="given" if parse.schema_ddl else "sampled")
     if not parse.evolve_schema and not schema.fields:
         raise ValueError("the topics are empty, so no schema could be inferred: pass --schema or --evolve-schema")

@@ -100,6 +100,12 @@ def test_key_value_flags(started: Started) -> None:
         (["--storage", "s3.region"], "Invalid value for '--storage': 's3.region' is not key=value"),
         (["--kafka-option", "=SSL"], "Invalid value for '--kafka-option': '=SSL' is not key=value"),
         (["--storage", "s3.colour=blue"], "unknown storage properties ['s3.colour']"),
+        (["--starting-offsets", "bogus"], "startingOffsets must be 'earliest', 'latest' or JSON"),
+        (["--starting-offsets", '{"orders": {"0": -5}}'], "startingOffsets for orders-0 must be an offset >= 0"),
+        (["--starting-offsets", '["orders"]'], "startingOffsets JSON must be an object of topics"),
+        (["--kafka-option", "isolation.level=read_uncommitted"], "kafka.isolation.level cannot be set"),
+        (["--kafka-option", "enable.auto.commit=true"], "kafka.enable.auto.commit cannot be set"),
+        (["--source", "spark", "--kafka-option", "enable.auto.commit=true"], "kafka.enable.auto.commit cannot be set"),
     ],
 )
 def test_bad_flags_are_refused_before_spark_starts(started: Started, flags: list[str], message: str) -> None:
