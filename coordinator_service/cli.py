@@ -13,9 +13,10 @@ import inspect
 import json
 from collections.abc import Callable
 from functools import wraps
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, get_type_hints
 
 import typer
+from alembic.util import CommandError
 from pydantic import ByteSize, SecretStr, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
@@ -107,21 +108,28 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
-def with_settings(command: Callable[[Settings], None]) -> Callable[..., None]:
-    """Give a command one flag per setting and call it with the resulting Settings.
+def with_settings(command: Callable[..., None]) -> Callable[..., None]:
+    """Give a command one flag per setting and call it with the resulting Settings (and its own options, the
+    parameters after `settings`).
 
     A flag shows the setting's default, but only flags given on the command line are passed on: a variable
     sets what no flag does.
     """
     context = inspect.Parameter("context", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
-    parameters = [context, *(_option(name, field) for name, field in Settings.model_fields.items())]
+    hints = get_type_hints(command, include_extras=True)
+    own = [
+        parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints[parameter.name])
+        for parameter in list(inspect.signature(command).parameters.values())[1:]
+    ]
+    parameters = [context, *own, *(_option(name, field) for name, field in Settings.model_fields.items())]
 
     @wraps(command)
     def wrapper(context: typer.Context, **options: Any) -> None:
+        mine = {parameter.name: options.pop(parameter.name) for parameter in own}
         given = {name: value for name, value in options.items() if _on_command_line(context, name)}
         if "catalog" in given:
             given["catalog"] = dict(given["catalog"])
-        command(_settings_from(given))
+        command(_settings_from(given), **mine)
 
     wrapper.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
     return wrapper
@@ -148,10 +156,23 @@ def serve(settings: Settings) -> None:
 
 @app.command()
 @with_settings
-def migrate(settings: Settings) -> None:
-    """Create or upgrade the metastore schema (sinks, pending_sink_state)."""
+def migrate(
+    settings: Settings,
+    to: Annotated[
+        str,
+        typer.Option(
+            help="The schema revision to upgrade or roll back to (a rollback: the revision the release rolled back to "
+            "knows as its head; docs/operations.md, 'Upgrades and rollbacks'). head: this release's.",
+        ),
+    ] = "head",
+) -> None:
+    """Create or upgrade the metastore schema (sinks, pending_sink_state), or roll it back with --to."""
     url, embedded = metastore_url(settings)
-    revision = migrate_metastore(url)
+    try:
+        revision = migrate_metastore(url, to, settings.migration_lock_timeout_seconds)
+    except (CommandError, ValueError) as error:
+        console.print(f"[red]cannot migrate:[/red] {error}")
+        raise typer.Exit(2) from None
     where = f"embedded PostgreSQL in {settings.data_dir}" if embedded else url.render_as_string(hide_password=True)
     console.print(f"metastore at revision {revision}: {where}")
 

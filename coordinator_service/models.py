@@ -10,6 +10,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     CheckConstraint,
+    Column,
     DateTime,
     Enum,
     ForeignKey,
@@ -17,6 +18,7 @@ from sqlalchemy import (
     Index,
     Integer,
     LargeBinary,
+    Table,
     Text,
     Uuid,
     func,
@@ -30,6 +32,12 @@ from coordinator_service.views import EpochStatus
 
 class Base(DeclarativeBase):
     pass
+
+
+# One row: the oldest release head whose code runs on the schema as migrated (coordinator_service.schema).
+schema_compatibility = Table(
+    "schema_compatibility", Base.metadata, Column("oldest_compatible_code", Text, nullable=False)
+)
 
 
 class AbortCause(enum.StrEnum):

@@ -30,11 +30,16 @@ def metastore_url(settings: Settings) -> tuple[URL, bool]:
     return normalize_url(start_embedded_postgres(settings.postgres_dir)), True
 
 
-def migrate(url: URL) -> str:
+def migrate(url: URL, to: str = "head", lock_timeout_seconds: float = 10.0) -> str:
+    """Upgrade the metastore's schema to `to` (head: this release's), or roll it back to an older revision."""
     engine = create_sync_engine(url)
     try:
         with engine.begin() as connection:
-            schema.upgrade(connection)
+            current = schema.current_revision(connection)
+            if to != "head" and current is not None and to < current:
+                schema.downgrade(connection, to, lock_timeout_seconds)
+            else:
+                schema.upgrade(connection, to, lock_timeout_seconds)
             revision = schema.current_revision(connection)
     finally:
         engine.dispose()

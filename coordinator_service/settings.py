@@ -300,6 +300,14 @@ class Settings(BaseSettings, MaintenancePolicy):
         "they are the last copy. The batch's new attempt releases them at once (after CLEANUP_DELAY_SECONDS). "
         "Default: Kafka's default retention, 7 days.",
     )
+    migration_lock_timeout_seconds: float = Field(
+        default=10.0,
+        ge=0.1,
+        le=3600.0,
+        allow_inf_nan=False,
+        description="migrate: how long each migration waits for a lock before it fails (the old release's pods keep "
+        "serving during a rolling upgrade; a migration queued behind their transactions would block them).",
+    )
     metastore_check_interval_seconds: float = Field(
         default=300.0,
         ge=1.0,

@@ -16,10 +16,10 @@ revision = "0009"
 down_revision = "0008"
 branch_labels = None
 depends_on = None
+OLDEST_COMPATIBLE_CODE = "0006"  # it only adds: code at 0006 runs on it
 
 
 def upgrade() -> None:
-    op.execute("SET LOCAL lock_timeout = '10s'")
     op.drop_constraint("maintenance_trigger_known", "maintenance_runs", type_="check")
     op.create_check_constraint(
         "maintenance_trigger_known", "maintenance_runs", "trigger IN ('schedule', 'threshold', 'operator')"

@@ -21,10 +21,10 @@ revision = "0010"
 down_revision = "0009"
 branch_labels = None
 depends_on = None
+OLDEST_COMPATIBLE_CODE = "0006"  # it only adds: code at 0006 runs on it
 
 
 def upgrade() -> None:
-    op.execute("SET LOCAL lock_timeout = '10s'")
     op.add_column("sinks", sa.Column("suspended_reason", sa.Text(), nullable=True))
     op.add_column("sink_tables", sa.Column("table_uuid", sa.Uuid(), nullable=True))
 
