@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from coordinator_service import repository
-from coordinator_service.database import Database
+from coordinator_service.database import ConnectionOptions, Database
 from coordinator_service.errors import SchemaNotCurrent
 from coordinator_service.flag_values import KEY_VALUE, SIZE, KeyValue, parse_key_value, parse_size
 from coordinator_service.logs import configure_logging
@@ -187,7 +187,7 @@ def status(settings: Settings) -> None:
     except SchemaNotCurrent as error:
         console.print(f"[red]cannot read the metastore:[/red] {error}")
         raise typer.Exit(1) from None
-    asyncio.run(_print_status(Database(url, pool_size=1)))
+    asyncio.run(_print_status(Database(url, ConnectionOptions(pool_size=1))))
 
 
 async def _print_status(database: Database) -> None:

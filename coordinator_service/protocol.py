@@ -161,7 +161,9 @@ class GroupInsert:
         rows = sorted(unique.values(), key=lambda row: (row.sink_id, row.epoch))  # one lock order
         try:
             if self._connection is None or self._connection.closed:
-                self._connection = await psycopg.AsyncConnection.connect(self.database.libpq_url, autocommit=True)
+                self._connection = await psycopg.AsyncConnection.connect(
+                    self.database.libpq_url, autocommit=True, **self.database.options.libpq()
+                )
             inserted = await repository.insert_new_epochs(self._connection, rows)
         except Exception as error:
             log.warning("group insert of pre-commits failed; each goes the general way", error=str(error))

@@ -721,8 +721,9 @@ async def release_commit_lock(connection: AsyncConnection, sink_id: int) -> None
 async def wait_commit_lock(connection: AsyncConnection, sink_id: int, timeout_seconds: float) -> bool:
     """Take the sink's session-level commit lock on an autocommit connection, waiting at most timeout_seconds;
     False if it is still held by another session then."""
+    # The wait is bounded by lock_timeout alone (not by the session's statement_timeout, maybe shorter).
     await connection.execute(
-        text("SELECT set_config('lock_timeout', :timeout, false)"),
+        text("SELECT set_config('lock_timeout', :timeout, false), set_config('statement_timeout', '0', false)"),
         {"timeout": f"{max(1, int(timeout_seconds * 1000))}ms"},
     )
     try:
@@ -736,6 +737,7 @@ async def wait_commit_lock(connection: AsyncConnection, sink_id: int, timeout_se
         return False
     finally:
         await connection.execute(text("RESET lock_timeout"))
+        await connection.execute(text("RESET statement_timeout"))
     return True
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 from pyiceberg.catalog import Catalog, load_catalog
@@ -12,7 +12,7 @@ from sqlalchemy.engine import URL
 from coordinator_service import schema
 from coordinator_service.cleaner import Cleaner
 from coordinator_service.committer import Committer
-from coordinator_service.database import Database, create_sync_engine, normalize_url
+from coordinator_service.database import ConnectionOptions, Database, create_sync_engine, normalize_url
 from coordinator_service.embedded import start_embedded_postgres
 from coordinator_service.iceberg import IcebergGateway
 from coordinator_service.maintenance import Maintainer
@@ -55,6 +55,18 @@ def require_migrated(url: URL) -> None:
         engine.dispose()
 
 
+def connection_options(settings: Settings) -> ConnectionOptions:
+    return ConnectionOptions(
+        connect_timeout_seconds=settings.database_connect_timeout_seconds,
+        statement_timeout_seconds=settings.database_statement_timeout_seconds,
+        tcp_timeout_seconds=settings.database_tcp_timeout_seconds,
+        pool_size=settings.database_pool_size,
+        pool_timeout_seconds=settings.database_pool_timeout_seconds,
+        application_name=settings.database_application_name,
+        stall_seconds=settings.metastore_stall_seconds,
+    )
+
+
 def catalog_properties(settings: Settings, url: URL) -> dict[str, str]:
     """The configured pyiceberg catalog properties, or a SQL catalog in the metastore database."""
     if settings.catalog:
@@ -84,6 +96,8 @@ class Runtime:
     coordinator: Coordinator
     maintainer: Maintainer
     checks: MetastoreChecks
+    # Readiness: since when each shared dependency (metastore, catalog) has been failing (admin_routes_health).
+    dependencies_failing_since: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     async def open(cls, settings: Settings) -> Runtime:
@@ -94,7 +108,7 @@ class Runtime:
         else:
             await asyncio.to_thread(require_migrated, url)
         catalog = await asyncio.to_thread(open_catalog, settings, url)
-        database = Database(url)
+        database = Database(url, connection_options(settings))
         tables = IcebergGateway(catalog, settings.table_cache_seconds, settings.orphan_grace_seconds)
         committer = Committer(database, tables, settings)
         cleaner = Cleaner(database, tables, settings)
@@ -110,7 +124,9 @@ class Runtime:
         )
 
     def start(self) -> None:
-        """The background work: the committer (with its poller), the cleaner and table maintenance."""
+        """The background work: the metastore's watch, the checks of the log against the tables, the committer (with
+        its poller), the cleaner and table maintenance."""
+        self.database.start_watch()
         self.checks.start()
         self.committer.start()
         self.cleaner.start()
@@ -122,4 +138,5 @@ class Runtime:
         await self.cleaner.stop()
         await self.committer.stop()
         await self.coordinator.close()
+        await self.database.stop_watch()
         await self.database.dispose()

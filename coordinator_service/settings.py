@@ -300,6 +300,55 @@ class Settings(BaseSettings, MaintenancePolicy):
         "they are the last copy. The batch's new attempt releases them at once (after CLEANUP_DELAY_SECONDS). "
         "Default: Kafka's default retention, 7 days.",
     )
+    database_connect_timeout_seconds: float = Field(
+        default=5.0, ge=1.0, le=300.0, allow_inf_nan=False, description="Longest wait for a new metastore connection."
+    )
+    database_statement_timeout_seconds: float = Field(
+        default=30.0,
+        ge=0.0,
+        le=3600.0,
+        allow_inf_nan=False,
+        description="Longest metastore statement (PostgreSQL's statement_timeout; 0: none).",
+    )
+    database_tcp_timeout_seconds: float = Field(
+        default=10.0,
+        ge=1.0,
+        le=600.0,
+        allow_inf_nan=False,
+        description="A metastore connection whose peer stops acknowledging (a failover, a host gone) is dropped after "
+        "this long (TCP keepalives and tcp_user_timeout).",
+    )
+    database_pool_size: int = Field(
+        default=10, ge=1, le=1000, description="Metastore connections kept open (as many again may be opened)."
+    )
+    database_pool_timeout_seconds: float = Field(
+        default=5.0,
+        ge=0.1,
+        le=300.0,
+        allow_inf_nan=False,
+        description="Longest wait for a free metastore connection before the call answers UNAVAILABLE.",
+    )
+    database_application_name: str = Field(
+        default="sink-coordinator",
+        pattern=r"^[\x20-\x7e]{1,63}$",
+        description="application_name of the metastore connections (pg_stat_activity shows it).",
+    )
+    metastore_stall_seconds: float = Field(
+        default=2.0,
+        ge=0.1,
+        le=60.0,
+        allow_inf_nan=False,
+        description="The metastore is pinged every second; one that has not answered for this long is taken as "
+        "down: writers' calls answer UNAVAILABLE at once, /metrics says metastore_up 0, until it answers again.",
+    )
+    readiness_dependency_grace_seconds: float = Field(
+        default=30.0,
+        ge=0.0,
+        le=3600.0,
+        allow_inf_nan=False,
+        description="/readyz turns unready over the metastore or the catalog only once it has failed this long: a "
+        "blip of a dependency every replica shares must not take them all out of the Service at once.",
+    )
     migration_lock_timeout_seconds: float = Field(
         default=10.0,
         ge=0.1,
