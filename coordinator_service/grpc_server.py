@@ -195,7 +195,7 @@ def build_server(
     BDP probing), so the server holds at most that of a body nobody reads.
     """
     gate = WriterGate(
-        Credentials(settings.writer_token, settings.writer_scopes),
+        Credentials(settings.writer_token, settings.writer_scopes, settings.writer_token_previous),
         Admission(coordinator.database, coordinator.tables, settings.admin_lock_timeout_seconds),
     )
     server = grpc.aio.server(

@@ -71,6 +71,13 @@ COMMIT_ANOMALIES = Counter(
 CLEANED_FILES = Counter(
     "sink_coordinator_cleaned_files_total", "Data files of aborted epochs deleted from storage.", ["sink"]
 )
+AUTHENTICATION_FAILURES = Counter(
+    "sink_coordinator_authentication_failures_total",
+    "Requests refused for a missing or wrong token, by API (grpc, http): probing, or a client with an old token.",
+    ["api"],
+)
+AUTHENTICATION_FAILURES.labels("grpc")
+AUTHENTICATION_FAILURES.labels("http")
 DELETIONS_REFUSED = Counter(
     "sink_coordinator_deletions_refused_total",
     "Files a deletion was asked for and refused: not where the sink's tables keep their files (outside their data "

@@ -168,12 +168,24 @@ class Settings(BaseSettings, MaintenancePolicy):
         description=f"Bearer token of the admin API and the console (at least {MIN_TOKEN_CHARACTERS} characters).",
     )
     admin_token_file: Path | None = Field(default=None, description="File holding ADMIN_TOKEN.")
+    admin_token_previous: SecretStr | None = Field(
+        default=None,
+        description="During a rotation, the admin token being replaced: accepted beside ADMIN_TOKEN (actions are "
+        "recorded as by 'admin (previous token)'), until it is unset.",
+    )
+    admin_token_previous_file: Path | None = Field(default=None, description="File holding ADMIN_TOKEN_PREVIOUS.")
     writer_token: SecretStr | None = Field(
         default=None,
         description="Token gRPC writers send in the 'authorization' metadata: every sink and table (WRITER_SCOPES "
         "gives each team a token of its own instead).",
     )
     writer_token_file: Path | None = Field(default=None, description="File holding WRITER_TOKEN.")
+    writer_token_previous: SecretStr | None = Field(
+        default=None,
+        description="During a rotation, the writer token being replaced: accepted beside WRITER_TOKEN, until it is "
+        "unset (a scope's is WRITER_SCOPES__<scope>__PREVIOUS_TOKEN).",
+    )
+    writer_token_previous_file: Path | None = Field(default=None, description="File holding WRITER_TOKEN_PREVIOUS.")
     writer_scopes: dict[str, WriterScope] = Field(
         default_factory=dict,
         description="Writer credentials, each covering named sinks and table namespaces, with quotas: JSON "
@@ -436,7 +448,14 @@ class Settings(BaseSettings, MaintenancePolicy):
 
     @model_validator(mode="after")
     def _read_secret_files(self) -> Self:
-        for name in ("database_url", "admin_token", "writer_token", "metrics_token"):
+        for name in (
+            "database_url",
+            "admin_token",
+            "admin_token_previous",
+            "writer_token",
+            "writer_token_previous",
+            "metrics_token",
+        ):
             setattr(
                 self, name, _secret(f"{ENV_PREFIX}{name.upper()}", getattr(self, name), getattr(self, f"{name}_file"))
             )
@@ -445,10 +464,23 @@ class Settings(BaseSettings, MaintenancePolicy):
             scope.token = _secret(variable, scope.token, scope.token_file)
             if scope.token is None:
                 raise ValueError(f"writer scope {scope_name} has no token: set {variable} (or {variable}_FILE)")
-        tokens = {
-            f"{ENV_PREFIX}{name.upper()}": getattr(self, name)
-            for name in ("admin_token", "writer_token", "metrics_token")
-        } | {f"{ENV_PREFIX}WRITER_SCOPES__{name}__TOKEN": scope.token for name, scope in self.writer_scopes.items()}
+            previous = f"{ENV_PREFIX}WRITER_SCOPES__{scope_name}__PREVIOUS_TOKEN"
+            scope.previous_token = _secret(previous, scope.previous_token, scope.previous_token_file)
+        for previous, current in (("admin_token_previous", "admin_token"), ("writer_token_previous", "writer_token")):
+            if getattr(self, previous) is not None and getattr(self, current) is None:
+                raise ValueError(
+                    f"{ENV_PREFIX}{previous.upper()} is set without {ENV_PREFIX}{current.upper()}: a rotation replaces "
+                    "a token by a new one, set both (or neither)"
+                )
+        names = ("admin_token", "admin_token_previous", "writer_token", "writer_token_previous", "metrics_token")
+        tokens = (
+            {f"{ENV_PREFIX}{name.upper()}": getattr(self, name) for name in names}
+            | {f"{ENV_PREFIX}WRITER_SCOPES__{name}__TOKEN": scope.token for name, scope in self.writer_scopes.items()}
+            | {
+                f"{ENV_PREFIX}WRITER_SCOPES__{name}__PREVIOUS_TOKEN": scope.previous_token
+                for name, scope in self.writer_scopes.items()
+            }
+        )
         seen: dict[str, str] = {}
         for variable, token in tokens.items():
             if token is None:
