@@ -499,7 +499,7 @@ class Committer:
         seconds = time.monotonic() - started
         metrics.record_commit(sink.name, len(epochs), snapshots=appends.snapshots, seconds=seconds)
         self.history.record(sink.name, seconds, len(epochs), lag_epochs=sink.checkpointed_epoch - committed)
-        log_.info(
+        log_.debug(
             "epochs committed",
             epochs=epochs,
             snapshot_ids=sorted({snapshot for snapshot in appended.snapshots.values() if snapshot is not None}),

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -115,6 +115,15 @@ ORPHANS_DELETED = Counter(
 )
 
 
+MAINTENANCE_BEHIND_SECONDS = Gauge(
+    "sink_coordinator_maintenance_behind_seconds",
+    "How long past its MAINTENANCE_INTERVAL_SECONDS the most overdue sink's run is, at this process's last look; "
+    "growing: the process does not keep up (raise MAINTENANCE_CONCURRENCY, or add replicas).",
+)
+MAINTENANCE_DUE_SINKS = Gauge(
+    "sink_coordinator_maintenance_due_sinks",
+    "Sinks whose scheduled maintenance run was due at this process's last look.",
+)
 COMMITTER_STUCK_EVENTS = Counter(
     "sink_coordinator_committer_stuck_events", "Times a sink's committer got stuck (see committer_stuck).", ["sink"]
 )

@@ -365,7 +365,9 @@ class Coordinator:
         fast = await self._pre_commit_first_attempt(request)
         if fast is not None:
             metrics.PRECOMMIT_SECONDS.labels(request.sink).observe(time.monotonic() - started)
-            log_.info("pre-commit persisted", attempt=fast.attempt, records=fast.record_count, files=len(request.paths))
+            log_.debug(
+                "pre-commit persisted", attempt=fast.attempt, records=fast.record_count, files=len(request.paths)
+            )
             return fast
         async with self.database.transaction() as session:
             sink = await _existing_sink(session, request.sink)
@@ -393,7 +395,9 @@ class Coordinator:
         else:
             result = await self._gather(sink_id, writer_count, request, files.entries, deadline)
         metrics.PRECOMMIT_SECONDS.labels(request.sink).observe(time.monotonic() - started)
-        log_.info("pre-commit persisted", attempt=result.attempt, records=result.record_count, files=len(files.entries))
+        log_.debug(
+            "pre-commit persisted", attempt=result.attempt, records=result.record_count, files=len(files.entries)
+        )
         return result
 
     async def _pre_commit_first_attempt(self, request: PreCommitRequest) -> PreCommitResult | None:
@@ -635,7 +639,7 @@ class Coordinator:
         else:
             sink_id, numbering, result = await self._record_checkpoint(sink, epoch, writer_term)
         await failpoints.hit(Failpoint.CHECKPOINT_AFTER_RECORD)
-        log.info("checkpoint recorded", sink=sink, epoch=epoch, writer_term=writer_term)
+        log.debug("checkpoint recorded", sink=sink, epoch=epoch, writer_term=writer_term)
         self.committer.wake(sink_id, flush=wait)
         if wait and result.committed_epoch < epoch:
             committed = await self.committer.wait_committed(sink_id, epoch, numbering)

@@ -361,6 +361,13 @@ class Settings(BaseSettings, MaintenancePolicy):
         description="/readyz turns unready over the metastore or the catalog only once it has failed this long: a "
         "blip of a dependency every replica shares must not take them all out of the Service at once.",
     )
+    maintenance_concurrency: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="Sinks maintained at the same time by this process (each run holds the sink's commit lock and "
+        "two metastore connections).",
+    )
     migration_lock_timeout_seconds: float = Field(
         default=10.0,
         ge=0.1,
