@@ -44,7 +44,8 @@ async def _answer(
     While the metastore does not answer (its watch, Database.check_answering) the call is UNAVAILABLE at once,
     not at the writer's deadline. A value PostgreSQL refused that reached this far unchecked is still the
     request's fault: INVALID_ARGUMENT."""
-    with structlog.contextvars.bound_contextvars(**log_context):
+    # Who asked: the writer's address on every line the call logs.
+    with structlog.contextvars.bound_contextvars(writer=context.peer(), **log_context):
         try:
             database.check_answering()
         except Unavailable as error:
