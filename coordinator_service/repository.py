@@ -171,11 +171,17 @@ async def rebase_tables(session: AsyncSession, sink_id: int, epoch: int) -> None
     )
 
 
+# The sink's numbering is checked on its row locked (FOR SHARE: its newest version, a rebase that committed after
+# the statement's snapshot included), not as the snapshot has it: a table row re-read at its newest version after
+# waiting for a rebase must not take an epoch of the numbering before it.
 _RECORD_TABLES = """
+    WITH sink AS (
+        SELECT id FROM sinks
+        WHERE id = :sink_id AND incarnation = :incarnation AND generation = :generation FOR SHARE
+    )
     UPDATE sink_tables t SET committed_epoch = r.epoch, updated_at = now()
-    FROM unnest(CAST(:tables AS text[]), CAST(:table_epochs AS bigint[])) AS r(table_identifier, epoch), sinks s
-    WHERE s.id = :sink_id AND s.incarnation = :incarnation AND s.generation = :generation
-      AND t.sink_id = s.id AND t.table_identifier = r.table_identifier AND t.committed_epoch < r.epoch
+    FROM unnest(CAST(:tables AS text[]), CAST(:table_epochs AS bigint[])) AS r(table_identifier, epoch)
+    WHERE t.sink_id = (SELECT id FROM sink) AND t.table_identifier = r.table_identifier AND t.committed_epoch < r.epoch
 """
 
 
@@ -462,6 +468,10 @@ async def mark_committed(
 # record the newest epoch they hold in the same statement, whether or not the epochs are marked (a table's record is
 # a fact about the table); the trigger of migration 0006 raises the other tables with the sink. The marked rows are
 # PENDING in the statement's snapshot: the new committed epoch is computed without them.
+# The committed epoch moves only over epochs the statement sees: the checkpointed epoch is read as of its snapshot
+# (`seen`), like the epochs, never from the sink row PostgreSQL evaluates again at its newest version after waiting
+# for its lock (a checkpoint committed meanwhile covers an epoch pre-committed after the snapshot, which the
+# statement cannot see PENDING; the committed epoch would pass it, and every table with it).
 _MARK_APPENDED_EPOCHS = """
     WITH expected AS (
         SELECT * FROM unnest(CAST(:epochs AS bigint[]), CAST(:attempts AS integer[]), CAST(:snapshot_ids AS bigint[]))
@@ -484,11 +494,13 @@ _MARK_APPENDED_EPOCHS = """
         WHERE p.sink_id = :sink_id AND p.epoch = e.epoch AND p.epoch IN (SELECT epoch FROM unchanged)
           AND (SELECT count(*) FROM unchanged) = cardinality(CAST(:epochs AS bigint[]))
         RETURNING p.epoch
+    ), seen AS (
+        SELECT checkpointed_epoch FROM sinks WHERE id = :sink_id
     )
-    UPDATE sinks s SET committed_epoch = GREATEST(s.committed_epoch, LEAST(s.checkpointed_epoch,
+    UPDATE sinks s SET committed_epoch = GREATEST(s.committed_epoch, LEAST((SELECT checkpointed_epoch FROM seen),
             COALESCE((SELECT min(p.epoch) - 1 FROM pending_sink_state p
                       WHERE p.sink_id = s.id AND p.status = 'PENDING' AND p.epoch NOT IN (SELECT epoch FROM marked)),
-                     s.checkpointed_epoch))),
+                     (SELECT checkpointed_epoch FROM seen)))),
         updated_at = now()
     WHERE s.id = :sink_id AND EXISTS (SELECT 1 FROM marked)
     RETURNING s.committed_epoch
