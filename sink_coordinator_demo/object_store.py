@@ -17,8 +17,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -63,6 +61,7 @@ class ObjectStore:
                 "uri": self.rest_uri,
                 "warehouse": self.rest_warehouse,
                 "credential": f"{self.access_key_id}:{self.secret_access_key}",
+                "oauth2-server-uri": f"{self.rest_uri.rstrip('/')}/v1/oauth/tokens",
                 **self.properties,
             }
         return {
@@ -114,8 +113,7 @@ def local_object_store(directory: Path, bucket: str, prefix: str = "") -> Iterat
             f"http://127.0.0.1:{s3}", key, secret, "us-east-1", bucket, prefix,
             rest_uri=f"http://127.0.0.1:{rest}", rest_warehouse=TABLE_BUCKET,
         )  # fmt: skip
-        _wait_serving(process, f"{store.rest_uri}/v1/config?warehouse={TABLE_BUCKET}", directory / "weed.log")
-        _wait_serving(process, f"{store.endpoint}/{bucket}", directory / "weed.log")
+        _wait_ready(process, store, directory / "weed.log")
         yield store
     finally:
         process.terminate()
@@ -145,22 +143,31 @@ def _free(port: int) -> bool:
         return True
 
 
-def _wait_serving(process: subprocess.Popen[bytes], url: str, log: Path, seconds: float = 60.0) -> None:
+def _wait_ready(process: subprocess.Popen[bytes], store: ObjectStore, log: Path, seconds: float = 60.0) -> None:
+    """Until the bucket exists and the REST catalog serves its table bucket (both appear a moment after the ports
+    answer), asked with the store's credentials as a client asks."""
+    from pyarrow.fs import FileType, S3FileSystem
+    from pyiceberg.catalog import load_catalog
+
+    filesystem = S3FileSystem(
+        access_key=store.access_key_id,
+        secret_key=store.secret_access_key,
+        region=store.region,
+        endpoint_override=store.endpoint,
+    )
     deadline = time.monotonic() + seconds
+    last: BaseException | None = None
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"SeaweedFS exited with {process.returncode}: {log.read_text()[-2000:]}")
         try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status < 500:
-                    return
-        except urllib.error.HTTPError as error:
-            if error.code < 500:
+            load_catalog("probe", **store.catalog_properties("rest", "")).list_namespaces()
+            if filesystem.get_file_info(store.bucket).type == FileType.Directory:
                 return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"SeaweedFS did not serve {url} within {seconds:g} s: {log.read_text()[-2000:]}")
+        except Exception as error:  # not listening yet, or the table bucket not created yet
+            last = error
+        time.sleep(0.2)  # a process starting: no event to wait for
+    raise RuntimeError(f"SeaweedFS was not ready within {seconds:g} s ({last}): {log.read_text()[-2000:]}")
 
 
 @contextmanager

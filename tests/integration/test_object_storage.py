@@ -1,5 +1,5 @@
-"""The coordinator and the writer's tasks on S3-compatible storage, with a SQL catalog and with Glue (moto's
-server, or a real endpoint)."""
+"""The coordinator and the writer's tasks on S3-compatible storage: SeaweedFS (a real S3 server) with a SQL
+catalog and with its Iceberg REST catalog, and Glue on moto's server (or all of them on a real endpoint)."""
 
 from __future__ import annotations
 
@@ -38,11 +38,24 @@ async def pre_commit(admin: AdminApp, store: ObjectStore, registration: Registra
     return uri
 
 
-@pytest.mark.parametrize("kind", ["sql", "glue"])
+@pytest.fixture(params=["sql", "rest", "glue"])
+def catalog_on_store(
+    request: pytest.FixtureRequest, s3_warehouse: str, database_url: str
+) -> tuple[str, ObjectStore, dict[str, str]]:
+    """A catalog kind, the store its tables live on, and its properties: the SQL and REST catalogs on the S3
+    server, Glue on moto's."""
+    kind = str(request.param)
+    store: ObjectStore = request.getfixturevalue("glue_store" if kind == "glue" else "object_store")
+    if kind == "rest" and not store.rest_uri:
+        pytest.skip("no REST catalog beside the S3 endpoint: set SINK_TEST_REST_URI and SINK_TEST_REST_WAREHOUSE")
+    warehouse = store.uri("warehouse", s3_warehouse.rsplit("/", 1)[-1])
+    return kind, store, store.catalog_properties(kind, warehouse, database_url)
+
+
 async def test_create_append_recover_evolve_and_clean_up_on_object_storage(
-    kind: str, admin_factory: AdminFactory, object_store: ObjectStore, s3_warehouse: str, database_url: str
+    catalog_on_store: tuple[str, ObjectStore, dict[str, str]], admin_factory: AdminFactory, database_url: str
 ) -> None:
-    properties = object_store.catalog_properties(kind, s3_warehouse, database_url)
+    kind, object_store, properties = catalog_on_store
     admin = await admin_factory(catalog_name=f"s3-{kind}", catalog=properties, recovery_files_keep_seconds=0)
     catalog = load_catalog(f"s3-{kind}", **properties)
     table = f"db_{kind}.orders"
