@@ -4,6 +4,8 @@ catalog and with its Iceberg REST catalog, and Glue on moto's server (or all of 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pyarrow as pa
@@ -13,9 +15,10 @@ from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.io import InputFile
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
+from coordinator_service import table_maintenance as tm
 from coordinator_service.errors import InvalidArgument
 from coordinator_service.precommit_files import FileChecks, FileFacts
-from coordinator_service.protocol import PreCommitRequest
+from coordinator_service.protocol import PreCommitRequest, TableRequest
 from coordinator_service.views import Registration
 from sink_coordinator_demo.object_store import ObjectStore
 from spark_writer.parquet_writer import DataFileTarget, delete_files, task_writer
@@ -160,3 +163,66 @@ def test_the_files_of_a_batch_directory_are_checked_by_one_listing(
     wrong = {**facts, paths[1]: FileFacts(facts[paths[1]].parquet_footer, facts[paths[1]].file_size_in_bytes + 1)}
     with pytest.raises(InvalidArgument, match="the size the writer sent"):
         checks.check(io, paths, wrong, directory)
+
+
+def _older_than(store: ObjectStore, uris: list[str], seconds: float) -> Callable[[], Awaitable[bool]]:
+    """Whether every one of these objects is older than `seconds` by the store's own modification time."""
+
+    def check() -> bool:
+        io = PyArrowFileIO(store.properties)
+        infos = [io.fs_by_scheme("s3", None).get_file_info(uri.removeprefix("s3://")) for uri in uris]
+        return all(time.time() - info.mtime.timestamp() > seconds for info in infos if info.mtime is not None)
+
+    async def older() -> bool:
+        return await asyncio.to_thread(check)
+
+    return older
+
+
+async def test_the_orphan_sweep_and_a_fan_out_on_object_storage(
+    catalog_on_store: tuple[str, ObjectStore, dict[str, str]], admin_factory: AdminFactory, database_url: str
+) -> None:
+    """On the S3 server (its listing, its directory entries, its modification times): the sweep deletes the old
+    files nothing references or holds and nothing else, and a fan-out epoch lands in both its tables."""
+    kind, store, properties = catalog_on_store
+    admin = await admin_factory(
+        catalog_name=f"s3-{kind}", catalog=properties, orphan_grace_seconds=1, compaction_min_files=1_000_000
+    )
+    catalog = load_catalog(f"s3-{kind}", **properties)
+    own, other = f"db_{kind}.orders", f"db_{kind}.returns"
+    registration = await admin.register("orders", table=own)
+    (ensured,) = (
+        await admin.runtime.coordinator.ensure_tables(
+            "orders", registration.writer_term, [TableRequest(other, ORDERS.serialize().to_pybytes())]
+        )
+    ).tables
+    for epoch in range(2):
+        await pre_commit(admin, store, registration, epoch, epoch * 10)
+    routed = await asyncio.to_thread(write_parquet_to, store, ensured.location, orders(100, 5), ORDERS)
+    own_file = await asyncio.to_thread(write_parquet_to, store, registration.table_location, orders(20, 10), ORDERS)
+    await admin.runtime.coordinator.pre_commit(
+        PreCommitRequest("orders", 2, registration.writer_term, (own_file, routed), file_tables={routed: other})
+    )
+    assert await admin.checkpoint("orders", registration, 2) == 2
+    assert order_ids(catalog, own) == list(range(30))
+    assert order_ids(catalog, other) == list(range(100, 105))
+
+    pending = await pre_commit(admin, store, registration, 3, 30)  # held by a PENDING epoch
+    killed_executor = await asyncio.to_thread(
+        write_parquet_to, store, registration.table_location, orders(500, 3), ORDERS
+    )
+    stray_manifest = f"{registration.table_location.rstrip('/')}/metadata/stray-m0.avro"
+    with PyArrowFileIO(store.properties).new_output(stray_manifest).create() as stream:
+        stream.write(b"left by a failed commit")
+    await eventually(_older_than(store, [pending, killed_executor, stray_manifest], 1.5), "the files past the grace")
+    in_flight = await asyncio.to_thread(write_parquet_to, store, registration.table_location, orders(600, 3), ORDERS)
+    table = catalog.load_table(own)
+    referenced = (await asyncio.to_thread(tm.reachable, table.io, table.snapshots())).all()
+
+    run = await admin.runtime.maintainer.run_now(sink_id_of(database_url, "orders"))
+
+    assert (run.outcome, run.swept, run.orphans_deleted) == ("ok", True, 2), run.error
+    assert not any(exists(store, uri) for uri in (killed_executor, stray_manifest))
+    assert all(exists(store, uri) for uri in (pending, in_flight, *referenced))
+    assert order_ids(catalog, own) == list(range(30))
+    assert order_ids(catalog, other) == list(range(100, 105))
