@@ -20,6 +20,7 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 
 from coordinator_service import table_maintenance as tm
 from coordinator_service.errors import InvalidArgument
+from coordinator_service.file_listing import listed_files
 from coordinator_service.precommit_files import FileChecks, FileFacts
 from coordinator_service.protocol import PreCommitRequest, TableRequest
 from coordinator_service.views import Registration
@@ -269,3 +270,22 @@ async def test_a_rest_catalog_with_a_token_that_refuses_a_stale_commit_as_a_conf
     assert order_ids(catalog, table) == [*range(20), 1000, 1001, 1002]
     history = [entry.snapshot_id for entry in catalog.load_table(table).history()]
     assert len(history) == 3  # the coordinator's, the other writer's, the coordinator's: nothing overwritten
+
+
+def test_no_file_looks_written_before_it_was(object_store: ObjectStore, s3_warehouse: str) -> None:
+    """S3 keeps whole seconds: a file written at 10.9 s says 10 s, and would look 0.9 s older than it is to the
+    orphan grace and a pre-commit's age check. The listing and a file's own metadata say the latest moment it may
+    have been written, never a moment before it was."""
+    io = PyArrowFileIO(object_store.properties)
+    directory = f"{s3_warehouse}/db/orders/data"
+    before: dict[str, int] = {}
+    for _ in range(5):
+        started = time.time_ns()
+        uri = write_parquet_to(object_store, f"{s3_warehouse}/db/orders", orders(0, 1), ORDERS)
+        before[uri] = started
+    listed = listed_files(io, directory)
+    assert listed is not None and set(listed) == set(before)
+    checked = FileChecks(orphan_grace_seconds=3600).check(io, list(before), {})
+    for file in checked:
+        assert listed[file.path].mtime_ns is not None and listed[file.path].mtime_ns >= before[file.path]
+        assert file.mtime_ns is not None and file.mtime_ns >= before[file.path]
