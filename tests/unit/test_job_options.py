@@ -6,6 +6,7 @@ import inspect
 import json
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -16,6 +17,7 @@ from typer.testing import CliRunner, Result
 from sink_coordinator_demo.ports import free_port
 from spark_writer import job
 from spark_writer.job import KafkaSettings, KafkaSource, ParseSettings, SinkSettings
+from spark_writer.job_failures import ExitCode
 from spark_writer.kafka_options import parse_options
 from spark_writer.kafka_records import BadRecordPolicy, check_time_zone
 from spark_writer.routing import Routes, Unrouted
@@ -27,14 +29,17 @@ REQUIRED += ["--checkpoint-location", "/tmp/checkpoint"]
 
 
 class Started:
-    """What the command line would have run: the settings start_job got (no Spark is started)."""
+    """What the command line would have run: the settings start_job got (no Spark is started, no service asked)."""
 
-    def __init__(self) -> None:
+    def __init__(self, spark_log: Path) -> None:
         self.calls: list[tuple[Any, ...]] = []
         self.session = mock.Mock()
+        self.spark_log = spark_log
 
     def invoke(self, *flags: str) -> Result:
-        return CliRunner().invoke(job.app, [*REQUIRED, *flags], env={"COLUMNS": "200"})
+        return CliRunner().invoke(
+            job.app, [*REQUIRED, "--spark-log-file", str(self.spark_log), *flags], env={"COLUMNS": "200"}
+        )
 
     @property
     def sink(self) -> SinkSettings:
@@ -53,8 +58,8 @@ class Started:
 
 
 @pytest.fixture
-def started() -> Iterator[Started]:
-    run = Started()
+def started(tmp_path: Path) -> Iterator[Started]:
+    run = Started(tmp_path / "spark.log")
     query = mock.Mock()
     query.await_termination.return_value = True  # the job ends at once, as if the topics were drained
 
@@ -65,6 +70,8 @@ def started() -> Iterator[Started]:
     with (
         mock.patch.object(job, "spark_session", return_value=run.session),
         mock.patch.object(job, "start_job", side_effect=start_job),
+        mock.patch.object(job, "wait_for_coordinator"),
+        mock.patch.object(job, "wait_for_topics"),
         mock.patch.object(job, "configure_logging"),  # the test process keeps its logging
         mock.patch.object(job, "set_worker_log_level"),
     ):
@@ -264,7 +271,7 @@ def test_an_unreachable_registry_fails_the_job_before_spark_starts(started: Star
     result = started.invoke(
         "--format", "avro", "--schema-registry-url", url, "--schema-registry-option", "max.retries=0"
     )
-    assert result.exit_code == 1
+    assert result.exit_code == ExitCode.UNREACHABLE
     assert "could not be reached for subject 'orders-value'" in result.output, result.output
     assert "secret" not in result.output
     assert not started.calls

@@ -1,0 +1,294 @@
+"""A newcomer's session with `sink-writer` (issue 26): a wrong flag, a missing topic, a coordinator that is down,
+records that do not fit, a typo in the schema, a table that takes another type, a stop by the supervisor.
+
+Each run is the installed command in a process of its own, as a person or a supervisor starts it. Every failure
+ends with one line that names the cause and the fix (the output's last line), and an exit code that says what kind
+of failure it was (docs/spark-writer.md, "Exit codes"); those found before Spark starts are answered in under 5 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+
+from coordinator_service.client import CoordinatorRpcError
+from sink_coordinator_demo.ports import free_port
+from tests.fixtures.coordinator import CoordinatorProcess
+from tests.fixtures.kafka_broker import create_topic, produce_records
+
+pytestmark = [pytest.mark.kafka]
+
+TopicFactory = Callable[..., str]
+ANSWER_SECONDS = 5.0  # the goal of issue 26: a failure found before Spark starts is answered within this
+SPARK_RUN_SECONDS = 240.0
+SCHEMA = "order_id BIGINT, amount DOUBLE"
+# What Spark's and py4j's failures print; none of it belongs in the job's own output.
+TRACEBACKS = ("Traceback (most recent call last)", "\tat org.apache.spark", "Py4JNetworkError", "py4j.protocol")
+
+
+def sink_writer_command() -> str:
+    command = Path(sys.executable).with_name("sink-writer")
+    if not command.exists():
+        pytest.fail(f"{command} is not installed: `pip install -e '.[all,test]'`")
+    return str(command)
+
+
+@dataclass
+class Run:
+    """One `sink-writer` process (its own process group, as a supervisor starts it): its output, line by line."""
+
+    flags: Sequence[str]
+    process: subprocess.Popen[str] = field(init=False)
+    started: float = field(init=False)
+    lines: list[str] = field(default_factory=list)
+    _queue: queue.Queue[str | None] = field(default_factory=queue.Queue)
+
+    def __post_init__(self) -> None:
+        environment = {
+            key: value
+            for key, value in os.environ.items()
+            if not key.startswith(("SINK_WRITER_", "SINK_COORDINATOR_")) and key != "KAFKA_BOOTSTRAP_SERVERS"
+        }
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(
+            [sink_writer_command(), *self.flags],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=environment,
+            start_new_session=True,
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._queue.put(line.rstrip("\n"))
+        self._queue.put(None)
+
+    def wait_for(self, text: str, timeout: float) -> str:
+        """The first line holding `text`, once the process printed it; fails after `timeout` or at its exit."""
+        for line in self.lines:
+            if text in line:
+                return line
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                line = self._queue.get(timeout=remaining)
+            except queue.Empty:
+                break
+            if line is None:
+                pytest.fail(f"sink-writer ended without printing {text!r}:\n" + "\n".join(self.lines[-40:]))
+            self.lines.append(line)
+            if text in line:
+                return line
+        pytest.fail(f"no {text!r} from sink-writer in {timeout} s:\n" + "\n".join(self.lines[-40:]))
+
+    def finish(self, timeout: float) -> Finished:
+        try:
+            exit_code = self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            pytest.fail(f"sink-writer still ran after {timeout} s:\n" + "\n".join(self.lines[-40:]))
+        seconds = time.monotonic() - self.started
+        while (line := self._queue.get(timeout=30)) is not None:
+            self.lines.append(line)
+        return Finished(exit_code, [line for line in self.lines if line.strip()], seconds)
+
+    def signal_group(self, signal_number: int) -> None:
+        os.killpg(self.process.pid, signal_number)
+
+
+@dataclass(frozen=True)
+class Finished:
+    exit_code: int
+    lines: list[str]
+    seconds: float
+
+    @property
+    def last_line(self) -> str:
+        assert self.lines, "sink-writer printed nothing"
+        return self.lines[-1]
+
+    def assert_answer(self, exit_code: int, *named: str) -> None:
+        """The exit code, and a last line that names each of `named`; no traceback anywhere."""
+        output = "\n".join(self.lines)
+        assert self.exit_code == exit_code, output[-6000:]
+        for text in named:
+            assert text in self.last_line, f"{text!r} not in the last line:\n{output[-6000:]}"
+        for traceback in TRACEBACKS:
+            assert traceback not in output, output[-6000:]
+
+
+def sink_writer(*flags: str, timeout: float = 60.0) -> Finished:
+    return Run(flags).finish(timeout)
+
+
+def assert_not_registered(coordinator: CoordinatorProcess, sink: str) -> None:
+    with coordinator.client() as client, pytest.raises(CoordinatorRpcError) as refused:
+        client.sink_state(sink)
+    assert refused.value.code is grpc.StatusCode.NOT_FOUND, refused.value
+
+
+@pytest.fixture
+def required(kafka_bootstrap: str, tmp_path: Path) -> Iterator[list[str]]:
+    """The flags every run needs, with a coordinator address nothing listens on; the test adds its own after."""
+    yield [
+        "--bootstrap-servers", kafka_bootstrap,
+        "--sink", "cli-session",
+        "--table", "shop.cli_session",
+        "--checkpoint-location", str(tmp_path / "checkpoint"),
+        "--schema", SCHEMA,
+        "--coordinator", f"127.0.0.1:{free_port()}",
+        "--available-now",
+        "--master", "local[2]",
+    ]  # fmt: skip
+
+
+def test_a_wrong_flag_is_named_with_the_right_one(required: list[str]) -> None:
+    finished = sink_writer(*required, "--topik", "orders")
+    finished.assert_answer(2, "--topik", "--topic")
+    assert finished.seconds < ANSWER_SECONDS
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--table", "Shop.Orders"], ("--table", "Shop.Orders", "lower-case")),
+        (["--partition-by", "bucket(4, order_id)"], ("--partition-by", "bucket(4, order_id)", "day")),
+        (["--partition-by", "frobnicate(order_id)"], ("--partition-by", "frobnicate(order_id)", "truncate(W, col)")),
+        (["--wait-for-topic", "-1"], ("--wait-for-topic", "-1")),
+        (["--wait-for-topic", "nan"], ("--wait-for-topic", "nan")),
+        (["--wait-for-topic", "soon"], ("--wait-for-topic", "soon")),
+    ],
+)
+def test_a_bad_value_is_refused_in_one_line_before_anything_starts(
+    required: list[str], flags: list[str], named: tuple[str, ...]
+) -> None:
+    finished = sink_writer(*required, "--topic", "orders", *flags)
+    finished.assert_answer(2, *named)
+    assert finished.seconds < ANSWER_SECONDS
+
+
+def test_a_coordinator_that_is_down_is_named_before_spark_starts(required: list[str]) -> None:
+    address = required[required.index("--coordinator") + 1]
+    finished = sink_writer(*required, "--topic", "orders", "--coordinator-retry-seconds", "1")
+    finished.assert_answer(5, address, "sink-coordinator serve", "--coordinator")
+    assert finished.seconds < ANSWER_SECONDS
+    assert not any("Spark" in line for line in finished.lines), finished.lines
+
+
+def test_the_wait_for_a_coordinator_shows_progress_and_stops_on_sigterm(required: list[str]) -> None:
+    """With the default retry time (60 s) the job says at once what it waits for, and a supervisor's SIGTERM ends
+    the wait with its own exit code and line."""
+    address = required[required.index("--coordinator") + 1]
+    running = Run([*required, "--topic", "orders"])
+    progress = running.wait_for(address, ANSWER_SECONDS)
+    assert "retrying" in progress and "sink-coordinator serve" in progress, progress
+    running.signal_group(signal.SIGTERM)
+    finished = running.finish(ANSWER_SECONDS)
+    finished.assert_answer(143, "SIGTERM")
+
+
+def test_a_missing_topic_is_named_before_the_sink_is_registered(
+    required: list[str], coordinator: CoordinatorProcess
+) -> None:
+    flags = [*required, "--coordinator", coordinator.target, "--topic", "no-such-topic"]
+    finished = sink_writer(*flags)
+    finished.assert_answer(2, "no-such-topic", "--wait-for-topic")
+    assert finished.seconds < ANSWER_SECONDS
+    assert_not_registered(coordinator, "cli-session")
+
+
+def test_the_job_can_wait_for_its_topic_saying_so(
+    required: list[str], coordinator: CoordinatorProcess, kafka_bootstrap: str
+) -> None:
+    """--wait-for-topic: a progress line names the topic it waits for; once the topic is there the job goes on (to
+    the schema registry, which is down here: its own failure shows the job went past the wait)."""
+    topic = f"cli-late-{free_port()}"
+    registry = f"http://127.0.0.1:{free_port()}"
+    running = Run(
+        [
+            *[flag for flag in required if flag != "--schema" and flag != SCHEMA],
+            "--coordinator", coordinator.target,
+            "--topic", topic,
+            "--wait-for-topic", "60",
+            "--format", "avro", "--schema-registry-url", registry, "--schema-registry-option", "max.retries=0",
+        ]  # fmt: skip
+    )
+    running.wait_for(topic, ANSWER_SECONDS)
+    create_topic(kafka_bootstrap, partitions=1, name=topic)
+    finished = running.finish(60)
+    finished.assert_answer(5, registry.removeprefix("http://"))
+
+
+@pytest.mark.spark
+def test_records_that_do_not_fit_end_the_job_with_where_and_how_to_go_on(
+    required: list[str], coordinator: CoordinatorProcess, kafka_bootstrap: str, kafka_topic: TopicFactory
+) -> None:
+    topic = kafka_topic(partitions=1)
+    good = json.dumps({"order_id": 0, "amount": 1.5}).encode()
+    produce_records(kafka_bootstrap, topic, [(0, b"0", good), (0, b"1", b'{"order_id": 1, "amount": "abc"}')])
+
+    finished = sink_writer(*required, "--coordinator", coordinator.target, "--topic", topic, timeout=SPARK_RUN_SECONDS)
+
+    finished.assert_answer(3, f"topic {topic} partition 0 offset 1", "amount (double)", "--on-bad-record null")
+
+
+@pytest.mark.spark
+def test_a_typo_in_the_schema_is_named_without_a_traceback(
+    required: list[str], coordinator: CoordinatorProcess, kafka_topic: TopicFactory
+) -> None:
+    flags = [*required, "--coordinator", coordinator.target, "--topic", kafka_topic(), "--schema", "id BIGINTT"]
+    finished = sink_writer(*flags, timeout=SPARK_RUN_SECONDS)
+    finished.assert_answer(2, "--schema", "BIGINTT")
+    assert_not_registered(coordinator, "cli-session")
+
+
+@pytest.mark.spark
+def test_a_column_the_table_holds_with_another_type_is_the_coordinators_refusal(
+    required: list[str], coordinator: CoordinatorProcess, kafka_bootstrap: str, kafka_topic: TopicFactory
+) -> None:
+    topic = kafka_topic(partitions=1)
+    produce_records(kafka_bootstrap, topic, [(0, b"0", json.dumps({"order_id": 0, "amount": 1.5}).encode())])
+    first = sink_writer(*required, "--coordinator", coordinator.target, "--topic", topic, timeout=SPARK_RUN_SECONDS)
+    assert first.exit_code == 0, "\n".join(first.lines[-40:])
+    checkpoint = required.index("--checkpoint-location") + 1
+
+    flags = [*required, "--coordinator", coordinator.target, "--topic", topic, "--sink", "cli-session-2"]
+    flags[checkpoint] += "-2"
+    second = sink_writer(*flags, "--schema", "order_id BIGINT, amount STRING", timeout=SPARK_RUN_SECONDS)
+
+    second.assert_answer(4, "coordinator refused", "amount")
+
+
+@pytest.mark.spark
+def test_a_sigterm_to_the_process_group_stops_between_batches(
+    required: list[str], coordinator: CoordinatorProcess, kafka_bootstrap: str, kafka_topic: TopicFactory
+) -> None:
+    """What `timeout`, systemd and supervisors send: the whole group (the JVM too) gets SIGTERM, as it gets
+    SIGINT from Ctrl-C; the query stops between two batches and the job says so."""
+    topic = kafka_topic(partitions=1)
+    produce_records(kafka_bootstrap, topic, [(0, b"0", json.dumps({"order_id": 0, "amount": 1.5}).encode())])
+    running = Run(
+        [flag for flag in required if flag != "--available-now"]
+        + ["--coordinator", coordinator.target, "--topic", topic]
+    )
+    running.wait_for("checkpoint reported", SPARK_RUN_SECONDS)
+    running.signal_group(signal.SIGTERM)
+    finished = running.finish(SPARK_RUN_SECONDS)
+    finished.assert_answer(143, "SIGTERM")
