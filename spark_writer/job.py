@@ -240,9 +240,11 @@ class SinkSettings:
         Storage(self.storage)  # unknown keys and bad values refused before Spark starts
 
 
-def spark_session(master: str | None, spark_log: SparkLog, app_name: str = "sink-writer") -> SparkSession:
-    """The session to run in: spark-submit's when it launched us (its log is spark-submit's), else a local one (Java
-    found, source registered) logging to `spark_log`."""
+def spark_session(master: str | None, spark_log: SparkLog | None = None, app_name: str = "sink-writer") -> SparkSession:
+    """The session to run in: spark-submit's when it launched us (its JVM logs as spark-submit says), else a local
+    one (Java found, source registered); `spark_log`: where the JVM of a local one and py4j log (else the console)."""
+    if spark_log is not None:
+        spark_log.capture_py4j()
     # spark-submit starts the JVM first and tells the Python driver its gateway port.
     if master is None and "PYSPARK_GATEWAY_PORT" in os.environ:
         spark = SparkSession.builder.appName(app_name).getOrCreate()
@@ -254,8 +256,8 @@ def spark_session(master: str | None, spark_log: SparkLog, app_name: str = "sink
                 master=submitted_master,
             )
         return spark
-    spark_log.capture_py4j()
-    log.info("spark's own log", path=str(spark_log.path), on_console=spark_log.on_console)
+    if spark_log is not None:
+        log.info("spark's own log", path=str(spark_log.path), on_console=spark_log.on_console)
     return local_spark_session(app_name, master or DEFAULT_LOCAL_MASTER, spark_log)
 
 

@@ -4,8 +4,8 @@ which kind of failure it was, so that a supervisor can tell a command to fix fro
 Spark reports a failed batch as a StreamingQueryException whose text nests everything that happened on the way: the
 ``foreachBatch`` function's Python traceback, inside it a task's (a record that does not fit is raised in a Python
 worker and crosses the JVM as text), the JVM's stack traces and the query's plan. The cause is the innermost Python
-exception of that text, ``module.Class: message``; its class says the kind. Exceptions raised in this process are
-classified by their type. The rest is Spark's or py4j's business: its message's first line, code 1.
+exception of that text, ``module.Class: message``; its class says the kind, as it does for an exception raised in
+this process. An error of Spark's own is its message's first line, code 1.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from enum import IntEnum
 from typing import Final
 
 import grpc
+from pyspark.errors import PySparkException
 
 from coordinator_service.client import CoordinatorRpcError
 from spark_writer.iceberg_sink import SinkRefusedError
@@ -150,4 +151,6 @@ def failure_of(error: BaseException) -> JobFailure:
     raised = innermost_python_exception(str(error))
     if raised is not None:
         return raised_failure(*raised)
-    return JobFailure(one_line(spark_message(error)), ExitCode.FAILED)
+    if isinstance(error, PySparkException):
+        return JobFailure(one_line(spark_message(error)), ExitCode.FAILED)
+    return raised_failure(name, str(error))

@@ -16,7 +16,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,9 +25,11 @@ import grpc
 import pytest
 
 from coordinator_service.client import CoordinatorRpcError
+from coordinator_service.database import normalize_url
+from coordinator_service.runtime import migrate
 from sink_coordinator_demo.ports import free_port
 from tests.fixtures.coordinator import CoordinatorProcess
-from tests.fixtures.kafka_broker import create_topic, produce_records
+from tests.fixtures.kafka_broker import create_topic, delete_topics, produce_records
 
 pytestmark = [pytest.mark.kafka]
 
@@ -112,6 +115,17 @@ class Run:
     def signal_group(self, signal_number: int) -> None:
         os.killpg(self.process.pid, signal_number)
 
+    def group_gone(self, within_seconds: float) -> bool:
+        """Whether every process of the group (the JVM, which leaves once the driver's pipe closes) has exited."""
+        deadline = time.monotonic() + within_seconds
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.process.pid, 0)
+            except ProcessLookupError:
+                return True
+            time.sleep(0.1)  # no event tells of other processes' exits: poll
+        return False
+
 
 @dataclass(frozen=True)
 class Finished:
@@ -145,9 +159,9 @@ def assert_not_registered(coordinator: CoordinatorProcess, sink: str) -> None:
 
 
 @pytest.fixture
-def required(kafka_bootstrap: str, tmp_path: Path) -> Iterator[list[str]]:
+def required(kafka_bootstrap: str, tmp_path: Path) -> list[str]:
     """The flags every run needs, with a coordinator address nothing listens on; the test adds its own after."""
-    yield [
+    return [
         "--bootstrap-servers", kafka_bootstrap,
         "--sink", "cli-session",
         "--table", "shop.cli_session",
@@ -219,34 +233,75 @@ def test_the_job_can_wait_for_its_topic_saying_so(
 ) -> None:
     """--wait-for-topic: a progress line names the topic it waits for; once the topic is there the job goes on (to
     the schema registry, which is down here: its own failure shows the job went past the wait)."""
-    topic = f"cli-late-{free_port()}"
-    registry = f"http://127.0.0.1:{free_port()}"
-    running = Run(
-        [
-            *[flag for flag in required if flag != "--schema" and flag != SCHEMA],
-            "--coordinator", coordinator.target,
-            "--topic", topic,
-            "--wait-for-topic", "60",
-            "--format", "avro", "--schema-registry-url", registry, "--schema-registry-option", "max.retries=0",
-        ]  # fmt: skip
-    )
-    running.wait_for(topic, ANSWER_SECONDS)
+    topic = f"cli-late-{uuid.uuid4().hex[:12]}"
+    registry = f"127.0.0.1:{free_port()}"
+    flags = [flag for flag in required if flag not in ("--schema", SCHEMA)] + [
+        "--coordinator", coordinator.target, "--topic", topic, "--wait-for-topic", "60",
+        "--format", "avro", "--schema-registry-url", f"http://{registry}", "--schema-registry-option", "max.retries=0",
+    ]  # fmt: skip
+    running = Run(flags)
+    assert topic in running.wait_for("waiting for topics to be created", ANSWER_SECONDS)
     create_topic(kafka_bootstrap, partitions=1, name=topic)
-    finished = running.finish(60)
-    finished.assert_answer(5, registry.removeprefix("http://"))
+    try:
+        finished = running.finish(60)
+    finally:
+        delete_topics(kafka_bootstrap, [topic])
+    finished.assert_answer(5, registry)
+
+
+def test_a_wrong_writer_token_is_refused_before_spark_starts(
+    required: list[str], coordinator_factory: Callable[..., CoordinatorProcess], kafka_topic: TopicFactory
+) -> None:
+    coordinator = coordinator_factory(SINK_COORDINATOR_WRITER_TOKEN="a-writer-token-of-32-characters-at-least")
+    flags = [*required, "--coordinator", coordinator.target, "--topic", kafka_topic(), "--writer-token", "wrong"]
+    finished = sink_writer(*flags)
+    finished.assert_answer(4, "coordinator refused", "UNAUTHENTICATED")
+    assert finished.seconds < ANSWER_SECONDS
+
+
+def test_a_coordinator_that_comes_up_while_the_job_waits_is_used(
+    required: list[str], database_url: str, tmp_path: Path
+) -> None:
+    """The wait gets through once the coordinator serves (a new connection each try): the job goes on to the next
+    check, the topic, which is missing here."""
+    late = CoordinatorProcess(database_url=database_url, data_dir=tmp_path / "late-coordinator")
+    running = Run([*required, "--coordinator", late.target, "--topic", "no-such-topic"])
+    running.wait_for("retrying", ANSWER_SECONDS)
+    migrate(normalize_url(database_url))
+    late.start()
+    try:
+        finished = running.finish(120)
+    finally:
+        late.stop()
+    finished.assert_answer(2, "no-such-topic")
 
 
 @pytest.mark.spark
 def test_records_that_do_not_fit_end_the_job_with_where_and_how_to_go_on(
-    required: list[str], coordinator: CoordinatorProcess, kafka_bootstrap: str, kafka_topic: TopicFactory
+    required: list[str],
+    coordinator: CoordinatorProcess,
+    kafka_bootstrap: str,
+    kafka_topic: TopicFactory,
+    tmp_path: Path,
 ) -> None:
+    """The cause and the fix on the last line (the output a few lines in all); the task's four failures and their
+    tracebacks in Spark's log."""
     topic = kafka_topic(partitions=1)
     good = json.dumps({"order_id": 0, "amount": 1.5}).encode()
     produce_records(kafka_bootstrap, topic, [(0, b"0", good), (0, b"1", b'{"order_id": 1, "amount": "abc"}')])
 
-    finished = sink_writer(*required, "--coordinator", coordinator.target, "--topic", topic, timeout=SPARK_RUN_SECONDS)
+    # Spark's launcher splits its JVM options at spaces and reads quotes and backslashes: a name with all three.
+    spark_log = tmp_path / "spark logs" / 'it\'s "the" log\\.txt'
+    spark_log.parent.mkdir()
+    flags = [*required, "--coordinator", coordinator.target, "--topic", topic, "--spark-log-file", str(spark_log)]
+
+    finished = sink_writer(*flags, timeout=SPARK_RUN_SECONDS)
 
     finished.assert_answer(3, f"topic {topic} partition 0 offset 1", "amount (double)", "--on-bad-record null")
+    assert len(finished.lines) < 20, finished.lines
+    details = spark_log.read_text()
+    assert details.count("ERROR Executor: Exception in task") == 4, details[-3000:]  # each attempt of the task
+    assert "Traceback (most recent call last)" in details
 
 
 @pytest.mark.spark
@@ -292,3 +347,5 @@ def test_a_sigterm_to_the_process_group_stops_between_batches(
     running.signal_group(signal.SIGTERM)
     finished = running.finish(SPARK_RUN_SECONDS)
     finished.assert_answer(143, "SIGTERM")
+    assert any("stop requested: stopping the query between two batches" in line for line in finished.lines)
+    assert running.group_gone(within_seconds=30), "the JVM or a Python worker outlived the driver"

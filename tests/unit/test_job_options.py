@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import inspect
 import json
+import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -16,6 +17,7 @@ from typer.testing import CliRunner, Result
 
 from sink_coordinator_demo.ports import free_port
 from spark_writer import job
+from spark_writer.driver_jvm import SparkLog
 from spark_writer.job import KafkaSettings, KafkaSource, ParseSettings, SinkSettings
 from spark_writer.job_failures import ExitCode
 from spark_writer.kafka_options import parse_options
@@ -113,6 +115,23 @@ def test_key_value_flags(started: Started) -> None:
         (["--kafka-option", "isolation.level=read_uncommitted"], "kafka.isolation.level cannot be set"),
         (["--kafka-option", "enable.auto.commit=true"], "kafka.enable.auto.commit cannot be set"),
         (["--source", "spark", "--kafka-option", "enable.auto.commit=true"], "kafka.enable.auto.commit cannot be set"),
+        (["--table", "Shop.Orders"], "Invalid value for '--table': table identifier 'Shop.Orders' contains"),
+        (["--table", "orders"], "Invalid value for '--table': table identifier 'orders' must be 'namespace.table'"),
+        (["--sink", "-s"], "Invalid value for '--sink': sink name '-s' is invalid"),
+        (["--partition-by", "bucket(4, id)"], "Invalid value for '--partition-by': partition field 'bucket(4, id)'"),
+        (["--partition-by", "day(ts"], "Invalid value for '--partition-by': partition field 'day(ts' is not under"),
+        (["--partition-by", "truncate(0, s)"], "Invalid value for '--partition-by': partition field 'truncate(0, s)'"),
+        (["--partition-by", ""], "Invalid value for '--partition-by': partition field '' is not understood"),
+        (["--wait-for-topic", "-1"], "Invalid value for '--wait-for-topic': '-1' is not between 0 and 86400 seconds"),
+        (["--wait-for-topic", "nan"], "Invalid value for '--wait-for-topic': 'nan' is not between 0 and 86400"),
+        (["--wait-for-topic", "inf"], "Invalid value for '--wait-for-topic': 'inf' is not between 0 and 86400"),
+        (["--wait-for-topic", "1e400"], "Invalid value for '--wait-for-topic': '1e400' is not between 0 and 86400"),
+        (["--wait-for-topic", "86401"], "Invalid value for '--wait-for-topic': '86401' is not between 0 and 86400"),
+        (["--wait-for-topic", "soon"], "Invalid value for '--wait-for-topic': 'soon' is not a number of seconds"),
+        (["--wait-for-topic", ""], "Invalid value for '--wait-for-topic': '' is not a number of seconds"),
+        (["--coordinator-retry-seconds", "nan"], "'--coordinator-retry-seconds': 'nan' is not between 0.1 and 86400"),
+        (["--coordinator-retry-seconds", "0"], "'--coordinator-retry-seconds': '0' is not between 0.1 and 86400"),
+        (["--coordinator-retry-seconds", "-inf"], "'--coordinator-retry-seconds': '-inf' is not between 0.1 and 8640"),
     ],
 )
 def test_bad_flags_are_refused_before_spark_starts(started: Started, flags: list[str], message: str) -> None:
@@ -123,6 +142,53 @@ def test_bad_flags_are_refused_before_spark_starts(started: Started, flags: list
     started.session.stop.assert_not_called()
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        lambda tmp: tmp / "missing-directory" / "spark.log",
+        lambda tmp: tmp,
+        lambda tmp: tmp / "${env:HOME}.log",
+        lambda tmp: tmp / "a-file" / "spark.log",
+    ],
+    ids=["missing directory", "a directory", "a log4j look-up", "below a file"],
+)
+def test_a_spark_log_file_that_cannot_be_written_is_refused_before_anything(
+    started: Started, tmp_path: Path, path: Callable[[Path], Path]
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    target = path(tmp_path)
+    result = started.invoke("--spark-log-file", str(target))
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--spark-log-file'" in " ".join(result.output.split()), result.output
+    assert not started.calls
+    assert not target.is_file() or target == tmp_path
+
+
+def test_spark_log_file_defaults_to_the_temporary_directory_and_the_console_at_debug(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with (
+        mock.patch.object(job, "spark_session") as spark_session,
+        mock.patch.object(job, "start_job"),
+        mock.patch.object(job, "wait_for_coordinator"),
+        mock.patch.object(job, "wait_for_topics"),
+        mock.patch.object(job, "configure_logging"),
+        mock.patch.object(job, "set_worker_log_level"),
+    ):
+        result = CliRunner().invoke(job.app, [*REQUIRED, "--log-level", "debug"])
+    assert result.exit_code == 0, result.output
+    (master, spark_log), _ = spark_session.call_args
+    assert master is None
+    assert spark_log == SparkLog(tmp_path / "sink-writer-s.log", on_console=True)
+
+
+def test_help_names_the_local_master_the_job_uses() -> None:
+    shown = " ".join(CliRunner().invoke(job.app, ["--help"], env={"COLUMNS": "300"}).output.split())
+    assert f"else {with_task_retries(job.DEFAULT_LOCAL_MASTER)} " in shown
+    assert with_task_retries(job.DEFAULT_LOCAL_MASTER) == "local[*, 4]"
+
+
 def test_help_shows_every_flags_type_and_default() -> None:
     shown = " ".join(CliRunner().invoke(job.app, ["--help"], env={"COLUMNS": "300"}).output.split())
     for flag in (
@@ -131,6 +197,8 @@ def test_help_shows_every_flags_type_and_default() -> None:
         "--kafka-option <key=value>",
         "--max-offsets-per-trigger <int range> [x>=1]",
         "--available-now --no-available-now <bool>",
+        "--wait-for-topic <seconds>",
+        "--spark-log-file <file>",
     ):
         assert flag in shown, flag
     assert "[default: 134217728]" in shown
