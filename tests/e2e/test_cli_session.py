@@ -9,16 +9,9 @@ of failure it was (docs/spark-writer.md, "Exit codes"); those found before Spark
 from __future__ import annotations
 
 import json
-import os
-import queue
 import signal
-import subprocess
-import sys
-import threading
-import time
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -30,6 +23,7 @@ from coordinator_service.runtime import migrate
 from sink_coordinator_demo.ports import free_port
 from tests.fixtures.coordinator import CoordinatorProcess
 from tests.fixtures.kafka_broker import create_topic, delete_topics, produce_records
+from tests.fixtures.sink_writer_process import WriterProcess, sink_writer, sink_writer_command
 
 pytestmark = [pytest.mark.kafka]
 
@@ -37,119 +31,6 @@ TopicFactory = Callable[..., str]
 ANSWER_SECONDS = 5.0  # the goal of issue 26: a failure found before Spark starts is answered within this
 SPARK_RUN_SECONDS = 240.0
 SCHEMA = "order_id BIGINT, amount DOUBLE"
-# What Spark's and py4j's failures print; none of it belongs in the job's own output.
-TRACEBACKS = ("Traceback (most recent call last)", "\tat org.apache.spark", "Py4JNetworkError", "py4j.protocol")
-
-
-def sink_writer_command() -> str:
-    command = Path(sys.executable).with_name("sink-writer")
-    if not command.exists():
-        pytest.fail(f"{command} is not installed: `pip install -e '.[all,test]'`")
-    return str(command)
-
-
-@dataclass
-class Run:
-    """One `sink-writer` process (its own process group, as a supervisor starts it): its output, line by line."""
-
-    flags: Sequence[str]
-    process: subprocess.Popen[str] = field(init=False)
-    started: float = field(init=False)
-    lines: list[str] = field(default_factory=list)
-    _queue: queue.Queue[str | None] = field(default_factory=queue.Queue)
-
-    def __post_init__(self) -> None:
-        environment = {
-            key: value
-            for key, value in os.environ.items()
-            if not key.startswith(("SINK_WRITER_", "SINK_COORDINATOR_")) and key != "KAFKA_BOOTSTRAP_SERVERS"
-        }
-        self.started = time.monotonic()
-        self.process = subprocess.Popen(
-            [sink_writer_command(), *self.flags],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            env=environment,
-            start_new_session=True,
-        )
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.process.stdout is not None
-        for line in self.process.stdout:
-            self._queue.put(line.rstrip("\n"))
-        self._queue.put(None)
-
-    def wait_for(self, text: str, timeout: float) -> str:
-        """The first line holding `text`, once the process printed it; fails after `timeout` or at its exit."""
-        for line in self.lines:
-            if text in line:
-                return line
-        deadline = time.monotonic() + timeout
-        while (remaining := deadline - time.monotonic()) > 0:
-            try:
-                line = self._queue.get(timeout=remaining)
-            except queue.Empty:
-                break
-            if line is None:
-                pytest.fail(f"sink-writer ended without printing {text!r}:\n" + "\n".join(self.lines[-40:]))
-            self.lines.append(line)
-            if text in line:
-                return line
-        pytest.fail(f"no {text!r} from sink-writer in {timeout} s:\n" + "\n".join(self.lines[-40:]))
-
-    def finish(self, timeout: float) -> Finished:
-        try:
-            exit_code = self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-            pytest.fail(f"sink-writer still ran after {timeout} s:\n" + "\n".join(self.lines[-40:]))
-        seconds = time.monotonic() - self.started
-        while (line := self._queue.get(timeout=30)) is not None:
-            self.lines.append(line)
-        return Finished(exit_code, [line for line in self.lines if line.strip()], seconds)
-
-    def signal_group(self, signal_number: int) -> None:
-        os.killpg(self.process.pid, signal_number)
-
-    def group_gone(self, within_seconds: float) -> bool:
-        """Whether every process of the group (the JVM, which leaves once the driver's pipe closes) has exited."""
-        deadline = time.monotonic() + within_seconds
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(self.process.pid, 0)
-            except ProcessLookupError:
-                return True
-            time.sleep(0.1)  # no event tells of other processes' exits: poll
-        return False
-
-
-@dataclass(frozen=True)
-class Finished:
-    exit_code: int
-    lines: list[str]
-    seconds: float
-
-    @property
-    def last_line(self) -> str:
-        assert self.lines, "sink-writer printed nothing"
-        return self.lines[-1]
-
-    def assert_answer(self, exit_code: int, *named: str) -> None:
-        """The exit code, and a last line that names each of `named`; no traceback anywhere."""
-        output = "\n".join(self.lines)
-        assert self.exit_code == exit_code, output[-6000:]
-        for text in named:
-            assert text in self.last_line, f"{text!r} not in the last line:\n{output[-6000:]}"
-        for traceback in TRACEBACKS:
-            assert traceback not in output, output[-6000:]
-
-
-def sink_writer(*flags: str, timeout: float = 60.0) -> Finished:
-    return Run(flags).finish(timeout)
 
 
 def assert_not_registered(coordinator: CoordinatorProcess, sink: str) -> None:
@@ -210,7 +91,7 @@ def test_the_wait_for_a_coordinator_shows_progress_and_stops_on_sigterm(required
     """With the default retry time (60 s) the job says at once what it waits for, and a supervisor's SIGTERM ends
     the wait with its own exit code and line."""
     address = required[required.index("--coordinator") + 1]
-    running = Run([*required, "--topic", "orders"])
+    running = WriterProcess(sink_writer_command(), [*required, "--topic", "orders"])
     progress = running.wait_for(address, ANSWER_SECONDS)
     assert "retrying" in progress and "sink-coordinator serve" in progress, progress
     running.signal_group(signal.SIGTERM)
@@ -239,7 +120,7 @@ def test_the_job_can_wait_for_its_topic_saying_so(
         "--coordinator", coordinator.target, "--topic", topic, "--wait-for-topic", "60",
         "--format", "avro", "--schema-registry-url", f"http://{registry}", "--schema-registry-option", "max.retries=0",
     ]  # fmt: skip
-    running = Run(flags)
+    running = WriterProcess(sink_writer_command(), flags)
     assert topic in running.wait_for("waiting for topics to be created", ANSWER_SECONDS)
     create_topic(kafka_bootstrap, partitions=1, name=topic)
     try:
@@ -265,7 +146,9 @@ def test_a_coordinator_that_comes_up_while_the_job_waits_is_used(
     """The wait gets through once the coordinator serves (a new connection each try): the job goes on to the next
     check, the topic, which is missing here."""
     late = CoordinatorProcess(database_url=database_url, data_dir=tmp_path / "late-coordinator")
-    running = Run([*required, "--coordinator", late.target, "--topic", "no-such-topic"])
+    running = WriterProcess(
+        sink_writer_command(), [*required, "--coordinator", late.target, "--topic", "no-such-topic"]
+    )
     running.wait_for("retrying", ANSWER_SECONDS)
     migrate(normalize_url(database_url))
     late.start()
@@ -339,9 +222,10 @@ def test_a_sigterm_to_the_process_group_stops_between_batches(
     SIGINT from Ctrl-C; the query stops between two batches and the job says so."""
     topic = kafka_topic(partitions=1)
     produce_records(kafka_bootstrap, topic, [(0, b"0", json.dumps({"order_id": 0, "amount": 1.5}).encode())])
-    running = Run(
+    running = WriterProcess(
+        sink_writer_command(),
         [flag for flag in required if flag != "--available-now"]
-        + ["--coordinator", coordinator.target, "--topic", topic]
+        + ["--coordinator", coordinator.target, "--topic", topic],
     )
     running.wait_for("checkpoint reported", SPARK_RUN_SECONDS)
     running.signal_group(signal.SIGTERM)
