@@ -10,8 +10,8 @@ ignored, and the JVM then installs no handler for it). A second signal still end
 with it: it exits when its stdin, a pipe from the driver, closes.
 
 Spark's log (log4j: its warnings, and each failed task attempt with its Python and Java stack traces), py4j's and
-the whole error that ended a run go to a file (SparkLog): the job's own output says what failed and how to go on,
-in one line at its end.
+the whole of an error the job cannot name go to a file (SparkLog): the job's own output says what failed and how to
+go on, in one line at its end.
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ def _java_option(name: str, value: str) -> str:
 
 @dataclass(frozen=True)
 class SparkLog:
-    """Where the driver JVM's log, py4j's and the error that ended the run go: `path` (appended to), and the
-    console too when `on_console`."""
+    """Where the driver JVM's log, py4j's and an error the job cannot name go: `path` (appended to), and the console
+    too when `on_console`."""
 
     path: Path
     on_console: bool = False

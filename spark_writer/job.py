@@ -413,11 +413,13 @@ def run_on_spark(
 
 
 def ended(error: BaseException, spark_log: SparkLog) -> typer.Exit:
-    """Log the failure's cause as the run's last line (the whole error to Spark's log, named when the cause is not
-    one of the job's own); the exit that says its kind."""
+    """Log the failure's cause as the run's last line; when the cause is none of the job's own (code 1), the whole
+    error goes to Spark's log, which the line names. The exit that says the failure's kind."""
     failure = failure_of(error)
-    spark_log.append_error(error)
-    where = {"spark_log": str(spark_log.path)} if failure.exit_code is ExitCode.FAILED else {}
+    where = {}
+    if failure.exit_code is ExitCode.FAILED:
+        spark_log.append_error(error)
+        where = {"spark_log": str(spark_log.path)}
     log.error("sink writer failed", error=failure.cause, exit_code=int(failure.exit_code), **where)
     return typer.Exit(failure.exit_code)
 

@@ -19,7 +19,7 @@ from sink_coordinator_demo.ports import free_port
 from spark_writer import job
 from spark_writer.driver_jvm import SparkLog
 from spark_writer.job import KafkaSettings, KafkaSource, ParseSettings, SinkSettings
-from spark_writer.job_failures import ExitCode
+from spark_writer.job_failures import ExitCode, JobFailure
 from spark_writer.kafka_options import parse_options
 from spark_writer.kafka_records import BadRecordPolicy, check_time_zone
 from spark_writer.routing import Routes, Unrouted
@@ -375,3 +375,25 @@ def test_bad_route_flags_are_refused_before_spark_starts(started: Started, flags
     assert result.exit_code == 2
     assert message in " ".join(result.output.split()), result.output
     assert not started.calls
+
+
+def test_an_error_the_job_cannot_name_ends_in_one_line_that_names_spark_log(started: Started) -> None:
+    with mock.patch.object(job, "start_job", side_effect=RuntimeError("disk on fire\n  at somewhere")):
+        result = started.invoke()
+    assert result.exit_code == ExitCode.FAILED
+    last = result.output.splitlines()[-1]
+    assert "RuntimeError: disk on fire at somewhere" in last and f"spark_log={started.spark_log}" in last
+    assert "Traceback (most recent call last)" in started.spark_log.read_text()
+    assert "Traceback" not in result.output
+
+
+def test_a_failure_the_job_names_is_its_line_and_code_alone(started: Started) -> None:
+    missing = JobFailure("topic 'orders' does not exist on Kafka at b:9092: create it", ExitCode.USAGE)
+    with mock.patch.object(job, "wait_for_topics", side_effect=missing):
+        result = started.invoke()
+    assert result.exit_code == ExitCode.USAGE
+    assert "topic 'orders' does not exist" in result.output.splitlines()[-1]
+    assert "spark_log" not in result.output
+    assert started.spark_log.read_text() == ""
+    assert not started.calls
+    started.session.stop.assert_not_called()
