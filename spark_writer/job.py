@@ -451,6 +451,22 @@ def refused_by(problem: Callable[[str], str | None]) -> Callable[[str], str]:
     return check
 
 
+# gRPC's own target schemes (dns:///host:port, unix:/path, ...): taken as they are.
+GRPC_TARGET_SCHEMES: Final = ("dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:", "xds:")
+
+
+def coordinator_address(value: str) -> str:
+    """A flag's check of the coordinator's gRPC address: HOST:PORT (a port from 1 to 65535), or a gRPC target."""
+    if value.startswith(GRPC_TARGET_SCHEMES):
+        return value
+    if "://" in value:
+        raise typer.BadParameter(f"{value!r} is a URL: give the coordinator's gRPC address, HOST:PORT")
+    host, _, port = value.rpartition(":")
+    if not host.strip("[]") or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise typer.BadParameter(f"{value!r} is not HOST:PORT (a port from 1 to 65535), such as 127.0.0.1:50051")
+    return value
+
+
 def partition_syntax(values: list[str] | None) -> list[str] | None:
     try:
         parse_partition_specs(values or ())
@@ -487,7 +503,12 @@ def main(
     ],
     checkpoint_location: Annotated[str, typer.Option(help="Spark checkpoint directory (any Hadoop URI).")],
     coordinator: Annotated[
-        str, typer.Option(help="gRPC address of the coordinator.", envvar="SINK_WRITER_COORDINATOR")
+        str,
+        typer.Option(
+            help="gRPC address of the coordinator, HOST:PORT.",
+            envvar="SINK_WRITER_COORDINATOR",
+            callback=coordinator_address,
+        ),
     ] = "127.0.0.1:50051",
     writer_token: Annotated[
         str | None, typer.Option(help="The coordinator's writer token.", envvar="SINK_WRITER_TOKEN")

@@ -123,8 +123,9 @@ def coordinator_failure(code: grpc.StatusCode, message: str) -> JobFailure:
             ),
             ExitCode.UNREACHABLE,
         )
-    exit_code = ExitCode.REFUSED if code in REFUSAL_CODES else ExitCode.FAILED
-    return JobFailure(one_line(f"the coordinator refused the writer: {code.name}: {message}"), exit_code)
+    if code in REFUSAL_CODES:
+        return JobFailure(one_line(f"the coordinator refused the writer: {code.name}: {message}"), ExitCode.REFUSED)
+    return JobFailure(one_line(f"a call to the coordinator failed: {code.name}: {message}"), ExitCode.FAILED)
 
 
 def raised_failure(name: str, message: str) -> JobFailure:

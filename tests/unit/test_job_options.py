@@ -28,6 +28,7 @@ from spark_writer.session import retries_tasks, with_task_retries
 
 REQUIRED = ["--bootstrap-servers", "b:9092", "--topic", "orders", "--sink", "s", "--table", "shop.orders"]
 REQUIRED += ["--checkpoint-location", "/tmp/checkpoint"]
+COORDINATOR_FLAG = "Invalid value for '--coordinator' (env var: 'SINK_WRITER_COORDINATOR')"
 
 
 class Started:
@@ -129,6 +130,11 @@ def test_key_value_flags(started: Started) -> None:
         (["--wait-for-topic", "86401"], "Invalid value for '--wait-for-topic': '86401' is not between 0 and 86400"),
         (["--wait-for-topic", "soon"], "Invalid value for '--wait-for-topic': 'soon' is not a number of seconds"),
         (["--wait-for-topic", ""], "Invalid value for '--wait-for-topic': '' is not a number of seconds"),
+        (["--coordinator", ""], f"{COORDINATOR_FLAG}: '' is not HOST:PORT"),
+        (["--coordinator", "localhost:99999"], f"{COORDINATOR_FLAG}: 'localhost:99999' is not HOST:PORT (a port from"),
+        (["--coordinator", "localhost"], f"{COORDINATOR_FLAG}: 'localhost' is not HOST:PORT"),
+        (["--coordinator", ":50051"], f"{COORDINATOR_FLAG}: ':50051' is not HOST:PORT"),
+        (["--coordinator", "http://c:50051"], f"{COORDINATOR_FLAG}: 'http://c:50051' is a URL: give the coordinator's"),
         (["--coordinator-retry-seconds", "nan"], "'--coordinator-retry-seconds': 'nan' is not between 0.1 and 86400"),
         (["--coordinator-retry-seconds", "0"], "'--coordinator-retry-seconds': '0' is not between 0.1 and 86400"),
         (["--coordinator-retry-seconds", "-inf"], "'--coordinator-retry-seconds': '-inf' is not between 0.1 and 8640"),
@@ -181,6 +187,13 @@ def test_spark_log_file_defaults_to_the_temporary_directory_and_the_console_at_d
     (master, spark_log), _ = spark_session.call_args
     assert master is None
     assert spark_log == SparkLog(tmp_path / "sink-writer-s.log", on_console=True)
+
+
+@pytest.mark.parametrize("address", ["coordinator:50051", "10.0.0.7:1", "[::1]:50051", "dns:///c:50051", "unix:/s"])
+def test_coordinator_addresses_grpc_takes_are_taken(started: Started, address: str) -> None:
+    result = started.invoke("--coordinator", address)
+    assert result.exit_code == 0, result.output
+    assert started.sink.coordinator == address
 
 
 def test_help_names_the_local_master_the_job_uses() -> None:
