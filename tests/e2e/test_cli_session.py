@@ -51,6 +51,7 @@ def required(kafka_bootstrap: str, tmp_path: Path) -> list[str]:
         "--coordinator", f"127.0.0.1:{free_port()}",
         "--available-now",
         "--master", "local[2]",
+        "--spark-log-file", str(tmp_path / "spark.log"),
     ]  # fmt: skip
 
 
