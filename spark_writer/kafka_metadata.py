@@ -63,8 +63,10 @@ def is_transient(error: BaseException) -> bool:
 class KafkaMetadata:
     """Partition discovery and offset look-ups on the driver, through an AdminClient, with retries."""
 
-    def __init__(self, options: KafkaSourceOptions) -> None:
+    def __init__(self, options: KafkaSourceOptions, timeout_seconds: float = METADATA_TIMEOUT_SECONDS) -> None:
+        """`timeout_seconds`: how long one call waits for its answer before it counts as a transient error."""
         self._admin = AdminClient(dict(options.kafka_config))
+        self._timeout_seconds = timeout_seconds
         self._retries = options.fetch_offset_retries
         self._retry_interval_seconds = options.fetch_offset_retry_interval_ms / 1000
 
@@ -107,7 +109,7 @@ class KafkaMetadata:
 
     def _answer(self, topics: Iterable[str]) -> dict[str, list[PartitionKey]]:
         """One metadata answer: the partitions of each topic in it; KafkaException for a topic's error."""
-        cluster = self._admin.list_topics(timeout=METADATA_TIMEOUT_SECONDS)
+        cluster = self._admin.list_topics(timeout=self._timeout_seconds)
         found: dict[str, list[PartitionKey]] = {}
         for topic in topics:
             metadata = cluster.topics.get(topic)
@@ -126,11 +128,11 @@ class KafkaMetadata:
             return {}
 
         def attempt() -> dict[str, str]:
-            futures = self._admin.describe_topics(TopicCollection(wanted), request_timeout=METADATA_TIMEOUT_SECONDS)
+            futures = self._admin.describe_topics(TopicCollection(wanted), request_timeout=self._timeout_seconds)
             ids: dict[str, str] = {}
             for topic, future in futures.items():
                 try:
-                    topic_id = future.result(timeout=METADATA_TIMEOUT_SECONDS).topic_id
+                    topic_id = future.result(timeout=self._timeout_seconds).topic_id
                 except KafkaException as error:
                     if error.args and isinstance(error.args[0], KafkaError) and error.args[0].code() in ABSENT:
                         continue
@@ -159,10 +161,10 @@ class KafkaMetadata:
 
         def attempt() -> Offsets:
             futures = self._admin.list_offsets(
-                request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=METADATA_TIMEOUT_SECONDS
+                request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=self._timeout_seconds
             )
             return {
-                PartitionKey(tp.topic, tp.partition): int(future.result(timeout=METADATA_TIMEOUT_SECONDS).offset)
+                PartitionKey(tp.topic, tp.partition): int(future.result(timeout=self._timeout_seconds).offset)
                 for tp, future in futures.items()
             }
 

@@ -29,6 +29,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import pyarrow as pa
 import structlog
+from pyspark.errors import ParseException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as sql
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
@@ -44,6 +45,7 @@ from spark_writer.kafka_options import parse_options
 from spark_writer.kafka_positions import TopicPartition, latest_timestamps, merge_latest
 from spark_writer.kafka_range_reader import read_range
 from spark_writer.parquet_writer import DecodingSummary
+from spark_writer.spark_errors import spark_message
 
 log = structlog.get_logger(__name__)
 
@@ -80,8 +82,13 @@ KAFKA_METADATA_FIELDS: Final = (
 
 
 def schema_from_ddl(ddl: str) -> StructType:
-    """A record schema from a DDL string such as "order_id BIGINT, amount DOUBLE"."""
-    schema = StructType.fromDDL(ddl)
+    """A record schema from a DDL string such as "order_id BIGINT, amount DOUBLE"; ValueError saying what is wrong."""
+    try:
+        schema = StructType.fromDDL(ddl)
+    except ParseException as error:
+        raise ValueError(
+            f"schema {ddl!r} is not Spark DDL ('name TYPE, name TYPE, ...'): {spark_message(error)}"
+        ) from None
     if not isinstance(schema, StructType):
         raise ValueError(f"schema {ddl!r} is not a list of fields: write it as 'name TYPE, name TYPE, ...'")
     return schema

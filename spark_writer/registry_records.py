@@ -239,6 +239,34 @@ class _Column:
         latest, self.deleted = _latest(registry, subject)  # deleted: the registry said the subject is gone (once)
         self.version = _version_of(registry, subject, latest)
         self.table_type = self.version.table_type
+        if grows:
+            self.table_type = self._with_dropped_fields()
+
+    def _with_dropped_fields(self) -> pa.DataType:
+        """The latest version's type, and as further columns the top-level fields earlier versions had and it lacks
+        (each with the newest type it had): a field a version dropped stays a column across a restart as it does in
+        a running writer, so that its records decode to the same rows, whenever their batch runs. An earlier version
+        no column can hold, or of another message, adds nothing (its records do not fit)."""
+        if not pa.types.is_struct(self.table_type):
+            return self.table_type
+        fields = list(self.table_type)
+        known = {field.name for field in fields}
+        earlier = [
+            number
+            for number in subject_versions(self.registry, self.subject.subject, deleted=self.deleted)
+            if number < (self.version.version or 0)
+        ]
+        for number in reversed(earlier):
+            registered = subject_version(self.registry, self.subject.subject, number, self.subject.format.schema_format)
+            try:
+                version = _version_of(self.registry, self.subject, registered)
+            except ValueError:
+                continue
+            if version.message != self.version.message or not pa.types.is_struct(version.table_type):
+                continue
+            fields += [field for field in version.table_type if field.name not in known]
+            known.update(field.name for field in version.table_type)
+        return pa.struct(fields)
 
     def refresh(self) -> bool:
         """Read the versions registered since the one read last, in order: their new top-level fields new columns (a

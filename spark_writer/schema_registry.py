@@ -176,10 +176,12 @@ def latest_version(
     )
 
 
-def subject_versions(settings: RegistrySettings, subject: str) -> list[int]:
-    """The numbers of a subject's versions, asked of the registry now."""
+def subject_versions(settings: RegistrySettings, subject: str, *, deleted: bool = False) -> list[int]:
+    """The numbers of a subject's versions, asked of the registry now; with `deleted`, its soft-deleted ones too."""
     return _call(
-        settings, f"the versions of subject {subject!r}", lambda: registry_client(settings).get_versions(subject)
+        settings,
+        f"the versions of subject {subject!r}",
+        lambda: registry_client(settings).get_versions(subject, deleted=deleted),
     )
 
 

@@ -80,6 +80,7 @@ class Pipeline:
             "--checkpoint-location", self.sink.checkpoint_location,
             "--available-now",
             "--master", "local[2]",
+            "--spark-log-file", str(self.work / "spark.log"),
         ]  # fmt: skip
 
     def run_driver(self, point: str, epoch: int) -> tuple[int, str]:

@@ -21,6 +21,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.readwriter import DataStreamReader
 from structlog.testing import capture_logs
 
+from spark_writer.job_failures import ExitCode, failure_of
 from spark_writer.kafka_data_loss import DataLossError
 from spark_writer.kafka_offsets import OffsetRange
 from spark_writer.kafka_options import SOURCE_NAME, parse_options
@@ -249,6 +250,10 @@ def test_fail_on_data_loss_fails_then_skips_deleted_records(
         "failOnDataLoss",
     ):
         assert expected in message
+    # What sink-writer makes of it (the planner's Python exception inside Spark's report): one line, bad data.
+    ended = failure_of(failure.value)
+    assert ended.exit_code is ExitCode.BAD_DATA
+    assert "earliest available offset is 15" in ended.cause and "--no-fail-on-data-loss" in ended.cause
 
     skipping = BatchCollector()
     run_available_now(kafka_stream(spark, kafka_bootstrap, topic, failOnDataLoss="false"), skipping, tmp_path)
