@@ -20,7 +20,7 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 
 from coordinator_service import table_maintenance as tm
 from coordinator_service.errors import InvalidArgument
-from coordinator_service.file_listing import listed_files
+from coordinator_service.file_listing import listed_files, written_by
 from coordinator_service.precommit_files import FileChecks, FileFacts
 from coordinator_service.protocol import PreCommitRequest, TableRequest
 from coordinator_service.views import Registration
@@ -48,24 +48,25 @@ async def pre_commit(admin: AdminApp, store: ObjectStore, registration: Registra
 @pytest.fixture(params=["sql", "rest", "glue"])
 def catalog_on_store(
     request: pytest.FixtureRequest, s3_warehouse: str, database_url: str
-) -> tuple[str, ObjectStore, dict[str, str]]:
-    """A catalog kind, the store its tables live on, and its properties: the SQL and REST catalogs on the S3
-    server, Glue on moto's."""
+) -> tuple[str, ObjectStore, dict[str, str], str]:
+    """A catalog kind, the store its tables live on, its properties and a namespace of the test's own: the SQL and
+    REST catalogs on the S3 server, Glue on moto's. The REST and Glue catalogs live as long as the session, so a
+    table name used by two tests would be one table."""
     kind = str(request.param)
     store: ObjectStore = request.getfixturevalue("glue_store" if kind == "glue" else "object_store")
     if kind == "rest" and not store.rest_uri:
         pytest.skip("no REST catalog beside the S3 endpoint: set SINK_TEST_REST_URI and SINK_TEST_REST_WAREHOUSE")
-    warehouse = store.uri("warehouse", s3_warehouse.rsplit("/", 1)[-1])
-    return kind, store, store.catalog_properties(kind, warehouse, database_url)
+    own = s3_warehouse.rsplit("/", 1)[-1]
+    return kind, store, store.catalog_properties(kind, store.uri("warehouse", own), database_url), f"db_{kind}_{own}"
 
 
 async def test_create_append_recover_evolve_and_clean_up_on_object_storage(
-    catalog_on_store: tuple[str, ObjectStore, dict[str, str]], admin_factory: AdminFactory, database_url: str
+    catalog_on_store: tuple[str, ObjectStore, dict[str, str], str], admin_factory: AdminFactory, database_url: str
 ) -> None:
-    kind, object_store, properties = catalog_on_store
+    kind, object_store, properties, namespace = catalog_on_store
     admin = await admin_factory(catalog_name=f"s3-{kind}", catalog=properties, recovery_files_keep_seconds=0)
     catalog = load_catalog(f"s3-{kind}", **properties)
-    table = f"db_{kind}.orders"
+    table = f"{namespace}.orders"
     first = await admin.register("orders", table=table)
     assert first.table_location.startswith("s3://")
     for epoch in range(2):
@@ -170,12 +171,14 @@ def test_the_files_of_a_batch_directory_are_checked_by_one_listing(
 
 
 def _older_than(store: ObjectStore, uris: list[str], seconds: float) -> Callable[[], Awaitable[bool]]:
-    """Whether every one of these objects is older than `seconds` by the store's own modification time."""
+    """Whether every one of these objects is older than `seconds` by the store's own modification time, read as
+    the sweep reads it (a whole second stands for its last moment)."""
 
     def check() -> bool:
         io = PyArrowFileIO(store.properties)
         infos = [io.fs_by_scheme("s3", None).get_file_info(uri.removeprefix("s3://")) for uri in uris]
-        return all(time.time() - info.mtime.timestamp() > seconds for info in infos if info.mtime is not None)
+        written = [written_by(info.mtime_ns) for info in infos]
+        return all(moment is not None and time.time_ns() - moment > seconds * 1e9 for moment in written)
 
     async def older() -> bool:
         return await asyncio.to_thread(check)
@@ -184,16 +187,16 @@ def _older_than(store: ObjectStore, uris: list[str], seconds: float) -> Callable
 
 
 async def test_the_orphan_sweep_and_a_fan_out_on_object_storage(
-    catalog_on_store: tuple[str, ObjectStore, dict[str, str]], admin_factory: AdminFactory, database_url: str
+    catalog_on_store: tuple[str, ObjectStore, dict[str, str], str], admin_factory: AdminFactory, database_url: str
 ) -> None:
     """On the S3 server (its listing, its directory entries, its modification times): the sweep deletes the old
     files nothing references or holds and nothing else, and a fan-out epoch lands in both its tables."""
-    kind, store, properties = catalog_on_store
+    kind, store, properties, namespace = catalog_on_store
     admin = await admin_factory(
         catalog_name=f"s3-{kind}", catalog=properties, orphan_grace_seconds=1, compaction_min_files=1_000_000
     )
     catalog = load_catalog(f"s3-{kind}", **properties)
-    own, other = f"db_{kind}.orders", f"db_{kind}.returns"
+    own, other = f"{namespace}.orders", f"{namespace}.returns"
     registration = await admin.register("orders", table=own)
     (ensured,) = (
         await admin.runtime.coordinator.ensure_tables(
@@ -242,7 +245,7 @@ def _oauth_token(store: ObjectStore) -> str:
 
 
 async def test_a_rest_catalog_with_a_token_that_refuses_a_stale_commit_as_a_conflict(
-    admin_factory: AdminFactory, object_store: ObjectStore
+    admin_factory: AdminFactory, object_store: ObjectStore, s3_warehouse: str
 ) -> None:
     """The REST catalog with a bearer token instead of client credentials; another writer commits to the table
     between two of the coordinator's commits: the catalog refuses the coordinator's append on its remembered table
@@ -257,7 +260,7 @@ async def test_a_rest_catalog_with_a_token_that_refuses_a_stale_commit_as_a_conf
     properties["token"] = await asyncio.to_thread(_oauth_token, object_store)
     admin = await admin_factory(catalog_name="s3-rest-token", catalog=properties)
     catalog = load_catalog("s3-rest-token", **properties)
-    table = "db_token.orders"
+    table = f"db_token_{s3_warehouse.rsplit('/', 1)[-1]}.orders"
     registration = await admin.register("orders", table=table)
     await pre_commit(admin, object_store, registration, 0, 0)
     assert await admin.checkpoint("orders", registration, 0) == 0
