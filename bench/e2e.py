@@ -9,9 +9,9 @@ Rate = records / (query start to termination, including the last commit). The an
 rate of the same topic (bench.source_limit: a consumer and the same JSON parsing, no Spark).
 
 Part 3 runs both jobs in a local Spark session on a local warehouse; part 9 runs them where tables really live,
-on a Spark standalone cluster (executors in JVMs of their own) with the warehouse on S3 (moto's server on
-127.0.0.1, reached by the executors through the writer's storage settings and by the coordinator and the plain
-job through pyiceberg's FileIO).
+on a Spark standalone cluster (executors in JVMs of their own) with the tables on S3 in an Iceberg REST catalog
+(SeaweedFS on 127.0.0.1, reached by the executors through the writer's storage settings and by the coordinator
+and the plain job through pyiceberg's FileIO and REST catalog).
 """
 
 from __future__ import annotations
@@ -235,17 +235,17 @@ def run(
     """Both jobs on a local session and warehouse (with the freshness run), or on a standalone cluster and S3."""
     from pyiceberg.catalog import load_catalog
 
-    from sink_coordinator_demo.object_store import emulated_object_store
+    from sink_coordinator_demo.object_store import local_object_store
     from sink_coordinator_demo.spark_cluster import start_spark_cluster
     from spark_writer.session import local_spark_session
 
     database_url = postgres.new_database("e2e_s3" if cluster_s3 else "e2e")
     with ExitStack() as stack:
         if cluster_s3:
-            store = stack.enter_context(emulated_object_store("bench-e2e"))
+            store = stack.enter_context(local_object_store(root / "object-store", "bench-e2e"))
             cluster = start_spark_cluster(root / "spark-cluster")
             stack.callback(cluster.stop)
-            catalog_properties = store.catalog_properties("sql", store.uri("warehouse"), database_url)
+            catalog_properties = store.catalog_properties("rest", "")
             place = Place(cluster.master_url, catalog_properties, store.properties)
         else:
             place = local_place(database_url, root / "e2e")
@@ -293,6 +293,7 @@ def run(
                 }
             )
         if cluster_s3:
-            return {"rows": rows, "master": "standalone cluster (1 worker)", "storage": "S3 (moto)"}
+            storage = "S3 and its REST catalog (SeaweedFS)"
+            return {"rows": rows, "master": "standalone cluster (1 worker)", "storage": storage}
         freshness = measure_freshness(spark, coordinator, catalog, bootstrap, root, rate=2_000, seconds=20)
     return {"rows": rows, "freshness": freshness}

@@ -1,8 +1,8 @@
 """Part 8, pre-commit on far object storage: epochs of 1, 10 and 100 files on S3 with a latency per request.
 
-moto's S3 server on 127.0.0.1 stands for the object store; the coordinator reaches it (table metadata, footer
+SeaweedFS's S3 server on 127.0.0.1 stands for the object store; the coordinator reaches it (table metadata, footer
 reads, existence checks) only through a proxy that adds `delay_seconds` in each direction (about a request
-to a nearby region's endpoint). Files are written straight to moto beforehand, as executors would have:
+to a nearby region's endpoint). Files are written straight to the store beforehand, as executors would have:
 their upload is not what is measured. Each epoch is pre-committed with the footers read by the coordinator
 (an old writer) or sent by the writer with the file's size (the Spark writer), alternating, then committed
 (CommitCheckpoint, wait) so that the log stays short; both latencies are reported per file count.
@@ -10,8 +10,8 @@ their upload is not what is measured. Each epoch is pre-committed with the foote
 The baseline, taken in the same run before each epoch with footers sent: the same files' metadata requests
 (HEAD, one per file) made straight from this process through the same proxy, on as many threads as the
 coordinator checks files with. What PreCommit costs beyond it is the coordinator's; what the baseline costs
-with more files is the storage's (on moto, its own CPU per request, which a real endpoint does not share
-with the coordinator's machine).
+with more files is the storage's (on SeaweedFS here, its own CPU per request, which a real endpoint does not
+share with the coordinator's machine).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from bench.scale import FOOTER_MODES
 from coordinator_service.precommit_files import MAX_CONCURRENT_FILE_CHECKS
 from coordinator_service.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
-from sink_coordinator_demo.object_store import emulated_object_store
+from sink_coordinator_demo.object_store import local_object_store
 from spark_writer.parquet_writer import data_directory_uri
 
 BUCKET = "bench-precommit"
@@ -76,7 +76,7 @@ async def run(
 ) -> dict[str, Any]:
     proxy: LatencyProxy | None = None
     coordinator: Coordinator | None = None
-    with emulated_object_store(BUCKET) as store:
+    with local_object_store(root / "object-store", BUCKET) as store:
         try:
             host, port = urlsplit(store.endpoint).hostname, urlsplit(store.endpoint).port
             assert host is not None and port is not None

@@ -63,7 +63,8 @@ def render(results: dict[str, Any]) -> str:
     if "e2e_cluster_s3" in results:
         lines += _e2e(
             results["e2e_cluster_s3"],
-            "## 9. End to end where tables live: a Spark standalone cluster, the warehouse on S3 (moto), records/s",
+            "## 9. End to end where tables live: a Spark standalone cluster, S3 and a REST catalog (SeaweedFS), "
+            "records/s",
         )
     if "console" in results:
         lines += _console(results["console"])
@@ -219,7 +220,7 @@ def _object_storage(part: dict[str, Any]) -> list[str]:
     lines = [
         "## 8. Pre-commit on far object storage",
         "",
-        f"S3 (moto's server) behind a TCP proxy adding {_f(delay)} ms each way to every exchange; 10-row files "
+        f"S3 (SeaweedFS) behind a TCP proxy adding {_f(delay)} ms each way to every exchange; 10-row files "
         f"written beforehand; {part['epochs_per_cell']} epochs per cell, the footer modes alternating: read by the "
         "coordinator, sent (a HEAD per file), listed (sent, the files in the epoch's directory, which the "
         "coordinator lists once: the Spark writer's way on an object store).",

@@ -51,7 +51,12 @@ def create_app(runtime: Runtime) -> FastAPI:
     app.state.operations = Operations(
         runtime.database, runtime.tables, runtime.committer, runtime.cleaner, runtime.maintainer, settings
     )
-    auth = app.state.auth = AdminAuth(settings.admin_token, settings.admin_read_requires_token, settings.metrics_token)
+    auth = app.state.auth = AdminAuth(
+        settings.admin_token,
+        settings.admin_read_requires_token,
+        settings.metrics_token,
+        settings.admin_token_previous,
+    )
     app.state.metrics_answer = SharedAnswer[bytes](settings.metrics_cache_seconds)
     app.state.readiness_answer = SharedAnswer[dict[str, str]](0.0)
     _install_error_handlers(app)

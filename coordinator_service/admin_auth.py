@@ -16,14 +16,18 @@ import hashlib
 import hmac
 import secrets
 
+import structlog
 from fastapi import Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import SecretStr
 
+from coordinator_service import metrics
 from coordinator_service.errors import Unauthenticated
 from coordinator_service.operations import Operator
 
 # auto_error=False: a missing header is answered by AdminAuth, in the API's own error format.
+log = structlog.get_logger(__name__)
+
 bearer_scheme = HTTPBearer(
     auto_error=False,
     scheme_name="admin token",
@@ -33,12 +37,18 @@ bearer_scheme = HTTPBearer(
 
 class AdminAuth:
     def __init__(
-        self, token: SecretStr | None, read_requires_token: bool, metrics_token: SecretStr | None = None
+        self,
+        token: SecretStr | None,
+        read_requires_token: bool,
+        metrics_token: SecretStr | None = None,
+        previous_token: SecretStr | None = None,
     ) -> None:
-        for name, configured in (("admin", token), ("metrics", metrics_token)):
+        for name, configured in (("admin", token), ("metrics", metrics_token), ("previous admin", previous_token)):
             if configured is not None and not configured.get_secret_value():
                 raise ValueError(f"the {name} token is empty: an empty token would open what it guards")
         self._token = token
+        # During a rotation: the admin token being replaced, accepted beside the new one.
+        self._previous_token = previous_token
         self._read_requires_token = read_requires_token
         self._metrics_token = metrics_token
 
@@ -55,6 +65,8 @@ class AdminAuth:
         """Who sends a mutating request; Unauthenticated unless the token is right (when one is set)."""
         if self._token is not None:
             self._check(credentials)
+            if credentials is not None and self._matches(credentials.credentials, self._previous_token):
+                return Operator(identity="admin (previous token)", address=_address(request))
         return self.operator_of(request)
 
     def operator_of(self, request: Request) -> Operator:
@@ -70,19 +82,22 @@ class AdminAuth:
         if not self.reads_need_token and self._metrics_token is None:
             return
         if credentials is None:
-            raise Unauthenticated(
-                "/metrics needs a token: send 'Authorization: Bearer <SINK_COORDINATOR_METRICS_TOKEN>'"
-            )
+            raise _refused("/metrics needs a token: send 'Authorization: Bearer <SINK_COORDINATOR_METRICS_TOKEN>'")
         sent = credentials.credentials
         metrics = self._metrics_token
         if metrics is not None and hmac.compare_digest(sent.encode(), metrics.get_secret_value().encode()):
             return
         if self._token is None or not self.token_matches(sent):
-            raise Unauthenticated("the metrics token is wrong")
+            raise _refused("the metrics token is wrong")
 
     def token_matches(self, sent: str) -> bool:
-        """Whether `sent` is the admin token (compared in constant time); any text when none is configured."""
-        return self._token is None or hmac.compare_digest(sent.encode(), self._token.get_secret_value().encode())
+        """Whether `sent` is the admin token, or during a rotation the one it replaces (compared in constant time);
+        any text when none is configured."""
+        return self._token is None or self._matches(sent, self._token) or self._matches(sent, self._previous_token)
+
+    @staticmethod
+    def _matches(sent: str, token: SecretStr | None) -> bool:
+        return token is not None and hmac.compare_digest(sent.encode(), token.get_secret_value().encode())
 
     def derived_key(self, purpose: bytes) -> bytes:
         """A key for `purpose` derived from the admin token, so that a new token changes it; a random one (for
@@ -93,11 +108,18 @@ class AdminAuth:
 
     def _check(self, credentials: HTTPAuthorizationCredentials | None) -> None:
         if credentials is None:
-            raise Unauthenticated(
+            raise _refused(
                 "this route needs the admin token: send 'Authorization: Bearer <SINK_COORDINATOR_ADMIN_TOKEN>'"
             )
         if not self.token_matches(credentials.credentials):
-            raise Unauthenticated("the admin token is wrong")
+            raise _refused("the admin token is wrong")
+
+
+def _refused(why: str) -> Unauthenticated:
+    """A failed authentication: counted and logged (never the token sent), for an operator to see probing."""
+    metrics.AUTHENTICATION_FAILURES.labels("http").inc()
+    log.warning("authentication failed", api="http", why=why)
+    return Unauthenticated(why)
 
 
 def _address(request: Request) -> str:

@@ -7,15 +7,16 @@ is answered from one at most METRICS_CACHE_SECONDS old (coordinator_service.shar
 from __future__ import annotations
 
 import asyncio
+import time
 
 import structlog
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from sqlalchemy import text
 
 from coordinator_service import metrics
 from coordinator_service.admin_deps import OperationsDep, RuntimeDep
+from coordinator_service.database import Database, within
 from coordinator_service.errors import CoordinatorError, SchemaNotCurrent, cause
 from coordinator_service.operations import Operations
 from coordinator_service.runtime import Runtime
@@ -32,13 +33,14 @@ router = APIRouter(tags=["health"])
 async def prometheus_metrics(request: Request, operations: OperationsDep) -> Response:
     """Prometheus metrics; the per-sink gauges are read from the metastore (at most METRICS_CACHE_SECONDS ago)."""
     shared: SharedAnswer[bytes] = request.app.state.metrics_answer
-    body = await shared.get(lambda: _scrape(operations))
+    body = await shared.get(lambda: _scrape(operations, request.app.state.runtime.database))
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
-async def _scrape(operations: Operations) -> bytes:
+async def _scrape(operations: Operations, database: Database) -> bytes:
     gauges: list[metrics.SinkGauges] | None
     try:
+        database.check_answering()  # a scrape never waits on a metastore that does not answer
         gauges = [
             metrics.SinkGauges(
                 sink=overview.sink.name,
@@ -47,6 +49,7 @@ async def _scrape(operations: Operations) -> bytes:
                 oldest_pending_age_seconds=overview.counts.oldest_pending_age_seconds,
                 retrying=overview.health is not None and overview.health.retrying,
                 stuck=overview.health is not None and overview.health.stuck is not None,
+                suspended=overview.sink.suspended_reason is not None,
                 tables=[
                     metrics.TableGauges(
                         table=table.table,
@@ -81,30 +84,70 @@ async def readyz(request: Request, runtime: RuntimeDep) -> JSONResponse:
     parameters, driver text) goes to the log."""
     shared: SharedAnswer[dict[str, str]] = request.app.state.readiness_answer
     checks = await shared.get(lambda: _readiness(runtime))
-    ready = all(value == "ok" for value in checks.values())
+    ready = all(value.startswith("ok") for value in checks.values())
     return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
 
 
 async def _readiness(runtime: Runtime) -> dict[str, str]:
-    checks: dict[str, str] = {}
+    """Each dependency's state. A dependency every replica shares (the metastore, the catalog) makes this replica
+    unready only once it has failed for READINESS_DEPENDENCY_GRACE_SECONDS: a blip must not take every replica out
+    of the Service at once (writers would get refused connections instead of quick UNAVAILABLE answers)."""
+    silent = runtime.database.silent_seconds
+    if silent > 0:
+        metastore = f"not answering for {silent:.0f} s: see the coordinator's log"
+    else:
+        metastore = await _metastore(runtime)
+    return {
+        "metastore": _within_grace(runtime, "metastore", metastore),
+        "catalog": _within_grace(runtime, "catalog", await _catalog(runtime)),
+        **_warehouse_check(runtime),
+    }
+
+
+def _within_grace(runtime: Runtime, dependency: str, state: str) -> str:
+    """`state` as readiness reports it: a failure younger than the grace still counts as ok, and says so. A schema
+    this release cannot run on is never within a grace."""
+    failing = runtime.dependencies_failing_since
+    if state == "ok":
+        failing.pop(dependency, None)
+        return state
+    since = failing.setdefault(dependency, time.monotonic())
+    grace = runtime.settings.readiness_dependency_grace_seconds
+    if state.startswith("schema") or time.monotonic() - since > grace:
+        return state
+    return f"ok ({state}; unready after {grace:g} s of it)"
+
+
+async def _catalog(runtime: Runtime) -> str:
     try:
-        async with runtime.database.connection() as connection:
-            await connection.execute(text("SELECT 1"))
-            await connection.run_sync(require_current_schema)
-        checks["metastore"] = "ok"
-    except SchemaNotCurrent:
-        checks["metastore"] = "schema not current: run `sink-coordinator migrate` with this release"
-    except Exception as error:
-        log.warning("readiness: the metastore failed", error=cause(error))
-        checks["metastore"] = "unreachable: see the coordinator's log"
-    try:
-        await asyncio.to_thread(runtime.tables.catalog.list_namespaces)
-        checks["catalog"] = "ok"
+        await within(
+            runtime.settings.metastore_stall_seconds * 2, asyncio.to_thread(runtime.tables.catalog.list_namespaces)
+        )
+    except TimeoutError:
+        return "not answering: see the coordinator's log"
     except Exception as error:
         log.warning("readiness: the catalog failed", error=cause(error), error_type=type(error).__name__)
-        checks["catalog"] = "unreachable: see the coordinator's log"
-    checks.update(_warehouse_check(runtime))
-    return checks
+        return "unreachable: see the coordinator's log"
+    return "ok"
+
+
+async def _metastore(runtime: Runtime) -> str:
+    """The metastore's readiness: it answers, within the stall time, on a schema this release runs on."""
+
+    async def check() -> None:
+        async with runtime.database.connection() as connection:
+            await connection.run_sync(require_current_schema)
+
+    try:
+        await within(runtime.settings.metastore_stall_seconds * 2, check())
+    except SchemaNotCurrent:
+        return "schema not current: run `sink-coordinator migrate` with this release"
+    except TimeoutError:
+        return "not answering: see the coordinator's log"
+    except Exception as error:
+        log.warning("readiness: the metastore failed", error=cause(error))
+        return "unreachable: see the coordinator's log"
+    return "ok"
 
 
 def _warehouse_check(runtime: Runtime) -> dict[str, str]:

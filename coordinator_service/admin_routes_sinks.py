@@ -28,6 +28,8 @@ from coordinator_service.admin_schemas import (
     MaintenanceOverridesRequest,
     MaintenanceResponse,
     MaintenanceRunResponse,
+    ReconcileRequest,
+    ReconcileResponse,
     RemoveTableRequest,
     RemoveTableResponse,
     ResetRequest,
@@ -122,6 +124,20 @@ async def reset_sink(operations: OperationsDep, sink: SinkName, body: ResetReque
     others, fence the writer, and let the next RegisterWriter start a new epoch numbering from its checkpoint
     (docs/operations.md). A catalog that cannot be read answers 503 with nothing changed."""
     return ResetResponse.of(await operations.reset_sink(sink, body.confirm, body.reason, caller))
+
+
+@router.post(
+    "/sinks/{sink}/reconcile",
+    response_model=ReconcileResponse,
+    responses=error_responses(HTTPStatus.NOT_FOUND, HTTPStatus.CONFLICT),
+)
+async def reconcile_sink(
+    operations: OperationsDep, sink: SinkName, body: ReconcileRequest, caller: Caller
+) -> ReconcileResponse:
+    """A suspended sink whose log is behind its tables (a metastore restored from an earlier backup) or whose table
+    is another one under its name: set the log to what the tables hold, fence the writer, and let the next one start
+    a new numbering from the restart point (docs/operations.md, 'A restored metastore')."""
+    return ReconcileResponse.of(await operations.reconcile(sink, body.confirm, body.reason, caller))
 
 
 @router.post(

@@ -24,6 +24,7 @@ from coordinator_service.operations import (
     AbortOutcome,
     EpochDetail,
     MaintenanceView,
+    Reconciled,
     ResetOutcome,
     SinkDeleted,
     SinkOverview,
@@ -120,6 +121,13 @@ class SinkResponse(SinkView):
     awaiting_writer_after_reset: Annotated[
         bool,
         Field(description="True after a reset until a writer registers: that writer's checkpoint will be adopted."),
+    ]
+    suspended_reason: Annotated[
+        str | None,
+        Field(
+            description="Set while the sink's log is out of step with one of its tables (a restored metastore, another "
+            "table, another catalog): nothing is accepted or committed for it; says how to recover."
+        ),
     ]
     pending_epochs: int
     aborted_epochs: int
@@ -287,6 +295,27 @@ class ResetResponse(BaseModel):
         return cls(sink=SinkResponse.of(outcome.sink), aborted_epochs=list(outcome.aborted_epochs))
 
 
+class ReconcileRequest(BaseModel):
+    confirm: str = Field(max_length=300, description="The sink's name again, to confirm.")
+    reason: OperatorText
+
+
+class ReconcileResponse(BaseModel):
+    sink: SinkResponse
+    restart_epoch: int = Field(
+        description="Every table holds the epochs up to it: start the new writer from its end offsets (the "
+        "snapshot summary's sink-coordinator.kafka.end-offsets), with a new checkpoint."
+    )
+    tables: dict[str, int] = Field(
+        description="The newest epoch each table holds; the records of those above restart_epoch are written again "
+        "by a writer started from it."
+    )
+
+    @classmethod
+    def of(cls, outcome: Reconciled) -> ReconcileResponse:
+        return cls(sink=SinkResponse.of(outcome.sink), restart_epoch=outcome.restart_epoch, tables=outcome.tables)
+
+
 class RemoveTableRequest(BaseModel):
     confirm: str = Field(max_length=300, description="The table's name again, to confirm.")
     reason: OperatorText
@@ -345,7 +374,10 @@ class DeleteSinkResponse(BaseModel):
 
 class MaintenanceRunResponse(BaseModel):
     id: int
-    trigger: str = Field(description="schedule (the coordinator's timing) or operator (POST .../maintenance/run).")
+    trigger: str = Field(
+        description="schedule (the coordinator's timing), threshold (a commit took a table past SNAPSHOT_MAX_COUNT) "
+        "or operator (POST .../maintenance/run)."
+    )
     started_at: datetime
     finished_at: datetime | None
     outcome: str = Field(description="running, ok or failed.")

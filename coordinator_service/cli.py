@@ -217,15 +217,29 @@ def serve(settings: Settings) -> None:
 
 
 @app.command()
-@with_settings(*METASTORE)
-def migrate(settings: Settings) -> None:
-    """Create or upgrade the metastore schema (sinks, pending_sink_state)."""
+@with_settings(*METASTORE, "migration_lock_timeout_seconds")
+def migrate(
+    settings: Settings,
+    to: Annotated[
+        str,
+        typer.Option(
+            help="The schema revision to upgrade or roll back to (a rollback: the revision the release rolled back to "
+            "knows as its head; docs/operations.md, 'Upgrades and rollbacks'). head: this release's.",
+        ),
+    ] = "head",
+) -> None:
+    """Create or upgrade the metastore schema (sinks, pending_sink_state), or roll it back with --to."""
+    from alembic.util import CommandError
+
     from coordinator_service.runtime import metastore_url
     from coordinator_service.runtime import migrate as migrate_metastore
 
     url, embedded = metastore_url(settings)
     with _reaching_metastore(url):
-        revision = migrate_metastore(url)
+        try:
+            revision = migrate_metastore(url, to, settings.migration_lock_timeout_seconds)
+        except (CommandError, ValueError) as error:
+            _refuse("cannot migrate", error, 2)
     where = f"embedded PostgreSQL in {settings.data_dir}" if embedded else url.render_as_string(hide_password=True)
     console.print(f"metastore at revision {revision}: {where}")
 
@@ -235,7 +249,7 @@ def migrate(settings: Settings) -> None:
 def status(settings: Settings) -> None:
     """Show every sink (its writer, progress, last commit, the sinks sharing its tables) and its epochs not yet
     committed, as the metastore has them (whether or not a coordinator runs)."""
-    from coordinator_service.database import Database
+    from coordinator_service.database import ConnectionOptions, Database
     from coordinator_service.runtime import metastore_url, require_migrated
 
     url, _ = metastore_url(settings)
@@ -244,7 +258,7 @@ def status(settings: Settings) -> None:
             require_migrated(url)
         except SchemaNotCurrent as error:
             _refuse("cannot read the metastore", error)
-        asyncio.run(_print_status(Database(url, pool_size=1), settings.stalled_after_seconds))
+        asyncio.run(_print_status(Database(url, ConnectionOptions(pool_size=1)), settings.stalled_after_seconds))
 
 
 @app.command()

@@ -16,7 +16,7 @@ import contextlib
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -30,14 +30,14 @@ from coordinator_service import commit_lock, failpoints, metrics, precommit_meta
 from coordinator_service.commit_history import CommitHistory
 from coordinator_service.commit_lock import CommitLock
 from coordinator_service.database import Database
-from coordinator_service.errors import CommitLockLost, InvalidArgument, cause
+from coordinator_service.errors import CommitLockLost, InvalidArgument, SinkSuspended, cause
 from coordinator_service.failpoints import Failpoint
 from coordinator_service.iceberg import IcebergGateway
 from coordinator_service.models import PendingSinkState, Sink
 from coordinator_service.precommit_metadata import DataFileEntry, MetadataDecodeError, PreCommitMetadata
 from coordinator_service.settings import Settings
 from coordinator_service.source_positions import snapshot_positions
-from coordinator_service.table_maintenance import table_properties_for
+from coordinator_service.table_maintenance import retention_of, table_properties_for
 from coordinator_service.views import EpochStatus
 
 log = structlog.get_logger(__name__)
@@ -63,6 +63,7 @@ class CommitterHealth:
 _PERMANENT_FAILURES: tuple[type[BaseException], ...] = (
     MetadataDecodeError,
     InvalidArgument,
+    SinkSuspended,
     pyiceberg_errors.NoSuchTableError,
     pyiceberg_errors.NoSuchNamespaceError,
     pyiceberg_errors.ValidationError,
@@ -118,6 +119,8 @@ class Committer:
         # asyncio's semaphore hands its slots out in arrival order: a sink that just committed queues behind
         # the sinks already waiting.
         self._passes = asyncio.Semaphore(max(1, settings.commit_concurrency))
+        # Told the sinks whose tables outgrew their maintenance thresholds in a commit (the maintainer sets it).
+        self.maintenance_wanted: Callable[[int], None] = lambda sink_id: None
 
     def start(self) -> None:
         """Start the poller, which first resumes whatever the log holds."""
@@ -328,6 +331,8 @@ class Committer:
             return False
         pending, more = waiting[:limit], len(waiting) > limit
         self._sink_names[sink_id] = sink.name
+        if sink.suspended_reason is not None:
+            raise SinkSuspended(sink.suspended_reason)
         structlog.contextvars.bind_contextvars(sink=sink.name)
         log_ = log.bind(table=sink.table_identifier, epochs=[row.epoch for row in pending])
         decoded = [precommit_metadata.decode(row.metadata_) for row in pending]
@@ -362,6 +367,8 @@ class Committer:
             if outcome is None:
                 return True  # a cached table was stale: walk the current one (what this pass appended is found)
             health.failing_tables.pop(table, None)
+            if outcome.files:
+                self._check_thresholds(sink, table)
             held[table] = outcome.held
             appends.add(outcome, own=table == sink.table_identifier)
             if not outcome.files:
@@ -436,6 +443,23 @@ class Committer:
             return None
         return _TableCommit(dict.fromkeys(work, snapshot_id), files=len(entries), held=top)
 
+    def _check_thresholds(self, sink: Sink, table_name: str) -> None:
+        """Ask for the sink's maintenance now when a commit took a table past its snapshot bound (the coordinator's
+        SNAPSHOT_MAX_COUNT, or the table's own min-snapshots-to-keep) by a tenth: the bound holds whatever the commit
+        rate, not only on the maintenance clock."""
+        table = self.tables.last_known(table_name)
+        if table is None:
+            return
+        try:
+            policy = self.settings.with_overrides(sink.maintenance_overrides)
+        except pydantic.ValidationError:
+            return  # stored out of range behind the API's back: the maintainer says so, the commit goes on
+        if not policy.maintenance_enabled:
+            return
+        bound = retention_of(table, int(policy.snapshot_max_age_seconds * 1000), policy.snapshot_max_count).max_count
+        if len(table.metadata.snapshots) > bound + max(1, bound // 10):
+            self.maintenance_wanted(sink.id)
+
     def _table_properties(self, sink: Sink) -> Mapping[str, str]:
         """What the sink's commits make sure its tables have: manifest merging and old metadata files removed
         when its maintenance is on (coordinator_service.maintenance)."""
@@ -473,7 +497,7 @@ class Committer:
         seconds = time.monotonic() - started
         metrics.record_commit(sink.name, len(epochs), snapshots=appends.snapshots, seconds=seconds)
         self.history.record(sink.name, seconds, len(epochs), lag_epochs=sink.checkpointed_epoch - committed)
-        log_.info(
+        log_.debug(
             "epochs committed",
             epochs=epochs,
             snapshot_ids=sorted({snapshot for snapshot in appended.snapshots.values() if snapshot is not None}),

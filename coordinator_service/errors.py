@@ -79,6 +79,11 @@ class EpochAborted(FailedPrecondition):
     """The epoch was aborted (by recovery or an operator) and cannot be checkpointed."""
 
 
+class SinkSuspended(FailedPrecondition):
+    """The log is out of step with one of the sink's tables (a restored metastore, another table, another catalog):
+    nothing is committed or accepted for it until an operator reconciles it."""
+
+
 class CheckpointBehind(FailedPrecondition):
     """The writer's checkpoint is behind what the coordinator recorded: it was lost or rolled back."""
 

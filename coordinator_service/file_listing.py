@@ -18,7 +18,19 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 @dataclass(frozen=True)
 class ListedFile:
     size: int
-    mtime_ns: int | None  # None where the store does not tell
+    mtime_ns: int | None  # the latest moment it may have been written (written_by); None where the store does not tell
+
+
+SECOND_NS = 1_000_000_000
+
+
+def written_by(mtime_ns: int | None) -> int | None:
+    """The latest moment a file with this modification time may have been written. A store that keeps whole
+    seconds (S3's Last-Modified) truncates the moment: a whole second stands for any moment of it, and a file
+    must never look older than it is (the orphan grace and a pre-commit's age check are ages)."""
+    if mtime_ns is None or mtime_ns % SECOND_NS:
+        return mtime_ns
+    return mtime_ns + SECOND_NS - 1
 
 
 def listed_files(io: FileIO, directory: str) -> dict[str, ListedFile] | None:
@@ -35,7 +47,7 @@ def listed_files(io: FileIO, directory: str) -> dict[str, ListedFile] | None:
     except FileNotFoundError:
         return {}
     return {
-        f"{scheme}://{info.path}": ListedFile(info.size, info.mtime_ns)
+        f"{scheme}://{info.path}": ListedFile(info.size, written_by(info.mtime_ns))
         for info in infos
         if info.type == pafs.FileType.File
     }
@@ -53,5 +65,5 @@ def _walk_local(root: str) -> dict[str, ListedFile]:
             except FileNotFoundError:
                 continue  # deleted while listed
             if stat.S_ISREG(info.st_mode):
-                files[path] = ListedFile(info.st_size, info.st_mtime_ns)
+                files[path] = ListedFile(info.st_size, written_by(info.st_mtime_ns))
     return files

@@ -22,13 +22,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Final, cast
 
 import grpc
+import structlog
 from google.protobuf.message import DecodeError, Message
 
+from coordinator_service import metrics
 from coordinator_service.database import DATA_ERRORS, unstorable
 from coordinator_service.errors import CoordinatorError, PermissionDenied, cause
 from coordinator_service.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.writer_admission import Admission
 from coordinator_service.writer_scopes import Credentials, Scope
+
+log = structlog.get_logger(__name__)
 
 SERVICE_NAME: Final = pb.DESCRIPTOR.services_by_name["SinkCoordinator"].full_name
 HEALTH_CHECK: Final = "/grpc.health.v1.Health/Check"
@@ -118,9 +122,14 @@ def _bearer(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | None:
 
 
 def _why_unauthenticated(details: grpc.HandlerCallDetails) -> str:
+    """Why a call is refused; counted and logged (never the token sent), for an operator to see probing."""
     if _bearer(details.invocation_metadata) is None:
-        return "no writer token: send metadata 'authorization: Bearer <writer token>'"
-    return "the writer token is wrong"
+        why = "no writer token: send metadata 'authorization: Bearer <writer token>'"
+    else:
+        why = "the writer token is wrong"
+    metrics.AUTHENTICATION_FAILURES.labels("grpc").inc()
+    log.warning("authentication failed", api="grpc", method=details.method, why=why)
+    return why
 
 
 def _refused(code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler[Any, Any]:

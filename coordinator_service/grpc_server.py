@@ -3,7 +3,8 @@ every call passes the writer gate (coordinator_service.grpc_gate) first."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+import asyncio
+from collections.abc import Coroutine
 from typing import Any, Final, NoReturn, TypeVar
 
 import grpc
@@ -11,7 +12,7 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from coordinator_service.database import DATA_ERRORS, unstorable
+from coordinator_service.database import DATA_ERRORS, Database, unstorable
 from coordinator_service.errors import CannotServe, CoordinatorError, Unavailable
 from coordinator_service.grpc_gate import SERVICE_NAME, WriterGate
 from coordinator_service.listening import GRPC_EXCLUSIVE_PORT
@@ -34,18 +35,48 @@ CONNECTION_AGE_GRACE_SECONDS: Final = 300.0
 
 
 async def _answer(
-    context: grpc.aio.ServicerContext[Any, Any], call: Awaitable[Response], **log_context: object
+    context: grpc.aio.ServicerContext[Any, Any],
+    database: Database,
+    call: Coroutine[Any, Any, Response],
+    **log_context: object,
 ) -> Response:
     """Await the protocol call with log_context (sink, epoch) on every line it logs; errors become statuses.
 
-    A value PostgreSQL refused that reached this far unchecked is still the request's fault: INVALID_ARGUMENT."""
-    with structlog.contextvars.bound_contextvars(**log_context):
+    While the metastore does not answer (its watch, Database.check_answering) the call is UNAVAILABLE at once,
+    not at the writer's deadline. A value PostgreSQL refused that reached this far unchecked is still the
+    request's fault: INVALID_ARGUMENT."""
+    # Who asked: the writer's address on every line the call logs.
+    with structlog.contextvars.bound_contextvars(writer=context.peer(), **log_context):
         try:
-            return await call
+            database.check_answering()
+        except Unavailable as error:
+            call.close()
+            await _abort(context, error)
+        try:
+            return await _unless_silenced(database, call)
         except CoordinatorError as error:
             await _abort(context, error)
         except DATA_ERRORS as error:
             await _abort(context, unstorable(error))
+
+
+async def _unless_silenced(database: Database, call: Coroutine[Any, Any, Response]) -> Response:
+    """The call's answer, or Unavailable as soon as the metastore stops answering while the call waits on it; the
+    call is then cancelled as a writer's deadline would cancel it (every call is idempotent: the retry learns
+    what became of it)."""
+    task = asyncio.ensure_future(call)
+    silence = asyncio.ensure_future(database.silence())
+    try:
+        await asyncio.wait({task, silence}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        silence.cancel()
+        answered = task.done()
+        if not answered:
+            task.cancel()  # the metastore went silent, or the writer's call was cancelled
+    if not answered:
+        database.check_answering()
+        raise Unavailable("the PostgreSQL metastore stopped answering during the call: retry")
+    return task.result()
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: CoordinatorError) -> NoReturn:
@@ -63,6 +94,7 @@ class SinkCoordinatorServicer(pb_grpc.SinkCoordinatorServicer):
     ) -> pb.RegisterWriterResponse:
         registration = await _answer(
             context,
+            self.coordinator.database,
             self.coordinator.register_writer(
                 sink=request.sink,
                 table=request.table,
@@ -81,6 +113,7 @@ class SinkCoordinatorServicer(pb_grpc.SinkCoordinatorServicer):
     ) -> pb.PreCommitResponse:
         result = await _answer(
             context,
+            self.coordinator.database,
             self.coordinator.pre_commit(
                 PreCommitRequest(
                     sink=request.sink,
@@ -112,6 +145,7 @@ class SinkCoordinatorServicer(pb_grpc.SinkCoordinatorServicer):
     ) -> pb.CommitCheckpointResponse:
         result = await _answer(
             context,
+            self.coordinator.database,
             self.coordinator.commit_checkpoint(
                 sink=request.sink, epoch=request.epoch, writer_term=request.writer_term, wait=request.wait
             ),
@@ -124,7 +158,9 @@ class SinkCoordinatorServicer(pb_grpc.SinkCoordinatorServicer):
     async def GetSinkState(  # noqa: N802
         self, request: pb.GetSinkStateRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.GetSinkStateResponse:
-        state = await _answer(context, self.coordinator.sink_state(request.sink), sink=request.sink)
+        state = await _answer(
+            context, self.coordinator.database, self.coordinator.sink_state(request.sink), sink=request.sink
+        )
         return to_message(state, pb.GetSinkStateResponse)
 
     async def EnsureTables(  # noqa: N802
@@ -132,6 +168,7 @@ class SinkCoordinatorServicer(pb_grpc.SinkCoordinatorServicer):
     ) -> pb.EnsureTablesResponse:
         ensured = await _answer(
             context,
+            self.coordinator.database,
             self.coordinator.ensure_tables(
                 sink=request.sink,
                 writer_term=request.writer_term,
@@ -164,7 +201,7 @@ def build_server(
     BDP probing), so the server holds at most that of a body nobody reads.
     """
     gate = WriterGate(
-        Credentials(settings.writer_token, settings.writer_scopes),
+        Credentials(settings.writer_token, settings.writer_scopes, settings.writer_token_previous),
         Admission(coordinator.database, coordinator.tables, settings.admin_lock_timeout_seconds),
     )
     server = grpc.aio.server(

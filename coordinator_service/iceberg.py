@@ -209,9 +209,19 @@ class IcebergGateway:
     def forget(self, identifier: str) -> None:
         self._cache.pop(identifier, None)
 
+    def last_known(self, identifier: str) -> Table | None:
+        """The table as this process last loaded or committed it, however old; no catalog call."""
+        entry = self._cache.get(identifier)
+        return None if entry is None else entry[1]
+
     @property
     def catalog_name(self) -> str:
         return str(self.catalog.name)
+
+    @property
+    def nested_namespaces(self) -> bool:
+        """Whether the catalog holds nested namespaces (lake.shop.orders): the SQL, Hive and Glue catalogs do not."""
+        return not isinstance(self.catalog, MetastoreCatalog)
 
     def load(self, identifier: str) -> Table:
         """The table as the catalog has it now (and remembered in the cache)."""
@@ -229,17 +239,13 @@ class IcebergGateway:
     def ensure_table(
         self, identifier: str, schema: pa.Schema | None, partition_by: Sequence[str], written_by: Sequence[str] = ()
     ) -> str:
-        """Create the table when missing (given a schema), add new columns when present; return its location.
+        """Create the table when missing (given a schema), add new columns when present; return its location. The
+        name went through the name policy, or the log records it from before the policy (the protocol's to say).
 
         A present table's schema must take the writer's files (InvalidArgument, nothing changed, naming the other
         sinks that write it, `written_by`): the same check the pre-commit makes of each file, before Spark writes
         one."""
         parts = parse_table_identifier(identifier)
-        if len(parts) > 2 and isinstance(self.catalog, MetastoreCatalog):
-            raise InvalidArgument(
-                f"table identifier {quote(identifier)}: catalog {self.catalog_name} "
-                f"({type(self.catalog).__name__}) has no nested namespaces: use 'namespace.table'"
-            )
         fields = [parse_partition_field(text) for text in partition_by]
         try:
             table = self.catalog.load_table(parts)

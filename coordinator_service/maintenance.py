@@ -31,6 +31,7 @@ the run from the sink's other tables (the run is recorded failed, naming it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -62,6 +63,8 @@ RUNS_KEPT = 100
 ORPHAN_DELETE_BATCH = 100
 SCHEDULE = "schedule"
 OPERATOR = "operator"
+# A commit took a table past a bound (coordinator_service.committer, _check_thresholds).
+THRESHOLD = "threshold"
 
 
 def policy_of(settings: Settings, sink: Sink) -> MaintenancePolicy:
@@ -100,9 +103,18 @@ class Maintainer:
         self.deleter = deleter
         self.settings = settings
         self._task: asyncio.Task[None] | None = None
+        # Sinks whose commits took a table past a threshold: maintained at the next round, whatever the clock.
+        self._wanted: set[int] = set()
+        self._wake = asyncio.Event()
+        committer.maintenance_wanted = self.want
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._schedule_forever(), name="table-maintenance")
+
+    def want(self, sink_id: int) -> None:
+        """A commit took one of the sink's tables past a threshold (the committer calls it)."""
+        self._wanted.add(sink_id)
+        self._wake.set()
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -116,20 +128,34 @@ class Maintainer:
             except Exception as error:
                 log.warning("table maintenance could not look for due sinks; will try again", error=cause(error))
                 due = []
-            for sink_id in due:
-                # One sink's failure (its table, its stored overrides, anything) never keeps the others from theirs.
-                try:
-                    async with commit_lock.try_holding(self.database, sink_id) as lock:
-                        if lock is not None:  # else its committer is at work: the next round
-                            await self._run(sink_id, SCHEDULE, lock)
-                except Exception as error:
-                    log.warning(
-                        "table maintenance of a sink failed; will try again", sink_id=sink_id, error=cause(error)
-                    )
-            await asyncio.sleep(self.settings.poll_interval_seconds)
+            wanted, self._wanted = self._wanted, set()
+            runs = [(sink_id, THRESHOLD) for sink_id in sorted(wanted)]
+            runs += [(sink_id, SCHEDULE) for sink_id in due if sink_id not in wanted]
+            # Up to MAINTENANCE_CONCURRENCY sinks at a time: one slow table does not hold the others' runs back.
+            slots = asyncio.Semaphore(self.settings.maintenance_concurrency)
+            await asyncio.gather(*(self._run_when_free(sink_id, trigger, slots) for sink_id, trigger in runs))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.settings.poll_interval_seconds)
+            self._wake.clear()
+
+    async def _run_when_free(self, sink_id: int, trigger: str, slots: asyncio.Semaphore) -> None:
+        """The sink's run, if its commit lock is free; one sink's failure (its table, its stored overrides,
+        anything) never keeps the others from theirs."""
+        async with slots:
+            try:
+                async with commit_lock.try_holding(self.database, sink_id) as lock:
+                    if lock is not None:
+                        await self._run(sink_id, trigger, lock)
+                    elif trigger == THRESHOLD:
+                        self._wanted.add(sink_id)  # its committer is at work: the next round
+            except Exception as error:
+                log.warning("table maintenance of a sink failed; will try again", sink_id=sink_id, error=cause(error))
 
     async def _due(self) -> list[int]:
+        """The sinks whose scheduled run is due; how far behind the most overdue one is goes to a gauge (a process
+        whose MAINTENANCE_CONCURRENCY cannot keep up with its sinks falls behind: a metric and an alert say so)."""
         now = datetime.now(UTC)
+        behind = 0.0
         async with self.database.transaction() as session:
             candidates = await repository.maintenance_candidates(session)
         due = []
@@ -149,6 +175,9 @@ class Maintainer:
             # A new sink's first run comes one interval after its creation.
             if policy.maintenance_enabled and now - (last_run or sink.created_at) >= interval:
                 due.append(sink.id)
+                behind = max(behind, (now - (last_run or sink.created_at) - interval).total_seconds())
+        metrics.MAINTENANCE_BEHIND_SECONDS.set(behind)
+        metrics.MAINTENANCE_DUE_SINKS.set(len(due))
         return due
 
     async def run_now(self, sink_id: int) -> MaintenanceRun:

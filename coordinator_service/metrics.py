@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -71,6 +71,13 @@ COMMIT_ANOMALIES = Counter(
 CLEANED_FILES = Counter(
     "sink_coordinator_cleaned_files_total", "Data files of aborted epochs deleted from storage.", ["sink"]
 )
+AUTHENTICATION_FAILURES = Counter(
+    "sink_coordinator_authentication_failures_total",
+    "Requests refused for a missing or wrong token, by API (grpc, http): probing, or a client with an old token.",
+    ["api"],
+)
+AUTHENTICATION_FAILURES.labels("grpc")
+AUTHENTICATION_FAILURES.labels("http")
 DELETIONS_REFUSED = Counter(
     "sink_coordinator_deletions_refused_total",
     "Files a deletion was asked for and refused: not where the sink's tables keep their files (outside their data "
@@ -108,6 +115,15 @@ ORPHANS_DELETED = Counter(
 )
 
 
+MAINTENANCE_BEHIND_SECONDS = Gauge(
+    "sink_coordinator_maintenance_behind_seconds",
+    "How long past its MAINTENANCE_INTERVAL_SECONDS the most overdue sink's run is, at this process's last look; "
+    "growing: the process does not keep up (raise MAINTENANCE_CONCURRENCY, or add replicas).",
+)
+MAINTENANCE_DUE_SINKS = Gauge(
+    "sink_coordinator_maintenance_due_sinks",
+    "Sinks whose scheduled maintenance run was due at this process's last look.",
+)
 COMMITTER_STUCK_EVENTS = Counter(
     "sink_coordinator_committer_stuck_events", "Times a sink's committer got stuck (see committer_stuck).", ["sink"]
 )
@@ -132,6 +148,7 @@ class SinkGauges:
     oldest_pending_age_seconds: float | None
     retrying: bool
     stuck: bool
+    suspended: bool
     tables: Sequence[TableGauges]
     # The sink does not advance (its oldest PENDING epoch waited STALLED_AFTER_SECONDS).
     stalled: bool = False
@@ -185,6 +202,12 @@ class _ScrapedGauges(Collector):
                 "Seconds since the sink's writer last made a call a coordinator answered (no series before its "
                 "first recorded call).",
                 lambda s: s.writer_last_call_age_seconds,
+            ),
+            (
+                "sink_coordinator_sink_suspended",
+                "1 while the sink is suspended: its log is out of step with one of its tables (a restored metastore, "
+                "another table, another catalog); its suspended_reason says why and how to recover.",
+                lambda s: 1 if s.suspended else 0,
             ),
         ]
         for name, documentation, value in families:

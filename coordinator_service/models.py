@@ -10,6 +10,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     CheckConstraint,
+    Column,
     DateTime,
     Enum,
     ForeignKey,
@@ -17,6 +18,7 @@ from sqlalchemy import (
     Index,
     Integer,
     LargeBinary,
+    Table,
     Text,
     Uuid,
     func,
@@ -30,6 +32,12 @@ from coordinator_service.views import EpochStatus
 
 class Base(DeclarativeBase):
     pass
+
+
+# One row: the oldest release head whose code runs on the schema as migrated (coordinator_service.schema).
+schema_compatibility = Table(
+    "schema_compatibility", Base.metadata, Column("oldest_compatible_code", Text, nullable=False)
+)
 
 
 class AbortCause(enum.StrEnum):
@@ -66,10 +74,13 @@ class Sink(Base):
     incarnation: Mapped[uuid.UUID] = mapped_column(Uuid, unique=True, server_default=text("gen_random_uuid()"))
     # Sinks that existed before incarnations (migration 0003): markers without one count as theirs.
     legacy_markers: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
-    # When its writer last called (a successful call, on any replica; migration 0009): coordinator_service.writer_calls.
+    # When its writer last called (a successful call, on any replica; migration 0012): coordinator_service.writer_calls.
     writer_last_call_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     # Settings of its table's maintenance that differ from the coordinator's (maintenance.MaintenancePolicy).
     maintenance_overrides: Mapped[dict[str, object] | None] = mapped_column(JSONB, nullable=True)
+    # Set when the log is out of step with one of its tables (coordinator_service.metastore_checks): nothing is
+    # committed or accepted for the sink until an operator reconciles it, or the cause goes away.
+    suspended_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
@@ -134,6 +145,8 @@ class WrittenTable(Base):
     sink_id: Mapped[int] = mapped_column(Integer, ForeignKey("sinks.id", ondelete="CASCADE"), primary_key=True)
     table_identifier: Mapped[str] = mapped_column(Text, primary_key=True)
     committed_epoch: Mapped[int] = mapped_column(BigInteger)
+    # The table's UUID as its first check found it: another table under the same name is not this one.
+    table_uuid: Mapped[uuid.UUID | None] = mapped_column(Uuid, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
@@ -178,7 +191,8 @@ class MaintenanceRun(Base):
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
     sink_id: Mapped[int] = mapped_column(Integer, ForeignKey("sinks.id", ondelete="CASCADE"))
-    # 'schedule' (the coordinator's own timing) or 'operator' (the admin API's run-now).
+    # 'schedule' (the coordinator's own timing), 'threshold' (a commit took a table past a bound: SNAPSHOT_MAX_COUNT)
+    # or 'operator' (the admin API's run-now).
     trigger: Mapped[str] = mapped_column(Text)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
@@ -193,7 +207,7 @@ class MaintenanceRun(Base):
     orphans_deleted: Mapped[int] = mapped_column(Integer, server_default="0")
 
     __table_args__ = (
-        CheckConstraint("trigger IN ('schedule', 'operator')", name="maintenance_trigger_known"),
+        CheckConstraint("trigger IN ('schedule', 'threshold', 'operator')", name="maintenance_trigger_known"),
         CheckConstraint("outcome IN ('running', 'ok', 'failed')", name="maintenance_outcome_known"),
         Index("ix_maintenance_runs_sink_started", "sink_id", "started_at"),
     )

@@ -37,12 +37,13 @@ from coordinator_service.errors import (
 from coordinator_service.file_deletion import DELETE_BATCH, FileDeleter
 from coordinator_service.iceberg import IcebergGateway
 from coordinator_service.maintenance import Maintainer, policy_of
+from coordinator_service.metastore_checks import table_seen
 from coordinator_service.models import AbortCause, MaintenanceRun, PendingSinkState, Sink
 from coordinator_service.path_claims import CleanupDelays, MarkRule
 from coordinator_service.precommit_metadata import PreCommitMetadata
-from coordinator_service.protocol import SINK_NAME
 from coordinator_service.repository import EpochCounts, TableOfSink
 from coordinator_service.settings import MaintenancePolicy, Settings
+from coordinator_service.table_identifiers import sink_name_problem
 from coordinator_service.views import EpochStatus
 
 log = structlog.get_logger(__name__)
@@ -130,6 +131,15 @@ class SinkDeleted:
             f"{files} file{'' if files == 1 else 's'} deleted, {self.files_kept} left, "
             f"{', '.join(self.tables_dropped) or 'no table'} dropped"
         )
+
+
+@dataclass(frozen=True)
+class Reconciled:
+    sink: SinkOverview
+    # The restart point: every table holds the epochs up to it; a new writer starts from its end offsets.
+    restart_epoch: int
+    # The newest epoch each table holds; those above restart_epoch are read again by a writer started from it.
+    tables: dict[str, int]
 
 
 @dataclass(frozen=True)
@@ -484,6 +494,73 @@ class Operations:
                 await path_claims.forget(session, left)
             deleted, kept = deleted + len(due) - len(left), kept + len(left)
 
+    async def reconcile(self, name: str, confirm: str, reason: str, operator: Operator) -> Reconciled:
+        """Set a suspended sink's log to what its tables hold (a metastore restored to an earlier point, or a table
+        dropped and created again under its name), docs/operations.md 'A restored metastore'. Under the commit lock,
+        on fresh loads: the restart point is the least newest epoch the tables hold; the PENDING epochs up to it
+        are marked COMMITTED, the others aborted; the tables' records and UUIDs are the ones found; the writer is
+        fenced, and the next one starts a new numbering, as after a reset. A table missing from the catalog, or a
+        sink of another catalog, is the configuration's to fix: refused, nothing changed."""
+        _check_known_name(name)
+        if confirm != name:
+            raise InvalidArgument(f"confirm must repeat the sink name {name!r} exactly, got {quote(confirm)}")
+        async with self.database.transaction() as session:
+            sink = await _existing_sink(session, name)
+        if sink.catalog != self.tables.catalog_name:
+            raise FailedPrecondition(
+                f"sink {name} was created in catalog {sink.catalog!r}, the coordinator uses "
+                f"{self.tables.catalog_name!r}: configure the catalog it was created in; nothing was changed"
+            )
+        async with commit_lock.holding(self.database, sink.id, self.lock_timeout_seconds, "reconcile") as lock:
+            async with self.database.transaction() as session:
+                sink = await _existing_sink(session, name)
+                tables = await repository.tables_of_sink(session, sink.id)
+            identity = settlement.identity_of(sink)
+            seen = {}
+            for table in tables:
+                try:
+                    seen[table.table] = await in_catalog(table_seen, self.tables, table.table, identity)
+                except InvalidArgument:
+                    raise FailedPrecondition(
+                        f"table {table.table} of sink {name} does not exist in catalog {self.tables.catalog_name!r}: "
+                        "configure the right catalog, or remove a fan-out table from the sink; nothing was changed"
+                    ) from None
+            held = {
+                table.table: max(table.committed_epoch, -1 if (m := seen[table.table].newest_marker) is None else m)
+                for table in tables
+            }
+            restart = max(min(held.values()), sink.committed_epoch)
+            await lock.verify()
+            async with self.database.transaction() as session:
+                sink = await _existing_sink(session, name, lock="update")
+                held_epochs = [row.epoch for row in await _pending_epochs(session, sink, at_or_below=restart)]
+                await repository.mark_committed(session, sink.id, held_epochs, None)
+                aborted = await repository.abort_pending_above(
+                    session, sink.id, restart, f"reconcile by {operator}: {reason}", AbortCause.RESET
+                )
+                for table in tables:
+                    await repository.record_table_uuid(session, sink.id, table.table, seen[table.table].table_uuid)
+                await repository.record_tables_at(session, sink.id, held)
+                sink.checkpointed_epoch = max(sink.checkpointed_epoch, restart)
+                sink.committed_epoch = restart
+                sink.writer_term += 1
+                sink.generation += 1
+                sink.rebase_on_register = True
+                await repository.set_suspended(session, sink.id, None)
+        log.warning(
+            "sink reconciled to its tables by an operator",
+            sink=name,
+            who=operator.identity,
+            client=operator.address,
+            reason=reason,
+            restart_epoch=restart,
+            tables=held,
+            aborted_epochs=aborted,
+        )
+        self.committer.resume(sink.id)
+        self.cleaner.wake()
+        return Reconciled(await self.sink(name), restart, held)
+
     async def resume_sink(self, name: str, operator: Operator) -> SinkOverview:
         """Retry a stuck sink's commits; the sink as it is once the first pass has run (stuck again, or not)."""
         _check_known_name(name)
@@ -643,7 +720,7 @@ class ForceRequired(FailedPrecondition):
 
 def _check_known_name(name: str) -> None:
     # RegisterWriter refuses other names, so no such sink exists (and the name never reaches SQL).
-    if not SINK_NAME.match(name):
+    if sink_name_problem(name) is not None:
         raise _unknown_sink(name)
 
 

@@ -25,7 +25,7 @@ from pyiceberg.io.pyarrow import PyArrowFile
 
 from coordinator_service import metrics
 from coordinator_service.errors import InvalidArgument, cause, quote
-from coordinator_service.file_listing import ListedFile, listed_files
+from coordinator_service.file_listing import ListedFile, listed_files, written_by
 
 # Storage requests of pre-commits in flight at once, over all sinks.
 MAX_CONCURRENT_FILE_CHECKS = 16
@@ -141,7 +141,7 @@ def _stat(path: str, input_file: InputFile) -> tuple[int, int | None]:
     try:
         if isinstance(input_file, PyArrowFile):
             info = input_file._file_info()
-            return info.size, info.mtime_ns
+            return info.size, written_by(info.mtime_ns)
         return len(input_file), None
     except FileNotFoundError:
         raise InvalidArgument(f"data file {quote(path)} does not exist: write it before the pre-commit") from None

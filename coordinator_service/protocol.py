@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -43,6 +42,7 @@ from coordinator_service.errors import (
     Fenced,
     InvalidArgument,
     NotFound,
+    SinkSuspended,
     quote,
 )
 from coordinator_service.failpoints import Failpoint
@@ -57,7 +57,7 @@ from coordinator_service.models import AbortCause, PendingSinkState, Sink
 from coordinator_service.precommit_files import FileFacts, check_facts
 from coordinator_service.precommit_metadata import DataFileEntry, PreCommitMetadata
 from coordinator_service.source_positions import check_positions
-from coordinator_service.table_identifiers import check_table_identifier
+from coordinator_service.table_identifiers import check_sink_name, check_table_identifier
 from coordinator_service.views import (
     CheckpointResult,
     EpochStatus,
@@ -75,7 +75,6 @@ from coordinator_service.writer_calls import WriterCalls
 
 log = structlog.get_logger(__name__)
 
-SINK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")
 # Most first pre-commits written by one statement of the group insert.
 GROUP_INSERT_MAX_ROWS = 256
 MAX_FILES_PER_PRECOMMIT = 100_000
@@ -163,7 +162,9 @@ class GroupInsert:
         rows = sorted(unique.values(), key=lambda row: (row.sink_id, row.epoch))  # one lock order
         try:
             if self._connection is None or self._connection.closed:
-                self._connection = await psycopg.AsyncConnection.connect(self.database.libpq_url, autocommit=True)
+                self._connection = await psycopg.AsyncConnection.connect(
+                    self.database.libpq_url, autocommit=True, **self.database.options.libpq()
+                )
             inserted = await repository.insert_new_epochs(self._connection, rows)
         except Exception as error:
             log.warning("group insert of pre-commits failed; each goes the general way", error=str(error))
@@ -208,8 +209,7 @@ class Coordinator:
         arrow_schema: bytes = b"",
         partition_by: Sequence[str] = (),
     ) -> Registration:
-        _check_sink_name(sink)
-        check_table_identifier(table)
+        check_sink_name(sink)
         if checkpointed_epoch < -1:
             raise InvalidArgument(f"checkpointed_epoch {checkpointed_epoch} is below -1 (-1 means no checkpoint)")
         if writer_count < 1:
@@ -219,6 +219,7 @@ class Coordinator:
         # Every check first: a writer that will be refused changes nothing, the table included.
         async with self.database.transaction() as session:
             existing = await repository.sink_by_name(session, sink)
+            self._check_new_tables([table], set() if existing is None else {existing.table_identifier})
             if existing is not None:
                 await _check_registration(session, existing, table, checkpointed_epoch)
                 above = await repository.pending_epochs_above(session, existing.id, checkpointed_epoch)
@@ -305,9 +306,17 @@ class Coordinator:
                     aborted_epochs=tuple(aborted),
                     recommitting_epochs=tuple(r.epoch for r in recommitting),
                     table_location=location,
+                    nested_namespaces=self.tables.nested_namespaces,
                 ),
                 row.id,
             )
+
+    def _check_new_tables(self, tables: Sequence[str], recorded: set[str]) -> None:
+        """The name policy (table_identifiers) for each table the log does not record yet: a sink's table named
+        before the policy existed keeps working; a new one must fit it, on this catalog."""
+        for table in tables:
+            if table not in recorded:
+                check_table_identifier(table, nested_namespaces=self.tables.nested_namespaces)
 
     async def ensure_tables(self, sink: str, writer_term: int, tables: Sequence[TableRequest]) -> TablesEnsured:
         """Fan-out: create or evolve each table as RegisterWriter does the sink's own, then make them the sink's.
@@ -316,19 +325,18 @@ class Coordinator:
         tables are made the sink's under its row lock with the term checked again, so a writer fenced meanwhile
         adds none (a table it created in the catalog stays there, unused, as after a refused RegisterWriter).
         """
-        _check_sink_name(sink)
+        check_sink_name(sink)
         if len(tables) > MAX_TABLES_PER_ENSURE:
             raise InvalidArgument(f"{len(tables)} tables in one EnsureTables exceed {MAX_TABLES_PER_ENSURE}")
         names = [spec.table for spec in tables]
         if len(set(names)) != len(names):
             duplicate = next(name for name in names if names.count(name) > 1)
             raise InvalidArgument(f"EnsureTables names table {quote(duplicate)} more than once")
-        schemas: list[pa.Schema | None] = []
-        for spec in tables:
-            check_table_identifier(spec.table)
-            schemas.append(decode_arrow_schema(spec.arrow_schema) if spec.arrow_schema else None)
+        schemas = [decode_arrow_schema(spec.arrow_schema) if spec.arrow_schema else None for spec in tables]
         async with self.database.transaction() as session:
-            check_term(await _existing_sink(session, sink), writer_term)
+            existing = await _existing_sink(session, sink)
+            check_term(existing, writer_term)
+            self._check_new_tables(names, set(await repository.recorded_epochs(session, existing.id)))
             others = await repository.sinks_writing(session, names, besides=sink)
         locations = [
             await in_catalog(
@@ -365,7 +373,9 @@ class Coordinator:
         fast = await self._pre_commit_first_attempt(request)
         if fast is not None:
             metrics.PRECOMMIT_SECONDS.labels(request.sink).observe(time.monotonic() - started)
-            log_.info("pre-commit persisted", attempt=fast.attempt, records=fast.record_count, files=len(request.paths))
+            log_.debug(
+                "pre-commit persisted", attempt=fast.attempt, records=fast.record_count, files=len(request.paths)
+            )
             return fast
         async with self.database.transaction() as session:
             sink = await _existing_sink(session, request.sink)
@@ -393,7 +403,9 @@ class Coordinator:
         else:
             result = await self._gather(sink_id, writer_count, request, files.entries, deadline)
         metrics.PRECOMMIT_SECONDS.labels(request.sink).observe(time.monotonic() - started)
-        log_.info("pre-commit persisted", attempt=result.attempt, records=result.record_count, files=len(files.entries))
+        log_.debug(
+            "pre-commit persisted", attempt=result.attempt, records=result.record_count, files=len(files.entries)
+        )
         return result
 
     async def _pre_commit_first_attempt(self, request: PreCommitRequest) -> PreCommitResult | None:
@@ -624,7 +636,7 @@ class Coordinator:
         return PreCommitResult(PreCommitOutcome.PERSISTED, attempt=attempt, record_count=metadata.record_count)
 
     async def commit_checkpoint(self, sink: str, epoch: int, writer_term: int, wait: bool) -> CheckpointResult:
-        _check_sink_name(sink)
+        check_sink_name(sink)
         if epoch < 0:
             raise InvalidArgument(f"epoch {epoch} is negative: Spark batch ids start at 0")
         async with self.database.connection(autocommit=True) as connection:
@@ -635,7 +647,7 @@ class Coordinator:
         else:
             sink_id, numbering, result = await self._record_checkpoint(sink, epoch, writer_term)
         await failpoints.hit(Failpoint.CHECKPOINT_AFTER_RECORD)
-        log.info("checkpoint recorded", sink=sink, epoch=epoch, writer_term=writer_term)
+        log.debug("checkpoint recorded", sink=sink, epoch=epoch, writer_term=writer_term)
         self.committer.wake(sink_id, flush=wait)
         if wait and result.committed_epoch < epoch:
             committed = await self.committer.wait_committed(sink_id, epoch, numbering)
@@ -660,7 +672,7 @@ class Coordinator:
             return row.id, numbering_of(row), CheckpointResult(row.committed_epoch, row.checkpointed_epoch)
 
     async def sink_state(self, sink: str) -> SinkState:
-        _check_sink_name(sink)
+        check_sink_name(sink)
         async with self.database.transaction() as session:
             row = await _existing_sink(session, sink)
             epochs = await repository.epochs_not_committed(session, row.id)
@@ -724,18 +736,11 @@ def _files_by_table(request: PreCommitRequest, sink: _SinkHint) -> dict[str, lis
     return dict(sorted(groups.items(), key=lambda group: (group[0] != sink.table, group[0])))
 
 
-def _check_sink_name(name: str) -> None:
-    if not SINK_NAME.match(name):
-        raise InvalidArgument(
-            f"sink name {quote(name)} is invalid: use 1 to 200 letters, digits, '_', '.', '-', "
-            "starting with a letter or digit"
-        )
-
-
 async def _check_registration(session: AsyncSession, sink: Sink, table: str, checkpoint: int) -> None:
     """Refuse a writer that does not fit the sink: another table, a checkpoint behind the recorded one, or one
     over epochs never pre-committed or aborted. After a reset, the first writer's checkpoint is adopted."""
     _check_same_table(sink, table)
+    check_not_suspended(sink)
     if sink.rebase_on_register:
         return
     if checkpoint < sink.checkpointed_epoch:
@@ -786,6 +791,7 @@ def _check_same_table(sink: Sink, table: str) -> None:
 
 
 def check_term(sink: Sink, writer_term: int) -> None:
+    check_not_suspended(sink)
     if writer_term < sink.writer_term:
         raise Fenced(
             f"sink {sink.name}: writer term {writer_term} is fenced by term {sink.writer_term}; "
@@ -798,8 +804,13 @@ def check_term(sink: Sink, writer_term: int) -> None:
         )
 
 
+def check_not_suspended(sink: Sink) -> None:
+    if sink.suspended_reason is not None:
+        raise SinkSuspended(f"sink {sink.name} is suspended, nothing is accepted for it: {sink.suspended_reason}")
+
+
 def _check_precommit_request(request: PreCommitRequest) -> None:
-    _check_sink_name(request.sink)
+    check_sink_name(request.sink)
     if request.epoch < 0:
         raise InvalidArgument(f"epoch {request.epoch} is negative: Spark batch ids start at 0")
     if request.writer_term < 1:
@@ -818,8 +829,6 @@ def _check_precommit_request(request: PreCommitRequest) -> None:
         raise InvalidArgument(str(error)) from None
     for path, facts in request.file_facts.items():
         check_facts(path, facts)
-    for table in set(request.file_tables.values()) - {""}:
-        check_table_identifier(table)
 
 
 def answer_if_repeated(row: PendingSinkState, request: PreCommitRequest) -> PreCommitResult | None:

@@ -85,11 +85,14 @@ class TableOfSink:
     sink_id: int
     table: str
     committed_epoch: int
+    # The table's UUID as the first check of the sink found it (metastore_checks); None before.
+    table_uuid: uuid.UUID | None = None
 
 
 # The sink's own table first, then the others by name.
 _TABLES_OF_SINKS = """
-    SELECT t.sink_id, t.table_identifier, t.committed_epoch FROM sink_tables t JOIN sinks s ON s.id = t.sink_id
+    SELECT t.sink_id, t.table_identifier, t.committed_epoch, t.table_uuid
+    FROM sink_tables t JOIN sinks s ON s.id = t.sink_id
     WHERE t.sink_id = ANY(:sink_ids)
     ORDER BY t.sink_id, t.table_identifier <> s.table_identifier, t.table_identifier
 """
@@ -99,8 +102,8 @@ async def tables_of_sinks(session: AsyncSession, sink_ids: Sequence[int]) -> dic
     """The tables of each of these sinks, each sink's own first, then the others by name."""
     rows = await session.execute(text(_TABLES_OF_SINKS), {"sink_ids": list(sink_ids)})
     tables: dict[int, list[TableOfSink]] = {sink_id: [] for sink_id in sink_ids}
-    for sink_id, table, committed_epoch in rows.all():
-        tables[sink_id].append(TableOfSink(sink_id, table, committed_epoch))
+    for sink_id, table, committed_epoch, table_uuid in rows.all():
+        tables[sink_id].append(TableOfSink(sink_id, table, committed_epoch, table_uuid))
     return tables
 
 
@@ -130,6 +133,35 @@ async def add_tables(session: AsyncSession, sink: Sink, tables: Sequence[str]) -
     )
 
 
+async def record_table_uuid(session: AsyncSession, sink_id: int, table: str, table_uuid: uuid.UUID) -> None:
+    await session.execute(
+        update(WrittenTable)
+        .where(WrittenTable.sink_id == sink_id, WrittenTable.table_identifier == table)
+        .values(table_uuid=table_uuid)
+    )
+
+
+async def record_tables_at(session: AsyncSession, sink_id: int, held: Mapping[str, int]) -> None:
+    """Set the newest epoch each of these tables holds, as found in the tables (a reconcile): forward or back."""
+    for table, epoch in held.items():
+        await session.execute(
+            update(WrittenTable)
+            .where(WrittenTable.sink_id == sink_id, WrittenTable.table_identifier == table)
+            .values(committed_epoch=epoch, updated_at=func.now())
+        )
+
+
+async def set_suspended(session: AsyncSession, sink_id: int, reason: str | None) -> bool:
+    """Suspend the sink with `reason` (None: resume it); whether that changed anything."""
+    result = await session.execute(
+        update(Sink)
+        .where(Sink.id == sink_id, Sink.suspended_reason.is_distinct_from(reason))
+        .values(suspended_reason=reason)
+        .returning(Sink.id)
+    )
+    return result.scalar_one_or_none() is not None
+
+
 async def remove_table(session: AsyncSession, sink_id: int, table: str) -> None:
     """The table stops being one of the sink's (an operator's way out of a table dropped for good)."""
     await session.execute(
@@ -144,11 +176,17 @@ async def rebase_tables(session: AsyncSession, sink_id: int, epoch: int) -> None
     )
 
 
+# The sink's numbering is checked on its row locked (FOR SHARE: its newest version, a rebase that committed after
+# the statement's snapshot included), not as the snapshot has it: a table row re-read at its newest version after
+# waiting for a rebase must not take an epoch of the numbering before it.
 _RECORD_TABLES = """
+    WITH sink AS (
+        SELECT id FROM sinks
+        WHERE id = :sink_id AND incarnation = :incarnation AND generation = :generation FOR SHARE
+    )
     UPDATE sink_tables t SET committed_epoch = r.epoch, updated_at = now()
-    FROM unnest(CAST(:tables AS text[]), CAST(:table_epochs AS bigint[])) AS r(table_identifier, epoch), sinks s
-    WHERE s.id = :sink_id AND s.incarnation = :incarnation AND s.generation = :generation
-      AND t.sink_id = s.id AND t.table_identifier = r.table_identifier AND t.committed_epoch < r.epoch
+    FROM unnest(CAST(:tables AS text[]), CAST(:table_epochs AS bigint[])) AS r(table_identifier, epoch)
+    WHERE t.sink_id = (SELECT id FROM sink) AND t.table_identifier = r.table_identifier AND t.committed_epoch < r.epoch
 """
 
 
@@ -324,6 +362,7 @@ _INSERT_NEW_EPOCHS = """
              AS r(sink_id, epoch, term, metadata, file_count, record_count, deadline)
         JOIN sinks s ON s.id = r.sink_id
         WHERE s.writer_term = r.term AND s.committed_epoch < r.epoch AND s.writer_count = 1
+          AND s.suspended_reason IS NULL
           AND (r.deadline IS NULL OR clock_timestamp() < to_timestamp(r.deadline))
           AND NOT EXISTS (SELECT 1 FROM files JOIN epoch_files e ON e.path = files.path
                           WHERE files.sink_id = r.sink_id AND files.epoch = r.epoch)
@@ -441,6 +480,10 @@ async def mark_committed(
 # record the newest epoch they hold in the same statement, whether or not the epochs are marked (a table's record is
 # a fact about the table); the trigger of migration 0006 raises the other tables with the sink. The marked rows are
 # PENDING in the statement's snapshot: the new committed epoch is computed without them.
+# The committed epoch moves only over epochs the statement sees: the checkpointed epoch is read as of its snapshot
+# (`seen`), like the epochs, never from the sink row PostgreSQL evaluates again at its newest version after waiting
+# for its lock (a checkpoint committed meanwhile covers an epoch pre-committed after the snapshot, which the
+# statement cannot see PENDING; the committed epoch would pass it, and every table with it).
 _MARK_APPENDED_EPOCHS = """
     WITH expected AS (
         SELECT * FROM unnest(CAST(:epochs AS bigint[]), CAST(:attempts AS integer[]), CAST(:snapshot_ids AS bigint[]))
@@ -463,11 +506,13 @@ _MARK_APPENDED_EPOCHS = """
         WHERE p.sink_id = :sink_id AND p.epoch = e.epoch AND p.epoch IN (SELECT epoch FROM unchanged)
           AND (SELECT count(*) FROM unchanged) = cardinality(CAST(:epochs AS bigint[]))
         RETURNING p.epoch
+    ), seen AS (
+        SELECT checkpointed_epoch FROM sinks WHERE id = :sink_id
     )
-    UPDATE sinks s SET committed_epoch = GREATEST(s.committed_epoch, LEAST(s.checkpointed_epoch,
+    UPDATE sinks s SET committed_epoch = GREATEST(s.committed_epoch, LEAST((SELECT checkpointed_epoch FROM seen),
             COALESCE((SELECT min(p.epoch) - 1 FROM pending_sink_state p
                       WHERE p.sink_id = s.id AND p.status = 'PENDING' AND p.epoch NOT IN (SELECT epoch FROM marked)),
-                     s.checkpointed_epoch))),
+                     (SELECT checkpointed_epoch FROM seen)))),
         updated_at = now()
     WHERE s.id = :sink_id AND EXISTS (SELECT 1 FROM marked)
     RETURNING s.committed_epoch
@@ -518,7 +563,7 @@ _ADVANCE_COMMITTED_EPOCH = """
 
 _RECORD_CHECKPOINT_OVER_PENDING = """
     UPDATE sinks s SET checkpointed_epoch = :epoch, updated_at = now()
-    WHERE s.name = :name AND s.writer_term = :term AND s.checkpointed_epoch < :epoch
+    WHERE s.name = :name AND s.writer_term = :term AND s.checkpointed_epoch < :epoch AND s.suspended_reason IS NULL
       AND (SELECT count(*) FROM pending_sink_state p
            WHERE p.sink_id = s.id AND p.epoch > s.checkpointed_epoch AND p.epoch <= :epoch
              AND p.status = 'PENDING') = CAST(:epoch AS numeric) - s.checkpointed_epoch
@@ -623,7 +668,9 @@ _ONLY_EMPTY_BACKLOG = """
 # Transaction-level advisory locks conflict with the committer's session-level ones on the same keys: a sink
 # another committer is working on is skipped. MATERIALIZED keeps the lock function off sinks that do not qualify.
 _LOCK_EMPTY_BACKLOGS = f"""
-    WITH candidates AS MATERIALIZED (SELECT s.id FROM sinks s WHERE {_ONLY_EMPTY_BACKLOG} ORDER BY s.id)
+    WITH candidates AS MATERIALIZED (
+        SELECT s.id FROM sinks s WHERE s.suspended_reason IS NULL AND {_ONLY_EMPTY_BACKLOG} ORDER BY s.id
+    )
     SELECT id FROM candidates WHERE pg_try_advisory_xact_lock(:class_id, id)
 """
 
@@ -698,8 +745,9 @@ async def release_commit_lock(connection: AsyncConnection, sink_id: int) -> None
 async def wait_commit_lock(connection: AsyncConnection, sink_id: int, timeout_seconds: float) -> bool:
     """Take the sink's session-level commit lock on an autocommit connection, waiting at most timeout_seconds;
     False if it is still held by another session then."""
+    # The wait is bounded by lock_timeout alone (not by the session's statement_timeout, maybe shorter).
     await connection.execute(
-        text("SELECT set_config('lock_timeout', :timeout, false)"),
+        text("SELECT set_config('lock_timeout', :timeout, false), set_config('statement_timeout', '0', false)"),
         {"timeout": f"{max(1, int(timeout_seconds * 1000))}ms"},
     )
     try:
@@ -713,6 +761,7 @@ async def wait_commit_lock(connection: AsyncConnection, sink_id: int, timeout_se
         return False
     finally:
         await connection.execute(text("RESET lock_timeout"))
+        await connection.execute(text("RESET statement_timeout"))
     return True
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 from pyiceberg.catalog import Catalog, load_catalog
@@ -12,10 +12,11 @@ from sqlalchemy.engine import URL
 from coordinator_service import schema
 from coordinator_service.cleaner import Cleaner
 from coordinator_service.committer import Committer
-from coordinator_service.database import Database, create_sync_engine, normalize_url
+from coordinator_service.database import ConnectionOptions, Database, create_sync_engine, normalize_url
 from coordinator_service.embedded import start_embedded_postgres
 from coordinator_service.iceberg import IcebergGateway
 from coordinator_service.maintenance import Maintainer
+from coordinator_service.metastore_checks import MetastoreChecks
 from coordinator_service.protocol import Coordinator
 from coordinator_service.settings import Settings
 from coordinator_service.warehouse import local_warehouse
@@ -30,11 +31,16 @@ def metastore_url(settings: Settings) -> tuple[URL, bool]:
     return normalize_url(start_embedded_postgres(settings.postgres_dir)), True
 
 
-def migrate(url: URL) -> str:
+def migrate(url: URL, to: str = "head", lock_timeout_seconds: float = 10.0) -> str:
+    """Upgrade the metastore's schema to `to` (head: this release's), or roll it back to an older revision."""
     engine = create_sync_engine(url)
     try:
         with engine.begin() as connection:
-            schema.upgrade(connection)
+            current = schema.current_revision(connection)
+            if to != "head" and current is not None and to < current:
+                schema.downgrade(connection, to, lock_timeout_seconds)
+            else:
+                schema.upgrade(connection, to, lock_timeout_seconds)
             revision = schema.current_revision(connection)
     finally:
         engine.dispose()
@@ -48,6 +54,18 @@ def require_migrated(url: URL) -> None:
             schema.require_current_schema(connection)
     finally:
         engine.dispose()
+
+
+def connection_options(settings: Settings) -> ConnectionOptions:
+    return ConnectionOptions(
+        connect_timeout_seconds=settings.database_connect_timeout_seconds,
+        statement_timeout_seconds=settings.database_statement_timeout_seconds,
+        tcp_timeout_seconds=settings.database_tcp_timeout_seconds,
+        pool_size=settings.database_pool_size,
+        pool_timeout_seconds=settings.database_pool_timeout_seconds,
+        application_name=settings.database_application_name,
+        stall_seconds=settings.metastore_stall_seconds,
+    )
 
 
 def catalog_properties(settings: Settings, url: URL) -> dict[str, str]:
@@ -80,6 +98,9 @@ class Runtime:
     cleaner: Cleaner
     coordinator: Coordinator
     maintainer: Maintainer
+    checks: MetastoreChecks
+    # Readiness: since when each shared dependency (metastore, catalog) has been failing (admin_routes_health).
+    dependencies_failing_since: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     async def open(cls, settings: Settings) -> Runtime:
@@ -90,7 +111,7 @@ class Runtime:
         else:
             await asyncio.to_thread(require_migrated, url)
         catalog = await asyncio.to_thread(open_catalog, settings, url)
-        database = Database(url)
+        database = Database(url, connection_options(settings))
         tables = IcebergGateway(catalog, settings.table_cache_seconds, settings.orphan_grace_seconds)
         committer = Committer(database, tables, settings)
         cleaner = Cleaner(database, tables, settings)
@@ -102,17 +123,23 @@ class Runtime:
             cleaner,
             Coordinator(database, tables, committer, cleaner),
             Maintainer(database, tables, committer, cleaner.deleter, settings),
+            MetastoreChecks(database, tables, committer, settings),
         )
 
     def start(self) -> None:
-        """The background work: the committer (with its poller), the cleaner and table maintenance."""
+        """The background work: the metastore's watch, the checks of the log against the tables, the committer (with
+        its poller), the cleaner and table maintenance."""
+        self.database.start_watch()
+        self.checks.start()
         self.committer.start()
         self.cleaner.start()
         self.maintainer.start()  # always: a sink's overrides may turn maintenance on where the default is off
 
     async def close(self) -> None:
+        await self.checks.stop()
         await self.maintainer.stop()
         await self.cleaner.stop()
         await self.committer.stop()
         await self.coordinator.close()
+        await self.database.stop_watch()
         await self.database.dispose()

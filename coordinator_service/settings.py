@@ -168,12 +168,24 @@ class Settings(BaseSettings, MaintenancePolicy):
         description=f"Bearer token of the admin API and the console (at least {MIN_TOKEN_CHARACTERS} characters).",
     )
     admin_token_file: Path | None = Field(default=None, description="File holding ADMIN_TOKEN.")
+    admin_token_previous: SecretStr | None = Field(
+        default=None,
+        description="During a rotation, the admin token being replaced: accepted beside ADMIN_TOKEN (actions are "
+        "recorded as by 'admin (previous token)'), until it is unset.",
+    )
+    admin_token_previous_file: Path | None = Field(default=None, description="File holding ADMIN_TOKEN_PREVIOUS.")
     writer_token: SecretStr | None = Field(
         default=None,
         description="Token gRPC writers send in the 'authorization' metadata: every sink and table (WRITER_SCOPES "
         "gives each team a token of its own instead).",
     )
     writer_token_file: Path | None = Field(default=None, description="File holding WRITER_TOKEN.")
+    writer_token_previous: SecretStr | None = Field(
+        default=None,
+        description="During a rotation, the writer token being replaced: accepted beside WRITER_TOKEN, until it is "
+        "unset (a scope's is WRITER_SCOPES__<scope>__PREVIOUS_TOKEN).",
+    )
+    writer_token_previous_file: Path | None = Field(default=None, description="File holding WRITER_TOKEN_PREVIOUS.")
     writer_scopes: dict[str, WriterScope] = Field(
         default_factory=dict,
         description="Writer credentials, each covering named sinks and table namespaces, with quotas: JSON "
@@ -315,6 +327,79 @@ class Settings(BaseSettings, MaintenancePolicy):
         "they are the last copy. The batch's new attempt releases them at once (after CLEANUP_DELAY_SECONDS). "
         "Default: Kafka's default retention, 7 days.",
     )
+    database_connect_timeout_seconds: float = Field(
+        default=5.0, ge=1.0, le=300.0, allow_inf_nan=False, description="Longest wait for a new metastore connection."
+    )
+    database_statement_timeout_seconds: float = Field(
+        default=30.0,
+        ge=0.0,
+        le=3600.0,
+        allow_inf_nan=False,
+        description="Longest metastore statement (PostgreSQL's statement_timeout; 0: none).",
+    )
+    database_tcp_timeout_seconds: float = Field(
+        default=10.0,
+        ge=1.0,
+        le=600.0,
+        allow_inf_nan=False,
+        description="A metastore connection whose peer stops acknowledging (a failover, a host gone) is dropped after "
+        "this long (TCP keepalives and tcp_user_timeout).",
+    )
+    database_pool_size: int = Field(
+        default=10, ge=1, le=1000, description="Metastore connections kept open (as many again may be opened)."
+    )
+    database_pool_timeout_seconds: float = Field(
+        default=5.0,
+        ge=0.1,
+        le=300.0,
+        allow_inf_nan=False,
+        description="Longest wait for a free metastore connection before the call answers UNAVAILABLE.",
+    )
+    database_application_name: str = Field(
+        default="sink-coordinator",
+        pattern=r"^[\x20-\x7e]{1,63}$",
+        description="application_name of the metastore connections (pg_stat_activity shows it).",
+    )
+    metastore_stall_seconds: float = Field(
+        default=2.0,
+        ge=0.1,
+        le=60.0,
+        allow_inf_nan=False,
+        description="The metastore is pinged every second; one that has not answered for this long is taken as "
+        "down: writers' calls answer UNAVAILABLE at once, /metrics says metastore_up 0, until it answers again.",
+    )
+    readiness_dependency_grace_seconds: float = Field(
+        default=30.0,
+        ge=0.0,
+        le=3600.0,
+        allow_inf_nan=False,
+        description="/readyz turns unready over the metastore or the catalog only once it has failed this long: a "
+        "blip of a dependency every replica shares must not take them all out of the Service at once.",
+    )
+    maintenance_concurrency: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="Sinks maintained at the same time by this process (each run holds the sink's commit lock and "
+        "two metastore connections).",
+    )
+    migration_lock_timeout_seconds: float = Field(
+        default=10.0,
+        ge=0.1,
+        le=3600.0,
+        allow_inf_nan=False,
+        description="migrate: how long each migration waits for a lock before it fails (the old release's pods keep "
+        "serving during a rolling upgrade; a migration queued behind their transactions would block them).",
+    )
+    metastore_check_interval_seconds: float = Field(
+        default=300.0,
+        ge=1.0,
+        le=DAY,
+        allow_inf_nan=False,
+        description="How often every sink is checked against its tables (and once at start): a table holding epochs "
+        "above the log's checkpoint (a restored metastore), another table under a sink's table's name, another "
+        "catalog suspend the sink (docs/operations.md, 'A restored metastore').",
+    )
     poll_interval_seconds: float = Field(
         default=2.0,
         gt=0.0,
@@ -385,7 +470,14 @@ class Settings(BaseSettings, MaintenancePolicy):
 
     @model_validator(mode="after")
     def _read_secret_files(self) -> Self:
-        for name in ("database_url", "admin_token", "writer_token", "metrics_token"):
+        for name in (
+            "database_url",
+            "admin_token",
+            "admin_token_previous",
+            "writer_token",
+            "writer_token_previous",
+            "metrics_token",
+        ):
             setattr(
                 self, name, _secret(f"{ENV_PREFIX}{name.upper()}", getattr(self, name), getattr(self, f"{name}_file"))
             )
@@ -394,10 +486,23 @@ class Settings(BaseSettings, MaintenancePolicy):
             scope.token = _secret(variable, scope.token, scope.token_file)
             if scope.token is None:
                 raise ValueError(f"writer scope {scope_name} has no token: set {variable} (or {variable}_FILE)")
-        tokens = {
-            f"{ENV_PREFIX}{name.upper()}": getattr(self, name)
-            for name in ("admin_token", "writer_token", "metrics_token")
-        } | {f"{ENV_PREFIX}WRITER_SCOPES__{name}__TOKEN": scope.token for name, scope in self.writer_scopes.items()}
+            previous = f"{ENV_PREFIX}WRITER_SCOPES__{scope_name}__PREVIOUS_TOKEN"
+            scope.previous_token = _secret(previous, scope.previous_token, scope.previous_token_file)
+        for previous, current in (("admin_token_previous", "admin_token"), ("writer_token_previous", "writer_token")):
+            if getattr(self, previous) is not None and getattr(self, current) is None:
+                raise ValueError(
+                    f"{ENV_PREFIX}{previous.upper()} is set without {ENV_PREFIX}{current.upper()}: a rotation replaces "
+                    "a token by a new one, set both (or neither)"
+                )
+        names = ("admin_token", "admin_token_previous", "writer_token", "writer_token_previous", "metrics_token")
+        tokens = (
+            {f"{ENV_PREFIX}{name.upper()}": getattr(self, name) for name in names}
+            | {f"{ENV_PREFIX}WRITER_SCOPES__{name}__TOKEN": scope.token for name, scope in self.writer_scopes.items()}
+            | {
+                f"{ENV_PREFIX}WRITER_SCOPES__{name}__PREVIOUS_TOKEN": scope.previous_token
+                for name, scope in self.writer_scopes.items()
+            }
+        )
         seen: dict[str, str] = {}
         for variable, token in tokens.items():
             if token is None:

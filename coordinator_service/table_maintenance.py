@@ -331,7 +331,7 @@ def stored_files(table: Table, directory: str) -> list[StoredFile]:
     if listed is None:
         raise NotImplementedError(f"listing files needs pyiceberg's PyArrowFileIO, the table uses {type(table.io)}")
     return [
-        StoredFile(uri=uri, modified_ms=file.mtime_ns // 1_000_000)
+        StoredFile(uri=uri, modified_ms=-(-file.mtime_ns // 1_000_000))  # never earlier than written
         for uri, file in listed.items()
         if file.mtime_ns is not None
     ]

@@ -42,6 +42,8 @@ class Registration:
     aborted_epochs: tuple[int, ...]
     recommitting_epochs: tuple[int, ...]
     table_location: str
+    # Whether the catalog holds nested namespaces (lake.shop.orders); an older coordinator does not say: False.
+    nested_namespaces: bool = False
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,9 @@ from coordinator_service.database import Database
 from coordinator_service.errors import InvalidArgument, QuotaExceeded, Unavailable
 from coordinator_service.iceberg import IcebergGateway
 from coordinator_service.models import Sink, WrittenTable
-from coordinator_service.protocol import MAX_TABLES_PER_ENSURE, _check_sink_name
+from coordinator_service.protocol import MAX_TABLES_PER_ENSURE
 from coordinator_service.settings import ENV_PREFIX
-from coordinator_service.table_identifiers import check_table_identifier
+from coordinator_service.table_identifiers import check_sink_name, check_table_identifier
 from coordinator_service.writer_scopes import OPEN, UNSCOPED, Scope
 
 # First key of the two-int advisory locks of scope admissions ("SW"); the commit locks use another.
@@ -50,7 +50,7 @@ class Admission:
         nothing, else under the scope's lock once the quotas and the tables' origin allow it."""
         # The names first, by the name policy, and as many as a call may name: what the call would refuse never
         # reaches the metastore or the catalog.
-        _check_sink_name(sink)
+        check_sink_name(sink)
         if len(tables) > MAX_TABLES_PER_ENSURE:
             raise InvalidArgument(f"{len(tables)} tables in one call exceed {MAX_TABLES_PER_ENSURE}")
         named = list(dict.fromkeys(tables))

@@ -78,6 +78,10 @@ class WriterScope(BaseModel):
 
     token: SecretStr | None = Field(default=None, description="The scope's writer token.")
     token_file: Path | None = Field(default=None, description="File holding the scope's token.")
+    previous_token: SecretStr | None = Field(
+        default=None, description="During a rotation, the scope's token being replaced, accepted beside its token."
+    )
+    previous_token_file: Path | None = Field(default=None, description="File holding the scope's previous token.")
     sinks: list[Pattern] = Field(min_length=1, max_length=1000, description="Sink names or prefixes ('orders-*').")
     namespaces: list[Pattern] = Field(
         min_length=1, max_length=1000, description="Namespaces of the tables the sinks may write, or prefixes."
@@ -154,13 +158,22 @@ class Credentials:
 
     A sent token is looked up by its SHA-256 digest, so that the lookup's time says nothing about the tokens."""
 
-    def __init__(self, writer_token: SecretStr | None, scopes: Mapping[str, WriterScope]) -> None:
+    def __init__(
+        self,
+        writer_token: SecretStr | None,
+        scopes: Mapping[str, WriterScope],
+        writer_token_previous: SecretStr | None = None,
+    ) -> None:
         self._by_digest: dict[bytes, Scope] = {}
-        if writer_token is not None:
-            self._by_digest[_digest(writer_token.get_secret_value())] = Scope(UNSCOPED, EVERYTHING)
+        # During a rotation both the new token and the one it replaces open the same scope.
+        for token in (writer_token, writer_token_previous):
+            if token is not None:
+                self._by_digest[_digest(token.get_secret_value())] = Scope(UNSCOPED, EVERYTHING)
         for name, rules in scopes.items():
             assert rules.token is not None, "settings read every scope's token"
-            self._by_digest[_digest(rules.token.get_secret_value())] = Scope(name, rules)
+            for token in (rules.token, rules.previous_token):
+                if token is not None:
+                    self._by_digest[_digest(token.get_secret_value())] = Scope(name, rules)
 
     @property
     def required(self) -> bool:

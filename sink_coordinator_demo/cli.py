@@ -5,8 +5,9 @@ and a local Kafka-protocol broker, produces a stream of order events, streams th
 into a new Iceberg table with the Spark writer in several micro-batches, then reads
 the table back and shows that every order is there exactly once. Each run uses a
 new topic, sink and table; --reset starts from an empty data directory. Flags point
-it at a real Kafka, PostgreSQL or catalog instead, keep the table on a local S3 and
-Glue emulator (--s3), run Spark on a standalone cluster started here (--cluster), or
+it at a real Kafka, PostgreSQL or catalog instead, keep the table on a local S3 server
+with its Iceberg REST catalog (--s3; --glue: Glue on an emulator instead), run Spark on
+a standalone cluster started here (--cluster), or
 route the orders by country into a table per country (--fan-out), each checked to
 hold its country's orders only, and all of them every order exactly once.
 """
@@ -53,7 +54,7 @@ from coordinator_service.logs import LogFormat, LogLevel, configure_logging
 from coordinator_service.runtime import catalog_properties, metastore_url, open_catalog
 from coordinator_service.settings import Settings
 from sink_coordinator_demo.local_services import CoordinatorService, LocalProcess, NoidaKafkaBroker, ServiceError
-from sink_coordinator_demo.object_store import emulated_object_store
+from sink_coordinator_demo.object_store import emulated_object_store, local_object_store
 from sink_coordinator_demo.orders import COUNTRY_CURRENCIES, ORDER_SCHEMA_DDL, create_topic, produce_orders
 from sink_coordinator_demo.ports import free_port, port_is_free
 from sink_coordinator_demo.spark_cluster import SparkCluster, start_spark_cluster
@@ -365,9 +366,16 @@ def main(
     s3: Annotated[
         bool,
         typer.Option(
-            help="Keep the table on S3: an S3 and Glue emulator (moto, the demo extra) started here holds it, "
-            "in its Glue catalog, and the executors write there (--storage). The emulator's contents go with "
-            "the demo, so the run uses DATA_DIR/s3, emptied first."
+            help="Keep the table on S3: an S3 server with an Iceberg REST catalog (SeaweedFS, the demo extra) "
+            "started here holds it, in its REST catalog, and the executors write there (--storage). Its ports "
+            "are new every run, so the run uses DATA_DIR/s3, emptied first."
+        ),
+    ] = False,
+    glue: Annotated[
+        bool,
+        typer.Option(
+            help="With --s3: the table in AWS Glue instead, on moto's S3 and Glue emulator (the demo extra), "
+            "whose contents go with the demo."
         ),
     ] = False,
     fan_out: Annotated[
@@ -392,7 +400,9 @@ def main(
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     configured_catalog = dict(catalog or ())
     if s3 and configured_catalog:
-        raise typer.BadParameter("--s3 brings its own catalog (Glue on the emulator): leave out --catalog")
+        raise typer.BadParameter("--s3 brings its own catalog (its REST catalog, or Glue): leave out --catalog")
+    if glue and not s3:
+        raise typer.BadParameter("--glue is where --s3 keeps the table: give --s3 with it")
     # With --s3 the metastore's sinks name tables that live only as long as the emulator: a data dir of its own.
     data_dir = data_dir.resolve() / ("s3" if s3 else "")
     if reset or s3:
@@ -408,12 +418,20 @@ def main(
     storage: dict[str, str] = {}
     broker_data = data_dir / "kafka"
     try:
-        if s3:
+        if s3 and glue:
             with phases.phase("start the object store (moto: S3 and Glue)"):
                 store = emulator.enter_context(emulated_object_store("sink-coordinator-demo"))
                 configured_catalog = store.catalog_properties("glue", store.uri("warehouse"))
                 storage = store.properties
                 where["object store"] = f"{store.endpoint} (moto's S3 and Glue: gone when the demo ends)"
+        elif s3:
+            with phases.phase("start the object store (SeaweedFS: S3 and an Iceberg REST catalog)"):
+                store = emulator.enter_context(local_object_store(data_dir / "object-store", "sink-coordinator-demo"))
+                configured_catalog = store.catalog_properties("rest", "")
+                storage = store.properties
+                where["object store"] = (
+                    f"{store.endpoint}, REST catalog {store.rest_uri} (SeaweedFS, data in {data_dir / 'object-store'})"
+                )
         settings = Settings(
             data_dir=data_dir,
             database_url=None if database_url is None else SecretStr(database_url),
@@ -494,7 +512,7 @@ def main(
                 ("Iceberg table (the sink's own)" if fan_out else "Iceberg table"): f"{table} in catalog "
                 f"{settings.catalog_name!r} "
                 + (
-                    "(Glue on the emulator)"
+                    ("(Glue on the emulator)" if glue else "(the S3 server's REST catalog)")
                     if s3
                     else "(the configured one)"
                     if configured_catalog

@@ -1,18 +1,22 @@
 """Avro payloads decoded with fastavro into Arrow, and Avro schemas mapped to the table's Arrow types.
 
-Each record is read with its writer schema (by the id in its header) and resolved
-against the reader schema, the table's registered version (Avro's schema
-resolution: a field the writer lacks takes the reader's default, a field the
-reader lacks is skipped, int widens to long, ...). Records written with the
-reader's own schema skip the resolution.
+Each record is read with its own writer schema (by the id in its header) and no
+other: never resolved against a newer version, so a record decodes to the same row
+whatever versions the subject gains later (a field a newer version drops keeps its
+value, a field the record was written without is null, not a later default, and a
+timestamp keeps its writer's unit). Its fields then go to the table's columns by
+name (``registry_decoding.conformed``): a column the writer lacks is null, a field
+the table lacks is not read, and a field's type is widened where no value changes
+(int to long, float to double, ...); a type the column cannot take as written makes
+the record a misfit, saying which field.
 
 Why fastavro's values are not Python datetimes: timestamps, dates, times and
 uuids are read as their underlying int/long/string (the logical types are taken
 out of the schemas fastavro parses) and become Arrow timestamps, dates and times
-in one cast per batch; building a datetime per value costs more than decoding the
-record. Decimals keep fastavro's conversion. The records of a batch become one
-Arrow struct array at once (pyarrow's C++ conversion of the dicts), then are cast
-to the table's types by name: a table column the reader schema lacks is null.
+in one cast per writer schema and batch, each in its writer's unit; building a
+datetime per value costs more than decoding the record. Decimals keep fastavro's
+conversion, at the writer's scale. A batch's records of one writer schema become
+one Arrow struct array at once (pyarrow's C++ conversion of the dicts).
 
 Avro -> Arrow (-> Iceberg): boolean, int (int32), long (int64), float, double,
 string, bytes and fixed (binary), enum (its symbol as a string), record (struct),
@@ -30,7 +34,6 @@ import io
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any, Final
 
 import fastavro
@@ -38,8 +41,14 @@ import pyarrow as pa
 from confluent_kafka.schema_registry import Schema
 
 from spark_writer.decoded_batch import UTC
-from spark_writer.registry_decoding import UnreadableSchemaError, UnsupportedSchemaError
-from spark_writer.schema_registry import RegistrySettings, parsed_schema, schema_by_id, subject_version
+from spark_writer.registry_decoding import (
+    ARROW_ERRORS,
+    UnreadableSchemaError,
+    UnsupportedSchemaError,
+    decode_by_writer,
+    fitted,
+)
+from spark_writer.schema_registry import RegistrySettings, schema_by_id, subject_version
 
 MAX_DECIMAL_PRECISION: Final = 38
 # Logical types read as their underlying type and converted in Arrow (see the module's docstring).
@@ -75,7 +84,6 @@ LOGICAL: Final = {
     ("long", "local-timestamp-micros"): (pa.timestamp("us"), pa.timestamp("us")),
     ("string", "uuid"): (pa.string(), pa.string()),
 }
-_ARROW_ERRORS: Final = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError)
 
 
 @dataclass(frozen=True)
@@ -235,68 +243,58 @@ def avro_table_type(registry: RegistrySettings, schema_id: int) -> pa.DataType:
 
 @dataclass(frozen=True)
 class AvroPayloads:
-    """Decodes Avro payloads into values of `target` (the table's type), resolving each writer schema against the
-    reader schema `reader_id` (the table's registered version)."""
+    """Decodes Avro payloads, each with its own writer schema (the id in its header), into values of `target`
+    (the table's type): the writer's fields by name, as ``registry_decoding.conformed`` maps them."""
 
     registry: RegistrySettings
-    reader_id: int
     target: pa.DataType
     kind: str = "avro"
     schema_format: str | None = None
-
-    @cached_property
-    def _reader(self) -> tuple[ParsedAvro, pa.DataType]:
-        reader = parsed_schema(self.kind, self.registry, self.reader_id, self._parse(self.reader_id))
-        return reader, reader.types().raw
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in ("registry", "reader_id", "target", "kind", "schema_format")}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
-    def _parse(self, schema_id: int) -> Any:
-        return lambda schema: parse_avro(self.registry, schema_id, schema)
 
     def writer(self, registry: RegistrySettings, schema_id: int, schema: Schema) -> ParsedAvro:
         return parse_avro(registry, schema_id, schema)
 
     def decode(self, payloads: pa.Array, writers: Sequence[ParsedAvro]) -> tuple[pa.Array, list[str | None]]:
-        reader, raw = self._reader
+        return decode_by_writer(payloads, writers, self.target, self._decode_written_with)
+
+    def _decode_written_with(self, payloads: pa.Array, writer: ParsedAvro) -> tuple[pa.Array, list[str | None]]:
+        """Payloads of one writer schema: read with it alone, converted to its own table types, then to the table's."""
+        try:
+            types = writer.types()
+        except UnsupportedSchemaError as error:
+            unreadable = f"schema id {writer.schema_id} cannot be read: {error}"
+            return pa.nulls(len(payloads), self.target), [unreadable] * len(payloads)
         records: list[Any] = []
         reasons: list[str | None] = []
-        for payload, writer in zip(payloads.to_pylist(), writers, strict=True):
-            record, reason = _read(payload, writer, reader)
+        for payload in payloads.to_pylist():
+            record, reason = _read(payload, writer)
             records.append(record)
             reasons.append(reason)
         try:
-            return pa.array(records, raw).cast(self.target), reasons
-        except _ARROW_ERRORS:  # some value does not fit its column (a decimal too wide, ...): find which
-            return self._record_by_record(records, reasons, raw)
-
-    def _record_by_record(
-        self, records: list[Any], reasons: list[str | None], raw: pa.DataType
-    ) -> tuple[pa.Array, list[str | None]]:
-        arrays = []
-        for index, record in enumerate(records):
-            try:
-                arrays.append(pa.array([record], raw).cast(self.target))
-            except _ARROW_ERRORS as error:
-                arrays.append(pa.nulls(1, self.target))
-                reasons[index] = f"a value does not fit the table's column types: {error}"
-        return (pa.concat_arrays(arrays) if arrays else pa.array([], self.target)), reasons
+            values = pa.array(records, types.raw).cast(types.table)
+        except ARROW_ERRORS:  # a value its own schema's type cannot hold (a decimal too wide): find which
+            values = _record_by_record(records, reasons, types)
+        fitting, misfits = fitted(values, self.target, writer.schema_id)
+        return fitting, [reason or misfit for reason, misfit in zip(reasons, misfits, strict=True)]
 
 
-def _read(payload: bytes, writer: ParsedAvro, reader: ParsedAvro) -> tuple[Any, str | None]:
+def _record_by_record(records: list[Any], reasons: list[str | None], types: AvroTypes) -> pa.Array:
+    arrays = []
+    for index, record in enumerate(records):
+        try:
+            arrays.append(pa.array([record], types.raw).cast(types.table))
+        except ARROW_ERRORS as error:
+            arrays.append(pa.nulls(1, types.table))
+            reasons[index] = f"a value does not fit the table's column types: {error}"
+    return pa.concat_arrays(arrays) if arrays else pa.array([], types.table)
+
+
+def _read(payload: bytes, writer: ParsedAvro) -> tuple[Any, str | None]:
     stream = io.BytesIO(payload)
-    resolved = None if writer.schema_id == reader.schema_id else reader.fastavro_schema
     try:
-        record = fastavro.schemaless_reader(stream, writer.fastavro_schema, resolved)
+        record = fastavro.schemaless_reader(stream, writer.fastavro_schema, None)
     except Exception as error:  # fastavro signals a bad payload with many types (EOFError, IndexError, ...)
-        resolution = "" if resolved is None else f" (resolved to schema id {reader.schema_id})"
-        return None, (
-            f"not Avro written with schema id {writer.schema_id}{resolution}: {type(error).__name__}: {error}"
-        )
+        return None, f"not Avro written with schema id {writer.schema_id}: {type(error).__name__}: {error}"
     if stream.tell() != len(payload):
         return None, (
             f"not Avro written with schema id {writer.schema_id}: {len(payload) - stream.tell()} byte(s) left "

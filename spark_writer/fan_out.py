@@ -70,8 +70,11 @@ class FanOut:
         own_location: str,
         partition_by: Sequence[str],
         storage: Storage,
+        *,
+        nested_namespaces: bool = False,
     ) -> None:
         self.routes = routes
+        self._nested_namespaces = nested_namespaces  # the catalog's (RegisterWriter's answer)
         self._client = client
         self._sink = sink
         self._writer_term = writer_term
@@ -91,7 +94,9 @@ class FanOut:
         self._ensure(tuple(dict.fromkeys((self._own_table, *known))), schema)
 
     def task_routing(self) -> TaskRouting:
-        return TaskRouting(self.routes, self._own_table, dict(self._locations))
+        return TaskRouting(
+            self.routes, self._own_table, dict(self._locations), nested_namespaces=self._nested_namespaces
+        )
 
     def write(self, frame: DataFrame, target: DataFileTarget, batch_id: int) -> list[Row]:
         """Write the batch's rows into their tables (a second pass for tables new to this batch); return the first

@@ -41,6 +41,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from coordinator_service.client import CoordinatorClient, CoordinatorRpcError, PreCommitFile
+from coordinator_service.table_identifiers import sink_name_problem, table_identifier_problem
 from coordinator_service.views import PreCommitOutcome, Registration
 from spark_writer.arrow_schema import arrow_schema_of, serialize_schema
 from spark_writer.checkpoint import NO_OFFSET, SparkCheckpoint
@@ -309,6 +310,14 @@ class IcebergSinkQuery:
         self._client.close()
 
 
+def check_names(sink: str, table: str) -> None:
+    """ValueError when the sink's name or its table's is outside the name policy, which the coordinator would refuse
+    (coordinator_service.table_identifiers)."""
+    for problem in (sink_name_problem(sink), table_identifier_problem(table)):
+        if problem is not None:
+            raise ValueError(problem)
+
+
 def write_to_iceberg(
     df: DataFrame,
     *,
@@ -359,6 +368,7 @@ def write_to_iceberg(
     Raises CoordinatorRpcError when the coordinator refuses the registration (for
     example a checkpoint behind what it committed) and ValueError for bad options.
     """
+    check_names(sink, table)
     if target_file_size_bytes <= 0:
         raise ValueError(f"target_file_size_bytes must be positive, got {target_file_size_bytes}")
     if available_now and processing_time is not None:
@@ -390,7 +400,15 @@ def write_to_iceberg(
         fan_out = None
         if routes is not None:
             fan_out = FanOut(
-                client, sink, registration.writer_term, routes, table, registration.table_location, partition_by, files
+                client,
+                sink,
+                registration.writer_term,
+                routes,
+                table,
+                registration.table_location,
+                partition_by,
+                files,
+                nested_namespaces=registration.nested_namespaces,
             )
             fan_out.start(arrow_schema)
     except BaseException:

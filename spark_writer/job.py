@@ -24,30 +24,37 @@ timestamp). See docs/spark-writer.md for every flag and how exactly-once works.
 from __future__ import annotations
 
 import logging
+import math
 import os
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated, Final
 
 import structlog
 import typer
 from pydantic import ByteSize
-from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
 
-from coordinator_service.client import CoordinatorRpcError
 from coordinator_service.flag_values import KEY_VALUE, SIZE, KeyValue, parse_key_value, parse_size
 from coordinator_service.logs import LogFormat, LogLevel, configure_logging
+from coordinator_service.table_identifiers import sink_name_problem, table_identifier_problem
 from spark_writer.dead_letters import DeadLetterTarget
+from spark_writer.driver_jvm import SparkLog
 from spark_writer.iceberg_sink import (
     DEFAULT_COORDINATOR_RETRY_SECONDS,
     DEFAULT_TARGET_FILE_SIZE_BYTES,
     DecodesInTasks,
     IcebergSinkQuery,
-    SinkRefusedError,
+    check_names,
     write_to_iceberg,
 )
-from spark_writer.kafka_options import DEFAULT_STARTING_OFFSETS, SOURCE_NAME
+from spark_writer.job_failures import ExitCode, JobFailure, failure_of, one_line
+from spark_writer.json_columns import grow
+from spark_writer.kafka_options import DEFAULT_STARTING_OFFSETS, SOURCE_NAME, parse_options
 from spark_writer.kafka_records import (
     DEFAULT_JSON_TIME_ZONE,
     BadRecordPolicy,
@@ -58,6 +65,7 @@ from spark_writer.kafka_records import (
     schema_from_ddl,
 )
 from spark_writer.kafka_source import KafkaDataSource
+from spark_writer.partitioning import parse_partition_specs
 from spark_writer.registry_records import (
     KEY_SUBJECT_SUFFIX,
     VALUE_SUBJECT_SUFFIX,
@@ -67,8 +75,9 @@ from spark_writer.registry_records import (
     topic_subject,
 )
 from spark_writer.routing import Routes, Unrouted, routes_from_flags
-from spark_writer.schema_registry import RegistrySettings, RegistryUnavailableError
-from spark_writer.session import local_spark_session, retries_tasks
+from spark_writer.schema_registry import RegistrySettings
+from spark_writer.session import local_spark_session, retries_tasks, with_task_retries
+from spark_writer.start_checks import wait_for_coordinator, wait_for_topics
 from spark_writer.stop_signals import StopRequest, stop_on_signals
 from spark_writer.storage import Storage
 from spark_writer.worker_logging import set_worker_log_level
@@ -77,6 +86,9 @@ log = structlog.get_logger(__name__)
 
 DEFAULT_SAMPLE_SIZE: Final = 1000
 STOP_CHECK_SECONDS: Final = 1
+# A local master without a retry count is given one (spark_writer.session.with_task_retries).
+DEFAULT_LOCAL_MASTER: Final = "local[*]"
+MAX_WAIT_SECONDS: Final = 86_400.0
 
 
 class RecordFormat(StrEnum):
@@ -114,12 +126,23 @@ class KafkaSettings:
     consumer_options: dict[str, str] = field(default_factory=dict)
     source: KafkaSource = KafkaSource.PYTHON
 
+    def __post_init__(self) -> None:
+        parse_options(self._options())  # the source's own options refused now (ValueError), not once Spark runs
+
     @property
     def source_format(self) -> str:
         return SOURCE_NAME if self.source is KafkaSource.PYTHON else SPARK_KAFKA_FORMAT
 
     def source_options(self) -> dict[str, str]:
         """The options of the source: the same for both but what Spark's needs to read as the Python one does."""
+        options = self._options()
+        if self.source is KafkaSource.SPARK:
+            # Committed records only, as the Python source reads them (Spark's reads aborted ones by default), and
+            # the headers, which dead letters keep.
+            options.update({"kafka.isolation.level": "read_committed", "includeHeaders": "true"})
+        return options
+
+    def _options(self) -> dict[str, str]:
         options = {
             "kafka.bootstrap.servers": self.bootstrap_servers,
             "subscribe": ",".join(self.topics),
@@ -129,10 +152,6 @@ class KafkaSettings:
         }
         if self.max_offsets_per_trigger is not None:
             options["maxOffsetsPerTrigger"] = str(self.max_offsets_per_trigger)
-        if self.source is KafkaSource.SPARK:
-            # Committed records only, as the Python source reads them (Spark's reads aborted ones by default), and
-            # the headers, which dead letters keep.
-            options.update({"kafka.isolation.level": "read_committed", "includeHeaders": "true"})
         return options
 
     def producer_config(self) -> dict[str, str]:
@@ -214,13 +233,18 @@ class SinkSettings:
     routes: Routes | None = None
 
     def __post_init__(self) -> None:
+        check_names(self.sink, self.table)
+        parse_partition_specs(self.partition_by)
         if self.target_file_size_bytes <= 0:
             raise ValueError(f"--target-file-size must be positive, got {self.target_file_size_bytes}")
         Storage(self.storage)  # unknown keys and bad values refused before Spark starts
 
 
-def spark_session(master: str | None, app_name: str = "sink-writer") -> SparkSession:
-    """The session to run in: spark-submit's when it launched us, else a local one (Java found, source registered)."""
+def spark_session(master: str | None, spark_log: SparkLog | None = None, app_name: str = "sink-writer") -> SparkSession:
+    """The session to run in: spark-submit's when it launched us (its JVM logs as spark-submit says), else a local
+    one (Java found, source registered); `spark_log`: where the JVM of a local one and py4j log (else the console)."""
+    if spark_log is not None:
+        spark_log.capture_py4j()
     # spark-submit starts the JVM first and tells the Python driver its gateway port.
     if master is None and "PYSPARK_GATEWAY_PORT" in os.environ:
         spark = SparkSession.builder.appName(app_name).getOrCreate()
@@ -232,7 +256,9 @@ def spark_session(master: str | None, app_name: str = "sink-writer") -> SparkSes
                 master=submitted_master,
             )
         return spark
-    return local_spark_session(app_name, master or "local[*]")
+    if spark_log is not None:
+        log.info("spark's own log", path=str(spark_log.path), on_console=spark_log.on_console)
+    return local_spark_session(app_name, master or DEFAULT_LOCAL_MASTER, spark_log)
 
 
 def check_spark_kafka_source(spark: SparkSession) -> None:
@@ -293,11 +319,15 @@ def table_records(
         return stream, registry_parser(kafka, parse, sink)
     # The sample is read by this project's own consumer, whichever source the stream has.
     sample_options = replace(kafka, source=KafkaSource.PYTHON).source_options()
-    schema = (
-        schema_from_ddl(parse.schema_ddl)
-        if parse.schema_ddl
-        else sampled_json_schema(spark, sample_options, parse.sample_size)
-    )
+    if parse.schema_ddl:
+        try:
+            schema = schema_from_ddl(parse.schema_ddl)
+        except ValueError as error:
+            raise ValueError(f"--schema: {error}") from None
+    else:
+        sampled = sampled_json_schema(spark, sample_options, parse.sample_size)
+        # Only the sampled fields a column can hold (json_columns); records giving the others a value are bad records.
+        schema = grow(StructType([]), sampled.fieldNames(), lambda: sampled, kafka_metadata=parse.kafka_metadata).schema
     log.info("json schema", schema=schema.simpleString(), source="given" if parse.schema_ddl else "sampled")
     if not parse.evolve_schema and not schema.fields:
         raise ValueError("the topics are empty, so no schema could be inferred: pass --schema or --evolve-schema")
@@ -343,6 +373,110 @@ def run_until_done(query: IcebergSinkQuery, stop: StopRequest) -> bool:
     return True
 
 
+def check_before_spark(
+    kafka: KafkaSettings, parse: ParseSettings, sink: SinkSettings, wait_for_topic: float, stop: StopRequest
+) -> None:
+    """What needs no Spark, checked before it starts: the coordinator answers, the topics exist (with the Python
+    source; Spark's connector waits for a topic as Spark's users know), the registry has the subjects."""
+    wait_for_coordinator(sink.coordinator, sink.writer_token, sink.sink, sink.coordinator_retry_seconds, stop)
+    if kafka.source is KafkaSource.PYTHON and not stop.requested:
+        wait_for_topics(parse_options(kafka.source_options()), wait_for_topic, stop)
+    if parse.record_format.registry_format is not None and not stop.requested:
+        try:
+            registry_parser(kafka, parse, sink.sink)  # the subjects' schemas read and mapped: refused now, not in Spark
+        except ValueError as error:
+            raise JobFailure(one_line(str(error)), ExitCode.USAGE) from None
+
+
+def run_on_spark(
+    kafka: KafkaSettings,
+    parse: ParseSettings,
+    sink: SinkSettings,
+    master: str | None,
+    spark_log: SparkLog,
+    stop: StopRequest,
+) -> bool:
+    """Start Spark and run the job; False when a stop request ended it before its end."""
+    spark = spark_session(master, spark_log)
+    stop.install()  # the SparkContext replaced SIGINT's handler
+    try:
+        if stop.requested:
+            return False
+        try:
+            query = start_job(spark, kafka, parse, sink)
+        except ValueError as error:  # what could only be checked on the running session (a schema, a column)
+            raise JobFailure(one_line(str(error)), ExitCode.USAGE) from None
+        return run_until_done(query, stop)
+    finally:
+        # Stops the listener bus before the interpreter exits, so that no event is sent to a closed gateway.
+        spark.stop()
+
+
+def ended(error: BaseException, spark_log: SparkLog) -> typer.Exit:
+    """Log the failure's cause as the run's last line; when the cause is none of the job's own (code 1), the whole
+    error goes to Spark's log, which the line names. The exit that says the failure's kind."""
+    failure = failure_of(error)
+    where = {}
+    if failure.exit_code is ExitCode.FAILED:
+        spark_log.append_error(error)
+        where = {"spark_log": str(spark_log.path)}
+    log.error("sink writer failed", error=failure.cause, exit_code=int(failure.exit_code), **where)
+    return typer.Exit(failure.exit_code)
+
+
+def seconds(low: float, high: float) -> Callable[[str], float]:
+    """A flag's parser of a number of seconds from `low` to `high` (not NaN, not infinite)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise typer.BadParameter(f"{text!r} is not a number of seconds") from None
+        if not (math.isfinite(value) and low <= value <= high):
+            raise typer.BadParameter(f"{text!r} is not between {low:g} and {high:g} seconds")
+        return value
+
+    return parse
+
+
+def refused_by(problem: Callable[[str], str | None]) -> Callable[[str], str]:
+    """A flag's check of a name against a policy (coordinator_service.table_identifiers), naming the flag."""
+
+    def check(value: str) -> str:
+        found = problem(value)
+        if found is not None:
+            raise typer.BadParameter(found)
+        return value
+
+    return check
+
+
+# gRPC's own target schemes (dns:///host:port, unix:/path, ...): taken as they are.
+GRPC_TARGET_SCHEMES: Final = ("dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:", "xds:")
+
+
+def coordinator_address(value: str) -> str:
+    """A flag's check of the coordinator's gRPC address: HOST:PORT (a port from 1 to 65535), or a gRPC target."""
+    if value.startswith(GRPC_TARGET_SCHEMES):
+        return value
+    if "://" in value:
+        raise typer.BadParameter(f"{value!r} is a URL: give the coordinator's gRPC address, HOST:PORT")
+    host, _, port = value.rpartition(":")
+    if not host.strip("[]") or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise typer.BadParameter(f"{value!r} is not HOST:PORT (a port from 1 to 65535), such as 127.0.0.1:50051")
+    return value
+
+
+def partition_syntax(values: list[str] | None) -> list[str] | None:
+    try:
+        parse_partition_specs(values or ())
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    return values
+
+
+SECONDS: Final = "<seconds>"
+
 app = typer.Typer(
     name="sink-writer",
     help="Stream Kafka topics into an Apache Iceberg table exactly once, through the sink coordinator.",
@@ -357,17 +491,35 @@ def main(
         str, typer.Option(help="Kafka bootstrap servers, host:port[,host:port].", envvar="KAFKA_BOOTSTRAP_SERVERS")
     ],
     topic: Annotated[list[str], typer.Option(help="Topic to read (repeat for several).")],
-    sink: Annotated[str, typer.Option(help="The coordinator's name for this query and table.")],
-    table: Annotated[str, typer.Option(help="Iceberg table, namespace.table (created when missing).")],
+    sink: Annotated[
+        str,
+        typer.Option(help="The coordinator's name for this query and table.", callback=refused_by(sink_name_problem)),
+    ],
+    table: Annotated[
+        str,
+        typer.Option(
+            help="Iceberg table, namespace.table (created when missing).", callback=refused_by(table_identifier_problem)
+        ),
+    ],
     checkpoint_location: Annotated[str, typer.Option(help="Spark checkpoint directory (any Hadoop URI).")],
     coordinator: Annotated[
-        str, typer.Option(help="gRPC address of the coordinator.", envvar="SINK_WRITER_COORDINATOR")
+        str,
+        typer.Option(
+            help="gRPC address of the coordinator, HOST:PORT.",
+            envvar="SINK_WRITER_COORDINATOR",
+            callback=coordinator_address,
+        ),
     ] = "127.0.0.1:50051",
     writer_token: Annotated[
         str | None, typer.Option(help="The coordinator's writer token.", envvar="SINK_WRITER_TOKEN")
     ] = None,
     coordinator_retry_seconds: Annotated[
-        float, typer.Option(min=0.1, help="How long a coordinator call retries while it is unreachable.")
+        float,
+        typer.Option(
+            help="How long a coordinator call retries while it is unreachable (at start too, saying so).",
+            parser=seconds(0.1, MAX_WAIT_SECONDS),
+            metavar=SECONDS,
+        ),
     ] = DEFAULT_COORDINATOR_RETRY_SECONDS,
     starting_offsets: Annotated[
         str, typer.Option(help='earliest, latest or JSON {"topic": {"0": 42}}; only for a new checkpoint.')
@@ -449,7 +601,10 @@ def main(
         str | None, typer.Option(help="Topic of the dead letters (with --on-bad-record dead-letter).")
     ] = None,
     partition_by: Annotated[
-        list[str] | None, typer.Option(help="Partition field of a new table: col, day(ts), truncate(4, s)... (repeat).")
+        list[str] | None,
+        typer.Option(
+            help="Partition field of a new table: col, day(ts), truncate(4, s)... (repeat).", callback=partition_syntax
+        ),
     ] = None,
     target_file_size: Annotated[
         ByteSize,
@@ -459,6 +614,14 @@ def main(
         str | None, typer.Option(help='Micro-batch interval, e.g. "10 seconds"; default: back to back.')
     ] = None,
     available_now: Annotated[bool, typer.Option(help="Process what the topics hold now, then stop.")] = False,
+    wait_for_topic: Annotated[
+        float,
+        typer.Option(
+            help="Wait this long for topics that do not exist yet, saying so; 0: refuse them at once.",
+            parser=seconds(0, MAX_WAIT_SECONDS),
+            metavar=SECONDS,
+        ),
+    ] = 0.0,
     storage: Annotated[
         list[KeyValue] | None,
         typer.Option(
@@ -484,14 +647,31 @@ def main(
         Unrouted | None,
         typer.Option(help="Fan-out: a record no route takes goes to --table (default), or fails the batch (fail)."),
     ] = None,
-    master: Annotated[str | None, typer.Option(help="Spark master; default: spark-submit's, else local[*].")] = None,
+    master: Annotated[
+        str | None,
+        typer.Option(
+            help=f"Spark master; default: spark-submit's, else {with_task_retries(DEFAULT_LOCAL_MASTER)} (a local "
+            "master without a retry count is given one: 4 attempts per task)."
+        ),
+    ] = None,
+    spark_log_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="Where Spark's own log goes (its warnings, failed tasks with their stack traces, py4j's), appended; "
+            "default: sink-writer-<sink>.log in the temporary directory. On the console too at --log-level DEBUG.",
+            dir_okay=False,
+        ),
+    ] = None,
     log_level: Annotated[LogLevel, typer.Option(case_sensitive=False, help="Log level.")] = LogLevel.INFO,
     log_format: Annotated[LogFormat, typer.Option(help="Log lines as console text or JSON.")] = LogFormat.CONSOLE,
 ) -> None:
     """Run the streaming job until it is stopped (or, with --available-now, until the topics are drained).
 
-    SIGINT (Ctrl-C) or SIGTERM stops the query between two batches: the exit code is then 130 or 143 (a second
-    signal ends the process at once); 0 when the job ended by itself, 1 when it failed, 2 for bad options.
+    Exit codes: 0 the job ended by itself; 1 it failed (the last line says why, Spark's log the details); 2 a flag,
+    a value, a schema or a topic that does not exist; 3 records that do not fit, have no route or were lost (the
+    line names the flag that would take them); 4 the coordinator refused the writer; 5 the coordinator, Kafka or the
+    registry did not answer. SIGINT (Ctrl-C) or SIGTERM stops the query between two batches: 130 or 143 (a second
+    signal ends the process at once).
     """
     configure_logging(log_level, log_format)
     logging.getLogger("py4j").setLevel(logging.WARNING)  # one INFO line per callback from the JVM
@@ -536,32 +716,38 @@ def main(
             storage=dict(storage or ()),
             routes=routes_from_flags(route_by, route or (), dynamic_routes, unrouted),
         )
-        if parse.record_format.registry_format is not None:
-            registry_parser(kafka, parse, sink)  # the subjects' schemas read and mapped: refused now, not in Spark
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
-    except RegistryUnavailableError as error:
-        log.error("sink writer cannot start", error=str(error))
-        raise typer.Exit(1) from None
+    spark_log = SparkLog(spark_log_file or SparkLog.default_path(sink), on_console=log_level is LogLevel.DEBUG)
+    try:
+        spark_log.check()
+    except ValueError as error:
+        raise typer.BadParameter(str(error), param_hint="'--spark-log-file'") from None
     with stop_on_signals() as stop:
-        spark = spark_session(master)
-        stop.install()  # the SparkContext replaced SIGINT's handler
         try:
-            done = not stop.requested and run_until_done(start_job(spark, kafka, parse, sink_settings), stop)
-        except (CoordinatorRpcError, SinkRefusedError, StreamingQueryException) as error:
-            log.error("sink writer failed", error=str(error))
-            raise typer.Exit(1) from None
-        except ValueError as error:  # what could only be checked on the running session (Spark's Kafka connector)
-            log.error("sink writer cannot start", error=str(error))
-            raise typer.Exit(2) from None
-        finally:
-            # Stops the listener bus before the interpreter exits, so that no event is sent to a closed gateway.
-            spark.stop()
+            check_before_spark(kafka, parse, sink_settings, wait_for_topic, stop)
+        except Exception as error:
+            raise ended(error, spark_log) from None
+        try:
+            done = not stop.requested and run_on_spark(kafka, parse, sink_settings, master, spark_log, stop)
+        except Exception as error:
+            raise ended(error, spark_log) from None
     if not done:
         assert stop.signal is not None  # nothing else ends the job early without an error
         log.warning("sink writer stopped before the end", signal=stop.signal.name, exit_code=stop.exit_code)
         raise typer.Exit(stop.exit_code)
 
 
+def run(args: Sequence[str] | None = None) -> None:
+    """The `sink-writer` command: the job, whose every end is one last line and an exit code (ExitCode); a flag
+    that is wrong is one line too, `Error: ...`, with exit code 2."""
+    try:
+        exit_code = app(args=args, standalone_mode=False)
+    except typer.TyperException as error:  # typer's click: a flag or a value
+        typer.echo(f"Error: {one_line(error.format_message())}", err=True)
+        sys.exit(error.exit_code)
+    sys.exit(exit_code or 0)
+
+
 if __name__ == "__main__":
-    app()
+    run()

@@ -15,15 +15,20 @@ What a record becomes (the rules of Spark's ``from_json`` in its permissive mode
 * A JSON object gives its fields by name (case-sensitive): a missing field is
   null, a field the schema lacks is ignored, nested structs likewise.
 * A STRING column takes a string as it is and any other top-level value as its
-  compact JSON text (``{"a":1}``, ``12``, ``true``), as ``from_json`` does.
+  text in the record without the whitespace between tokens (``{"a":1}``, ``12``,
+  ``true``, and ``1E2``, ``19.000000000000000001``, ``"\u00fc"`` as written:
+  never a number or a string re-printed).
 * TIMESTAMP: ISO 8601 text (``2025-03-01T10:00:00``, a space for the ``T``,
   fractions, ``Z`` or an offset, a date alone for midnight); without a zone or
-  offset, in the decoder's time zone. DATE: ``YYYY-MM-DD``. BINARY: base64 text.
+  offset, in the decoder's time zone, where a wall-clock time the zone's clock
+  passes twice (set back) is its earlier instant, and one it skips (set forward)
+  is shifted forward by the gap (``02:30`` in a one-hour gap is ``03:30``), as
+  java.time, PostgreSQL and Python read them. DATE: ``YYYY-MM-DD``. BINARY: base64 text.
   Numbers (``NaN`` and ``Infinity`` too), booleans, lists and structs as JSON has
   them, decimals from numbers or numeric text.
 * A record does not fit the schema when its value is null (a tombstone), is not
-  JSON, is JSON but not an object, or has a field whose value cannot be read as
-  the field's type. Its reason says which, naming the top-level fields that do not
+  JSON, is JSON but not an object, gives one of the schema's fields twice, or has
+  a field whose value cannot be read as the field's type. Its reason says which, naming the top-level fields that do not
   fit and their types (a nested misfit is named by the top-level field holding
   it). Its partial row keeps the fields that fit and has null in the others.
 
@@ -32,7 +37,8 @@ supported (the decoder refuses a schema with one: declare the map as a STRUCT of
 its keys, or as a STRING that keeps its JSON text); a nested field that does not
 fit makes its whole top-level field null in the partial row (``from_json`` keeps
 the nested fields that fit); ``NaN`` and ``Infinity`` fit a DOUBLE bare but not
-as strings; a value with several JSON objects is not JSON.
+as strings; a value with several JSON objects is not JSON; a record that gives
+one of the schema's fields twice does not fit (``from_json`` keeps one of them).
 
 ``decode`` gives a batch's rows and misfits (``decoded_batch.DecodedBatch``);
 ``decode_values`` one row per value in their order, with a reason per value,
@@ -41,7 +47,10 @@ which the JSON Schema format (``json_schema_decoding``) combines with a key.
 Blocks of records are parsed at once. A block that pyarrow refuses is split in
 two and each half parsed again, down to blocks of ``RECORD_BY_RECORD_BELOW``
 records, whose records are checked one by one: a bad record costs a few block
-parses, not a batch read record by record.
+parses, not a batch read record by record. A record checked alone is first parsed
+exactly as in a block, and its values are only ever handed on as their own text
+(never loaded into Python numbers and printed again), so a record decodes to the
+same row whatever its neighbours.
 """
 
 from __future__ import annotations
@@ -49,7 +58,8 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Iterator, Sequence
+import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Final
@@ -71,10 +81,19 @@ RECORD_BY_RECORD_BELOW: Final = 16
 NOT_JSON: Final = "not valid JSON"
 NOT_AN_OBJECT: Final = "a JSON value that is not an object"
 MISFIT_PREFIX: Final = "fields whose value does not fit the schema: "
+UNTAKEN_PREFIX: Final = "fields the table cannot take: "
 # A timestamp's text that ends with its zone after the time: Z, or an offset +hh:mm, +hhmm, +hh (a date alone has
 # none: its "-01" is the day).
 ZONED_TEXT: Final = r":\d\d(\.\d+)?\s*(Z|z|[+-]\d\d(:?\d\d)?)$"
 _PARSE_ERRORS: Final = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError)
+JSON_WHITESPACE: Final = " \t\n\r"
+# A string (kept whole, escapes as written), or whitespace between tokens (dropped).
+_BETWEEN_TOKENS: Final = re.compile(r'("(?:[^"\\]|\\.)*")|[ \t\n\r]+')
+_VALUE_SCANNER: Final = json.JSONDecoder()
+
+
+# (index in the batch, reason, the texts of the fields that fit: None when nothing could be read)
+_Misfit = tuple[int, str, dict[str, str] | None]
 
 
 class UnsupportedJsonSchemaError(ValueError):
@@ -118,8 +137,18 @@ def _timestamps_from_text(text: pa.Array, target: pa.TimestampType, time_zone: s
     zoned = pc.match_substring_regex(text, ZONED_TEXT)
     with_zone = pc.if_else(zoned, text, None).cast(target)
     local = pc.if_else(zoned, None, text).cast(pa.timestamp(target.unit))
-    without_zone = pc.assume_timezone(local, time_zone).cast(target)
-    return pc.if_else(zoned, with_zone, without_zone)
+    return pc.if_else(zoned, with_zone, _instants_of_wall_clock(local, time_zone).cast(target))
+
+
+def _instants_of_wall_clock(local: pa.Array, time_zone: str) -> pa.Array:
+    """Wall-clock times in `time_zone` as instants, each read with the zone's offset at its earliest reading: a time
+    that happens twice (the clock set back) is its first instant, and one that never happens (in the gap of the
+    clock set forward) is read with the offset before the gap, that is shifted forward by the gap's length (as
+    java.time, so Spark, PostgreSQL and Python's zoneinfo read it)."""
+    earliest = pc.assume_timezone(local, time_zone, ambiguous="earliest", nonexistent="earliest")
+    naive = pa.timestamp(local.type.unit)
+    offsets = pc.subtract(pc.local_timestamp(earliest), earliest.cast(naive))
+    return pc.subtract(local, offsets).cast(pa.timestamp(local.type.unit, tz=UTC))
 
 
 def _binary_from_base64(text: pa.Array, target: pa.DataType) -> pa.Array:
@@ -129,7 +158,12 @@ def _binary_from_base64(text: pa.Array, target: pa.DataType) -> pa.Array:
 
 def _converted(array: pa.Array, target: pa.DataType, time_zone: str) -> pa.Array:
     """`array` as pyarrow read it (`_parse_type`), turned into `target`; raises ArrowInvalid if a value cannot be."""
-    if array.type == target:
+    if pa.types.is_decimal(target):
+        # pyarrow's JSON reader checks a decimal's digits as written, not once scaled: 1234567890.5 is a
+        # decimal(12, 3) of 13 digits. A full validation finds each value over the precision.
+        array.validate(full=True)
+        return array
+    if array.type == target and not _holds_decimals(target):
         return array
     if pa.types.is_timestamp(target):
         return _timestamps_from_text(array, target, time_zone)
@@ -148,6 +182,41 @@ def _converted(array: pa.Array, target: pa.DataType, time_zone: str) -> pa.Array
         list_type = pa.ListArray if pa.types.is_list(target) else pa.LargeListArray
         return list_type.from_arrays(array.offsets, values, type=target, mask=array.is_null())
     return array.cast(target)
+
+
+def object_fields(text: str) -> list[tuple[str, str]]:
+    """Each top-level field of a valid JSON object, in order (a repeated name repeated): its name and its value's
+    text in the record, without the whitespace between tokens (``1E2``, ``{"a":[1.50,2]}``: numbers and strings
+    as written)."""
+
+    def past_whitespace(position: int) -> int:
+        while text[position] in JSON_WHITESPACE:
+            position += 1
+        return position
+
+    fields: list[tuple[str, str]] = []
+    position = past_whitespace(0) + 1  # past the "{"
+    while True:
+        position = past_whitespace(position)
+        if text[position] == "}":
+            return fields
+        if text[position] == ",":
+            position = past_whitespace(position + 1)
+        name, position = _VALUE_SCANNER.raw_decode(text, position)
+        position = past_whitespace(past_whitespace(position) + 1)  # past the ":"
+        end = _VALUE_SCANNER.raw_decode(text, position)[1]
+        fields.append((name, _BETWEEN_TOKENS.sub(lambda match: match.group(1) or "", text[position:end])))
+        position = end
+
+
+def _holds_decimals(data_type: pa.DataType) -> bool:
+    if pa.types.is_decimal(data_type):
+        return True
+    if pa.types.is_struct(data_type):
+        return any(_holds_decimals(child.type) for child in data_type)
+    if pa.types.is_list(data_type) or pa.types.is_large_list(data_type):
+        return _holds_decimals(data_type.value_type)
+    return False
 
 
 def _lines(values: pa.Array) -> pa.Buffer:
@@ -175,6 +244,8 @@ class JsonDecoder:
     type_names: tuple[str, ...]  # each field's type as Spark writes it ("double", "array<string>"), for reasons
     kafka_metadata: bool = False
     time_zone: str = UTC
+    # Fields the table cannot take (json_columns), each with why: a record giving one a value does not fit.
+    refused: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.type_names) != len(self.schema):
@@ -193,7 +264,9 @@ class JsonDecoder:
 
     @cached_property
     def _parse_options(self) -> pj.ParseOptions:
-        parse_schema = pa.schema([f.with_type(_parse_type(f.type, self.time_zone)) for f in self.schema])
+        # A refused field is parsed as null, which any other value fails: its records are then checked one by one.
+        refused = [pa.field(name, pa.null()) for name, _ in self.refused]
+        parse_schema = pa.schema([*(f.with_type(_parse_type(f.type, self.time_zone)) for f in self.schema), *refused])
         return pj.ParseOptions(explicit_schema=parse_schema, unexpected_field_behavior="ignore")
 
     @cached_property
@@ -210,7 +283,9 @@ class JsonDecoder:
 
     def __getstate__(self) -> dict[str, Any]:
         # Only what defines the decoder travels; the cached parts are built again where it runs.
-        return {name: getattr(self, name) for name in ("schema", "type_names", "kafka_metadata", "time_zone")}
+        return {
+            name: getattr(self, name) for name in ("schema", "type_names", "kafka_metadata", "time_zone", "refused")
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -241,20 +316,18 @@ class JsonDecoder:
             reasons[index] = reason
         return rows, pa.array(reasons, pa.string())
 
-    def _decode_parts(
-        self, values: pa.Array
-    ) -> tuple[list[tuple[pa.Table, pa.Array]], list[tuple[int, str, dict[str, Any] | None]]]:
+    def _decode_parts(self, values: pa.Array) -> tuple[list[tuple[pa.Table, pa.Array]], list[_Misfit]]:
         fitting: list[tuple[pa.Table, pa.Array]] = []  # (rows, their indices in the batch), in the batch's order
-        misfits: list[tuple[int, str, dict[str, Any] | None]] = []  # (index, reason, what of it fits)
+        misfits: list[_Misfit] = []
         for start, stop in self._ranges_that_parse(values, 0, len(values), fitting):
             for index in range(start, stop):
-                self._check_record(values[index].as_py(), index, fitting, misfits)
+                self._check_record(values.slice(index, 1), index, fitting, misfits)
         return fitting, misfits
 
-    def fits(self, value: Any) -> bool:
-        """Whether a JSON value (already loaded) fits this decoder's only field."""
+    def fits(self, text: str) -> bool:
+        """Whether a JSON value, as its text, fits this decoder's only field."""
         (name,) = self.schema.names
-        return self._parse_objects([{name: value}]) is not None
+        return self._parse_fields({name: text}) is not None
 
     def _ranges_that_parse(
         self, values: pa.Array, start: int, stop: int, fitting: list[tuple[pa.Table, pa.Array]]
@@ -303,51 +376,65 @@ class JsonDecoder:
             return None
         return pa.Table.from_arrays(columns, schema=self.schema)
 
-    def _parse_objects(self, objects: Sequence[dict[str, Any]]) -> pa.Table | None:
-        # NaN and Infinity, bare, are written back as such: pyarrow reads them, as from_json does.
-        data = b"\n".join(json.dumps(obj, separators=(",", ":")).encode() for obj in objects)
-        return self._parsed(data, len(objects))
+    def _parse_fields(self, fields: Mapping[str, str]) -> pa.Table | None:
+        """One row of the object whose fields have these texts (compact: one line), or None when it does not fit."""
+        text = "{" + ",".join(f"{json.dumps(name)}:{value}" for name, value in fields.items()) + "}"
+        return self._parsed(text.encode(), 1)
 
     def _check_record(
-        self,
-        value: bytes | None,
-        index: int,
-        fitting: list[tuple[pa.Table, pa.Array]],
-        misfits: list[tuple[int, str, dict[str, Any] | None]],
+        self, value: pa.Array, index: int, fitting: list[tuple[pa.Table, pa.Array]], misfits: list[_Misfit]
     ) -> None:
-        if value is None:
+        """One record of a block that did not parse: a row as its block would have given it, else why not."""
+        parsed = self._parse_block(value)  # alone, exactly as in a block: a record's row never depends on others
+        if parsed is not None:
+            fitting.append((parsed, pa.array([index], pa.int64())))
+            return
+        raw = value[0].as_py()
+        if raw is None:
             misfits.append((index, TOMBSTONE, None))
             return
         try:
-            loaded = json.loads(value)
-        except (ValueError, UnicodeDecodeError):
+            text = raw.decode("utf-8")
+            loaded = json.loads(text)
+        except (ValueError, UnicodeDecodeError, RecursionError):
             misfits.append((index, NOT_JSON, None))
             return
         if not isinstance(loaded, dict):
             misfits.append((index, NOT_AN_OBJECT, None))
             return
-        record = self._as_text_where_text(loaded)
-        parsed = self._parse_objects([record])
-        if parsed is not None:
-            fitting.append((parsed, pa.array([index], pa.int64())))
-            return
+        record: dict[str, str] = {}
+        repeated: list[str] = []
+        for name, value_text in object_fields(text):
+            if name in record and name in self.schema.names:
+                repeated.append(name)
+            record[name] = self._as_text_where_text(name, value_text)
+        refused = dict(self.refused)
+        untaken = [name for name, text in record.items() if name in refused and text != "null"]
+        if not repeated and not untaken:
+            parsed = self._parse_fields(record)
+            if parsed is not None:
+                fitting.append((parsed, pa.array([index], pa.int64())))
+                return
         decoders = self._field_decoders
-        wrong = [name for name, value in record.items() if name in decoders and not decoders[name].fits(value)]
-        named = ", ".join(f"{name} ({decoders[name].type_names[0]})" for name in wrong) or "a nested field"
-        misfits.append((index, MISFIT_PREFIX + named, {k: v for k, v in record.items() if k not in wrong}))
+        wrong = [name for name, text in record.items() if name in decoders and not decoders[name].fits(text)]
+        named = [f"{name} ({decoders[name].type_names[0]})" for name in wrong if name not in repeated]
+        named += [f"{name} (given twice)" for name in dict.fromkeys(repeated)]
+        parts = [MISFIT_PREFIX + ", ".join(named)] if named else []
+        if untaken:
+            parts.append(UNTAKEN_PREFIX + ", ".join(f"{name or repr(name)} ({refused[name]})" for name in untaken))
+        reason = "; ".join(parts) or MISFIT_PREFIX + "a nested field"
+        left_out = {*wrong, *repeated, *refused}
+        misfits.append((index, reason, {k: v for k, v in record.items() if k not in left_out}))
 
-    def _as_text_where_text(self, record: dict[str, Any]) -> dict[str, Any]:
-        """A STRING field's non-string value as its JSON text, as from_json gives it."""
-        return {
-            name: json.dumps(value, separators=(",", ":"))
-            if name in self._text_fields and value is not None and not isinstance(value, str)
-            else value
-            for name, value in record.items()
-        }
+    def _as_text_where_text(self, name: str, value_text: str) -> str:
+        """A STRING field's non-string value as a string of its text in the record (as from_json gives it)."""
+        if name in self._text_fields and value_text[0] != '"' and value_text != "null":
+            return json.dumps(value_text, ensure_ascii=False)
+        return value_text
 
-    def _partial_row(self, fits: dict[str, Any] | None) -> pa.Table:
+    def _partial_row(self, fits: Mapping[str, str] | None) -> pa.Table:
         """The fields that fit, null elsewhere (null everywhere when nothing could be read)."""
-        parsed = None if fits is None else self._parse_objects([fits])
+        parsed = None if fits is None else self._parse_fields(fits)
         if parsed is None:
             return pa.Table.from_arrays([pa.nulls(1, f.type) for f in self.schema], schema=self.schema)
         return parsed

@@ -3,10 +3,13 @@
 The registered JSON Schema gives the table's Arrow schema (``json_schema_table_type``);
 the payloads, JSON objects, are then decoded exactly as ``--format json`` decodes
 values (``json_decoding.JsonDecoder``, pyarrow's JSON reader a block at a time),
-so the rules for what fits are the same. The writer schema id is checked (an id
-the registry does not have, or that is not a JSON Schema, does not fit) but not
-needed to read the JSON. The schema's constraints (``required``, ``minimum``,
-``pattern``, ...) are not checked: the producer's serializer validates.
+so the rules for what fits are the same. Each record is read by its own writer
+schema's properties (the id in its header): a column its writer does not declare
+is null, even where the record holds a property of that name that a later version
+declares, so a record decodes to the same row whatever versions come after it (an
+id the registry does not have, or that is not a JSON Schema, does not fit). The
+schema's constraints (``required``, ``minimum``, ``pattern``, ...) are not checked:
+the producer's serializer validates.
 
 JSON Schema -> Arrow (-> Iceberg): ``integer`` (int64), ``number`` (double),
 ``boolean``, ``string`` (with ``"format": "date-time"`` a timestamptz, ``"date"`` a
@@ -34,7 +37,7 @@ from confluent_kafka.schema_registry import Schema
 
 from spark_writer.decoded_batch import UTC
 from spark_writer.json_decoding import JsonDecoder
-from spark_writer.registry_decoding import UnreadableSchemaError, UnsupportedSchemaError
+from spark_writer.registry_decoding import UnreadableSchemaError, UnsupportedSchemaError, decode_by_writer
 from spark_writer.schema_registry import RegistrySettings, schema_by_id
 
 SIMPLE: Final = {"integer": pa.int64(), "number": pa.float64(), "boolean": pa.bool_()}
@@ -173,9 +176,19 @@ def json_schema_table_type(registry: RegistrySettings, schema_id: int) -> pa.Dat
 
 
 @dataclass(frozen=True)
+class JsonSchemaWriter:
+    """A record's writer schema as its decoding needs it: its id, and the top-level properties it declares."""
+
+    schema_id: int
+    declared: frozenset[str]
+
+
+@dataclass(frozen=True)
 class JsonSchemaPayloads:
-    """Decodes JSON payloads into values of `target` (a struct) as the JSON decoder does; `type_names` are its
-    fields' types as Spark writes them, for the reasons."""
+    """Decodes JSON payloads into values of `target` (a struct) as the JSON decoder does, each record by the
+    properties its own writer schema declares: a column the writer does not declare is null, even where the record
+    holds a property of its name (a later version's). `type_names` are `target`'s fields' types as Spark writes
+    them, for the reasons."""
 
     target: pa.DataType
     type_names: tuple[str, ...]
@@ -183,8 +196,9 @@ class JsonSchemaPayloads:
     schema_format: str | None = None
 
     @cached_property
-    def _decoder(self) -> JsonDecoder:
-        return JsonDecoder(pa.schema(list(self.target)), self.type_names)
+    def _decoders(self) -> dict[frozenset[str], JsonDecoder]:
+        """A decoder per set of declared properties met (this process's)."""
+        return {}
 
     def __getstate__(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in ("target", "type_names", "kind", "schema_format")}
@@ -192,12 +206,32 @@ class JsonSchemaPayloads:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
 
-    def writer(self, registry: RegistrySettings, schema_id: int, schema: Schema) -> int:
-        if schema.schema_type != "JSON":
-            raise UnreadableSchemaError(f"it is a {schema.schema_type or 'AVRO'} schema, not a JSON Schema")
-        return schema_id
+    def writer(self, registry: RegistrySettings, schema_id: int, schema: Schema) -> JsonSchemaWriter:
+        try:
+            declared = json_schema_type(schema)
+        except UnsupportedSchemaError as error:
+            raise UnreadableSchemaError(str(error)) from None
+        return JsonSchemaWriter(schema_id, frozenset(field.name for field in declared))
 
-    def decode(self, payloads: pa.Array, writers: Sequence[int]) -> tuple[pa.Array, list[str | None]]:
-        rows, reasons = self._decoder.decode_values(payloads)
-        columns = [column.combine_chunks() for column in rows.columns]
+    def decode(self, payloads: pa.Array, writers: Sequence[JsonSchemaWriter]) -> tuple[pa.Array, list[str | None]]:
+        return decode_by_writer(payloads, writers, self.target, self._decode_written_with)
+
+    def _decode_written_with(self, payloads: pa.Array, writer: JsonSchemaWriter) -> tuple[pa.Array, list[str | None]]:
+        rows, reasons = self._decoder_of(writer.declared).decode_values(payloads)
+        columns = [
+            rows.column(field.name).combine_chunks()
+            if field.name in writer.declared
+            else pa.nulls(len(payloads), field.type)
+            for field in self.target
+        ]
         return pa.StructArray.from_arrays(columns, fields=list(self.target)), reasons.to_pylist()
+
+    def _decoder_of(self, declared: frozenset[str]) -> JsonDecoder:
+        if declared not in self._decoders:
+            kept = [
+                (field, name)
+                for field, name in zip(self.target, self.type_names, strict=True)
+                if field.name in declared
+            ]
+            self._decoders[declared] = JsonDecoder(pa.schema([f for f, _ in kept]), tuple(name for _, name in kept))
+        return self._decoders[declared]

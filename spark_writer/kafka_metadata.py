@@ -4,17 +4,20 @@ Driver side only: the stream reader creates one when planning first needs it and
 Every call is retried on transient errors (a broker restarting or unreachable, a
 leader being elected, a timeout) with exponential backoff (the ``fetchOffset.*``
 options), so that they delay planning instead of failing the query; any other
-error fails at once. Latest offsets are last stable offsets (``read_committed``):
-a batch never plans past an open transaction.
+error fails at once. A topic's own error in a metadata answer is such an error
+too, never a sign that the topic is gone; a topic the stream reads is taken as
+gone only when two answers lack it. Latest offsets are last stable offsets
+(``read_committed``): a batch never plans past an open transaction.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Collection, Iterable
 from typing import Final, TypeVar
 
 import structlog
-from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
@@ -45,6 +48,10 @@ TRANSIENT_KAFKA_ERRORS: Final = frozenset(
 )
 
 
+# A topic's metadata error that means it does not exist (the answer is otherwise complete).
+ABSENT: Final = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART})
+
+
 def is_transient(error: BaseException) -> bool:
     """A Kafka error worth retrying: a broker restarting or unreachable, a leader being elected, a timeout."""
     if not isinstance(error, KafkaException) or not error.args or not isinstance(error.args[0], KafkaError):
@@ -56,8 +63,10 @@ def is_transient(error: BaseException) -> bool:
 class KafkaMetadata:
     """Partition discovery and offset look-ups on the driver, through an AdminClient, with retries."""
 
-    def __init__(self, options: KafkaSourceOptions) -> None:
+    def __init__(self, options: KafkaSourceOptions, timeout_seconds: float = METADATA_TIMEOUT_SECONDS) -> None:
+        """`timeout_seconds`: how long one call waits for its answer before it counts as a transient error."""
         self._admin = AdminClient(dict(options.kafka_config))
+        self._timeout_seconds = timeout_seconds
         self._retries = options.fetch_offset_retries
         self._retry_interval_seconds = options.fetch_offset_retry_interval_ms / 1000
 
@@ -79,21 +88,60 @@ class KafkaMetadata:
         )
         return retrying(function)
 
-    def partitions(self, topics: Iterable[str]) -> list[PartitionKey]:
-        """Partitions of the topics that exist; missing topics have none (yet, or any more)."""
-        wanted = tuple(topics)
-        return self._retried("list_topics", lambda: self._existing(wanted))
+    def partitions(self, topics: Iterable[str], known: Collection[str] = ()) -> list[PartitionKey]:
+        """Partitions of the topics that exist.
 
-    def _existing(self, topics: Iterable[str]) -> list[PartitionKey]:
-        cluster = self._admin.list_topics(timeout=METADATA_TIMEOUT_SECONDS)
-        keys: list[PartitionKey] = []
+        A topic whose metadata carries an error (a leader being elected) is asked for again as any transient error
+        is, and one with another error fails; it is never taken as missing. A topic missing from an answer has no
+        partitions, but one of `known` (topics the stream read before) only when a second answer, a retry interval
+        later, confirms it: one broker's incomplete view is not a deletion.
+        """
+        wanted = tuple(topics)
+        found = self._retried("list_topics", lambda: self._answer(wanted))
+        unconfirmed = [topic for topic in wanted if topic in known and topic not in found]
+        if unconfirmed:
+            time.sleep(self._retry_interval_seconds)
+            found.update(self._retried("list_topics", lambda: self._answer(unconfirmed)))
+            confirmed = [topic for topic in unconfirmed if topic not in found]
+            if confirmed:
+                log.info("kafka_topics_missing", topics=confirmed, answers=2)
+        return sorted(key for keys in found.values() for key in keys)
+
+    def _answer(self, topics: Iterable[str]) -> dict[str, list[PartitionKey]]:
+        """One metadata answer: the partitions of each topic in it; KafkaException for a topic's error."""
+        cluster = self._admin.list_topics(timeout=self._timeout_seconds)
+        found: dict[str, list[PartitionKey]] = {}
         for topic in topics:
             metadata = cluster.topics.get(topic)
-            if metadata is None or metadata.error is not None:
-                log.debug("kafka_topic_not_found", topic=topic)
+            if metadata is None or (metadata.error is not None and metadata.error.code() in ABSENT):
                 continue
-            keys.extend(PartitionKey(topic, partition) for partition in metadata.partitions)
-        return sorted(keys)
+            if metadata.error is not None:
+                raise KafkaException(metadata.error)
+            found[topic] = [PartitionKey(topic, partition) for partition in metadata.partitions]
+        return found
+
+    def topic_ids(self, topics: Iterable[str]) -> dict[str, str]:
+        """The topic id of each topic whose broker reports one (Kafka 2.8 and later; KIP-516): a topic deleted and
+        created again under its name has another. Topics without one (an older broker, or gone) are left out."""
+        wanted = sorted(set(topics))
+        if not wanted:
+            return {}
+
+        def attempt() -> dict[str, str]:
+            futures = self._admin.describe_topics(TopicCollection(wanted), request_timeout=self._timeout_seconds)
+            ids: dict[str, str] = {}
+            for topic, future in futures.items():
+                try:
+                    topic_id = future.result(timeout=self._timeout_seconds).topic_id
+                except KafkaException as error:
+                    if error.args and isinstance(error.args[0], KafkaError) and error.args[0].code() in ABSENT:
+                        continue
+                    raise
+                if topic_id.get_most_significant_bits() or topic_id.get_least_significant_bits():
+                    ids[topic] = str(topic_id)
+            return ids
+
+        return self._retried("describe_topics", attempt)
 
     def earliest(self, keys: Iterable[PartitionKey]) -> Offsets:
         """Earliest offsets of those of the partitions that exist."""
@@ -105,19 +153,18 @@ class KafkaMetadata:
 
     def _list_offsets(self, keys: Iterable[PartitionKey], spec: OffsetSpec) -> Offsets:
         wanted = frozenset(keys)
-        if not wanted:
+        topics = {key.topic for key in wanted}
+        existing = wanted.intersection(self.partitions(topics, known=topics))
+        if not existing:
             return {}
+        request = {TopicPartition(key.topic, key.partition): spec for key in existing}
 
         def attempt() -> Offsets:
-            existing = wanted.intersection(self._existing({key.topic for key in wanted}))
-            request = {TopicPartition(key.topic, key.partition): spec for key in existing}
-            if not request:
-                return {}
             futures = self._admin.list_offsets(
-                request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=METADATA_TIMEOUT_SECONDS
+                request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=self._timeout_seconds
             )
             return {
-                PartitionKey(tp.topic, tp.partition): int(future.result(timeout=METADATA_TIMEOUT_SECONDS).offset)
+                PartitionKey(tp.topic, tp.partition): int(future.result(timeout=self._timeout_seconds).offset)
                 for tp, future in futures.items()
             }
 

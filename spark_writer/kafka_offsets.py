@@ -7,8 +7,9 @@ Invariants the source relies on:
   offset log compares them as it should.
 * Keys of the offsets JSON that start with ``$`` are not topics (a Kafka topic name
   cannot hold a ``$``): ``$initial`` marks ``initialOffset``'s answer, ``$start``
-  batch 0's resolved starting offsets, stored in its end offsets. Every reader of
-  offsets leaves them out.
+  batch 0's resolved starting offsets, stored in its end offsets, and
+  ``$incarnations`` which life of each topic a batch's end offsets are of
+  (``Incarnation``). Every reader of offsets leaves them out.
 * A batch is fully described by its (start, end) offsets: planning it again from
   the same offsets gives the same ranges.
 
@@ -17,8 +18,8 @@ This module imports nothing beyond the standard library (tests/unit/test_writer_
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal, NamedTuple
 
 # Offsets a startingOffsets JSON may give instead of a number, as in Spark.
@@ -30,6 +31,8 @@ RESERVED_KEY_PREFIX: Final = "$"
 INITIAL_KEY: Final = "$initial"
 # Batch 0's end offsets also hold its start, so that Spark's offset log (offsets/0) keeps it durably.
 START_KEY: Final = "$start"
+# Every batch's end offsets also say which life of each topic they are offsets of (see Incarnation).
+INCARNATIONS_KEY: Final = "$incarnations"
 
 
 class PartitionKey(NamedTuple):
@@ -63,6 +66,65 @@ class OffsetRange:
         return max(0, self.end - self.start)
 
 
+@dataclass(frozen=True)
+class Incarnation:
+    """Which life of a topic offsets belong to: a topic deleted and created again under its name starts again at
+    offset 0, and offsets of its earlier life name other records.
+
+    ``topic_id`` is the topic's id where the broker reports one (Kafka 2.8 and later), which a new life changes.
+    Without it, ``log_starts`` (each partition's earliest offset when the batch was planned) are the evidence: a
+    log start never moves back within one life, so one below the start seen before means a new life. (A new life
+    whose log starts where the old one's did, at 0 with no retention yet, is not told apart by them: only its log
+    end below the offsets read shows it, as truncation would.)
+    """
+
+    topic_id: str | None = None
+    log_starts: Mapping[int, int] = field(default_factory=dict)
+
+    def replaced_by(self, later: Incarnation) -> bool:
+        """Whether `later` is another life of the topic than this one."""
+        if self.topic_id is not None and later.topic_id is not None:
+            return self.topic_id != later.topic_id
+        return any(later.log_starts.get(partition, start) < start for partition, start in self.log_starts.items())
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {} if self.topic_id is None else {"id": self.topic_id}
+        if self.log_starts:
+            data["logStarts"] = {str(partition): self.log_starts[partition] for partition in sorted(self.log_starts)}
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Incarnation:
+        log_starts = {int(partition): int(offset) for partition, offset in data.get("logStarts", {}).items()}
+        return cls(None if data.get("id") is None else str(data["id"]), log_starts)
+
+
+Incarnations = dict[str, Incarnation]
+
+
+def incarnations_of(
+    topic_ids: Mapping[str, str], earliest: Mapping[PartitionKey, int], new_lives: Collection[str] = ()
+) -> Incarnations:
+    """Each topic's life as planning sees it now: its id where the broker gave one, else its log starts; and the
+    log starts of a topic in a `new_lives`, where the batch starts reading it."""
+    incarnations: Incarnations = {}
+    for topic in sorted({key.topic for key in earliest}):
+        starts = {key.partition: offset for key, offset in earliest.items() if key.topic == topic}
+        kept = {} if topic in topic_ids and topic not in new_lives else starts
+        incarnations[topic] = Incarnation(topic_ids.get(topic), kept)
+    return incarnations
+
+
+def incarnations_from_json(data: Mapping[str, Any]) -> Incarnations:
+    """The topics' lives an offsets JSON records (none in one written before they were recorded)."""
+    return {topic: Incarnation.from_json(each) for topic, each in data.get(INCARNATIONS_KEY, {}).items()}
+
+
+def replaced_topics(before: Mapping[str, Incarnation], now: Mapping[str, Incarnation]) -> list[str]:
+    """The topics whose life `now` is another than `before`'s: deleted and created again in between."""
+    return sorted(topic for topic, earlier in before.items() if topic in now and earlier.replaced_by(now[topic]))
+
+
 # --------------------------------------------------------------------------- the offsets JSON
 
 
@@ -89,10 +151,16 @@ def initial_offsets_json(starting: Mapping[PartitionKey, int]) -> dict[str, Any]
     return {INITIAL_KEY: offsets_to_json(starting)}
 
 
-def planned_end_json(start: Mapping[str, Any], end: Mapping[PartitionKey, int]) -> dict[str, Any]:
-    """End offsets of a batch as Spark stores them; batch 0's also carry its start (the resolved starting
-    offsets), so that Spark's offset log keeps them durably before the batch runs."""
+def planned_end_json(
+    start: Mapping[str, Any], end: Mapping[PartitionKey, int], incarnations: Mapping[str, Incarnation]
+) -> dict[str, Any]:
+    """End offsets of a batch as Spark stores them, with the topics' lives they are offsets of; batch 0's also
+    carry its start (the resolved starting offsets), so that Spark's offset log keeps them durably before the
+    batch runs."""
     result: dict[str, Any] = offsets_to_json(end)
+    if incarnations:
+        lives = {topic: incarnations[topic].to_json() for topic in sorted(incarnations)}
+        result = {INCARNATIONS_KEY: lives, **result}
     if INITIAL_KEY in start:
         result = {START_KEY: start[INITIAL_KEY], **result}
     return result
@@ -100,12 +168,32 @@ def planned_end_json(start: Mapping[str, Any], end: Mapping[PartitionKey, int]) 
 
 def batch_start_offsets(start: Mapping[str, Any], end: Mapping[str, Any] | None = None) -> Offsets:
     """Where a batch starts: for batch 0 the starting offsets its end recorded when it was planned (never
-    those resolved again when Spark asks ``initialOffset`` once more), else its start."""
+    those resolved again when Spark asks ``initialOffset`` once more), else its start; and for a topic that its
+    end records as another life than its start does (deleted and created again), the new life's log starts."""
     if end is not None and START_KEY in end:
         return offsets_from_json(end[START_KEY])
     if INITIAL_KEY in start:
         return offsets_from_json(start[INITIAL_KEY])
-    return offsets_from_json(start)
+    offsets = offsets_from_json(start)
+    if end is None:
+        return offsets
+    replaced = replaced_topics(incarnations_from_json(start), incarnations_from_json(end))
+    return from_new_lives(offsets, replaced, offsets_from_json(end), incarnations_from_json(end))
+
+
+def from_new_lives(
+    start: Mapping[PartitionKey, int],
+    replaced: Collection[str],
+    end_or_latest: Mapping[PartitionKey, int],
+    now: Mapping[str, Incarnation],
+) -> Offsets:
+    """`start` with the partitions of the `replaced` topics starting at their new life's log start (0 where the new
+    life's log start is not recorded: an id tells the lives apart)."""
+    offsets = {key: offset for key, offset in start.items() if key.topic not in replaced}
+    for key in end_or_latest:
+        if key.topic in replaced:
+            offsets[key] = now[key.topic].log_starts.get(key.partition, 0)
+    return offsets
 
 
 # --------------------------------------------------------------------------- where the stream starts
@@ -179,9 +267,16 @@ def spread_max_rows(available: Mapping[PartitionKey, int], max_rows: int) -> dic
     return granted
 
 
-def cap_to_target(latest: Mapping[PartitionKey, int], target: Mapping[PartitionKey, int]) -> Offsets:
-    """Latest offsets limited to a Trigger.AvailableNow target (partitions born later are left out)."""
-    return {key: min(offset, target[key]) for key, offset in latest.items() if key in target}
+def cap_to_target(
+    latest: Mapping[PartitionKey, int], target: Mapping[PartitionKey, int], start: Mapping[PartitionKey, int]
+) -> Offsets:
+    """Latest offsets limited to a Trigger.AvailableNow target: partitions born later are left out, and one the
+    stream reads but the target lacks stays where it is (never forgotten, which would read it again from 0)."""
+    capped = {key: min(offset, target[key]) for key, offset in latest.items() if key in target}
+    capped.update(
+        {key: min(offset, start[key]) for key, offset in latest.items() if key not in target and key in start}
+    )
+    return capped
 
 
 def plan_end_offsets(

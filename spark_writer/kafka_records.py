@@ -29,6 +29,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import pyarrow as pa
 import structlog
+from pyspark.errors import ParseException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as sql
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
@@ -36,6 +37,7 @@ from pyspark.sql.types import IntegerType, LongType, StringType, StructField, St
 from spark_writer.arrow_schema import arrow_schema_of
 from spark_writer.dead_letters import DeadLetterProducer, DeadLetterTarget
 from spark_writer.decoded_batch import REASON_COLUMN, UTC, DecodedBatch
+from spark_writer.json_columns import grow
 from spark_writer.json_decoding import JsonDecoder
 from spark_writer.kafka_metadata import KafkaMetadata
 from spark_writer.kafka_offsets import OffsetRange
@@ -43,6 +45,7 @@ from spark_writer.kafka_options import parse_options
 from spark_writer.kafka_positions import TopicPartition, latest_timestamps, merge_latest
 from spark_writer.kafka_range_reader import read_range
 from spark_writer.parquet_writer import DecodingSummary
+from spark_writer.spark_errors import spark_message
 
 log = structlog.get_logger(__name__)
 
@@ -79,8 +82,13 @@ KAFKA_METADATA_FIELDS: Final = (
 
 
 def schema_from_ddl(ddl: str) -> StructType:
-    """A record schema from a DDL string such as "order_id BIGINT, amount DOUBLE"."""
-    schema = StructType.fromDDL(ddl)
+    """A record schema from a DDL string such as "order_id BIGINT, amount DOUBLE"; ValueError saying what is wrong."""
+    try:
+        schema = StructType.fromDDL(ddl)
+    except ParseException as error:
+        raise ValueError(
+            f"schema {ddl!r} is not Spark DDL ('name TYPE, name TYPE, ...'): {spark_message(error)}"
+        ) from None
     if not isinstance(schema, StructType):
         raise ValueError(f"schema {ddl!r} is not a list of fields: write it as 'name TYPE, name TYPE, ...'")
     return schema
@@ -105,9 +113,14 @@ def check_time_zone(name: str) -> str:
 
 
 def json_decoder(
-    schema: StructType, *, kafka_metadata: bool = False, time_zone: str = DEFAULT_JSON_TIME_ZONE
+    schema: StructType,
+    *,
+    kafka_metadata: bool = False,
+    time_zone: str = DEFAULT_JSON_TIME_ZONE,
+    refused: Mapping[str, str] | None = None,
 ) -> JsonDecoder:
-    """The executors' decoder of JSON values into the columns of `schema` (and the kafka_* columns if asked)."""
+    """The executors' decoder of JSON values into the columns of `schema` (and the kafka_* columns if asked); a record
+    giving a value to a `refused` field (json_columns) does not fit."""
     if kafka_metadata and (taken := sorted({f.name for f in KAFKA_METADATA_FIELDS} & set(schema.fieldNames()))):
         raise ValueError(f"the JSON schema has field(s) {taken}, which the kafka_* columns would repeat")
     return JsonDecoder(
@@ -115,6 +128,7 @@ def json_decoder(
         tuple(f.dataType.simpleString() for f in schema.fields),
         kafka_metadata=kafka_metadata,
         time_zone=check_time_zone(time_zone),
+        refused=tuple(sorted((refused or {}).items())),
     )
 
 
@@ -323,6 +337,7 @@ class JsonBatchParser:
         self._policy = on_bad_record
         self._dead_letters = dead_letters
         self._cached: DataFrame | None = None
+        self._refused: Mapping[str, str] = {}
         self._decoding = self._decoding_of(schema)
 
     @property
@@ -349,7 +364,9 @@ class JsonBatchParser:
         return task_columns(key=False, dead_letters=self._dead_letters is not None)
 
     def _decoding_of(self, schema: StructType) -> RecordDecoding:
-        decoder = json_decoder(schema, kafka_metadata=self._kafka_metadata, time_zone=self._time_zone)
+        decoder = json_decoder(
+            schema, kafka_metadata=self._kafka_metadata, time_zone=self._time_zone, refused=self._refused
+        )
         return RecordDecoding(decoder, self._policy, self._dead_letters)
 
     def _release_cache(self) -> None:
@@ -358,13 +375,18 @@ class JsonBatchParser:
             self._cached = None
 
     def _learn_new_fields(self, batch: DataFrame) -> None:
+        """The batch's new top-level fields become columns where the table can take them (json_columns); a record
+        giving a value to one it cannot take is a bad record of this batch."""
         texts = batch.select(_json_text().alias("json"))
         keys = texts.select(sql.explode(sql.json_object_keys("json")).alias("key")).distinct().collect()
-        known = set(self.schema.fieldNames())
-        new = sorted({row.key for row in keys} - known)
-        if not new:
-            return
-        inferred = infer_json_schema(batch.sparkSession, texts)
-        for name in new:
-            self.schema = self.schema.add(inferred[name])
-        self._decoding = self._decoding_of(self.schema)
+        growth = grow(
+            self.schema,
+            (row.key for row in keys),
+            lambda: infer_json_schema(batch.sparkSession, texts),
+            kafka_metadata=self._kafka_metadata,
+        )
+        if growth.refused:
+            log.warning("json fields the table cannot take", refused=dict(growth.refused))
+        if growth.schema != self.schema or growth.refused != self._refused:
+            self.schema, self._refused = growth.schema, growth.refused
+            self._decoding = self._decoding_of(self.schema)

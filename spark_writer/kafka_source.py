@@ -26,6 +26,10 @@ What the reader guarantees Spark:
   (and ``failOnDataLoss`` applies to them).
 * Every micro-batch reads explicit ranges ``[start, end)``, one Spark task per
   topic-partition, committed records only.
+* Every batch's end offsets say which life of each topic they are offsets of
+  (``$incarnations``: its topic id, or its log starts): a topic deleted and created
+  again between two batches is data loss (``failOnDataLoss``), and its new life is
+  read from its start, in the batch planned and in any re-run of it.
 * Partitions added to a subscribed topic are discovered on every trigger and read
   from their start.
 
@@ -70,12 +74,16 @@ from spark_writer.kafka_offsets import (
     Offsets,
     batch_start_offsets,
     cap_to_target,
+    from_new_lives,
+    incarnations_from_json,
+    incarnations_of,
     initial_offsets_json,
     offsets_from_json,
     offsets_to_json,
     plan_end_offsets,
     plan_ranges,
     planned_end_json,
+    replaced_topics,
     resolve_starting_offsets,
 )
 from spark_writer.kafka_options import SOURCE_NAME, KafkaSourceOptions, parse_options
@@ -159,15 +167,26 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802 (Spark's API)
         start_offsets = batch_start_offsets(start)
-        keys = self.metadata.partitions(self._options.topics)
+        keys = self.metadata.partitions(self._options.topics, known={key.topic for key in start_offsets})
         latest = self.metadata.latest(keys)
+        earliest = self.metadata.earliest(latest)
+        topic_ids = self.metadata.topic_ids({key.topic for key in latest})
+        replaced = replaced_topics(incarnations_from_json(start), incarnations_of(topic_ids, earliest))
+        for topic in replaced:
+            report_data_loss(
+                f"Kafka data loss: topic {topic!r} was deleted and created again since the last batch was planned: "
+                "the records its earlier life held after the offsets read were never read; its new life is read "
+                "from its start",
+                self._options.fail_on_data_loss,
+            )
+        now = incarnations_of(topic_ids, earliest, replaced)
+        start_offsets = from_new_lives(start_offsets, replaced, latest, now)
         self._last_seen_latest = latest
         self._check_no_lost_partitions(start_offsets, latest)
         if self._available_now_target is not None:
-            latest = cap_to_target(latest, self._available_now_target)
-        earliest = self.metadata.earliest(latest)
+            latest = cap_to_target(latest, self._available_now_target, start_offsets)
         end = plan_end_offsets(start_offsets, earliest, latest, max_rows_of(limit))
-        return planned_end_json(start, end)
+        return planned_end_json(start, end, now)
 
     def _check_no_lost_partitions(self, start: Offsets, latest: Offsets) -> None:
         for problem in find_lost_partitions(start, latest):

@@ -92,14 +92,18 @@ def value_kind_of(arrow_type: pa.DataType) -> ValueKind | None:
     return next((kind for matches, kind in simple if matches(arrow_type)), None)
 
 
+def parse_partition_specs(partition_by: Sequence[str]) -> tuple[PartitionFieldSpec, ...]:
+    """Parse the partition fields (no schema needed: before Spark starts); raise ValueError saying how to write one."""
+    try:
+        return tuple(parse_partition_field(text) for text in partition_by)
+    except InvalidArgument as error:
+        raise ValueError(str(error)) from None
+
+
 def parse_partition_fields(partition_by: Sequence[str], schema: pa.Schema) -> tuple[PartitionField, ...]:
     """Parse and check the partition fields against the data's schema; raise ValueError saying what to change."""
     fields = []
-    for text in partition_by:
-        try:
-            spec = parse_partition_field(text)
-        except InvalidArgument as error:
-            raise ValueError(str(error)) from None
+    for text, spec in zip(partition_by, parse_partition_specs(partition_by), strict=True):
         if spec.source not in schema.names:
             raise ValueError(f"partition field {text!r}: no top-level column {spec.source!r} in {schema.names}")
         kind = value_kind_of(schema.field(spec.source).type)

@@ -6,12 +6,13 @@ the well-known ones (``google/protobuf/*``, ``google/type/*``, ``confluent/*``),
 from the installed Python packages. Each schema id's descriptors are built once per
 process. No ``protoc`` and no generated code are needed.
 
-As Confluent's deserializer does, every payload of the table's message type is
-parsed with the class of the reader schema, the table's registered version:
-Protobuf's wire format is read by field number, so a field the writer lacked has
-its default (or null, see below) and a field the reader lacks is skipped. A
-record's message indexes (after the schema id) name its message type in its writer
-schema; a record of another message type than the table's does not fit.
+Every payload of the table's message type is parsed with the class of its own
+writer schema (by the id in its header), never with a newer version's: a record
+decodes to the same row whatever versions the subject gains later. Its fields then
+go to the table's columns by name (``registry_decoding.conformed``): a column the
+writer's message lacks is null, a field the table lacks is not read. A record's
+message indexes (after the schema id) name its message type in its writer schema;
+a record of another message type than the table's does not fit.
 
 Messages become Arrow column by column (one Python list per field over the
 batch's messages, then one Arrow array), not row by row.
@@ -47,8 +48,14 @@ from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 
 from spark_writer.decoded_batch import UTC
-from spark_writer.registry_decoding import UnreadableSchemaError, UnsupportedSchemaError
-from spark_writer.schema_registry import RegistrySettings, parsed_schema, schema_by_id, subject_version
+from spark_writer.registry_decoding import (
+    ARROW_ERRORS,
+    UnreadableSchemaError,
+    UnsupportedSchemaError,
+    decode_by_writer,
+    fitted,
+)
+from spark_writer.schema_registry import RegistrySettings, schema_by_id, subject_version
 
 SERIALIZED: Final = "serialized"
 MAIN_FILE: Final = "registered.proto"
@@ -88,7 +95,6 @@ WRAPPERS: Final = {
     "google.protobuf.BytesValue": pa.binary(),
 }
 TIMESTAMP: Final = "google.protobuf.Timestamp"
-_ARROW_ERRORS: Final = (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError)
 
 
 # --- Descriptors from the registry ---------------------------------------------------------------------------------
@@ -412,94 +418,99 @@ def message_indexes(payload: bytes) -> tuple[tuple[int, ...], int]:
 
 @dataclass(frozen=True)
 class ProtobufPayloads:
-    """Decodes Protobuf payloads of the message `message` (full name) with the class of the reader schema
-    `reader_id` (the table's registered version), into values of `target`."""
+    """Decodes Protobuf payloads of the message `message` (full name), each with the class of its own writer schema,
+    into values of `target` (the table's type): the writer's fields by name, as ``registry_decoding.conformed``
+    maps them."""
 
     registry: RegistrySettings
-    reader_id: int
     message: str
     target: pa.DataType
     kind: str = "protobuf"
     schema_format: str | None = SERIALIZED
 
     @cached_property
-    def _reader(self) -> tuple[Callable[[bytes], Message], _Message]:
-        parsed = parsed_schema(self.kind, self.registry, self.reader_id, self._parse(self.reader_id), SERIALIZED)
-        descriptor = parsed.message_named(self.message)
-        return GetMessageClass(descriptor).FromString, _message(descriptor, "", [])
+    def _classes(self) -> dict[int, tuple[Callable[[bytes], Message], _Message]]:
+        """Per writer schema id: its class of the table's message and how its messages become Arrow (this process's)."""
+        return {}
 
     def __getstate__(self) -> dict[str, Any]:
-        names = ("registry", "reader_id", "message", "target", "kind", "schema_format")
+        names = ("registry", "message", "target", "kind", "schema_format")
         return {name: getattr(self, name) for name in names}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
 
-    def _parse(self, schema_id: int) -> Callable[[Schema], ParsedProto]:
-        return lambda schema: parse_proto(self.registry, schema_id, schema)
-
     def writer(self, registry: RegistrySettings, schema_id: int, schema: Schema) -> ParsedProto:
         return parse_proto(registry, schema_id, schema)
 
     def decode(self, payloads: pa.Array, writers: Sequence[ParsedProto]) -> tuple[pa.Array, list[str | None]]:
-        parse, columns = self._reader
-        # A payload that starts with the table message's indexes in its writer schema is parsed at once; the others
-        # have their indexes read to say which message they are.
-        headers = {writer.schema_id: writer.indexes_of(self.message) for writer in {id(w): w for w in writers}.values()}
-        names: dict[tuple[int, tuple[int, ...]], str | None] = {}  # (schema id, indexes) -> message full name
+        return decode_by_writer(payloads, writers, self.target, self._decode_written_with)
+
+    def _decode_written_with(self, payloads: pa.Array, writer: ParsedProto) -> tuple[pa.Array, list[str | None]]:
+        """Payloads of one writer schema, parsed with its own class of the table's message."""
+        nulls = pa.nulls(len(payloads), self.target)
+        header = writer.indexes_of(self.message)
+        if header is None:  # the writer has no such message: each payload's indexes say which one it is
+            return nulls, [self._read(payload, writer, None)[1] for payload in payloads.to_pylist()]
+        try:
+            parse, columns = self._class_of(writer)
+        except UnsupportedSchemaError as error:
+            return nulls, [f"schema id {writer.schema_id} cannot be read: {error}"] * len(payloads)
         messages: list[Message | None] = []
         reasons: list[str | None] = []
-        for payload, writer in zip(payloads.to_pylist(), writers, strict=True):
-            header = headers[writer.schema_id]
-            if header is not None and payload.startswith(header):
-                try:
-                    message, reason = parse(payload[len(header) :]), None
-                except DecodeError as error:
-                    message, reason = None, f"not a {self.message} message (schema id {writer.schema_id}): {error}"
+        for payload in payloads.to_pylist():
+            # A payload that starts with the table message's indexes is parsed at once; the others have their
+            # indexes read to say which message they are.
+            if payload.startswith(header):
+                message, reason = self._parsed(payload[len(header) :], writer, parse)
             else:
-                message, reason = self._read(payload, writer, parse, names)
+                message, reason = self._read(payload, writer, parse)
             messages.append(message)
             reasons.append(reason)
         try:
-            return columns.convert(messages).cast(self.target), reasons
-        except _ARROW_ERRORS:  # a value does not fit its column (a uint64 above 2^63-1): find which
-            return self._message_by_message(messages, reasons, columns)
+            values = columns.convert(messages)
+        except ARROW_ERRORS:  # a value its own schema's type cannot hold (a uint64 above 2^63-1): find which
+            values = _message_by_message(messages, reasons, columns)
+        fitting, misfits = fitted(values, self.target, writer.schema_id)
+        return fitting, [reason or misfit for reason, misfit in zip(reasons, misfits, strict=True)]
+
+    def _class_of(self, writer: ParsedProto) -> tuple[Callable[[bytes], Message], _Message]:
+        if writer.schema_id not in self._classes:
+            descriptor = writer.message_named(self.message)
+            self._classes[writer.schema_id] = (GetMessageClass(descriptor).FromString, _message(descriptor, "", []))
+        return self._classes[writer.schema_id]
+
+    def _parsed(
+        self, data: bytes, writer: ParsedProto, parse: Callable[[bytes], Message]
+    ) -> tuple[Message | None, str | None]:
+        try:
+            return parse(data), None
+        except DecodeError as error:
+            return None, f"not a {self.message} message (schema id {writer.schema_id}): {error}"
 
     def _read(
-        self,
-        payload: bytes,
-        writer: ParsedProto,
-        parse: Callable[[bytes], Message],
-        names: dict[tuple[int, tuple[int, ...]], str | None],
+        self, payload: bytes, writer: ParsedProto, parse: Callable[[bytes], Message] | None
     ) -> tuple[Message | None, str | None]:
+        """A payload whose indexes are read first: the table's message (`parse` reads it), or why it is not one."""
         try:
             indexes, start = message_indexes(payload)
         except ValueError as error:
             return None, f"not Protobuf in the Confluent wire format: {error}"
-        key = (writer.schema_id, indexes)
-        if key not in names:
-            try:
-                names[key] = writer.message_at(indexes).full_name
-            except IndexError:
-                names[key] = None
-        name = names[key]
-        if name is None:
-            return None, f"message indexes {list(indexes)} name no message of schema id {writer.schema_id}"
-        if name != self.message:
-            return None, f"a {name} message (schema id {writer.schema_id}), not the table's {self.message}"
         try:
-            return parse(payload[start:]), None
-        except DecodeError as error:
-            return None, f"not a {name} message (schema id {writer.schema_id}): {error}"
+            name = writer.message_at(indexes).full_name
+        except IndexError:
+            return None, f"message indexes {list(indexes)} name no message of schema id {writer.schema_id}"
+        if name != self.message or parse is None:
+            return None, f"a {name} message (schema id {writer.schema_id}), not the table's {self.message}"
+        return self._parsed(payload[start:], writer, parse)
 
-    def _message_by_message(
-        self, messages: list[Message | None], reasons: list[str | None], columns: _Message
-    ) -> tuple[pa.Array, list[str | None]]:
-        arrays = []
-        for index, message in enumerate(messages):
-            try:
-                arrays.append(columns.convert([message]).cast(self.target))
-            except _ARROW_ERRORS as error:
-                arrays.append(pa.nulls(1, self.target))
-                reasons[index] = f"a value does not fit the table's column types: {error}"
-        return (pa.concat_arrays(arrays) if arrays else pa.array([], self.target)), reasons
+
+def _message_by_message(messages: list[Message | None], reasons: list[str | None], columns: _Message) -> pa.Array:
+    arrays = []
+    for index, message in enumerate(messages):
+        try:
+            arrays.append(columns.convert([message]))
+        except ARROW_ERRORS as error:
+            arrays.append(pa.nulls(1, columns.type))
+            reasons[index] = f"a value does not fit the table's column types: {error}"
+    return pa.concat_arrays(arrays) if arrays else pa.array([], columns.type)

@@ -20,7 +20,7 @@ that is absent is null, not a misfit. Reasons say which, and for a key begin wit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Final, Protocol
@@ -37,6 +37,15 @@ from spark_writer.wire_format import TOMBSTONE, split_frames
 VALUE_COLUMN: Final = "value"
 KEY_COLUMN: Final = "key"
 KEY_REASON_PREFIX: Final = "key: "
+# pyarrow's (and Python's) errors for a value that does not fit an Arrow type.
+ARROW_ERRORS: Final = (
+    pa.ArrowInvalid,
+    pa.ArrowTypeError,
+    pa.ArrowNotImplementedError,
+    OverflowError,
+    TypeError,
+    ValueError,
+)
 
 
 class UnsupportedSchemaError(ValueError):
@@ -130,6 +139,104 @@ class RegistryValues:
             lambda schema: decoder.writer(self.registry, schema_id, schema),
             decoder.schema_format,
         )
+
+
+class ColumnTypeError(TypeError):
+    """A writer schema gives a field a type that the table's column cannot take without changing its values."""
+
+
+def conformed(values: pa.Array, target: pa.DataType, path: str = "") -> pa.Array:
+    """`values`, of a writer schema's table type, as the table's `target` type: a struct's fields by name (one the
+    writer lacks is null, one the table lacks is left out), lists and maps by their elements, and a leaf as it is
+    or widened where no value changes (a wider integer, a float of an integer, a double of a float, a decimal of
+    more digits, text and bytes either way). ColumnTypeError for another type; pyarrow's error for a value that does
+    not fit (a decimal whose digits would be lost, bytes that are not UTF-8)."""
+    source = values.type
+    if pa.types.is_struct(target) and pa.types.is_struct(source):
+        children = values.flatten()
+        conformed_children = []
+        for field in target:
+            index = source.get_field_index(field.name)
+            child = children[index] if index >= 0 else pa.nulls(len(values), field.type)
+            conformed_children.append(conformed(child, field.type, f"{path}.{field.name}" if path else field.name))
+        return pa.StructArray.from_arrays(conformed_children, fields=list(target), mask=values.is_null())
+    if pa.types.is_list(target) and pa.types.is_list(source):
+        elements = conformed(values.values, target.value_type, f"{path}[]")
+        return pa.ListArray.from_arrays(values.offsets, elements, type=target, mask=values.is_null())
+    if pa.types.is_map(target) and pa.types.is_map(source):
+        keys = conformed(values.keys, target.key_type, f"{path}{{}}")
+        items = conformed(values.items, target.item_type, f"{path}{{}}")
+        return pa.MapArray.from_arrays(values.offsets, keys, items, type=target, mask=values.is_null())
+    if source == target:
+        return values
+    if not _widens(source, target):
+        raise ColumnTypeError(
+            f"field {path or '(the value)'} is written as {source}, which the table's column, {target}, cannot take "
+            "as written"
+        )
+    return values.cast(target)
+
+
+def _widens(source: pa.DataType, target: pa.DataType) -> bool:
+    """Whether every value of `source` is one of `target` (Avro's promotions, and a decimal's wider form)."""
+    types = pa.types
+    if types.is_integer(source):
+        return bool(types.is_integer(target) or types.is_floating(target))
+    if types.is_float32(source):
+        return bool(types.is_float64(target))
+    if types.is_decimal(source):
+        return bool(types.is_decimal(target))
+    text_or_bytes = (types.is_string, types.is_large_string, types.is_binary, types.is_large_binary)
+    return any(is_(source) for is_ in text_or_bytes) and any(is_(target) for is_ in text_or_bytes)
+
+
+def fitted(values: pa.Array, target: pa.DataType, schema_id: int) -> tuple[pa.Array, list[str | None]]:
+    """`values` (one writer schema's) as `target` (``conformed``), and per value why it did not fit (null there)."""
+    try:
+        return conformed(values, target), [None] * len(values)
+    except ColumnTypeError as error:
+        return pa.nulls(len(values), target), [f"schema id {schema_id} cannot be read into the table: {error}"] * len(
+            values
+        )
+    except ARROW_ERRORS:  # some value does not fit (a decimal's lost digits, ...): find which
+        pass
+    arrays: list[pa.Array] = []
+    reasons: list[str | None] = []
+    for index in range(len(values)):
+        try:
+            arrays.append(conformed(values.slice(index, 1), target))
+            reasons.append(None)
+        except ARROW_ERRORS as error:
+            arrays.append(pa.nulls(1, target))
+            reasons.append(f"a value does not fit the table's column types: {error}")
+    return (pa.concat_arrays(arrays) if arrays else pa.array([], target)), reasons
+
+
+def decode_by_writer(
+    payloads: pa.Array,
+    writers: Sequence[Any],
+    target: pa.DataType,
+    decode: Callable[[pa.Array, Any], tuple[pa.Array, list[str | None]]],
+) -> tuple[pa.Array, list[str | None]]:
+    """The payloads of each writer schema (``writer.schema_id``) decoded together by `decode`, each with its own
+    schema (values of `target` and reasons), and put back in the payloads' order."""
+    groups: dict[int, list[int]] = {}
+    for position, writer in enumerate(writers):
+        groups.setdefault(writer.schema_id, []).append(position)
+    if len(groups) <= 1:
+        return decode(payloads, writers[0]) if writers else (pa.array([], target), [])
+    arrays = []
+    reasons: list[str | None] = [None] * len(writers)
+    order: list[int] = []
+    for positions in groups.values():
+        values, group_reasons = decode(payloads.take(pa.array(positions, pa.int64())), writers[positions[0]])
+        arrays.append(values)
+        order.extend(positions)
+        for position, reason in zip(positions, group_reasons, strict=True):
+            reasons[position] = reason
+    places = np.empty(len(order), np.int64)
+    places[np.array(order, np.int64)] = np.arange(len(order))
+    return pa.concat_arrays(arrays).take(pa.array(places)), reasons
 
 
 def value_fields(target: pa.DataType) -> list[pa.Field]:

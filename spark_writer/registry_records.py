@@ -8,20 +8,25 @@ writer's tasks). The rule for the table's schema:
   job starts (``<topic>-value``, Confluent's TopicNameStrategy, unless a subject is
   named), then the key's (one ``key`` column) when keys are decoded.
 * With ``evolve``, the driver asks the registry for the subject's latest version
-  before every batch. A version with new top-level fields adds them as columns
-  (the writer pre-commits with evolve_schema, and the coordinator adds them to the
-  table). Records are read with that version as the reader schema: records written
-  with older versions decode through Avro's schema resolution (defaults for fields
-  they lack) or Protobuf's field numbers. A producer registers a version before it
-  writes records with it, and the driver asks after the batch's records were
-  written, so no record of a batch has a newer version than the batch's reader.
+  before every batch, and when it is a new one, for every version registered since
+  the one read last (one superseded in between holds fields its records have). A
+  version with new top-level fields adds them as columns (the writer pre-commits
+  with evolve_schema, and the coordinator adds them to the table).
+* Every record is decoded with its own writer schema (the id in its header), never
+  with a newer version, and its fields go to the columns by name: a record decodes
+  to the same row whatever versions the subject gains later, so a batch that Spark
+  runs again gives the same rows. A field a record was written without is null (not
+  a later version's default); a field a newer version drops keeps its values in the
+  records written with it.
 * Columns never go away and never change type: a field a newer version dropped
-  stays a column (null from then on; Avro's resolution reads no value for it), a
-  nested field a newer version added to a known struct is not read (the coordinator
-  grows top-level columns only), and a version that changes a known column's type
-  fails the batch, saying which, before anything is written.
+  stays a column (null in the records written without it), a nested field a newer
+  version added to a known struct is not read (the coordinator grows top-level
+  columns only), and a version that changes a known column's type fails the batch,
+  saying which, before anything is written. A record whose writer schema gives a
+  field a type its column cannot take as written (text for a long) does not fit;
+  one the column widens (int to long) does.
 * Without ``evolve`` the schema stays the one read at start; records of newer
-  versions are read with it (their new fields are not read).
+  versions are read by it (their new fields are not read).
 
 The schemas live in the driver and are read again from the registry when the job
 restarts.
@@ -52,7 +57,13 @@ from spark_writer.kafka_records import (
 )
 from spark_writer.protobuf_decoding import SERIALIZED, ProtobufPayloads, protobuf_table_type
 from spark_writer.registry_decoding import PayloadDecoder, RegistryDecoder, RegistryValues, UnsupportedSchemaError
-from spark_writer.schema_registry import RegistrySettings, SchemaNotFoundError, latest_version
+from spark_writer.schema_registry import (
+    RegistrySettings,
+    SchemaNotFoundError,
+    latest_version,
+    subject_version,
+    subject_versions,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -125,14 +136,36 @@ class _Version:
     message: str | None  # Protobuf: the message's full name
 
 
-def _latest(registry: RegistrySettings, subject: RegistrySubject) -> RegisteredSchema:
+def _latest(registry: RegistrySettings, subject: RegistrySubject) -> tuple[RegisteredSchema, bool]:
+    """The subject's latest version, and whether the subject is deleted: then its last version (said loudly) where
+    the registry keeps it (soft-deleted)."""
     try:
-        return latest_version(registry, subject.subject, subject.format.schema_format)
+        return latest_version(registry, subject.subject, subject.format.schema_format), False
+    except SchemaNotFoundError:
+        pass
+    try:
+        latest = latest_version(registry, subject.subject, subject.format.schema_format, deleted=True)
     except SchemaNotFoundError:
         raise ValueError(
-            f"subject {subject.subject} is not in the schema registry at {registry.safe_url}: register its schema "
-            "first (a producer's serializer does), or name another subject"
+            f"subject {subject.subject} is not in the schema registry at {registry.safe_url}, not even among its "
+            "deleted subjects: register its schema first (a producer's serializer does), or name another subject"
         ) from None
+    _say_deleted(registry, subject, latest.version)
+    return latest, True
+
+
+def _say_deleted(registry: RegistrySettings, subject: RegistrySubject, version: int | None) -> None:
+    log.error(
+        "schema registry subject deleted",
+        subject=subject.subject,
+        registry=registry.safe_url,
+        version=version,
+        message=(
+            "the table keeps the columns of the versions known; every record is decoded with the schema its id "
+            "names, and a record whose schema the registry no longer gives does not fit (--on-bad-record). Register "
+            "the subject's schema again to follow new versions"
+        ),
+    )
 
 
 def _version_of(registry: RegistrySettings, subject: RegistrySubject, latest: RegisteredSchema) -> _Version:
@@ -203,49 +236,102 @@ class _Column:
         self.registry = registry
         self.subject = subject
         self.grows = grows  # whether a new top-level field becomes a column (the value's), or is left out (the key's)
-        self.version = _version_of(registry, subject, _latest(registry, subject))
+        latest, self.deleted = _latest(registry, subject)  # deleted: the registry said the subject is gone (once)
+        self.version = _version_of(registry, subject, latest)
         self.table_type = self.version.table_type
+        if grows:
+            self.table_type = self._with_dropped_fields()
+
+    def _with_dropped_fields(self) -> pa.DataType:
+        """The latest version's type, and as further columns the top-level fields earlier versions had and it lacks
+        (each with the newest type it had): a field a version dropped stays a column across a restart as it does in
+        a running writer, so that its records decode to the same rows, whenever their batch runs. An earlier version
+        no column can hold, or of another message, adds nothing (its records do not fit)."""
+        if not pa.types.is_struct(self.table_type):
+            return self.table_type
+        fields = list(self.table_type)
+        known = {field.name for field in fields}
+        earlier = [
+            number
+            for number in subject_versions(self.registry, self.subject.subject, deleted=self.deleted)
+            if number < (self.version.version or 0)
+        ]
+        for number in reversed(earlier):
+            registered = subject_version(self.registry, self.subject.subject, number, self.subject.format.schema_format)
+            try:
+                version = _version_of(self.registry, self.subject, registered)
+            except ValueError:
+                continue
+            if version.message != self.version.message or not pa.types.is_struct(version.table_type):
+                continue
+            fields += [field for field in version.table_type if field.name not in known]
+            known.update(field.name for field in version.table_type)
+        return pa.struct(fields)
 
     def refresh(self) -> bool:
-        """Read the subject's latest version: the reader from now on, its new top-level fields new columns; whether
-        it is another version than the one read so far."""
-        registered = _latest(self.registry, self.subject)
+        """Read the versions registered since the one read last, in order: their new top-level fields new columns (a
+        version registered and superseded between two batches too: its records hold its fields); whether the latest
+        is another version than the one read so far. A subject deleted meanwhile keeps the columns known (said
+        loudly, once)."""
+        try:
+            registered = latest_version(self.registry, self.subject.subject, self.subject.format.schema_format)
+            if registered.schema_id == self.version.schema_id:
+                between = []
+            else:
+                between = [
+                    subject_version(self.registry, self.subject.subject, number, self.subject.format.schema_format)
+                    for number in subject_versions(self.registry, self.subject.subject)
+                    if (self.version.version or 0) < number < (registered.version or 0)
+                ]
+        except SchemaNotFoundError:
+            if not self.deleted:
+                self.deleted = True
+                _say_deleted(self.registry, self.subject, self.version.version)
+            return False
+        if self.deleted:
+            self.deleted = False
+            log.info("schema registry subject back", subject=self.subject.subject, version=registered.version)
         if registered.schema_id == self.version.schema_id:
             return False
-        latest = _version_of(self.registry, self.subject, registered)
-        if latest.message != self.version.message:
+        for version in (*between, registered):
+            self._read(version)
+        return True
+
+    def _read(self, registered: RegisteredSchema) -> None:
+        """A newer version: its new top-level fields become columns (SchemaChangeError for a changed one)."""
+        version = _version_of(self.registry, self.subject, registered)
+        if version.message != self.version.message:
             raise SchemaChangeError(
-                f"the latest version of subject {self.subject.subject} has {latest.message} as its first message, "
-                f"the table holds {self.version.message}: name the message"
+                f"version {version.version} of subject {self.subject.subject} has {version.message} as its first "
+                f"message, the table holds {self.version.message}: name the message"
             )
         try:
             if self.grows:
-                table_type, added = grown(self.table_type, latest.table_type)
+                table_type, added = grown(self.table_type, version.table_type)
             else:
-                _check_same(self.table_type, latest.table_type, "")
+                _check_same(self.table_type, version.table_type, "")
                 table_type, added = self.table_type, []
         except SchemaChangeError as error:
             raise SchemaChangeError(
-                f"version {latest.version} of subject {self.subject.subject} (schema id {latest.schema_id}) "
+                f"version {version.version} of subject {self.subject.subject} (schema id {version.schema_id}) "
                 f"cannot be read into the table: {error}"
             ) from None
         log.info(
             "new schema version",
             subject=self.subject.subject,
-            version=latest.version,
-            schema_id=latest.schema_id,
+            version=version.version,
+            schema_id=version.schema_id,
             new_columns=added,
         )
-        self.version, self.table_type = latest, table_type
-        return True
+        self.version, self.table_type = version, table_type
 
     def payloads(self) -> PayloadDecoder:
-        registry, schema_id, target = self.registry, self.version.schema_id, self.table_type
+        registry, target = self.registry, self.table_type
         if self.subject.format is RegistryFormat.AVRO:
-            return AvroPayloads(registry, schema_id, target)
+            return AvroPayloads(registry, target)
         if self.subject.format is RegistryFormat.PROTOBUF:
             assert self.version.message is not None
-            return ProtobufPayloads(registry, schema_id, self.version.message, target)
+            return ProtobufPayloads(registry, self.version.message, target)
         return JsonSchemaPayloads(target, spark_type_names(target))
 
 

@@ -22,7 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from coordinator_service.errors import quote
-from spark_writer.routing import Routes, Unrouted, table_identifier_problem
+from coordinator_service.table_identifiers import table_identifier_problem
+from spark_writer.routing import Routes, Unrouted
 
 # Distinct unrouted values a task describes; the records of any others are counted together.
 MAX_UNROUTED_VALUES: Final = 10
@@ -41,13 +42,16 @@ class TaskRouting:
     locations: Mapping[str, str]
     # A batch's second pass, after it met tables without a location: only these tables' rows are written.
     only: frozenset[str] | None = None
+    # Whether the catalog holds nested namespaces (RegisterWriter's answer): a dynamic route's value names a table
+    # of one (lake.shop.orders) only then; elsewhere it is unrouted, as any value outside the name policy.
+    nested_namespaces: bool = False
 
     def destination(self, value: str | None) -> tuple[str | None, str]:
         """The table of a route column's value (as text), or None and how a message describes the value."""
         if value is None:
             table, description = None, "null"
         elif self.routes.dynamic:
-            problem = table_identifier_problem(value)
+            problem = table_identifier_problem(value, nested_namespaces=self.nested_namespaces)
             table, description = (value, "") if problem is None else (None, problem)
         else:
             table, description = self.routes.tables.get(value), quote(value)

@@ -29,8 +29,8 @@ from typing import Final
 
 import pyarrow as pa
 
-from coordinator_service.errors import InvalidArgument, quote
-from coordinator_service.table_identifiers import check_table_identifier
+from coordinator_service.errors import quote
+from coordinator_service.table_identifiers import table_identifier_problem
 
 UNROUTED_HINT: Final = "add a route for them, or let unrouted records go to the sink's own table (--unrouted default"
 
@@ -44,15 +44,6 @@ class Unrouted(StrEnum):
 
 class UnroutedRecordsError(ValueError):
     """Records no route takes, under Unrouted.FAIL: the batch fails and nothing of it is pre-committed."""
-
-
-def table_identifier_problem(identifier: str) -> str | None:
-    """Why `identifier` cannot name a table (the coordinator's rules), or None when it can."""
-    try:
-        check_table_identifier(identifier)
-    except InvalidArgument as error:
-        return error.message
-    return None
 
 
 def _is_integer(arrow_type: pa.DataType) -> bool:

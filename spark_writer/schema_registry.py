@@ -10,9 +10,12 @@ Invariants:
   of a subject is not: ``latest_version`` asks the registry every time (the driver
   calls it once per batch).
 * Only "this schema id does not exist" (HTTP 404) is a fault of the record that
-  carries the id. Any other failure (unreachable, refused credentials, 5xx) raises
-  ``RegistryUnavailableError``: the batch fails and runs again, nothing is decoded
-  as bad.
+  carries the id, and only once it lasts: a registry replica that lags behind the
+  one a producer registered with answers 404 for a schema id just registered, so a
+  404 for an id is asked again, with backoff, for ``SCHEMA_ID_LAG_SECONDS`` before
+  the id counts as unknown. Any other failure (unreachable, refused credentials,
+  5xx) raises ``RegistryUnavailableError``: the batch fails and runs again,
+  nothing is decoded as bad.
 * ``mock://name`` URLs give confluent-kafka's in-memory registry. It lives in this
   process only; within it, the same URL gives the same registry, so a test that
   registers schemas through ``registry_client(settings)`` decodes against them.
@@ -27,12 +30,16 @@ from typing import Any, Final, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from confluent_kafka.schema_registry import RegisteredSchema, Schema, SchemaRegistryClient, SchemaRegistryError
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 # The client's options that it takes as numbers (the command line gives text).
 NUMERIC_OPTIONS: Final = frozenset(
     {"timeout", "cache.capacity", "cache.latest.ttl.sec", "max.retries", "retries.wait.ms", "retries.max.wait.ms"}
 )
 NOT_FOUND: Final = 404
+# How long a schema id the registry answers 404 for is asked again before it counts as unknown (a replica's lag).
+SCHEMA_ID_LAG_SECONDS: Final = 10.0
+SCHEMA_ID_FIRST_WAIT_SECONDS: Final = 0.1
 MOCK_SCHEME: Final = "mock://"
 
 T = TypeVar("T")
@@ -132,7 +139,12 @@ def schema_by_id(settings: RegistrySettings, schema_id: int, fmt: str | None = N
         cached = _schemas.get(key)
     if cached is not None:
         return cached
-    schema = _call(settings, f"schema id {schema_id}", lambda: registry_client(settings).get_schema(schema_id, fmt=fmt))
+    schema: Schema = Retrying(
+        retry=retry_if_exception_type(SchemaNotFoundError),
+        wait=wait_exponential(multiplier=SCHEMA_ID_FIRST_WAIT_SECONDS, max=SCHEMA_ID_LAG_SECONDS / 4),
+        stop=stop_after_delay(SCHEMA_ID_LAG_SECONDS),
+        reraise=True,
+    )(_call, settings, f"schema id {schema_id}", lambda: registry_client(settings).get_schema(schema_id, fmt=fmt))
     with _lock:
         _schemas[key] = schema
     return schema
@@ -152,17 +164,31 @@ def parsed_schema(
     return parsed
 
 
-def latest_version(settings: RegistrySettings, subject: str, fmt: str | None = None) -> RegisteredSchema:
-    """The subject's latest registered version, asked of the registry now (not the client's cache)."""
+def latest_version(
+    settings: RegistrySettings, subject: str, fmt: str | None = None, *, deleted: bool = False
+) -> RegisteredSchema:
+    """The subject's latest registered version, asked of the registry now (not the client's cache); with `deleted`,
+    among its soft-deleted versions too."""
     return _call(
-        settings, f"subject {subject!r}", lambda: registry_client(settings).get_version(subject, "latest", fmt=fmt)
+        settings,
+        f"subject {subject!r}",
+        lambda: registry_client(settings).get_version(subject, "latest", deleted=deleted, fmt=fmt),
+    )
+
+
+def subject_versions(settings: RegistrySettings, subject: str, *, deleted: bool = False) -> list[int]:
+    """The numbers of a subject's versions, asked of the registry now; with `deleted`, its soft-deleted ones too."""
+    return _call(
+        settings,
+        f"the versions of subject {subject!r}",
+        lambda: registry_client(settings).get_versions(subject, deleted=deleted),
     )
 
 
 def subject_version(settings: RegistrySettings, subject: str, version: int, fmt: str | None = None) -> RegisteredSchema:
-    """A version of a subject (a schema reference's target)."""
+    """A version of a subject (a schema reference's target), soft-deleted or not: it names a schema for good."""
     return _call(
         settings,
         f"version {version} of subject {subject!r}",
-        lambda: registry_client(settings).get_version(subject, version, fmt=fmt),
+        lambda: registry_client(settings).get_version(subject, version, deleted=True, fmt=fmt),
     )

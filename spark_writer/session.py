@@ -4,7 +4,8 @@ Tests, benchmarks and the single-machine deployment all need the same things:
 a Java 17+ found before the JVM starts, Python workers running the very
 interpreter of the driver (so they import this package and its dependencies),
 small shuffles, no web UI, failed tasks retried (local mode retries none unless
-its master says so), and the Kafka Python data source registered.
+its master says so), a JVM that leaves SIGTERM to the Python driver
+(spark_writer.driver_jvm), and the Kafka Python data source registered.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Final
 
 from pyspark.sql import SparkSession
 
+from spark_writer.driver_jvm import SparkLog, jvm_ignoring_sigterm
 from spark_writer.java import ensure_java
 from spark_writer.kafka_source import KafkaDataSource
 from spark_writer.python_launcher import launcher_path
@@ -62,13 +64,18 @@ def _use_this_interpreter_for_workers() -> None:
     os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = launcher_path()
 
 
-def local_spark_session(app_name: str, master: str = "local[2]") -> SparkSession:
-    """Start (or reuse) a local SparkSession and register the ``sink_coordinator_kafka`` source."""
+def local_spark_session(app_name: str, master: str = "local[2]", spark_log: SparkLog | None = None) -> SparkSession:
+    """Start (or reuse) a local SparkSession and register the ``sink_coordinator_kafka`` source.
+
+    `spark_log`: where the driver JVM logs (by default Spark's console log, on stderr).
+    """
     ensure_java()
     _use_this_interpreter_for_workers()
     builder = SparkSession.builder.master(with_task_retries(master)).appName(app_name)
-    for key, value in LOCAL_SPARK_CONF.items():
+    conf = LOCAL_SPARK_CONF | ({} if spark_log is None else {"spark.driver.extraJavaOptions": spark_log.java_options()})
+    for key, value in conf.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    with jvm_ignoring_sigterm():
+        spark = builder.getOrCreate()
     spark.dataSource.register(KafkaDataSource)
     return spark

@@ -12,6 +12,7 @@ that hangs.
 from __future__ import annotations
 
 import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -25,6 +26,7 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.signal: signal.Signals | None = None
+        self._requested = threading.Event()
 
     @property
     def requested(self) -> bool:
@@ -36,6 +38,11 @@ class StopRequest:
         assert self.signal is not None
         return 128 + self.signal
 
+    def wait(self, seconds: float) -> bool:
+        """Sleep for `seconds` unless a stop is requested meanwhile: whether one was (the checks that wait before
+        Spark starts end at once)."""
+        return self._requested.wait(seconds)
+
     def install(self) -> None:
         """Handle both signals here; again after whatever replaced the handlers (a SparkContext replaces SIGINT's
         with one that raises KeyboardInterrupt)."""
@@ -44,6 +51,7 @@ class StopRequest:
 
     def _request(self, signum: int, frame: FrameType | None) -> None:
         self.signal = signal.Signals(signum)
+        self._requested.set()
         for other in STOP_SIGNALS:
             signal.signal(other, signal.SIG_DFL)
 

@@ -100,11 +100,17 @@ class RegisterWriterResponse(_message.Message):
     ABORTED_EPOCHS_FIELD_NUMBER: _builtins.int
     RECOMMITTING_EPOCHS_FIELD_NUMBER: _builtins.int
     TABLE_LOCATION_FIELD_NUMBER: _builtins.int
+    NESTED_NAMESPACES_FIELD_NUMBER: _builtins.int
     writer_term: _builtins.int
     committed_epoch: _builtins.int
     checkpointed_epoch: _builtins.int
     table_location: _builtins.str
     """Location of the Iceberg table; data files must lie under it."""
+    nested_namespaces: _builtins.bool
+    """Whether the coordinator's catalog holds nested namespaces ("lake.shop.orders"):
+    the SQL, Hive and Glue catalogs do not. A writer routes records to such a
+    table only when this is true (false from a coordinator that predates it).
+    """
     @_builtins.property
     def aborted_epochs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """PENDING epochs above the writer's checkpoint, now ABORTED (reason: recovery)."""
@@ -122,10 +128,11 @@ class RegisterWriterResponse(_message.Message):
         aborted_epochs: _abc.Iterable[_builtins.int] | None = ...,
         recommitting_epochs: _abc.Iterable[_builtins.int] | None = ...,
         table_location: _builtins.str = ...,
+        nested_namespaces: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["aborted_epochs", b"aborted_epochs", "checkpointed_epoch", b"checkpointed_epoch", "committed_epoch", b"committed_epoch", "recommitting_epochs", b"recommitting_epochs", "table_location", b"table_location", "writer_term", b"writer_term"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aborted_epochs", b"aborted_epochs", "checkpointed_epoch", b"checkpointed_epoch", "committed_epoch", b"committed_epoch", "nested_namespaces", b"nested_namespaces", "recommitting_epochs", b"recommitting_epochs", "table_location", b"table_location", "writer_term", b"writer_term"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

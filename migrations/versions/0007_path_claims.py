@@ -31,11 +31,10 @@ revision = "0007"
 down_revision = "0006"
 branch_labels = None
 depends_on = None
+OLDEST_COMPATIBLE_CODE = "0006"  # it only adds: code at 0006 runs on it
 
 
 def upgrade() -> None:
-    # Old pods keep serving while this runs: never queue behind their transactions for long.
-    op.execute("SET LOCAL lock_timeout = '10s'")
     op.drop_constraint("epoch_files_sink_id_epoch_fkey", "epoch_files", type_="foreignkey")
     op.create_foreign_key("epoch_files_sink_id_fkey", "epoch_files", "sinks", ["sink_id"], ["id"], ondelete="CASCADE")
     op.alter_column("epoch_files", "epoch", nullable=True)

@@ -18,6 +18,7 @@ revision = "0008"
 down_revision = "0007"
 branch_labels = None
 depends_on = None
+OLDEST_COMPATIBLE_CODE = "0006"  # it only adds: code at 0006 runs on it
 
 
 def upgrade() -> None:

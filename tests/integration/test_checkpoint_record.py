@@ -5,29 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from sqlalchemy import text
 
 from coordinator_service import repository
-from coordinator_service.database import Database
 from coordinator_service.errors import Fenced
 from coordinator_service.models import AbortCause
-from tests.fixtures.admin import AdminApp, commit_lock_held, sink_id_of
-
-
-async def _until_a_statement_waits_for_a_lock(database: Database) -> None:
-    """Until another backend of this database waits for a lock (PostgreSQL has no event to await for it)."""
-    async with asyncio.timeout(30):
-        while True:
-            async with database.transaction() as session:
-                waiting = await session.scalar(
-                    text(
-                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                        "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-                    )
-                )
-            if waiting:
-                return
-            await asyncio.sleep(0.01)
+from tests.fixtures.admin import AdminApp, commit_lock_held, sink_id_of, until_a_statement_waits_for_a_lock
 
 
 async def test_a_checkpoint_is_recorded_in_one_statement_when_every_covered_epoch_is_pending(admin: AdminApp) -> None:
@@ -57,7 +39,7 @@ async def test_a_checkpoint_waiting_behind_a_registration_is_fenced_by_it(admin:
         await session.flush()
         assert await repository.abort_pending_above(session, sink.id, -1, "recovery", AbortCause.RECOVERY) == [0]
         checkpoint = asyncio.create_task(admin.checkpoint("orders", registration, 0, wait=False))
-        await _until_a_statement_waits_for_a_lock(database)
+        await until_a_statement_waits_for_a_lock(database)
     with pytest.raises(Fenced):
         await checkpoint
     async with database.transaction() as session:

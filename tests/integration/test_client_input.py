@@ -22,7 +22,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 from sqlalchemy import text
 
 from coordinator_service.catalog_calls import in_catalog
-from coordinator_service.client import CoordinatorClient
+from coordinator_service.client import CoordinatorClient, TableSpec
 from coordinator_service.database import normalize_url
 from coordinator_service.errors import MESSAGE_BYTES, InvalidArgument
 from coordinator_service.grpc_server import build_server
@@ -83,13 +83,42 @@ def schema_of(*fields: pa.Field) -> bytes:
         ("shop.line\nbreak", ("table identifier", "control character")),
         ("n" * 256 + ".orders", ("namespace is 256 bytes", "at most 255")),
         ("shop." + "t" * 256, ("table name is 256 bytes", "at most 255")),
-        ("shop." + "é" * 128, ("table name is 256 bytes",)),
-        ("lake.shop.orders", ("nested namespaces", "'namespace.table'")),
+        ("shop." + "é" * 128, ("the character 'é'",)),
+        ("lake.shop.orders", ("nested namespace", "'namespace.table'")),
+        ("shop.orders/data", ("path separator '/'",)),
+        ("shop.Orders", ("upper-case 'O'", "lower case")),
+        ("shop..orders", ("no empty part",)),
     ],
-    ids=["nul-in-table", "nul-in-namespace", "newline", "long-namespace", "long-table", "long-utf8", "nested"],
+    ids=[
+        "nul-in-table",
+        "nul-in-namespace",
+        "newline",
+        "long-namespace",
+        "long-table",
+        "non-ascii",
+        "nested",
+        "inside-another",
+        "upper-case",
+        "empty-part",
+    ],
 )
 def test_table_identifiers_the_catalog_cannot_store(service: Service, table: str, fragments: tuple[str, ...]) -> None:
     service.refused(lambda: service.client.register_writer(new_sink(), table, -1, arrow_schema=SCHEMA), *fragments)
+
+
+@pytest.mark.parametrize("table", ["shop.orders/data", "shop.Orders"])
+def test_a_route_table_outside_the_name_policy_is_refused(service: Service, table: str) -> None:
+    specs = [TableSpec(table, SCHEMA, ())]
+    term = service.writer.writer_term
+    service.refused(lambda: service.client.ensure_tables("orders", term, specs), "table identifier")
+
+
+def test_a_sink_name_with_a_trailing_line_break_is_refused(service: Service) -> None:
+    service.refused(lambda: service.client.register_writer("orders\n", "shop.orders", -1), "sink name")
+
+
+def test_the_registration_says_whether_the_catalog_has_nested_namespaces(service: Service) -> None:
+    assert service.writer.nested_namespaces is False  # the SQL catalog has none
 
 
 def test_names_of_the_longest_storable_size_are_taken(service: Service) -> None:

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
+from sqlalchemy import text
 
 from coordinator_service import repository
 from coordinator_service.models import AbortCause, Sink
 from coordinator_service.views import EpochStatus
-from tests.fixtures.admin import AdminApp, commit_lock_held, sink_id_of
+from tests.fixtures.admin import AdminApp, commit_lock_held, sink_id_of, until_a_statement_waits_for_a_lock
 from tests.fixtures.postgres import query
 
 
@@ -79,3 +81,65 @@ async def test_anything_else_than_what_was_appended_changes_nothing(
     assert statuses[0] == EpochStatus.PENDING
     # What the table holds is recorded whatever became of the epochs, but only in the numbering it was appended in.
     assert _table_epochs(database_url) == {"db.orders": -1 if change in ("generation", "incarnation") else 1}
+
+
+async def test_an_epoch_pre_committed_and_checkpointed_while_the_record_waits_is_not_committed_by_it(
+    admin: AdminApp, database_url: str
+) -> None:
+    """The record waits for the sink's row lock while a writer pre-commits epoch 3 and checkpoints it. PostgreSQL
+    then evaluates the sink's row again at its new version (checkpointed 3), but reads the epochs as they were when
+    the statement began (no epoch 3): the committed epoch must not pass an epoch the statement cannot see, or the
+    trigger of migration 0006 records every table as holding epoch 3 and the next pass appends none of its files
+    (a fan-out epoch lost; found by the races torture, reset_mid_fan_out seed 1379)."""
+    async with checkpointed_without_a_committer(admin, database_url) as sink:
+        database = admin.runtime.database
+        async with database.transaction() as session:
+            await session.execute(text("SELECT 1 FROM sinks WHERE id = :id FOR UPDATE"), {"id": sink.id})
+            async with database.connection(autocommit=True) as connection:
+                record = asyncio.create_task(
+                    repository.mark_appended_epochs(connection, sink, _appended({0: 1, 1: 1, 2: 1}))
+                )
+                await until_a_statement_waits_for_a_lock(database)
+                await session.execute(
+                    text(
+                        "INSERT INTO pending_sink_state (sink_id, epoch, status, metadata, attempt, file_count, "
+                        "record_count, files_cleaned) SELECT sink_id, 3, status, metadata, 1, file_count, "
+                        "record_count, false FROM pending_sink_state WHERE sink_id = :id AND epoch = 2"
+                    ),
+                    {"id": sink.id},
+                )
+                await session.execute(text("UPDATE sinks SET checkpointed_epoch = 3 WHERE id = :id"), {"id": sink.id})
+                await session.commit()
+                committed = await record
+        after, statuses = await _sink_and_statuses(admin)
+    assert (committed, after.committed_epoch, after.checkpointed_epoch) == (2, 2, 3)
+    assert statuses == {
+        0: EpochStatus.COMMITTED,
+        1: EpochStatus.COMMITTED,
+        2: EpochStatus.COMMITTED,
+        3: EpochStatus.PENDING,
+    }
+    assert _table_epochs(database_url) == {"db.orders": 2}
+
+
+async def test_a_table_record_waiting_behind_a_reset_is_not_written_into_the_new_numbering(
+    admin: AdminApp, database_url: str
+) -> None:
+    """A pass of the old numbering (its commit lock lost) records what a table holds while a reset's first writer
+    rebases the sink: the record waits for the table's row, then must see the new generation and change nothing,
+    not write the old numbering's epoch 2 over the new numbering's -1."""
+    async with checkpointed_without_a_committer(admin, database_url) as sink:
+        database = admin.runtime.database
+        async with database.transaction() as session:
+            # What the rebase on the first writer after a reset writes, under the sink's row lock.
+            await session.execute(
+                text("UPDATE sinks SET generation = generation + 1, committed_epoch = -1 WHERE id = :id"),
+                {"id": sink.id},
+            )
+            await repository.rebase_tables(session, sink.id, -1)
+            async with database.connection(autocommit=True) as connection:
+                record = asyncio.create_task(repository.record_tables(connection, sink, {"db.orders": 2}))
+                await until_a_statement_waits_for_a_lock(database)
+                await session.commit()
+                await record
+    assert _table_epochs(database_url) == {"db.orders": -1}

@@ -212,7 +212,7 @@ async def test_concurrent_and_repeated_scrapes_share_one_read(admin_factory: Adm
 async def test_readyz_says_what_is_wrong_without_internals(
     admin_factory: AdminFactory, catalog_database: CatalogDatabase
 ) -> None:
-    admin = await admin_factory(catalog=catalog_database.properties)
+    admin = await admin_factory(catalog=catalog_database.properties, readiness_dependency_grace_seconds=0)
     checks = {"metastore": "ok", "catalog": "ok", "warehouse": "ok"}
     assert (await admin.get("/readyz")).json() == {"ready": True, "checks": checks}
     catalog_database.go_down()
@@ -283,3 +283,15 @@ async def test_the_api_docs_page_loads_nothing_from_elsewhere(admin: AdminApp) -
             served = await admin.get(url)
             assert served.status_code == 200, url
             assert len(served.content) > 10_000, url
+
+
+async def test_a_blip_of_a_shared_dependency_keeps_the_replica_ready_and_says_so(
+    admin_factory: AdminFactory, catalog_database: CatalogDatabase
+) -> None:
+    """On-call review: a dependency every replica shares failing for a moment took every replica out of the Service.
+    Within READINESS_DEPENDENCY_GRACE_SECONDS the replica stays ready, and /readyz says what fails."""
+    admin = await admin_factory(catalog=catalog_database.properties, readiness_dependency_grace_seconds=3600)
+    catalog_database.go_down()
+    response = await admin.get("/readyz")
+    assert response.status_code == 200
+    assert response.json()["checks"]["catalog"].startswith("ok (unreachable")

@@ -21,6 +21,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.readwriter import DataStreamReader
 from structlog.testing import capture_logs
 
+from spark_writer.job_failures import ExitCode, failure_of
 from spark_writer.kafka_data_loss import DataLossError
 from spark_writer.kafka_offsets import OffsetRange
 from spark_writer.kafka_options import SOURCE_NAME, parse_options
@@ -249,6 +250,10 @@ def test_fail_on_data_loss_fails_then_skips_deleted_records(
         "failOnDataLoss",
     ):
         assert expected in message
+    # What sink-writer makes of it (the planner's Python exception inside Spark's report): one line, bad data.
+    ended = failure_of(failure.value)
+    assert ended.exit_code is ExitCode.BAD_DATA
+    assert "earliest available offset is 15" in ended.cause and "--no-fail-on-data-loss" in ended.cause
 
     skipping = BatchCollector()
     run_available_now(kafka_stream(spark, kafka_bootstrap, topic, failOnDataLoss="false"), skipping, tmp_path)
@@ -414,3 +419,31 @@ def test_range_above_the_log_end_follows_the_data_loss_policy_without_waiting(
     assert len(skipped) == 1, skipped
     assert "[5, 9)" in skipped[0]["message"]
     assert not [line for line in logs if line["log_level"] in ("warning", "error") and line not in skipped]
+
+
+def test_a_topic_created_again_with_more_records_than_were_read_is_read_from_its_start(
+    spark: SparkSession, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Deleted and created again between two runs, the topic grew past the offsets read: its new life is read whole
+    (the broker reports no topic id: its log start, below the one read before, tells the lives apart)."""
+    topic = create_topic(kafka_bootstrap, partitions=1)
+    try:
+        first = produce_keyed(kafka_bootstrap, topic, spread(1, 10, "first"))
+        delete_records_before(kafka_bootstrap, topic, 0, 4)  # retention: the first life's log starts at 4
+        read_first = BatchCollector()
+        run_available_now(kafka_stream(spark, kafka_bootstrap, topic), read_first, tmp_path)
+        assert_exactly(read_first.records(), first[4:])
+
+        delete_topics(kafka_bootstrap, [topic])
+        create_topic(kafka_bootstrap, partitions=1, name=topic)
+        again = produce_keyed(kafka_bootstrap, topic, spread(1, 20, "again"))
+
+        with pytest.raises(StreamingQueryException) as failure:
+            run_available_now(kafka_stream(spark, kafka_bootstrap, topic), BatchCollector(), tmp_path)
+        assert "deleted and created again" in str(failure.value) and "failOnDataLoss=false" in str(failure.value)
+
+        read_again = BatchCollector()
+        run_available_now(kafka_stream(spark, kafka_bootstrap, topic, failOnDataLoss="false"), read_again, tmp_path)
+        assert_exactly(read_again.records(), again)
+    finally:
+        delete_topics(kafka_bootstrap, [topic])

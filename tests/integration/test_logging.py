@@ -36,3 +36,6 @@ def test_every_commit_path_line_names_its_sink_and_epoch(
         if record["event"] in COMMIT_PATH_EVENTS:
             assert "epoch" in record or "epochs" in record, record
     assert restarted.aborted_epochs == (2,)
+    # A writer's calls name it (its address) on every line they log.
+    precommits = [record for record in commit_path if record["event"] == "pre-commit persisted"]
+    assert precommits and all("127.0.0.1" in str(record.get("writer")) for record in precommits), precommits

@@ -7,12 +7,14 @@ import hashlib
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table, TableProperties
 
+from coordinator_service import metrics
 from coordinator_service import table_maintenance as tm
 from coordinator_service.errors import InvalidArgument
 from coordinator_service.precommit_metadata import DataFileEntry
@@ -68,14 +70,21 @@ async def test_expiration_keeps_the_newest_snapshots_and_deletes_only_what_they_
 
     run = await admin.runtime.maintainer.run_now(sink_id_of(database_url, "orders"))
 
-    assert (run.outcome, run.snapshots_expired) == ("ok", 3), run.error
+    # A commit past the bound may have asked for a run already (trigger threshold): the runs expired 3 in all.
+    assert run.outcome == "ok", run.error
+    assert await snapshots_expired(admin) == 3
     table = catalog.load_table("db.orders")
     assert len(table.snapshots()) == 3
     assert rows_digest(table) == before
     assert await asyncio.to_thread(existing, expired_lists) == set()
     referenced = (await asyncio.to_thread(tm.reachable, table.io, table.snapshots())).all()
     assert await asyncio.to_thread(existing, referenced) == referenced
-    assert run.expired_files_deleted >= len(expired_lists)
+
+
+async def snapshots_expired(admin: AdminApp) -> int:
+    """The snapshots every maintenance run of the sink expired, whatever triggered it."""
+    runs = (await admin.get("/api/v1/sinks/orders/maintenance")).json()["runs"]
+    return sum(int(run["snapshots_expired"]) for run in runs)
 
 
 async def test_expiration_keeps_a_marker_the_recovery_walk_still_needs(
@@ -388,12 +397,66 @@ async def test_a_tables_own_retention_properties_win_over_the_coordinators(
         await admin.pre_commit("orders", registration, epoch, epoch * 10)
         assert await admin.checkpoint("orders", registration, epoch) == epoch
     run = await admin.runtime.maintainer.run_now(sink_id_of(database_url, "orders"))
-    assert (run.outcome, run.snapshots_expired) == ("ok", 2), run.error  # 6 snapshots, the table keeps 4
+    assert run.outcome == "ok", run.error
+    assert await snapshots_expired(admin) == 2  # of 6 snapshots (by this run, or one a commit triggered)
     assert len(catalog.load_table("db.orders").snapshots()) == 4
 
     with catalog.load_table("db.orders").transaction() as transaction:
         transaction.set_properties({tm.GC_ENABLED: "false", tm.MIN_SNAPSHOTS_TO_KEEP: "1"})
     run = await admin.runtime.maintainer.run_now(sink_id_of(database_url, "orders"))
     assert (run.outcome, run.snapshots_expired, run.orphans_deleted) == ("ok", 0, 0), run.error
+    assert await snapshots_expired(admin) == 2
     assert len(catalog.load_table("db.orders").snapshots()) == 4
     assert table_order_ids(catalog.load_table("db.orders")) == list(range(60))
+
+
+async def test_a_commit_past_the_snapshot_bound_triggers_maintenance_whatever_the_clock(
+    admin_factory: AdminFactory, catalog: Catalog, database_url: str
+) -> None:
+    """On-call review: SNAPSHOT_MAX_COUNT promised a bound, but maintenance ran only on its clock; a commit per epoch
+    had 1,309 live snapshots at commit 1,750. A commit that takes a table a tenth past the bound asks for a run."""
+    admin = await admin_factory(snapshot_max_count=4, maintenance_interval_seconds=3600, **NO_COMPACTION)
+    await commit_epochs(admin, "orders", 16)
+
+    async def bounded() -> bool:
+        runs = (await admin.get("/api/v1/sinks/orders/maintenance")).json()["runs"]
+        snapshots = len(catalog.load_table("db.orders").snapshots())
+        return snapshots <= 5 and any(run["trigger"] == "threshold" for run in runs)
+
+    await eventually(bounded, "the table back within its bound by a run a commit triggered")
+    assert table_order_ids(catalog.load_table("db.orders")) == list(range(160))
+
+
+async def test_sinks_are_maintained_side_by_side_and_falling_behind_shows(
+    admin_factory: AdminFactory, catalog: Catalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On-call review: one serial loop per process (0.19 s per tiny table) took 285 s of a 300 s interval at 1,500
+    sinks, with nothing saying it fell behind."""
+    admin = await admin_factory(maintenance_interval_seconds=0.5, maintenance_concurrency=2, **NO_COMPACTION)
+    for sink in ("first", "second", "third"):
+        registration = await admin.runtime.coordinator.register_writer(
+            sink, f"db.{sink}", -1, arrow_schema=ORDERS.serialize().to_pybytes()
+        )
+        await admin.pre_commit(sink, registration, 0, 0)
+        assert await admin.checkpoint(sink, registration, 0) == 0
+    maintainer = admin.runtime.maintainer
+    run = maintainer._run
+    running: set[int] = set()
+    together = asyncio.Event()
+
+    async def slow_run(sink_id: int, trigger: str, lock: Any) -> Any:
+        running.add(sink_id)
+        if len(running) >= 2:
+            together.set()
+        await asyncio.sleep(1.5)  # a slow table
+        running.discard(sink_id)
+        return await run(sink_id, trigger, lock)
+
+    monkeypatch.setattr(maintainer, "_run", slow_run)
+    async with asyncio.timeout(15):
+        await together.wait()
+
+    async def behind() -> bool:
+        return metrics.MAINTENANCE_BEHIND_SECONDS._value.get() > 0  # type: ignore[attr-defined,no-any-return]
+
+    await eventually(behind, "the gauge of how far maintenance is behind")

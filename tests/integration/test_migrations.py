@@ -2,22 +2,28 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 
+import psycopg
 import pyarrow as pa
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from pyiceberg.catalog import Catalog
 from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
 
 from coordinator_service import precommit_metadata, schema
-from coordinator_service.database import create_sync_engine, normalize_url
+from coordinator_service.database import create_sync_engine, libpq_url, normalize_url
+from coordinator_service.errors import SchemaNotCurrent
 from coordinator_service.iceberg import MARKER_COMMIT_ID, MARKER_EPOCH, MARKER_GENERATION, MARKER_SINK
 from coordinator_service.models import Base
 from coordinator_service.precommit_metadata import DataFileEntry, PreCommitMetadata
+from coordinator_service.runtime import migrate
 from tests.fixtures.admin import AdminFactory
 from tests.fixtures.coordinator import ORDERS, orders, table_order_ids
-from tests.fixtures.postgres import query
+from tests.fixtures.postgres import new_database, query
 
 
 def test_the_migrations_build_what_the_models_describe(database_url: str) -> None:
@@ -110,3 +116,72 @@ def test_a_sink_from_before_fan_out_gets_its_own_table_and_its_tables_follow_it(
         ("db.eu", 7),
         ("db.orders", 5),
     ]
+
+
+def columns_of(url: str) -> dict[str, list[str]]:
+    rows = query(
+        url,
+        "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = 'public' "
+        "ORDER BY table_name, column_name",
+    )
+    tables: dict[str, list[str]] = {}
+    for table, column in rows:
+        tables.setdefault(str(table), []).append(str(column))
+    return tables
+
+
+def require(url: str) -> None:
+    engine = create_sync_engine(normalize_url(url))
+    try:
+        with engine.connect() as connection:
+            schema.require_current_schema(connection)
+    finally:
+        engine.dispose()
+
+
+def test_a_rolling_upgrade_keeps_the_replaced_release_ready_and_rolls_back(
+    database_url: str, postgres_url: str
+) -> None:
+    """On-call review: readiness demanded the exact revision, so once the pre-upgrade hook migrated, every old pod
+    turned unready before a new one was ready. A release stays ready on a newer schema that declares its code
+    compatible (expand-then-contract), and `migrate --to` rolls the schema back for the release before."""
+    url = normalize_url(database_url)
+    migrate(url, "0006")
+    query(database_url, "INSERT INTO sinks (name, table_identifier, catalog) VALUES ('orders', 'db.orders', 'default')")
+    with pytest.raises(SchemaNotCurrent, match="older than this release"):
+        require(database_url)
+
+    assert migrate(url) == schema.head_revision()
+    assert query(database_url, "SELECT oldest_compatible_code FROM schema_compatibility") == [("0006",)]
+    require(database_url)
+
+    # The next release's expanding migration ran: this release's pods stay ready beside it.
+    query(database_url, "UPDATE alembic_version SET version_num = '0099'")
+    query(database_url, "UPDATE schema_compatibility SET oldest_compatible_code = %s", schema.head_revision())
+    require(database_url)
+    # A contracting one would not leave them serving code that no longer fits.
+    query(database_url, "UPDATE schema_compatibility SET oldest_compatible_code = '0099'")
+    with pytest.raises(SchemaNotCurrent, match="not compatible with it"):
+        require(database_url)
+    query(database_url, "UPDATE alembic_version SET version_num = %s", schema.head_revision())
+
+    # Rolled back for the release before (its head 0006): its schema exactly, the sink still there.
+    assert migrate(url, "0006") == "0006"
+    with new_database(postgres_url) as fresh:
+        migrate(normalize_url(fresh), "0006")
+        assert columns_of(database_url) == columns_of(fresh)
+    assert query(database_url, "SELECT name FROM sinks") == [("orders",)]
+
+
+def test_a_migration_never_queues_behind_a_serving_pods_transaction_for_long(database_url: str) -> None:
+    """0003 rewrote whole tables while old pods served: a migration waiting for a lock queues every later statement
+    of theirs behind it. Each migration gives up after MIGRATION_LOCK_TIMEOUT_SECONDS instead."""
+    url = normalize_url(database_url)
+    migrate(url, "0006")
+    with psycopg.connect(libpq_url(database_url)) as serving:  # a transaction of an old pod, open
+        serving.execute("SELECT count(*) FROM sinks")
+        started = time.monotonic()
+        with pytest.raises(OperationalError, match="lock timeout"):
+            migrate(url, "head", lock_timeout_seconds=0.5)
+        assert time.monotonic() - started < 5
+    assert migrate(url) == schema.head_revision()

@@ -10,8 +10,11 @@ from pyiceberg.catalog import Catalog
 
 from coordinator_service import repository
 from coordinator_service.errors import CheckpointBehind, FailedPrecondition, InvalidArgument
+from coordinator_service.protocol import TableRequest
+from coordinator_service.table_origin import CREATED, ORIGIN
 from tests.fixtures.admin import AdminApp
 from tests.fixtures.coordinator import ORDERS
+from tests.fixtures.postgres import query
 
 
 async def test_a_refused_writer_does_not_evolve_the_table(admin: AdminApp, catalog: Catalog) -> None:
@@ -99,3 +102,29 @@ async def test_a_second_sink_whose_schema_fits_shares_the_table(admin: AdminApp,
     )
     assert registration.writer_term == 1
     assert "coupon" in catalog.load_table("db.orders").schema().column_names
+
+
+async def test_a_table_named_before_the_name_policy_keeps_its_sink_working(
+    admin: AdminApp, catalog: Catalog, database_url: str
+) -> None:
+    """The name policy refuses upper case (Glue and Hive fold it): a sink whose table the log recorded before the
+    policy existed is not cut off, while no new sink or table may take such a name."""
+    catalog.create_namespace("legacy")
+    catalog.create_table("legacy.Orders", schema=ORDERS, properties={ORIGIN: CREATED})
+    query(
+        database_url,
+        "WITH s AS (INSERT INTO sinks (name, table_identifier, catalog) VALUES ('old', 'legacy.Orders', 'default') "
+        "RETURNING id) INSERT INTO sink_tables (sink_id, table_identifier, committed_epoch) SELECT id, "
+        "'legacy.Orders', -1 FROM s",
+    )
+    registration = await admin.register("old", table="legacy.Orders")
+    await admin.pre_commit("old", registration, 0, 0)
+    assert await admin.checkpoint("old", registration, 0) == 0
+    assert len(catalog.load_table("legacy.Orders").scan().to_arrow()) == 10
+
+    with pytest.raises(InvalidArgument, match="lower-case"):
+        await admin.register("new", table="legacy.Orders2")
+    with pytest.raises(InvalidArgument, match="lower-case"):
+        await admin.runtime.coordinator.ensure_tables(
+            "old", registration.writer_term, [TableRequest("legacy.Routed", ORDERS.serialize().to_pybytes())]
+        )

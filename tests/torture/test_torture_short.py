@@ -13,9 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pyiceberg.catalog import Catalog
 
+from tests.fixtures.coordinator import CoordinatorProcess
+from tests.fixtures.schema_registry import SchemaRegistryServer
 from tests.torture.faults import FAULTS
 from tests.torture.run import Run, Session, replay_command
+from tests.torture.schema_churn import ChurnRun, Services
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -28,6 +32,8 @@ FAULTS_PER_RUN = 3
 # in one seeded run below (two fan-out sinks of five tables each, the coordinator killed between two tables).
 POOL = tuple(fault for fault in FAULTS if fault != "fan_out")
 FAN_OUT_SEED = 2
+# schema_churn (tests/torture/schema_churn.py): its own seeded run, three driver starts, about two minutes.
+SCHEMA_CHURN_SEED = 26
 
 
 @pytest.fixture(scope="module")
@@ -50,4 +56,18 @@ def test_exactly_once_under_faults(session: Session, seed: int, pool: tuple[str,
     faults = ", ".join(f"{record.plan.name} (fired: {record.triggered})" for record in result.faults)
     assert not result.anomalies, (
         f"seed {seed}, faults {faults}: replay with `{replay}`; files in {result.work}\n" + "\n".join(result.anomalies)
+    )
+
+
+def test_schema_churn(
+    kafka_bootstrap: str,
+    local_registry_server: SchemaRegistryServer,
+    coordinator: CoordinatorProcess,
+    catalog: Catalog,
+    tmp_path: Path,
+) -> None:
+    services = Services(kafka_bootstrap, local_registry_server.url, coordinator.target, catalog)
+    result = ChurnRun(SCHEMA_CHURN_SEED, services, tmp_path).execute()
+    assert not result["anomalies"], f"replay with `{result['replay']}`; files in {tmp_path}\n" + "\n".join(
+        result["anomalies"]
     )

@@ -12,7 +12,9 @@ checkpointed, each key once.
 One of them can re-send an aborted epoch with the same paths (a client retry
 after a lost answer, or deterministic file names): the operator aborts the
 epoch after its PreCommit (force), and the writer sends it again naming the
-same files, writing them again first if the cleaner already deleted them.
+same files; when the cleaner already deleted them, the refusal says to write
+them under other names (a deleted path stays refused within the orphan grace),
+and the writer does.
 
 A `FanOutWriter` writes one sink into several tables (fan-out): its own and its
 routes, each key to the table it routes to, the last route appearing mid-stream
@@ -185,13 +187,10 @@ class ProtocolWriter:
                 self.notes.append(f"writer {self.name}: final report {error.code.name}, again")
         self.anomalies.append(f"writer {self.name}: the final report never landed")
 
-    def _write(self, location: str, epoch: int, names: list[str] | None = None) -> list[str]:
+    def _write(self, location: str, epoch: int) -> list[str]:
         keys = self.keys(epoch)
         halves = (keys[: len(keys) // 2], keys[len(keys) // 2 :])
-        return [
-            write_orders(location, part, names[index] if names else f"{self.name}-{epoch}-{uuid.uuid4().hex}.parquet")
-            for index, part in enumerate(halves)
-        ]
+        return [write_orders(location, part, f"{self.name}-{epoch}-{uuid.uuid4().hex}.parquet") for part in halves]
 
     def _resend_aborted(
         self, client: CoordinatorClient, term: int, location: str, epoch: int, paths: list[str]
@@ -207,7 +206,6 @@ class ProtocolWriter:
         if answer.status_code != HTTPStatus.OK:
             self.notes.append(f"resend: the abort answered {answer.status_code} {answer.text[:200]}")
             return
-        names = [Path(path).name for path in paths]
         if self.resend_after_cleanup:
             wait_for_change(self.metastore_url, lambda c: self._cleaned(c, epoch), 60)
         for round_ in range(5):
@@ -216,11 +214,12 @@ class ProtocolWriter:
                 self.resend["rewritten"] = round_
                 return
             except CoordinatorRpcError as error:
-                # The cleaner deleted the aborted attempt's files first: the writer writes them again, same names.
+                # The cleaner deleted the aborted attempt's files first (and a deleted path stays refused within
+                # ORPHAN_GRACE_SECONDS): the writer writes the batch again under new names, as Spark's retry does.
                 if error.code != StatusCode.INVALID_ARGUMENT:
                     raise
-                self.notes.append(f"resend of epoch {epoch} refused ({error.message[:160]}); files written again")
-                self._write(location, epoch, names)
+                self.notes.append(f"resend of epoch {epoch} refused ({error.message[:240]}); files written again")
+                paths = self._write(location, epoch)
         self.anomalies.append(f"writer {self.name}: the re-sent epoch {epoch} was refused five times")
 
     def _cleaned(self, connection: psycopg.Connection[Any], epoch: int) -> bool | None:

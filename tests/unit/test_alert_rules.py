@@ -22,6 +22,7 @@ def exported_names() -> set[str]:
         oldest_pending_age_seconds=1.0,
         retrying=False,
         stuck=False,
+        suspended=False,
         tables=[metrics.TableGauges("db.orders", 0, retrying=False)],
         stalled=True,
         writer_last_call_age_seconds=2.0,

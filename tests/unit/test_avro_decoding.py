@@ -14,13 +14,17 @@ import pyarrow as pa
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaReference
 from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext
+from structlog.testing import capture_logs
 
+from spark_writer import schema_registry
 from spark_writer.kafka_records import BadRecordError, BadRecordPolicy
 from spark_writer.registry_decoding import UnsupportedSchemaError
 from spark_writer.registry_records import RegistryBatchParser, RegistryFormat, RegistrySubject, SchemaChangeError
 from spark_writer.schema_registry import RegistrySettings, registry_client
 from tests.fixtures.registry_records import FIRST_OFFSET, kafka_batch, next_decoding, reasons
+from tests.fixtures.schema_registry import SchemaRegistryServer
 
 UTC = dt.UTC
 ITEM = {"type": "record", "name": "Item", "fields": [{"name": "sku", "type": "string"}, {"name": "qty", "type": "int"}]}
@@ -166,7 +170,7 @@ def test_every_avro_type_becomes_its_arrow_column(registry: RegistrySettings) ->
     assert row == {**record, "counts": [("a", 1)]}
 
 
-def test_records_of_older_versions_are_read_with_the_newest_and_its_fields_become_columns(
+def test_records_of_older_versions_keep_their_own_fields_and_the_newests_fields_become_columns(
     registry: RegistrySettings,
 ) -> None:
     topic = unique_topic()
@@ -181,8 +185,8 @@ def test_records_of_older_versions_are_read_with_the_newest_and_its_fields_becom
     assert evolving.table_schema.names[-6:] == ["coupon", "discount", *metadata]
     assert decoded.misfits.num_rows == 0
     rows = {row["order_id"]: row for row in decoded.rows.to_pylist()}
-    # v1 records take the v2 defaults (Avro's schema resolution); the v2 record keeps its values.
-    expected = [("NONE", None), ("NONE", None), ("SPRING", 0.1)]
+    # v1 records were written without coupon and discount: null (never v2's defaults); the v2 record has its values.
+    expected = [(None, None), (None, None), ("SPRING", 0.1)]
     assert [(rows[i]["coupon"], rows[i]["discount"]) for i in (1, 2, 3)] == expected
     assert rows[3]["created_at"] == order(3)["created_at"]
     assert rows[2]["items"] == [{"sku": "a", "qty": 2}]
@@ -213,7 +217,10 @@ def test_a_newer_version_that_changes_a_columns_type_fails_the_batch(registry: R
         next_decoding(evolving)
 
 
-def test_bad_records_fail_the_batch_naming_topic_partition_offset_and_why(registry: RegistrySettings) -> None:
+def test_bad_records_fail_the_batch_naming_topic_partition_offset_and_why(
+    registry: RegistrySettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(schema_registry, "SCHEMA_ID_LAG_SECONDS", 0.2)  # the unknown id: asked again for 0.2 s
     topic = unique_topic()
     (good,) = produce(registry, topic, ORDER_V1, order(1))
     values = [
@@ -331,3 +338,150 @@ def test_the_decoding_travels_to_the_executors_without_a_registry_client(registr
 
     assert b"SchemaRegistryClient" not in shipped and b"httpx" not in shipped
     assert pickle.loads(shipped).decoder.decode(kafka_batch(values)).rows.column("order_id").to_pylist() == [1]
+
+
+def test_a_timestamp_keeps_its_instant_when_a_newer_version_changes_its_unit(registry: RegistrySettings) -> None:
+    topic = unique_topic()
+    (v1_record,) = produce(registry, topic, ORDER_V1, order(1))  # created_at in timestamp-millis
+    evolving = parser(registry, topic)
+    if not registry.url.startswith("mock://"):
+        registry_client(registry).set_compatibility(f"{topic}-value", "NONE")
+    micros = {"name": "created_at", "type": {"type": "long", "logicalType": "timestamp-micros"}}
+    v2 = {**ORDER_V1, "fields": [ORDER_V1["fields"][0], ORDER_V1["fields"][1], micros, *ORDER_V1["fields"][3:]]}
+    (v2_record,) = produce(registry, topic, v2, order(2))
+
+    decoded = next_decoding(evolving).decoder.decode(kafka_batch([v1_record, v2_record]))
+
+    assert decoded.misfits.num_rows == 0
+    assert decoded.rows.column("created_at").to_pylist() == [order(1)["created_at"], order(2)["created_at"]]
+
+
+def test_a_record_keeps_the_value_of_a_field_a_newer_version_drops(registry: RegistrySettings) -> None:
+    topic = unique_topic()
+    (v1_record,) = produce(registry, topic, ORDER_V1, order(1, note="hello"))
+    evolving = parser(registry, topic)
+    before = next_decoding(evolving).decoder.decode(kafka_batch([v1_record])).rows.to_pylist()
+    without_note = {**ORDER_V1, "fields": [f for f in ORDER_V1["fields"] if f["name"] != "note"]}
+    produce(registry, topic, without_note, {k: v for k, v in order(2).items() if k != "note"})
+
+    again = next_decoding(evolving).decoder.decode(kafka_batch([v1_record])).rows.to_pylist()
+
+    assert before == again  # a re-run of the batch after v2 is registered gives the same row
+    assert again[0]["note"] == "hello"
+
+
+def test_a_restart_after_a_version_dropped_a_field_keeps_it_a_column(registry: RegistrySettings) -> None:
+    """A record decodes to the same row whether its batch runs before a restart or after it, the newest version
+    registered meanwhile lacking one of its fields (found by tests/torture/schema_churn.py)."""
+    topic = unique_topic()
+    (v1_record,) = produce(registry, topic, ORDER_V1, order(1, note="hello"))
+    before = next_decoding(parser(registry, topic)).decoder.decode(kafka_batch([v1_record])).rows.to_pylist()
+    without_note = {**ORDER_V1, "fields": [f for f in ORDER_V1["fields"] if f["name"] != "note"]}
+    produce(registry, topic, without_note, {k: v for k, v in order(2).items() if k != "note"})
+
+    restarted = parser(registry, topic)
+    after = next_decoding(restarted).decoder.decode(kafka_batch([v1_record])).rows.to_pylist()
+
+    assert "note" in restarted.table_schema.names
+    assert after == before
+    assert after[0]["note"] == "hello"
+
+
+def test_a_field_a_record_was_written_without_is_null_whatever_later_versions_say(registry: RegistrySettings) -> None:
+    topic = unique_topic()
+    (v1_record,) = produce(registry, topic, ORDER_V1, order(1))
+    evolving = parser(registry, topic)
+    produce(registry, topic, ORDER_V2, order(2, coupon="SPRING"))  # coupon's default is "NONE"
+
+    (row,) = next_decoding(evolving).decoder.decode(kafka_batch([v1_record])).rows.to_pylist()
+
+    assert (row["coupon"], row["discount"]) == (None, None)
+
+
+def test_an_older_versions_field_is_widened_to_its_column_or_does_not_fit(registry: RegistrySettings) -> None:
+    topic = unique_topic()
+    if not registry.url.startswith("mock://"):
+        registry_client(registry).set_compatibility(f"{topic}-value", "NONE")
+    as_int = {**ORDER_V1, "fields": [{"name": "order_id", "type": "int"}, *ORDER_V1["fields"][1:]]}
+    as_text = {**ORDER_V1, "fields": [{"name": "order_id", "type": "string"}, *ORDER_V1["fields"][1:]]}
+    (narrow,) = produce(registry, topic, as_int, order(1))
+    (text,) = produce(registry, topic, as_text, {**order(2), "order_id": "2"})
+    (current,) = produce(registry, topic, ORDER_V1, order(3))  # order_id long: the table's column
+
+    decoded = next_decoding(parser(registry, topic)).decoder.decode(kafka_batch([narrow, text, current]))
+
+    assert decoded.rows.column("order_id").to_pylist() == [1, 3]
+    (why,) = reasons(decoded.misfits).values()
+    assert "field order_id is written as string, which the table's column, int64, cannot take as written" in why
+
+
+def test_a_schema_id_a_lagging_registry_does_not_know_yet_is_asked_again(
+    registry: RegistrySettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    topic = unique_topic()
+    produce(registry, topic, ORDER_V1, order(1))
+    fixed = parser(registry, topic, evolve=False, on_bad_record=BadRecordPolicy.NULL)
+    unique_v2 = {**ORDER_V2, "doc": topic}  # a schema id of its own, which no process has asked for yet
+    (just_registered,) = produce(registry, topic, unique_v2, order(2, coupon="SPRING"))
+    client = registry_client(registry)
+    answer = client.get_schema
+    lagging = [SchemaRegistryError(404, 40403, "Schema not found"), SchemaRegistryError(404, 40403, "Schema not found")]
+
+    def replica(*args: Any, **kwargs: Any) -> Schema:
+        if lagging:
+            raise lagging.pop(0)
+        return answer(*args, **kwargs)
+
+    monkeypatch.setattr(client, "get_schema", replica)
+    task = next_decoding(fixed).start()
+
+    rows = task.rows(kafka_batch([just_registered]))
+
+    assert task.bad_records == 0 and not lagging
+    assert rows.column("order_id").to_pylist() == [2]
+
+
+def test_a_deleted_subject_keeps_the_stream_decoding_with_the_versions_known(registry: RegistrySettings) -> None:
+    topic = unique_topic()
+    values = produce(registry, topic, ORDER_V1, order(1), order(2))
+    evolving = parser(registry, topic)
+    next_decoding(evolving).decoder.decode(kafka_batch(values))  # this process now knows the schema by its id
+    registry_client(registry).delete_subject(f"{topic}-value")
+
+    with capture_logs() as logs:
+        decoded = next_decoding(evolving).decoder.decode(kafka_batch(values))
+
+    assert decoded.rows.column("order_id").to_pylist() == [1, 2]
+    assert [line["log_level"] for line in logs if line["event"] == "schema registry subject deleted"] == ["error"]
+
+
+def test_a_restart_after_the_subject_was_deleted_follows_its_last_version(
+    local_registry_server: SchemaRegistryServer,
+) -> None:
+    registry = RegistrySettings.of(local_registry_server.url)
+    topic = unique_topic()
+    values = produce(registry, topic, ORDER_V2, order(1, coupon="SPRING"))
+    registry_client(registry).delete_subject(f"{topic}-value")  # soft: its versions stay, marked deleted
+
+    with capture_logs() as logs:
+        restarted = parser(registry, topic)
+
+    assert restarted.table_schema.names[-2:] == ["coupon", "discount"]
+    assert next_decoding(restarted).decoder.decode(kafka_batch(values)).rows.column("coupon").to_pylist() == ["SPRING"]
+    assert [line["event"] for line in logs].count("schema registry subject deleted") == 1
+    registry_client(registry).delete_subject(f"{topic}-value", permanent=True)
+    with pytest.raises(ValueError, match="not even among its deleted subjects"):
+        parser(registry, topic)
+
+
+def test_a_field_of_a_version_between_two_batches_is_a_column(registry: RegistrySettings) -> None:
+    """v2 adds coupon and v3 drops it again before the next batch: v2's records still have their coupons read."""
+    topic = unique_topic()
+    produce(registry, topic, ORDER_V1, order(1))
+    evolving = parser(registry, topic)
+    (with_coupon,) = produce(registry, topic, ORDER_V2, order(2, coupon="SPRING"))
+    produce(registry, topic, {**ORDER_V1, "doc": "v3: v1 again"}, order(3))
+
+    decoded = next_decoding(evolving).decoder.decode(kafka_batch([with_coupon]))
+
+    assert decoded.rows.column("coupon").to_pylist() == ["SPRING"]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import inspect
 import json
+import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -15,7 +17,9 @@ from typer.testing import CliRunner, Result
 
 from sink_coordinator_demo.ports import free_port
 from spark_writer import job
+from spark_writer.driver_jvm import SparkLog
 from spark_writer.job import KafkaSettings, KafkaSource, ParseSettings, SinkSettings
+from spark_writer.job_failures import ExitCode, JobFailure
 from spark_writer.kafka_options import parse_options
 from spark_writer.kafka_records import BadRecordPolicy, check_time_zone
 from spark_writer.routing import Routes, Unrouted
@@ -24,17 +28,21 @@ from spark_writer.session import retries_tasks, with_task_retries
 
 REQUIRED = ["--bootstrap-servers", "b:9092", "--topic", "orders", "--sink", "s", "--table", "shop.orders"]
 REQUIRED += ["--checkpoint-location", "/tmp/checkpoint"]
+COORDINATOR_FLAG = "Invalid value for '--coordinator' (env var: 'SINK_WRITER_COORDINATOR')"
 
 
 class Started:
-    """What the command line would have run: the settings start_job got (no Spark is started)."""
+    """What the command line would have run: the settings start_job got (no Spark is started, no service asked)."""
 
-    def __init__(self) -> None:
+    def __init__(self, spark_log: Path) -> None:
         self.calls: list[tuple[Any, ...]] = []
         self.session = mock.Mock()
+        self.spark_log = spark_log
 
     def invoke(self, *flags: str) -> Result:
-        return CliRunner().invoke(job.app, [*REQUIRED, *flags], env={"COLUMNS": "200"})
+        return CliRunner().invoke(
+            job.app, [*REQUIRED, "--spark-log-file", str(self.spark_log), *flags], env={"COLUMNS": "200"}
+        )
 
     @property
     def sink(self) -> SinkSettings:
@@ -53,8 +61,8 @@ class Started:
 
 
 @pytest.fixture
-def started() -> Iterator[Started]:
-    run = Started()
+def started(tmp_path: Path) -> Iterator[Started]:
+    run = Started(tmp_path / "spark.log")
     query = mock.Mock()
     query.await_termination.return_value = True  # the job ends at once, as if the topics were drained
 
@@ -65,6 +73,8 @@ def started() -> Iterator[Started]:
     with (
         mock.patch.object(job, "spark_session", return_value=run.session),
         mock.patch.object(job, "start_job", side_effect=start_job),
+        mock.patch.object(job, "wait_for_coordinator"),
+        mock.patch.object(job, "wait_for_topics"),
         mock.patch.object(job, "configure_logging"),  # the test process keeps its logging
         mock.patch.object(job, "set_worker_log_level"),
     ):
@@ -100,6 +110,34 @@ def test_key_value_flags(started: Started) -> None:
         (["--storage", "s3.region"], "Invalid value for '--storage': 's3.region' is not key=value"),
         (["--kafka-option", "=SSL"], "Invalid value for '--kafka-option': '=SSL' is not key=value"),
         (["--storage", "s3.colour=blue"], "unknown storage properties ['s3.colour']"),
+        (["--starting-offsets", "bogus"], "startingOffsets must be 'earliest', 'latest' or JSON"),
+        (["--starting-offsets", '{"orders": {"0": -5}}'], "startingOffsets for orders-0 must be an offset >= 0"),
+        (["--starting-offsets", '["orders"]'], "startingOffsets JSON must be an object of topics"),
+        (["--kafka-option", "isolation.level=read_uncommitted"], "kafka.isolation.level cannot be set"),
+        (["--kafka-option", "enable.auto.commit=true"], "kafka.enable.auto.commit cannot be set"),
+        (["--source", "spark", "--kafka-option", "enable.auto.commit=true"], "kafka.enable.auto.commit cannot be set"),
+        (["--table", "Shop.Orders"], "Invalid value for '--table': table identifier 'Shop.Orders' contains"),
+        (["--table", "orders"], "Invalid value for '--table': table identifier 'orders' must be 'namespace.table'"),
+        (["--sink", "-s"], "Invalid value for '--sink': sink name '-s' is invalid"),
+        (["--partition-by", "bucket(4, id)"], "Invalid value for '--partition-by': partition field 'bucket(4, id)'"),
+        (["--partition-by", "day(ts"], "Invalid value for '--partition-by': partition field 'day(ts' is not under"),
+        (["--partition-by", "truncate(0, s)"], "Invalid value for '--partition-by': partition field 'truncate(0, s)'"),
+        (["--partition-by", ""], "Invalid value for '--partition-by': partition field '' is not understood"),
+        (["--wait-for-topic", "-1"], "Invalid value for '--wait-for-topic': '-1' is not between 0 and 86400 seconds"),
+        (["--wait-for-topic", "nan"], "Invalid value for '--wait-for-topic': 'nan' is not between 0 and 86400"),
+        (["--wait-for-topic", "inf"], "Invalid value for '--wait-for-topic': 'inf' is not between 0 and 86400"),
+        (["--wait-for-topic", "1e400"], "Invalid value for '--wait-for-topic': '1e400' is not between 0 and 86400"),
+        (["--wait-for-topic", "86401"], "Invalid value for '--wait-for-topic': '86401' is not between 0 and 86400"),
+        (["--wait-for-topic", "soon"], "Invalid value for '--wait-for-topic': 'soon' is not a number of seconds"),
+        (["--wait-for-topic", ""], "Invalid value for '--wait-for-topic': '' is not a number of seconds"),
+        (["--coordinator", ""], f"{COORDINATOR_FLAG}: '' is not HOST:PORT"),
+        (["--coordinator", "localhost:99999"], f"{COORDINATOR_FLAG}: 'localhost:99999' is not HOST:PORT (a port from"),
+        (["--coordinator", "localhost"], f"{COORDINATOR_FLAG}: 'localhost' is not HOST:PORT"),
+        (["--coordinator", ":50051"], f"{COORDINATOR_FLAG}: ':50051' is not HOST:PORT"),
+        (["--coordinator", "http://c:50051"], f"{COORDINATOR_FLAG}: 'http://c:50051' is a URL: give the coordinator's"),
+        (["--coordinator-retry-seconds", "nan"], "'--coordinator-retry-seconds': 'nan' is not between 0.1 and 86400"),
+        (["--coordinator-retry-seconds", "0"], "'--coordinator-retry-seconds': '0' is not between 0.1 and 86400"),
+        (["--coordinator-retry-seconds", "-inf"], "'--coordinator-retry-seconds': '-inf' is not between 0.1 and 8640"),
     ],
 )
 def test_bad_flags_are_refused_before_spark_starts(started: Started, flags: list[str], message: str) -> None:
@@ -110,6 +148,60 @@ def test_bad_flags_are_refused_before_spark_starts(started: Started, flags: list
     started.session.stop.assert_not_called()
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        lambda tmp: tmp / "missing-directory" / "spark.log",
+        lambda tmp: tmp,
+        lambda tmp: tmp / "${env:HOME}.log",
+        lambda tmp: tmp / "a-file" / "spark.log",
+    ],
+    ids=["missing directory", "a directory", "a log4j look-up", "below a file"],
+)
+def test_a_spark_log_file_that_cannot_be_written_is_refused_before_anything(
+    started: Started, tmp_path: Path, path: Callable[[Path], Path]
+) -> None:
+    (tmp_path / "a-file").write_text("")
+    target = path(tmp_path)
+    result = started.invoke("--spark-log-file", str(target))
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--spark-log-file'" in " ".join(result.output.split()), result.output
+    assert not started.calls
+    assert not target.is_file() or target == tmp_path
+
+
+def test_spark_log_file_defaults_to_the_temporary_directory_and_the_console_at_debug(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with (
+        mock.patch.object(job, "spark_session") as spark_session,
+        mock.patch.object(job, "start_job"),
+        mock.patch.object(job, "wait_for_coordinator"),
+        mock.patch.object(job, "wait_for_topics"),
+        mock.patch.object(job, "configure_logging"),
+        mock.patch.object(job, "set_worker_log_level"),
+    ):
+        result = CliRunner().invoke(job.app, [*REQUIRED, "--log-level", "debug"])
+    assert result.exit_code == 0, result.output
+    (master, spark_log), _ = spark_session.call_args
+    assert master is None
+    assert spark_log == SparkLog(tmp_path / "sink-writer-s.log", on_console=True)
+
+
+@pytest.mark.parametrize("address", ["coordinator:50051", "10.0.0.7:1", "[::1]:50051", "dns:///c:50051", "unix:/s"])
+def test_coordinator_addresses_grpc_takes_are_taken(started: Started, address: str) -> None:
+    result = started.invoke("--coordinator", address)
+    assert result.exit_code == 0, result.output
+    assert started.sink.coordinator == address
+
+
+def test_help_names_the_local_master_the_job_uses() -> None:
+    shown = " ".join(CliRunner().invoke(job.app, ["--help"], env={"COLUMNS": "300"}).output.split())
+    assert f"else {with_task_retries(job.DEFAULT_LOCAL_MASTER)} " in shown
+    assert with_task_retries(job.DEFAULT_LOCAL_MASTER) == "local[*, 4]"
+
+
 def test_help_shows_every_flags_type_and_default() -> None:
     shown = " ".join(CliRunner().invoke(job.app, ["--help"], env={"COLUMNS": "300"}).output.split())
     for flag in (
@@ -118,6 +210,8 @@ def test_help_shows_every_flags_type_and_default() -> None:
         "--kafka-option <key=value>",
         "--max-offsets-per-trigger <int range> [x>=1]",
         "--available-now --no-available-now <bool>",
+        "--wait-for-topic <seconds>",
+        "--spark-log-file <file>",
     ):
         assert flag in shown, flag
     assert "[default: 134217728]" in shown
@@ -258,7 +352,7 @@ def test_an_unreachable_registry_fails_the_job_before_spark_starts(started: Star
     result = started.invoke(
         "--format", "avro", "--schema-registry-url", url, "--schema-registry-option", "max.retries=0"
     )
-    assert result.exit_code == 1
+    assert result.exit_code == ExitCode.UNREACHABLE
     assert "could not be reached for subject 'orders-value'" in result.output, result.output
     assert "secret" not in result.output
     assert not started.calls
@@ -294,3 +388,25 @@ def test_bad_route_flags_are_refused_before_spark_starts(started: Started, flags
     assert result.exit_code == 2
     assert message in " ".join(result.output.split()), result.output
     assert not started.calls
+
+
+def test_an_error_the_job_cannot_name_ends_in_one_line_that_names_spark_log(started: Started) -> None:
+    with mock.patch.object(job, "start_job", side_effect=RuntimeError("disk on fire\n  at somewhere")):
+        result = started.invoke()
+    assert result.exit_code == ExitCode.FAILED
+    last = result.output.splitlines()[-1]
+    assert "RuntimeError: disk on fire at somewhere" in last and f"spark_log={started.spark_log}" in last
+    assert "Traceback (most recent call last)" in started.spark_log.read_text()
+    assert "Traceback" not in result.output
+
+
+def test_a_failure_the_job_names_is_its_line_and_code_alone(started: Started) -> None:
+    missing = JobFailure("topic 'orders' does not exist on Kafka at b:9092: create it", ExitCode.USAGE)
+    with mock.patch.object(job, "wait_for_topics", side_effect=missing):
+        result = started.invoke()
+    assert result.exit_code == ExitCode.USAGE
+    assert "topic 'orders' does not exist" in result.output.splitlines()[-1]
+    assert "spark_log" not in result.output
+    assert started.spark_log.read_text() == ""
+    assert not started.calls
+    started.session.stop.assert_not_called()

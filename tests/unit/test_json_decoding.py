@@ -256,3 +256,52 @@ def test_the_null_policy_writes_what_fits_and_counts() -> None:
 def test_dead_letters_need_a_topic_and_only_with_that_policy() -> None:
     with pytest.raises(ValueError, match="dead-letter topic"):
         RecordDecoding(orders_decoder(), BadRecordPolicy.DEAD_LETTER)
+
+
+def test_a_decimal_is_exact_whatever_its_neighbours() -> None:
+    schema = pa.schema([("price", pa.decimal128(30, 10))])
+    decoder = JsonDecoder(schema, ("decimal(30,10)",))
+    record = '{"price": 12345678901234567890.1234567891}'
+    alone = decoder.decode(kafka_batch([record])).rows.to_pylist()
+    beside_a_bad_one = decoder.decode(kafka_batch([record, "not json"])).rows.to_pylist()
+    assert alone == beside_a_bad_one == [{"price": Decimal("12345678901234567890.1234567891")}]
+
+
+def test_a_string_column_keeps_the_records_own_text_of_a_value() -> None:
+    values = [
+        order(1, note=12),
+        '{"order_id": 2, "note": 19.000000000000000001}',
+        '{"order_id": 3, "note": 1E2}',
+        '{"order_id": 4, "note": {"city": "M\u00fcnchen", "n": [1.50, 2]}}',
+        '{"order_id": 5, "note": {"esc": "\\u00fc"}}',
+        '{"order_id": 6, "note": {\n  "a": 1\n}}',
+    ]
+    rows = orders_decoder().decode(kafka_batch(values)).rows.to_pylist()
+    assert [row["note"] for row in rows] == [
+        "12",
+        "19.000000000000000001",
+        "1E2",
+        '{"city":"M\u00fcnchen","n":[1.50,2]}',
+        '{"esc":"\\u00fc"}',
+        '{"a":1}',
+    ]
+
+
+def test_wall_clock_times_in_a_dst_change_take_the_documented_instant() -> None:
+    at = pa.schema([("at", pa.timestamp("us", tz="UTC"))])
+    decoder = JsonDecoder(at, ("timestamp",), time_zone="America/New_York")
+    values = ['{"at": "2025-11-02T01:30:00"}', '{"at": "2025-03-09T02:30:00"}']
+    decoded = decoder.decode(kafka_batch(values))
+    assert decoded.misfits.num_rows == 0
+    assert [row["at"] for row in decoded.rows.to_pylist()] == [
+        dt.datetime(2025, 11, 2, 5, 30, tzinfo=dt.UTC),  # ambiguous: the earlier instant (01:30 EDT)
+        dt.datetime(2025, 3, 9, 7, 30, tzinfo=dt.UTC),  # in the gap: shifted forward by the gap (03:30 EDT)
+    ]
+
+
+def test_a_field_given_twice_does_not_fit_wherever_the_record_is() -> None:
+    twice = '{"order_id": 1, "order_id": 2}'
+    alone = orders_decoder().decode(kafka_batch([twice]))
+    beside_a_bad_one = orders_decoder().decode(kafka_batch([twice, "not json"]))
+    assert reasons(alone.misfits)[100] == reasons(beside_a_bad_one.misfits)[100]
+    assert "order_id" in reasons(alone.misfits)[100]

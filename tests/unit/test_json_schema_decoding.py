@@ -13,6 +13,7 @@ from confluent_kafka.schema_registry import Schema
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
+from spark_writer import schema_registry
 from spark_writer.kafka_records import BadRecordError
 from spark_writer.registry_decoding import UnsupportedSchemaError
 from spark_writer.registry_records import RegistryBatchParser, RegistryFormat, RegistrySubject
@@ -115,7 +116,8 @@ def test_a_new_property_in_a_new_version_becomes_a_column(registry: RegistrySett
     assert [(r["order_id"], r["coupon"]) for r in decoded.rows.to_pylist()] == [(1, None), (2, "SPRING")]
 
 
-def test_bad_records_say_where_and_why(registry: RegistrySettings) -> None:
+def test_bad_records_say_where_and_why(registry: RegistrySettings, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(schema_registry, "SCHEMA_ID_LAG_SECONDS", 0.2)  # the unknown id: asked again for 0.2 s
     topic = unique_topic()
     (good,) = produce(registry, topic, ORDER_V1, order(1))
     header = good[:5]

@@ -9,16 +9,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from spark_writer.kafka_offsets import (
+    Incarnation,
     OffsetRange,
     PartitionKey,
     batch_start_offsets,
     cap_to_target,
+    incarnations_from_json,
+    incarnations_of,
     initial_offsets_json,
     offsets_from_json,
     offsets_to_json,
     plan_end_offsets,
     plan_ranges,
     planned_end_json,
+    replaced_topics,
     resolve_starting_offsets,
     spread_max_rows,
 )
@@ -161,7 +165,12 @@ def test_plan_ranges_skips_empty_and_backwards_ranges() -> None:
 
 
 def test_cap_to_target_leaves_out_partitions_born_after_it() -> None:
-    assert cap_to_target({A0: 50, A1: 7, A2: 3}, {A0: 40, A1: 9}) == {A0: 40, A1: 7}
+    assert cap_to_target({A0: 50, A1: 7, A2: 3}, {A0: 40, A1: 9}, {A0: 5}) == {A0: 40, A1: 7}
+
+
+def test_cap_to_target_keeps_a_partition_read_before_that_the_target_lacks() -> None:
+    # A2 was read up to 2 but the target (one incomplete answer) lacks it: it waits there, never forgotten.
+    assert cap_to_target({A0: 50, A2: 9}, {A0: 40}, {A0: 5, A2: 2}) == {A0: 40, A2: 2}
 
 
 # ------------------------------------------------------------------ offsets JSON
@@ -177,14 +186,38 @@ def test_offsets_json_round_trip_is_canonical() -> None:
 def test_batch_0_end_carries_its_start_and_later_batches_ignore_it() -> None:
     initial = initial_offsets_json({A0: 3, B0: 0})
     assert initial == {"$initial": {"a": {"0": 3}, "b": {"0": 0}}}
-    end_0 = planned_end_json(initial, {A0: 8, B0: 2})
+    end_0 = planned_end_json(initial, {A0: 8, B0: 2}, {})
     assert json.dumps(end_0) == '{"$start": {"a": {"0": 3}, "b": {"0": 0}}, "a": {"0": 8}, "b": {"0": 2}}'
     # Planning and running batch 0: its start is the one recorded in its end, whatever initialOffset says now.
     assert batch_start_offsets(initial) == {A0: 3, B0: 0}
     assert batch_start_offsets(initial_offsets_json({A0: 9, B0: 5}), end_0) == {A0: 3, B0: 0}
     # Batch 1 starts at batch 0's end; its own end carries no start.
     assert batch_start_offsets(end_0) == {A0: 8, B0: 2}
-    end_1 = planned_end_json(end_0, {A0: 9, B0: 2})
+    end_1 = planned_end_json(end_0, {A0: 9, B0: 2}, {})
     assert end_1 == {"a": {"0": 9}, "b": {"0": 2}}
     assert batch_start_offsets(end_0, end_1) == {A0: 8, B0: 2}
     assert offsets_from_json(end_0) == {A0: 8, B0: 2}
+
+
+def test_a_topic_created_again_is_read_from_its_new_lifes_start() -> None:
+    before = incarnations_of({}, {A0: 4, A1: 0})
+    end_1 = planned_end_json({"a": {"0": 8, "1": 3}}, {A0: 10, A1: 3}, before)
+    assert end_1["$incarnations"] == {"a": {"logStarts": {"0": 4, "1": 0}}}
+    # Retention moved a-0's log start: the same life.
+    assert replaced_topics(incarnations_from_json(end_1), incarnations_of({}, {A0: 6, A1: 0})) == []
+    # a-0's log start went back: a new life, read from its start in every partition.
+    now = incarnations_of({}, {A0: 0, A1: 0}, new_lives=("a",))
+    assert replaced_topics(incarnations_from_json(end_1), now) == ["a"]
+    end_2 = planned_end_json(end_1, {A0: 20, A1: 15}, now)
+    assert batch_start_offsets(end_1, end_2) == {A0: 0, A1: 0}
+    assert batch_start_offsets(end_2, planned_end_json(end_2, {A0: 21, A1: 15}, now)) == {A0: 20, A1: 15}
+
+
+def test_a_topic_id_tells_the_lives_apart_whatever_the_offsets() -> None:
+    first = incarnations_of({"a": "id-1"}, {A0: 0})
+    assert incarnations_from_json(planned_end_json({}, {A0: 10}, first)) == {"a": Incarnation("id-1")}
+    assert replaced_topics(first, incarnations_of({"a": "id-1"}, {A0: 0})) == []
+    again = incarnations_of({"a": "id-2"}, {A0: 3}, new_lives=("a",))
+    assert replaced_topics(first, again) == ["a"]
+    end = planned_end_json(planned_end_json({}, {A0: 10}, first), {A0: 40}, again)
+    assert batch_start_offsets(planned_end_json({}, {A0: 10}, first), end) == {A0: 3}

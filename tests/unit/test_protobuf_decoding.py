@@ -15,6 +15,7 @@ from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf.message import Message
 
+from spark_writer import schema_registry
 from spark_writer.kafka_records import BadRecordError
 from spark_writer.registry_decoding import UnsupportedSchemaError
 from spark_writer.registry_records import RegistryBatchParser, RegistryFormat, RegistrySubject
@@ -153,7 +154,9 @@ def test_every_protobuf_type_becomes_its_arrow_column(registry: RegistrySettings
     )
 
 
-def test_records_of_older_versions_are_read_with_the_newest(registry: RegistrySettings, tmp_path: Path) -> None:
+def test_records_of_older_versions_keep_their_own_fields(registry: RegistrySettings, tmp_path: Path) -> None:
+    """Each record is read with its own writer schema: a field its message lacks is null (never a newer
+    version's default), and the newest version's new fields become columns."""
     topic = unique_topic()
     (tmp_path / "v1").mkdir()
     (tmp_path / "v2").mkdir()
@@ -168,12 +171,15 @@ def test_records_of_older_versions_are_read_with_the_newest(registry: RegistrySe
 
     assert evolving.table_schema.names == ["order_id", "amount", "customer", "coupon", "tags"]
     assert decoded.rows.to_pylist() == [
-        {"order_id": 1, "amount": 1.5, "customer": "c1", "coupon": None, "tags": []},
+        {"order_id": 1, "amount": 1.5, "customer": "c1", "coupon": None, "tags": None},
         {"order_id": 2, "amount": 2.5, "customer": "c2", "coupon": "X", "tags": ["t"]},
     ]
 
 
-def test_bad_records_name_where_they_are_and_why(registry: RegistrySettings, tmp_path: Path) -> None:
+def test_bad_records_name_where_they_are_and_why(
+    registry: RegistrySettings, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(schema_registry, "SCHEMA_ID_LAG_SECONDS", 0.2)  # the unknown id: asked again for 0.2 s
     topic = unique_topic()
     classes = compile_proto(tmp_path, {"order.proto": ORDER_V1})
     good = serialize(registry, topic, classes["shop.Order"](order_id=1, amount=1.5, customer="somebody"))

@@ -48,7 +48,7 @@ def test_an_in_memory_registry_is_shared_by_its_url_within_the_process() -> None
 
 def test_a_registry_that_cannot_answer_fails_the_batch_instead_of_its_records() -> None:
     unreachable = RegistrySettings.of(f"http://127.0.0.1:{free_port()}", {"max.retries": "0"})
-    values = RegistryValues(unreachable, AvroPayloads(unreachable, 1, pa.struct([("id", pa.int64())])))
+    values = RegistryValues(unreachable, AvroPayloads(unreachable, pa.struct([("id", pa.int64())])))
 
     with pytest.raises(RegistryUnavailableError, match="could not be reached for schema id 7"):
         values.decode(pa.array([b"\x00\x00\x00\x00\x07\x02"], pa.binary()))

@@ -173,3 +173,32 @@ def test_a_task_without_routes_names_no_table(tmp_path: Path) -> None:
     (result,) = list(task_writer(target)(iter(rows("eu", "us").to_batches())))
     assert result.column("table").to_pylist() == [None]
     assert result.column("unrouted").to_pylist() == [None]
+
+
+# Route values a table identifier may not be (the name policy, coordinator_service.table_identifiers).
+OUTSIDE_THE_POLICY = (
+    "shop.orders/data",  # inside shop.orders' own directory
+    "shop/x.orders",
+    "shop.Orders",  # one table with shop.orders where the catalog folds case
+    "shop..orders",
+    "shop.or ders",
+    "shop.-orders",
+    "shop.orders\n",
+    "shop.or\\ders",
+    "shop.ördres",
+)
+
+
+def test_dynamic_route_values_outside_the_name_policy_go_to_the_unrouted_records() -> None:
+    split = split_by_route(rows(*OUTSIDE_THE_POLICY), routing(Routes("region", dynamic=True)))
+    assert {table: ids(part) for table, part in split.tables.items()} == {OWN: list(range(len(OUTSIDE_THE_POLICY)))}
+    assert split.unknown == {}
+
+
+def test_a_nested_namespace_is_a_table_only_where_the_catalog_has_nested_namespaces() -> None:
+    dynamic = Routes("region", dynamic=True)
+    without = split_by_route(rows("lake.shop.orders", "shop.eu"), routing(dynamic))
+    assert {table: ids(part) for table, part in without.tables.items()} == {OWN: [0]}
+    assert without.unknown == {"shop.eu": 1}
+    nested = TaskRouting(dynamic, OWN, {OWN: "file:///w/own"}, nested_namespaces=True)
+    assert split_by_route(rows("lake.shop.orders"), nested).unknown == {"lake.shop.orders": 1}

@@ -5,9 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from coordinator_service.errors import InvalidArgument
-from coordinator_service.table_identifiers import check_table_identifier
-from spark_writer.routing import Routes, Unrouted, parse_route, routes_from_flags, table_identifier_problem
+from spark_writer.routing import Routes, Unrouted, parse_route, routes_from_flags
 
 SCHEMA = pa.schema(
     [
@@ -42,25 +40,12 @@ def test_static_routes_keep_their_order_and_tables_once() -> None:
         ),
         (lambda: Routes("region", {"eu": "shop.e\nu"}), "route 'eu': .* contains a control character"),
         (lambda: Routes("region", {"eu": "shop." + "t" * 256}), "the table name is 256 bytes long"),
+        (lambda: Routes("region", {"eu": "shop.orders/eu"}), "route 'eu': .* the path separator '/'"),
     ],
 )
 def test_bad_routes_are_refused(build: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         build()  # type: ignore[operator]
-
-
-@pytest.mark.parametrize(
-    "identifier",
-    ["shop.orders", "a.b.orders", "shop", "shop.", ".orders", "shop. orders", "shop.or\x00ders", "s." + "é" * 128],
-)
-def test_identifiers_follow_the_coordinators_rules(identifier: str) -> None:
-    """The writer routes to a table exactly when the coordinator would accept its name."""
-    try:
-        check_table_identifier(identifier)
-        accepted = True
-    except InvalidArgument:
-        accepted = False
-    assert (table_identifier_problem(identifier) is None) is accepted
 
 
 def test_route_columns_that_routes_can_match() -> None:

@@ -6,16 +6,20 @@ import string
 from pathlib import Path
 
 import pytest
+from fastapi import Request
+from fastapi.security import HTTPAuthorizationCredentials
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import SecretStr, ValidationError
 from typer.testing import CliRunner
 
-from coordinator_service import cli
+from coordinator_service import cli, metrics
 from coordinator_service.admin_auth import AdminAuth
 from coordinator_service.console_session import ConsoleSessions
 from coordinator_service.database import Database, normalize_url
+from coordinator_service.errors import Unauthenticated
 from coordinator_service.settings import MIN_TOKEN_CHARACTERS, Settings
+from coordinator_service.writer_scopes import Credentials
 
 GOOD = "Zq3vX9pL2mN8rT5wY7bC4dF6gH1jK0sA"  # 32 characters of the bearer-token alphabet
 TOKEN_SETTINGS = ("admin_token", "writer_token", "metrics_token")
@@ -150,3 +154,37 @@ def test_the_console_shows_no_notice_it_did_not_sign(sent: str) -> None:
     sessions = ConsoleSessions(AdminAuth(SecretStr(GOOD), read_requires_token=False), unused)
     assert sessions.notice_text(sent) == ""
     assert sessions.notice_text(sessions.notice(sent)) == sent
+
+
+NEW = "Hq7vX2pL9mN4rT1wYc5dF8gJ3kL6sZ0a"  # the token a rotation brings in, beside GOOD
+
+
+@pytest.mark.parametrize("name", ["admin_token", "writer_token"])
+def test_a_previous_token_is_taken_beside_a_new_one_and_checked_like_it(name: str) -> None:
+    """On-call review: no rotation without an outage, since one token was accepted at a time."""
+    settings = Settings(**{name: NEW, f"{name}_previous": GOOD})
+    assert getattr(settings, f"{name}_previous").get_secret_value() == GOOD
+    with pytest.raises(ValidationError, match=f"{name.upper()}_PREVIOUS is set without"):
+        Settings(**{f"{name}_previous": GOOD})
+    with pytest.raises(ValidationError, match="are the same token"):
+        Settings(**{name: GOOD, f"{name}_previous": GOOD})
+    with pytest.raises(ValidationError, match="characters"):
+        Settings(**{name: NEW, f"{name}_previous": "short"})
+
+
+def test_both_tokens_of_a_rotation_open_the_same_writer_scope() -> None:
+    credentials = Credentials(SecretStr(NEW), {}, SecretStr(GOOD))
+    assert credentials.scope_of(NEW) == credentials.scope_of(GOOD) is not None
+    assert credentials.scope_of(GOOD + "x") is None
+
+
+def test_an_action_with_the_previous_admin_token_is_recorded_as_such() -> None:
+    auth = AdminAuth(SecretStr(NEW), read_requires_token=True, previous_token=SecretStr(GOOD))
+    request = Request({"type": "http", "client": ("10.0.0.1", 5000), "headers": []})
+    now = auth.operator(request, HTTPAuthorizationCredentials(scheme="Bearer", credentials=NEW))
+    old = auth.operator(request, HTTPAuthorizationCredentials(scheme="Bearer", credentials=GOOD))
+    assert (now.identity, old.identity) == ("admin", "admin (previous token)")
+    failures = metrics.AUTHENTICATION_FAILURES.labels("http")._value.get()  # type: ignore[attr-defined]
+    with pytest.raises(Unauthenticated):
+        auth.operator(request, HTTPAuthorizationCredentials(scheme="Bearer", credentials=GOOD + "x"))
+    assert metrics.AUTHENTICATION_FAILURES.labels("http")._value.get() == failures + 1  # type: ignore[attr-defined]

@@ -170,7 +170,7 @@ from spark_writer.schema_registry import RegistrySettings, registry_client
 registry = RegistrySettings.of("mock://imports")
 record = '{"type": "record", "name": "R", "fields": [{"name": "id", "type": "long"}]}'
 schema_id = registry_client(registry).register_schema("t-value", Schema(record, "AVRO"))
-decoder = RegistryDecoder(RegistryValues(registry, AvroPayloads(registry, schema_id, pa.struct([("id", pa.int64())]))))
+decoder = RegistryDecoder(RegistryValues(registry, AvroPayloads(registry, pa.struct([("id", pa.int64())]))))
 framed = pa.RecordBatch.from_pydict({"value": [b"\\x00" + schema_id.to_bytes(4, "big") + b"\\x54"]})
 assert decoder.decode(framed).rows.column("id").to_pylist() == [42]
 

@@ -1,7 +1,7 @@
 """When a sink's writer last called the coordinator, as any replica saw it.
 
-Revision ID: 0009
-Revises: 0008
+Revision ID: 0012
+Revises: 0011
 Create Date: 2026-11-25
 
 The admin API, the console, `sink-coordinator status` and the metrics show the writer's liveness from it (issue
@@ -15,10 +15,11 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0009"
-down_revision = "0008"
+revision = "0012"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
+OLDEST_COMPATIBLE_CODE = "0006"  # it only adds: code at 0006 runs on it
 
 
 def upgrade() -> None:

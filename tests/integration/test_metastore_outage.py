@@ -1,0 +1,107 @@
+"""PostgreSQL trouble survived: a frozen metastore is answered UNAVAILABLE within seconds, probes and scrapes never
+hang on it, and everything goes on when it answers again."""
+
+from __future__ import annotations
+
+import json
+import signal
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import grpc
+import psutil
+import pytest
+
+from coordinator_service.client import CoordinatorRpcError
+from coordinator_service.database import normalize_url
+from coordinator_service.embedded import start_embedded_postgres, stop_embedded_postgres
+from coordinator_service.runtime import migrate
+from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, orders, write_parquet
+
+SCHEMA = ORDERS.serialize().to_pybytes()
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[tuple[str, Path]]:
+    """A PostgreSQL server of this test's own, which it may freeze without stopping the session's."""
+    root = Path(tempfile.mkdtemp(prefix="sink-coordinator-frozen-"))
+    url = start_embedded_postgres(root / "data")
+    migrate(normalize_url(url))
+    yield url, root / "data"
+    stop_embedded_postgres(root / "data")
+
+
+def postgres_processes(data_dir: Path) -> list[psutil.Process]:
+    postmaster = next(
+        process
+        for process in psutil.process_iter(["cmdline"])
+        if process.info["cmdline"] and str(data_dir) in " ".join(process.info["cmdline"])
+    )
+    return [postmaster, *postmaster.children(recursive=True)]
+
+
+@contextmanager
+def frozen(data_dir: Path) -> Iterator[None]:
+    """SIGSTOP every process of the server (as a hung host or a stalled disk would), SIGCONT at the end."""
+    processes = postgres_processes(data_dir)
+    for process in processes:
+        process.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for process in processes:
+            process.send_signal(signal.SIGCONT)
+
+
+def timed(call: Callable[[], object]) -> tuple[object, float]:
+    started = time.monotonic()
+    try:
+        outcome: object = call()
+    except CoordinatorRpcError as error:
+        outcome = error
+    return outcome, time.monotonic() - started
+
+
+def http_json(url: str) -> dict[str, object]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return dict(json.load(response))
+    except urllib.error.HTTPError as error:
+        return dict(json.load(error))
+
+
+def test_a_frozen_metastore_is_answered_unavailable_within_seconds(
+    own_postgres: tuple[str, Path], tmp_path: Path
+) -> None:
+    """On-call review: a frozen PostgreSQL hung /readyz for more than 10 s and gave writers DEADLINE_EXCEEDED after
+    30 s (the client retries only UNAVAILABLE)."""
+    url, data_dir = own_postgres
+    coordinator = CoordinatorProcess(database_url=url, data_dir=tmp_path / "coordinator").start(
+        SINK_COORDINATOR_METASTORE_STALL_SECONDS="1"
+    )
+    try:
+        with coordinator.client(retry_seconds=0, timeout_seconds=30) as client:
+            writer = client.register_writer("orders", "db.orders", -1, arrow_schema=SCHEMA)
+            client.pre_commit("orders", 0, writer.writer_term, [write_parquet(writer.table_location, orders(0, 5))])
+            later = write_parquet(writer.table_location, orders(5, 5))
+            with frozen(data_dir):
+                outcome, seconds = timed(lambda: client.pre_commit("orders", 1, writer.writer_term, [later]))
+                assert isinstance(outcome, CoordinatorRpcError), outcome
+                assert outcome.code == grpc.StatusCode.UNAVAILABLE and seconds < 5, (outcome, seconds)
+                outcome, seconds = timed(lambda: client.sink_state("orders"))
+                assert isinstance(outcome, CoordinatorRpcError) and seconds < 5, (outcome, seconds)
+                started = time.monotonic()
+                ready = http_json(f"{coordinator.http_url}/readyz")
+                assert time.monotonic() - started < 5
+                # A blip: still ready (every replica shares it), saying so.
+                assert ready["ready"] is True and "not answering" in str(ready["checks"]), ready
+            # It answers again: the writer's retry goes through.
+            with coordinator.client(retry_seconds=30) as retrying:
+                assert retrying.pre_commit("orders", 1, writer.writer_term, [later]).outcome.value == "PERSISTED"
+                assert retrying.commit_checkpoint("orders", 1, writer.writer_term, wait=True).committed_epoch == 1
+    finally:
+        coordinator.stop()

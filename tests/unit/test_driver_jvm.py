@@ -1,0 +1,64 @@
+"""The driver JVM a session of this process starts (spark_writer.driver_jvm): SIGTERM ignored as PySpark ignores
+SIGINT, so that a SIGTERM to the whole process group reaches the Python driver alone; Spark's log in a file."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from pyspark import java_gateway
+
+from spark_writer.driver_jvm import SparkLog, jvm_ignoring_sigterm
+
+WAIT_FOR_STDIN = [sys.executable, "-c", "import sys; sys.stdin.read()"]
+
+
+def ignored_signals(pid: int) -> set[int]:
+    """The signals a process ignores, from /proc/PID/status (SigIgn: a hexadecimal bit mask, bit N-1 for signal N)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            mask = int(line.split()[1], 16)
+            return {number for number in range(1, 65) if mask >> (number - 1) & 1}
+    raise AssertionError(f"no SigIgn in /proc/{pid}/status")
+
+
+def ignore_sigint() -> None:
+    """PySpark's own preexec_fn for its JVM."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def test_a_jvm_started_within_ignores_sigterm_besides_sigint() -> None:
+    with jvm_ignoring_sigterm():
+        child = java_gateway.Popen(WAIT_FOR_STDIN, stdin=subprocess.PIPE, preexec_fn=ignore_sigint)  # type: ignore[attr-defined]
+    try:
+        assert {signal.SIGINT, signal.SIGTERM} <= ignored_signals(child.pid)
+    finally:
+        child.communicate(timeout=30)  # its stdin closes: it ends, as the JVM does when the driver goes
+    assert java_gateway.Popen is subprocess.Popen  # type: ignore[attr-defined]
+    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN  # the driver itself still takes it
+
+
+def test_a_process_started_outside_takes_sigterm() -> None:
+    child = java_gateway.Popen(WAIT_FOR_STDIN, stdin=subprocess.PIPE)  # type: ignore[attr-defined]
+    try:
+        assert signal.SIGTERM not in ignored_signals(child.pid)
+    finally:
+        child.communicate(timeout=30)
+
+
+def test_the_failure_that_ended_a_run_is_appended_whole(tmp_path: Path) -> None:
+    spark_log = SparkLog(tmp_path / "spark.log")
+    spark_log.path.write_text("26/11/25 16:21:27 WARN Utils: before\n")
+    try:
+        try:
+            raise KeyError("inner")
+        except KeyError as inner:
+            raise RuntimeError("outer") from inner
+    except RuntimeError as error:
+        spark_log.append_error(error)
+    text = spark_log.path.read_text()
+    assert text.startswith("26/11/25 16:21:27 WARN Utils: before\n")
+    assert "KeyError: 'inner'" in text
+    assert text.rstrip().endswith("RuntimeError: outer")
