@@ -96,6 +96,8 @@ make_base() {
 }
 
 [[ -x "$PYTHON" ]] || make .venv/.installed
+# The containers are run as the chart renders them: helm comes with the chart's check.
+[[ -x .tools/bin/helm ]] || bash scripts/helm_check.sh
 choose_engine
 log "engine: $ENGINE"
 if [[ -z "${PYTHON_IMAGE:-}" ]]; then
