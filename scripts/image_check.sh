@@ -106,9 +106,13 @@ if [[ -z "${PYTHON_IMAGE:-}" ]]; then
 fi
 
 log "building $IMAGE on $PYTHON_IMAGE"
+# Each run replaces the last one's image; podman keeps no intermediate images of its build (--layers=false),
+# so runs leave nothing behind but the base and this image.
+"$ENGINE" rmi --force "$IMAGE" >/dev/null 2>&1 || true
+BUILD_ARGS="--network host"
+[[ "$ENGINE" == podman ]] && BUILD_ARGS+=" --layers=false"
 BUILD_STARTED=$(date +%s)
-make --no-print-directory image ENGINE="$ENGINE" IMAGE="$IMAGE" PYTHON_IMAGE="$PYTHON_IMAGE" \
-  IMAGE_BUILD_ARGS="--network host"
+make --no-print-directory image ENGINE="$ENGINE" IMAGE="$IMAGE" PYTHON_IMAGE="$PYTHON_IMAGE" IMAGE_BUILD_ARGS="$BUILD_ARGS"
 BUILD_SECONDS=$(($(date +%s) - BUILD_STARTED))
 
 "$PYTHON" -m bench.image --engine "$ENGINE" --image "$IMAGE" --base "$PYTHON_IMAGE" \
