@@ -31,9 +31,9 @@ from bench.infra import (
     register_orders_sink,
     write_orders_file,
 )
-from coordinator_service.iceberg import MARKER_EPOCH, MARKER_SINK, IcebergGateway
-from coordinator_service.rpc import sink_coordinator_pb2 as pb
-from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
+from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
+from coordinator_service.contract.rpc import sink_coordinator_pb2_grpc as pb_grpc
+from coordinator_service.tables.iceberg import MARKER_EPOCH, MARKER_SINK, IcebergGateway
 
 
 def _catalog(database_url: str, warehouse: Path) -> Any:

@@ -19,9 +19,9 @@ import httpx
 from playwright.sync_api import sync_playwright
 
 from bench.infra import Coordinator, Postgres, latency_stats, register_orders_sink
-from coordinator_service.console_routes import PAGE_ROWS
-from coordinator_service.rpc import sink_coordinator_pb2 as pb
-from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
+from coordinator_service.admin.console_routes import PAGE_ROWS
+from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
+from coordinator_service.contract.rpc import sink_coordinator_pb2_grpc as pb_grpc
 
 TABLES = 10
 

@@ -115,7 +115,7 @@ def run_coordinated(
 def run_plain(
     spark: Any, catalog: Any, bootstrap: str, topic: str, max_offsets: int, root: Path, place: Place
 ) -> float:
-    from coordinator_service.iceberg import IcebergGateway
+    from coordinator_service.tables.iceberg import IcebergGateway
     from spark_writer.parquet_writer import WRITTEN_FILES_DDL, DataFileTarget, task_writer
     from spark_writer.storage import Storage
 

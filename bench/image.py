@@ -37,8 +37,8 @@ import yaml
 from sqlalchemy.engine import make_url
 
 from bench.infra import machine_facts
-from coordinator_service import schema
-from coordinator_service.database import libpq_url
+from coordinator_service.log import schema
+from coordinator_service.log.database import libpq_url
 from sink_coordinator_demo.ports import free_port
 from tests.fixtures.postgres_server import postgres_server, wheel_binaries
 

@@ -28,11 +28,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from sqlalchemy.engine import make_url
 
-from coordinator_service.client import CoordinatorClient
-from coordinator_service.database import libpq_url, normalize_url
-from coordinator_service.embedded import start_embedded_postgres, stop_embedded_postgres
-from coordinator_service.rpc import sink_coordinator_pb2 as pb
-from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
+from coordinator_service.contract.client import CoordinatorClient
+from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
+from coordinator_service.contract.rpc import sink_coordinator_pb2_grpc as pb_grpc
+from coordinator_service.log.database import libpq_url, normalize_url
+from coordinator_service.log.embedded import start_embedded_postgres, stop_embedded_postgres
 from coordinator_service.runtime import migrate
 from sink_coordinator_demo.ports import free_port
 

@@ -28,9 +28,9 @@ from bench.infra import (
     spread,
     write_orders_file,
 )
-from coordinator_service.database import libpq_url
-from coordinator_service.rpc import sink_coordinator_pb2 as pb
-from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
+from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
+from coordinator_service.contract.rpc import sink_coordinator_pb2_grpc as pb_grpc
+from coordinator_service.log.database import libpq_url
 
 FILES_PER_SINK = 8
 

@@ -17,10 +17,10 @@ import psycopg
 from pyiceberg.catalog import load_catalog
 
 from bench.infra import ORDERS, Coordinator, Postgres, py_spy, spread, write_orders_file
-from coordinator_service import precommit_metadata
-from coordinator_service.database import libpq_url
-from coordinator_service.iceberg import IcebergGateway
-from coordinator_service.precommit_metadata import PreCommitMetadata
+from coordinator_service.log import precommit_metadata
+from coordinator_service.log.database import libpq_url
+from coordinator_service.log.precommit_metadata import PreCommitMetadata
+from coordinator_service.tables.iceberg import IcebergGateway
 
 BACKLOG_SQL = """
 SELECT count(*) FROM pending_sink_state p JOIN sinks s ON s.id = p.sink_id

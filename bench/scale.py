@@ -19,8 +19,8 @@ from bench.infra import (
     write_orders_file,
 )
 from bench.precommit import drive_precommits, register_sinks
-from coordinator_service.rpc import sink_coordinator_pb2 as pb
-from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
+from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
+from coordinator_service.contract.rpc import sink_coordinator_pb2_grpc as pb_grpc
 
 FOOTER_MODES = ("read", "sent")
 

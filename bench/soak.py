@@ -25,9 +25,9 @@ from pyiceberg.io.pyarrow import parquet_file_to_data_file
 
 from bench.commit import raw_append
 from bench.infra import ORDERS, Coordinator, Postgres, latency_stats, register_orders_sink, write_orders_file
-from coordinator_service.iceberg import IcebergGateway
-from coordinator_service.rpc import sink_coordinator_pb2 as pb
-from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
+from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
+from coordinator_service.contract.rpc import sink_coordinator_pb2_grpc as pb_grpc
+from coordinator_service.tables.iceberg import IcebergGateway
 
 ROWS_PER_FILE = 10
 # Tight maintenance, so that a compressed run sees what months of commits would: a run every few seconds,

@@ -11,8 +11,8 @@ import uvicorn
 from grpc_health.v1 import health_pb2
 
 from coordinator_service import failpoints, listening
-from coordinator_service.admin_api import create_app
-from coordinator_service.errors import CannotServe
+from coordinator_service.admin.api import create_app
+from coordinator_service.contract.errors import CannotServe
 from coordinator_service.grpc_gate import SERVICE_NAME
 from coordinator_service.grpc_server import build_server
 from coordinator_service.runtime import Runtime

@@ -28,9 +28,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from coordinator_service import display, listening
-from coordinator_service.embedded import embedded_postgres_installed
-from coordinator_service.errors import (
+from coordinator_service import listening
+from coordinator_service.admin import display
+from coordinator_service.contract.errors import (
     CannotServe,
     CoordinatorError,
     InvalidArgument,
@@ -40,17 +40,18 @@ from coordinator_service.errors import (
     cause,
     quote,
 )
-from coordinator_service.flag_values import KEY_VALUE, SIZE, KeyValue, parse_key_value, parse_size
-from coordinator_service.logs import LogFormat, LogLevel, configure_logging
+from coordinator_service.contract.flag_values import KEY_VALUE, SIZE, KeyValue, parse_key_value, parse_size
+from coordinator_service.contract.logs import LogFormat, LogLevel, configure_logging
+from coordinator_service.engine.writer_scopes import WriterScope
+from coordinator_service.log.embedded import embedded_postgres_installed
 from coordinator_service.settings import ENV_PREFIX, Settings
-from coordinator_service.warehouse import serving_refusal
-from coordinator_service.writer_scopes import WriterScope
+from coordinator_service.tables.warehouse import serving_refusal
 
 if TYPE_CHECKING:  # the service's modules load in the commands that use them (see the module)
     from sqlalchemy.engine import URL
 
-    from coordinator_service.database import Database
-    from coordinator_service.operations import SinkDeleted
+    from coordinator_service.engine.operations import SinkDeleted
+    from coordinator_service.log.database import Database
 
 app = typer.Typer(
     name="sink-coordinator",
@@ -260,7 +261,7 @@ def migrate(
 def status(settings: Settings) -> None:
     """Show every sink (its writer, progress, last commit, the sinks sharing its tables) and its epochs not yet
     committed, as the metastore has them (whether or not a coordinator runs)."""
-    from coordinator_service.database import ConnectionOptions, Database
+    from coordinator_service.log.database import ConnectionOptions, Database
     from coordinator_service.runtime import metastore_url, require_migrated
 
     url, _ = metastore_url(settings)
@@ -285,8 +286,8 @@ def catalog(
 ) -> None:
     """Print how to read the coordinator's tables: the lines to paste into pyiceberg, DuckDB and Spark, for the
     catalog it uses with these settings (the embedded defaults, or CATALOG__*)."""
-    from coordinator_service.catalog_access import CatalogAccess
     from coordinator_service.runtime import catalog_properties, metastore_url
+    from coordinator_service.tables.catalog_access import CatalogAccess
 
     url, _ = metastore_url(settings)
     access = CatalogAccess(settings.catalog_name, catalog_properties(settings, url), table)
@@ -302,8 +303,8 @@ def catalog(
 def _metadata_location(settings: Settings, url: URL, table: str) -> str:
     from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
+    from coordinator_service.contract.table_identifiers import check_table_identifier
     from coordinator_service.runtime import open_catalog
-    from coordinator_service.table_identifiers import check_table_identifier
 
     check_table_identifier(table)
     try:
@@ -343,7 +344,7 @@ def delete(
 
 
 async def _delete(settings: Settings, sink: str, confirm: str, reason: str, drop_tables: bool) -> SinkDeleted:
-    from coordinator_service.operations import Operations, Operator
+    from coordinator_service.engine.operations import Operations, Operator
     from coordinator_service.runtime import Runtime
 
     runtime = await Runtime.open(settings)
@@ -358,8 +359,8 @@ async def _delete(settings: Settings, sink: str, confirm: str, reason: str, drop
 
 
 async def _print_status(database: Database, stalled_after_seconds: float) -> None:
-    from coordinator_service import repository
-    from coordinator_service.operations import sink_overviews
+    from coordinator_service.engine.operations import sink_overviews
+    from coordinator_service.log import repository
 
     try:
         async with database.transaction() as session:

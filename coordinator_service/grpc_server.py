@@ -12,18 +12,18 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from coordinator_service.database import DATA_ERRORS, Database, unstorable
-from coordinator_service.errors import CannotServe, CoordinatorError, Unavailable
+from coordinator_service.contract.errors import CannotServe, CoordinatorError, Unavailable
+from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
+from coordinator_service.contract.rpc import sink_coordinator_pb2_grpc as pb_grpc
+from coordinator_service.contract.wire import to_message
+from coordinator_service.engine.protocol import Coordinator, PreCommitRequest, TableRequest
+from coordinator_service.engine.writer_admission import Admission
+from coordinator_service.engine.writer_scopes import Credentials
 from coordinator_service.grpc_gate import SERVICE_NAME, WriterGate
 from coordinator_service.listening import GRPC_EXCLUSIVE_PORT
-from coordinator_service.precommit_files import FileFacts
-from coordinator_service.protocol import Coordinator, PreCommitRequest, TableRequest
-from coordinator_service.rpc import sink_coordinator_pb2 as pb
-from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
+from coordinator_service.log.database import DATA_ERRORS, Database, unstorable
 from coordinator_service.settings import ENV_PREFIX, Settings
-from coordinator_service.wire import to_message
-from coordinator_service.writer_admission import Admission
-from coordinator_service.writer_scopes import Credentials
+from coordinator_service.tables.precommit_files import FileFacts
 
 log = structlog.get_logger(__name__)
 

@@ -15,7 +15,7 @@ import os
 import socket
 from typing import Final
 
-from coordinator_service.errors import CannotServe
+from coordinator_service.contract.errors import CannotServe
 from coordinator_service.settings import ENV_PREFIX
 
 # The gRPC server's option that binds its port exclusively (grpcio's default shares it).

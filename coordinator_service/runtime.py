@@ -9,17 +9,17 @@ import structlog
 from pyiceberg.catalog import Catalog, load_catalog
 from sqlalchemy.engine import URL
 
-from coordinator_service import schema
-from coordinator_service.cleaner import Cleaner
-from coordinator_service.committer import Committer
-from coordinator_service.database import ConnectionOptions, Database, create_sync_engine, normalize_url
-from coordinator_service.embedded import start_embedded_postgres
-from coordinator_service.iceberg import IcebergGateway
-from coordinator_service.maintenance import Maintainer
-from coordinator_service.metastore_checks import MetastoreChecks
-from coordinator_service.protocol import Coordinator
+from coordinator_service.engine.cleaner import Cleaner
+from coordinator_service.engine.committer import Committer
+from coordinator_service.engine.maintenance import Maintainer
+from coordinator_service.engine.metastore_checks import MetastoreChecks
+from coordinator_service.engine.protocol import Coordinator
+from coordinator_service.log import schema
+from coordinator_service.log.database import ConnectionOptions, Database, create_sync_engine, normalize_url
+from coordinator_service.log.embedded import start_embedded_postgres
 from coordinator_service.settings import Settings
-from coordinator_service.warehouse import local_warehouse
+from coordinator_service.tables.iceberg import IcebergGateway
+from coordinator_service.tables.warehouse import local_warehouse
 
 log = structlog.get_logger(__name__)
 
@@ -99,7 +99,7 @@ class Runtime:
     coordinator: Coordinator
     maintainer: Maintainer
     checks: MetastoreChecks
-    # Readiness: since when each shared dependency (metastore, catalog) has been failing (admin_routes_health).
+    # Readiness: since when each shared dependency (metastore, catalog) has been failing (admin.routes_health).
     dependencies_failing_since: dict[str, float] = field(default_factory=dict)
 
     @classmethod

@@ -1,11 +1,11 @@
-"""Alembic environment: run by coordinator_service.schema with an open connection."""
+"""Alembic environment: run by coordinator_service.log.schema with an open connection."""
 
 from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import Connection, text
 
-from coordinator_service.models import Base
+from coordinator_service.log.models import Base
 
 connection: Connection = context.config.attributes["connection"]
 # Every migration waits at most this long for a lock, then fails (and is retried by the operator): the pods of the

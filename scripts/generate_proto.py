@@ -1,4 +1,4 @@
-"""Generate the Python gRPC code from proto/ into coordinator_service/rpc/.
+"""Generate the Python gRPC code from proto/ into coordinator_service/contract/rpc/.
 
 The generated modules are committed so that installing the package needs no
 protoc. `--check` regenerates into a temporary directory and fails when the
@@ -17,7 +17,7 @@ from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO = ROOT / "proto" / "sink_coordinator.proto"
-PACKAGE_DIR = "coordinator_service/rpc"
+PACKAGE_DIR = "coordinator_service/contract/rpc"
 OUTPUTS = (
     "sink_coordinator_pb2.py",
     "sink_coordinator_pb2.pyi",
@@ -28,7 +28,7 @@ OUTPUTS = (
 
 def generate(out_dir: Path) -> None:
     # Mapping proto/ onto the package path makes the generated imports
-    # absolute (`from coordinator_service.rpc import ...`).
+    # absolute (`from coordinator_service.contract.rpc import ...`).
     bin_dir = Path(sys.executable).parent
     args = [
         "protoc",

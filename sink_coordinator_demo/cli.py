@@ -45,14 +45,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from coordinator_service.catalog_access import CatalogAccess
-from coordinator_service.client import CoordinatorClient
-from coordinator_service.embedded import stop_embedded_postgres
-from coordinator_service.flag_values import KEY_VALUE, KeyValue, parse_key_value
-from coordinator_service.iceberg import MARKER_SINK
-from coordinator_service.logs import LogFormat, LogLevel, configure_logging
+from coordinator_service.contract.client import CoordinatorClient
+from coordinator_service.contract.flag_values import KEY_VALUE, KeyValue, parse_key_value
+from coordinator_service.contract.logs import LogFormat, LogLevel, configure_logging
+from coordinator_service.log.embedded import stop_embedded_postgres
 from coordinator_service.runtime import catalog_properties, metastore_url, open_catalog
 from coordinator_service.settings import Settings
+from coordinator_service.tables.catalog_access import CatalogAccess
+from coordinator_service.tables.iceberg import MARKER_SINK
 from sink_coordinator_demo.local_services import CoordinatorService, LocalProcess, NoidaKafkaBroker, ServiceError
 from sink_coordinator_demo.object_store import emulated_object_store, local_object_store
 from sink_coordinator_demo.orders import COUNTRY_CURRENCIES, ORDER_SCHEMA_DDL, create_topic, produce_orders

@@ -22,7 +22,7 @@ from typing import Final, TextIO
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
-from coordinator_service.client import CoordinatorClient, CoordinatorRpcError
+from coordinator_service.contract.client import CoordinatorClient, CoordinatorRpcError
 
 STARTUP_TIMEOUT_SECONDS: Final = 120.0
 STOP_TIMEOUT_SECONDS: Final = 20.0

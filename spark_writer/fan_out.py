@@ -34,7 +34,7 @@ import pyarrow as pa
 import structlog
 from pyspark.sql import DataFrame, Row
 
-from coordinator_service.client import CoordinatorClient, CoordinatorRpcError, TableSpec
+from coordinator_service.contract.client import CoordinatorClient, CoordinatorRpcError, TableSpec
 from spark_writer.arrow_schema import serialize_schema
 from spark_writer.parquet_writer import WRITTEN_FILES_DDL, DataFileTarget, delete_files, task_writer
 from spark_writer.route_split import TaskRouting

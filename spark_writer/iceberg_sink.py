@@ -40,9 +40,9 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from coordinator_service.client import CoordinatorClient, CoordinatorRpcError, PreCommitFile
-from coordinator_service.table_identifiers import sink_name_problem, table_identifier_problem
-from coordinator_service.views import PreCommitOutcome, Registration
+from coordinator_service.contract.client import CoordinatorClient, CoordinatorRpcError, PreCommitFile
+from coordinator_service.contract.table_identifiers import sink_name_problem, table_identifier_problem
+from coordinator_service.contract.views import PreCommitOutcome, Registration
 from spark_writer.arrow_schema import arrow_schema_of, serialize_schema
 from spark_writer.checkpoint import NO_OFFSET, SparkCheckpoint
 from spark_writer.fan_out import FanOut
@@ -312,7 +312,7 @@ class IcebergSinkQuery:
 
 def check_names(sink: str, table: str) -> None:
     """ValueError when the sink's name or its table's is outside the name policy, which the coordinator would refuse
-    (coordinator_service.table_identifiers)."""
+    (coordinator_service.contract.table_identifiers)."""
     for problem in (sink_name_problem(sink), table_identifier_problem(table)):
         if problem is not None:
             raise ValueError(problem)

@@ -39,9 +39,9 @@ from pydantic import ByteSize
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from coordinator_service.flag_values import KEY_VALUE, SIZE, KeyValue, parse_key_value, parse_size
-from coordinator_service.logs import LogFormat, LogLevel, configure_logging
-from coordinator_service.table_identifiers import sink_name_problem, table_identifier_problem
+from coordinator_service.contract.flag_values import KEY_VALUE, SIZE, KeyValue, parse_key_value, parse_size
+from coordinator_service.contract.logs import LogFormat, LogLevel, configure_logging
+from coordinator_service.contract.table_identifiers import sink_name_problem, table_identifier_problem
 from spark_writer.dead_letters import DeadLetterTarget
 from spark_writer.driver_jvm import SparkLog
 from spark_writer.iceberg_sink import (
@@ -440,7 +440,7 @@ def seconds(low: float, high: float) -> Callable[[str], float]:
 
 
 def refused_by(problem: Callable[[str], str | None]) -> Callable[[str], str]:
-    """A flag's check of a name against a policy (coordinator_service.table_identifiers), naming the flag."""
+    """A flag's check of a name against a policy (coordinator_service.contract.table_identifiers), naming the flag."""
 
     def check(value: str) -> str:
         found = problem(value)

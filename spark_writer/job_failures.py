@@ -17,7 +17,7 @@ from typing import Final
 import grpc
 from pyspark.errors import PySparkException
 
-from coordinator_service.client import CoordinatorRpcError
+from coordinator_service.contract.client import CoordinatorRpcError
 from spark_writer.iceberg_sink import SinkRefusedError
 from spark_writer.kafka_data_loss import DataLossError
 from spark_writer.kafka_records import BadRecordError
@@ -63,7 +63,7 @@ EXIT_CODES: Final = {
 }
 COORDINATOR_ERROR: Final = f"{CoordinatorRpcError.__module__}.{CoordinatorRpcError.__qualname__}"
 UNREACHABLE_CODES: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
-# What the coordinator answers when it will not take the writer's call as it is (coordinator_service.errors).
+# What the coordinator answers when it will not take the writer's call as it is (coordinator_service.contract.errors).
 REFUSAL_CODES: Final = frozenset(
     {
         grpc.StatusCode.INVALID_ARGUMENT,

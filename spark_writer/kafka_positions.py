@@ -6,7 +6,7 @@ source; keys starting with ``$`` are the source's own bookkeeping, not topics). 
 latest record timestamp of each topic-partition is what the batch's tasks read
 (``latest_timestamps``); the valid-through time is the least of them over every
 partition of the end offsets, and none when one of them had no records in the batch
-(coordinator_service.source_positions says what the properties mean).
+(coordinator_service.contract.source_positions says what the properties mean).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from coordinator_service.source_positions import END_OFFSETS, VALID_THROUGH_MS
+from coordinator_service.contract.source_positions import END_OFFSETS, VALID_THROUGH_MS
 
 # The coordinator keeps at most 64 KiB of properties per epoch: offsets of thousands of partitions are left out.
 MAX_END_OFFSETS_CHARS: Final = 24 * 1024

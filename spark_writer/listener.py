@@ -37,7 +37,7 @@ from pyspark.sql.streaming.listener import (
     StreamingQueryListener,
 )
 
-from coordinator_service.client import CoordinatorClient, CoordinatorRpcError
+from coordinator_service.contract.client import CoordinatorClient, CoordinatorRpcError
 from spark_writer.checkpoint import NO_BATCH, SparkCheckpoint
 
 log = structlog.get_logger(__name__)

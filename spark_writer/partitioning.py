@@ -8,7 +8,7 @@ writes them.
 
 The partition fields use the coordinator's syntax (`region`, `day(ts)`,
 `truncate(4, name)`, ...), parsed by the coordinator's own parser
-(coordinator_service.partition_syntax) so that both sides read them alike; it
+(coordinator_service.contract.partition_syntax) so that both sides read them alike; it
 refuses `bucket(N, col)`, since a hash does not preserve order and min/max
 statistics cannot tell a file's bucket. The transforms are Iceberg's, written
 here without pyiceberg (executors do not install the coordinator's
@@ -26,8 +26,8 @@ from typing import Any, Final
 
 import pyarrow as pa
 
-from coordinator_service.errors import InvalidArgument
-from coordinator_service.partition_syntax import TIME_TRANSFORMS, PartitionFieldSpec, parse_partition_field
+from coordinator_service.contract.errors import InvalidArgument
+from coordinator_service.contract.partition_syntax import TIME_TRANSFORMS, PartitionFieldSpec, parse_partition_field
 
 PartitionKey = tuple[Any, ...]
 

@@ -21,8 +21,8 @@ from typing import Final
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from coordinator_service.errors import quote
-from coordinator_service.table_identifiers import table_identifier_problem
+from coordinator_service.contract.errors import quote
+from coordinator_service.contract.table_identifiers import table_identifier_problem
 from spark_writer.routing import Routes, Unrouted
 
 # Distinct unrouted values a task describes; the records of any others are counted together.

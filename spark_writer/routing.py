@@ -5,7 +5,7 @@ Two modes, one per sink:
 * static: a list of routes, value -> table. A record goes to the table of its column's value, compared as
   text (an integer column's 7 takes the route "7");
 * dynamic: the column's value is the table identifier itself, "namespace.table", checked by the
-  coordinator's own rules (coordinator_service.table_identifiers), so a name routed to is never one it refuses.
+  coordinator's own rules (coordinator_service.contract.table_identifiers), so a name routed to is never one it refuses.
 
 A record that no route takes (static: a value without a route; dynamic: a value that is no table identifier;
 either: null) is *unrouted*: it goes to the sink's own table (`Unrouted.DEFAULT`, the table the writer
@@ -29,8 +29,8 @@ from typing import Final
 
 import pyarrow as pa
 
-from coordinator_service.errors import quote
-from coordinator_service.table_identifiers import table_identifier_problem
+from coordinator_service.contract.errors import quote
+from coordinator_service.contract.table_identifiers import table_identifier_problem
 
 UNROUTED_HINT: Final = "add a route for them, or let unrouted records go to the sink's own table (--unrouted default"
 

@@ -17,7 +17,7 @@ import grpc
 import structlog
 from confluent_kafka import KafkaException
 
-from coordinator_service.client import CoordinatorClient, CoordinatorRpcError
+from coordinator_service.contract.client import CoordinatorClient, CoordinatorRpcError
 from spark_writer.job_failures import UNREACHABLE_CODES, ExitCode, JobFailure, coordinator_failure, one_line
 from spark_writer.kafka_metadata import KafkaMetadata, is_transient
 from spark_writer.kafka_options import KafkaSourceOptions

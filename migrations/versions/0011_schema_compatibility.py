@@ -5,7 +5,7 @@ Revises: 0010
 Create Date: 2026-11-25
 
 schema_compatibility holds one row, oldest_compatible_code: the oldest release head whose code runs on the schema
-as migrated (coordinator_service.schema.oldest_compatible_code, from what each migration declares). A release whose
+as migrated (coordinator_service.log.schema.oldest_compatible_code, from what each migration declares). A release whose
 head is older than the database's revision stays ready as long as its head is at or above that value, so the pods
 of the release being replaced stay in service while the new release's expanding migrations run.
 

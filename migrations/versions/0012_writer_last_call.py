@@ -6,7 +6,8 @@ Create Date: 2026-11-25
 
 The admin API, the console, `sink-coordinator status` and the metrics show the writer's liveness from it (issue
 26.5): a writer that died leaves its sink's other columns as they were. Each replica records the calls it answered
-in the background, a few seconds at a time (coordinator_service.writer_calls), so that no writer call waits for it.
+in the background, a few seconds at a time (coordinator_service.engine.writer_calls), so that no writer call waits
+for it.
 NULL: no writer called since the column exists.
 """
 

@@ -28,8 +28,8 @@ import time
 from typing import Any
 from unittest import mock
 
-from coordinator_service.client import CoordinatorClient
-from coordinator_service.views import CheckpointResult, PreCommitOutcome, PreCommitResult, Registration
+from coordinator_service.contract.client import CoordinatorClient
+from coordinator_service.contract.views import CheckpointResult, PreCommitOutcome, PreCommitResult, Registration
 from spark_writer import job
 
 POINTS = ("none", "after-precommit", "before-checkpoint-report", "sigterm-after-precommit", "sigterm-while-starting")

@@ -17,8 +17,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from coordinator_service.client import CoordinatorRpcError
-from coordinator_service.database import normalize_url
+from coordinator_service.contract.client import CoordinatorRpcError
+from coordinator_service.log.database import normalize_url
 from coordinator_service.runtime import migrate
 from sink_coordinator_demo.ports import free_port
 from tests.fixtures.coordinator import CoordinatorProcess

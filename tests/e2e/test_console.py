@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from coordinator_service.client import CoordinatorClient
+from coordinator_service.contract.client import CoordinatorClient
 from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, orders, write_parquet
 
 TOKEN = "console-browser-token-Zq3vX9pL2mN8rT5w"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pydantic import SecretStr
 
-from coordinator_service.admin_auth import AdminAuth
-from coordinator_service.admin_deps import auth_of, operator
-from coordinator_service.operations import Operator
+from coordinator_service.admin.auth import AdminAuth
+from coordinator_service.admin.deps import auth_of, operator
+from coordinator_service.engine.operations import Operator
 from tests.fixtures.admin import AdminApp
 
 TOKEN = "overridden-token"

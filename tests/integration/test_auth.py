@@ -14,8 +14,8 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from coordinator_service.client import CoordinatorClient, CoordinatorRpcError
-from coordinator_service.database import normalize_url
+from coordinator_service.contract.client import CoordinatorClient, CoordinatorRpcError
+from coordinator_service.log.database import normalize_url
 from coordinator_service.runtime import migrate
 from coordinator_service.settings import Settings
 from tests.fixtures.admin import AdminApp

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from coordinator_service import repository
-from coordinator_service.errors import Fenced
-from coordinator_service.models import AbortCause
+from coordinator_service.contract.errors import Fenced
+from coordinator_service.log import repository
+from coordinator_service.log.models import AbortCause
 from tests.fixtures.admin import AdminApp, commit_lock_held, sink_id_of, until_a_statement_waits_for_a_lock
 
 pytestmark = pytest.mark.every_postgres

@@ -21,15 +21,15 @@ import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 from sqlalchemy import text
 
-from coordinator_service.catalog_calls import in_catalog
-from coordinator_service.client import CoordinatorClient, TableSpec
-from coordinator_service.database import normalize_url
-from coordinator_service.errors import MESSAGE_BYTES, InvalidArgument
+from coordinator_service.contract.client import CoordinatorClient, TableSpec
+from coordinator_service.contract.errors import MESSAGE_BYTES, InvalidArgument
+from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
+from coordinator_service.contract.rpc.sink_coordinator_pb2_grpc import SinkCoordinatorStub
+from coordinator_service.contract.views import Registration, SinkState
 from coordinator_service.grpc_server import build_server
-from coordinator_service.rpc import sink_coordinator_pb2 as pb
-from coordinator_service.rpc.sink_coordinator_pb2_grpc import SinkCoordinatorStub
+from coordinator_service.log.database import normalize_url
 from coordinator_service.runtime import migrate
-from coordinator_service.views import Registration, SinkState
+from coordinator_service.tables.catalog_calls import in_catalog
 from tests.fixtures.admin import AdminApp
 from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, orders, write_parquet
 from tests.fixtures.postgres import new_database

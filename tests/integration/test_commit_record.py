@@ -10,9 +10,9 @@ from contextlib import asynccontextmanager
 import pytest
 from sqlalchemy import text
 
-from coordinator_service import repository
-from coordinator_service.models import AbortCause, Sink
-from coordinator_service.views import EpochStatus
+from coordinator_service.contract.views import EpochStatus
+from coordinator_service.log import repository
+from coordinator_service.log.models import AbortCause, Sink
 from tests.fixtures.admin import AdminApp, commit_lock_held, sink_id_of, until_a_statement_waits_for_a_lock
 from tests.fixtures.postgres import query
 

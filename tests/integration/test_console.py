@@ -12,9 +12,9 @@ import httpx
 import pyarrow as pa
 import pytest
 
-from coordinator_service import console_routes
-from coordinator_service.console_session import COOKIE
-from coordinator_service.protocol import PreCommitRequest, TableRequest
+from coordinator_service.admin import console_routes
+from coordinator_service.admin.console_session import COOKIE
+from coordinator_service.engine.protocol import PreCommitRequest, TableRequest
 from tests.fixtures.admin import CLIENT_ADDRESS, AdminApp, AdminFactory
 from tests.fixtures.coordinator import ORDERS, orders, write_parquet
 from tests.fixtures.postgres import query

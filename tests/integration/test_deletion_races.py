@@ -1,6 +1,6 @@
 """Deletions against claims: no file a pre-commit, a waiting part or an in-flight append relies on is deleted.
 
-Every deletion (the cleaner's, the orphan sweep's, expiration's) goes through coordinator_service.file_deletion,
+Every deletion (the cleaner's, the orphan sweep's, expiration's) goes through coordinator_service.engine.file_deletion,
 which marks the paths in the log before it deletes them; a claim of a marked path is refused, and a marked path
 someone claims is not deleted. A forced abort first commits a fence to the table, so an append built on the old
 head fails instead of landing on files deleted after the abort.
@@ -20,9 +20,9 @@ import pytest
 from pyiceberg.catalog import Catalog
 from sqlalchemy import text
 
-from coordinator_service import maintenance
+from coordinator_service.engine import maintenance
+from coordinator_service.engine.protocol import PreCommitRequest
 from coordinator_service.failpoints import Failpoint
-from coordinator_service.protocol import PreCommitRequest
 from tests.fixtures.admin import AdminFactory, Gate, eventually, sink_id_of, terminate_commit_lock_holder
 from tests.fixtures.coordinator import ORDERS, orders, table_files, table_order_ids, write_parquet
 

@@ -42,15 +42,16 @@ from hypothesis.stateful import (
 from pydantic import SecretStr
 from pyiceberg.catalog import Catalog, load_catalog
 
-from coordinator_service import commit_lock, failpoints
-from coordinator_service.database import normalize_url
-from coordinator_service.errors import CoordinatorError
-from coordinator_service.operations import Operations, Operator
-from coordinator_service.path_claims import CleanupDelays
-from coordinator_service.protocol import PreCommitRequest, TableRequest
+from coordinator_service import failpoints
+from coordinator_service.contract.errors import CoordinatorError
+from coordinator_service.contract.views import PreCommitOutcome
+from coordinator_service.engine.operations import Operations, Operator
+from coordinator_service.engine.protocol import PreCommitRequest, TableRequest
+from coordinator_service.log import commit_lock
+from coordinator_service.log.database import normalize_url
+from coordinator_service.log.path_claims import CleanupDelays
 from coordinator_service.runtime import Runtime, migrate
 from coordinator_service.settings import Settings
-from coordinator_service.views import PreCommitOutcome
 from tests.fixtures.coordinator import ORDERS, table_files, write_parquet
 from tests.fixtures.postgres import new_database, query
 

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pytest
 from pyiceberg.catalog import Catalog
 
-from coordinator_service.client import CoordinatorClient, CoordinatorRpcError
-from coordinator_service.views import PreCommitOutcome, Registration
+from coordinator_service.contract.client import CoordinatorClient, CoordinatorRpcError
+from coordinator_service.contract.views import PreCommitOutcome, Registration
 from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, orders, write_parquet
 from tests.fixtures.refusals import refused
 
@@ -227,7 +227,7 @@ def test_metastore_down_is_unavailable(
     """With PostgreSQL gone, calls answer UNAVAILABLE (retryable) and the service keeps running."""
     from sqlalchemy.engine import make_url
 
-    from coordinator_service.embedded import start_embedded_postgres, stop_embedded_postgres
+    from coordinator_service.log.embedded import start_embedded_postgres, stop_embedded_postgres
     from coordinator_service.runtime import migrate
 
     pgdata = Path(__import__("tempfile").mkdtemp(prefix="sink-coordinator-pg-down-")) / "data"

@@ -20,12 +20,12 @@ import pyarrow as pa
 import pytest
 from pyiceberg.catalog import Catalog
 
-from coordinator_service.client import CoordinatorRpcError, PreCommitFile, TableSpec
-from coordinator_service.errors import CheckpointBehind, FailedPrecondition, Fenced, InvalidArgument, NotFound
-from coordinator_service.iceberg import MARKER_EPOCH, MARKER_SINK
-from coordinator_service.protocol import PreCommitRequest, TableRequest
-from coordinator_service.source_positions import END_OFFSETS, SNAPSHOT_END_OFFSETS
-from coordinator_service.views import Registration
+from coordinator_service.contract.client import CoordinatorRpcError, PreCommitFile, TableSpec
+from coordinator_service.contract.errors import CheckpointBehind, FailedPrecondition, Fenced, InvalidArgument, NotFound
+from coordinator_service.contract.source_positions import END_OFFSETS, SNAPSHOT_END_OFFSETS
+from coordinator_service.contract.views import Registration
+from coordinator_service.engine.protocol import PreCommitRequest, TableRequest
+from coordinator_service.tables.iceberg import MARKER_EPOCH, MARKER_SINK
 from tests.fixtures.admin import (
     AdminApp,
     AdminFactory,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pyiceberg.catalog import Catalog
 
-from coordinator_service.errors import InvalidArgument
-from coordinator_service.protocol import PreCommitRequest
+from coordinator_service.contract.errors import InvalidArgument
+from coordinator_service.engine.protocol import PreCommitRequest
 from tests.fixtures.admin import AdminApp
 from tests.fixtures.coordinator import table_order_ids
 from tests.fixtures.postgres import query

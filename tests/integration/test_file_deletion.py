@@ -1,4 +1,4 @@
-"""The one place that deletes files (coordinator_service.file_deletion) proves each one garbage as it deletes it.
+"""The one place that deletes files (coordinator_service.engine.file_deletion) proves each one garbage as it deletes it.
 
 Whatever asks (a writer's aborted epoch, the orphan sweep, an interrupted deletion), a file is deleted only when it
 lies under the data (or metadata) directory of a table it belongs to, reached through no link and inside no other
@@ -18,9 +18,9 @@ import pytest
 from pyiceberg.catalog import Catalog
 
 from coordinator_service import metrics
-from coordinator_service.errors import InvalidArgument
-from coordinator_service.precommit_files import FileFacts
-from coordinator_service.protocol import PreCommitRequest
+from coordinator_service.contract.errors import InvalidArgument
+from coordinator_service.engine.protocol import PreCommitRequest
+from coordinator_service.tables.precommit_files import FileFacts
 from tests.fixtures.admin import AdminApp, AdminFactory, commit_lock_held, eventually, sink_id_of
 from tests.fixtures.coordinator import ORDERS, orders, table_files, table_order_ids, write_parquet
 from tests.fixtures.postgres import query

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyiceberg.catalog import Catalog
 
+from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.grpc_gate import HEALTH_CHECK, SERVICE_NAME
-from coordinator_service.rpc import sink_coordinator_pb2 as pb
 from tests.fixtures.coordinator import ORDERS, CoordinatorProcess
 from tests.fixtures.postgres import query
 

@@ -11,8 +11,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from coordinator_service.rpc import sink_coordinator_pb2 as pb
-from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
+from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
+from coordinator_service.contract.rpc import sink_coordinator_pb2_grpc as pb_grpc
 from tests.fixtures.admin import eventually
 from tests.fixtures.coordinator import CoordinatorProcess
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from coordinator_service.admin_deps import operations_of
-from coordinator_service.http_gate import MAX_BODY_BYTES
-from coordinator_service.operations import Operations, SinkOverview
+from coordinator_service.admin.deps import operations_of
+from coordinator_service.admin.http_gate import MAX_BODY_BYTES
+from coordinator_service.engine.operations import Operations, SinkOverview
 from tests.fixtures.admin import AdminApp, AdminFactory, CatalogDatabase
 from tests.fixtures.postgres import query
 

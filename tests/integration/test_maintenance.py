@@ -15,11 +15,11 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table, TableProperties
 
 from coordinator_service import metrics
-from coordinator_service import table_maintenance as tm
-from coordinator_service.errors import InvalidArgument
-from coordinator_service.precommit_metadata import DataFileEntry
-from coordinator_service.protocol import PreCommitRequest
-from coordinator_service.views import Registration
+from coordinator_service.contract.errors import InvalidArgument
+from coordinator_service.contract.views import Registration
+from coordinator_service.engine.protocol import PreCommitRequest
+from coordinator_service.log.precommit_metadata import DataFileEntry
+from coordinator_service.tables import table_maintenance as tm
 from tests.fixtures.admin import AdminApp, AdminFactory, epoch_metadata, eventually, sink_id_of, sink_identity
 from tests.fixtures.coordinator import ORDERS, orders, table_files, table_order_ids, write_parquet
 from tests.fixtures.delete_files import commit_position_deletes

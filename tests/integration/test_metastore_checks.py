@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from pyiceberg.catalog import Catalog
 
-from coordinator_service.errors import SinkSuspended
-from coordinator_service.protocol import PreCommitRequest
+from coordinator_service.contract.errors import SinkSuspended
+from coordinator_service.engine.protocol import PreCommitRequest
 from tests.fixtures.admin import AdminApp, AdminFactory, CatalogDatabase, sink_id_of
 from tests.fixtures.coordinator import ORDERS, orders, table_order_ids, write_parquet
 from tests.fixtures.postgres import query

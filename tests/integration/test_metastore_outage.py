@@ -16,9 +16,9 @@ import grpc
 import psutil
 import pytest
 
-from coordinator_service.client import CoordinatorRpcError
-from coordinator_service.database import normalize_url
-from coordinator_service.embedded import start_embedded_postgres, stop_embedded_postgres
+from coordinator_service.contract.client import CoordinatorRpcError
+from coordinator_service.log.database import normalize_url
+from coordinator_service.log.embedded import start_embedded_postgres, stop_embedded_postgres
 from coordinator_service.runtime import migrate
 from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, orders, write_parquet
 

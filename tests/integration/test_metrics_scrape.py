@@ -8,11 +8,11 @@ from collections.abc import Awaitable, Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from coordinator_service.admin_deps import operations_of
-from coordinator_service.models import Sink
-from coordinator_service.operations import SinkOverview
-from coordinator_service.repository import EpochCounts
-from coordinator_service.shared_answer import SharedAnswer
+from coordinator_service.admin.deps import operations_of
+from coordinator_service.admin.shared_answer import SharedAnswer
+from coordinator_service.engine.operations import SinkOverview
+from coordinator_service.log.models import Sink
+from coordinator_service.log.repository import EpochCounts
 from tests.fixtures.admin import AdminFactory
 from tests.fixtures.postgres import query
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from coordinator_service.client import CoordinatorClient
+from coordinator_service.contract.client import CoordinatorClient
 from sink_coordinator_demo.ports import free_port
 from tests.fixtures.coordinator import ORDERS, orders, write_parquet
 

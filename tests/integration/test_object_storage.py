@@ -18,12 +18,12 @@ from pyiceberg.catalog import Catalog, load_catalog
 from pyiceberg.io import InputFile
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
-from coordinator_service import table_maintenance as tm
-from coordinator_service.errors import InvalidArgument
-from coordinator_service.file_listing import listed_files, written_by
-from coordinator_service.precommit_files import FileChecks, FileFacts
-from coordinator_service.protocol import PreCommitRequest, TableRequest
-from coordinator_service.views import Registration
+from coordinator_service.contract.errors import InvalidArgument
+from coordinator_service.contract.views import Registration
+from coordinator_service.engine.protocol import PreCommitRequest, TableRequest
+from coordinator_service.tables import table_maintenance as tm
+from coordinator_service.tables.file_listing import listed_files, written_by
+from coordinator_service.tables.precommit_files import FileChecks, FileFacts
 from sink_coordinator_demo.object_store import ObjectStore
 from spark_writer.parquet_writer import DataFileTarget, delete_files, task_writer
 from spark_writer.storage import Storage

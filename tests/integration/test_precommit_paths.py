@@ -18,9 +18,15 @@ from typing import Any
 
 import pytest
 
-from coordinator_service import repository
-from coordinator_service.errors import CoordinatorError, EpochAborted, FailedPrecondition, Fenced, InvalidArgument
-from coordinator_service.protocol import PreCommitRequest, PreCommitResult, TableRequest
+from coordinator_service.contract.errors import (
+    CoordinatorError,
+    EpochAborted,
+    FailedPrecondition,
+    Fenced,
+    InvalidArgument,
+)
+from coordinator_service.engine.protocol import PreCommitRequest, PreCommitResult, TableRequest
+from coordinator_service.log import repository
 from tests.fixtures.admin import AdminApp, commit_lock_held
 from tests.fixtures.coordinator import ORDERS, orders, write_parquet
 from tests.fixtures.postgres import query

@@ -8,10 +8,10 @@ import pyarrow as pa
 import pytest
 from pyiceberg.catalog import Catalog
 
-from coordinator_service import repository
-from coordinator_service.errors import CheckpointBehind, FailedPrecondition, InvalidArgument
-from coordinator_service.protocol import TableRequest
-from coordinator_service.table_origin import CREATED, ORIGIN
+from coordinator_service.contract.errors import CheckpointBehind, FailedPrecondition, InvalidArgument
+from coordinator_service.engine.protocol import TableRequest
+from coordinator_service.log import repository
+from coordinator_service.tables.table_origin import CREATED, ORIGIN
 from tests.fixtures.admin import AdminApp
 from tests.fixtures.coordinator import ORDERS
 from tests.fixtures.postgres import query

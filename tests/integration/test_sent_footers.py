@@ -18,15 +18,15 @@ import pytest
 from prometheus_client import REGISTRY
 from pyiceberg.catalog import Catalog
 
-from coordinator_service import precommit_metadata
-from coordinator_service.client import CoordinatorClient, PreCommitFile
-from coordinator_service.errors import InvalidArgument
-from coordinator_service.iceberg import IcebergGateway
-from coordinator_service.precommit_files import FileFacts
-from coordinator_service.precommit_metadata import PreCommitMetadata
-from coordinator_service.rpc import sink_coordinator_pb2 as pb
-from coordinator_service.rpc import sink_coordinator_pb2_grpc as pb_grpc
-from coordinator_service.views import PreCommitOutcome, Registration
+from coordinator_service.contract.client import CoordinatorClient, PreCommitFile
+from coordinator_service.contract.errors import InvalidArgument
+from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
+from coordinator_service.contract.rpc import sink_coordinator_pb2_grpc as pb_grpc
+from coordinator_service.contract.views import PreCommitOutcome, Registration
+from coordinator_service.log import precommit_metadata
+from coordinator_service.log.precommit_metadata import PreCommitMetadata
+from coordinator_service.tables.iceberg import IcebergGateway
+from coordinator_service.tables.precommit_files import FileFacts
 from spark_writer.parquet_writer import DataFileTarget, WrittenFile, task_writer
 from spark_writer.partitioning import parse_partition_fields
 from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, orders, table_order_ids, write_parquet

@@ -16,12 +16,12 @@ import httpx
 import pytest
 from pyiceberg.catalog import load_catalog
 
-from coordinator_service.client import CoordinatorClient, CoordinatorRpcError
-from coordinator_service.database import normalize_url
+from coordinator_service.contract.client import CoordinatorClient, CoordinatorRpcError
+from coordinator_service.contract.views import PreCommitOutcome
+from coordinator_service.log.database import normalize_url
+from coordinator_service.log.schema import head_revision
 from coordinator_service.runtime import migrate
-from coordinator_service.schema import head_revision
 from coordinator_service.settings import Settings
-from coordinator_service.views import PreCommitOutcome
 from sink_coordinator_demo.ports import free_port
 from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, orders, table_order_ids, write_parquet
 from tests.fixtures.duckdb_reader import duckdb_rows

@@ -1,6 +1,6 @@
 from pyiceberg.catalog import Catalog
 
-from coordinator_service.views import PreCommitOutcome
+from coordinator_service.contract.views import PreCommitOutcome
 from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, orders, table_order_ids, write_parquet
 
 

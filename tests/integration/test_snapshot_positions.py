@@ -10,16 +10,16 @@ from typing import Any
 import pytest
 from pyiceberg.catalog import Catalog
 
-from coordinator_service.errors import InvalidArgument
-from coordinator_service.iceberg import MARKER_EPOCH
-from coordinator_service.protocol import PreCommitRequest
-from coordinator_service.source_positions import (
+from coordinator_service.contract.errors import InvalidArgument
+from coordinator_service.contract.source_positions import (
     END_OFFSETS,
     SNAPSHOT_END_OFFSETS,
     SNAPSHOT_VALID_THROUGH_MS,
     VALID_THROUGH_MS,
 )
-from coordinator_service.views import Registration
+from coordinator_service.contract.views import Registration
+from coordinator_service.engine.protocol import PreCommitRequest
+from coordinator_service.tables.iceberg import MARKER_EPOCH
 from tests.fixtures.admin import AdminApp
 from tests.fixtures.coordinator import orders, write_parquet
 from tests.fixtures.postgres import query

@@ -12,9 +12,9 @@ import pytest
 from pyiceberg.catalog import Catalog, load_catalog
 from sqlalchemy.engine import make_url
 
-from coordinator_service.client import CoordinatorRpcError
-from coordinator_service.embedded import start_embedded_postgres, stop_embedded_postgres
-from coordinator_service.views import PreCommitOutcome
+from coordinator_service.contract.client import CoordinatorRpcError
+from coordinator_service.contract.views import PreCommitOutcome
+from coordinator_service.log.embedded import start_embedded_postgres, stop_embedded_postgres
 from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, orders, table_order_ids, write_parquet
 
 SCHEMA = ORDERS.serialize().to_pybytes()

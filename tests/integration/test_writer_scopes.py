@@ -11,8 +11,8 @@ import httpx
 import pytest
 from pyiceberg.catalog import Catalog
 
-from coordinator_service.client import CoordinatorClient, CoordinatorRpcError, PreCommitFile, TableSpec
-from coordinator_service.table_origin import ADOPTED, CREATED, ORIGIN
+from coordinator_service.contract.client import CoordinatorClient, CoordinatorRpcError, PreCommitFile, TableSpec
+from coordinator_service.tables.table_origin import ADOPTED, CREATED, ORIGIN
 from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, write_parquet
 from tests.fixtures.postgres import query
 

@@ -31,8 +31,8 @@ from unittest import mock
 
 import structlog
 
-from coordinator_service.client import CoordinatorClient
-from coordinator_service.logs import LogFormat, LogLevel, configure_logging
+from coordinator_service.contract.client import CoordinatorClient
+from coordinator_service.contract.logs import LogFormat, LogLevel, configure_logging
 from spark_writer import job
 from spark_writer.kafka_records import BadRecordPolicy
 from spark_writer.worker_logging import set_worker_log_level

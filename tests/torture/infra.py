@@ -27,8 +27,8 @@ import psutil
 import psycopg
 from sqlalchemy.engine import make_url
 
-from coordinator_service.database import libpq_url
-from coordinator_service.embedded import start_embedded_postgres
+from coordinator_service.log.database import libpq_url
+from coordinator_service.log.embedded import start_embedded_postgres
 
 T = TypeVar("T")
 

@@ -31,9 +31,9 @@ import grpc
 import psycopg
 from pyiceberg.catalog import Catalog, load_catalog
 
-from coordinator_service import precommit_metadata
-from coordinator_service.client import CoordinatorClient, CoordinatorRpcError
-from coordinator_service.database import libpq_url, normalize_url
+from coordinator_service.contract.client import CoordinatorClient, CoordinatorRpcError
+from coordinator_service.log import precommit_metadata
+from coordinator_service.log.database import libpq_url, normalize_url
 from coordinator_service.runtime import migrate
 from spark_writer.kafka_records import BAD_RECORDS_PROPERTY
 from tests.fixtures.coordinator import CoordinatorProcess, failpoints_env

@@ -44,7 +44,7 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from pyiceberg.catalog import Catalog, load_catalog
 
-from coordinator_service.database import normalize_url
+from coordinator_service.log.database import normalize_url
 from coordinator_service.runtime import migrate
 from spark_writer.schema_registry import RegistrySettings, registry_client
 from tests.fixtures.coordinator import CoordinatorProcess

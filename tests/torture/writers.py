@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from grpc import StatusCode
 
-from coordinator_service.client import CoordinatorClient, CoordinatorRpcError, PreCommitFile, TableSpec
+from coordinator_service.contract.client import CoordinatorClient, CoordinatorRpcError, PreCommitFile, TableSpec
 from tests.torture.infra import wait_for_change
 
 ORDERS = pa.schema(

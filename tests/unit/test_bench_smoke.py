@@ -33,7 +33,7 @@ def _shape(files: int) -> dict[str, int]:
 def test_report_renders_every_part(tmp_path: Path) -> None:
     profile = tmp_path / "profile.txt"
     profile.write_text(
-        "serve (coordinator_service/cli.py:10);pre_commit (coordinator_service/protocol.py:20) 7\n"
+        "serve (coordinator_service/cli.py:10);pre_commit (coordinator_service/engine/protocol.py:20) 7\n"
         "serve (coordinator_service/cli.py:10) 3\n"
     )
     frames = top_frames(profile)

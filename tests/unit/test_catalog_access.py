@@ -1,9 +1,9 @@
 """The lines `sink-coordinator catalog` prints: the catalog's properties for pyiceberg, Iceberg's names for Spark,
-DuckDB's way in, and no secret unless asked (coordinator_service.catalog_access)."""
+DuckDB's way in, and no secret unless asked (coordinator_service.tables.catalog_access)."""
 
 from __future__ import annotations
 
-from coordinator_service.catalog_access import HIDDEN, CatalogAccess
+from coordinator_service.tables.catalog_access import HIDDEN, CatalogAccess
 
 SQL = CatalogAccess(
     "lake",

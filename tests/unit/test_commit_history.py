@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from coordinator_service.commit_history import CommitHistory
-from coordinator_service.console_routes import CHART_HEIGHT, CHART_WIDTH, line_chart
+from coordinator_service.admin.console_routes import CHART_HEIGHT, CHART_WIDTH, line_chart
+from coordinator_service.engine.commit_history import CommitHistory
 
 
 def test_samples_older_than_the_window_are_left_out_and_each_sink_keeps_its_newest() -> None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator_service import precommit_metadata
-from coordinator_service.errors import EpochAborted, FailedPrecondition, Fenced
-from coordinator_service.models import AbortCause, PendingSinkState, Sink
-from coordinator_service.precommit_metadata import DataFileEntry, PreCommitMetadata
-from coordinator_service.protocol import PreCommitRequest, answer_if_repeated, check_checkpoint_range, check_term
-from coordinator_service.views import EpochStatus, PreCommitOutcome, PreCommitResult
+from coordinator_service.contract.errors import EpochAborted, FailedPrecondition, Fenced
+from coordinator_service.contract.views import EpochStatus, PreCommitOutcome, PreCommitResult
+from coordinator_service.engine.protocol import PreCommitRequest, answer_if_repeated, check_checkpoint_range, check_term
+from coordinator_service.log import precommit_metadata
+from coordinator_service.log.models import AbortCause, PendingSinkState, Sink
+from coordinator_service.log.precommit_metadata import DataFileEntry, PreCommitMetadata
 
 A, B = "file:///w/db/orders/data/a.parquet", "file:///w/db/orders/data/b.parquet"
 

@@ -3,8 +3,8 @@
 import psycopg
 import sqlalchemy.exc
 
-from coordinator_service.database import unstorable
-from coordinator_service.errors import MESSAGE_BYTES, InvalidArgument, cause, quote
+from coordinator_service.contract.errors import MESSAGE_BYTES, InvalidArgument, cause, quote
+from coordinator_service.log.database import unstorable
 
 
 def test_quote_cuts_client_input_at_200_characters() -> None:

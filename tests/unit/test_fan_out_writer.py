@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import Row
 
-from coordinator_service.client import CoordinatorClient, CoordinatorRpcError, TableSpec
-from coordinator_service.views import SinkState, SinkTable, TableLocation, TablesEnsured
+from coordinator_service.contract.client import CoordinatorClient, CoordinatorRpcError, TableSpec
+from coordinator_service.contract.views import SinkState, SinkTable, TableLocation, TablesEnsured
 from spark_writer.fan_out import MAX_TABLES_PER_ENSURE, FanOut, FanOutUnsupportedError
 from spark_writer.parquet_writer import DataFileTarget
 from spark_writer.routing import Routes, Unrouted, UnroutedRecordsError

@@ -2,14 +2,14 @@ import pyarrow as pa
 import pytest
 from pyiceberg.transforms import DayTransform, IdentityTransform, TruncateTransform
 
-from coordinator_service.errors import InvalidArgument
-from coordinator_service.iceberg import (
+from coordinator_service.contract.errors import InvalidArgument
+from coordinator_service.contract.table_identifiers import parse_table_identifier
+from coordinator_service.tables.iceberg import (
     canonical_uri,
     check_inside_location,
     decode_arrow_schema,
     parse_partition_field,
 )
-from coordinator_service.table_identifiers import parse_table_identifier
 
 
 @pytest.mark.parametrize(

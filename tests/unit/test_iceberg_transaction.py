@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 from pyiceberg.catalog.sql import SqlCatalog
 
-from coordinator_service.iceberg import MetadataOnceTransaction
+from coordinator_service.tables.iceberg import MetadataOnceTransaction
 
 
 def test_the_metadata_is_computed_again_only_when_the_transaction_changes(tmp_path: Path) -> None:

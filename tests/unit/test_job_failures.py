@@ -9,7 +9,7 @@ import grpc
 import pytest
 from pyspark.errors import PySparkException
 
-from coordinator_service.client import CoordinatorRpcError
+from coordinator_service.contract.client import CoordinatorRpcError
 from spark_writer.job_failures import EXIT_CODES, MAX_CAUSE_CHARS, ExitCode, JobFailure, failure_of, one_line
 from spark_writer.kafka_data_loss import DataLossError
 from spark_writer.kafka_records import ON_BAD_RECORD_HINT, BadRecordError

@@ -8,7 +8,7 @@ import json
 import pyarrow as pa
 import pytest
 
-from coordinator_service.source_positions import END_OFFSETS, VALID_THROUGH_MS, check_positions
+from coordinator_service.contract.source_positions import END_OFFSETS, VALID_THROUGH_MS, check_positions
 from spark_writer.kafka_arrow import KAFKA_ARROW_SCHEMA
 from spark_writer.kafka_positions import (
     MAX_END_OFFSETS_CHARS,

@@ -1,5 +1,5 @@
-"""The one name policy (coordinator_service.table_identifiers), fuzzed: on the coordinator's side against where a
-catalog puts a table, on the writer's side through the routes a record's value takes."""
+"""The one name policy (coordinator_service.contract.table_identifiers), fuzzed: on the coordinator's side against
+where a catalog puts a table, on the writer's side through the routes a record's value takes."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyiceberg.catalog.sql import SqlCatalog
 
-from coordinator_service.errors import InvalidArgument
-from coordinator_service.table_identifiers import (
+from coordinator_service.contract.errors import InvalidArgument
+from coordinator_service.contract.table_identifiers import (
     check_sink_name,
     check_table_identifier,
     sink_name_problem,

@@ -13,9 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile
 
-from coordinator_service.client import MAX_FOOTER_BYTES_PER_PRECOMMIT, PreCommitFile, _data_files
-from coordinator_service.errors import InvalidArgument
-from coordinator_service.precommit_files import MAX_CONCURRENT_FILE_CHECKS, FileChecks, FileFacts, check_facts
+from coordinator_service.contract.client import MAX_FOOTER_BYTES_PER_PRECOMMIT, PreCommitFile, _data_files
+from coordinator_service.contract.errors import InvalidArgument
+from coordinator_service.tables.precommit_files import MAX_CONCURRENT_FILE_CHECKS, FileChecks, FileFacts, check_facts
 
 
 def parquet_bytes(rows: int) -> bytes:

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from coordinator_service.precommit_metadata import (
+from coordinator_service.log.precommit_metadata import (
     DataFileEntry,
     MetadataDecodeError,
     PreCommitMetadata,

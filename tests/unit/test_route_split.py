@@ -175,7 +175,7 @@ def test_a_task_without_routes_names_no_table(tmp_path: Path) -> None:
     assert result.column("unrouted").to_pylist() == [None]
 
 
-# Route values a table identifier may not be (the name policy, coordinator_service.table_identifiers).
+# Route values a table identifier may not be (the name policy, coordinator_service.contract.table_identifiers).
 OUTSIDE_THE_POLICY = (
     "shop.orders/data",  # inside shop.orders' own directory
     "shop/x.orders",

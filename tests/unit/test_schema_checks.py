@@ -9,8 +9,8 @@ import pytest
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine
 
-from coordinator_service import schema
-from coordinator_service.errors import SchemaNotCurrent
+from coordinator_service.contract.errors import SchemaNotCurrent
+from coordinator_service.log import schema
 
 
 def test_repeated_schema_checks_read_the_migration_scripts_once(monkeypatch: pytest.MonkeyPatch) -> None:

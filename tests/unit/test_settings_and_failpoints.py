@@ -12,8 +12,8 @@ from pydantic import ValidationError
 from typer.testing import CliRunner, Result
 
 from coordinator_service import app, cli, failpoints
+from coordinator_service.contract.logs import LogLevel
 from coordinator_service.failpoints import Action, Failpoint, FailpointError
-from coordinator_service.logs import LogLevel
 from coordinator_service.settings import MaintenancePolicy, Settings
 
 

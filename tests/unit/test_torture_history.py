@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 
-from coordinator_service import precommit_metadata
-from coordinator_service.precommit_metadata import DataFileEntry, PreCommitMetadata
+from coordinator_service.log import precommit_metadata
+from coordinator_service.log.precommit_metadata import DataFileEntry, PreCommitMetadata
 from tests.torture.checks import read_history
 
 

@@ -1,4 +1,5 @@
-"""Where the tables' files live as the settings say, and when `serve` refuses it (coordinator_service.warehouse)."""
+"""Where the tables' files live as the settings say, and when `serve` refuses it
+(coordinator_service.tables.warehouse)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from coordinator_service.settings import Settings
-from coordinator_service.warehouse import listens_beyond_loopback, local_warehouse, serving_refusal, writability
+from coordinator_service.tables.warehouse import listens_beyond_loopback, local_warehouse, serving_refusal, writability
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
-"""The views (coordinator_service.views) on every surface: each field of each view, whatever its type, crosses the
-gRPC wire (coordinator_service.wire) and reaches the admin API's responses.
+"""The views (coordinator_service.contract.views) on every surface: each field of each view, whatever its type, crosses
+the gRPC wire (coordinator_service.contract.wire) and reaches the admin API's responses.
 
 The samples are built from the views' own type hints, so a field added to a view is covered here without a new
 test: it fails until the field has its field in the proto message (and, for an epoch, its column).
@@ -19,11 +19,10 @@ import pytest
 from google.protobuf.message import Message
 from pydantic import TypeAdapter
 
-from coordinator_service.admin_schemas import EpochResponse, SinkResponse
-from coordinator_service.client import PreCommitFile, _data_files
-from coordinator_service.models import AbortCause, PendingSinkState
-from coordinator_service.rpc import sink_coordinator_pb2 as pb
-from coordinator_service.views import (
+from coordinator_service.admin.schemas import EpochResponse, SinkResponse
+from coordinator_service.contract.client import PreCommitFile, _data_files
+from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
+from coordinator_service.contract.views import (
     CheckpointResult,
     EpochStatus,
     EpochView,
@@ -37,7 +36,8 @@ from coordinator_service.views import (
     TablesEnsured,
     from_attributes,
 )
-from coordinator_service.wire import from_message, to_message
+from coordinator_service.contract.wire import from_message, to_message
+from coordinator_service.log.models import AbortCause, PendingSinkState
 
 # Every view the gRPC server sends, with its message.
 ANSWERS: list[tuple[type[Any], type[Message]]] = [

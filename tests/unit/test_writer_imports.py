@@ -40,18 +40,18 @@ SERVER_MODULES = (
 # The modules of coordinator_service the writer may import: they import only the base dependencies.
 SHARED_MODULES = (
     "coordinator_service",
-    "coordinator_service.client",
-    "coordinator_service.errors",
-    "coordinator_service.flag_values",
-    "coordinator_service.logs",
-    "coordinator_service.partition_syntax",
-    "coordinator_service.rpc",
-    "coordinator_service.rpc.sink_coordinator_pb2",
-    "coordinator_service.rpc.sink_coordinator_pb2_grpc",
-    "coordinator_service.source_positions",
-    "coordinator_service.table_identifiers",
-    "coordinator_service.views",
-    "coordinator_service.wire",
+    "coordinator_service.contract.client",
+    "coordinator_service.contract.errors",
+    "coordinator_service.contract.flag_values",
+    "coordinator_service.contract.logs",
+    "coordinator_service.contract.partition_syntax",
+    "coordinator_service.contract.rpc",
+    "coordinator_service.contract.rpc.sink_coordinator_pb2",
+    "coordinator_service.contract.rpc.sink_coordinator_pb2_grpc",
+    "coordinator_service.contract.source_positions",
+    "coordinator_service.contract.table_identifiers",
+    "coordinator_service.contract.views",
+    "coordinator_service.contract.wire",
 )
 SERVER_DISTRIBUTIONS = frozenset(
     canonicalize_name(name)
@@ -123,7 +123,7 @@ import spark_writer.job
 import spark_writer.kafka_records
 import spark_writer.listener
 import spark_writer.session
-from coordinator_service.client import CoordinatorClient
+from coordinator_service.contract.client import CoordinatorClient
 from spark_writer.job import KafkaSettings, ParseSettings, SinkSettings, app
 from spark_writer.kafka_options import parse_options
 from spark_writer.parquet_writer import DataFileTarget, task_writer

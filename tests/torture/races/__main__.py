@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from coordinator_service.embedded import start_embedded_postgres, stop_embedded_postgres
+from coordinator_service.log.embedded import start_embedded_postgres, stop_embedded_postgres
 from tests.torture.races import KINDS
 from tests.torture.races.report import write_section
 from tests.torture.races.run import race

@@ -30,14 +30,14 @@ from pydantic import SecretStr
 from pyiceberg.catalog import Catalog, load_catalog
 
 from coordinator_service import metrics
-from coordinator_service.database import libpq_url, normalize_url
-from coordinator_service.errors import CoordinatorError
-from coordinator_service.operations import Operations, Operator
-from coordinator_service.protocol import PreCommitRequest, TableRequest
+from coordinator_service.contract.errors import CoordinatorError
+from coordinator_service.contract.views import PreCommitOutcome
+from coordinator_service.engine.operations import Operations, Operator
+from coordinator_service.engine.protocol import PreCommitRequest, TableRequest
+from coordinator_service.log.database import libpq_url, normalize_url
 from coordinator_service.runtime import Runtime, migrate
 from coordinator_service.settings import Settings
-from coordinator_service.table_maintenance import live_files
-from coordinator_service.views import PreCommitOutcome
+from coordinator_service.tables.table_maintenance import live_files
 
 ORDERS = pa.schema(
     [

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from coordinator_service.errors import CoordinatorError
-from coordinator_service.protocol import PreCommitRequest
+from coordinator_service.contract.errors import CoordinatorError
+from coordinator_service.engine.protocol import PreCommitRequest
 from tests.torture.races.harness import OWN, SINK, RaceRun, age
 
 SETTINGS: dict[str, Any] = {"orphan_grace_seconds": 1.0, "orphan_sweep_interval_seconds": 1.0}

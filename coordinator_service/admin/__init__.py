@@ -1,0 +1,1 @@
+"""The admin API and the console (FastAPI): routes, authentication, schemas, pages."""

@@ -1,0 +1,157 @@
+"""The routes for probes and Prometheus: /healthz, /readyz (open) and /metrics (open, or behind the metrics token:
+coordinator_service.admin.http_gate).
+
+Anyone may ask /readyz and /metrics as often as they like: concurrent asks share one computation, and a scrape
+is answered from one at most METRICS_CACHE_SECONDS old (coordinator_service.admin.shared_answer)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import structlog
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from coordinator_service import metrics
+from coordinator_service.admin.deps import OperationsDep, RuntimeDep
+from coordinator_service.admin.shared_answer import SharedAnswer
+from coordinator_service.contract.errors import CoordinatorError, SchemaNotCurrent, cause
+from coordinator_service.engine.operations import Operations
+from coordinator_service.log.database import Database, within
+from coordinator_service.log.schema import require_current_schema
+from coordinator_service.runtime import Runtime
+from coordinator_service.tables.warehouse import local_warehouse, writability
+
+log = structlog.get_logger(__name__)
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/metrics", response_class=Response)
+async def prometheus_metrics(request: Request, operations: OperationsDep) -> Response:
+    """Prometheus metrics; the per-sink gauges are read from the metastore (at most METRICS_CACHE_SECONDS ago)."""
+    shared: SharedAnswer[bytes] = request.app.state.metrics_answer
+    body = await shared.get(lambda: _scrape(operations, request.app.state.runtime.database))
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
+async def _scrape(operations: Operations, database: Database) -> bytes:
+    gauges: list[metrics.SinkGauges] | None
+    try:
+        database.check_answering()  # a scrape never waits on a metastore that does not answer
+        gauges = [
+            metrics.SinkGauges(
+                sink=overview.sink.name,
+                pending=overview.counts.pending,
+                aborted=overview.counts.aborted,
+                oldest_pending_age_seconds=overview.counts.oldest_pending_age_seconds,
+                retrying=overview.health is not None and overview.health.retrying,
+                stuck=overview.health is not None and overview.health.stuck is not None,
+                suspended=overview.sink.suspended_reason is not None,
+                tables=[
+                    metrics.TableGauges(
+                        table=table.table,
+                        committed_epoch=table.committed_epoch,
+                        retrying=overview.health is not None and table.table in overview.health.failing_tables,
+                    )
+                    for table in overview.tables
+                ],
+                stalled=overview.stalled is not None,
+                writer_last_call_age_seconds=overview.counts.writer_last_call_age_seconds,
+            )
+            for overview in await operations.sinks()
+        ]
+    except CoordinatorError as error:
+        log.warning("metrics scrape could not read the metastore", error=error.message)
+        gauges = None
+    # Rendering every label of every metric takes tens of milliseconds with many sinks: not on the loop that
+    # answers the writers.
+    return await asyncio.to_thread(metrics.exposition, gauges)
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    """The process is alive."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+async def readyz(request: Request, runtime: RuntimeDep) -> JSONResponse:
+    """PostgreSQL and the catalog are reachable, the metastore schema is current, and a warehouse on this machine
+    is there and writable. Each check says what is wrong in words an operator acts on; the error itself (its SQL,
+    parameters, driver text) goes to the log."""
+    shared: SharedAnswer[dict[str, str]] = request.app.state.readiness_answer
+    checks = await shared.get(lambda: _readiness(runtime))
+    ready = all(value.startswith("ok") for value in checks.values())
+    return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
+
+
+async def _readiness(runtime: Runtime) -> dict[str, str]:
+    """Each dependency's state. A dependency every replica shares (the metastore, the catalog) makes this replica
+    unready only once it has failed for READINESS_DEPENDENCY_GRACE_SECONDS: a blip must not take every replica out
+    of the Service at once (writers would get refused connections instead of quick UNAVAILABLE answers)."""
+    silent = runtime.database.silent_seconds
+    if silent > 0:
+        metastore = f"not answering for {silent:.0f} s: see the coordinator's log"
+    else:
+        metastore = await _metastore(runtime)
+    return {
+        "metastore": _within_grace(runtime, "metastore", metastore),
+        "catalog": _within_grace(runtime, "catalog", await _catalog(runtime)),
+        **_warehouse_check(runtime),
+    }
+
+
+def _within_grace(runtime: Runtime, dependency: str, state: str) -> str:
+    """`state` as readiness reports it: a failure younger than the grace still counts as ok, and says so. A schema
+    this release cannot run on is never within a grace."""
+    failing = runtime.dependencies_failing_since
+    if state == "ok":
+        failing.pop(dependency, None)
+        return state
+    since = failing.setdefault(dependency, time.monotonic())
+    grace = runtime.settings.readiness_dependency_grace_seconds
+    if state.startswith("schema") or time.monotonic() - since > grace:
+        return state
+    return f"ok ({state}; unready after {grace:g} s of it)"
+
+
+async def _catalog(runtime: Runtime) -> str:
+    try:
+        await within(
+            runtime.settings.metastore_stall_seconds * 2, asyncio.to_thread(runtime.tables.catalog.list_namespaces)
+        )
+    except TimeoutError:
+        return "not answering: see the coordinator's log"
+    except Exception as error:
+        log.warning("readiness: the catalog failed", error=cause(error), error_type=type(error).__name__)
+        return "unreachable: see the coordinator's log"
+    return "ok"
+
+
+async def _metastore(runtime: Runtime) -> str:
+    """The metastore's readiness: it answers, within the stall time, on a schema this release runs on."""
+
+    async def check() -> None:
+        async with runtime.database.connection() as connection:
+            await connection.run_sync(require_current_schema)
+
+    try:
+        await within(runtime.settings.metastore_stall_seconds * 2, check())
+    except SchemaNotCurrent:
+        return "schema not current: run `sink-coordinator migrate` with this release"
+    except TimeoutError:
+        return "not answering: see the coordinator's log"
+    except Exception as error:
+        log.warning("readiness: the metastore failed", error=cause(error))
+        return "unreachable: see the coordinator's log"
+    return "ok"
+
+
+def _warehouse_check(runtime: Runtime) -> dict[str, str]:
+    """A warehouse on this machine's file system is there and writable (coordinator_service.tables.warehouse); one
+    elsewhere is the catalog's and its storage's business (no check)."""
+    directory = local_warehouse(runtime.settings)
+    return {} if directory is None else {"warehouse": writability(directory)}

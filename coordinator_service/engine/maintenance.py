@@ -1,0 +1,357 @@
+"""Table maintenance run by the coordinator, in step with the sink's commits.
+
+A sink's tables (its own and, with fan-out, the others it writes) are
+maintained every MAINTENANCE_INTERVAL_SECONDS (and when an operator asks), one
+after the other, under the sink's commit lock, so never while the sink's own
+append runs; against any other writer of the table the commits are optimistic
+(a conflict fails the run, and the next run plans again on a fresh load). A run:
+
+1. expires the snapshots older than SNAPSHOT_MAX_AGE_SECONDS or beyond the
+   newest SNAPSHOT_MAX_COUNT, except branch and tag heads and every snapshot
+   whose marker the recovery walk may still need (a sink's marker above the
+   newest epoch of that sink the log records the table holds), then deletes
+   the files only the expired snapshots referenced;
+2. compacts the small files of each partition (smaller than 3/4 of
+   COMPACTION_TARGET_FILE_BYTES, at least COMPACTION_MIN_FILES of them, at most
+   COMPACTION_MAX_BYTES_PER_RUN in all) into a `replace` snapshot with the same
+   rows; a file that a non-COMMITTED epoch holds is never compacted;
+3. every ORPHAN_SWEEP_INTERVAL_SECONDS, deletes the files under the table's
+   data and metadata directories that no snapshot references and no log row
+   holds, once they are older than ORPHAN_GRACE_SECONDS (at most
+   ORPHAN_MAX_FILES_PER_RUN of them).
+
+Manifests are merged by the commits themselves (the committer sets the table
+properties of manifest merging; see IcebergGateway.append). Every step that
+deletes files verifies the commit lock right before it (coordinator_service.
+commit_lock). A run is recorded in maintenance_runs, counted in metrics, and
+its failure never stops the sink's commits; a table that fails does not keep
+the run from the sink's other tables (the run is recorded failed, naming it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+
+import structlog
+from pydantic import ValidationError
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.table import Table
+
+from coordinator_service import failpoints, metrics
+from coordinator_service.contract.errors import CommitLockLost, NotFound, cause
+from coordinator_service.engine import settlement
+from coordinator_service.engine.committer import Committer
+from coordinator_service.engine.file_deletion import FileDeleter, nested_table_roots
+from coordinator_service.failpoints import Failpoint
+from coordinator_service.log import commit_lock, path_claims, repository
+from coordinator_service.log.commit_lock import CommitLock
+from coordinator_service.log.database import Database
+from coordinator_service.log.models import MaintenanceRun, Sink
+from coordinator_service.log.path_claims import MarkRule
+from coordinator_service.settings import MaintenancePolicy, Settings
+from coordinator_service.tables import table_maintenance as tm
+from coordinator_service.tables.catalog_calls import in_catalog
+from coordinator_service.tables.iceberg import MARKER_EPOCH, IcebergGateway
+
+log = structlog.get_logger(__name__)
+
+# Runs kept in maintenance_runs per sink.
+RUNS_KEPT = 100
+# Orphan files deleted between two verifications of the commit lock.
+ORPHAN_DELETE_BATCH = 100
+SCHEDULE = "schedule"
+OPERATOR = "operator"
+# A commit took a table past a bound (coordinator_service.engine.committer, _check_thresholds).
+THRESHOLD = "threshold"
+
+
+def policy_of(settings: Settings, sink: Sink) -> MaintenancePolicy:
+    return settings.with_overrides(sink.maintenance_overrides)
+
+
+def protected_by_markers(table: Table, sinks: Sequence[tuple[Sink, int]]) -> set[int]:
+    """Snapshots whose marker the recovery walk may still need: a sink's own marker above the newest epoch of the
+    sink the log records this table holds (an append whose record has not happened yet)."""
+    identities = [(settlement.identity_of(sink), committed_epoch) for sink, committed_epoch in sinks]
+    protected = set()
+    for snapshot in table.metadata.snapshots:
+        if snapshot.summary is None:
+            continue
+        for identity, committed_epoch in identities:
+            if identity.owns(snapshot.summary) and int(str(snapshot.summary.get(MARKER_EPOCH))) > committed_epoch:
+                protected.add(snapshot.snapshot_id)
+    return protected
+
+
+class Maintainer:
+    """Runs every sink's table maintenance when it is due (the scheduled runs one at a time in this process;
+    an operator's run at once, the sink's commit lock keeping it apart from anything else on the sink)."""
+
+    def __init__(
+        self,
+        database: Database,
+        tables: IcebergGateway,
+        committer: Committer,
+        deleter: FileDeleter,
+        settings: Settings,
+    ) -> None:
+        self.database = database
+        self.tables = tables
+        self.committer = committer
+        self.deleter = deleter
+        self.settings = settings
+        self._task: asyncio.Task[None] | None = None
+        # Sinks whose commits took a table past a threshold: maintained at the next round, whatever the clock.
+        self._wanted: set[int] = set()
+        self._wake = asyncio.Event()
+        committer.maintenance_wanted = self.want
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._schedule_forever(), name="table-maintenance")
+
+    def want(self, sink_id: int) -> None:
+        """A commit took one of the sink's tables past a threshold (the committer calls it)."""
+        self._wanted.add(sink_id)
+        self._wake.set()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _schedule_forever(self) -> None:
+        while True:
+            try:
+                due = await self._due()
+            except Exception as error:
+                log.warning("table maintenance could not look for due sinks; will try again", error=cause(error))
+                due = []
+            wanted, self._wanted = self._wanted, set()
+            runs = [(sink_id, THRESHOLD) for sink_id in sorted(wanted)]
+            runs += [(sink_id, SCHEDULE) for sink_id in due if sink_id not in wanted]
+            # Up to MAINTENANCE_CONCURRENCY sinks at a time: one slow table does not hold the others' runs back.
+            slots = asyncio.Semaphore(self.settings.maintenance_concurrency)
+            await asyncio.gather(*(self._run_when_free(sink_id, trigger, slots) for sink_id, trigger in runs))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.settings.poll_interval_seconds)
+            self._wake.clear()
+
+    async def _run_when_free(self, sink_id: int, trigger: str, slots: asyncio.Semaphore) -> None:
+        """The sink's run, if its commit lock is free; one sink's failure (its table, its stored overrides,
+        anything) never keeps the others from theirs."""
+        async with slots:
+            try:
+                async with commit_lock.try_holding(self.database, sink_id) as lock:
+                    if lock is not None:
+                        await self._run(sink_id, trigger, lock)
+                    elif trigger == THRESHOLD:
+                        self._wanted.add(sink_id)  # its committer is at work: the next round
+            except Exception as error:
+                log.warning("table maintenance of a sink failed; will try again", sink_id=sink_id, error=cause(error))
+
+    async def _due(self) -> list[int]:
+        """The sinks whose scheduled run is due; how far behind the most overdue one is goes to a gauge (a process
+        whose MAINTENANCE_CONCURRENCY cannot keep up with its sinks falls behind: a metric and an alert say so)."""
+        now = datetime.now(UTC)
+        behind = 0.0
+        async with self.database.transaction() as session:
+            candidates = await repository.maintenance_candidates(session)
+        due = []
+        for sink, last_run, _ in candidates:
+            try:
+                policy = policy_of(self.settings, sink)
+            except ValidationError as error:
+                # Stored behind the API's back (an older release, a hand edit): this sink waits for an operator.
+                log.error(
+                    "a sink's maintenance overrides are out of range; its maintenance waits until an operator sets "
+                    "them again (PUT /api/v1/sinks/<name>/maintenance)",
+                    sink=sink.name,
+                    error=cause(error),
+                )
+                continue
+            interval = timedelta(seconds=policy.maintenance_interval_seconds)
+            # A new sink's first run comes one interval after its creation.
+            if policy.maintenance_enabled and now - (last_run or sink.created_at) >= interval:
+                due.append(sink.id)
+                behind = max(behind, (now - (last_run or sink.created_at) - interval).total_seconds())
+        metrics.MAINTENANCE_BEHIND_SECONDS.set(behind)
+        metrics.MAINTENANCE_DUE_SINKS.set(len(due))
+        return due
+
+    async def run_now(self, sink_id: int) -> MaintenanceRun:
+        """An operator's run: every step, the orphan sweep included, waiting for the commit lock (Unavailable
+        after ADMIN_LOCK_TIMEOUT_SECONDS, nothing done)."""
+        async with commit_lock.holding(
+            self.database, sink_id, self.settings.admin_lock_timeout_seconds, "maintenance"
+        ) as lock:
+            return await self._run(sink_id, OPERATOR, lock)
+
+    async def _run(self, sink_id: int, trigger: str, lock: CommitLock) -> MaintenanceRun:
+        async with self.database.transaction() as session:
+            sink = await repository.sink_by_id(session, sink_id)
+            if sink is None:
+                raise NotFound(f"sink id {sink_id} no longer exists")
+            last_sweep = await repository.last_sweep_at(session, sink_id)
+            run = await repository.start_maintenance_run(session, sink_id, trigger)
+            tables = [table.table for table in await repository.tables_of_sink(session, sink_id)]
+        policy = policy_of(self.settings, sink)
+        started = time.monotonic()
+        log_ = log.bind(sink=sink.name, trigger=trigger)
+        interval = timedelta(seconds=policy.orphan_sweep_interval_seconds)
+        sweep = trigger == OPERATOR or last_sweep is None or datetime.now(UTC) - last_sweep >= interval
+        errors: list[str] = []
+        try:
+            for table in tables:
+                try:
+                    await self._expire(sink, table, policy, lock, run)
+                    await self._compact(sink, table, policy, lock, run)
+                    if sweep:
+                        await self._sweep(sink, table, policy, lock, run)
+                except Exception as error:
+                    errors.append(f"table {table}: {type(error).__name__}: {cause(error)}")
+                    log_.warning("table maintenance failed; the next run plans again", table=table, error=errors[-1])
+                    if isinstance(error, CommitLockLost):
+                        break  # nothing more without the lock
+            run.outcome = "failed" if errors else "ok"
+            run.error = "; ".join(errors) or None
+        finally:
+            async with self.database.transaction() as session:
+                await repository.finish_maintenance_run(session, run, RUNS_KEPT)
+            metrics.record_maintenance(sink.name, run, time.monotonic() - started)
+            self.committer.wake(sink_id)  # commits waited for the lock meanwhile
+        if run.outcome == "ok":
+            log_.info(
+                "table maintained",
+                snapshots_expired=run.snapshots_expired,
+                expired_files_deleted=run.expired_files_deleted,
+                files_compacted=run.files_compacted,
+                files_written=run.files_written,
+                bytes_rewritten=run.bytes_rewritten,
+                swept=run.swept,
+                orphans_deleted=run.orphans_deleted,
+                seconds=round(time.monotonic() - started, 3),
+            )
+        return run
+
+    async def _expire(
+        self, sink: Sink, identifier: str, policy: MaintenancePolicy, lock: CommitLock, run: MaintenanceRun
+    ) -> None:
+        table = await in_catalog(self.tables.load, identifier)
+        retention = tm.retention_of(table, int(policy.snapshot_max_age_seconds * 1000), policy.snapshot_max_count)
+        if not retention.gc_enabled:
+            return  # the table's owners said so (gc.enabled=false)
+        async with self.database.transaction() as session:
+            sinks = await repository.sinks_of_table(session, identifier)
+        keep = tm.protected_by_refs(table) | protected_by_markers(table, sinks)
+        expired = tm.snapshots_to_expire(
+            table.metadata.snapshots,
+            now_ms=int(time.time() * 1000),
+            max_age_ms=retention.max_age_ms,
+            max_count=retention.max_count,
+            keep=keep,
+        )
+        if not expired:
+            return
+        await lock.verify()
+        committed, gone = await in_catalog(tm.expire, table, expired)
+        self.tables.remember(identifier, committed)
+        run.snapshots_expired += len(expired)
+        await failpoints.hit(Failpoint.MAINTENANCE_AFTER_EXPIRE)
+        # Files nothing claims, or that COMMITTED epochs held (never a file an epoch that is not COMMITTED holds:
+        # only a lost commit lock could have put one there), that no snapshot left reaches.
+        deletion = await self.deleter.delete(
+            sink.name, sink.id, lock, [identifier], sorted(gone.all()), MarkRule.EXPIRED, metadata_files=True
+        )
+        run.expired_files_deleted += len(deletion.deleted)
+
+    async def _compact(
+        self, sink: Sink, identifier: str, policy: MaintenancePolicy, lock: CommitLock, run: MaintenanceRun
+    ) -> None:
+        table = await in_catalog(self.tables.load, identifier)
+        files = await asyncio.to_thread(tm.live_files, table)
+        small = [tm.as_small_file(data_file) for data_file in files.data]
+        async with self.database.transaction() as session:
+            held = await path_claims.unsettled(session, [file.path for file in small])
+        # A partition with delete files (another engine's position or equality deletes): the coordinator does not
+        # apply them yet, and rewriting its files without them would bring deleted rows back.
+        with_deletes = files.partitions_with_deletes()
+        if with_deletes:
+            log.info(
+                "compaction leaves alone the partitions that have delete files",
+                sink=sink.name,
+                table=identifier,
+                partitions=len(with_deletes),
+            )
+        groups = tm.compaction_groups(
+            [file for file in small if file.path not in held and (file.spec_id, file.partition) not in with_deletes],
+            target_bytes=policy.compaction_target_file_bytes,
+            min_files=policy.compaction_min_files,
+            max_bytes=policy.compaction_max_bytes_per_run,
+            spec_id=table.metadata.default_spec_id,
+        )
+        if not groups:
+            return
+        replaced, written = await in_catalog(tm.write_compacted, table, groups, policy.compaction_target_file_bytes)
+        await failpoints.hit(Failpoint.MAINTENANCE_BEFORE_COMPACTION_COMMIT)
+        try:
+            committed = await asyncio.to_thread(tm.commit_compaction, table, replaced, written)
+        except CommitFailedException:
+            # The commit did not happen (a conflict): the files written are nobody's.
+            await self.deleter.delete(
+                sink.name, sink.id, lock, [identifier], [f.file_path for f in written], MarkRule.UNCLAIMED
+            )
+            raise
+        self.tables.remember(identifier, committed)
+        await failpoints.hit(Failpoint.MAINTENANCE_AFTER_COMPACTION_COMMIT)
+        run.files_compacted += len(replaced)
+        run.files_written += len(written)
+        run.bytes_rewritten += sum(data_file.file_size_in_bytes for data_file in replaced)
+
+    async def _sweep(
+        self, sink: Sink, identifier: str, policy: MaintenancePolicy, lock: CommitLock, run: MaintenanceRun
+    ) -> None:
+        table = await in_catalog(self.tables.load, identifier)
+        if not tm.retention_of(table, 0, 0).gc_enabled:
+            return
+        # A sink's override can only lengthen the grace: pre-commits refuse files older than the coordinator's.
+        grace = max(policy.orphan_grace_seconds, self.settings.orphan_grace_seconds)
+        candidates = await in_catalog(_unreferenced_files, table, grace)
+        run.swept = True
+        deletion = await self.deleter.delete(
+            sink.name,
+            sink.id,
+            lock,
+            [identifier],
+            [file.uri for file in candidates][: policy.orphan_max_files_per_run],
+            MarkRule.UNCLAIMED,
+            metadata_files=True,
+            batch=ORPHAN_DELETE_BATCH,
+            after_batch=lambda: failpoints.hit(Failpoint.MAINTENANCE_DURING_SWEEP),
+        )
+        run.orphans_deleted += len(deletion.deleted)
+
+
+def _unreferenced_files(table: Table, grace_seconds: float) -> list[tm.StoredFile]:
+    """Files under the table's data and metadata directories that no snapshot references and that are older
+    than the grace (data files, manifests and manifest lists, metadata files no longer in the metadata log),
+    never one under another table's location nested in this one's (its sweep is that table's)."""
+    referenced = tm.referenced_files(table)
+    oldest = (time.time() - grace_seconds) * 1000
+    roots = tm.storage_roots(table)
+    stored = tm.stored_files(table, roots.data) + tm.stored_files(table, roots.metadata)
+    nested = nested_table_roots(roots.location, (file.uri for file in stored))
+    return sorted(
+        (
+            file
+            for file in stored
+            if tm.same_file(file.uri) not in referenced
+            and file.modified_ms < oldest
+            and file.uri.endswith((".parquet", ".avro", ".metadata.json"))
+            and not any(file.uri.startswith(root + "/") for root in nested)
+        ),
+        key=lambda file: file.modified_ms,
+    )

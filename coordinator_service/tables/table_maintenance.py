@@ -1,0 +1,361 @@
+"""Keeping an Iceberg table healthy, on pyiceberg; blocking (the caller runs it in worker threads).
+
+Snapshot expiration that also deletes the files only the expired snapshots referenced, small-file
+compaction as a `replace` snapshot (the rows stay exactly the same), and the files under the table's
+location that nothing references. What may be expired, rewritten or deleted is the caller's decision
+(coordinator_service.engine.maintenance): it knows the commit log, the table does not.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import OrderedDict, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from urllib.parse import urlparse
+
+from pyiceberg.expressions import AlwaysTrue
+from pyiceberg.io import FileIO
+from pyiceberg.io.pyarrow import ArrowScan, _dataframe_to_data_files
+from pyiceberg.manifest import DataFile, DataFileContent, ManifestFile
+from pyiceberg.table import FileScanTask, Table, TableProperties
+from pyiceberg.table.snapshots import Operation, Snapshot, Summary
+from pyiceberg.table.update.snapshot import ExpireSnapshots, _OverwriteFiles
+from pyiceberg.typedef import EMPTY_DICT
+
+from coordinator_service.tables.file_listing import listed_files
+from coordinator_service.tables.iceberg import without_retries
+
+# Files smaller than this share of the target size are compacted (Iceberg's rewrite default, 75 %).
+SMALL_FILE_SHARE = 0.75
+# The summary property of the coordinator's compaction snapshots (they carry no sink marker).
+COMPACTION_MARKER = "sink-coordinator.maintenance"
+
+
+@dataclass
+class Reachable:
+    """The files a set of snapshots reaches: manifest lists, manifests and live data files."""
+
+    manifest_lists: set[str] = field(default_factory=set)
+    manifests: set[str] = field(default_factory=set)
+    data_files: set[str] = field(default_factory=set)
+
+    def __sub__(self, other: Reachable) -> Reachable:
+        return Reachable(
+            self.manifest_lists - other.manifest_lists,
+            self.manifests - other.manifests,
+            self.data_files - other.data_files,
+        )
+
+    def all(self) -> set[str]:
+        return self.manifest_lists | self.manifests | self.data_files
+
+
+class _ManifestEntries:
+    """The live file paths of each manifest read, by manifest path: a manifest never changes once written, so a
+    table's reachable files are read again only where new manifests came (bounded, least recently used first)."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._paths: OrderedDict[str, frozenset[str]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def of(self, io: FileIO, manifest: ManifestFile) -> frozenset[str]:
+        with self._lock:
+            paths = self._paths.get(manifest.manifest_path)
+            if paths is not None:
+                self._paths.move_to_end(manifest.manifest_path)
+                return paths
+        paths = frozenset(
+            entry.data_file.file_path for entry in manifest.fetch_manifest_entry(io, discard_deleted=True)
+        )
+        with self._lock:
+            self._paths[manifest.manifest_path] = paths
+            while len(self._paths) > self._capacity:
+                self._paths.popitem(last=False)
+        return paths
+
+
+_MANIFEST_ENTRIES = _ManifestEntries(capacity=20_000)
+
+
+def reachable(io: FileIO, snapshots: Iterable[Snapshot]) -> Reachable:
+    """Every file the snapshots reference (data and delete files); each manifest is read once, however many
+    snapshots share it, and not again while it stays in the process's manifest cache."""
+    found = Reachable()
+    for snapshot in snapshots:
+        found.manifest_lists.add(snapshot.manifest_list)
+        for manifest in snapshot.manifests(io):
+            if manifest.manifest_path in found.manifests:
+                continue
+            found.manifests.add(manifest.manifest_path)
+            found.data_files.update(_MANIFEST_ENTRIES.of(io, manifest))
+    return found
+
+
+def referenced_files(table: Table) -> set[str]:
+    """Every file the table's metadata reaches, each in same_file's spelling: its metadata files (the current one and
+    those of its metadata log), statistics files, and every snapshot's manifest list, manifests, data and delete
+    files."""
+    files = reachable(table.io, table.metadata.snapshots).all() | metadata_files(table)
+    files.update(statistics.statistics_path for statistics in table.metadata.statistics)
+    files.update(statistics.statistics_path for statistics in table.metadata.partition_statistics)
+    return {same_file(uri) for uri in files}
+
+
+@dataclass(frozen=True)
+class StorageRoots:
+    """Where a table keeps its files: its location, its data files' directory and its metadata files' directory."""
+
+    location: str
+    data: str
+    metadata: str
+
+
+def storage_roots(table: Table) -> StorageRoots:
+    provider = table.location_provider()
+    return StorageRoots(table.location().rstrip("/"), provider.data_path, provider.metadata_path)
+
+
+def snapshots_to_expire(
+    snapshots: Sequence[Snapshot], *, now_ms: int, max_age_ms: int, max_count: int, keep: set[int]
+) -> list[int]:
+    """Snapshots older than max_age_ms, or beyond the newest max_count; never one in `keep`."""
+    newest_first = sorted(snapshots, key=lambda snapshot: snapshot.timestamp_ms, reverse=True)
+    return [
+        snapshot.snapshot_id
+        for rank, snapshot in enumerate(newest_first)
+        if snapshot.snapshot_id not in keep and (rank >= max_count or snapshot.timestamp_ms < now_ms - max_age_ms)
+    ]
+
+
+# The table's own retention properties (Iceberg's names): they win over the coordinator's settings for that table.
+MAX_SNAPSHOT_AGE_MS = "history.expire.max-snapshot-age-ms"
+MIN_SNAPSHOTS_TO_KEEP = "history.expire.min-snapshots-to-keep"
+GC_ENABLED = "gc.enabled"
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How long a table keeps its snapshots, and whether its files may be garbage-collected at all."""
+
+    max_age_ms: int
+    max_count: int
+    gc_enabled: bool
+
+
+def retention_of(table: Table, max_age_ms: int, max_count: int) -> Retention:
+    """The coordinator's retention (`max_age_ms`, `max_count`) where the table sets none of its own: the table's
+    max-snapshot-age replaces the age, its min-snapshots-to-keep raises the count, gc.enabled=false turns expiration
+    and the orphan sweep off (Iceberg's rules). A property that is not a number is ignored."""
+    properties = table.metadata.properties
+    age = _positive_int(properties.get(MAX_SNAPSHOT_AGE_MS))
+    keep = _positive_int(properties.get(MIN_SNAPSHOTS_TO_KEEP))
+    return Retention(
+        max_age_ms=max_age_ms if age is None else age,
+        max_count=max_count if keep is None else max(max_count, keep),
+        gc_enabled=properties.get(GC_ENABLED, "true").strip().lower() != "false",
+    )
+
+
+def _positive_int(value: str | None) -> int | None:
+    try:
+        number = int(value) if value is not None else None
+    except ValueError:
+        return None
+    return number if number is not None and number > 0 else None
+
+
+def protected_by_refs(table: Table) -> set[int]:
+    """Branch and tag heads: Iceberg never expires them."""
+    return {ref.snapshot_id for ref in table.metadata.refs.values()}
+
+
+def expire(table: Table, snapshot_ids: Sequence[int]) -> tuple[Table, Reachable]:
+    """Remove the snapshots from the table's metadata; return the committed table and the files that only
+    they referenced (for the caller to delete once the commit stands)."""
+    expired_ids = set(snapshot_ids) - protected_by_refs(table)
+    snapshots = table.metadata.snapshots
+    kept = reachable(table.io, (s for s in snapshots if s.snapshot_id not in expired_ids))
+    gone = reachable(table.io, (s for s in snapshots if s.snapshot_id in expired_ids)) - kept
+    transaction = without_retries(table).transaction()
+    ExpireSnapshots(transaction).by_ids(sorted(expired_ids)).commit()
+    return transaction.commit_transaction(), gone
+
+
+@dataclass(frozen=True)
+class SmallFile:
+    """What compaction planning needs of a live data file."""
+
+    path: str
+    size: int
+    spec_id: int
+    partition: tuple[object, ...]
+
+
+def compaction_groups(
+    files: Sequence[SmallFile], *, target_bytes: int, min_files: int, max_bytes: int, spec_id: int
+) -> list[list[SmallFile]]:
+    """Groups of small files of one partition of the current spec, each about target_bytes in all.
+
+    A partition is compacted only when it has at least min_files small files; groups of one file are
+    left alone; the groups together rewrite at most max_bytes (the largest partitions first).
+    """
+    limit = target_bytes * SMALL_FILE_SHARE
+    by_partition: dict[tuple[object, ...], list[SmallFile]] = defaultdict(list)
+    for small in files:
+        if small.spec_id == spec_id and small.size < limit:
+            by_partition[small.partition].append(small)
+    groups: list[list[SmallFile]] = []
+    budget = max_bytes
+    candidates = sorted(
+        (files for files in by_partition.values() if len(files) >= min_files),
+        key=lambda files: -sum(small.size for small in files),
+    )
+    for partition_files in candidates:
+        group: list[SmallFile] = []
+        size = 0
+        for small in sorted(partition_files, key=lambda small: (small.size, small.path)):
+            if small.size > budget:
+                break
+            group.append(small)
+            size += small.size
+            budget -= small.size
+            if size >= target_bytes:
+                groups.append(group)
+                group, size = [], 0
+        if len(group) > 1:
+            groups.append(group)
+        if budget <= 0:
+            break
+    return groups
+
+
+@dataclass(frozen=True)
+class LiveFiles:
+    """The current snapshot's live data files and delete files (position or equality)."""
+
+    data: list[DataFile]
+    deletes: list[DataFile]
+
+    def partitions_with_deletes(self) -> set[tuple[int, tuple[object, ...]]]:
+        """(spec id, partition) of every delete file; an unpartitioned spec's delete files apply to its whole table."""
+        return {(small.spec_id, small.partition) for small in map(as_small_file, self.deletes)}
+
+
+def live_files(table: Table) -> LiveFiles:
+    snapshot = table.current_snapshot()
+    if snapshot is None:
+        return LiveFiles([], [])
+    files = [
+        entry.data_file
+        for manifest in snapshot.manifests(table.io)
+        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
+    ]
+    return LiveFiles(
+        data=[file for file in files if file.content == DataFileContent.DATA],
+        deletes=[file for file in files if file.content != DataFileContent.DATA],
+    )
+
+
+def as_small_file(data_file: DataFile) -> SmallFile:
+    return SmallFile(
+        path=data_file.file_path,
+        size=data_file.file_size_in_bytes,
+        spec_id=data_file.spec_id,
+        partition=tuple(data_file.partition[index] for index in range(len(data_file.partition))),
+    )
+
+
+class _ReplaceFiles(_OverwriteFiles):
+    """A compaction's snapshot, with Iceberg's `replace` operation (no row changed), which incremental
+    readers skip. pyiceberg writes overwrites of files; its summaries do not know `replace`, so they are
+    computed as for the overwrite of the same files (the same figures) and then labelled `replace`."""
+
+    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
+        summary = super()._summary(snapshot_properties)
+        return Summary(Operation.REPLACE, **summary.additional_properties)
+
+
+def write_compacted(
+    table: Table, groups: Sequence[Sequence[SmallFile]], target_bytes: int
+) -> tuple[list[DataFile], list[DataFile]]:
+    """Rewrite each group into files of about target_bytes with pyiceberg's own writer (the table's schema with
+    its field ids, the partition, the statistics); return the files replaced and those written. Nothing is
+    committed: the files written are unreferenced until commit_compaction."""
+    by_path = {data_file.file_path: data_file for data_file in live_files(table).data}
+    table = without_retries(table)
+    table.metadata = table.metadata.model_copy(
+        update={
+            "properties": {**table.metadata.properties, TableProperties.WRITE_TARGET_FILE_SIZE_BYTES: str(target_bytes)}
+        }
+    )
+    replaced = [by_path[small.path] for group in groups for small in group]
+    written: list[DataFile] = []
+    scan = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue())
+    for group in groups:
+        rows = scan.to_table([FileScanTask(by_path[small.path]) for small in group])
+        written.extend(_dataframe_to_data_files(table.metadata, rows, table.io, write_uuid=uuid.uuid4()))
+    return replaced, written
+
+
+def commit_compaction(table: Table, replaced: Sequence[DataFile], written: Sequence[DataFile]) -> Table:
+    """One `replace` snapshot: the replaced files out, the written ones in (on the table they were planned on:
+    a commit in between fails this one, and the next run plans again)."""
+    transaction = without_retries(table).transaction()
+    producer = _ReplaceFiles(
+        operation=Operation.OVERWRITE,
+        transaction=transaction,
+        io=table.io,
+        snapshot_properties={COMPACTION_MARKER: "compaction"},
+    )
+    with producer as rewrite:
+        for data_file in replaced:
+            rewrite.delete_data_file(data_file)
+        for data_file in written:
+            rewrite.append_data_file(data_file)
+    return transaction.commit_transaction()
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    uri: str
+    modified_ms: int
+
+
+def stored_files(table: Table, directory: str) -> list[StoredFile]:
+    """Every file under a directory of the table's storage (a URI), with its modification time (object stores: the
+    upload's); symbolic links are neither listed nor followed."""
+    listed = listed_files(table.io, directory)
+    if listed is None:
+        raise NotImplementedError(f"listing files needs pyiceberg's PyArrowFileIO, the table uses {type(table.io)}")
+    return [
+        StoredFile(uri=uri, modified_ms=-(-file.mtime_ns // 1_000_000))  # never earlier than written
+        for uri, file in listed.items()
+        if file.mtime_ns is not None
+    ]
+
+
+def metadata_files(table: Table) -> set[str]:
+    """The table's current metadata file and those its metadata log still names."""
+    files = {entry.metadata_file for entry in table.metadata.metadata_log}
+    files.add(table.metadata_location)
+    return files
+
+
+def same_file(uri: str) -> str:
+    """One spelling per file for comparisons: file:/x, file:///x and /x are the same local file."""
+    parsed = urlparse(uri)
+    scheme = parsed.scheme or "file"
+    return f"{scheme}://{parsed.netloc}{parsed.path}"
+
+
+def table_properties_for(merge_min_count: int) -> Mapping[str, str]:
+    """What the coordinator sets on tables it maintains: commits merge manifests, and metadata files of
+    older versions go with the commit that supersedes them (Iceberg keeps previous-versions-max of them)."""
+    return {
+        TableProperties.MANIFEST_MERGE_ENABLED: "true",
+        TableProperties.MANIFEST_MIN_MERGE_COUNT: str(merge_min_count),
+        TableProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED: "true",
+    }
