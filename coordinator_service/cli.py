@@ -42,10 +42,10 @@ from coordinator_service.contract.errors import (
 )
 from coordinator_service.contract.flag_values import KEY_VALUE, SIZE, KeyValue, parse_key_value, parse_size
 from coordinator_service.contract.logs import LogFormat, LogLevel, configure_logging
-from coordinator_service.engine.writer_scopes import WriterScope
 from coordinator_service.log.embedded import embedded_postgres_installed
 from coordinator_service.settings import ENV_PREFIX, Settings
 from coordinator_service.tables.warehouse import serving_refusal
+from coordinator_service.writer_scopes import WriterScope
 
 if TYPE_CHECKING:  # the service's modules load in the commands that use them (see the module)
     from sqlalchemy.engine import URL

@@ -6,7 +6,7 @@ One interceptor, in this order:
    UNAUTHENTICATED before a byte of its request is read; only the health service's Check is open (a probe);
    Watch and reflection need a writer token like every other call;
 2. the request, decoded here: a request that does not decode is INVALID_ARGUMENT (grpc would say UNKNOWN);
-3. the scope (coordinator_service.engine.writer_scopes): the sink and every table the request names must be the
+3. the scope (coordinator_service.writer_scopes): the sink and every table the request names must be the
    credential's, else PERMISSION_DENIED; a method without a rule in TARGETS is refused, so a new call cannot
    slip through unscoped;
 4. a call that may add a sink or a table (RegisterWriter, EnsureTables) runs under the scope's admission
@@ -29,8 +29,8 @@ from coordinator_service import metrics
 from coordinator_service.contract.errors import CoordinatorError, PermissionDenied, cause
 from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.engine.writer_admission import Admission
-from coordinator_service.engine.writer_scopes import Credentials, Scope
 from coordinator_service.log.database import DATA_ERRORS, unstorable
+from coordinator_service.writer_scopes import Credentials, Scope
 
 log = structlog.get_logger(__name__)
 

@@ -18,12 +18,12 @@ from coordinator_service.contract.rpc import sink_coordinator_pb2_grpc as pb_grp
 from coordinator_service.contract.wire import to_message
 from coordinator_service.engine.protocol import Coordinator, PreCommitRequest, TableRequest
 from coordinator_service.engine.writer_admission import Admission
-from coordinator_service.engine.writer_scopes import Credentials
 from coordinator_service.grpc_gate import SERVICE_NAME, WriterGate
 from coordinator_service.listening import GRPC_EXCLUSIVE_PORT
 from coordinator_service.log.database import DATA_ERRORS, Database, unstorable
 from coordinator_service.settings import ENV_PREFIX, Settings
 from coordinator_service.tables.precommit_files import FileFacts
+from coordinator_service.writer_scopes import Credentials
 
 log = structlog.get_logger(__name__)
 

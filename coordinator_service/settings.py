@@ -23,7 +23,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from coordinator_service import failpoints
 from coordinator_service.contract.logs import LogFormat, LogLevel
-from coordinator_service.engine.writer_scopes import WriterScope, check_disjoint, check_scope_names
+from coordinator_service.writer_scopes import WriterScope, check_disjoint, check_scope_names
 
 ENV_PREFIX = "SINK_COORDINATOR_"
 # A token is a secret only if it cannot be guessed: at least this many characters, of the bearer-token alphabet

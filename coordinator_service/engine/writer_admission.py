@@ -5,7 +5,7 @@ sink's) runs holding the scope's admission lock, a PostgreSQL advisory lock take
 so that calls of one scope that create, on any replica, are counted one after the other:
 
 * quotas: the sinks the scope's patterns cover stay within max_sinks, the tables those sinks write within
-  max_tables (coordinator_service.engine.writer_scopes); QuotaExceeded (RESOURCE_EXHAUSTED) names the setting;
+  max_tables (coordinator_service.writer_scopes); QuotaExceeded (RESOURCE_EXHAUSTED) names the setting;
 * origin: a table no sink writes yet must be missing (the call creates it), the coordinator's, or adopted by
   an operator (coordinator_service.tables.table_origin); FailedPrecondition names the admin action.
 
@@ -26,13 +26,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from coordinator_service.contract.errors import InvalidArgument, QuotaExceeded, Unavailable
 from coordinator_service.contract.table_identifiers import check_sink_name, check_table_identifier
 from coordinator_service.engine.protocol import MAX_TABLES_PER_ENSURE
-from coordinator_service.engine.writer_scopes import OPEN, UNSCOPED, Scope
 from coordinator_service.log.database import Database
 from coordinator_service.log.models import Sink, WrittenTable
 from coordinator_service.settings import ENV_PREFIX
 from coordinator_service.tables import table_origin
 from coordinator_service.tables.catalog_calls import in_catalog
 from coordinator_service.tables.iceberg import IcebergGateway
+from coordinator_service.writer_scopes import OPEN, UNSCOPED, Scope
 
 # First key of the two-int advisory locks of scope admissions ("SW"); the commit locks use another.
 ADMISSION_LOCK_CLASS: Final = 0x5357

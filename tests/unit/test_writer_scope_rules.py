@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 from coordinator_service import app, cli
 from coordinator_service.contract.errors import MESSAGE_BYTES, PermissionDenied
 from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
-from coordinator_service.engine.writer_scopes import OPEN, UNSCOPED, Credentials, Scope, WriterScope, matches, overlap
 from coordinator_service.grpc_gate import SERVICE_NAME, TARGETS
 from coordinator_service.settings import Settings
+from coordinator_service.writer_scopes import OPEN, UNSCOPED, Credentials, Scope, WriterScope, matches, overlap
 
 TOKEN_A = "scope-a-token-Zq3vX9pL2mN8rT5wY7bCd"
 TOKEN_B = "scope-b-token-Hq7vX2pL9mN4rT1wY6bCe"
