@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Final
 
 import structlog
 from fastapi import APIRouter, Request
@@ -22,11 +23,16 @@ from coordinator_service.engine.operations import Operations
 from coordinator_service.log.database import Database, within
 from coordinator_service.log.schema import require_current_schema
 from coordinator_service.runtime import Runtime
+from coordinator_service.tables.catalog_calls import CREDENTIALS_REFUSED
 from coordinator_service.tables.warehouse import local_warehouse, writability
 
 log = structlog.get_logger(__name__)
 
 router = APIRouter(tags=["health"])
+
+CREDENTIALS_STATE: Final = "credentials refused"
+# The states no wait fixes: an operator must act.
+NO_GRACE: Final = ("schema", CREDENTIALS_STATE)
 
 
 @router.get("/metrics", response_class=Response)
@@ -106,14 +112,14 @@ async def _readiness(runtime: Runtime) -> dict[str, str]:
 
 def _within_grace(runtime: Runtime, dependency: str, state: str) -> str:
     """`state` as readiness reports it: a failure younger than the grace still counts as ok, and says so. A schema
-    this release cannot run on is never within a grace."""
+    this release cannot run on, or credentials the catalog refuses, are never within a grace: no wait fixes them."""
     failing = runtime.dependencies_failing_since
     if state == "ok":
         failing.pop(dependency, None)
         return state
     since = failing.setdefault(dependency, time.monotonic())
     grace = runtime.settings.readiness_dependency_grace_seconds
-    if state.startswith("schema") or time.monotonic() - since > grace:
+    if state.startswith(NO_GRACE) or time.monotonic() - since > grace:
         return state
     return f"ok ({state}; unready after {grace:g} s of it)"
 
@@ -125,6 +131,9 @@ async def _catalog(runtime: Runtime) -> str:
         )
     except TimeoutError:
         return "not answering: see the coordinator's log"
+    except CREDENTIALS_REFUSED as error:
+        log.warning("readiness: the catalog refused the credentials", error=cause(error))
+        return f"{CREDENTIALS_STATE}: check the catalog's credential or token (CATALOG__*)"
     except Exception as error:
         log.warning("readiness: the catalog failed", error=cause(error), error_type=type(error).__name__)
         return "unreachable: see the coordinator's log"

@@ -22,8 +22,6 @@ from datetime import UTC, datetime
 
 import pydantic
 import structlog
-from pyiceberg import exceptions as pyiceberg_errors
-from pyiceberg.exceptions import CommitFailedException
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
 
 from coordinator_service import failpoints, metrics
@@ -39,6 +37,7 @@ from coordinator_service.log.database import Database
 from coordinator_service.log.models import PendingSinkState, Sink
 from coordinator_service.log.precommit_metadata import DataFileEntry, MetadataDecodeError, PreCommitMetadata
 from coordinator_service.settings import Settings
+from coordinator_service.tables.catalog_calls import PERMANENT_FAILURES, CommitConflict
 from coordinator_service.tables.iceberg import IcebergGateway
 from coordinator_service.tables.table_maintenance import retention_of, table_properties_for
 
@@ -66,13 +65,7 @@ _PERMANENT_FAILURES: tuple[type[BaseException], ...] = (
     MetadataDecodeError,
     InvalidArgument,
     SinkSuspended,
-    pyiceberg_errors.NoSuchTableError,
-    pyiceberg_errors.NoSuchNamespaceError,
-    pyiceberg_errors.ValidationError,
-    pyiceberg_errors.ValidationException,
-    pyiceberg_errors.BadRequestError,
-    pyiceberg_errors.UnauthorizedError,
-    pyiceberg_errors.ForbiddenError,
+    *PERMANENT_FAILURES,
     pydantic.ValidationError,
     AssertionError,
     TypeError,
@@ -437,7 +430,7 @@ class Committer:
                 self._table_properties(sink),
                 snapshot_positions(properties),  # a coalesced snapshot says where its newest epoch ended
             )
-        except CommitFailedException as error:
+        except CommitConflict as error:
             if not from_cache:
                 raise
             # The remembered table was behind the catalog (append forgot it): walk the current one now.

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 import structlog
-from pyiceberg.table import Table
 
 from coordinator_service import metrics
 from coordinator_service.log import path_claims
@@ -41,7 +40,7 @@ from coordinator_service.log.path_claims import CleanupDelays, MarkRule
 from coordinator_service.tables import table_maintenance as tm
 from coordinator_service.tables.catalog_calls import in_catalog
 from coordinator_service.tables.file_listing import listed_files
-from coordinator_service.tables.iceberg import IcebergGateway
+from coordinator_service.tables.iceberg import IcebergGateway, LoadedTable
 
 log = structlog.get_logger(__name__)
 
@@ -148,7 +147,7 @@ class FileDeleter:
 
 
 def _place(
-    tables: Sequence[Table], paths: Sequence[str], metadata_files: bool
+    tables: Sequence[LoadedTable], paths: Sequence[str], metadata_files: bool
 ) -> tuple[dict[int, list[str]], dict[str, str]]:
     """Each path with the index of the table that keeps it, or the reason it is none of theirs."""
     placed: dict[int, list[str]] = {}
@@ -170,7 +169,7 @@ def _place(
 
 
 def _why_not_under(
-    path: str, directories: Sequence[str], location: str, table: Table, nested: _NestedTables
+    path: str, directories: Sequence[str], location: str, table: LoadedTable, nested: _NestedTables
 ) -> str | None:
     """None when `path` lies under one of the table's `directories` (and nowhere it must not be deleted from)."""
     parsed = urlparse(path)
@@ -201,7 +200,7 @@ class _NestedTables:
     def __init__(self) -> None:
         self._is_root: dict[str, bool] = {}
 
-    def root_between(self, table: Table, location: str, directory: str, path: str) -> str | None:
+    def root_between(self, table: LoadedTable, location: str, directory: str, path: str) -> str | None:
         """The first of `directory` and the directories between it and `path` that is another table's location
         (the table's own location is its own), or None."""
         below = path[len(directory.rstrip("/")) + 1 :].split("/")[:-1]
@@ -212,7 +211,7 @@ class _NestedTables:
                 return current
         return None
 
-    def _holds_table(self, table: Table, directory: str) -> bool:
+    def _holds_table(self, table: LoadedTable, directory: str) -> bool:
         known = self._is_root.get(directory)
         if known is None:
             listed = listed_files(table.io, f"{directory}/metadata") or {}
@@ -234,7 +233,7 @@ def nested_table_roots(location: str, listed: Iterable[str]) -> set[str]:
     return roots
 
 
-def _referenced_by(tables: Sequence[Table], placed: Mapping[int, Sequence[str]]) -> set[str]:
+def _referenced_by(tables: Sequence[LoadedTable], placed: Mapping[int, Sequence[str]]) -> set[str]:
     """Those of the placed paths that any of the tables' metadata reaches (the tables are loaded after the mark)."""
     candidates = {tm.same_file(path): path for batch in placed.values() for path in batch}
     if not candidates:
@@ -245,7 +244,7 @@ def _referenced_by(tables: Sequence[Table], placed: Mapping[int, Sequence[str]])
     return {path for same, path in candidates.items() if same in referenced}
 
 
-def _delete_files(table: Table, paths: Sequence[str]) -> tuple[list[str], list[str]]:
+def _delete_files(table: LoadedTable, paths: Sequence[str]) -> tuple[list[str], list[str]]:
     """Delete through the table's own storage; a file already gone counts as deleted, a local symbolic link is
     never deleted (nor followed). Returns the deleted and the links."""
     deleted, links = [], []

@@ -38,8 +38,6 @@ from datetime import UTC, datetime, timedelta
 
 import structlog
 from pydantic import ValidationError
-from pyiceberg.exceptions import CommitFailedException
-from pyiceberg.table import Table
 
 from coordinator_service import failpoints, metrics
 from coordinator_service.contract.errors import CommitLockLost, NotFound, cause
@@ -54,8 +52,8 @@ from coordinator_service.log.models import MaintenanceRun, Sink
 from coordinator_service.log.path_claims import MarkRule
 from coordinator_service.settings import MaintenancePolicy, Settings
 from coordinator_service.tables import table_maintenance as tm
-from coordinator_service.tables.catalog_calls import in_catalog
-from coordinator_service.tables.iceberg import MARKER_EPOCH, IcebergGateway
+from coordinator_service.tables.catalog_calls import CommitConflict, in_catalog
+from coordinator_service.tables.iceberg import MARKER_EPOCH, IcebergGateway, LoadedTable
 
 log = structlog.get_logger(__name__)
 
@@ -73,7 +71,7 @@ def policy_of(settings: Settings, sink: Sink) -> MaintenancePolicy:
     return settings.with_overrides(sink.maintenance_overrides)
 
 
-def protected_by_markers(table: Table, sinks: Sequence[tuple[Sink, int]]) -> set[int]:
+def protected_by_markers(table: LoadedTable, sinks: Sequence[tuple[Sink, int]]) -> set[int]:
     """Snapshots whose marker the recovery walk may still need: a sink's own marker above the newest epoch of the
     sink the log records this table holds (an append whose record has not happened yet)."""
     identities = [(settlement.identity_of(sink), committed_epoch) for sink, committed_epoch in sinks]
@@ -299,7 +297,7 @@ class Maintainer:
         await failpoints.hit(Failpoint.MAINTENANCE_BEFORE_COMPACTION_COMMIT)
         try:
             committed = await asyncio.to_thread(tm.commit_compaction, table, replaced, written)
-        except CommitFailedException:
+        except CommitConflict:
             # The commit did not happen (a conflict): the files written are nobody's.
             await self.deleter.delete(
                 sink.name, sink.id, lock, [identifier], [f.file_path for f in written], MarkRule.UNCLAIMED
@@ -335,7 +333,7 @@ class Maintainer:
         run.orphans_deleted += len(deletion.deleted)
 
 
-def _unreferenced_files(table: Table, grace_seconds: float) -> list[tm.StoredFile]:
+def _unreferenced_files(table: LoadedTable, grace_seconds: float) -> list[tm.StoredFile]:
     """Files under the table's data and metadata directories that no snapshot references and that are older
     than the grace (data files, manifests and manifest lists, metadata files no longer in the metadata log),
     never one under another table's location nested in this one's (its sweep is that table's)."""

@@ -1,4 +1,6 @@
-"""Calling the Iceberg catalog from the event loop: blocking pyiceberg work in a thread, outages as Unavailable."""
+"""Calling the Iceberg catalog from the event loop: blocking pyiceberg work in a thread, outages as Unavailable; and
+how the engine tells a catalog's failures apart without naming pyiceberg (a commit conflict, a failure no retry
+fixes)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import asyncio
 from collections.abc import Callable
 from typing import TypeVar
 
+from pyiceberg import exceptions as pyiceberg_errors
 from pyiceberg.exceptions import CommitFailedException, ServerError
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -13,6 +16,28 @@ from coordinator_service.contract.errors import CoordinatorError, Unavailable, c
 from coordinator_service.log.database import DATA_ERRORS, unstorable
 
 T = TypeVar("T")
+
+# The catalog refused a commit made on a table it has moved past (another writer committed first): the change was
+# not made; load the table again and look.
+CommitConflict = CommitFailedException
+
+# The catalog's and the table format's failures that retrying the same work cannot fix: the table or its namespace
+# is gone, the table refuses what was built for it, the catalog refuses the coordinator's credentials.
+PERMANENT_FAILURES: tuple[type[BaseException], ...] = (
+    pyiceberg_errors.NoSuchTableError,
+    pyiceberg_errors.NoSuchNamespaceError,
+    pyiceberg_errors.ValidationError,
+    pyiceberg_errors.ValidationException,
+    pyiceberg_errors.BadRequestError,
+    pyiceberg_errors.UnauthorizedError,
+    pyiceberg_errors.ForbiddenError,
+)
+
+# The catalog refused the coordinator's credentials (a retry with the same ones fails the same way).
+CREDENTIALS_REFUSED: tuple[type[BaseException], ...] = (
+    pyiceberg_errors.UnauthorizedError,
+    pyiceberg_errors.ForbiddenError,
+)
 
 
 async def in_catalog(function: Callable[..., T], *args: object) -> T:

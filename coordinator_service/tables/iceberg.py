@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 from urllib.parse import urlparse
 
 import pyarrow as pa
@@ -34,7 +34,6 @@ from pyiceberg.exceptions import (
 from pyiceberg.io.pyarrow import (
     PyArrowFileIO,
     StatisticsCollector,
-    _check_pyarrow_schema_compatible,
     compute_statistics_plan,
     data_file_statistics_from_parquet_metadata,
     parquet_path_to_id_mapping,
@@ -64,7 +63,12 @@ from coordinator_service.contract.errors import InvalidArgument, cause, quote
 from coordinator_service.contract.table_identifiers import parse_table_identifier
 from coordinator_service.log.precommit_metadata import DataFileEntry
 from coordinator_service.tables.precommit_files import FileChecks, FileFacts
+from coordinator_service.tables.pyiceberg_internals import check_file_schema, evolved_schema, partition_values
 from coordinator_service.tables.table_origin import CREATED, ORIGIN
+
+# A table as loaded from the catalog. The engine holds it and hands it to this package's functions; it names no
+# pyiceberg type itself (tests/unit/test_package_layers.py).
+LoadedTable: TypeAlias = Table
 
 log = structlog.get_logger(__name__)
 
@@ -426,7 +430,7 @@ class IcebergGateway:
             spec_id=spec.spec_id,
             partition=tuple(
                 None if value is None else to_bytes(_primitive(field.field_type), value)
-                for field, value in zip(partition_type.fields, partition._data, strict=True)
+                for field, value in zip(partition_type.fields, partition_values(partition), strict=True)
             ),
             column_sizes=dict(serialized["column_sizes"]),
             value_counts=dict(serialized["value_counts"]),
@@ -728,7 +732,7 @@ class _FitKey:
 def _check_writer_schema(table: Table, identifier: str, schema: pa.Schema, written_by: Sequence[str]) -> None:
     """Refuse a writer's schema whose files the table would refuse, as registering leaves the table: with the new
     columns added (_add_missing_columns) when there are any. pyiceberg's union_by_name, applied in memory (its
-    _apply(): nothing is committed), refuses a type that cannot change."""
+    evolved_schema: nothing is committed), refuses a type that cannot change."""
     known = set(table.schema().column_names)
     new = [name for name in schema.names if name not in known]
     writers = ", ".join(written_by)
@@ -736,14 +740,12 @@ def _check_writer_schema(table: Table, identifier: str, schema: pa.Schema, writt
     refusal = f"the writer's schema does not fit table {quote(identifier)}{whose if written_by else ''}"
     advice = "Write a table of its own, or a schema that fits this one. Nothing was changed"
     try:
-        evolved = table.update_schema().union_by_name(schema)._apply()
+        evolved = evolved_schema(table.update_schema().union_by_name(schema))
     except (ValueError, ValidationError) as error:
         adding = f"it cannot add the columns {quote(', '.join(new))}, or change one: " if new else ""
         raise InvalidArgument(f"{refusal}: {adding}{cause(error).rstrip('.')}. {advice}") from None
     try:
-        _check_pyarrow_schema_compatible(
-            evolved if new else table.schema(), schema, format_version=table.format_version
-        )
+        check_file_schema(evolved if new else table.schema(), schema, format_version=table.format_version)
     except ValueError as error:
         raise InvalidArgument(f"{refusal}: {flat_misfit(str(error), 'the writer')}. {advice}") from None
 
@@ -770,7 +772,7 @@ def _schema_misfit(key: _FitKey) -> str | None:
     files of the same few schemas, so the check runs once per schema, not per file."""
     file_schema = pa.ipc.read_schema(pa.py_buffer(key.file_schema))
     try:
-        _check_pyarrow_schema_compatible(key.rules.schema, file_schema, format_version=key.rules.format_version)
+        check_file_schema(key.rules.schema, file_schema, format_version=key.rules.format_version)
     except ValueError as error:
         return flat_misfit(str(error), "the file")
     return None

@@ -26,6 +26,7 @@ from pyiceberg.io.pyarrow import PyArrowFile
 from coordinator_service import metrics
 from coordinator_service.contract.errors import InvalidArgument, cause, quote
 from coordinator_service.tables.file_listing import ListedFile, listed_files, written_by
+from coordinator_service.tables.pyiceberg_internals import file_info
 
 # Storage requests of pre-commits in flight at once, over all sinks.
 MAX_CONCURRENT_FILE_CHECKS = 16
@@ -140,7 +141,7 @@ def _stat(path: str, input_file: InputFile) -> tuple[int, int | None]:
     fault)."""
     try:
         if isinstance(input_file, PyArrowFile):
-            info = input_file._file_info()
+            info = file_info(input_file)
             return info.size, written_by(info.mtime_ns)
         return len(input_file), None
     except FileNotFoundError:

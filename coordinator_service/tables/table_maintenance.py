@@ -9,7 +9,6 @@ location that nothing references. What may be expired, rewritten or deleted is t
 from __future__ import annotations
 
 import threading
-import uuid
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,15 +16,15 @@ from urllib.parse import urlparse
 
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io import FileIO
-from pyiceberg.io.pyarrow import ArrowScan, _dataframe_to_data_files
+from pyiceberg.io.pyarrow import ArrowScan
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestFile
 from pyiceberg.table import FileScanTask, Table, TableProperties
-from pyiceberg.table.snapshots import Operation, Snapshot, Summary
-from pyiceberg.table.update.snapshot import ExpireSnapshots, _OverwriteFiles
-from pyiceberg.typedef import EMPTY_DICT
+from pyiceberg.table.snapshots import Snapshot
+from pyiceberg.table.update.snapshot import ExpireSnapshots
 
 from coordinator_service.tables.file_listing import listed_files
 from coordinator_service.tables.iceberg import without_retries
+from coordinator_service.tables.pyiceberg_internals import data_files_of, replace_files
 
 # Files smaller than this share of the target size are compacted (Iceberg's rewrite default, 75 %).
 SMALL_FILE_SHARE = 0.75
@@ -268,16 +267,6 @@ def as_small_file(data_file: DataFile) -> SmallFile:
     )
 
 
-class _ReplaceFiles(_OverwriteFiles):
-    """A compaction's snapshot, with Iceberg's `replace` operation (no row changed), which incremental
-    readers skip. pyiceberg writes overwrites of files; its summaries do not know `replace`, so they are
-    computed as for the overwrite of the same files (the same figures) and then labelled `replace`."""
-
-    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
-        summary = super()._summary(snapshot_properties)
-        return Summary(Operation.REPLACE, **summary.additional_properties)
-
-
 def write_compacted(
     table: Table, groups: Sequence[Sequence[SmallFile]], target_bytes: int
 ) -> tuple[list[DataFile], list[DataFile]]:
@@ -296,26 +285,14 @@ def write_compacted(
     scan = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue())
     for group in groups:
         rows = scan.to_table([FileScanTask(by_path[small.path]) for small in group])
-        written.extend(_dataframe_to_data_files(table.metadata, rows, table.io, write_uuid=uuid.uuid4()))
+        written.extend(data_files_of(table.metadata, rows, table.io))
     return replaced, written
 
 
 def commit_compaction(table: Table, replaced: Sequence[DataFile], written: Sequence[DataFile]) -> Table:
     """One `replace` snapshot: the replaced files out, the written ones in (on the table they were planned on:
     a commit in between fails this one, and the next run plans again)."""
-    transaction = without_retries(table).transaction()
-    producer = _ReplaceFiles(
-        operation=Operation.OVERWRITE,
-        transaction=transaction,
-        io=table.io,
-        snapshot_properties={COMPACTION_MARKER: "compaction"},
-    )
-    with producer as rewrite:
-        for data_file in replaced:
-            rewrite.delete_data_file(data_file)
-        for data_file in written:
-            rewrite.append_data_file(data_file)
-    return transaction.commit_transaction()
+    return replace_files(without_retries(table), replaced, written, {COMPACTION_MARKER: "compaction"})
 
 
 @dataclass(frozen=True)

@@ -292,3 +292,28 @@ def test_no_file_looks_written_before_it_was(object_store: ObjectStore, s3_wareh
     for file in checked:
         assert listed[file.path].mtime_ns is not None and listed[file.path].mtime_ns >= before[file.path]
         assert file.mtime_ns is not None and file.mtime_ns >= before[file.path]
+
+
+async def test_a_catalog_that_refuses_the_credentials_makes_the_replica_unready_at_once(
+    admin_factory: AdminFactory, object_store: ObjectStore
+) -> None:
+    """A wrong or expired token is no blip of a shared dependency: no wait fixes it, so readiness says so at once
+    (whatever READINESS_DEPENDENCY_GRACE_SECONDS), in words an operator acts on, instead of 'unreachable'."""
+    if not object_store.rest_uri:
+        pytest.skip("no REST catalog beside the S3 endpoint: set SINK_TEST_REST_URI and SINK_TEST_REST_WAREHOUSE")
+    properties = {
+        key: value
+        for key, value in object_store.catalog_properties("rest", "").items()
+        if key not in ("credential", "oauth2-server-uri")
+    }
+    properties["token"] = "expired-or-wrong"
+    admin = await admin_factory(
+        catalog_name="s3-rest-refused", catalog=properties, readiness_dependency_grace_seconds=3600
+    )
+
+    response = await admin.get("/readyz")
+
+    assert response.status_code == 503
+    assert response.json()["checks"]["catalog"] == (
+        "credentials refused: check the catalog's credential or token (CATALOG__*)"
+    )

@@ -82,3 +82,28 @@ def test_every_module_is_in_a_layer_or_the_process() -> None:
     process = {"app", "cli", "runtime", "grpc_server", "grpc_gate", "listening"} | SHARED - {"__version__"}
     assert top == process
     assert {path.name for path in PACKAGE.iterdir() if path.is_dir() and (path / "__init__.py").exists()} == set(LAYERS)
+
+
+def third_party(source: Path) -> set[str]:
+    """The top-level names of the packages outside coordinator_service that `source` imports."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+    return names - {"coordinator_service"}
+
+
+def test_only_the_tables_layer_speaks_the_table_format() -> None:
+    """The table format is one layer's business: the engine decides (what to commit, delete, keep) on tables/'s
+    answers and types (LoadedTable, CommitConflict, PERMANENT_FAILURES), and never names pyiceberg; a change of
+    pyiceberg's API, or of the format library, stays in tables/."""
+    wrong = sorted(
+        str(path.relative_to(PACKAGE))
+        for layer in LAYERS
+        if layer != "tables"
+        for path in modules_of(layer)
+        if "pyiceberg" in third_party(path)
+    )
+    assert not wrong
