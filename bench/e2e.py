@@ -77,7 +77,7 @@ def _records(spark: Any, bootstrap: str, topic: str, max_offsets: int) -> Any:
 
 def _parser() -> Any:
     """The job's JSON decoding of the orders, in the writer's tasks (both jobs write through it)."""
-    from spark_writer.kafka_records import JsonBatchParser, schema_from_ddl
+    from spark_writer.sink.kafka_records import JsonBatchParser, schema_from_ddl
 
     return JsonBatchParser(schema_from_ddl(ORDER_DDL), evolve=False, kafka_metadata=True)
 
@@ -94,7 +94,7 @@ class Place:
 def run_coordinated(
     spark: Any, coordinator: Coordinator, bootstrap: str, topic: str, max_offsets: int, root: Path, place: Place
 ) -> float:
-    from spark_writer.iceberg_sink import write_to_iceberg
+    from spark_writer.sink.iceberg_sink import write_to_iceberg
 
     name = f"e2e_{topic.replace('-', '_')}"
     started = time.monotonic()
@@ -116,8 +116,8 @@ def run_plain(
     spark: Any, catalog: Any, bootstrap: str, topic: str, max_offsets: int, root: Path, place: Place
 ) -> float:
     from coordinator_service.tables.iceberg import IcebergGateway
-    from spark_writer.parquet_writer import WRITTEN_FILES_DDL, DataFileTarget, task_writer
-    from spark_writer.storage import Storage
+    from spark_writer.sink.parquet_writer import WRITTEN_FILES_DDL, DataFileTarget, task_writer
+    from spark_writer.sink.storage import Storage
 
     name = f"plain_{topic.replace('-', '_')}"
     frame = _records(spark, bootstrap, topic, max_offsets)
@@ -170,7 +170,7 @@ def measure_freshness(
     """
     import pyarrow.parquet as pq
 
-    from spark_writer.iceberg_sink import write_to_iceberg
+    from spark_writer.sink.iceberg_sink import write_to_iceberg
     from tests.fixtures.kafka_broker import create_topic, produce_records
 
     topic = create_topic(bootstrap, 4, prefix="fresh")

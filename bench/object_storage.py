@@ -37,7 +37,7 @@ from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.contract.rpc import sink_coordinator_pb2_grpc as pb_grpc
 from coordinator_service.tables.precommit_files import MAX_CONCURRENT_FILE_CHECKS
 from sink_coordinator_demo.object_store import local_object_store
-from spark_writer.parquet_writer import data_directory_uri
+from spark_writer.sink.parquet_writer import data_directory_uri
 
 BUCKET = "bench-precommit"
 # Footers read by the coordinator, sent (a HEAD per file), sent with the epoch's directory (one listing).

@@ -59,7 +59,7 @@ from sink_coordinator_demo.orders import COUNTRY_CURRENCIES, ORDER_SCHEMA_DDL, c
 from sink_coordinator_demo.ports import free_port, port_is_free
 from sink_coordinator_demo.spark_cluster import SparkCluster, start_spark_cluster
 from spark_writer.job import KafkaSettings, ParseSettings, SinkSettings, run_until_done, start_job
-from spark_writer.routing import Routes
+from spark_writer.routing.routes import Routes
 from spark_writer.session import local_spark_session
 from spark_writer.stop_signals import StopRequest, stop_on_signals
 from spark_writer.worker_logging import set_worker_log_level

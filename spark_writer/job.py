@@ -42,9 +42,16 @@ from pyspark.sql.types import StructType
 from coordinator_service.contract.flag_values import KEY_VALUE, SIZE, KeyValue, parse_key_value, parse_size
 from coordinator_service.contract.logs import LogFormat, LogLevel, configure_logging
 from coordinator_service.contract.table_identifiers import sink_name_problem, table_identifier_problem
-from spark_writer.dead_letters import DeadLetterTarget
 from spark_writer.driver_jvm import SparkLog
-from spark_writer.iceberg_sink import (
+from spark_writer.formats.dead_letters import DeadLetterTarget
+from spark_writer.formats.json_columns import grow
+from spark_writer.formats.schema_registry import RegistrySettings
+from spark_writer.job_failures import ExitCode, JobFailure, failure_of, one_line
+from spark_writer.kafka.options import DEFAULT_STARTING_OFFSETS, SOURCE_NAME, parse_options
+from spark_writer.kafka.source import KafkaDataSource
+from spark_writer.routing.routes import Routes, Unrouted, routes_from_flags
+from spark_writer.session import local_spark_session, retries_tasks, with_task_retries
+from spark_writer.sink.iceberg_sink import (
     DEFAULT_COORDINATOR_RETRY_SECONDS,
     DEFAULT_TARGET_FILE_SIZE_BYTES,
     DecodesInTasks,
@@ -52,10 +59,7 @@ from spark_writer.iceberg_sink import (
     check_names,
     write_to_iceberg,
 )
-from spark_writer.job_failures import ExitCode, JobFailure, failure_of, one_line
-from spark_writer.json_columns import grow
-from spark_writer.kafka_options import DEFAULT_STARTING_OFFSETS, SOURCE_NAME, parse_options
-from spark_writer.kafka_records import (
+from spark_writer.sink.kafka_records import (
     DEFAULT_JSON_TIME_ZONE,
     BadRecordPolicy,
     JsonBatchParser,
@@ -64,9 +68,8 @@ from spark_writer.kafka_records import (
     sampled_json_schema,
     schema_from_ddl,
 )
-from spark_writer.kafka_source import KafkaDataSource
-from spark_writer.partitioning import parse_partition_specs
-from spark_writer.registry_records import (
+from spark_writer.sink.partitioning import parse_partition_specs
+from spark_writer.sink.registry_records import (
     KEY_SUBJECT_SUFFIX,
     VALUE_SUBJECT_SUFFIX,
     RegistryBatchParser,
@@ -74,12 +77,9 @@ from spark_writer.registry_records import (
     RegistrySubject,
     topic_subject,
 )
-from spark_writer.routing import Routes, Unrouted, routes_from_flags
-from spark_writer.schema_registry import RegistrySettings
-from spark_writer.session import local_spark_session, retries_tasks, with_task_retries
+from spark_writer.sink.storage import Storage
 from spark_writer.start_checks import wait_for_coordinator, wait_for_topics
 from spark_writer.stop_signals import StopRequest, stop_on_signals
-from spark_writer.storage import Storage
 from spark_writer.worker_logging import set_worker_log_level
 
 log = structlog.get_logger(__name__)

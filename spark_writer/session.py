@@ -18,7 +18,7 @@ from pyspark.sql import SparkSession
 
 from spark_writer.driver_jvm import SparkLog, jvm_ignoring_sigterm
 from spark_writer.java import ensure_java
-from spark_writer.kafka_source import KafkaDataSource
+from spark_writer.kafka.source import KafkaDataSource
 from spark_writer.python_launcher import launcher_path
 
 LOCAL_SPARK_CONF: dict[str, str] = {

@@ -3,7 +3,7 @@ coordinator answers, and that the topics exist.
 
 Both may wait, visibly: a line says at once what is missing, how long the job goes on waiting and what would fix
 it, and again at each retry. A stop (SIGINT, SIGTERM) ends a wait at once; the caller looks at the StopRequest.
-The topics are looked up with the Kafka source's own metadata rules (spark_writer.kafka_metadata): a transient
+The topics are looked up with the Kafka source's own metadata rules (spark_writer.kafka.metadata): a transient
 error is retried, and a topic counts as missing only when two answers lack it.
 """
 
@@ -19,8 +19,8 @@ from confluent_kafka import KafkaException
 
 from coordinator_service.contract.client import CoordinatorClient, CoordinatorRpcError
 from spark_writer.job_failures import UNREACHABLE_CODES, ExitCode, JobFailure, coordinator_failure, one_line
-from spark_writer.kafka_metadata import KafkaMetadata, is_transient
-from spark_writer.kafka_options import KafkaSourceOptions
+from spark_writer.kafka.metadata import KafkaMetadata, is_transient
+from spark_writer.kafka.options import KafkaSourceOptions
 from spark_writer.stop_signals import StopRequest
 
 log = structlog.get_logger(__name__)

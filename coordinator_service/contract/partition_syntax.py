@@ -4,7 +4,7 @@
 `bucket(N, col)` is refused: the coordinator takes each file's partition from the file's column bounds, and a
 hash bucket cannot be derived from them. The coordinator turns a field into a pyiceberg transform
 (coordinator_service.tables.iceberg); the Spark writer applies the same transform to its rows
-(spark_writer.partitioning). This module imports no server dependency (tests/unit/test_writer_imports.py).
+(spark_writer.sink.partitioning). This module imports no server dependency (tests/unit/test_writer_imports.py).
 """
 
 from __future__ import annotations

@@ -14,10 +14,10 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
 from spark_writer.job import KafkaSettings, ParseSettings, SinkSettings, start_job
-from spark_writer.kafka_offsets import OffsetRange
-from spark_writer.kafka_options import parse_options
-from spark_writer.kafka_range_reader import read_range
-from spark_writer.kafka_records import BAD_RECORDS_PROPERTY, BadRecordPolicy
+from spark_writer.kafka.offsets import OffsetRange
+from spark_writer.kafka.options import parse_options
+from spark_writer.kafka.range_reader import read_range
+from spark_writer.sink.kafka_records import BAD_RECORDS_PROPERTY, BadRecordPolicy
 from tests.fixtures.coordinator import CoordinatorProcess
 from tests.fixtures.kafka_broker import produce_records
 from tests.fixtures.pipeline import QUERY_TIMEOUT_SECONDS, table_arrow

@@ -16,7 +16,7 @@ import pytest
 from pyiceberg.catalog import Catalog
 from pyspark.sql import SparkSession
 
-from spark_writer.iceberg_sink import write_to_iceberg
+from spark_writer.sink.iceberg_sink import write_to_iceberg
 from tests.fixtures.coordinator import CoordinatorProcess, failpoints_env
 from tests.fixtures.pipeline import (
     QUERY_TIMEOUT_SECONDS,

@@ -15,9 +15,9 @@ from pyiceberg.catalog import Catalog
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
-from spark_writer.iceberg_sink import write_to_iceberg
 from spark_writer.job import KafkaSettings, ParseSettings, SinkSettings, start_job
-from spark_writer.routing import Routes, Unrouted
+from spark_writer.routing.routes import Routes, Unrouted
+from spark_writer.sink.iceberg_sink import write_to_iceberg
 from tests.fixtures.coordinator import CoordinatorProcess, failpoints_env
 from tests.fixtures.kafka_broker import ProducedRecord, produce_records
 from tests.fixtures.pipeline import (

@@ -23,7 +23,7 @@ from pyspark.sql import SparkSession
 
 from coordinator_service.contract.client import CoordinatorClient, CoordinatorRpcError
 from coordinator_service.contract.views import CheckpointResult, PreCommitResult
-from spark_writer.iceberg_sink import write_to_iceberg
+from spark_writer.sink.iceberg_sink import write_to_iceberg
 from tests.fixtures.coordinator import CoordinatorProcess
 from tests.fixtures.pipeline import kafka_positions, order_stream, produce_orders, produced_positions
 

@@ -9,11 +9,11 @@ from collections.abc import Callable
 import pyarrow as pa
 from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
-from spark_writer.dead_letters import DeadLetterProducer, DeadLetterTarget
-from spark_writer.decoded_batch import REASON_COLUMN
-from spark_writer.kafka_offsets import OffsetRange
-from spark_writer.kafka_options import parse_options
-from spark_writer.kafka_range_reader import read_range
+from spark_writer.formats.dead_letters import DeadLetterProducer, DeadLetterTarget
+from spark_writer.formats.decoded_batch import REASON_COLUMN
+from spark_writer.kafka.offsets import OffsetRange
+from spark_writer.kafka.options import parse_options
+from spark_writer.kafka.range_reader import read_range
 from tests.fixtures.kafka_broker import ADMIN_TIMEOUT_SECONDS, admin_client, delete_topics
 
 TopicFactory = Callable[..., str]

@@ -10,9 +10,9 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from spark_writer.decoded_batch import REASON_COLUMN
-from spark_writer.kafka_arrow import KAFKA_SCHEMA
-from spark_writer.kafka_records import BadRecordError, BadRecordPolicy, JsonBatchParser, schema_from_ddl
+from spark_writer.formats.decoded_batch import REASON_COLUMN
+from spark_writer.kafka.arrow import KAFKA_SCHEMA
+from spark_writer.sink.kafka_records import BadRecordError, BadRecordPolicy, JsonBatchParser, schema_from_ddl
 
 KAFKA_TIME = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
 # Each a record a table with the column `id` (and the kafka_* columns) cannot take as it is.

@@ -22,11 +22,11 @@ from pyspark.sql.streaming.readwriter import DataStreamReader
 from structlog.testing import capture_logs
 
 from spark_writer.job_failures import ExitCode, failure_of
-from spark_writer.kafka_data_loss import DataLossError
-from spark_writer.kafka_offsets import OffsetRange
-from spark_writer.kafka_options import SOURCE_NAME, parse_options
-from spark_writer.kafka_range_reader import read_range
-from spark_writer.kafka_source import KafkaStreamReader
+from spark_writer.kafka.data_loss import DataLossError
+from spark_writer.kafka.offsets import OffsetRange
+from spark_writer.kafka.options import SOURCE_NAME, parse_options
+from spark_writer.kafka.range_reader import read_range
+from spark_writer.kafka.source import KafkaStreamReader
 from tests.fixtures.kafka_broker import (
     ADMIN_TIMEOUT_SECONDS,
     ProducedRecord,

@@ -25,8 +25,8 @@ from coordinator_service.tables import table_maintenance as tm
 from coordinator_service.tables.file_listing import listed_files, written_by
 from coordinator_service.tables.precommit_files import FileChecks, FileFacts
 from sink_coordinator_demo.object_store import ObjectStore
-from spark_writer.parquet_writer import DataFileTarget, delete_files, task_writer
-from spark_writer.storage import Storage
+from spark_writer.sink.parquet_writer import DataFileTarget, delete_files, task_writer
+from spark_writer.sink.storage import Storage
 from tests.fixtures.admin import AdminApp, AdminFactory, eventually, sink_id_of
 from tests.fixtures.coordinator import ORDERS, orders
 from tests.fixtures.object_store import exists, write_parquet_to

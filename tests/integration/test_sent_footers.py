@@ -27,8 +27,8 @@ from coordinator_service.log import precommit_metadata
 from coordinator_service.log.precommit_metadata import PreCommitMetadata
 from coordinator_service.tables.iceberg import IcebergGateway
 from coordinator_service.tables.precommit_files import FileFacts
-from spark_writer.parquet_writer import DataFileTarget, WrittenFile, task_writer
-from spark_writer.partitioning import parse_partition_fields
+from spark_writer.sink.parquet_writer import DataFileTarget, WrittenFile, task_writer
+from spark_writer.sink.partitioning import parse_partition_fields
 from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, orders, table_order_ids, write_parquet
 from tests.fixtures.refusals import refused
 

@@ -35,7 +35,7 @@ from coordinator_service.contract.client import CoordinatorClient, CoordinatorRp
 from coordinator_service.log import precommit_metadata
 from coordinator_service.log.database import libpq_url, normalize_url
 from coordinator_service.runtime import migrate
-from spark_writer.kafka_records import BAD_RECORDS_PROPERTY
+from spark_writer.sink.kafka_records import BAD_RECORDS_PROPERTY
 from tests.fixtures.coordinator import CoordinatorProcess, failpoints_env
 from tests.fixtures.kafka_broker import ProducedRecord, _stop, create_topic, start_broker
 from tests.fixtures.pipeline import ORDER_SCHEMA_DDL, produce_orders

@@ -46,7 +46,7 @@ from pyiceberg.catalog import Catalog, load_catalog
 
 from coordinator_service.log.database import normalize_url
 from coordinator_service.runtime import migrate
-from spark_writer.schema_registry import RegistrySettings, registry_client
+from spark_writer.formats.schema_registry import RegistrySettings, registry_client
 from tests.fixtures.coordinator import CoordinatorProcess
 from tests.fixtures.kafka_broker import create_topic, produce_records
 from tests.fixtures.schema_registry import SchemaRegistryServer

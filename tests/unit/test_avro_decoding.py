@@ -18,11 +18,16 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 from confluent_kafka.serialization import MessageField, SerializationContext
 from structlog.testing import capture_logs
 
-from spark_writer import schema_registry
-from spark_writer.kafka_records import BadRecordError, BadRecordPolicy
-from spark_writer.registry_decoding import UnsupportedSchemaError
-from spark_writer.registry_records import RegistryBatchParser, RegistryFormat, RegistrySubject, SchemaChangeError
-from spark_writer.schema_registry import RegistrySettings, registry_client
+from spark_writer.formats import schema_registry
+from spark_writer.formats.registry_decoding import UnsupportedSchemaError
+from spark_writer.formats.schema_registry import RegistrySettings, registry_client
+from spark_writer.sink.kafka_records import BadRecordError, BadRecordPolicy
+from spark_writer.sink.registry_records import (
+    RegistryBatchParser,
+    RegistryFormat,
+    RegistrySubject,
+    SchemaChangeError,
+)
 from tests.fixtures.registry_records import FIRST_OFFSET, kafka_batch, next_decoding, reasons
 from tests.fixtures.schema_registry import SchemaRegistryServer
 

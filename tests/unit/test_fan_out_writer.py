@@ -13,10 +13,10 @@ from pyspark.sql import Row
 
 from coordinator_service.contract.client import CoordinatorClient, CoordinatorRpcError, TableSpec
 from coordinator_service.contract.views import SinkState, SinkTable, TableLocation, TablesEnsured
-from spark_writer.fan_out import MAX_TABLES_PER_ENSURE, FanOut, FanOutUnsupportedError
-from spark_writer.parquet_writer import DataFileTarget
-from spark_writer.routing import Routes, Unrouted, UnroutedRecordsError
-from spark_writer.storage import Storage
+from spark_writer.routing.routes import Routes, Unrouted, UnroutedRecordsError
+from spark_writer.sink.fan_out import MAX_TABLES_PER_ENSURE, FanOut, FanOutUnsupportedError
+from spark_writer.sink.parquet_writer import DataFileTarget
+from spark_writer.sink.storage import Storage
 
 SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("region", pa.string())])
 OWN = "shop.orders"

@@ -18,13 +18,13 @@ from typer.testing import CliRunner, Result
 from sink_coordinator_demo.ports import free_port
 from spark_writer import job
 from spark_writer.driver_jvm import SparkLog
+from spark_writer.formats.schema_registry import RegistrySettings, registry_client
 from spark_writer.job import KafkaSettings, KafkaSource, ParseSettings, SinkSettings
 from spark_writer.job_failures import ExitCode, JobFailure
-from spark_writer.kafka_options import parse_options
-from spark_writer.kafka_records import BadRecordPolicy, check_time_zone
-from spark_writer.routing import Routes, Unrouted
-from spark_writer.schema_registry import RegistrySettings, registry_client
+from spark_writer.kafka.options import parse_options
+from spark_writer.routing.routes import Routes, Unrouted
 from spark_writer.session import retries_tasks, with_task_retries
+from spark_writer.sink.kafka_records import BadRecordPolicy, check_time_zone
 
 REQUIRED = ["--bootstrap-servers", "b:9092", "--topic", "orders", "--sink", "s", "--table", "shop.orders"]
 REQUIRED += ["--checkpoint-location", "/tmp/checkpoint"]

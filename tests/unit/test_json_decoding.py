@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from spark_writer.json_decoding import (
+from spark_writer.formats.json_decoding import (
     NOT_AN_OBJECT,
     NOT_JSON,
     REASON_COLUMN,
@@ -20,8 +20,8 @@ from spark_writer.json_decoding import (
     JsonDecoder,
     UnsupportedJsonSchemaError,
 )
-from spark_writer.kafka_arrow import KAFKA_ARROW_SCHEMA
-from spark_writer.kafka_records import BadRecordError, BadRecordPolicy, RecordDecoding
+from spark_writer.kafka.arrow import KAFKA_ARROW_SCHEMA
+from spark_writer.sink.kafka_records import BadRecordError, BadRecordPolicy, RecordDecoding
 
 ORDERS = pa.schema(
     [

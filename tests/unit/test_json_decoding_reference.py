@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark_writer.json_decoding import JsonDecoder
+from spark_writer.formats.json_decoding import JsonDecoder
 from tests.unit.test_json_decoding import kafka_batch
 
 MISFIT: Final = object()  # the reference's verdict on a value that does not fit its column

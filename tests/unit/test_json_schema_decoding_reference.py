@@ -21,9 +21,9 @@ from confluent_kafka.schema_registry import Schema
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark_writer import schema_registry
-from spark_writer.registry_records import RegistryBatchParser, RegistryFormat, RegistrySubject
-from spark_writer.schema_registry import RegistrySettings, registry_client
+from spark_writer.formats import schema_registry
+from spark_writer.formats.schema_registry import RegistrySettings, registry_client
+from spark_writer.sink.registry_records import RegistryBatchParser, RegistryFormat, RegistrySubject
 from tests.fixtures.registry_records import FIRST_OFFSET, kafka_batch, next_decoding
 
 TOPIC: Final = "events"

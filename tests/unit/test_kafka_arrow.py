@@ -1,10 +1,10 @@
-"""The rows of the Kafka source (spark_writer.kafka_arrow): the Arrow batches Spark checks against its schema."""
+"""The rows of the Kafka source (spark_writer.kafka.arrow): the Arrow batches Spark checks against its schema."""
 
 from __future__ import annotations
 
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from spark_writer.kafka_arrow import KAFKA_ARROW_SCHEMA, KAFKA_SCHEMA
+from spark_writer.kafka.arrow import KAFKA_ARROW_SCHEMA, KAFKA_SCHEMA
 
 
 def test_arrow_schema_is_what_spark_expects() -> None:

@@ -1,18 +1,18 @@
-"""The failOnDataLoss policy of the Kafka source (spark_writer.kafka_data_loss): no broker, no JVM."""
+"""The failOnDataLoss policy of the Kafka source (spark_writer.kafka.data_loss): no broker, no JVM."""
 
 from __future__ import annotations
 
 import pytest
 from structlog.testing import capture_logs
 
-from spark_writer.kafka_data_loss import (
+from spark_writer.kafka.data_loss import (
     DataLossError,
     LogBounds,
     apply_data_loss_policy,
     find_lost_partitions,
     lost_records,
 )
-from spark_writer.kafka_offsets import OffsetRange, PartitionKey
+from spark_writer.kafka.offsets import OffsetRange, PartitionKey
 
 A0, A1 = PartitionKey("a", 0), PartitionKey("a", 1)
 

@@ -1,4 +1,4 @@
-"""The driver's Kafka look-ups (spark_writer.kafka_metadata): transient errors retried, others not.
+"""The driver's Kafka look-ups (spark_writer.kafka.metadata): transient errors retried, others not.
 
 A stand-in AdminClient fails as a broker restart or a leader election makes the real one fail.
 """
@@ -15,10 +15,10 @@ from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 from structlog.testing import capture_logs
 
-from spark_writer import kafka_metadata
-from spark_writer.kafka_offsets import OffsetRange
-from spark_writer.kafka_options import parse_options
-from spark_writer.kafka_source import KafkaStreamReader
+from spark_writer.kafka import metadata as kafka_metadata
+from spark_writer.kafka.offsets import OffsetRange
+from spark_writer.kafka.options import parse_options
+from spark_writer.kafka.source import KafkaStreamReader
 
 BOOTSTRAP = {"kafka.bootstrap.servers": "localhost:9092", "subscribe": "a"}
 

@@ -1,4 +1,4 @@
-"""Offset arithmetic of the Kafka source (spark_writer.kafka_offsets): pure functions, no broker, no JVM."""
+"""Offset arithmetic of the Kafka source (spark_writer.kafka.offsets): pure functions, no broker, no JVM."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spark_writer.kafka_offsets import (
+from spark_writer.kafka.offsets import (
     Incarnation,
     OffsetRange,
     PartitionKey,

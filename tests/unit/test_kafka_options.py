@@ -1,10 +1,10 @@
-"""Options of the Kafka source (spark_writer.kafka_options): parsed and validated, no broker, no JVM."""
+"""Options of the Kafka source (spark_writer.kafka.options): parsed and validated, no broker, no JVM."""
 
 from __future__ import annotations
 
 import pytest
 
-from spark_writer.kafka_options import DEFAULT_STARTING_OFFSETS, parse_options, parse_starting_offsets
+from spark_writer.kafka.options import DEFAULT_STARTING_OFFSETS, parse_options, parse_starting_offsets
 
 BOOTSTRAP = {"kafka.bootstrap.servers": "localhost:9092", "subscribe": "a"}
 

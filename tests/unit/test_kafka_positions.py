@@ -9,8 +9,8 @@ import pyarrow as pa
 import pytest
 
 from coordinator_service.contract.source_positions import END_OFFSETS, VALID_THROUGH_MS, check_positions
-from spark_writer.kafka_arrow import KAFKA_ARROW_SCHEMA
-from spark_writer.kafka_positions import (
+from spark_writer.kafka.arrow import KAFKA_ARROW_SCHEMA
+from spark_writer.kafka.positions import (
     MAX_END_OFFSETS_CHARS,
     end_offsets,
     latest_timestamps,

@@ -1,10 +1,10 @@
-"""The consumer an executor reads a range with (spark_writer.kafka_range_reader); reading itself is tested
+"""The consumer an executor reads a range with (spark_writer.kafka.range_reader); reading itself is tested
 against a broker in tests/integration/test_kafka_source.py."""
 
 from __future__ import annotations
 
-from spark_writer.kafka_options import parse_options
-from spark_writer.kafka_range_reader import consumer_config
+from spark_writer.kafka.options import parse_options
+from spark_writer.kafka.range_reader import consumer_config
 
 
 def test_the_consumer_reads_committed_records_and_commits_nothing() -> None:

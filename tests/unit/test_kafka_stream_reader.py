@@ -1,11 +1,11 @@
-"""The Spark side of the Kafka source (spark_writer.kafka_source) that needs no broker: read limits."""
+"""The Spark side of the Kafka source (spark_writer.kafka.source) that needs no broker: read limits."""
 
 from __future__ import annotations
 
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from spark_writer.kafka_options import parse_options
-from spark_writer.kafka_source import KafkaStreamReader, max_rows_of
+from spark_writer.kafka.options import parse_options
+from spark_writer.kafka.source import KafkaStreamReader, max_rows_of
 
 BOOTSTRAP = {"kafka.bootstrap.servers": "localhost:9092", "subscribe": "a"}
 

@@ -71,7 +71,7 @@ def test_the_kafka_sources_planning_process_takes_the_jobs_log_level() -> None:
     program = textwrap.dedent(
         """
         import structlog
-        from spark_writer.kafka_source import KafkaDataSource
+        from spark_writer.kafka.source import KafkaDataSource
 
         source = KafkaDataSource({"kafka.bootstrap.servers": "127.0.0.1:9", "subscribe": "orders"})
         source.streamReader(source.schema())

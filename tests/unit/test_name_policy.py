@@ -20,9 +20,9 @@ from coordinator_service.contract.table_identifiers import (
     sink_name_problem,
     table_identifier_problem,
 )
-from spark_writer.iceberg_sink import check_names
-from spark_writer.route_split import TaskRouting, split_by_route
-from spark_writer.routing import Routes
+from spark_writer.routing.routes import Routes
+from spark_writer.routing.split import TaskRouting, split_by_route
+from spark_writer.sink.iceberg_sink import check_names
 
 WAREHOUSE: Final = "file:///warehouse"
 OWN: Final = "shop.orders"

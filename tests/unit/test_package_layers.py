@@ -107,3 +107,40 @@ def test_only_the_tables_layer_speaks_the_table_format() -> None:
         if "pyiceberg" in third_party(path)
     )
     assert not wrong
+
+
+WRITER: Final = Path(__file__).parents[2] / "spark_writer"
+# The writer's packages, lowest first: the Kafka source, the formats, the routes, the sink (the job and the process's
+# helpers sit at the top of the package).
+WRITER_LAYERS: Final = ("kafka", "formats", "routing", "sink")
+
+
+@pytest.mark.parametrize("layer", WRITER_LAYERS)
+def test_a_writer_layer_imports_only_the_layers_below_it_and_the_shared_helpers(layer: str) -> None:
+    """The sink uses the formats and the source; the formats know nothing of the sink or of Kafka's offsets; the
+    routes are pure. A module at the top of the package a layer uses (arrow_schema, spark_errors, ...) imports
+    no layer at all."""
+    allowed = set(WRITER_LAYERS[: WRITER_LAYERS.index(layer) + 1])
+    wrong = set()
+    for path in sorted((WRITER / layer).rglob("*.py")):
+        for name in writer_imports(path):
+            first = name.split(".")[0]
+            if first in WRITER_LAYERS and first not in allowed:
+                wrong.add(f"{path.relative_to(WRITER)} imports {name}")
+            elif first not in WRITER_LAYERS and {n.split(".")[0] for n in writer_imports(WRITER / f"{first}.py")} & set(
+                WRITER_LAYERS
+            ):
+                wrong.add(f"{path.relative_to(WRITER)} imports {name}, which imports a layer")
+    assert not wrong, sorted(wrong)
+
+
+def writer_imports(source: Path) -> set[str]:
+    """The spark_writer modules `source` imports, as dotted names below spark_writer."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "spark_writer":
+                names.update(alias.name for alias in node.names)
+            elif node.module.startswith("spark_writer."):
+                names.add(node.module.removeprefix("spark_writer."))
+    return names

@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from spark_writer.parquet_writer import DataFileTarget, task_writer
-from spark_writer.partitioning import parse_partition_fields
+from spark_writer.sink.parquet_writer import DataFileTarget, task_writer
+from spark_writer.sink.partitioning import parse_partition_fields
 
 SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("region", pa.string()), pa.field("note", pa.string())])
 

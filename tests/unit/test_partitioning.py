@@ -13,7 +13,7 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import IcebergType
 
 from coordinator_service.tables.iceberg import parse_partition_field
-from spark_writer.partitioning import parse_partition_fields, partition_values, split_by_partition
+from spark_writer.sink.partitioning import parse_partition_fields, partition_values, split_by_partition
 
 SCHEMA = pa.schema(
     [

@@ -15,11 +15,11 @@ from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf.message import Message
 
-from spark_writer import schema_registry
-from spark_writer.kafka_records import BadRecordError
-from spark_writer.registry_decoding import UnsupportedSchemaError
-from spark_writer.registry_records import RegistryBatchParser, RegistryFormat, RegistrySubject
-from spark_writer.schema_registry import RegistrySettings, registry_client
+from spark_writer.formats import schema_registry
+from spark_writer.formats.registry_decoding import UnsupportedSchemaError
+from spark_writer.formats.schema_registry import RegistrySettings, registry_client
+from spark_writer.sink.kafka_records import BadRecordError
+from spark_writer.sink.registry_records import RegistryBatchParser, RegistryFormat, RegistrySubject
 from tests.fixtures.registry_records import FIRST_OFFSET, compile_proto, kafka_batch, next_decoding, reasons
 
 ORDER_V1 = """

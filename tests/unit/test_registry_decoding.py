@@ -7,10 +7,10 @@ import pyarrow as pa
 import pytest
 
 from sink_coordinator_demo.ports import free_port
-from spark_writer.avro_decoding import AvroPayloads
-from spark_writer.registry_decoding import RegistryValues
-from spark_writer.schema_registry import RegistrySettings, RegistryUnavailableError, registry_client
-from spark_writer.wire_format import split_frames
+from spark_writer.formats.avro_decoding import AvroPayloads
+from spark_writer.formats.registry_decoding import RegistryValues
+from spark_writer.formats.schema_registry import RegistrySettings, RegistryUnavailableError, registry_client
+from spark_writer.formats.wire_format import split_frames
 
 
 @pytest.mark.parametrize("binary_type", [pa.binary(), pa.large_binary()])

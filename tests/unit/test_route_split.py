@@ -8,9 +8,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from spark_writer.parquet_writer import DataFileTarget, task_writer
-from spark_writer.partitioning import parse_partition_fields
-from spark_writer.route_split import (
+from spark_writer.routing.routes import Routes, Unrouted
+from spark_writer.routing.split import (
     MAX_UNROUTED_VALUES,
     OTHER_VALUES,
     TaskRouting,
@@ -18,7 +17,8 @@ from spark_writer.route_split import (
     record_origin,
     split_by_route,
 )
-from spark_writer.routing import Routes, Unrouted
+from spark_writer.sink.parquet_writer import DataFileTarget, task_writer
+from spark_writer.sink.partitioning import parse_partition_fields
 
 SCHEMA = pa.schema(
     [

@@ -1,11 +1,11 @@
-"""The routing spec (spark_writer.routing): what a Routes accepts, the schemas it routes, sink-writer's flags."""
+"""The routing spec (spark_writer.routing.routes): what a Routes accepts, the schemas it routes, sink-writer's flags."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 import pytest
 
-from spark_writer.routing import Routes, Unrouted, parse_route, routes_from_flags
+from spark_writer.routing.routes import Routes, Unrouted, parse_route, routes_from_flags
 
 SCHEMA = pa.schema(
     [

@@ -16,9 +16,10 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 from structlog.testing import capture_logs
 
-from spark_writer import kafka_metadata, start_checks
+from spark_writer import start_checks
 from spark_writer.job_failures import ExitCode, JobFailure
-from spark_writer.kafka_options import KafkaSourceOptions, parse_options
+from spark_writer.kafka import metadata as kafka_metadata
+from spark_writer.kafka.options import KafkaSourceOptions, parse_options
 from spark_writer.start_checks import wait_for_topics
 from spark_writer.stop_signals import StopRequest, stop_on_signals
 

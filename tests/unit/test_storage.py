@@ -1,4 +1,5 @@
-"""The writer's storage settings (spark_writer.storage): pyiceberg's FileIO keys, checked up front, secrets hidden."""
+"""The writer's storage settings (spark_writer.sink.storage): pyiceberg's FileIO keys, checked up front, secrets
+hidden."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pyarrow.fs as pafs
 import pytest
 
-from spark_writer.storage import Storage
+from spark_writer.sink.storage import Storage
 
 S3 = {
     "s3.endpoint": "http://127.0.0.1:9000",

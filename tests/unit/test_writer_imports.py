@@ -37,22 +37,9 @@ SERVER_MODULES = (
     "starlette",
     "uvicorn",
 )
-# The modules of coordinator_service the writer may import: they import only the base dependencies.
-SHARED_MODULES = (
-    "coordinator_service",
-    "coordinator_service.contract.client",
-    "coordinator_service.contract.errors",
-    "coordinator_service.contract.flag_values",
-    "coordinator_service.contract.logs",
-    "coordinator_service.contract.partition_syntax",
-    "coordinator_service.contract.rpc",
-    "coordinator_service.contract.rpc.sink_coordinator_pb2",
-    "coordinator_service.contract.rpc.sink_coordinator_pb2_grpc",
-    "coordinator_service.contract.source_positions",
-    "coordinator_service.contract.table_identifiers",
-    "coordinator_service.contract.views",
-    "coordinator_service.contract.wire",
-)
+# The part of coordinator_service the writer may import: the package itself and its contract/ (which imports only the
+# base dependencies: tests/unit/test_package_layers.py).
+SHARED_PACKAGES = ("coordinator_service", "coordinator_service.contract")
 SERVER_DISTRIBUTIONS = frozenset(
     canonicalize_name(name)
     for name in (
@@ -80,14 +67,14 @@ import importlib.abc
 import sys
 
 SERVER_MODULES = {SERVER_MODULES!r}
-SHARED_MODULES = {SHARED_MODULES!r}
+SHARED_PACKAGES = {SHARED_PACKAGES!r}
 WRITER_MODULES = {WRITER_MODULES!r}
 
 
 def server_only(name):
     top = name.partition(".")[0]
     if top == "coordinator_service":
-        return name not in SHARED_MODULES
+        return name != SHARED_PACKAGES[0] and not (name + ".").startswith(SHARED_PACKAGES[1] + ".")
     return top in SERVER_MODULES or top == "sink_coordinator_demo"
 
 
@@ -116,18 +103,18 @@ import pyarrow.parquet as pq
 from typer.testing import CliRunner
 
 import spark_writer.arrow_schema
-import spark_writer.checkpoint
-import spark_writer.dead_letters
-import spark_writer.iceberg_sink
+import spark_writer.sink.checkpoint
+import spark_writer.formats.dead_letters
+import spark_writer.sink.iceberg_sink
 import spark_writer.job
-import spark_writer.kafka_records
-import spark_writer.listener
+import spark_writer.sink.kafka_records
+import spark_writer.sink.listener
 import spark_writer.session
 from coordinator_service.contract.client import CoordinatorClient
 from spark_writer.job import KafkaSettings, ParseSettings, SinkSettings, app
-from spark_writer.kafka_options import parse_options
-from spark_writer.parquet_writer import DataFileTarget, task_writer
-from spark_writer.partitioning import parse_partition_fields
+from spark_writer.kafka.options import parse_options
+from spark_writer.sink.parquet_writer import DataFileTarget, task_writer
+from spark_writer.sink.partitioning import parse_partition_fields
 
 # The job's command line builds its options (and refuses a bad one) before Spark starts.
 required = ["--bootstrap-servers", "b:9092", "--topic", "orders", "--sink", "s", "--table", "shop.orders"]
@@ -162,10 +149,10 @@ with tempfile.TemporaryDirectory() as location:
 # An executor's decoding of Avro values with their schema from a registry (the in-memory one).
 from confluent_kafka.schema_registry import Schema
 
-import spark_writer.registry_records
-from spark_writer.avro_decoding import AvroPayloads
-from spark_writer.registry_decoding import RegistryDecoder, RegistryValues
-from spark_writer.schema_registry import RegistrySettings, registry_client
+import spark_writer.sink.registry_records
+from spark_writer.formats.avro_decoding import AvroPayloads
+from spark_writer.formats.registry_decoding import RegistryDecoder, RegistryValues
+from spark_writer.formats.schema_registry import RegistrySettings, registry_client
 
 registry = RegistrySettings.of("mock://imports")
 record = '{"type": "record", "name": "R", "fields": [{"name": "id", "type": "long"}]}'
@@ -202,9 +189,9 @@ print("the server ran without the writer's modules")
 # job parses its options before Spark starts, and the offsets are unit-tested without a broker or a JVM.
 PURE_KAFKA_SOURCE_PATHS = """
 absent = lambda name: name.partition(".")[0] in ("confluent_kafka", "pandas", "py4j", "pyarrow", "pyspark")
-from spark_writer.kafka_data_loss import LogBounds, apply_data_loss_policy
-from spark_writer.kafka_offsets import PartitionKey, plan_end_offsets, plan_ranges
-from spark_writer.kafka_options import parse_options
+from spark_writer.kafka.data_loss import LogBounds, apply_data_loss_policy
+from spark_writer.kafka.offsets import PartitionKey, plan_end_offsets, plan_ranges
+from spark_writer.kafka.options import parse_options
 
 options = parse_options({"kafka.bootstrap.servers": "b:9092", "subscribe": "a", "maxOffsetsPerTrigger": "3"})
 key = PartitionKey("a", 0)

@@ -68,14 +68,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from spark_writer.decoded_batch import (
+from spark_writer.formats.decoded_batch import (
     KAFKA_METADATA_COLUMNS,
     KAFKA_METADATA_FIELDS,
     REASON_COLUMN,
     UTC,
     DecodedBatch,
 )
-from spark_writer.wire_format import TOMBSTONE
+from spark_writer.formats.wire_format import TOMBSTONE
 
 RECORD_BY_RECORD_BELOW: Final = 16
 NOT_JSON: Final = "not valid JSON"

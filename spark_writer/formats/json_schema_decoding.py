@@ -35,10 +35,10 @@ from typing import Any, Final
 import pyarrow as pa
 from confluent_kafka.schema_registry import Schema
 
-from spark_writer.decoded_batch import UTC
-from spark_writer.json_decoding import JsonDecoder
-from spark_writer.registry_decoding import UnreadableSchemaError, UnsupportedSchemaError, decode_by_writer
-from spark_writer.schema_registry import RegistrySettings, schema_by_id
+from spark_writer.formats.decoded_batch import UTC
+from spark_writer.formats.json_decoding import JsonDecoder
+from spark_writer.formats.registry_decoding import UnreadableSchemaError, UnsupportedSchemaError, decode_by_writer
+from spark_writer.formats.schema_registry import RegistrySettings, schema_by_id
 
 SIMPLE: Final = {"integer": pa.int64(), "number": pa.float64(), "boolean": pa.bool_()}
 STRING_FORMATS: Final = {"date-time": pa.timestamp("us", tz=UTC), "date": pa.date32()}

@@ -1,7 +1,7 @@
-"""A task's rows split by route (spark_writer.routing): each table's rows, the records no route takes, and the
+"""A task's rows split by route (spark_writer.routing.routes): each table's rows, the records no route takes, and the
 tables the task has no location for.
 
-It runs in the writer's tasks (spark_writer.parquet_writer.task_writer) on every Arrow table of rows, before the
+It runs in the writer's tasks (spark_writer.sink.parquet_writer.task_writer) on every Arrow table of rows, before the
 rows are split by partition. The route column is dictionary-encoded, so a batch looks a route up (and, in
 dynamic mode, checks an identifier) once per distinct value, not per row, and the rows are grouped in one
 pass (Arrow's group_by), whatever the number of tables.
@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from coordinator_service.contract.errors import quote
 from coordinator_service.contract.table_identifiers import table_identifier_problem
-from spark_writer.routing import Routes, Unrouted
+from spark_writer.routing.routes import Routes, Unrouted
 
 # Distinct unrouted values a task describes; the records of any others are counted together.
 MAX_UNROUTED_VALUES: Final = 10

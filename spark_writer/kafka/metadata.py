@@ -21,8 +21,8 @@ from confluent_kafka import IsolationLevel, KafkaError, KafkaException, TopicCol
 from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
-from spark_writer.kafka_offsets import Offsets, PartitionKey
-from spark_writer.kafka_options import KafkaSourceOptions
+from spark_writer.kafka.offsets import Offsets, PartitionKey
+from spark_writer.kafka.options import KafkaSourceOptions
 
 log = structlog.get_logger(__name__)
 

@@ -24,11 +24,11 @@ import pyarrow as pa
 import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from spark_writer.kafka_arrow import ArrowBatchBuilder
-from spark_writer.kafka_data_loss import LogBounds, apply_data_loss_policy
-from spark_writer.kafka_metadata import METADATA_TIMEOUT_SECONDS
-from spark_writer.kafka_offsets import OffsetRange
-from spark_writer.kafka_options import SOURCE_NAME, KafkaSourceOptions
+from spark_writer.kafka.arrow import ArrowBatchBuilder
+from spark_writer.kafka.data_loss import LogBounds, apply_data_loss_policy
+from spark_writer.kafka.metadata import METADATA_TIMEOUT_SECONDS
+from spark_writer.kafka.offsets import OffsetRange
+from spark_writer.kafka.options import SOURCE_NAME, KafkaSourceOptions
 
 log = structlog.get_logger(__name__)
 

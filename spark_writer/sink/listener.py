@@ -38,7 +38,7 @@ from pyspark.sql.streaming.listener import (
 )
 
 from coordinator_service.contract.client import CoordinatorClient, CoordinatorRpcError
-from spark_writer.checkpoint import NO_BATCH, SparkCheckpoint
+from spark_writer.sink.checkpoint import NO_BATCH, SparkCheckpoint
 
 log = structlog.get_logger(__name__)
 

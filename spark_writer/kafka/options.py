@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-from spark_writer.kafka_offsets import EARLIEST, RESERVED_KEY_PREFIX, StartingOffsets
+from spark_writer.kafka.offsets import EARLIEST, RESERVED_KEY_PREFIX, StartingOffsets
 
 # spark.readStream.format(SOURCE_NAME)
 SOURCE_NAME: Final = "sink_coordinator_kafka"

@@ -27,7 +27,7 @@ from typing import Final
 
 from pyspark.sql.types import StructType
 
-from spark_writer.decoded_batch import KAFKA_METADATA_COLUMNS
+from spark_writer.formats.decoded_batch import KAFKA_METADATA_COLUMNS
 
 EMPTY_NAME: Final = "an empty name cannot name a column"
 KAFKA_METADATA_NAME: Final = "the name of a --kafka-metadata column"

@@ -10,19 +10,19 @@ through the coordinator's two-phase commit:
    above it that an earlier run pre-committed (Spark will run them again) and
    commits those at or below it (Spark will not).
 2. For batch N the executors write Parquet files under ``<table location>/data``
-   (``spark_writer.parquet_writer``); the driver pre-commits their paths, with
+   (``spark_writer.sink.parquet_writer``); the driver pre-commits their paths, with
    their footers and sizes, as epoch N. PreCommit answers once the epoch is durable in the coordinator's log;
    any error fails the batch, so Spark does not checkpoint it.
-3. Spark writes ``commits/N``; then CommitCheckpoint(N) (``spark_writer.listener``)
+3. Spark writes ``commits/N``; then CommitCheckpoint(N) (``spark_writer.sink.listener``)
    lets the coordinator append the epoch to the table.
 
 A batch that Spark runs again after a crash is pre-committed again under the
 new writer term (a new attempt of the epoch); files of the aborted attempt are
 deleted by the coordinator and never reach the table.
 
-With ``routes`` (fan-out, ``spark_writer.routing``) the records go to several
+With ``routes`` (fan-out, ``spark_writer.routing.routes``) the records go to several
 tables by a column: the tasks write each table's rows under its location and the
-one PreCommit of the batch names each file's table (``spark_writer.fan_out``).
+one PreCommit of the batch names each file's table (``spark_writer.sink.fan_out``).
 """
 
 from __future__ import annotations
@@ -44,17 +44,17 @@ from coordinator_service.contract.client import CoordinatorClient, CoordinatorRp
 from coordinator_service.contract.table_identifiers import sink_name_problem, table_identifier_problem
 from coordinator_service.contract.views import PreCommitOutcome, Registration
 from spark_writer.arrow_schema import arrow_schema_of, serialize_schema
-from spark_writer.checkpoint import NO_OFFSET, SparkCheckpoint
-from spark_writer.fan_out import FanOut
-from spark_writer.kafka_positions import TopicPartition, merge_latest, position_properties
-from spark_writer.listener import CheckpointListener, CheckpointReporter
-from spark_writer.parquet_writer import WRITTEN_FILES_DDL, DataFileTarget, delete_files, task_writer
-from spark_writer.partitioning import parse_partition_fields
-from spark_writer.routing import Routes
-from spark_writer.storage import Storage
+from spark_writer.kafka.positions import TopicPartition, merge_latest, position_properties
+from spark_writer.routing.routes import Routes
+from spark_writer.sink.checkpoint import NO_OFFSET, SparkCheckpoint
+from spark_writer.sink.fan_out import FanOut
+from spark_writer.sink.listener import CheckpointListener, CheckpointReporter
+from spark_writer.sink.parquet_writer import WRITTEN_FILES_DDL, DataFileTarget, delete_files, task_writer
+from spark_writer.sink.partitioning import parse_partition_fields
+from spark_writer.sink.storage import Storage
 
 if TYPE_CHECKING:
-    from spark_writer.kafka_records import BatchInput
+    from spark_writer.sink.kafka_records import BatchInput
 
 log = structlog.get_logger(__name__)
 
@@ -80,7 +80,7 @@ BatchTransform = Callable[[DataFrame], DataFrame]
 
 @runtime_checkable
 class DecodesInTasks(Protocol):
-    """A transform whose work happens in the writer's own tasks (spark_writer.kafka_records.JsonBatchParser).
+    """A transform whose work happens in the writer's own tasks (spark_writer.sink.kafka_records.JsonBatchParser).
 
     `prepare` gives, per batch, the DataFrame the tasks read, the table rows' Arrow
     schema and how the tasks decode their input into rows; once the files are
@@ -360,8 +360,8 @@ def write_to_iceberg(
             the batch fails; a failed checkpoint report is sent again on its own until it lands.
         storage: how executors reach the table's location, as pyiceberg's FileIO properties (`s3.endpoint`,
             `s3.region`, `s3.access-key-id`, ...: the coordinator's catalog takes the same keys); keys left
-            out come from each machine's environment (spark_writer.storage).
-        routes: fan-out: route each record to a table by a column (spark_writer.routing.Routes); `table` is the
+            out come from each machine's environment (spark_writer.sink.storage).
+        routes: fan-out: route each record to a table by a column (spark_writer.routing.routes.Routes); `table` is the
             sink's own table, where unrouted records go under Unrouted.DEFAULT. Each route table is created like
             `table` (from the data's schema, partitioned by `partition_by`) and evolved by its own files.
 

@@ -30,9 +30,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka.schema_registry import Schema
 
-from spark_writer.decoded_batch import KAFKA_METADATA_FIELDS, DecodedBatch, metadata_columns, split_by_reasons
-from spark_writer.schema_registry import RegistrySettings, SchemaNotFoundError, parsed_schema
-from spark_writer.wire_format import TOMBSTONE, split_frames
+from spark_writer.formats.decoded_batch import KAFKA_METADATA_FIELDS, DecodedBatch, metadata_columns, split_by_reasons
+from spark_writer.formats.schema_registry import RegistrySettings, SchemaNotFoundError, parsed_schema
+from spark_writer.formats.wire_format import TOMBSTONE, split_frames
 
 VALUE_COLUMN: Final = "value"
 KEY_COLUMN: Final = "key"

@@ -36,10 +36,10 @@ from pyspark.sql import DataFrame, Row
 
 from coordinator_service.contract.client import CoordinatorClient, CoordinatorRpcError, TableSpec
 from spark_writer.arrow_schema import serialize_schema
-from spark_writer.parquet_writer import WRITTEN_FILES_DDL, DataFileTarget, delete_files, task_writer
-from spark_writer.route_split import TaskRouting
-from spark_writer.routing import Routes, UnroutedRecordsError
-from spark_writer.storage import Storage
+from spark_writer.routing.routes import Routes, UnroutedRecordsError
+from spark_writer.routing.split import TaskRouting
+from spark_writer.sink.parquet_writer import WRITTEN_FILES_DDL, DataFileTarget, delete_files, task_writer
+from spark_writer.sink.storage import Storage
 
 log = structlog.get_logger(__name__)
 

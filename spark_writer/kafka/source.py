@@ -66,10 +66,10 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from spark_writer.kafka_arrow import KAFKA_SCHEMA
-from spark_writer.kafka_data_loss import LogBounds, apply_data_loss_policy, find_lost_partitions, report_data_loss
-from spark_writer.kafka_metadata import KafkaMetadata
-from spark_writer.kafka_offsets import (
+from spark_writer.kafka.arrow import KAFKA_SCHEMA
+from spark_writer.kafka.data_loss import LogBounds, apply_data_loss_policy, find_lost_partitions, report_data_loss
+from spark_writer.kafka.metadata import KafkaMetadata
+from spark_writer.kafka.offsets import (
     OffsetRange,
     Offsets,
     batch_start_offsets,
@@ -86,8 +86,8 @@ from spark_writer.kafka_offsets import (
     replaced_topics,
     resolve_starting_offsets,
 )
-from spark_writer.kafka_options import SOURCE_NAME, KafkaSourceOptions, parse_options
-from spark_writer.kafka_range_reader import read_range
+from spark_writer.kafka.options import SOURCE_NAME, KafkaSourceOptions, parse_options
+from spark_writer.kafka.range_reader import read_range
 from spark_writer.worker_logging import configure_worker_logging
 
 log = structlog.get_logger(__name__)

@@ -40,15 +40,15 @@ import fastavro
 import pyarrow as pa
 from confluent_kafka.schema_registry import Schema
 
-from spark_writer.decoded_batch import UTC
-from spark_writer.registry_decoding import (
+from spark_writer.formats.decoded_batch import UTC
+from spark_writer.formats.registry_decoding import (
     ARROW_ERRORS,
     UnreadableSchemaError,
     UnsupportedSchemaError,
     decode_by_writer,
     fitted,
 )
-from spark_writer.schema_registry import RegistrySettings, schema_by_id, subject_version
+from spark_writer.formats.schema_registry import RegistrySettings, schema_by_id, subject_version
 
 MAX_DECIMAL_PRECISION: Final = 38
 # Logical types read as their underlying type and converted in Arrow (see the module's docstring).

@@ -19,7 +19,7 @@ from typing import Final
 
 import structlog
 
-from spark_writer.kafka_offsets import OffsetRange, PartitionKey
+from spark_writer.kafka.offsets import OffsetRange, PartitionKey
 
 log = structlog.get_logger(__name__)
 

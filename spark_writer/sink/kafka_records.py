@@ -9,14 +9,14 @@ Three ways to get the schema of JSON values:
   types inferred from that batch, and the coordinator adds the columns to the
   table (PreCommit with evolve_schema). Fields already known keep their type.
 
-The values are decoded on the executors, in Arrow (``spark_writer.json_decoding``,
+The values are decoded on the executors, in Arrow (``spark_writer.formats.json_decoding``,
 which says why and how): by the writer's own tasks for ``JsonBatchParser``, so that
 a batch's records cross from Python to the JVM and back only as bytes, and by a
 ``mapInArrow`` step for ``json_records``.
 
 What becomes of a record that does not fit (``RecordDecoding``: fail, null,
 dead-letter) is the same for every decoder, JSON or the registry formats'
-(``spark_writer.registry_records``), which give the same ``DecodedBatch``.
+(``spark_writer.sink.registry_records``), which give the same ``DecodedBatch``.
 """
 
 from __future__ import annotations
@@ -35,16 +35,16 @@ from pyspark.sql import functions as sql
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
 from spark_writer.arrow_schema import arrow_schema_of
-from spark_writer.dead_letters import DeadLetterProducer, DeadLetterTarget
-from spark_writer.decoded_batch import REASON_COLUMN, UTC, DecodedBatch
-from spark_writer.json_columns import grow
-from spark_writer.json_decoding import JsonDecoder
-from spark_writer.kafka_metadata import KafkaMetadata
-from spark_writer.kafka_offsets import OffsetRange
-from spark_writer.kafka_options import parse_options
-from spark_writer.kafka_positions import TopicPartition, latest_timestamps, merge_latest
-from spark_writer.kafka_range_reader import read_range
-from spark_writer.parquet_writer import DecodingSummary
+from spark_writer.formats.dead_letters import DeadLetterProducer, DeadLetterTarget
+from spark_writer.formats.decoded_batch import REASON_COLUMN, UTC, DecodedBatch
+from spark_writer.formats.json_columns import grow
+from spark_writer.formats.json_decoding import JsonDecoder
+from spark_writer.kafka.metadata import KafkaMetadata
+from spark_writer.kafka.offsets import OffsetRange
+from spark_writer.kafka.options import parse_options
+from spark_writer.kafka.positions import TopicPartition, latest_timestamps, merge_latest
+from spark_writer.kafka.range_reader import read_range
+from spark_writer.sink.parquet_writer import DecodingSummary
 from spark_writer.spark_errors import spark_message
 
 log = structlog.get_logger(__name__)
@@ -72,7 +72,7 @@ ON_BAD_RECORD_HINT: Final = (
 # The zone of JSON timestamps that carry none (the same in every session: local, spark-submit, ...).
 DEFAULT_JSON_TIME_ZONE: Final = UTC
 RAW_COLUMNS: Final = ("key", "value", "topic", "partition", "offset", "timestamp")
-# The Spark types of the kafka_* columns (spark_writer.json_decoding.KAFKA_METADATA_COLUMNS).
+# The Spark types of the kafka_* columns (spark_writer.formats.json_decoding.KAFKA_METADATA_COLUMNS).
 KAFKA_METADATA_FIELDS: Final = (
     StructField("kafka_topic", StringType()),
     StructField("kafka_partition", IntegerType()),

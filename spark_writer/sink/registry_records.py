@@ -45,24 +45,29 @@ from confluent_kafka.schema_registry import RegisteredSchema
 from pyspark.sql import DataFrame
 from pyspark.sql.pandas.types import from_arrow_type
 
-from spark_writer.avro_decoding import AvroPayloads, avro_table_type
-from spark_writer.dead_letters import DeadLetterTarget
-from spark_writer.json_schema_decoding import JsonSchemaPayloads, json_schema_table_type
-from spark_writer.kafka_records import (
-    BadRecordPolicy,
-    BatchInput,
-    RecordDecoding,
-    bad_record_properties,
-    task_columns,
+from spark_writer.formats.avro_decoding import AvroPayloads, avro_table_type
+from spark_writer.formats.dead_letters import DeadLetterTarget
+from spark_writer.formats.json_schema_decoding import JsonSchemaPayloads, json_schema_table_type
+from spark_writer.formats.protobuf_decoding import SERIALIZED, ProtobufPayloads, protobuf_table_type
+from spark_writer.formats.registry_decoding import (
+    PayloadDecoder,
+    RegistryDecoder,
+    RegistryValues,
+    UnsupportedSchemaError,
 )
-from spark_writer.protobuf_decoding import SERIALIZED, ProtobufPayloads, protobuf_table_type
-from spark_writer.registry_decoding import PayloadDecoder, RegistryDecoder, RegistryValues, UnsupportedSchemaError
-from spark_writer.schema_registry import (
+from spark_writer.formats.schema_registry import (
     RegistrySettings,
     SchemaNotFoundError,
     latest_version,
     subject_version,
     subject_versions,
+)
+from spark_writer.sink.kafka_records import (
+    BadRecordPolicy,
+    BatchInput,
+    RecordDecoding,
+    bad_record_properties,
+    task_columns,
 )
 
 log = structlog.get_logger(__name__)

@@ -11,11 +11,11 @@ path so that the coordinator need not read it from storage; the driver
 pre-commits exactly those files, so files of a failed attempt never reach the
 table (the attempt deletes them when it fails by an exception). A task given a
 decoding (``DataFileTarget.decoding``) receives Kafka records and decodes them into
-table rows itself (``spark_writer.kafka_records.RecordDecoding``), and also yields
+table rows itself (``spark_writer.sink.kafka_records.RecordDecoding``), and also yields
 the count of the records that did not fit and the latest record timestamp of each
-Kafka topic-partition it read (spark_writer.kafka_positions). A task given routes
+Kafka topic-partition it read (spark_writer.kafka.positions). A task given routes
 (``DataFileTarget.routing``, fan-out) splits its rows by route first
-(``spark_writer.route_split``) and writes each table's rows under that table's own
+(``spark_writer.routing.split``) and writes each table's rows under that table's own
 location; its file rows name the table (null: the sink's own), and it also yields
 the tables it had rows for but no location, and the values no route took.
 """
@@ -34,9 +34,9 @@ import pyarrow.parquet as pq
 import structlog
 from pyspark import TaskContext
 
-from spark_writer.partitioning import PartitionField, PartitionKey, split_by_partition
-from spark_writer.route_split import TaskRouting, UnroutedTally, record_origin, split_by_route
-from spark_writer.storage import Storage
+from spark_writer.routing.split import TaskRouting, UnroutedTally, record_origin, split_by_route
+from spark_writer.sink.partitioning import PartitionField, PartitionKey, split_by_partition
+from spark_writer.sink.storage import Storage
 
 log = structlog.get_logger(__name__)
 
@@ -76,7 +76,8 @@ TaskWriter = Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 
 
 class TaskDecoder(Protocol):
-    """One task's turning of its input batches into table rows (spark_writer.kafka_records.RecordDecodingTask)."""
+    """One task's turning of its input batches into table rows
+    (spark_writer.sink.kafka_records.RecordDecodingTask)."""
 
     def rows(self, batch: pa.RecordBatch) -> pa.Table: ...
 

@@ -47,15 +47,15 @@ from google.protobuf.descriptor_pool import DescriptorPool
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
 
-from spark_writer.decoded_batch import UTC
-from spark_writer.registry_decoding import (
+from spark_writer.formats.decoded_batch import UTC
+from spark_writer.formats.registry_decoding import (
     ARROW_ERRORS,
     UnreadableSchemaError,
     UnsupportedSchemaError,
     decode_by_writer,
     fitted,
 )
-from spark_writer.schema_registry import RegistrySettings, schema_by_id, subject_version
+from spark_writer.formats.schema_registry import RegistrySettings, schema_by_id, subject_version
 
 SERIALIZED: Final = "serialized"
 MAIN_FILE: Final = "registered.proto"
