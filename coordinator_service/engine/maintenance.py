@@ -48,7 +48,7 @@ from coordinator_service.failpoints import Failpoint
 from coordinator_service.log import commit_lock, path_claims, repository
 from coordinator_service.log.commit_lock import CommitLock
 from coordinator_service.log.database import Database
-from coordinator_service.log.models import MaintenanceRun, Sink
+from coordinator_service.log.models import MaintenanceOutcome, MaintenanceRun, MaintenanceTrigger, Sink
 from coordinator_service.log.path_claims import MarkRule
 from coordinator_service.settings import MaintenancePolicy, Settings
 from coordinator_service.tables import table_maintenance as tm
@@ -61,10 +61,6 @@ log = structlog.get_logger(__name__)
 RUNS_KEPT = 100
 # Orphan files deleted between two verifications of the commit lock.
 ORPHAN_DELETE_BATCH = 100
-SCHEDULE = "schedule"
-OPERATOR = "operator"
-# A commit took a table past a bound (coordinator_service.engine.committer, _check_thresholds).
-THRESHOLD = "threshold"
 
 
 def policy_of(settings: Settings, sink: Sink) -> MaintenancePolicy:
@@ -129,8 +125,8 @@ class Maintainer:
                 log.warning("table maintenance could not look for due sinks; will try again", error=cause(error))
                 due = []
             wanted, self._wanted = self._wanted, set()
-            runs = [(sink_id, THRESHOLD) for sink_id in sorted(wanted)]
-            runs += [(sink_id, SCHEDULE) for sink_id in due if sink_id not in wanted]
+            runs = [(sink_id, MaintenanceTrigger.THRESHOLD) for sink_id in sorted(wanted)]
+            runs += [(sink_id, MaintenanceTrigger.SCHEDULE) for sink_id in due if sink_id not in wanted]
             # Up to MAINTENANCE_CONCURRENCY sinks at a time: one slow table does not hold the others' runs back.
             slots = asyncio.Semaphore(self.settings.maintenance_concurrency)
             await asyncio.gather(*(self._run_when_free(sink_id, trigger, slots) for sink_id, trigger in runs))
@@ -138,7 +134,7 @@ class Maintainer:
                 await asyncio.wait_for(self._wake.wait(), self.settings.poll_interval_seconds)
             self._wake.clear()
 
-    async def _run_when_free(self, sink_id: int, trigger: str, slots: asyncio.Semaphore) -> None:
+    async def _run_when_free(self, sink_id: int, trigger: MaintenanceTrigger, slots: asyncio.Semaphore) -> None:
         """The sink's run, if its commit lock is free; one sink's failure (its table, its stored overrides,
         anything) never keeps the others from theirs."""
         async with slots:
@@ -146,7 +142,7 @@ class Maintainer:
                 async with commit_lock.try_holding(self.database, sink_id) as lock:
                     if lock is not None:
                         await self._run(sink_id, trigger, lock)
-                    elif trigger == THRESHOLD:
+                    elif trigger == MaintenanceTrigger.THRESHOLD:
                         self._wanted.add(sink_id)  # its committer is at work: the next round
             except Exception as error:
                 log.warning("table maintenance of a sink failed; will try again", sink_id=sink_id, error=cause(error))
@@ -186,9 +182,9 @@ class Maintainer:
         async with commit_lock.holding(
             self.database, sink_id, self.settings.admin_lock_timeout_seconds, "maintenance"
         ) as lock:
-            return await self._run(sink_id, OPERATOR, lock)
+            return await self._run(sink_id, MaintenanceTrigger.OPERATOR, lock)
 
-    async def _run(self, sink_id: int, trigger: str, lock: CommitLock) -> MaintenanceRun:
+    async def _run(self, sink_id: int, trigger: MaintenanceTrigger, lock: CommitLock) -> MaintenanceRun:
         async with self.database.transaction() as session:
             sink = await repository.sink_by_id(session, sink_id)
             if sink is None:
@@ -200,7 +196,9 @@ class Maintainer:
         started = time.monotonic()
         log_ = log.bind(sink=sink.name, trigger=trigger)
         interval = timedelta(seconds=policy.orphan_sweep_interval_seconds)
-        sweep = trigger == OPERATOR or last_sweep is None or datetime.now(UTC) - last_sweep >= interval
+        sweep = (
+            trigger == MaintenanceTrigger.OPERATOR or last_sweep is None or datetime.now(UTC) - last_sweep >= interval
+        )
         errors: list[str] = []
         try:
             for table in tables:
@@ -214,14 +212,14 @@ class Maintainer:
                     log_.warning("table maintenance failed; the next run plans again", table=table, error=errors[-1])
                     if isinstance(error, CommitLockLost):
                         break  # nothing more without the lock
-            run.outcome = "failed" if errors else "ok"
+            run.outcome = MaintenanceOutcome.FAILED if errors else MaintenanceOutcome.OK
             run.error = "; ".join(errors) or None
         finally:
             async with self.database.transaction() as session:
                 await repository.finish_maintenance_run(session, run, RUNS_KEPT)
             metrics.record_maintenance(sink.name, run, time.monotonic() - started)
             self.committer.wake(sink_id)  # commits waited for the lock meanwhile
-        if run.outcome == "ok":
+        if run.outcome == MaintenanceOutcome.OK:
             log_.info(
                 "table maintained",
                 snapshots_expired=run.snapshots_expired,

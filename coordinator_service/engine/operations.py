@@ -43,7 +43,7 @@ from coordinator_service.log.database import Database
 from coordinator_service.log.models import AbortCause, MaintenanceRun, PendingSinkState, Sink
 from coordinator_service.log.path_claims import CleanupDelays, MarkRule
 from coordinator_service.log.precommit_metadata import PreCommitMetadata
-from coordinator_service.log.repository import EpochCounts, TableOfSink
+from coordinator_service.log.repository import EpochCounts, RowLock, TableOfSink
 from coordinator_service.settings import MaintenancePolicy, Settings
 from coordinator_service.tables.catalog_calls import in_catalog
 from coordinator_service.tables.iceberg import IcebergGateway
@@ -248,7 +248,7 @@ class Operations:
         await lock.verify()
         async with self.database.transaction() as session:
             # The sink row lock orders this abort with CommitCheckpoint, which moves checkpointed_epoch under it.
-            sink = await _existing_sink(session, name, lock="update")
+            sink = await _existing_sink(session, name, lock=RowLock.UPDATE)
             row = await _existing_epoch(session, sink, epoch, for_update=True)
             _check_abortable(sink, row, force=True)
             if row.status == EpochStatus.ABORTED:
@@ -316,7 +316,7 @@ class Operations:
                 raise _partly_committed(name, found.partial, "the sink cannot be reset")
             await lock.verify()
             async with self.database.transaction() as session:
-                sink = await _existing_sink(session, name, lock="update")
+                sink = await _existing_sink(session, name, lock=RowLock.UPDATE)
                 committed = await settlement.mark_held(session, sink.id, found.held)
                 await session.refresh(sink)
                 aborted = await repository.abort_pending_above(
@@ -381,7 +381,7 @@ class Operations:
         async with commit_lock.holding(self.database, sink.id, self.lock_timeout_seconds, "remove table") as lock:
             await lock.verify()
             async with self.database.transaction() as session:
-                sink = await _existing_sink(session, name, lock="update")
+                sink = await _existing_sink(session, name, lock=RowLock.UPDATE)
                 if table not in await repository.recorded_epochs(session, sink.id):
                     raise NotFound(f"table {quote(table)} is not one of sink {name}'s tables")
                 given_up = []
@@ -534,7 +534,7 @@ class Operations:
             restart = max(min(held.values()), sink.committed_epoch)
             await lock.verify()
             async with self.database.transaction() as session:
-                sink = await _existing_sink(session, name, lock="update")
+                sink = await _existing_sink(session, name, lock=RowLock.UPDATE)
                 held_epochs = [row.epoch for row in await _pending_epochs(session, sink, at_or_below=restart)]
                 await repository.mark_committed(session, sink.id, held_epochs, None)
                 aborted = await repository.abort_pending_above(
@@ -598,7 +598,7 @@ class Operations:
             problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
             raise InvalidArgument(f"maintenance overrides refused: {quote(problems)}") from None
         async with self.database.transaction() as session:
-            sink = await _existing_sink(session, name, lock="update")
+            sink = await _existing_sink(session, name, lock=RowLock.UPDATE)
             sink.maintenance_overrides = overrides or None
         log.warning(
             "maintenance settings of a sink changed",
@@ -730,7 +730,7 @@ def _unknown_sink(name: str) -> NotFound:
     return NotFound(f"sink {quote(name)} is not registered (GET /api/v1/sinks lists the sinks)")
 
 
-async def _existing_sink(session: AsyncSession, name: str, lock: str | None = None) -> Sink:
+async def _existing_sink(session: AsyncSession, name: str, lock: RowLock | None = None) -> Sink:
     sink = await repository.sink_by_name(session, name, lock=lock)
     if sink is None:
         raise _unknown_sink(name)

@@ -57,6 +57,7 @@ from coordinator_service.log import commit_lock, path_claims, precommit_metadata
 from coordinator_service.log.database import Database
 from coordinator_service.log.models import AbortCause, PendingSinkState, Sink
 from coordinator_service.log.precommit_metadata import DataFileEntry, PreCommitMetadata
+from coordinator_service.log.repository import RowLock
 from coordinator_service.tables.catalog_calls import in_catalog
 from coordinator_service.tables.iceberg import (
     DescribedFiles,
@@ -269,7 +270,7 @@ class Coordinator:
         """The registration's one transaction: the checks again, under the sink's row lock, then the new term."""
         async with self.database.transaction() as session:
             await repository.insert_sink_if_absent(session, sink, table, self.tables.catalog_name, checkpointed_epoch)
-            row = await repository.sink_by_name(session, sink, lock="update")
+            row = await repository.sink_by_name(session, sink, lock=RowLock.UPDATE)
             assert row is not None
             if row.rebase_on_register:
                 await _rebase_after_reset(session, row, checkpointed_epoch)
@@ -339,7 +340,7 @@ class Coordinator:
             for spec, schema in zip(tables, schemas, strict=True)
         ]
         async with self.database.transaction() as session:
-            row = await _existing_sink(session, sink, lock="update")
+            row = await _existing_sink(session, sink, lock=RowLock.UPDATE)
             check_term(row, writer_term)
             await repository.add_tables(session, row, names)
             self._sink_hints[sink] = await _hint(session, row)
@@ -493,7 +494,7 @@ class Coordinator:
         await failpoints.hit(Failpoint.PRECOMMIT_BEFORE_PERSIST)
         async with self.database.transaction() as session:
             # Exclusive: a sink's parts are stored one at a time, so exactly one call sees the last one arrive.
-            sink = await repository.sink_by_name(session, request.sink, lock="update")
+            sink = await repository.sink_by_name(session, request.sink, lock=RowLock.UPDATE)
             if sink is None:
                 raise NotFound(f"sink {request.sink} was deleted during the pre-commit")
             check_term(sink, request.writer_term)
@@ -557,7 +558,7 @@ class Coordinator:
     ) -> PreCommitResult:
         await failpoints.hit(Failpoint.PRECOMMIT_BEFORE_PERSIST)
         async with self.database.transaction() as session:
-            sink = await repository.sink_by_name(session, request.sink, lock="share")
+            sink = await repository.sink_by_name(session, request.sink, lock=RowLock.SHARE)
             if sink is None:
                 raise NotFound(f"sink {request.sink} was deleted during the pre-commit")
             result = await self._persist_in(session, sink, request, entries, properties, deadline)
@@ -653,7 +654,7 @@ class Coordinator:
     ) -> tuple[int, Numbering, CheckpointResult]:
         """The general path of CommitCheckpoint's record: every check, in order, with its message."""
         async with self.database.transaction() as session:
-            row = await _existing_sink(session, sink, lock="update")
+            row = await _existing_sink(session, sink, lock=RowLock.UPDATE)
             check_term(row, writer_term)
             if epoch > row.checkpointed_epoch:
                 between = await repository.epochs_between(session, row.id, row.checkpointed_epoch, epoch)
@@ -702,7 +703,7 @@ async def _rebase_after_reset(session: AsyncSession, sink: Sink, checkpoint: int
     await repository.rebase_tables(session, sink.id, checkpoint)
 
 
-async def _existing_sink(session: AsyncSession, name: str, lock: str | None = None) -> Sink:
+async def _existing_sink(session: AsyncSession, name: str, lock: RowLock | None = None) -> Sink:
     sink = await repository.sink_by_name(session, name, lock=lock)
     if sink is None:
         raise NotFound(f"sink {name} is not registered: call RegisterWriter first")

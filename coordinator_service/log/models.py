@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import uuid
 from datetime import datetime
+from typing import TypeVar
 
 from sqlalchemy import (
     BigInteger,
@@ -20,11 +21,13 @@ from sqlalchemy import (
     LargeBinary,
     Table,
     Text,
+    TypeDecorator,
     Uuid,
     func,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from coordinator_service.contract.views import EpochStatus
@@ -47,6 +50,46 @@ class AbortCause(enum.StrEnum):
     OPERATOR = "OPERATOR"
     # An operator reset the sink (a lost Spark checkpoint).
     RESET = "RESET"
+
+
+E = TypeVar("E", bound=enum.StrEnum)
+
+
+class TextEnum(TypeDecorator[E]):
+    """A StrEnum kept as its value in a text column (which keeps its CHECK of the values): rows read back hold
+    members, never bare strings."""
+
+    impl = Text
+    cache_ok = True
+
+    def __init__(self, members: type[E]) -> None:
+        super().__init__()
+        self.members = members
+
+    def process_bind_param(self, value: E | str | None, dialect: Dialect) -> str | None:
+        return None if value is None else self.members(value).value
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> E | None:
+        return None if value is None else self.members(value)
+
+
+class MaintenanceTrigger(enum.StrEnum):
+    """What started a maintenance run (maintenance_runs.trigger)."""
+
+    # The sink's maintenance interval came round.
+    SCHEDULE = "schedule"
+    # A commit took a table past one of its bounds (coordinator_service.engine.committer, _check_thresholds).
+    THRESHOLD = "threshold"
+    # An operator asked (admin API, console).
+    OPERATOR = "operator"
+
+
+class MaintenanceOutcome(enum.StrEnum):
+    """How a maintenance run ended (maintenance_runs.outcome); RUNNING until it does."""
+
+    RUNNING = "running"
+    OK = "ok"
+    FAILED = "failed"
 
 
 class Sink(Base):
@@ -194,10 +237,12 @@ class MaintenanceRun(Base):
     sink_id: Mapped[int] = mapped_column(Integer, ForeignKey("sinks.id", ondelete="CASCADE"))
     # 'schedule' (the coordinator's own timing), 'threshold' (a commit took a table past a bound: SNAPSHOT_MAX_COUNT)
     # or 'operator' (the admin API's run-now).
-    trigger: Mapped[str] = mapped_column(Text)
+    trigger: Mapped[MaintenanceTrigger] = mapped_column(TextEnum(MaintenanceTrigger))
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    outcome: Mapped[str] = mapped_column(Text, server_default="running")
+    outcome: Mapped[MaintenanceOutcome] = mapped_column(
+        TextEnum(MaintenanceOutcome), server_default=MaintenanceOutcome.RUNNING.value
+    )
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     snapshots_expired: Mapped[int] = mapped_column(Integer, server_default="0")
     expired_files_deleted: Mapped[int] = mapped_column(Integer, server_default="0")

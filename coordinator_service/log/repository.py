@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from coordinator_service.log.models import (
     AbortCause,
     EpochPart,
     MaintenanceRun,
+    MaintenanceTrigger,
     PendingSinkState,
     Sink,
     WrittenTable,
@@ -31,13 +33,20 @@ from coordinator_service.log.models import (
 COMMIT_LOCK_CLASS = 0x5343
 
 
-async def sink_by_name(session: AsyncSession, name: str, *, lock: str | None = None) -> Sink | None:
-    """The sink row; lock 'update' or 'share' takes the row lock for the rest of the transaction."""
+class RowLock(enum.Enum):
+    """A row lock a read takes for the rest of its transaction."""
+
+    # FOR UPDATE: the transaction changes the row; others wait to change or lock it.
+    UPDATE = enum.auto()
+    # FOR SHARE: the row must not change until the transaction ends; others may share it.
+    SHARE = enum.auto()
+
+
+async def sink_by_name(session: AsyncSession, name: str, *, lock: RowLock | None = None) -> Sink | None:
+    """The sink row, with `lock` taken on it for the rest of the transaction."""
     statement = select(Sink).where(Sink.name == name)
-    if lock == "update":
-        statement = statement.with_for_update()
-    elif lock == "share":
-        statement = statement.with_for_update(read=True)
+    if lock is not None:
+        statement = statement.with_for_update(read=lock is RowLock.SHARE)
     return (await session.execute(statement)).scalar_one_or_none()
 
 
@@ -961,7 +970,7 @@ async def last_sweep_at(session: AsyncSession, sink_id: int) -> datetime | None:
     return (await session.execute(statement)).scalar_one_or_none()
 
 
-async def start_maintenance_run(session: AsyncSession, sink_id: int, trigger: str) -> MaintenanceRun:
+async def start_maintenance_run(session: AsyncSession, sink_id: int, trigger: MaintenanceTrigger) -> MaintenanceRun:
     run = MaintenanceRun(sink_id=sink_id, trigger=trigger)
     session.add(run)
     await session.flush()
