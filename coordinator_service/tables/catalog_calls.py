@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import TypeVar
+from typing import ParamSpec, TypeVar
 
 from pyiceberg import exceptions as pyiceberg_errors
 from pyiceberg.exceptions import CommitFailedException, ServerError
@@ -16,6 +16,7 @@ from coordinator_service.contract.errors import CoordinatorError, Unavailable, c
 from coordinator_service.log.database import DATA_ERRORS, unstorable
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 # The catalog refused a commit made on a table it has moved past (another writer committed first): the change was
 # not made; load the table again and look.
@@ -40,11 +41,11 @@ CREDENTIALS_REFUSED: tuple[type[BaseException], ...] = (
 )
 
 
-async def in_catalog(function: Callable[..., T], *args: object) -> T:
+async def in_catalog(function: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """Run a blocking catalog function in a worker thread; outages and commit conflicts become Unavailable
     (retryable), a value the catalog's database cannot store InvalidArgument."""
     try:
-        return await asyncio.to_thread(function, *args)
+        return await asyncio.to_thread(function, *args, **kwargs)
     except CoordinatorError:
         raise
     except DATA_ERRORS as error:
