@@ -360,12 +360,12 @@ async def _delete(settings: Settings, sink: str, confirm: str, reason: str, drop
 
 async def _print_status(database: Database, stalled_after_seconds: float) -> None:
     from coordinator_service.engine.operations import sink_overviews
-    from coordinator_service.log import repository
+    from coordinator_service.log import epoch_reads
 
     try:
         async with database.transaction() as session:
             overviews = await sink_overviews(session, {}, stalled_after_seconds)
-            open_epochs = [(o.sink.name, await repository.epochs_not_committed(session, o.sink.id)) for o in overviews]
+            open_epochs = [(o.sink.name, await epoch_reads.epochs_not_committed(session, o.sink.id)) for o in overviews]
     finally:
         await database.dispose()
     out = Console()

@@ -24,7 +24,7 @@ from coordinator_service.contract.views import EpochStatus
 from coordinator_service.engine import settlement
 from coordinator_service.engine.file_deletion import FileDeleter
 from coordinator_service.failpoints import Failpoint
-from coordinator_service.log import commit_lock, path_claims, repository
+from coordinator_service.log import commit_lock, epoch_reads, path_claims, sink_rows, sink_tables
 from coordinator_service.log.database import Database
 from coordinator_service.log.models import Sink
 from coordinator_service.log.path_claims import CleanupDelays, DuePath, MarkRule
@@ -85,9 +85,9 @@ class Cleaner:
             if lock is None:
                 return 0  # its committer (or an operator, or maintenance) holds the sink: the next round
             async with self.database.transaction() as session:
-                sink = await repository.sink_by_id(session, sink_id)
+                sink = await sink_rows.sink_by_id(session, sink_id)
                 due = await path_claims.due_paths(session, sink_id, self.delays, CLEANUP_BATCH)
-                tables = [table.table for table in await repository.tables_of_sink(session, sink_id)]
+                tables = [table.table for table in await sink_tables.tables_of_sink(session, sink_id)]
             if sink is None:
                 return 0
             deleted = 0
@@ -121,11 +121,11 @@ class Cleaner:
         for epoch in sorted({path.epoch for path in referenced if path.epoch is not None}):
             paths = sorted(path.path for path in referenced if path.epoch == epoch)
             async with self.database.transaction() as session:
-                row = await repository.epoch_row(session, sink.id, epoch, for_update=True)
+                row = await epoch_reads.epoch_row(session, sink.id, epoch, for_update=True)
                 if row is None:
                     gone += paths
                     continue
-                recorded = await repository.recorded_epochs(session, sink.id)
+                recorded = await sink_tables.recorded_epochs(session, sink.id)
                 found = await settlement.holdings(self.tables, sink, recorded, [row])
                 if row.status == EpochStatus.ABORTED and found.held and row.epoch <= sink.checkpointed_epoch:
                     [snapshot_id] = found.held

@@ -31,7 +31,14 @@ from coordinator_service.contract.views import EpochStatus
 from coordinator_service.engine import settlement
 from coordinator_service.engine.commit_history import CommitHistory
 from coordinator_service.failpoints import Failpoint
-from coordinator_service.log import commit_lock, precommit_metadata, repository
+from coordinator_service.log import (
+    commit_lock,
+    epoch_reads,
+    epoch_transitions,
+    precommit_metadata,
+    sink_rows,
+    sink_tables,
+)
 from coordinator_service.log.commit_lock import CommitLock
 from coordinator_service.log.database import Database
 from coordinator_service.log.models import PendingSinkState, Sink
@@ -150,7 +157,7 @@ class Committer:
             if committed_here is not None and committed_here[0] == numbering and committed_here[1] >= epoch:
                 return committed_here[1]  # durable: recorded by this process's COMMITTED transaction
             async with self.database.transaction() as session:
-                sink = await repository.sink_by_id(session, sink_id)
+                sink = await sink_rows.sink_by_id(session, sink_id)
                 assert sink is not None
                 committed = sink.committed_epoch
             if committed >= epoch:
@@ -173,7 +180,7 @@ class Committer:
                     await self._commit_empty_backlogs()
                     resumed = True
                 async with self.database.transaction() as session:
-                    sink_ids = await repository.sink_ids_with_commit_work(session)
+                    sink_ids = await epoch_reads.sink_ids_with_commit_work(session)
                 for sink_id in sink_ids:
                     self.wake(sink_id)
             except Exception as error:
@@ -184,8 +191,8 @@ class Committer:
         """On start, mark the backlogs that hold no file in one transaction instead of one pass per sink."""
         started = time.monotonic()
         async with self.database.transaction() as session:
-            backlogs = await repository.commit_empty_backlogs(session)
-            await repository.prune_committed(
+            backlogs = await epoch_transitions.commit_empty_backlogs(session)
+            await epoch_transitions.prune_committed(
                 session, [backlog.sink_id for backlog in backlogs], self.settings.retention_epochs
             )
         if not backlogs:
@@ -321,7 +328,7 @@ class Committer:
         """
         limit = self.settings.commit_max_epochs
         async with self.database.reading() as session:  # a plan: the COMMITTED record checks it again under locks
-            sink, waiting, recorded = await repository.sink_and_checkpointed_pending(session, sink_id, limit=limit + 1)
+            sink, waiting, recorded = await epoch_reads.sink_and_checkpointed_pending(session, sink_id, limit=limit + 1)
         if sink is None or not waiting:
             return False
         pending, more = waiting[:limit], len(waiting) > limit
@@ -380,7 +387,7 @@ class Committer:
             await self._record_commit(sink, done, appends.of(done, moved), appends, started, log_)
         elif moved:
             async with self.database.connection(autocommit=True) as connection:
-                await repository.record_tables(connection, sink, moved)
+                await sink_tables.record_tables(connection, sink, moved)
         marked_found = sorted({epoch for epoch in found if epoch <= settled})
         if marked_found:
             log_.info("epochs found already in the table; marked committed", epochs=marked_found)
@@ -465,7 +472,7 @@ class Committer:
         self,
         sink: Sink,
         pending: Sequence[PendingSinkState],
-        appended: repository.Appended,
+        appended: epoch_transitions.Appended,
         appends: _PassAppends,
         started: float,
         log_: structlog.stdlib.BoundLogger,
@@ -478,9 +485,9 @@ class Committer:
         """
         epochs = [row.epoch for row in pending]
         async with self.database.connection(autocommit=True) as connection:
-            committed = await repository.mark_appended_epochs(connection, sink, appended)
+            committed = await epoch_transitions.mark_appended_epochs(connection, sink, appended)
             if committed is not None:
-                await repository.prune_committed(connection, [sink.id], self.settings.retention_epochs)
+                await epoch_transitions.prune_committed(connection, [sink.id], self.settings.retention_epochs)
         if committed is None:
             committed = await self._record_commit_checking_each_epoch(sink, pending, appended, appends.files)
         if committed is None:
@@ -503,14 +510,14 @@ class Committer:
         await self._notify_progress()
 
     async def _record_commit_checking_each_epoch(
-        self, sink: Sink, pending: Sequence[PendingSinkState], appended: repository.Appended, files: int
+        self, sink: Sink, pending: Sequence[PendingSinkState], appended: epoch_transitions.Appended, files: int
     ) -> int | None:
         """The general COMMITTED transaction, for what the one statement declined: the sink's committed epoch
         after it, or None when a reset (or a new incarnation) took the sink over meanwhile."""
         epochs = [row.epoch for row in pending]
         async with self.database.transaction() as session:
-            current = await repository.sink_by_id(session, sink.id, lock=True)
-            rows = await repository.epochs_for_update(session, sink.id, epochs)
+            current = await sink_rows.sink_by_id(session, sink.id, lock=True)
+            rows = await epoch_reads.epochs_for_update(session, sink.id, epochs)
             recorded = [
                 epoch
                 for epoch in epochs
@@ -531,7 +538,7 @@ class Committer:
             ]
             committed = current.committed_epoch
             for snapshot_id, marked in _by_snapshot(as_read, appended.snapshots).items():
-                moved = await repository.mark_committed(session, sink.id, marked, snapshot_id)
+                moved = await epoch_transitions.mark_committed(session, sink.id, marked, snapshot_id)
                 committed = committed if moved is None else max(committed, moved)
             for each in pending:
                 now = rows.get(each.epoch)
@@ -543,7 +550,7 @@ class Committer:
                     settlement.alert(sink.name, "appended_epoch_gone", epoch=each.epoch, snapshot_id=snapshot_id)
                 else:
                     await settlement.adopt_appended(session, sink, now, each, snapshot_id)
-            await repository.prune_committed(session, [sink.id], self.settings.retention_epochs)
+            await epoch_transitions.prune_committed(session, [sink.id], self.settings.retention_epochs)
         return committed
 
     async def _respect_commit_interval(self, sink_id: int) -> None:
@@ -583,9 +590,9 @@ class _PassAppends:
         self.files += outcome.files
         self.snapshots += 1 if outcome.files else 0
 
-    def of(self, done: Sequence[PendingSinkState], tables: Mapping[str, int]) -> repository.Appended:
+    def of(self, done: Sequence[PendingSinkState], tables: Mapping[str, int]) -> epoch_transitions.Appended:
         """The COMMITTED record of the epochs all their tables hold, and of the tables that moved."""
-        return repository.Appended(
+        return epoch_transitions.Appended(
             attempts={row.epoch: row.attempt for row in done},
             snapshots={row.epoch: self.own_snapshots.get(row.epoch) for row in done},
             tables=tables,

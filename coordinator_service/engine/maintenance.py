@@ -45,7 +45,7 @@ from coordinator_service.engine import settlement
 from coordinator_service.engine.committer import Committer
 from coordinator_service.engine.file_deletion import FileDeleter, nested_table_roots
 from coordinator_service.failpoints import Failpoint
-from coordinator_service.log import commit_lock, path_claims, repository
+from coordinator_service.log import commit_lock, maintenance_log, path_claims, sink_rows, sink_tables
 from coordinator_service.log.commit_lock import CommitLock
 from coordinator_service.log.database import Database
 from coordinator_service.log.models import MaintenanceOutcome, MaintenanceRun, MaintenanceTrigger, Sink
@@ -153,7 +153,7 @@ class Maintainer:
         now = datetime.now(UTC)
         behind = 0.0
         async with self.database.transaction() as session:
-            candidates = await repository.maintenance_candidates(session)
+            candidates = await maintenance_log.maintenance_candidates(session)
         due = []
         for sink, last_run, _ in candidates:
             try:
@@ -186,12 +186,12 @@ class Maintainer:
 
     async def _run(self, sink_id: int, trigger: MaintenanceTrigger, lock: CommitLock) -> MaintenanceRun:
         async with self.database.transaction() as session:
-            sink = await repository.sink_by_id(session, sink_id)
+            sink = await sink_rows.sink_by_id(session, sink_id)
             if sink is None:
                 raise NotFound(f"sink id {sink_id} no longer exists")
-            last_sweep = await repository.last_sweep_at(session, sink_id)
-            run = await repository.start_maintenance_run(session, sink_id, trigger)
-            tables = [table.table for table in await repository.tables_of_sink(session, sink_id)]
+            last_sweep = await maintenance_log.last_sweep_at(session, sink_id)
+            run = await maintenance_log.start_maintenance_run(session, sink_id, trigger)
+            tables = [table.table for table in await sink_tables.tables_of_sink(session, sink_id)]
         policy = policy_of(self.settings, sink)
         started = time.monotonic()
         log_ = log.bind(sink=sink.name, trigger=trigger)
@@ -216,7 +216,7 @@ class Maintainer:
             run.error = "; ".join(errors) or None
         finally:
             async with self.database.transaction() as session:
-                await repository.finish_maintenance_run(session, run, RUNS_KEPT)
+                await maintenance_log.finish_maintenance_run(session, run, RUNS_KEPT)
             metrics.record_maintenance(sink.name, run, time.monotonic() - started)
             self.committer.wake(sink_id)  # commits waited for the lock meanwhile
         if run.outcome == MaintenanceOutcome.OK:
@@ -241,7 +241,7 @@ class Maintainer:
         if not retention.gc_enabled:
             return  # the table's owners said so (gc.enabled=false)
         async with self.database.transaction() as session:
-            sinks = await repository.sinks_of_table(session, identifier)
+            sinks = await sink_rows.sinks_of_table(session, identifier)
         keep = tm.protected_by_refs(table) | protected_by_markers(table, sinks)
         expired = tm.snapshots_to_expire(
             table.metadata.snapshots,

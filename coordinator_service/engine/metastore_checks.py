@@ -26,10 +26,10 @@ import structlog
 from coordinator_service.contract.errors import InvalidArgument, cause
 from coordinator_service.engine import settlement
 from coordinator_service.engine.committer import Committer
-from coordinator_service.log import repository
+from coordinator_service.log import sink_rows, sink_tables
 from coordinator_service.log.database import Database
 from coordinator_service.log.models import Sink
-from coordinator_service.log.repository import TableOfSink
+from coordinator_service.log.sink_tables import TableOfSink
 from coordinator_service.settings import Settings
 from coordinator_service.tables.catalog_calls import in_catalog
 from coordinator_service.tables.iceberg import IcebergGateway, SinkIdentity
@@ -109,8 +109,8 @@ class MetastoreChecks:
     async def check_all(self) -> dict[str, str]:
         """Check every sink; the sinks out of step, with why (they are suspended)."""
         async with self.database.transaction() as session:
-            sinks = await repository.all_sinks(session)
-            tables = await repository.tables_of_sinks(session, [sink.id for sink in sinks])
+            sinks = await sink_rows.all_sinks(session)
+            tables = await sink_tables.tables_of_sinks(session, [sink.id for sink in sinks])
         found: dict[str, str] = {}
         for sink in sinks:
             try:
@@ -136,9 +136,9 @@ class MetastoreChecks:
                 break
             if table.table_uuid is None and seen is not None:
                 async with self.database.transaction() as session:
-                    await repository.record_table_uuid(session, sink.id, table.table, seen.table_uuid)
+                    await sink_tables.record_table_uuid(session, sink.id, table.table, seen.table_uuid)
         async with self.database.transaction() as session:
-            changed = await repository.set_suspended(session, sink.id, reason)
+            changed = await sink_rows.set_suspended(session, sink.id, reason)
         if changed and reason is not None:
             log.error("sink suspended: the log is out of step with its tables", sink=sink.name, reason=reason)
         elif changed:

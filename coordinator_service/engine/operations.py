@@ -37,13 +37,24 @@ from coordinator_service.engine.committer import Committer, CommitterHealth, can
 from coordinator_service.engine.file_deletion import DELETE_BATCH, FileDeleter
 from coordinator_service.engine.maintenance import Maintainer, policy_of
 from coordinator_service.engine.metastore_checks import table_seen
-from coordinator_service.log import commit_lock, path_claims, precommit_metadata, repository
+from coordinator_service.log import (
+    commit_lock,
+    epoch_reads,
+    epoch_transitions,
+    maintenance_log,
+    part_rows,
+    path_claims,
+    precommit_metadata,
+    sink_rows,
+    sink_tables,
+)
 from coordinator_service.log.commit_lock import CommitLock
 from coordinator_service.log.database import Database
 from coordinator_service.log.models import AbortCause, MaintenanceRun, PendingSinkState, Sink
 from coordinator_service.log.path_claims import CleanupDelays, MarkRule
 from coordinator_service.log.precommit_metadata import PreCommitMetadata
-from coordinator_service.log.repository import EpochCounts, RowLock, TableOfSink
+from coordinator_service.log.sink_rows import EpochCounts, RowLock
+from coordinator_service.log.sink_tables import TableOfSink
 from coordinator_service.settings import MaintenancePolicy, Settings
 from coordinator_service.tables.catalog_calls import in_catalog
 from coordinator_service.tables.iceberg import IcebergGateway
@@ -192,7 +203,7 @@ class Operations:
         _check_known_name(name)
         async with self.database.transaction() as session:
             sink = await _existing_sink(session, name)
-            rows = await repository.epochs_newest_first(session, sink.id, status, below_epoch, limit + 1)
+            rows = await epoch_reads.epochs_newest_first(session, sink.id, status, below_epoch, limit + 1)
         if len(rows) > limit:
             return rows[:limit], rows[limit - 1].epoch
         return rows, None
@@ -228,8 +239,8 @@ class Operations:
         async with self.database.transaction() as session:
             sink = await _existing_sink(session, name)
             pending = await _pending_epochs(session, sink, at_or_below=epoch)
-            recorded = await repository.recorded_epochs(session, sink.id)
-            tables = await repository.tables_of_sink(session, sink.id)
+            recorded = await sink_tables.recorded_epochs(session, sink.id)
+            tables = await sink_tables.tables_of_sink(session, sink.id)
         await self._fence(sink, [table.table for table in tables], lock, f"abort of epoch {epoch} by {operator}")
         found = await settlement.holdings(self.tables, sink, recorded, pending)
         if found.held:
@@ -254,10 +265,10 @@ class Operations:
             if row.status == EpochStatus.ABORTED:
                 return AbortOutcome(row, changed=False)
             checkpointed = epoch <= sink.checkpointed_epoch
-            await repository.abort_epoch(
+            await epoch_transitions.abort_epoch(
                 session, sink.id, epoch, f"operator abort by {operator}: {reason}", AbortCause.OPERATOR
             )
-            await repository.advance_committed_epoch(session, sink.id)
+            await epoch_transitions.advance_committed_epoch(session, sink.id)
             await session.refresh(row)  # the new status, and updated_at as the server set it
         warning = f"epoch {epoch} was aborted: its {row.record_count} records will not reach the table" + (
             ", and the writer will not write them again" if checkpointed else ""
@@ -308,8 +319,8 @@ class Operations:
             async with self.database.transaction() as session:
                 sink = await _existing_sink(session, name)
                 pending = await _pending_epochs(session, sink, at_or_below=None)
-                recorded = await repository.recorded_epochs(session, sink.id)
-                tables = await repository.tables_of_sink(session, sink.id)
+                recorded = await sink_tables.recorded_epochs(session, sink.id)
+                tables = await sink_tables.tables_of_sink(session, sink.id)
             await self._fence(sink, [table.table for table in tables], lock, f"reset by {operator}")
             found = await settlement.holdings(self.tables, sink, recorded, pending)
             if found.partial:
@@ -319,7 +330,7 @@ class Operations:
                 sink = await _existing_sink(session, name, lock=RowLock.UPDATE)
                 committed = await settlement.mark_held(session, sink.id, found.held)
                 await session.refresh(sink)
-                aborted = await repository.abort_pending_above(
+                aborted = await epoch_transitions.abort_pending_above(
                     session, sink.id, -1, f"reset by {operator}: {reason}", AbortCause.RESET
                 )
                 # Checkpointed epochs the table does not hold were aborted with the rest: the table's state stays.
@@ -382,10 +393,10 @@ class Operations:
             await lock.verify()
             async with self.database.transaction() as session:
                 sink = await _existing_sink(session, name, lock=RowLock.UPDATE)
-                if table not in await repository.recorded_epochs(session, sink.id):
+                if table not in await sink_tables.recorded_epochs(session, sink.id):
                     raise NotFound(f"table {quote(table)} is not one of sink {name}'s tables")
                 given_up = []
-                for row in await repository.epochs_not_committed(session, sink.id):
+                for row in await epoch_reads.epochs_not_committed(session, sink.id):
                     metadata = precommit_metadata.decode(row.metadata_)
                     gone = metadata.by_table().get(table, [])
                     if not gone:
@@ -396,9 +407,9 @@ class Operations:
                     row.record_count = kept.record_count
                     await path_claims.forget(session, [entry.path for entry in gone])
                     given_up.append(GivenUp(row.epoch, len(gone), sum(entry.record_count for entry in gone)))
-                await repository.remove_table(session, sink.id, table)
+                await sink_tables.remove_table(session, sink.id, table)
                 sink.writer_term += 1
-                await repository.advance_committed_epoch(session, sink.id)
+                await epoch_transitions.advance_committed_epoch(session, sink.id)
         log.warning(
             "table removed from a sink by an operator",
             sink=name,
@@ -429,7 +440,7 @@ class Operations:
             raise InvalidArgument(f"confirm must repeat the sink name {name!r} exactly, got {quote(confirm)}")
         overview = await self.sink(name)
         async with self.database.transaction() as session:
-            others = await repository.sinks_writing(session, [t.table for t in overview.tables], besides=name)
+            others = await sink_rows.sinks_writing(session, [t.table for t in overview.tables], besides=name)
         sink, called = overview.sink, overview.counts.writer_last_call_age_seconds
         if called is not None and called < self.settings.stalled_after_seconds:
             raise FailedPrecondition(
@@ -452,17 +463,17 @@ class Operations:
                     GivenUp(row.epoch, row.file_count, row.record_count)
                     for row in await _pending_epochs(session, sink, at_or_below=None)
                 )
-                await repository.abort_pending_above(
+                await epoch_transitions.abort_pending_above(
                     session, sink.id, -1, f"sink deleted by {operator}: {reason}", AbortCause.OPERATOR
                 )
-                await repository.drop_parts(session, sink.id)
+                await part_rows.drop_parts(session, sink.id)
             deleted, kept = await self._delete_given_up(sink, present, lock)
             for table in present if drop_tables else []:
                 await in_catalog(self.tables.catalog.purge_table, table)
                 self.tables.forget(table)
             await lock.verify()
             async with self.database.transaction() as session:
-                await repository.delete_sink(session, sink.id)
+                await sink_rows.delete_sink(session, sink.id)
         dropped = tuple(present) if drop_tables else ()
         log.warning(
             "sink deleted by an operator",
@@ -516,7 +527,7 @@ class Operations:
         async with commit_lock.holding(self.database, sink.id, self.lock_timeout_seconds, "reconcile") as lock:
             async with self.database.transaction() as session:
                 sink = await _existing_sink(session, name)
-                tables = await repository.tables_of_sink(session, sink.id)
+                tables = await sink_tables.tables_of_sink(session, sink.id)
             identity = settlement.identity_of(sink)
             seen = {}
             for table in tables:
@@ -536,19 +547,19 @@ class Operations:
             async with self.database.transaction() as session:
                 sink = await _existing_sink(session, name, lock=RowLock.UPDATE)
                 held_epochs = [row.epoch for row in await _pending_epochs(session, sink, at_or_below=restart)]
-                await repository.mark_committed(session, sink.id, held_epochs, None)
-                aborted = await repository.abort_pending_above(
+                await epoch_transitions.mark_committed(session, sink.id, held_epochs, None)
+                aborted = await epoch_transitions.abort_pending_above(
                     session, sink.id, restart, f"reconcile by {operator}: {reason}", AbortCause.RESET
                 )
                 for table in tables:
-                    await repository.record_table_uuid(session, sink.id, table.table, seen[table.table].table_uuid)
-                await repository.record_tables_at(session, sink.id, held)
+                    await sink_tables.record_table_uuid(session, sink.id, table.table, seen[table.table].table_uuid)
+                await sink_tables.record_tables_at(session, sink.id, held)
                 sink.checkpointed_epoch = max(sink.checkpointed_epoch, restart)
                 sink.committed_epoch = restart
                 sink.writer_term += 1
                 sink.generation += 1
                 sink.rebase_on_register = True
-                await repository.set_suspended(session, sink.id, None)
+                await sink_rows.set_suspended(session, sink.id, None)
         log.warning(
             "sink reconciled to its tables by an operator",
             sink=name,
@@ -583,7 +594,7 @@ class Operations:
         _check_known_name(name)
         async with self.database.transaction() as session:
             sink = await _existing_sink(session, name)
-            recorded = await repository.maintenance_runs(session, sink.id, runs)
+            recorded = await maintenance_log.maintenance_runs(session, sink.id, runs)
         return MaintenanceView(policy_of(self.settings, sink), dict(sink.maintenance_overrides or {}), recorded)
 
     async def set_maintenance_overrides(
@@ -627,9 +638,9 @@ async def sink_overviews(
     name: str | None = None,
 ) -> list[SinkOverview]:
     """Every sink (or the one named), by name, as the log has it, with this process's committer `health`."""
-    rows = await repository.sinks_with_epoch_counts(session, name)
-    tables = await repository.tables_of_sinks(session, [sink.id for sink, _ in rows])
-    shared = await repository.shared_tables(session)
+    rows = await sink_rows.sinks_with_epoch_counts(session, name)
+    tables = await sink_tables.tables_of_sinks(session, [sink.id for sink, _ in rows])
+    shared = await sink_rows.shared_tables(session)
     return [
         SinkOverview(
             sink,
@@ -671,7 +682,7 @@ def _stalled(sink: Sink, counts: EpochCounts, after_seconds: float) -> str | Non
 
 
 async def _pending_epochs(session: AsyncSession, sink: Sink, at_or_below: int | None) -> list[PendingSinkState]:
-    rows = await repository.epochs_not_committed(session, sink.id)
+    rows = await epoch_reads.epochs_not_committed(session, sink.id)
     return [
         row for row in rows if row.status == EpochStatus.PENDING and (at_or_below is None or row.epoch <= at_or_below)
     ]
@@ -731,7 +742,7 @@ def _unknown_sink(name: str) -> NotFound:
 
 
 async def _existing_sink(session: AsyncSession, name: str, lock: RowLock | None = None) -> Sink:
-    sink = await repository.sink_by_name(session, name, lock=lock)
+    sink = await sink_rows.sink_by_name(session, name, lock=lock)
     if sink is None:
         raise _unknown_sink(name)
     return sink
@@ -740,10 +751,10 @@ async def _existing_sink(session: AsyncSession, name: str, lock: RowLock | None 
 async def _existing_epoch(
     session: AsyncSession, sink: Sink, epoch: int, *, for_update: bool = False
 ) -> PendingSinkState:
-    row = await repository.epoch_row(session, sink.id, epoch, for_update=for_update)
+    row = await epoch_reads.epoch_row(session, sink.id, epoch, for_update=for_update)
     if row is None:
         if epoch > sink.committed_epoch:  # only COMMITTED epochs are pruned
-            newest = await repository.newest_epoch(session, sink.id)
+            newest = await epoch_reads.newest_epoch(session, sink.id)
             known = "it has none yet" if newest is None else f"its newest epoch is {newest}"
             raise NotFound(f"sink {sink.name} has no epoch {epoch}: it was never pre-committed ({known})")
         raise NotFound(

@@ -53,11 +53,20 @@ from coordinator_service.engine.cleaner import Cleaner
 from coordinator_service.engine.committer import Committer, Numbering, numbering_of
 from coordinator_service.engine.writer_calls import WriterCalls
 from coordinator_service.failpoints import Failpoint
-from coordinator_service.log import commit_lock, path_claims, precommit_metadata, repository
+from coordinator_service.log import (
+    commit_lock,
+    epoch_reads,
+    epoch_transitions,
+    part_rows,
+    path_claims,
+    precommit_metadata,
+    sink_rows,
+    sink_tables,
+)
 from coordinator_service.log.database import Database
 from coordinator_service.log.models import AbortCause, PendingSinkState, Sink
 from coordinator_service.log.precommit_metadata import DataFileEntry, PreCommitMetadata
-from coordinator_service.log.repository import RowLock
+from coordinator_service.log.sink_rows import RowLock
 from coordinator_service.tables.catalog_calls import in_catalog
 from coordinator_service.tables.iceberg import (
     DescribedFiles,
@@ -128,11 +137,11 @@ class GroupInsert:
         # Its own connection, outside the pool, in autocommit: the one INSERT statement is the transaction,
         # durable when it returns (one round trip, not an INSERT and a COMMIT).
         self._connection: psycopg.AsyncConnection[Any] | None = None
-        self._queue: list[tuple[repository.NewEpoch, asyncio.Future[bool]]] = []
+        self._queue: list[tuple[epoch_transitions.NewEpoch, asyncio.Future[bool]]] = []
         self._draining = False
         self._task: asyncio.Task[None] | None = None
 
-    async def insert(self, row: repository.NewEpoch) -> bool:
+    async def insert(self, row: epoch_transitions.NewEpoch) -> bool:
         """True once the row is durably inserted; False if it was not (the general path decides then)."""
         answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._queue.append((row, answer))
@@ -149,9 +158,9 @@ class GroupInsert:
         finally:
             self._draining = False
 
-    async def _write(self, batch: list[tuple[repository.NewEpoch, asyncio.Future[bool]]]) -> None:
+    async def _write(self, batch: list[tuple[epoch_transitions.NewEpoch, asyncio.Future[bool]]]) -> None:
         # One row per (sink, epoch): a second request for the same epoch goes the general way.
-        unique: dict[tuple[int, int], repository.NewEpoch] = {}
+        unique: dict[tuple[int, int], epoch_transitions.NewEpoch] = {}
         for row, _ in batch:
             unique.setdefault((row.sink_id, row.epoch), row)
         rows = sorted(unique.values(), key=lambda row: (row.sink_id, row.epoch))  # one lock order
@@ -160,7 +169,7 @@ class GroupInsert:
                 self._connection = await psycopg.AsyncConnection.connect(
                     self.database.libpq_url, autocommit=True, **self.database.options.libpq()
                 )
-            inserted = await repository.insert_new_epochs(self._connection, rows)
+            inserted = await epoch_transitions.insert_new_epochs(self._connection, rows)
         except Exception as error:
             log.warning("group insert of pre-commits failed; each goes the general way", error=str(error))
             inserted = set()
@@ -213,13 +222,13 @@ class Coordinator:
 
         # Every check first: a writer that will be refused changes nothing, the table included.
         async with self.database.transaction() as session:
-            existing = await repository.sink_by_name(session, sink)
+            existing = await sink_rows.sink_by_name(session, sink)
             self._check_new_tables([table], set() if existing is None else {existing.table_identifier})
             if existing is not None:
                 await _check_registration(session, existing, table, checkpointed_epoch)
-                above = await repository.pending_epochs_above(session, existing.id, checkpointed_epoch)
-                recorded = await repository.recorded_epochs(session, existing.id)
-            others = (await repository.sinks_writing(session, [table], besides=sink)).get(table, [])
+                above = await epoch_reads.pending_epochs_above(session, existing.id, checkpointed_epoch)
+                recorded = await sink_tables.recorded_epochs(session, existing.id)
+            others = (await sink_rows.sinks_writing(session, [table], besides=sink)).get(table, [])
         location = await in_catalog(self.tables.ensure_table, table, schema, tuple(partition_by), others)
         await failpoints.hit(Failpoint.REGISTER_BEFORE_RECOVERY)
 
@@ -269,8 +278,8 @@ class Coordinator:
     ) -> tuple[Registration, int]:
         """The registration's one transaction: the checks again, under the sink's row lock, then the new term."""
         async with self.database.transaction() as session:
-            await repository.insert_sink_if_absent(session, sink, table, self.tables.catalog_name, checkpointed_epoch)
-            row = await repository.sink_by_name(session, sink, lock=RowLock.UPDATE)
+            await sink_rows.insert_sink_if_absent(session, sink, table, self.tables.catalog_name, checkpointed_epoch)
+            row = await sink_rows.sink_by_name(session, sink, lock=RowLock.UPDATE)
             assert row is not None
             if row.rebase_on_register:
                 await _rebase_after_reset(session, row, checkpointed_epoch)
@@ -278,8 +287,8 @@ class Coordinator:
             row.writer_term += 1
             row.writer_count = writer_count
             row.checkpointed_epoch = checkpointed_epoch
-            await repository.drop_parts(session, row.id)  # parts of multi-writer epochs of the fenced term
-            aborted = await repository.abort_pending_above(
+            await part_rows.drop_parts(session, row.id)  # parts of multi-writer epochs of the fenced term
+            aborted = await epoch_transitions.abort_pending_above(
                 session,
                 row.id,
                 checkpointed_epoch,
@@ -287,9 +296,9 @@ class Coordinator:
                 AbortCause.RECOVERY,
             )
             metrics.ABORTED_EPOCHS.labels(sink, "recovery").inc(len(aborted))
-            await repository.advance_committed_epoch(session, row.id)
+            await epoch_transitions.advance_committed_epoch(session, row.id)
             await session.refresh(row)
-            recommitting = await repository.pending_epochs_at_or_below(
+            recommitting = await epoch_reads.pending_epochs_at_or_below(
                 session, row.id, checkpointed_epoch, limit=MAX_FILES_PER_PRECOMMIT
             )
             self._sink_hints[sink] = await _hint(session, row)
@@ -331,8 +340,8 @@ class Coordinator:
         async with self.database.transaction() as session:
             existing = await _existing_sink(session, sink)
             check_term(existing, writer_term)
-            self._check_new_tables(names, set(await repository.recorded_epochs(session, existing.id)))
-            others = await repository.sinks_writing(session, names, besides=sink)
+            self._check_new_tables(names, set(await sink_tables.recorded_epochs(session, existing.id)))
+            others = await sink_rows.sinks_writing(session, names, besides=sink)
         locations = [
             await in_catalog(
                 self.tables.ensure_table, spec.table, schema, spec.partition_by, others.get(spec.table, [])
@@ -342,7 +351,7 @@ class Coordinator:
         async with self.database.transaction() as session:
             row = await _existing_sink(session, sink, lock=RowLock.UPDATE)
             check_term(row, writer_term)
-            await repository.add_tables(session, row, names)
+            await sink_tables.add_tables(session, row, names)
             self._sink_hints[sink] = await _hint(session, row)
         log.info("tables ensured", sink=sink, writer_term=writer_term, tables=names)
         return TablesEnsured(
@@ -384,7 +393,7 @@ class Coordinator:
             if request.epoch <= sink.committed_epoch:
                 log_.info("pre-commit of an epoch already committed")
                 return PreCommitResult(PreCommitOutcome.ALREADY_COMMITTED, attempt=0, record_count=0)
-            current = await repository.epoch_row(session, sink.id, request.epoch)
+            current = await epoch_reads.epoch_row(session, sink.id, request.epoch)
             sink_id, writer_count = sink.id, sink.writer_count
         groups = _files_by_table(request, hint)
         if current is not None:
@@ -424,7 +433,7 @@ class Coordinator:
         metadata = PreCommitMetadata(
             table=hint.table, data_files=tuple(files.entries), properties=dict(request.properties)
         )
-        row = repository.NewEpoch(
+        row = epoch_transitions.NewEpoch(
             sink_id=hint.sink_id,
             epoch=request.epoch,
             writer_term=request.writer_term,
@@ -494,24 +503,24 @@ class Coordinator:
         await failpoints.hit(Failpoint.PRECOMMIT_BEFORE_PERSIST)
         async with self.database.transaction() as session:
             # Exclusive: a sink's parts are stored one at a time, so exactly one call sees the last one arrive.
-            sink = await repository.sink_by_name(session, request.sink, lock=RowLock.UPDATE)
+            sink = await sink_rows.sink_by_name(session, request.sink, lock=RowLock.UPDATE)
             if sink is None:
                 raise NotFound(f"sink {request.sink} was deleted during the pre-commit")
             check_term(sink, request.writer_term)
             if request.epoch <= sink.committed_epoch:
                 return PreCommitResult(PreCommitOutcome.ALREADY_COMMITTED, attempt=0, record_count=0)
             # Completed by the other writers' parts since this call looked (this writer's part included).
-            current = await repository.epoch_row(session, sink_id, request.epoch)
+            current = await epoch_reads.epoch_row(session, sink_id, request.epoch)
             repeated = None if current is None else answer_if_repeated(current, request)
             if repeated is not None:
                 return repeated
-            previous = await repository.part_of(session, sink_id, request.epoch, request.writer_id)
+            previous = await part_rows.part_of(session, sink_id, request.epoch, request.writer_id)
             released = sorted(precommit_metadata.decode(previous).paths - part.paths) if previous else []
             paths = sorted(part.paths)
             await _check_files_free(session, sink, request.epoch, paths)
             if not await path_claims.claim_for_part(session, sink_id, request.epoch, paths, released, deadline):
                 raise await _unclaimable(session, sink, request.epoch, paths)
-            parts = await repository.store_part(
+            parts = await part_rows.store_part(
                 session, sink_id, request.epoch, request.writer_id, request.writer_term, precommit_metadata.encode(part)
             )
             if len(parts) == writer_count:
@@ -524,7 +533,7 @@ class Coordinator:
                     )
                 properties = {key: value for each in decoded for key, value in each.properties.items()}
                 result = await self._persist_in(session, sink, request, combined, properties, deadline)
-                await repository.drop_parts(session, sink_id, request.epoch)
+                await part_rows.drop_parts(session, sink_id, request.epoch)
                 completed = True
             else:
                 completed = False
@@ -541,7 +550,7 @@ class Coordinator:
                 check_term(sink, request.writer_term)
                 if request.epoch <= sink.committed_epoch:
                     return PreCommitResult(PreCommitOutcome.ALREADY_COMMITTED, attempt=0, record_count=0)
-                row = await repository.epoch_row(session, sink.id, request.epoch)
+                row = await epoch_reads.epoch_row(session, sink.id, request.epoch)
                 answer = None if row is None else answer_if_repeated(row, request)
             if answer is not None:
                 return answer
@@ -558,7 +567,7 @@ class Coordinator:
     ) -> PreCommitResult:
         await failpoints.hit(Failpoint.PRECOMMIT_BEFORE_PERSIST)
         async with self.database.transaction() as session:
-            sink = await repository.sink_by_name(session, request.sink, lock=RowLock.SHARE)
+            sink = await sink_rows.sink_by_name(session, request.sink, lock=RowLock.SHARE)
             if sink is None:
                 raise NotFound(f"sink {request.sink} was deleted during the pre-commit")
             result = await self._persist_in(session, sink, request, entries, properties, deadline)
@@ -583,17 +592,17 @@ class Coordinator:
             return PreCommitResult(PreCommitOutcome.ALREADY_COMMITTED, attempt=0, record_count=0)
         metadata = PreCommitMetadata(table=sink.table_identifier, data_files=tuple(entries), properties=properties)
         # Under the sink's row lock: an operator may have removed a table since the files were read.
-        removed = sorted(set(metadata.by_table()) - set(await repository.recorded_epochs(session, sink_id)))
+        removed = sorted(set(metadata.by_table()) - set(await sink_tables.recorded_epochs(session, sink_id)))
         if removed:
             raise InvalidArgument(
                 f"sink {request.sink} epoch {request.epoch}: table {quote(removed[0])} is no longer one of the sink's "
                 "(an operator removed it): route no records to it. Nothing was changed"
             )
-        row = await repository.epoch_row(session, sink_id, request.epoch, for_update=True)
+        row = await epoch_reads.epoch_row(session, sink_id, request.epoch, for_update=True)
         paths = sorted(metadata.paths)
         if row is None:
             await _check_files_free(session, sink, request.epoch, paths)
-            await repository.insert_pending_epoch(
+            await epoch_transitions.insert_pending_epoch(
                 session,
                 sink_id,
                 request.epoch,
@@ -635,7 +644,7 @@ class Coordinator:
         if epoch < 0:
             raise InvalidArgument(f"epoch {epoch} is negative: Spark batch ids start at 0")
         async with self.database.connection(autocommit=True) as connection:
-            recorded = await repository.record_checkpoint_over_pending(connection, sink, writer_term, epoch)
+            recorded = await epoch_transitions.record_checkpoint_over_pending(connection, sink, writer_term, epoch)
         if recorded is not None:
             sink_id, numbering = recorded.sink_id, (recorded.incarnation, recorded.generation)
             result = CheckpointResult(recorded.committed_epoch, recorded.checkpointed_epoch)
@@ -657,12 +666,12 @@ class Coordinator:
             row = await _existing_sink(session, sink, lock=RowLock.UPDATE)
             check_term(row, writer_term)
             if epoch > row.checkpointed_epoch:
-                between = await repository.epochs_between(session, row.id, row.checkpointed_epoch, epoch)
+                between = await epoch_reads.epochs_between(session, row.id, row.checkpointed_epoch, epoch)
                 check_checkpoint_range(sink, between, row.checkpointed_epoch, epoch)
                 row.checkpointed_epoch = epoch
                 await session.flush()
                 # Epochs an operator aborted at the front of the checkpoint leave nothing to commit there.
-                await repository.advance_committed_epoch(session, row.id)
+                await epoch_transitions.advance_committed_epoch(session, row.id)
                 await session.refresh(row)
             return row.id, numbering_of(row), CheckpointResult(row.committed_epoch, row.checkpointed_epoch)
 
@@ -670,8 +679,8 @@ class Coordinator:
         check_sink_name(sink)
         async with self.database.transaction() as session:
             row = await _existing_sink(session, sink)
-            epochs = await repository.epochs_not_committed(session, row.id)
-            tables = await repository.tables_of_sink(session, row.id)
+            epochs = await epoch_reads.epochs_not_committed(session, row.id)
+            tables = await sink_tables.tables_of_sink(session, row.id)
             return from_attributes(
                 SinkState,
                 row,
@@ -689,7 +698,7 @@ async def _rebase_after_reset(session: AsyncSession, sink: Sink, checkpoint: int
     the log's COMMITTED rows, and the table's markers, belong to the reset
     generation (see coordinator_service.engine.operations.reset_sink).
     """
-    dropped = await repository.delete_epochs_of_old_generation(session, sink.id)
+    dropped = await epoch_transitions.delete_epochs_of_old_generation(session, sink.id)
     log.warning(
         "sink rebased on the first writer after a reset",
         sink=sink.name,
@@ -700,18 +709,18 @@ async def _rebase_after_reset(session: AsyncSession, sink: Sink, checkpoint: int
     )
     sink.checkpointed_epoch = sink.committed_epoch = checkpoint
     sink.rebase_on_register = False
-    await repository.rebase_tables(session, sink.id, checkpoint)
+    await sink_tables.rebase_tables(session, sink.id, checkpoint)
 
 
 async def _existing_sink(session: AsyncSession, name: str, lock: RowLock | None = None) -> Sink:
-    sink = await repository.sink_by_name(session, name, lock=lock)
+    sink = await sink_rows.sink_by_name(session, name, lock=lock)
     if sink is None:
         raise NotFound(f"sink {name} is not registered: call RegisterWriter first")
     return sink
 
 
 async def _hint(session: AsyncSession, sink: Sink) -> _SinkHint:
-    tables = await repository.tables_of_sink(session, sink.id)
+    tables = await sink_tables.tables_of_sink(session, sink.id)
     return _SinkHint(sink.id, sink.table_identifier, frozenset(table.table for table in tables))
 
 
@@ -745,7 +754,7 @@ async def _check_registration(session: AsyncSession, sink: Sink, table: str, che
             f"checkpoint was lost or rolled back. Nothing was changed. Restore the checkpoint, or reset "
             f"the sink with POST /api/v1/sinks/{sink.name}/reset and start from a new checkpoint"
         )
-    between = await repository.epochs_between(session, sink.id, sink.checkpointed_epoch, checkpoint)
+    between = await epoch_reads.epochs_between(session, sink.id, sink.checkpointed_epoch, checkpoint)
     check_checkpoint_range(sink.name, between, sink.checkpointed_epoch, checkpoint)
 
 

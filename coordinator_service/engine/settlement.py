@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from coordinator_service import metrics
 from coordinator_service.contract.views import EpochStatus
-from coordinator_service.log import path_claims, precommit_metadata, repository
+from coordinator_service.log import epoch_transitions, path_claims, precommit_metadata
 from coordinator_service.log.models import PendingSinkState, Sink
 from coordinator_service.tables.catalog_calls import in_catalog
 from coordinator_service.tables.iceberg import IcebergGateway, Marker, SinkIdentity
@@ -115,7 +115,7 @@ async def holdings(
 async def mark_held(session: AsyncSession, sink_id: int, held: Mapping[int | None, list[int]]) -> list[int]:
     """Mark the epochs the table holds COMMITTED, each with its snapshot; return them."""
     for snapshot_id, epochs in held.items():
-        await repository.mark_committed(session, sink_id, epochs, snapshot_id)
+        await epoch_transitions.mark_committed(session, sink_id, epochs, snapshot_id)
     return sorted(epoch for epochs in held.values() for epoch in epochs)
 
 
@@ -139,7 +139,7 @@ async def adopt_appended(
     await session.flush()
     paths = sorted(precommit_metadata.decode(appended.metadata_).paths)
     await path_claims.claim_for_attempt(session, sink.id, row.epoch, appended.attempt, paths, deadline=None)
-    await repository.advance_committed_epoch(session, sink.id)
+    await epoch_transitions.advance_committed_epoch(session, sink.id)
     alert(sink.name, "appended_after_abort", epoch=row.epoch, snapshot_id=snapshot_id, previous=previous)
 
 

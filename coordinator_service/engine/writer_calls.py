@@ -18,7 +18,7 @@ from typing import Final
 import structlog
 
 from coordinator_service.contract.errors import cause
-from coordinator_service.log import repository
+from coordinator_service.log import sink_rows
 from coordinator_service.log.database import Database
 
 log = structlog.get_logger(__name__)
@@ -69,4 +69,4 @@ class WriterCalls:
             return
         now = time.monotonic()
         async with self.database.connection(autocommit=True) as connection:
-            await repository.record_writer_calls(connection, {sink: now - at for sink, at in calls.items()})
+            await sink_rows.record_writer_calls(connection, {sink: now - at for sink, at in calls.items()})

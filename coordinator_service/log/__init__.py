@@ -1,2 +1,3 @@
-"""The two-phase commit log in PostgreSQL: its models and schema, the statements that read and write each record
-(repository), the commit lock, the path claims and the metastore's connection."""
+"""The two-phase commit log in PostgreSQL: its models and schema, the statements on each record by what it stores
+(sinks, their tables, epochs read and changed, parts, maintenance runs, path claims), the commit lock, the metadata
+encoding and the metastore's connection. Only this package writes SQL."""

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from coordinator_service.contract.errors import Fenced
-from coordinator_service.log import repository
+from coordinator_service.log import epoch_transitions, sink_rows
 from coordinator_service.log.models import AbortCause
 from tests.fixtures.admin import AdminApp, commit_lock_held, sink_id_of, until_a_statement_waits_for_a_lock
 
@@ -19,12 +19,14 @@ async def test_a_checkpoint_is_recorded_in_one_statement_when_every_covered_epoc
     for epoch in range(3):
         await admin.pre_commit("orders", registration, epoch, epoch * 10)
     async with admin.runtime.database.connection(autocommit=True) as connection:
-        recorded = await repository.record_checkpoint_over_pending(connection, "orders", registration.writer_term, 2)
+        recorded = await epoch_transitions.record_checkpoint_over_pending(
+            connection, "orders", registration.writer_term, 2
+        )
         assert recorded is not None
         assert (recorded.checkpointed_epoch, recorded.committed_epoch) == (2, -1)
         # Covered already, a term not current, an epoch never pre-committed: the general path decides those.
         for term, epoch in ((registration.writer_term, 2), (registration.writer_term + 1, 3), (1, 4)):
-            assert await repository.record_checkpoint_over_pending(connection, "orders", term, epoch) is None
+            assert await epoch_transitions.record_checkpoint_over_pending(connection, "orders", term, epoch) is None
 
 
 async def test_a_checkpoint_waiting_behind_a_registration_is_fenced_by_it(admin: AdminApp) -> None:
@@ -35,17 +37,17 @@ async def test_a_checkpoint_waiting_behind_a_registration_is_fenced_by_it(admin:
     database = admin.runtime.database
     async with database.transaction() as session:
         # What a RegisterWriter with checkpoint -1 does under the sink's row lock: a new term, epoch 0 aborted.
-        sink = await repository.sink_by_name(session, "orders", lock="update")
+        sink = await sink_rows.sink_by_name(session, "orders", lock="update")
         assert sink is not None
         sink.writer_term += 1
         await session.flush()
-        assert await repository.abort_pending_above(session, sink.id, -1, "recovery", AbortCause.RECOVERY) == [0]
+        assert await epoch_transitions.abort_pending_above(session, sink.id, -1, "recovery", AbortCause.RECOVERY) == [0]
         checkpoint = asyncio.create_task(admin.checkpoint("orders", registration, 0, wait=False))
         await until_a_statement_waits_for_a_lock(database)
     with pytest.raises(Fenced):
         await checkpoint
     async with database.transaction() as session:
-        sink = await repository.sink_by_name(session, "orders")
+        sink = await sink_rows.sink_by_name(session, "orders")
         assert sink is not None and sink.checkpointed_epoch == -1
 
 

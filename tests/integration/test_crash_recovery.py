@@ -18,8 +18,8 @@ from pyiceberg.catalog import Catalog
 
 from coordinator_service.contract.client import CoordinatorRpcError
 from coordinator_service.contract.views import PreCommitOutcome
+from coordinator_service.log.commit_lock import COMMIT_LOCK_CLASS
 from coordinator_service.log.database import libpq_url
-from coordinator_service.log.repository import COMMIT_LOCK_CLASS
 from tests.fixtures.coordinator import (
     ORDERS,
     CoordinatorProcess,

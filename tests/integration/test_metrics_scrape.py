@@ -12,7 +12,7 @@ from coordinator_service.admin.deps import operations_of
 from coordinator_service.admin.shared_answer import SharedAnswer
 from coordinator_service.engine.operations import SinkOverview
 from coordinator_service.log.models import Sink
-from coordinator_service.log.repository import EpochCounts
+from coordinator_service.log.sink_rows import EpochCounts
 from tests.fixtures.admin import AdminFactory
 from tests.fixtures.postgres import query
 

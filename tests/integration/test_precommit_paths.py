@@ -2,7 +2,7 @@
 
 The first pre-commit of an epoch usually goes the fast way: one group-insert
 statement whose SQL checks the writer's term, the committed epoch, the writer
-count, the epoch's absence and the files' owners (repository.insert_new_epochs).
+count, the epoch's absence and the files' owners (epoch_transitions.insert_new_epochs).
 Everything else goes the general way, where the same rules are Python over rows
 (protocol.Coordinator.pre_commit). Each case here runs twice, once with the fast
 way tried first and once without it, and both must give the same answer and
@@ -26,7 +26,7 @@ from coordinator_service.contract.errors import (
     InvalidArgument,
 )
 from coordinator_service.engine.protocol import PreCommitRequest, PreCommitResult, TableRequest
-from coordinator_service.log import repository
+from coordinator_service.log import epoch_transitions, sink_rows, sink_tables
 from tests.fixtures.admin import AdminApp, commit_lock_held
 from tests.fixtures.coordinator import ORDERS, orders, write_parquet
 from tests.fixtures.postgres import query
@@ -178,9 +178,9 @@ async def fan_out_to_a_table_ensured_through_another_replica(admin: AdminApp) ->
     term, locations = await _fan_out(admin)
     admin.runtime.tables.ensure_table("db.eu", ORDERS, ())
     async with admin.runtime.database.transaction() as session:
-        sink = await repository.sink_by_name(session, "orders", lock="update")
+        sink = await sink_rows.sink_by_name(session, "orders", lock="update")
         assert sink is not None
-        await repository.add_tables(session, sink, ["db.eu"])
+        await sink_tables.add_tables(session, sink, ["db.eu"])
     files = _routed_files({**locations, "db.eu": str(admin.runtime.tables.load("db.eu").location())})
     return PreCommitRequest("orders", 0, term, tuple(files), file_tables=files)
 
@@ -244,13 +244,13 @@ async def test_both_ways_answer_a_precommit_alike(
     request = await case(admin)
     before = log_rows(database_url)
     inserted: list[set[tuple[int, int]]] = []
-    insert_new_epochs = repository.insert_new_epochs
+    insert_new_epochs = epoch_transitions.insert_new_epochs
 
     async def recorded(connection: Any, rows: Any) -> set[tuple[int, int]]:
         inserted.append(await insert_new_epochs(connection, rows))
         return inserted[-1]
 
-    monkeypatch.setattr(repository, "insert_new_epochs", recorded)
+    monkeypatch.setattr(epoch_transitions, "insert_new_epochs", recorded)
     coordinator = admin.runtime.coordinator
     if not fast_way_first:
         monkeypatch.setattr(coordinator, "_pre_commit_first_attempt", _no_fast_way)

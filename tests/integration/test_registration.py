@@ -10,7 +10,7 @@ from pyiceberg.catalog import Catalog
 
 from coordinator_service.contract.errors import CheckpointBehind, FailedPrecondition, InvalidArgument
 from coordinator_service.engine.protocol import TableRequest
-from coordinator_service.log import repository
+from coordinator_service.log import sink_rows
 from coordinator_service.tables.table_origin import CREATED, ORIGIN
 from tests.fixtures.admin import AdminApp
 from tests.fixtures.coordinator import ORDERS
@@ -82,7 +82,7 @@ async def test_a_schema_that_does_not_fit_another_sinks_table_is_refused_at_regi
         assert message.endswith("Nothing was changed")
     assert catalog.load_table("db.orders").schema() == before
     async with admin.runtime.database.transaction() as session:
-        assert await repository.sink_by_name(session, "orders-copy") is None
+        assert await sink_rows.sink_by_name(session, "orders-copy") is None
 
 
 async def test_a_nullable_column_the_table_requires_is_refused_at_registration(admin: AdminApp) -> None:

@@ -8,8 +8,8 @@ from typing import Any
 
 import psycopg
 
+from coordinator_service.log.commit_lock import COMMIT_LOCK_CLASS
 from coordinator_service.log.database import libpq_url
-from coordinator_service.log.repository import COMMIT_LOCK_CLASS
 from tests.torture.races.harness import RaceRun
 
 SETTINGS: dict[str, Any] = {"cleanup_delay_seconds": 0.0}

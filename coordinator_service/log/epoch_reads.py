@@ -1,0 +1,168 @@
+"""The log's reads of epochs (pending_sink_state): one, the newest, those in a range, those not committed, those with
+work for the committer."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import and_, func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import defer
+
+from coordinator_service.contract.views import EpochStatus
+from coordinator_service.log.models import (
+    PendingSinkState,
+    Sink,
+    WrittenTable,
+)
+
+# First key of the two-int advisory locks the committer takes per sink ("SC"); tests hold them as another committer.
+
+
+async def epoch_row(
+    session: AsyncSession, sink_id: int, epoch: int, *, for_update: bool = False
+) -> PendingSinkState | None:
+    statement = select(PendingSinkState).where(PendingSinkState.sink_id == sink_id, PendingSinkState.epoch == epoch)
+    if for_update:
+        statement = statement.with_for_update()
+    return (await session.execute(statement)).scalar_one_or_none()
+
+
+async def newest_epoch(session: AsyncSession, sink_id: int) -> int | None:
+    """The sink's highest epoch in the log; None when it has none."""
+    statement = select(func.max(PendingSinkState.epoch)).where(PendingSinkState.sink_id == sink_id)
+    newest: int | None = await session.scalar(statement)
+    return newest
+
+
+async def epochs_between(
+    session: AsyncSession, sink_id: int, above: int, at_or_below: int
+) -> Sequence[PendingSinkState]:
+    """Rows with above < epoch <= at_or_below, in epoch order."""
+    statement = (
+        select(PendingSinkState)
+        .where(
+            PendingSinkState.sink_id == sink_id,
+            PendingSinkState.epoch > above,
+            PendingSinkState.epoch <= at_or_below,
+        )
+        .order_by(PendingSinkState.epoch)
+    )
+    return (await session.execute(statement)).scalars().all()
+
+
+async def sink_and_checkpointed_pending(
+    session: AsyncSession, sink_id: int, limit: int
+) -> tuple[Sink | None, Sequence[PendingSinkState], dict[str, int]]:
+    """The sink row, its PENDING epochs at or below its checkpointed epoch, oldest first, at most `limit`, and the
+    newest epoch each of its tables holds: what a commit pass starts from, in one statement."""
+    tables = (
+        select(func.json_object_agg(WrittenTable.table_identifier, WrittenTable.committed_epoch))
+        .where(WrittenTable.sink_id == Sink.id)
+        .scalar_subquery()
+    )
+    statement = (
+        select(Sink, PendingSinkState, tables)
+        .outerjoin(
+            PendingSinkState,
+            and_(
+                PendingSinkState.sink_id == Sink.id,
+                PendingSinkState.status == EpochStatus.PENDING,
+                PendingSinkState.epoch <= Sink.checkpointed_epoch,
+            ),
+        )
+        .where(Sink.id == sink_id)
+        .order_by(PendingSinkState.epoch)
+        .limit(limit)
+        .execution_options(populate_existing=True)
+    )
+    rows = (await session.execute(statement)).all()
+    if not rows:
+        return None, [], {}
+    return rows[0][0], [epoch for _, epoch, _ in rows if epoch is not None], dict(rows[0][2] or {})
+
+
+async def pending_epochs_at_or_below(
+    session: AsyncSession, sink_id: int, epoch: int, limit: int
+) -> Sequence[PendingSinkState]:
+    statement = (
+        select(PendingSinkState)
+        .where(
+            PendingSinkState.sink_id == sink_id,
+            PendingSinkState.status == EpochStatus.PENDING,
+            PendingSinkState.epoch <= epoch,
+        )
+        .order_by(PendingSinkState.epoch)
+        .limit(limit)
+    )
+    return (await session.execute(statement)).scalars().all()
+
+
+async def pending_epochs_above(session: AsyncSession, sink_id: int, epoch: int) -> Sequence[PendingSinkState]:
+    statement = (
+        select(PendingSinkState)
+        .where(
+            PendingSinkState.sink_id == sink_id,
+            PendingSinkState.status == EpochStatus.PENDING,
+            PendingSinkState.epoch > epoch,
+        )
+        .order_by(PendingSinkState.epoch)
+    )
+    return (await session.execute(statement)).scalars().all()
+
+
+async def epochs_not_committed(session: AsyncSession, sink_id: int) -> Sequence[PendingSinkState]:
+    statement = (
+        select(PendingSinkState)
+        .where(PendingSinkState.sink_id == sink_id, PendingSinkState.status != EpochStatus.COMMITTED)
+        .order_by(PendingSinkState.epoch)
+    )
+    return (await session.execute(statement)).scalars().all()
+
+
+async def epochs_for_update(session: AsyncSession, sink_id: int, epochs: Sequence[int]) -> dict[int, PendingSinkState]:
+    """The rows of these epochs (those that still exist), row-locked for the rest of the transaction."""
+    statement = (
+        select(PendingSinkState)
+        .where(PendingSinkState.sink_id == sink_id, PendingSinkState.epoch.in_(epochs))
+        .order_by(PendingSinkState.epoch)
+        .with_for_update()
+        .execution_options(populate_existing=True)
+    )
+    return {row.epoch: row for row in (await session.execute(statement)).scalars().all()}
+
+
+async def sink_ids_with_commit_work(session: AsyncSession) -> list[int]:
+    """Sinks with a PENDING epoch at or below their recorded checkpoint."""
+    statement = (
+        select(Sink.id)
+        .where(
+            select(PendingSinkState.epoch)
+            .where(
+                PendingSinkState.sink_id == Sink.id,
+                PendingSinkState.status == EpochStatus.PENDING,
+                PendingSinkState.epoch <= Sink.checkpointed_epoch,
+            )
+            .exists()
+        )
+        .order_by(Sink.id)
+    )
+    return list((await session.execute(statement)).scalars().all())
+
+
+async def epochs_newest_first(
+    session: AsyncSession, sink_id: int, status: EpochStatus | None, below_epoch: int | None, limit: int
+) -> Sequence[PendingSinkState]:
+    """A page of the sink's epochs, newest first, without their (possibly large) metadata."""
+    statement = (
+        select(PendingSinkState)
+        .options(defer(PendingSinkState.metadata_, raiseload=True))
+        .where(PendingSinkState.sink_id == sink_id)
+        .order_by(PendingSinkState.epoch.desc())
+        .limit(limit)
+    )
+    if status is not None:
+        statement = statement.where(PendingSinkState.status == status)
+    if below_epoch is not None:
+        statement = statement.where(PendingSinkState.epoch < below_epoch)
+    return (await session.execute(statement)).scalars().all()

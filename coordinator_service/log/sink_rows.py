@@ -1,0 +1,213 @@
+"""The log's statements on sinks: find, create, delete, suspend; the overviews (counts of each sink's epochs, who
+writes which table); when writers last called."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import delete, func, select, text, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.orm import aliased
+
+from coordinator_service.contract.views import EpochStatus
+from coordinator_service.log.models import (
+    PendingSinkState,
+    Sink,
+    WrittenTable,
+)
+
+# First key of the two-int advisory locks the committer takes per sink ("SC"); tests hold them as another committer.
+
+
+class RowLock(enum.Enum):
+    """A row lock a read takes for the rest of its transaction."""
+
+    # FOR UPDATE: the transaction changes the row; others wait to change or lock it.
+    UPDATE = enum.auto()
+    # FOR SHARE: the row must not change until the transaction ends; others may share it.
+    SHARE = enum.auto()
+
+
+async def sink_by_name(session: AsyncSession, name: str, *, lock: RowLock | None = None) -> Sink | None:
+    """The sink row, with `lock` taken on it for the rest of the transaction."""
+    statement = select(Sink).where(Sink.name == name)
+    if lock is not None:
+        statement = statement.with_for_update(read=lock is RowLock.SHARE)
+    return (await session.execute(statement)).scalar_one_or_none()
+
+
+async def sink_by_id(session: AsyncSession, sink_id: int, *, lock: bool = False) -> Sink | None:
+    """The sink row, read again; with lock, row-locked (FOR UPDATE) for the rest of the transaction."""
+    return await session.get(Sink, sink_id, populate_existing=True, with_for_update=lock or None)
+
+
+async def all_sinks(session: AsyncSession) -> Sequence[Sink]:
+    return (await session.execute(select(Sink).order_by(Sink.name))).scalars().all()
+
+
+_INSERT_SINK_IF_ABSENT = """
+    WITH created AS (
+        INSERT INTO sinks (name, table_identifier, catalog, checkpointed_epoch, committed_epoch)
+        VALUES (:name, :table, :catalog, :epoch, :epoch)
+        ON CONFLICT (name) DO NOTHING
+        RETURNING id, table_identifier, committed_epoch
+    )
+    INSERT INTO sink_tables (sink_id, table_identifier, committed_epoch)
+    SELECT id, table_identifier, committed_epoch FROM created
+"""
+
+
+async def delete_sink(session: AsyncSession, sink_id: int) -> None:
+    """The sink's row, and with it (cascades) its epochs, claims, parts, tables and maintenance runs."""
+    await session.execute(delete(Sink).where(Sink.id == sink_id))
+
+
+async def insert_sink_if_absent(
+    session: AsyncSession, name: str, table: str, catalog: str, checkpointed_epoch: int
+) -> None:
+    """A new sink starts at the writer's checkpoint, checkpointed and committed, with its own table as its one table."""
+    parameters = {"name": name, "table": table, "catalog": catalog, "epoch": checkpointed_epoch}
+    await session.execute(text(_INSERT_SINK_IF_ABSENT), parameters)
+
+
+async def set_suspended(session: AsyncSession, sink_id: int, reason: str | None) -> bool:
+    """Suspend the sink with `reason` (None: resume it); whether that changed anything."""
+    result = await session.execute(
+        update(Sink)
+        .where(Sink.id == sink_id, Sink.suspended_reason.is_distinct_from(reason))
+        .values(suspended_reason=reason)
+        .returning(Sink.id)
+    )
+    return result.scalar_one_or_none() is not None
+
+
+@dataclass(frozen=True)
+class EpochCounts:
+    """A sink's epochs that are not committed yet, its last commit, and its writer's last call, as the log has them
+    (the same on every replica; ages by the metastore's clock)."""
+
+    pending: int = 0
+    aborted: int = 0
+    # Seconds since the oldest PENDING epoch was (last) pre-committed; None without a PENDING epoch.
+    oldest_pending_age_seconds: float | None = None
+    # The least PENDING epoch; None without one.
+    oldest_pending_epoch: int | None = None
+    # When the sink's committed epoch was marked COMMITTED; None when it was not (never, pruned, or an epoch an
+    # operator aborted).
+    last_commit_at: datetime | None = None
+    # Seconds since its writer's last answered call (sinks.writer_last_call_at); None: none recorded.
+    writer_last_call_age_seconds: float | None = None
+
+
+async def sinks_with_epoch_counts(session: AsyncSession, name: str | None = None) -> list[tuple[Sink, EpochCounts]]:
+    """Every sink (or the one named) with its pending and aborted counts, last commit and writer's call, by name."""
+    pending = PendingSinkState.status == EpochStatus.PENDING
+    counts = (
+        select(
+            PendingSinkState.sink_id,
+            func.count().filter(pending).label("pending"),
+            func.count().filter(PendingSinkState.status == EpochStatus.ABORTED).label("aborted"),
+            func.extract("epoch", func.now() - func.min(PendingSinkState.updated_at).filter(pending)).label("age"),
+            func.min(PendingSinkState.epoch).filter(pending).label("oldest"),
+        )
+        .where(PendingSinkState.status != EpochStatus.COMMITTED)
+        .group_by(PendingSinkState.sink_id)
+        .subquery()
+    )
+    committed = aliased(PendingSinkState)
+    last_commit = (
+        select(committed.updated_at)
+        .where(
+            committed.sink_id == Sink.id,
+            committed.epoch == Sink.committed_epoch,
+            committed.status == EpochStatus.COMMITTED,
+        )
+        .scalar_subquery()
+    )
+    writer_age = func.extract("epoch", func.now() - Sink.writer_last_call_at)
+    statement = (
+        select(Sink, counts.c.pending, counts.c.aborted, counts.c.age, counts.c.oldest, last_commit, writer_age)
+        .outerjoin(counts, counts.c.sink_id == Sink.id)
+        .order_by(Sink.name)
+    )
+    if name is not None:
+        statement = statement.where(Sink.name == name)
+    return [
+        (
+            sink,
+            EpochCounts(
+                pending=pending_count or 0,
+                aborted=aborted_count or 0,
+                oldest_pending_age_seconds=None if age is None else float(age),
+                oldest_pending_epoch=oldest,
+                last_commit_at=committed_at,
+                writer_last_call_age_seconds=None if call_age is None else float(call_age),
+            ),
+        )
+        for sink, pending_count, aborted_count, age, oldest, committed_at, call_age in (
+            await session.execute(statement)
+        ).all()
+    ]
+
+
+async def shared_tables(session: AsyncSession) -> dict[str, list[str]]:
+    """Every table more than one sink writes, with the names of those sinks, by name."""
+    shared = (
+        select(WrittenTable.table_identifier)
+        .group_by(WrittenTable.table_identifier)
+        .having(func.count() > 1)
+        .scalar_subquery()
+    )
+    statement = (
+        select(WrittenTable.table_identifier, Sink.name)
+        .join(Sink, Sink.id == WrittenTable.sink_id)
+        .where(WrittenTable.table_identifier.in_(shared))
+        .order_by(Sink.name)
+    )
+    writers: dict[str, list[str]] = {}
+    for table, sink in (await session.execute(statement)).all():
+        writers.setdefault(table, []).append(sink)
+    return writers
+
+
+async def sinks_of_table(session: AsyncSession, table: str) -> list[tuple[Sink, int]]:
+    """Every sink writing the table (usually one), whose markers its snapshots carry, with the newest epoch of the
+    sink that the table holds."""
+    statement = (
+        select(Sink, WrittenTable.committed_epoch)
+        .join(WrittenTable, WrittenTable.sink_id == Sink.id)
+        .where(WrittenTable.table_identifier == table)
+        .order_by(Sink.id)
+    )
+    return [(sink, committed_epoch) for sink, committed_epoch in (await session.execute(statement)).all()]
+
+
+_RECORD_WRITER_CALL = """
+    UPDATE sinks SET writer_last_call_at = now() - make_interval(secs => :ago)
+    WHERE name = :sink AND (writer_last_call_at IS NULL OR writer_last_call_at < now() - make_interval(secs => :ago))
+"""
+
+
+async def record_writer_calls(connection: AsyncConnection, calls: Mapping[str, float]) -> None:
+    """Each sink's writer called `calls[sink]` seconds ago: a statement per sink (autocommit: no transaction holds
+    two sinks' rows), moving the time forward only."""
+    for sink, ago in sorted(calls.items()):
+        await connection.execute(text(_RECORD_WRITER_CALL), {"sink": sink, "ago": ago})
+
+
+async def sinks_writing(session: AsyncSession, tables: Sequence[str], besides: str = "") -> dict[str, list[str]]:
+    """The names of the sinks (but `besides`) writing each of these tables, by name; a table none writes is left
+    out."""
+    statement = (
+        select(WrittenTable.table_identifier, Sink.name)
+        .join(Sink, Sink.id == WrittenTable.sink_id)
+        .where(WrittenTable.table_identifier.in_(tables), Sink.name != besides)
+        .order_by(Sink.name)
+    )
+    writers: dict[str, list[str]] = {}
+    for table, name in (await session.execute(statement)).all():
+        writers.setdefault(table, []).append(name)
+    return writers
