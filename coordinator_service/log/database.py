@@ -144,7 +144,8 @@ class Database:
         stalled or frozen PostgreSQL is answered in seconds, not at the caller's deadline."""
         if self._silent_since is not None:
             raise Unavailable(
-                f"the PostgreSQL metastore has not answered for {self.silent_seconds:.0f} s ({self._last_error}): retry"
+                f"the PostgreSQL metastore is unreachable (no answer for {self.silent_seconds:.0f} s: "
+                f"{self._last_error}): retry"
             )
 
     async def silence(self) -> None:
