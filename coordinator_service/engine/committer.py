@@ -65,6 +65,38 @@ class CommitterHealth:
     failing_tables: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass
+class SinkCommitState:
+    """One sink's committer in this process (Kafka Connect's CommitState): its task and what wakes it, what the
+    admin API shows of it, and what it committed here last."""
+
+    # The sink's name, once a pass read it (log lines and metrics before that say its id).
+    name: str | None = None
+    # Set from the first time the sink is driven here: the admin API shows it (absent: idle here).
+    health: CommitterHealth | None = None
+    task: asyncio.Task[None] | None = None
+    # Set to start a pass; the flush request (a writer waiting for its commit) skips the rest of the interval.
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    flush: asyncio.Event = field(default_factory=asyncio.Event)
+    # The committed epoch this process's last COMMITTED transaction recorded, and in which numbering (a reset
+    # starts another), so that a waiter it wakes need not read the sink again.
+    committed_here: tuple[Numbering, int] | None = None
+    # When this process last committed the sink (time.monotonic()), for the commit interval.
+    last_commit: float | None = None
+    # Passes finished (whatever their outcome), and that count when the sink was last resumed.
+    passes_done: int = 0
+    resumed_at: int | None = None
+
+    def label(self, sink_id: int) -> str:
+        return self.name or f"id {sink_id}"
+
+    def healthy(self) -> CommitterHealth:
+        """The sink's health, created on first use (the sink is no longer idle here)."""
+        if self.health is None:
+            self.health = CommitterHealth()
+        return self.health
+
+
 # Failures of a commit pass that retrying cannot fix: the log's record cannot be decoded, the table is gone or
 # refuses what the pass built, the catalog refuses the coordinator's credentials, or the code met a state it
 # does not expect. Everything else (conflicts, outages, a lost lock, timeouts) is retried.
@@ -98,23 +130,12 @@ class Committer:
         self.database = database
         self.tables = tables
         self.settings = settings
-        self.health: dict[int, CommitterHealth] = {}
+        # Each sink's committer in this process, by sink id.
+        self._sinks: defaultdict[int, SinkCommitState] = defaultdict(SinkCommitState)
         # The last hour of each sink's commits made here, for the console's charts.
         self.history = CommitHistory()
-        self._wake_events: dict[int, asyncio.Event] = {}
-        self._tasks: dict[int, asyncio.Task[None]] = {}
         self._progress = asyncio.Condition()
         self._commits_here = 0
-        # Per sink: the committed epoch this process's last COMMITTED transaction recorded, and in which numbering
-        # (a reset starts another), so that a waiter it wakes need not read the sink again.
-        self._committed_here: dict[int, tuple[Numbering, int]] = {}
-        self._last_commit: dict[int, float] = {}
-        # Set by a writer waiting for its commit (CommitCheckpoint with wait): the interval is not waited out.
-        self._flush_requests: dict[int, asyncio.Event] = {}
-        self._sink_names: dict[int, str] = {}
-        # Commit passes finished per sink (whatever their outcome), and that count when the sink was last resumed.
-        self._passes_done: defaultdict[int, int] = defaultdict(int)
-        self._resumed_at: dict[int, int] = {}
         self._background: list[asyncio.Task[None]] = []
         # A pass holds two connections (its advisory lock's and a transaction's): bounding the passes keeps
         # the pool from running dry with every sink's task holding a lock connection, waiting for a second.
@@ -124,28 +145,32 @@ class Committer:
         # Told the sinks whose tables outgrew their maintenance thresholds in a commit (the maintainer sets it).
         self.maintenance_wanted: Callable[[int], None] = lambda sink_id: None
 
+    @property
+    def health(self) -> dict[int, CommitterHealth]:
+        """What the admin API shows of each sink's committer here (a sink never driven here is absent: idle)."""
+        return {sink_id: state.health for sink_id, state in self._sinks.items() if state.health is not None}
+
     def start(self) -> None:
         """Start the poller, which first resumes whatever the log holds."""
         self._background = [asyncio.create_task(self._poll_forever(), name="committer-poller")]
 
     async def stop(self) -> None:
-        tasks = [*self._background, *self._tasks.values()]
+        tasks = [*self._background, *(state.task for state in self._sinks.values() if state.task is not None)]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self._tasks.clear()
+        for state in self._sinks.values():
+            state.task = None
 
     def wake(self, sink_id: int, *, flush: bool = False) -> None:
         """Start a commit pass of the sink; with `flush`, without waiting out the rest of its commit interval
         (a writer waits for the commit: the end of an availableNow run, a stop)."""
+        state = self._sinks[sink_id]
         if flush:
-            self._flush_requests.setdefault(sink_id, asyncio.Event()).set()
-        event = self._wake_events.get(sink_id)
-        if event is None:
-            event = self._wake_events[sink_id] = asyncio.Event()
-        event.set()
-        if sink_id not in self._tasks or self._tasks[sink_id].done():
-            self._tasks[sink_id] = asyncio.create_task(self._drive(sink_id, event), name=f"committer-{sink_id}")
+            state.flush.set()
+        state.wake.set()
+        if state.task is None or state.task.done():
+            state.task = asyncio.create_task(self._drive(sink_id, state), name=f"committer-{sink_id}")
 
     async def wait_committed(self, sink_id: int, epoch: int, numbering: Numbering) -> int:
         """Wait until the sink's committed epoch reaches `epoch` (here or on another replica) in `numbering`."""
@@ -153,7 +178,7 @@ class Committer:
             # A commit here that lands while the sink is being read below bumps the counter, so it
             # is not missed; a commit by another replica is seen at the next read.
             seen = self._commits_here
-            committed_here = self._committed_here.get(sink_id)
+            committed_here = self._sinks[sink_id].committed_here
             if committed_here is not None and committed_here[0] == numbering and committed_here[1] >= epoch:
                 return committed_here[1]  # durable: recorded by this process's COMMITTED transaction
             async with self.database.transaction() as session:
@@ -199,8 +224,9 @@ class Committer:
             return
         seconds = time.monotonic() - started
         for backlog in backlogs:
-            self._sink_names[backlog.sink_id] = backlog.sink
-            self.health.setdefault(backlog.sink_id, CommitterHealth())  # committed here: no longer idle
+            state = self._sinks[backlog.sink_id]
+            state.name = backlog.sink
+            state.healthy()  # committed here: no longer idle
             metrics.record_commit(backlog.sink, backlog.epochs, snapshots=0, seconds=seconds)
             self.history.record(backlog.sink, seconds, backlog.epochs, lag_epochs=0)
         log.info(
@@ -211,34 +237,33 @@ class Committer:
         )
         await self._notify_progress()
 
-    async def _drive(self, sink_id: int, event: asyncio.Event) -> None:
+    async def _drive(self, sink_id: int, state: SinkCommitState) -> None:
         # Context variables are per task: every line this sink's committer logs carries the sink (and not
         # the epoch of the request whose context the task was created from).
         structlog.contextvars.clear_contextvars()
         structlog.contextvars.bind_contextvars(sink_id=sink_id)
-        health = self.health.setdefault(sink_id, CommitterHealth())
+        health = state.healthy()
         while True:
-            await event.wait()
-            event.clear()
+            await state.wake.wait()
+            state.wake.clear()
             if health.stuck is not None:
                 continue  # until an operator resumes the sink
             # Outside the slot: a sink waiting out its interval leaves the slot to the others.
-            await self._respect_commit_interval(sink_id)
+            await self._respect_commit_interval(state)
             try:
                 if await self._commit_with_retries(sink_id):
-                    event.set()  # more to commit: go on after the sinks that wait for a slot
+                    state.wake.set()  # more to commit: go on after the sinks that wait for a slot
             except Exception as error:  # only what retrying cannot fix comes out of the retries
                 self._stick(sink_id, health, error)
             finally:
-                self._passes_done[sink_id] += 1
+                state.passes_done += 1
                 await self._notify_progress()
 
     def _stick(self, sink_id: int, health: CommitterHealth, error: BaseException) -> None:
         health.stuck = f"{type(error).__name__}: {cause(error)}"
         health.retrying = False
         health.last_error, health.last_error_at = health.stuck, datetime.now(UTC)
-        sink = self._sink_names.get(sink_id, f"id {sink_id}")
-        metrics.COMMITTER_STUCK_EVENTS.labels(sink).inc()
+        metrics.COMMITTER_STUCK_EVENTS.labels(self._sinks[sink_id].label(sink_id)).inc()
         log.error(
             "the sink's commits cannot succeed by retrying; they wait for an operator to fix the cause and "
             "resume the sink (POST /api/v1/sinks/<name>/resume)",
@@ -247,24 +272,26 @@ class Committer:
 
     def resume(self, sink_id: int) -> bool:
         """Retry a stuck sink's commits (after an operator fixed the cause); whether it was stuck here."""
-        health = self.health.get(sink_id)
-        was_stuck = health is not None and health.stuck is not None
-        if health is not None:
-            health.stuck = None
-        self._resumed_at[sink_id] = self._passes_done[sink_id]
+        state = self._sinks[sink_id]
+        was_stuck = state.health is not None and state.health.stuck is not None
+        if state.health is not None:
+            state.health.stuck = None
+        state.resumed_at = state.passes_done
         self.wake(sink_id)
         return was_stuck
 
     async def wait_for_pass(self, sink_id: int, timeout_seconds: float) -> None:
         """Wait (at most timeout_seconds) until the sink's committer finished a pass since its last resume."""
-        target = self._resumed_at.get(sink_id, self._passes_done[sink_id])
+        state = self._sinks[sink_id]
+        target = state.passes_done if state.resumed_at is None else state.resumed_at
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_seconds), self._progress:
-                await self._progress.wait_for(lambda: self._passes_done[sink_id] > target)
+                await self._progress.wait_for(lambda: state.passes_done > target)
 
     async def _commit_with_retries(self, sink_id: int) -> bool:
         """One commit pass, retried until it succeeds; whether more checkpointed epochs wait."""
-        health = self.health.setdefault(sink_id, CommitterHealth())
+        sink_state = self._sinks[sink_id]
+        health = sink_state.healthy()
 
         def record_failure(state: RetryCallState) -> None:
             error = state.outcome.exception() if state.outcome else None
@@ -272,7 +299,7 @@ class Committer:
             health.attempts = state.attempt_number
             health.last_error = f"{type(error).__name__}: {error}"
             health.last_error_at = datetime.now(UTC)
-            metrics.COMMIT_RETRIES.labels(self._sink_names.get(sink_id, f"id {sink_id}")).inc()
+            metrics.COMMIT_RETRIES.labels(sink_state.label(sink_id)).inc()
             log.warning(
                 "commit failed; retrying",
                 attempt=state.attempt_number,
@@ -332,7 +359,8 @@ class Committer:
         if sink is None or not waiting:
             return False
         pending, more = waiting[:limit], len(waiting) > limit
-        self._sink_names[sink_id] = sink.name
+        state = self._sinks[sink_id]
+        state.name = sink.name
         if sink.suspended_reason is not None:
             raise SinkSuspended(sink.suspended_reason)
         structlog.contextvars.bind_contextvars(sink=sink.name)
@@ -351,7 +379,7 @@ class Committer:
         appends = _PassAppends()
         found: list[int] = []
         failures: list[BaseException] = []
-        health = self.health.setdefault(sink_id, CommitterHealth())
+        health = state.healthy()
         for index, (table, work) in enumerate(files.items()):
             try:
                 outcome = await self._commit_table(sink, table, work, top, decoded[-1].properties, lock)
@@ -492,10 +520,11 @@ class Committer:
             committed = await self._record_commit_checking_each_epoch(sink, pending, appended, appends.files)
         if committed is None:
             return
-        self._committed_here[sink.id] = (numbering_of(sink), committed)
+        state = self._sinks[sink.id]
+        state.committed_here = (numbering_of(sink), committed)
         await failpoints.hit(Failpoint.COMMIT_AFTER_MARK)
-        self._last_commit[sink.id] = time.monotonic()
-        self.health.setdefault(sink.id, CommitterHealth())  # committed here: no longer idle
+        state.last_commit = time.monotonic()
+        state.healthy()  # committed here: no longer idle
         seconds = time.monotonic() - started
         metrics.record_commit(sink.name, len(epochs), snapshots=appends.snapshots, seconds=seconds)
         self.history.record(sink.name, seconds, len(epochs), lag_epochs=sink.checkpointed_epoch - committed)
@@ -553,15 +582,14 @@ class Committer:
             await epoch_transitions.prune_committed(session, [sink.id], self.settings.retention_epochs)
         return committed
 
-    async def _respect_commit_interval(self, sink_id: int) -> None:
+    async def _respect_commit_interval(self, state: SinkCommitState) -> None:
         """Wait out the rest of the sink's commit interval, unless a writer waits for the commit (flush)."""
-        flush = self._flush_requests.setdefault(sink_id, asyncio.Event())
-        last = self._last_commit.get(sink_id)
+        last = state.last_commit
         remaining = 0.0 if last is None else self.settings.commit_interval_seconds - (time.monotonic() - last)
         if remaining > 0:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(flush.wait(), remaining)
-        flush.clear()
+                await asyncio.wait_for(state.flush.wait(), remaining)
+        state.flush.clear()
 
 
 @dataclass(frozen=True)
