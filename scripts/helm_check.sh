@@ -42,7 +42,7 @@ KUBE_VERSIONS=(1.27.0 1.37.0)
 # schemas and has no option to skip unknown kinds (it warns and passes), so
 # these are taken out of its input explicitly, checked structurally below,
 # and any other unknown kind is a failure.
-CRD_KINDS="monitoring.coreos.com/v1/ServiceMonitor"
+CRD_KINDS="monitoring.coreos.com/v1/ServiceMonitor monitoring.coreos.com/v1/PrometheusRule"
 
 START=$(date +%s)
 FAILURES=()
@@ -123,7 +123,8 @@ PY
 }
 
 # What offline validation can say about a ServiceMonitor: its shape, and that it
-# selects the chart's Service and scrapes a port that Service has.
+# selects the chart's Service and scrapes a port that Service has; about a PrometheusRule:
+# named rule groups of alerts with an expression each (check_prometheus_rule says more).
 check_crds() {
   "$VENV/bin/python" - "$1" "$2" <<'PY'
 import sys, yaml
@@ -131,7 +132,15 @@ crds = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
 core = [d for d in yaml.safe_load_all(open(sys.argv[2])) if d]
 services = [d for d in core if d["kind"] == "Service"]
 errors = []
-for sm in crds:
+for rule in [d for d in crds if d["kind"] == "PrometheusRule"]:
+    groups = (rule.get("spec") or {}).get("groups") or []
+    if not groups or len({g.get("name") for g in groups}) != len(groups):
+        errors.append(f"PrometheusRule {rule['metadata']['name']}: no groups, or groups without unique names")
+    for group in groups:
+        for r in group.get("rules") or [None]:
+            if not (r and r.get("alert") and r.get("expr")):
+                errors.append(f"PrometheusRule {rule['metadata']['name']}: group {group.get('name')}: rule {r}")
+for sm in [d for d in crds if d["kind"] == "ServiceMonitor"]:
     name = sm["metadata"]["name"]
     spec = sm.get("spec") or {}
     selector = (spec.get("selector") or {}).get("matchLabels") or {}
@@ -335,6 +344,151 @@ scopes_checked() {
   fi
 }
 
+# The PrometheusRule of a render ($1) against the rule files, made the release's own as the values say
+# ($2...: values files, the chart's first): none unless prometheusRule.enabled; else every enabled alert of
+# rules/*.yaml in its group, its selectors the release's, its threshold, for, severity and labels the values',
+# its runbook_url under prometheusRule.runbookUrl. Computed here independently of the template.
+check_prometheus_rule() {
+  "$VENV/bin/python" - "$CHART" "$@" <<'PY'
+import glob, re, sys, yaml
+chart, path, *value_files = sys.argv[1:]
+def merged(base, over):
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+values = {}
+for name in value_files:
+    values = merged(values, yaml.safe_load(open(name)) or {})
+docs = [d for d in yaml.safe_load_all(open(path)) if d]
+rendered = [d for d in docs if d["kind"] == "PrometheusRule"]
+config = values["prometheusRule"]
+errors = []
+if not config["enabled"]:
+    if rendered:
+        errors.append("a PrometheusRule is rendered although prometheusRule.enabled is false")
+elif len(rendered) != 1:
+    errors.append(f"{len(rendered)} PrometheusRules rendered, want 1")
+else:
+    [service] = [d for d in docs if d["kind"] == "Service"]
+    selector = config["selector"] or f'job="{service["metadata"]["name"]}",namespace="sink"'
+    interval = values["config"].get("commitIntervalSeconds")
+    interval = 10.0 if interval is None else float(interval)
+    base = "https://github.com/sink-coordinator/sink-coordinator/blob/main/docs/operations.md"
+    want = []
+    for file in sorted(glob.glob(f"{chart}/rules/*.yaml")):
+        for group in yaml.safe_load(open(file))["groups"]:
+            rules = []
+            for rule in group["rules"]:
+                alert = config["alerts"].get(rule["alert"], {})
+                if alert.get("enabled", True) is False:
+                    continue
+                threshold = alert.get("threshold")
+                if "commitIntervals" in alert:
+                    threshold = max(alert["commitIntervals"] * interval, alert["minSeconds"])
+                rules.append({
+                    "alert": rule["alert"],
+                    "expr": rule["expr"].strip().replace('job="sink-coordinator"', selector),
+                    "threshold": threshold,
+                    "for": alert.get("for", rule["for"]),
+                    "labels": {**rule["labels"], **config["alertLabels"], "severity": alert.get("severity", rule["labels"]["severity"])},
+                    "annotations": {k: v.replace(base, config["runbookUrl"]) for k, v in rule["annotations"].items()},
+                })
+            if rules:
+                want.append((group["name"], rules))
+    got = rendered[0]["spec"]["groups"]
+    if [g["name"] for g in got] != [name for name, _ in want]:
+        errors.append(f"groups {[g['name'] for g in got]}, want {[name for name, _ in want]}")
+    number = re.compile(r"([0-9]+(\.[0-9]+)?(e[+-]?[0-9]+)?)$")
+    for group, (_, rules) in zip(got, want):
+        for rule, expected in zip(group["rules"], rules):
+            expr, threshold = rule["expr"], expected.pop("threshold")
+            if threshold is not None:
+                found = number.search(expr)
+                if not found or float(found.group(1)) != float(threshold):
+                    errors.append(f"{rule['alert']}: threshold of {expr!r} is not {threshold}")
+                expr = expr[: found.start()] if found else expr
+                expected["expr"] = number.sub("", expected["expr"])
+            if {**rule, "expr": expr} != expected:
+                errors.append(f"{rule['alert']}: rendered {rule}, want {expected}")
+        if len(group["rules"]) != len(rules):
+            errors.append(f"group {group['name']}: {[r['alert'] for r in group['rules']]}, want {[r['alert'] for r in rules]}")
+    labels = rendered[0]["metadata"]["labels"]
+    if not config["labels"].items() <= labels.items():
+        errors.append(f"the PrometheusRule's labels {labels} lack {config['labels']}")
+for e in errors:
+    print(e, file=sys.stderr)
+sys.exit(1 if errors else 0)
+PY
+}
+
+# promtool on the PrometheusRule of a render ($1): `check rules` on its groups, and with every case of
+# tests/unit/alert_rules/ (annotations taken out, as tests/unit/test_alert_rules_fire.py does) when $2 is "cases"
+# (a render whose selector is the rule files' job="sink-coordinator" and whose values are the defaults).
+promtool_rules() {
+  local rules="$WORK/rendered-rules" case
+  mkdir -p "$rules"
+  "$VENV/bin/python" - "$1" "$rules" <<'PY' || return 1
+import sys, yaml
+path, out = sys.argv[1:]
+[rule] = [d for d in yaml.safe_load_all(open(path)) if d and d["kind"] == "PrometheusRule"]
+groups = rule["spec"]["groups"]
+yaml.safe_dump({"groups": groups}, open(f"{out}/rules.yaml", "w"), sort_keys=False, width=10000)
+for group in groups:
+    for r in group["rules"]:
+        r.pop("annotations", None)
+yaml.safe_dump({"groups": groups}, open(f"{out}/bare.yaml", "w"), sort_keys=False, width=10000)
+PY
+  promtool check rules "$rules/rules.yaml" >"$WORK/promtool.out" 2>&1 || { cat "$WORK/promtool.out" >&2; return 1; }
+  [[ "${2:-}" == cases ]] || return 0
+  for case in tests/unit/alert_rules/*.test.yaml; do
+    "$VENV/bin/python" - "$case" "$rules/$(basename "$case")" <<'PY' || return 1
+import sys, yaml
+src, out = sys.argv[1:]
+document = yaml.safe_load(open(src))
+document["rule_files"] = ["bare.yaml"]
+yaml.safe_dump(document, open(out, "w"), sort_keys=False)
+PY
+    (cd "$rules" && promtool test rules "$(basename "$case")") >"$WORK/promtool.out" 2>&1 \
+      || { cat "$WORK/promtool.out" >&2; return 1; }
+  done
+}
+
+rules_checked() {
+  local name=$1; shift
+  [[ -f "$WORK/$name.yaml" ]] || return 0
+  if ! check_prometheus_rule "$WORK/$name.yaml" "$CHART/values.yaml" "$@"; then
+    fail "$name: PrometheusRule"
+  elif ! grep -q '^kind: PrometheusRule' "$WORK/$name.yaml"; then
+    SUMMARY+=("$(printf '%-13s ok: no PrometheusRule (prometheusRule.enabled false)' "$name")")
+  elif [[ -z "$PROMTOOL" ]]; then
+    SUMMARY+=("$(printf '%-13s ok: PrometheusRule as the rule files and values say (promtool not found: not checked by it)' "$name")")
+  elif promtool_rules "$WORK/$name.yaml"; then
+    SUMMARY+=("$(printf '%-13s ok: PrometheusRule as the rule files and values say, promtool check rules' "$name")")
+  else
+    fail "$name: promtool check rules on the rendered PrometheusRule"
+  fi
+}
+
+# The chart ships the rules the promtool cases fire: its PrometheusRule with the default values, the rule files'
+# own selector, passes every case of tests/unit/alert_rules/.
+check_shipped_rules_fire() {
+  local out="$WORK/shipped-rules.yaml"
+  if [[ -z "$PROMTOOL" ]]; then
+    SUMMARY+=("$(printf '%-13s SKIPPED: promtool not found (Debian package prometheus)' shipped-rules)")
+    return
+  fi
+  if "$HELM" template sc "$CHART" --namespace sink --set "database.url=$DB_URL" "${CATALOG[@]}" "${SEED[@]}" \
+       --set prometheusRule.enabled=true --set-string 'prometheusRule.selector=job="sink-coordinator"' \
+       --show-only templates/prometheusrule.yaml >"$out" 2>"$WORK/shipped.err" \
+     && promtool_rules "$out" cases; then
+    SUMMARY+=("$(printf '%-13s ok: the rendered PrometheusRule passes every promtool case of tests/unit/alert_rules' shipped-rules)")
+  else
+    cat "$WORK/shipped.err" >&2
+    fail "shipped-rules: the rendered PrometheusRule does not pass the promtool cases"
+  fi
+}
+
 # The ConfigMap allows a warehouse on the pods' file system exactly where catalog.allowLocalWarehouse says so ($2).
 local_warehouse_checked() {
   local name=$1 want=$2 got=no
@@ -505,6 +659,9 @@ KUBECONFIG
 
 WORK=$(mktemp -d)
 FAKE_PID=
+# Optional: promtool (Debian's package prometheus) checks the rendered alerting rules and fires them.
+PROMTOOL=$(command -v promtool || true)
+SEED=()
 trap '[[ -n "$FAKE_PID" ]] && kill "$FAKE_PID" 2>/dev/null; rm -rf "$WORK"' EXIT
 
 install_helm
@@ -527,6 +684,7 @@ log "checking $CHART with $("$HELM" version --short)"
 # them from its existingSecret, insecure.yaml is the one set that renders without them.
 check_value_set default --set "database.url=$DB_URL" "${CATALOG[@]}"
 auth_checked default generated
+rules_checked default
 check_value_set tokens --set "database.url=$DB_URL" "${CATALOG[@]}" --set auth.adminToken="$ADMIN_FROM_VALUES" \
   --set auth.writerToken="$WRITER_FROM_VALUES"
 auth_checked tokens given "$ADMIN_FROM_VALUES" "$WRITER_FROM_VALUES"
@@ -540,7 +698,9 @@ for values in "$CI_VALUES_DIR"/*.yaml; do
     *) auth_checked "$name" generated ;;
   esac
   local_warehouse_checked "$name" "$([[ "$name" == shared-volume ]] && echo yes || echo no)"
+  rules_checked "$name" "$values"
 done
+check_shipped_rules_fire
 check_in_cluster
 
 REJECTED_OK=0
