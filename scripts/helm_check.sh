@@ -489,6 +489,56 @@ check_shipped_rules_fire() {
   fi
 }
 
+# The Grafana dashboard of a render ($1) as the values say ($2...: values files, the chart's first): none unless
+# grafanaDashboard.enabled; else one ConfigMap with the sidecar's label (grafanaDashboard.labels) and annotations,
+# holding dashboards/sink-coordinator.json unchanged.
+check_dashboard() {
+  "$VENV/bin/python" - "$CHART" "$@" <<'PY'
+import json, sys, yaml
+chart, path, *value_files = sys.argv[1:]
+def merged(base, over):
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+values = {}
+for name in value_files:
+    values = merged(values, yaml.safe_load(open(name)) or {})
+config = values["grafanaDashboard"]
+docs = [d for d in yaml.safe_load_all(open(path)) if d]
+maps = [d for d in docs if d["kind"] == "ConfigMap" and "sink-coordinator.json" in (d.get("data") or {})]
+errors = []
+if not config["enabled"]:
+    if maps:
+        errors.append("a dashboard ConfigMap is rendered although grafanaDashboard.enabled is false")
+elif len(maps) != 1:
+    errors.append(f"{len(maps)} dashboard ConfigMaps rendered, want 1")
+else:
+    [cm] = maps
+    if not config["labels"].items() <= cm["metadata"]["labels"].items():
+        errors.append(f"the dashboard ConfigMap's labels {cm['metadata']['labels']} lack {config['labels']}")
+    if (cm["metadata"].get("annotations") or {}) != config["annotations"]:
+        errors.append(f"the dashboard ConfigMap's annotations are {cm['metadata'].get('annotations')}")
+    if json.loads(cm["data"]["sink-coordinator.json"]) != json.load(open(f"{chart}/dashboards/sink-coordinator.json")):
+        errors.append("the dashboard ConfigMap does not hold dashboards/sink-coordinator.json")
+for e in errors:
+    print(e, file=sys.stderr)
+sys.exit(1 if errors else 0)
+PY
+}
+
+dashboard_checked() {
+  local name=$1; shift
+  [[ -f "$WORK/$name.yaml" ]] || return 0
+  if ! check_dashboard "$WORK/$name.yaml" "$CHART/values.yaml" "$@"; then
+    fail "$name: Grafana dashboard ConfigMap"
+  elif grep -q 'sink-coordinator.json:' "$WORK/$name.yaml"; then
+    SUMMARY+=("$(printf '%-13s ok: Grafana dashboard ConfigMap with the sidecar label' "$name")")
+  else
+    SUMMARY+=("$(printf '%-13s ok: no Grafana dashboard (grafanaDashboard.enabled false)' "$name")")
+  fi
+}
+
 # The ConfigMap allows a warehouse on the pods' file system exactly where catalog.allowLocalWarehouse says so ($2).
 local_warehouse_checked() {
   local name=$1 want=$2 got=no
@@ -685,6 +735,7 @@ log "checking $CHART with $("$HELM" version --short)"
 check_value_set default --set "database.url=$DB_URL" "${CATALOG[@]}"
 auth_checked default generated
 rules_checked default
+dashboard_checked default
 check_value_set tokens --set "database.url=$DB_URL" "${CATALOG[@]}" --set auth.adminToken="$ADMIN_FROM_VALUES" \
   --set auth.writerToken="$WRITER_FROM_VALUES"
 auth_checked tokens given "$ADMIN_FROM_VALUES" "$WRITER_FROM_VALUES"
@@ -699,6 +750,7 @@ for values in "$CI_VALUES_DIR"/*.yaml; do
   esac
   local_warehouse_checked "$name" "$([[ "$name" == shared-volume ]] && echo yes || echo no)"
   rules_checked "$name" "$values"
+  dashboard_checked "$name" "$values"
 done
 check_shipped_rules_fire
 check_in_cluster
