@@ -539,6 +539,53 @@ dashboard_checked() {
   fi
 }
 
+# Where the pods go and what keeps them: a render ($1) has a PodDisruptionBudget (minAvailable 1, the pods'
+# selector) iff $2 is "pdb", its pods' affinity is the chart's soft anti-affinity by hostname ($3 "soft"), none
+# ($3 "none"), or exactly the affinity of values file $4 ($3 "values"), and its memory request is $5 (if given).
+check_scheduling() {
+  "$VENV/bin/python" - "$@" <<'PY'
+import sys, yaml
+path, pdb, affinity, *rest = sys.argv[1:]
+values_file = rest[0] if rest else ""
+memory = rest[1] if len(rest) > 1 else ""
+docs = [d for d in yaml.safe_load_all(open(path)) if d]
+[deployment] = [d for d in docs if d["kind"] == "Deployment"]
+selector = deployment["spec"]["selector"]["matchLabels"]
+pod = deployment["spec"]["template"]["spec"]
+budgets = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+errors = []
+if pdb == "pdb":
+    if [(b["spec"].get("minAvailable"), b["spec"]["selector"]["matchLabels"]) for b in budgets] != [(1, selector)]:
+        errors.append(f"want one PodDisruptionBudget, minAvailable 1, of the pods' selector; got {budgets}")
+elif budgets:
+    errors.append("a PodDisruptionBudget is rendered")
+want = {
+    "none": None,
+    "soft": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": {
+        "topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": selector}}}]}},
+    "values": (yaml.safe_load(open(values_file)) or {}).get("affinity") if values_file else None,
+}[affinity]
+if pod.get("affinity") != want:
+    errors.append(f"the pods' affinity is {pod.get('affinity')}, want {want}")
+[container] = [c for c in pod["containers"] if c["name"] == "coordinator"]
+if memory and container["resources"]["requests"]["memory"] != memory:
+    errors.append(f"the memory request is {container['resources']['requests']['memory']}, want {memory}")
+for e in errors:
+    print(e, file=sys.stderr)
+sys.exit(1 if errors else 0)
+PY
+}
+
+scheduling_checked() {
+  local name=$1; shift
+  [[ -f "$WORK/$name.yaml" ]] || return 0
+  if check_scheduling "$WORK/$name.yaml" "$@"; then
+    SUMMARY+=("$(printf '%-13s ok: PodDisruptionBudget %s, affinity %s' "$name" "$([[ $1 == pdb ]] && echo yes || echo no)" "$2")")
+  else
+    fail "$name: PodDisruptionBudget or affinity"
+  fi
+}
+
 # The ConfigMap allows a warehouse on the pods' file system exactly where catalog.allowLocalWarehouse says so ($2).
 local_warehouse_checked() {
   local name=$1 want=$2 got=no
@@ -736,6 +783,7 @@ check_value_set default --set "database.url=$DB_URL" "${CATALOG[@]}"
 auth_checked default generated
 rules_checked default
 dashboard_checked default
+scheduling_checked default no-pdb none "" 384Mi
 check_value_set tokens --set "database.url=$DB_URL" "${CATALOG[@]}" --set auth.adminToken="$ADMIN_FROM_VALUES" \
   --set auth.writerToken="$WRITER_FROM_VALUES"
 auth_checked tokens given "$ADMIN_FROM_VALUES" "$WRITER_FROM_VALUES"
@@ -751,7 +799,19 @@ for values in "$CI_VALUES_DIR"/*.yaml; do
   local_warehouse_checked "$name" "$([[ "$name" == shared-volume ]] && echo yes || echo no)"
   rules_checked "$name" "$values"
   dashboard_checked "$name" "$values"
+  case "$name" in
+    production) scheduling_checked "$name" pdb values "$values" ;;
+    replicas) scheduling_checked "$name" pdb soft "" 384Mi ;;
+    *) scheduling_checked "$name" no-pdb none ;;
+  esac
 done
+# Two replicas that opt out of both.
+check_value_set replicas-bare -f "$CI_VALUES_DIR/replicas.yaml" --set podDisruptionBudget.enabled=false \
+  --set podAntiAffinityPreset=none
+scheduling_checked replicas-bare no-pdb none
+# One replica that asks for the budget anyway (NOTES.txt warns).
+check_value_set one-with-pdb --set "database.url=$DB_URL" "${CATALOG[@]}" --set podDisruptionBudget.enabled=true
+scheduling_checked one-with-pdb pdb none
 check_shipped_rules_fire
 check_in_cluster
 
@@ -801,6 +861,14 @@ check_rejected insecure-with-scopes "auth.insecure" --set "database.url=$DB_URL"
 check_rejected scope-token-with-existing-secret "existingSecret is set" --set existingSecret=s \
   --set "auth.writerScopes.team_a.sinks[0]=a-*" --set "auth.writerScopes.team_a.namespaces[0]=a" \
   --set "auth.writerScopes.team_a.token=$WRITER_FROM_VALUES"
+check_rejected bad-anti-affinity-preset "podAntiAffinityPreset" --set "database.url=$DB_URL" "${CATALOG[@]}" \
+  --set podAntiAffinityPreset=hard
+check_rejected bad-alert-duration "prometheusRule.alerts.SinkStalled.for" --set "database.url=$DB_URL" "${CATALOG[@]}" \
+  --set prometheusRule.alerts.SinkStalled.for=5min
+check_rejected unknown-alert "Additional property" --set "database.url=$DB_URL" "${CATALOG[@]}" \
+  --set prometheusRule.alerts.SinkStaled.enabled=false
+check_rejected bad-rule-selector "prometheusRule.selector" --set "database.url=$DB_URL" "${CATALOG[@]}" \
+  --set-string "prometheusRule.selector=job=sink-coordinator"
 check_rejected allowed-host-with-a-port "allowedHosts" --set "database.url=$DB_URL" "${CATALOG[@]}" \
   --set "allowedHosts[0]=console.example:443"
 SUMMARY+=("$(printf '%-13s ok: %d invalid value sets refused' rejected "$REJECTED_OK")")
