@@ -192,7 +192,15 @@ check_value_set() {
     fi
     validated+=("$kube")
   done
-  SUMMARY+=("$(printf '%-13s ok: lint, %d resources valid on kube %s, %d CRD resource(s) checked structurally' \
+  # What Argo CD does at every sync: render again. The same values must give the same manifest (tokens included).
+  if ! "$HELM" template sc "$CHART" --namespace sink --kube-version "$kube" "${args[@]}" >"$out.again" 2>&1 \
+     || ! cmp -s "$out" "$out.again"; then
+    diff "$out" "$out.again" | head -20 >&2 || true
+    fail "$name: two renders of the same values differ"
+    SUMMARY+=("$name: render not stable")
+    return
+  fi
+  SUMMARY+=("$(printf '%-13s ok: lint, %d resources valid on kube %s, %d CRD resource(s) checked structurally, renders stable' \
     "$name" "$core_n" "${validated[*]}" "$crd_n")")
 }
 
@@ -213,7 +221,9 @@ check_rejected() {
 # The authentication a render wires. $2 is the mode:
 #   generated  the chart's Secret holds 48-character tokens (admin, writer, metrics), the Deployment
 #              reads the admin and the writer token from it by name
-#   given      the same with the admin and writer tokens $3 and $4
+#   given      the same with the admin and writer tokens $3 and $4 (and the metrics token $5, if given)
+#   derived    the same with the tokens derived from auth.tokenSeed $3 for release "sc" in namespace "sink":
+#              sha256 of "sink-coordinator token", the namespace, the release, the key and the seed, one a line
 #   existing   no chart Secret: the Deployment reads both tokens from existingSecret
 #   insecure   no token anywhere
 # Every mode: no failpoint setting anywhere; the admin read routes closed unless insecure; the
@@ -221,11 +231,13 @@ check_rejected() {
 # sends the metrics token.
 check_auth() {
   "$VENV/bin/python" - "$@" <<'PY'
-import base64, sys, yaml
+import base64, hashlib, sys, yaml
 path, mode, *given = sys.argv[1:]
 docs = [d for d in yaml.safe_load_all(open(path)) if d]
 TOKENS = ("SINK_COORDINATOR_ADMIN_TOKEN", "SINK_COORDINATOR_WRITER_TOKEN")
 METRICS = "SINK_COORDINATOR_METRICS_TOKEN"
+def derived(key):
+    return hashlib.sha256(f"sink-coordinator token\nsink\nsc\n{key}\n{given[0]}".encode()).hexdigest()
 FAILPOINTS = ("SINK_COORDINATOR_FAILPOINTS", "SINK_COORDINATOR_ENABLE_FAILPOINTS")
 errors = []
 [deployment] = [d for d in docs if d["kind"] == "Deployment"]
@@ -267,11 +279,15 @@ else:
         data = secrets.get(secret_name, {})
         values = [base64.b64decode(data.get(key, "")).decode() for key in TOKENS]
         metrics = base64.b64decode(data.get(METRICS, "")).decode()
-        if mode == "given" and values != given:
-            errors.append(f"Secret {secret_name} holds {values}, not the configured tokens {given}")
+        if mode == "given" and values != given[:2]:
+            errors.append(f"Secret {secret_name} holds {values}, not the configured tokens {given[:2]}")
+        if mode == "given" and given[2:] and metrics != given[2]:
+            errors.append(f"Secret {secret_name} holds the metrics token {metrics}, not the configured {given[2]}")
         if mode == "generated" and not all(len(v) == 48 and v.isalnum() for v in values):
             errors.append(f"Secret {secret_name} does not hold two generated 48-character tokens")
-        if not (len(metrics) == 48 and metrics.isalnum()):
+        if mode == "derived" and values + [metrics] != [derived(key) for key in (*TOKENS, METRICS)]:
+            errors.append(f"Secret {secret_name} does not hold the tokens derived from the seed {given[0]}")
+        if mode in ("generated", "given") and not given[2:] and not (len(metrics) == 48 and metrics.isalnum()):
             errors.append(f"Secret {secret_name} does not hold a generated 48-character metrics token")
 for e in errors:
     print(e, file=sys.stderr)
@@ -280,12 +296,12 @@ PY
 }
 
 # A render with writer scopes, no unscoped writer token, and the NetworkPolicy: each scope's rules in the
-# ConfigMap, its generated token in the Secret and read by name, and the policy admitting writers to gRPC
+# ConfigMap, its token (given, or derived from the seed $2) in the Secret and read by name, and the policy admitting writers to gRPC
 # and operators and monitoring to HTTP.
 check_scopes() {
   "$VENV/bin/python" - "$@" <<'PY'
-import base64, json, sys, yaml
-path, = sys.argv[1:]
+import base64, hashlib, json, sys, yaml
+path, seed = sys.argv[1:]
 docs = [d for d in yaml.safe_load_all(open(path)) if d]
 errors = []
 [deployment] = [d for d in docs if d["kind"] == "Deployment"]
@@ -306,8 +322,8 @@ for scope, rules in values["auth"]["writerScopes"].items():
     if rules.get("token"):
         if token != rules["token"]:
             errors.append(f"{prefix}TOKEN is not the configured token")
-    elif not (len(token) == 48 and token.isalnum()):
-        errors.append(f"{prefix}TOKEN is not a generated 48-character token")
+    elif token != hashlib.sha256(f"sink-coordinator token\nsink\nsc\n{prefix}TOKEN\n{seed}".encode()).hexdigest():
+        errors.append(f"{prefix}TOKEN is not the token derived from auth.tokenSeed")
     if ((env.get(prefix + "TOKEN") or {}).get("valueFrom") or {}).get("secretKeyRef", {}).get("key") != prefix + "TOKEN":
         errors.append(f"the Deployment does not read {prefix}TOKEN by name")
 for key in ("SINK_COORDINATOR_WRITER_TOKEN",):
@@ -337,7 +353,7 @@ PY
 scopes_checked() {
   local name=$1
   [[ -f "$WORK/$name.yaml" ]] || return 0
-  if check_scopes "$WORK/$name.yaml"; then
+  if check_scopes "$WORK/$name.yaml" "$SEED_VALUE"; then
     SUMMARY+=("$(printf '%-13s ok: writer scopes, no unscoped writer token, NetworkPolicy' "$name")")
   else
     fail "$name: writer scopes or NetworkPolicy"
@@ -699,6 +715,14 @@ upgrade_keeps_tokens() {
     && grep -qF "kubectl -n sink get secret sc-sink-coordinator -o jsonpath='{.data.SINK_COORDINATOR_WRITER_TOKEN}' | base64 -d" "$WORK/in-cluster.txt"
 }
 
+# auth.tokenSeed wins over the tokens an earlier install generated: a render with the cluster gives what one
+# without it (Argo CD) gives.
+seed_wins_in_cluster() {
+  install_dry_run sc --set "database.url=$DB_URL" "${CATALOG[@]}" "${SEED[@]}" \
+    && check_auth "$WORK/in-cluster.yaml" derived "$SEED_VALUE" \
+    && grep -qF "(derived from auth.tokenSeed unless set in values)" "$WORK/in-cluster.txt"
+}
+
 first_install_generates() {
   install_dry_run fresh --set "database.url=$DB_URL" "${CATALOG[@]}" && check_auth "$WORK/in-cluster.yaml" generated
 }
@@ -743,6 +767,7 @@ KUBECONFIG
   in_cluster_case "an upgrade did not keep the Secret's tokens, or NOTES.txt does not say how to read them" \
     upgrade_keeps_tokens
   in_cluster_case "a first install did not generate tokens" first_install_generates
+  in_cluster_case "auth.tokenSeed did not win over the Secret's tokens" seed_wins_in_cluster
   in_cluster_case "configured tokens did not replace the Secret's" values_win_over_the_secret
   in_cluster_case "NOTES.txt does not warn about auth.insecure" insecure_is_announced
   in_cluster_case "an upgrade kept a short token" short_kept_token_is_refused
@@ -750,7 +775,7 @@ KUBECONFIG
   kill "$FAKE_PID"
   wait "$FAKE_PID" 2>/dev/null || true
   FAKE_PID=
-  SUMMARY+=("$(printf '%-13s ok: %d of 6 installs on a stand-in API (upgrade keeps the tokens, NOTES.txt, short tokens refused)' \
+  SUMMARY+=("$(printf '%-13s ok: %d of 7 installs on a stand-in API (upgrade keeps the tokens, the seed wins, NOTES.txt, short tokens refused)' \
     in-cluster "$IN_CLUSTER_OK")")
 }
 
@@ -758,7 +783,6 @@ WORK=$(mktemp -d)
 FAKE_PID=
 # Optional: promtool (Debian's package prometheus) checks the rendered alerting rules and fires them.
 PROMTOOL=$(command -v promtool || true)
-SEED=()
 trap '[[ -n "$FAKE_PID" ]] && kill "$FAKE_PID" 2>/dev/null; rm -rf "$WORK"' EXIT
 
 install_helm
@@ -772,29 +796,38 @@ DB_URL="postgresql+psycopg://sink:secret@postgres.sink.svc:5432/sink_coordinator
 # A catalog whose warehouse every pod and executor reaches: the chart refuses to render without one.
 CATALOG=(--set catalog.properties.type=rest --set catalog.properties.uri=https://iceberg-rest.sink.svc:8181
   --set catalog.properties.warehouse=s3://lake/warehouse)
+# helm template cannot read the cluster: a set that leaves tokens to the chart renders with a seed to derive
+# them from (what an Argo CD install does), or is refused.
+SEED_VALUE="seed-for-helm-check-Zq3vX9pL2mN8rT5wY7bC4dF6g"
+SEED=(--set "auth.tokenSeed=$SEED_VALUE")
 ADMIN_FROM_VALUES="admin-from-values-Zq3vX9pL2mN8rT5wY7bC"
 WRITER_FROM_VALUES="writer-from-values-Hq7vX2pL9mN4rT1wY6b"
+METRICS_FROM_VALUES="metrics-from-values-Kq2vX7pL4mN9rT3wY8c"
 log "checking $CHART with $("$HELM" version --short)"
 # The defaults need a database URL on purpose (there is no safe default); the
 # rejected checks below prove they fail without one.
 # Each render's authentication: the default and minimal sets generate tokens, production reads
 # them from its existingSecret, insecure.yaml is the one set that renders without them.
-check_value_set default --set "database.url=$DB_URL" "${CATALOG[@]}"
-auth_checked default generated
+check_value_set default --set "database.url=$DB_URL" "${CATALOG[@]}" "${SEED[@]}"
+auth_checked default derived "$SEED_VALUE"
 rules_checked default
 dashboard_checked default
 scheduling_checked default no-pdb none "" 384Mi
 check_value_set tokens --set "database.url=$DB_URL" "${CATALOG[@]}" --set auth.adminToken="$ADMIN_FROM_VALUES" \
-  --set auth.writerToken="$WRITER_FROM_VALUES"
-auth_checked tokens given "$ADMIN_FROM_VALUES" "$WRITER_FROM_VALUES"
+  --set auth.writerToken="$WRITER_FROM_VALUES" --set auth.metricsToken="$METRICS_FROM_VALUES"
+auth_checked tokens given "$ADMIN_FROM_VALUES" "$WRITER_FROM_VALUES" "$METRICS_FROM_VALUES"
 for values in "$CI_VALUES_DIR"/*.yaml; do
   name=$(basename "$values" .yaml)
-  check_value_set "$name" -f "$values"
+  # Sets that leave tokens to the chart need the seed here (helm template reads no cluster).
+  case "$name" in
+    insecure | production) check_value_set "$name" -f "$values" ;;
+    *) check_value_set "$name" -f "$values" "${SEED[@]}" ;;
+  esac
   case "$name" in
     insecure) auth_checked "$name" insecure ;;
     production) auth_checked "$name" existing ;;
     scopes) scopes_checked "$name" ;;
-    *) auth_checked "$name" generated ;;
+    *) auth_checked "$name" derived "$SEED_VALUE" ;;
   esac
   local_warehouse_checked "$name" "$([[ "$name" == shared-volume ]] && echo yes || echo no)"
   rules_checked "$name" "$values"
@@ -806,11 +839,11 @@ for values in "$CI_VALUES_DIR"/*.yaml; do
   esac
 done
 # Two replicas that opt out of both.
-check_value_set replicas-bare -f "$CI_VALUES_DIR/replicas.yaml" --set podDisruptionBudget.enabled=false \
+check_value_set replicas-bare -f "$CI_VALUES_DIR/replicas.yaml" "${SEED[@]}" --set podDisruptionBudget.enabled=false \
   --set podAntiAffinityPreset=none
 scheduling_checked replicas-bare no-pdb none
 # One replica that asks for the budget anyway (NOTES.txt warns).
-check_value_set one-with-pdb --set "database.url=$DB_URL" "${CATALOG[@]}" --set podDisruptionBudget.enabled=true
+check_value_set one-with-pdb --set "database.url=$DB_URL" "${CATALOG[@]}" "${SEED[@]}" --set podDisruptionBudget.enabled=true
 scheduling_checked one-with-pdb pdb none
 check_shipped_rules_fire
 check_in_cluster
@@ -861,6 +894,16 @@ check_rejected insecure-with-scopes "auth.insecure" --set "database.url=$DB_URL"
 check_rejected scope-token-with-existing-secret "existingSecret is set" --set existingSecret=s \
   --set "auth.writerScopes.team_a.sinks[0]=a-*" --set "auth.writerScopes.team_a.namespaces[0]=a" \
   --set "auth.writerScopes.team_a.token=$WRITER_FROM_VALUES"
+# helm template (Argo CD) cannot read the cluster: tokens it would generate are refused, naming the way out.
+check_rejected offline-generated-tokens "Set auth.tokenSeed" --set "database.url=$DB_URL" "${CATALOG[@]}"
+check_rejected offline-generated-metrics-token "SINK_COORDINATOR_METRICS_TOKEN is left empty" --set "database.url=$DB_URL" \
+  "${CATALOG[@]}" --set auth.adminToken="$ADMIN_FROM_VALUES" --set auth.writerToken="$WRITER_FROM_VALUES"
+check_rejected offline-generated-scope-token "SINK_COORDINATOR_WRITER_SCOPES__team_a__TOKEN is left empty" \
+  -f "$CI_VALUES_DIR/scopes.yaml" --set auth.adminToken="$ADMIN_FROM_VALUES" --set auth.metricsToken="$METRICS_FROM_VALUES"
+check_rejected short-seed "tokenSeed" --set "database.url=$DB_URL" "${CATALOG[@]}" --set auth.tokenSeed=s3cret
+check_rejected seed-with-existing-secret "auth.tokenSeed" --set existingSecret=s --set "auth.tokenSeed=$SEED_VALUE"
+check_rejected seed-when-insecure "auth.tokenSeed" --set "database.url=$DB_URL" "${CATALOG[@]}" --set auth.insecure=true \
+  --set "auth.tokenSeed=$SEED_VALUE"
 check_rejected bad-anti-affinity-preset "podAntiAffinityPreset" --set "database.url=$DB_URL" "${CATALOG[@]}" \
   --set podAntiAffinityPreset=hard
 check_rejected bad-alert-duration "prometheusRule.alerts.SinkStalled.for" --set "database.url=$DB_URL" "${CATALOG[@]}" \
