@@ -11,12 +11,17 @@
 #
 # For each value set: helm lint --strict, helm template, kubernetes-validate --strict
 # against the oldest Kubernetes the chart supports and the newest the validator knows,
-# and the authentication the render wires (tokens in the Deployment's env from the
-# token Secret, unless auth.insecure). Then `helm install --dry-run=server` against a
-# stand-in Kubernetes API (a Python HTTP server on 127.0.0.1 holding one Secret), which
-# proves that an upgrade keeps the tokens of the release's Secret and what NOTES.txt
-# says. Then a few value sets that must be rejected, to prove the schema and the
-# required checks work. Exits non-zero on any failure.
+# a second render that must be the same (Argo CD renders at every sync), the
+# authentication the render wires (tokens in the Deployment's env from the token Secret,
+# unless auth.insecure; derived from the seed where the chart makes them), the
+# PodDisruptionBudget and affinity, and the PrometheusRule and Grafana dashboard (the
+# rules compared with rules/*.yaml, and through promtool when it is installed: Debian's
+# package prometheus). Then `helm install --dry-run=server` against a stand-in
+# Kubernetes API (a Python HTTP server on 127.0.0.1 holding a few Secrets), which proves
+# that an upgrade keeps the tokens of the release's Secret, that a token seed wins, and
+# what NOTES.txt says. Then value sets that must be rejected, to prove the schema and
+# the required checks work (tokens to generate without the cluster among them). Exits
+# non-zero on any failure.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -455,7 +460,7 @@ for group in groups:
         r.pop("annotations", None)
 yaml.safe_dump({"groups": groups}, open(f"{out}/bare.yaml", "w"), sort_keys=False, width=10000)
 PY
-  promtool check rules "$rules/rules.yaml" >"$WORK/promtool.out" 2>&1 || { cat "$WORK/promtool.out" >&2; return 1; }
+  "$PROMTOOL" check rules "$rules/rules.yaml" >"$WORK/promtool.out" 2>&1 || { cat "$WORK/promtool.out" >&2; return 1; }
   [[ "${2:-}" == cases ]] || return 0
   for case in tests/unit/alert_rules/*.test.yaml; do
     "$VENV/bin/python" - "$case" "$rules/$(basename "$case")" <<'PY' || return 1
@@ -465,7 +470,7 @@ document = yaml.safe_load(open(src))
 document["rule_files"] = ["bare.yaml"]
 yaml.safe_dump(document, open(out, "w"), sort_keys=False)
 PY
-    (cd "$rules" && promtool test rules "$(basename "$case")") >"$WORK/promtool.out" 2>&1 \
+    (cd "$rules" && "$PROMTOOL" test rules "$(basename "$case")") >"$WORK/promtool.out" 2>&1 \
       || { cat "$WORK/promtool.out" >&2; return 1; }
   done
 }
@@ -781,8 +786,9 @@ KUBECONFIG
 
 WORK=$(mktemp -d)
 FAKE_PID=
-# Optional: promtool (Debian's package prometheus) checks the rendered alerting rules and fires them.
-PROMTOOL=$(command -v promtool || true)
+# Optional: promtool (Debian's package prometheus) checks the rendered alerting rules and fires them
+# (PROMTOOL=/path/to/promtool to choose one, PROMTOOL= to do without).
+PROMTOOL=${PROMTOOL-$(command -v promtool || true)}
 trap '[[ -n "$FAKE_PID" ]] && kill "$FAKE_PID" 2>/dev/null; rm -rf "$WORK"' EXIT
 
 install_helm
