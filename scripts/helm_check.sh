@@ -228,7 +228,8 @@ check_rejected() {
 #              reads the admin and the writer token from it by name
 #   given      the same with the admin and writer tokens $3 and $4 (and the metrics token $5, if given)
 #   derived    the same with the tokens derived from auth.tokenSeed $3 for release "sc" in namespace "sink":
-#              sha256 of "sink-coordinator token", the namespace, the release, the key and the seed, one a line
+#              sha256 of "sink-coordinator token", the namespace, the release, the key and the seed, one a line;
+#              with $4 (auth.previousTokenSeed), the admin and writer *_PREVIOUS tokens derived from it
 #   existing   no chart Secret: the Deployment reads both tokens from existingSecret
 #   insecure   no token anywhere
 # Every mode: no failpoint setting anywhere; the admin read routes closed unless insecure; the
@@ -241,8 +242,8 @@ path, mode, *given = sys.argv[1:]
 docs = [d for d in yaml.safe_load_all(open(path)) if d]
 TOKENS = ("SINK_COORDINATOR_ADMIN_TOKEN", "SINK_COORDINATOR_WRITER_TOKEN")
 METRICS = "SINK_COORDINATOR_METRICS_TOKEN"
-def derived(key):
-    return hashlib.sha256(f"sink-coordinator token\nsink\nsc\n{key}\n{given[0]}".encode()).hexdigest()
+def derived(key, seed=None):
+    return hashlib.sha256(f"sink-coordinator token\nsink\nsc\n{key}\n{seed or given[0]}".encode()).hexdigest()
 FAILPOINTS = ("SINK_COORDINATOR_FAILPOINTS", "SINK_COORDINATOR_ENABLE_FAILPOINTS")
 errors = []
 [deployment] = [d for d in docs if d["kind"] == "Deployment"]
@@ -292,6 +293,10 @@ else:
             errors.append(f"Secret {secret_name} does not hold two generated 48-character tokens")
         if mode == "derived" and values + [metrics] != [derived(key) for key in (*TOKENS, METRICS)]:
             errors.append(f"Secret {secret_name} does not hold the tokens derived from the seed {given[0]}")
+        # A seed's rotation ($4: the previous seed): the tokens it derived stay accepted, as *_PREVIOUS.
+        previous = [base64.b64decode(data.get(f"{key}_PREVIOUS", "")).decode() for key in TOKENS]
+        if previous != ([derived(key, given[1]) for key in TOKENS] if mode == "derived" and given[1:] else ["", ""]):
+            errors.append(f"Secret {secret_name} holds the previous tokens {previous}, want those of the seed {given[1:]}")
         if mode in ("generated", "given") and not given[2:] and not (len(metrics) == 48 and metrics.isalnum()):
             errors.append(f"Secret {secret_name} does not hold a generated 48-character metrics token")
 for e in errors:
@@ -806,6 +811,7 @@ CATALOG=(--set catalog.properties.type=rest --set catalog.properties.uri=https:/
 # them from (what an Argo CD install does), or is refused.
 SEED_VALUE="seed-for-helm-check-Zq3vX9pL2mN8rT5wY7bC4dF6g"
 SEED=(--set "auth.tokenSeed=$SEED_VALUE")
+PREVIOUS_SEED_VALUE="previous-seed-for-helm-check-Hq7vX2pL9mN4rT1w"
 ADMIN_FROM_VALUES="admin-from-values-Zq3vX9pL2mN8rT5wY7bC"
 WRITER_FROM_VALUES="writer-from-values-Hq7vX2pL9mN4rT1wY6b"
 METRICS_FROM_VALUES="metrics-from-values-Kq2vX7pL4mN9rT3wY8c"
@@ -844,6 +850,10 @@ for values in "$CI_VALUES_DIR"/*.yaml; do
     *) scheduling_checked "$name" no-pdb none ;;
   esac
 done
+# A seed's rotation: the previous seed's tokens stay accepted beside the new ones.
+check_value_set rotation --set "database.url=$DB_URL" "${CATALOG[@]}" "${SEED[@]}" \
+  --set "auth.previousTokenSeed=$PREVIOUS_SEED_VALUE"
+auth_checked rotation derived "$SEED_VALUE" "$PREVIOUS_SEED_VALUE"
 # Two replicas that opt out of both.
 check_value_set replicas-bare -f "$CI_VALUES_DIR/replicas.yaml" "${SEED[@]}" --set podDisruptionBudget.enabled=false \
   --set podAntiAffinityPreset=none
@@ -910,6 +920,10 @@ check_rejected short-seed "tokenSeed" --set "database.url=$DB_URL" "${CATALOG[@]
 check_rejected seed-with-existing-secret "auth.tokenSeed" --set existingSecret=s --set "auth.tokenSeed=$SEED_VALUE"
 check_rejected seed-when-insecure "auth.tokenSeed" --set "database.url=$DB_URL" "${CATALOG[@]}" --set auth.insecure=true \
   --set "auth.tokenSeed=$SEED_VALUE"
+check_rejected previous-seed-alone "auth.previousTokenSeed is set without auth.tokenSeed" --set "database.url=$DB_URL" \
+  "${CATALOG[@]}" --set "auth.previousTokenSeed=$PREVIOUS_SEED_VALUE"
+check_rejected previous-seed-is-the-seed "a rotation needs a new seed" --set "database.url=$DB_URL" "${CATALOG[@]}" \
+  "${SEED[@]}" --set "auth.previousTokenSeed=$SEED_VALUE"
 check_rejected bad-anti-affinity-preset "podAntiAffinityPreset" --set "database.url=$DB_URL" "${CATALOG[@]}" \
   --set podAntiAffinityPreset=hard
 check_rejected bad-alert-duration "prometheusRule.alerts.SinkStalled.for" --set "database.url=$DB_URL" "${CATALOG[@]}" \

@@ -127,7 +127,7 @@ and every sync of a tool that renders that way would change the tokens. Called w
 {{- if $configured }}
 {{- $configured | b64enc }}
 {{- else if $root.Values.auth.tokenSeed }}
-{{- include "sink-coordinator.derivedToken" (list $root $key) | b64enc }}
+{{- include "sink-coordinator.derivedToken" (list $root $key $root.Values.auth.tokenSeed) | b64enc }}
 {{- else }}
 {{- $name := include "sink-coordinator.fullname" $root }}
 {{- $current := lookup "v1" "Secret" $root.Release.Namespace $name | default dict }}
@@ -144,14 +144,16 @@ and every sync of a tool that renders that way would change the tokens. Called w
 {{- end }}
 
 {{/*
-A token derived from auth.tokenSeed: the SHA-256, in hex (64 characters), of a fixed prefix, the release's
-namespace and name, the token's key and the seed, one a line. A token shows nothing of the seed or of the other
-tokens; another release, or another key, gets another token. Called with (list $ key).
+A token derived from a seed (auth.tokenSeed, or auth.previousTokenSeed for the tokens it replaces): the SHA-256, in
+hex (64 characters), of a fixed prefix, the release's namespace and name, the token's key and the seed, one a line.
+A token shows nothing of the seed or of the other tokens; another release, or another key, gets another token.
+Called with (list $ key seed).
 */}}
 {{- define "sink-coordinator.derivedToken" -}}
 {{- $root := index . 0 }}
 {{- $key := index . 1 }}
-{{- printf "sink-coordinator token\n%s\n%s\n%s\n%s" $root.Release.Namespace $root.Release.Name $key $root.Values.auth.tokenSeed | sha256sum }}
+{{- $seed := index . 2 }}
+{{- printf "sink-coordinator token\n%s\n%s\n%s\n%s" $root.Release.Namespace $root.Release.Name $key $seed | sha256sum }}
 {{- end }}
 
 {{/*
@@ -222,8 +224,8 @@ failures only) from the templates that depend on them.
 {{- range .Values.auth.writerScopes }}
 {{- $scopeTokens = append $scopeTokens (.token | default "") }}
 {{- end }}
-{{- if or .Values.database.url .Values.auth.adminToken .Values.auth.writerToken .Values.auth.metricsToken .Values.auth.tokenSeed .Values.catalog.secretProperties (compact $scopeTokens) }}
-{{- fail "existingSecret is set: leave database.url, auth.adminToken, auth.writerToken, auth.metricsToken, auth.tokenSeed, the writer scopes' tokens and catalog.secretProperties empty and put them in that Secret" }}
+{{- if or .Values.database.url .Values.auth.adminToken .Values.auth.writerToken .Values.auth.metricsToken .Values.auth.tokenSeed .Values.auth.previousTokenSeed .Values.catalog.secretProperties (compact $scopeTokens) }}
+{{- fail "existingSecret is set: leave database.url, auth.adminToken, auth.writerToken, auth.metricsToken, auth.tokenSeed, auth.previousTokenSeed, the writer scopes' tokens and catalog.secretProperties empty and put them in that Secret" }}
 {{- end }}
 {{- if not .Values.auth.insecure }}
 {{- /* What the cluster shows of existingSecret (nothing under `helm template`): its tokens must be long enough. */}}
@@ -238,8 +240,14 @@ failures only) from the templates that depend on them.
 {{- end }}
 {{- end }}
 {{- end }}
-{{- if and .Values.auth.insecure (or .Values.auth.adminToken .Values.auth.writerToken .Values.auth.metricsToken .Values.auth.tokenSeed .Values.auth.writerScopes) }}
-{{- fail "auth.insecure is true, which serves both APIs without tokens: leave auth.adminToken, auth.writerToken, auth.metricsToken, auth.tokenSeed and auth.writerScopes empty, or drop auth.insecure" }}
+{{- if and .Values.auth.insecure (or .Values.auth.adminToken .Values.auth.writerToken .Values.auth.metricsToken .Values.auth.tokenSeed .Values.auth.previousTokenSeed .Values.auth.writerScopes) }}
+{{- fail "auth.insecure is true, which serves both APIs without tokens: leave auth.adminToken, auth.writerToken, auth.metricsToken, auth.tokenSeed, auth.previousTokenSeed and auth.writerScopes empty, or drop auth.insecure" }}
+{{- end }}
+{{- if and .Values.auth.previousTokenSeed (not .Values.auth.tokenSeed) }}
+{{- fail "auth.previousTokenSeed is set without auth.tokenSeed: a rotation replaces a seed by a new one; set the new one in auth.tokenSeed" }}
+{{- end }}
+{{- if and .Values.auth.previousTokenSeed (eq .Values.auth.previousTokenSeed .Values.auth.tokenSeed) }}
+{{- fail "auth.previousTokenSeed is auth.tokenSeed: a rotation needs a new seed in auth.tokenSeed" }}
 {{- end }}
 {{- if and (not .Values.auth.insecure) (not .Values.auth.unscopedWriterToken) (not .Values.auth.writerScopes) }}
 {{- fail "auth.unscopedWriterToken is false and auth.writerScopes is empty: no writer could call the coordinator; give the writers scopes, or keep the unscoped token" }}
