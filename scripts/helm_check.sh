@@ -375,77 +375,7 @@ scopes_checked() {
 # rules/*.yaml in its group, its selectors the release's, its threshold, for, severity and labels the values',
 # its runbook_url under prometheusRule.runbookUrl. Computed here independently of the template.
 check_prometheus_rule() {
-  "$VENV/bin/python" - "$CHART" "$@" <<'PY'
-import glob, re, sys, yaml
-chart, path, *value_files = sys.argv[1:]
-def merged(base, over):
-    out = dict(base)
-    for key, value in over.items():
-        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-values = {}
-for name in value_files:
-    values = merged(values, yaml.safe_load(open(name)) or {})
-docs = [d for d in yaml.safe_load_all(open(path)) if d]
-rendered = [d for d in docs if d["kind"] == "PrometheusRule"]
-config = values["prometheusRule"]
-errors = []
-if not config["enabled"]:
-    if rendered:
-        errors.append("a PrometheusRule is rendered although prometheusRule.enabled is false")
-elif len(rendered) != 1:
-    errors.append(f"{len(rendered)} PrometheusRules rendered, want 1")
-else:
-    [service] = [d for d in docs if d["kind"] == "Service"]
-    selector = config["selector"] or f'job="{service["metadata"]["name"]}",namespace="sink"'
-    interval = values["config"].get("commitIntervalSeconds")
-    interval = 10.0 if interval is None else float(interval)
-    base = "https://github.com/sink-coordinator/sink-coordinator/blob/main/docs/operations.md"
-    want = []
-    for file in sorted(glob.glob(f"{chart}/rules/*.yaml")):
-        for group in yaml.safe_load(open(file))["groups"]:
-            rules = []
-            for rule in group["rules"]:
-                alert = config["alerts"].get(rule["alert"], {})
-                if alert.get("enabled", True) is False:
-                    continue
-                threshold = alert.get("threshold")
-                if "commitIntervals" in alert:
-                    threshold = max(alert["commitIntervals"] * interval, alert["minSeconds"])
-                rules.append({
-                    "alert": rule["alert"],
-                    "expr": rule["expr"].strip().replace('job="sink-coordinator"', selector),
-                    "threshold": threshold,
-                    "for": alert.get("for", rule["for"]),
-                    "labels": {**rule["labels"], **config["alertLabels"], "severity": alert.get("severity", rule["labels"]["severity"])},
-                    "annotations": {k: v.replace(base, config["runbookUrl"]) for k, v in rule["annotations"].items()},
-                })
-            if rules:
-                want.append((group["name"], rules))
-    got = rendered[0]["spec"]["groups"]
-    if [g["name"] for g in got] != [name for name, _ in want]:
-        errors.append(f"groups {[g['name'] for g in got]}, want {[name for name, _ in want]}")
-    number = re.compile(r"([0-9]+(\.[0-9]+)?(e[+-]?[0-9]+)?)$")
-    for group, (_, rules) in zip(got, want):
-        for rule, expected in zip(group["rules"], rules):
-            expr, threshold = rule["expr"], expected.pop("threshold")
-            if threshold is not None:
-                found = number.search(expr)
-                if not found or float(found.group(1)) != float(threshold):
-                    errors.append(f"{rule['alert']}: threshold of {expr!r} is not {threshold}")
-                expr = expr[: found.start()] if found else expr
-                expected["expr"] = number.sub("", expected["expr"])
-            if {**rule, "expr": expr} != expected:
-                errors.append(f"{rule['alert']}: rendered {rule}, want {expected}")
-        if len(group["rules"]) != len(rules):
-            errors.append(f"group {group['name']}: {[r['alert'] for r in group['rules']]}, want {[r['alert'] for r in rules]}")
-    labels = rendered[0]["metadata"]["labels"]
-    if not config["labels"].items() <= labels.items():
-        errors.append(f"the PrometheusRule's labels {labels} lack {config['labels']}")
-for e in errors:
-    print(e, file=sys.stderr)
-sys.exit(1 if errors else 0)
-PY
+  "$VENV/bin/python" scripts/helm_checks/prometheus_rule.py "$CHART" "$@"
 }
 
 # promtool on the PrometheusRule of a render ($1): `check rules` on its groups, and with every case of
@@ -454,27 +384,11 @@ PY
 promtool_rules() {
   local rules="$WORK/rendered-rules" case
   mkdir -p "$rules"
-  "$VENV/bin/python" - "$1" "$rules" <<'PY' || return 1
-import sys, yaml
-path, out = sys.argv[1:]
-[rule] = [d for d in yaml.safe_load_all(open(path)) if d and d["kind"] == "PrometheusRule"]
-groups = rule["spec"]["groups"]
-yaml.safe_dump({"groups": groups}, open(f"{out}/rules.yaml", "w"), sort_keys=False, width=10000)
-for group in groups:
-    for r in group["rules"]:
-        r.pop("annotations", None)
-yaml.safe_dump({"groups": groups}, open(f"{out}/bare.yaml", "w"), sort_keys=False, width=10000)
-PY
+  "$VENV/bin/python" scripts/helm_checks/promtool_inputs.py groups "$1" "$rules" || return 1
   "$PROMTOOL" check rules "$rules/rules.yaml" >"$WORK/promtool.out" 2>&1 || { cat "$WORK/promtool.out" >&2; return 1; }
   [[ "${2:-}" == cases ]] || return 0
   for case in tests/unit/alert_rules/*.test.yaml; do
-    "$VENV/bin/python" - "$case" "$rules/$(basename "$case")" <<'PY' || return 1
-import sys, yaml
-src, out = sys.argv[1:]
-document = yaml.safe_load(open(src))
-document["rule_files"] = ["bare.yaml"]
-yaml.safe_dump(document, open(out, "w"), sort_keys=False)
-PY
+    "$VENV/bin/python" scripts/helm_checks/promtool_inputs.py case "$case" "$rules/$(basename "$case")" || return 1
     (cd "$rules" && "$PROMTOOL" test rules "$(basename "$case")") >"$WORK/promtool.out" 2>&1 \
       || { cat "$WORK/promtool.out" >&2; return 1; }
   done
@@ -519,38 +433,7 @@ check_shipped_rules_fire() {
 # grafanaDashboard.enabled; else one ConfigMap with the sidecar's label (grafanaDashboard.labels) and annotations,
 # holding dashboards/sink-coordinator.json unchanged.
 check_dashboard() {
-  "$VENV/bin/python" - "$CHART" "$@" <<'PY'
-import json, sys, yaml
-chart, path, *value_files = sys.argv[1:]
-def merged(base, over):
-    out = dict(base)
-    for key, value in over.items():
-        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-values = {}
-for name in value_files:
-    values = merged(values, yaml.safe_load(open(name)) or {})
-config = values["grafanaDashboard"]
-docs = [d for d in yaml.safe_load_all(open(path)) if d]
-maps = [d for d in docs if d["kind"] == "ConfigMap" and "sink-coordinator.json" in (d.get("data") or {})]
-errors = []
-if not config["enabled"]:
-    if maps:
-        errors.append("a dashboard ConfigMap is rendered although grafanaDashboard.enabled is false")
-elif len(maps) != 1:
-    errors.append(f"{len(maps)} dashboard ConfigMaps rendered, want 1")
-else:
-    [cm] = maps
-    if not config["labels"].items() <= cm["metadata"]["labels"].items():
-        errors.append(f"the dashboard ConfigMap's labels {cm['metadata']['labels']} lack {config['labels']}")
-    if (cm["metadata"].get("annotations") or {}) != config["annotations"]:
-        errors.append(f"the dashboard ConfigMap's annotations are {cm['metadata'].get('annotations')}")
-    if json.loads(cm["data"]["sink-coordinator.json"]) != json.load(open(f"{chart}/dashboards/sink-coordinator.json")):
-        errors.append("the dashboard ConfigMap does not hold dashboards/sink-coordinator.json")
-for e in errors:
-    print(e, file=sys.stderr)
-sys.exit(1 if errors else 0)
-PY
+  "$VENV/bin/python" scripts/helm_checks/dashboard.py "$CHART" "$@"
 }
 
 dashboard_checked() {
@@ -569,37 +452,7 @@ dashboard_checked() {
 # selector) iff $2 is "pdb", its pods' affinity is the chart's soft anti-affinity by hostname ($3 "soft"), none
 # ($3 "none"), or exactly the affinity of values file $4 ($3 "values"), and its memory request is $5 (if given).
 check_scheduling() {
-  "$VENV/bin/python" - "$@" <<'PY'
-import sys, yaml
-path, pdb, affinity, *rest = sys.argv[1:]
-values_file = rest[0] if rest else ""
-memory = rest[1] if len(rest) > 1 else ""
-docs = [d for d in yaml.safe_load_all(open(path)) if d]
-[deployment] = [d for d in docs if d["kind"] == "Deployment"]
-selector = deployment["spec"]["selector"]["matchLabels"]
-pod = deployment["spec"]["template"]["spec"]
-budgets = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
-errors = []
-if pdb == "pdb":
-    if [(b["spec"].get("minAvailable"), b["spec"]["selector"]["matchLabels"]) for b in budgets] != [(1, selector)]:
-        errors.append(f"want one PodDisruptionBudget, minAvailable 1, of the pods' selector; got {budgets}")
-elif budgets:
-    errors.append("a PodDisruptionBudget is rendered")
-want = {
-    "none": None,
-    "soft": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": {
-        "topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": selector}}}]}},
-    "values": (yaml.safe_load(open(values_file)) or {}).get("affinity") if values_file else None,
-}[affinity]
-if pod.get("affinity") != want:
-    errors.append(f"the pods' affinity is {pod.get('affinity')}, want {want}")
-[container] = [c for c in pod["containers"] if c["name"] == "coordinator"]
-if memory and container["resources"]["requests"]["memory"] != memory:
-    errors.append(f"the memory request is {container['resources']['requests']['memory']}, want {memory}")
-for e in errors:
-    print(e, file=sys.stderr)
-sys.exit(1 if errors else 0)
-PY
+  "$VENV/bin/python" scripts/helm_checks/scheduling.py "$@"
 }
 
 scheduling_checked() {
