@@ -11,12 +11,17 @@
 #
 # For each value set: helm lint --strict, helm template, kubernetes-validate --strict
 # against the oldest Kubernetes the chart supports and the newest the validator knows,
-# and the authentication the render wires (tokens in the Deployment's env from the
-# token Secret, unless auth.insecure). Then `helm install --dry-run=server` against a
-# stand-in Kubernetes API (a Python HTTP server on 127.0.0.1 holding one Secret), which
-# proves that an upgrade keeps the tokens of the release's Secret and what NOTES.txt
-# says. Then a few value sets that must be rejected, to prove the schema and the
-# required checks work. Exits non-zero on any failure.
+# a second render that must be the same (Argo CD renders at every sync), the
+# authentication the render wires (tokens in the Deployment's env from the token Secret,
+# unless auth.insecure; derived from the seed where the chart makes them), the
+# PodDisruptionBudget and affinity, and the PrometheusRule and Grafana dashboard (the
+# rules compared with rules/*.yaml, and through promtool when it is installed: Debian's
+# package prometheus). Then `helm install --dry-run=server` against a stand-in
+# Kubernetes API (a Python HTTP server on 127.0.0.1 holding a few Secrets), which proves
+# that an upgrade keeps the tokens of the release's Secret, that a token seed wins, and
+# what NOTES.txt says. Then value sets that must be rejected, to prove the schema and
+# the required checks work (tokens to generate without the cluster among them). Exits
+# non-zero on any failure.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -42,7 +47,7 @@ KUBE_VERSIONS=(1.27.0 1.37.0)
 # schemas and has no option to skip unknown kinds (it warns and passes), so
 # these are taken out of its input explicitly, checked structurally below,
 # and any other unknown kind is a failure.
-CRD_KINDS="monitoring.coreos.com/v1/ServiceMonitor"
+CRD_KINDS="monitoring.coreos.com/v1/ServiceMonitor monitoring.coreos.com/v1/PrometheusRule"
 
 START=$(date +%s)
 FAILURES=()
@@ -123,7 +128,8 @@ PY
 }
 
 # What offline validation can say about a ServiceMonitor: its shape, and that it
-# selects the chart's Service and scrapes a port that Service has.
+# selects the chart's Service and scrapes a port that Service has; about a PrometheusRule:
+# named rule groups of alerts with an expression each (check_prometheus_rule says more).
 check_crds() {
   "$VENV/bin/python" - "$1" "$2" <<'PY'
 import sys, yaml
@@ -131,7 +137,15 @@ crds = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
 core = [d for d in yaml.safe_load_all(open(sys.argv[2])) if d]
 services = [d for d in core if d["kind"] == "Service"]
 errors = []
-for sm in crds:
+for rule in [d for d in crds if d["kind"] == "PrometheusRule"]:
+    groups = (rule.get("spec") or {}).get("groups") or []
+    if not groups or len({g.get("name") for g in groups}) != len(groups):
+        errors.append(f"PrometheusRule {rule['metadata']['name']}: no groups, or groups without unique names")
+    for group in groups:
+        for r in group.get("rules") or [None]:
+            if not (r and r.get("alert") and r.get("expr")):
+                errors.append(f"PrometheusRule {rule['metadata']['name']}: group {group.get('name')}: rule {r}")
+for sm in [d for d in crds if d["kind"] == "ServiceMonitor"]:
     name = sm["metadata"]["name"]
     spec = sm.get("spec") or {}
     selector = (spec.get("selector") or {}).get("matchLabels") or {}
@@ -183,7 +197,15 @@ check_value_set() {
     fi
     validated+=("$kube")
   done
-  SUMMARY+=("$(printf '%-13s ok: lint, %d resources valid on kube %s, %d CRD resource(s) checked structurally' \
+  # What Argo CD does at every sync: render again. The same values must give the same manifest (tokens included).
+  if ! "$HELM" template sc "$CHART" --namespace sink --kube-version "$kube" "${args[@]}" >"$out.again" 2>&1 \
+     || ! cmp -s "$out" "$out.again"; then
+    diff "$out" "$out.again" | head -20 >&2 || true
+    fail "$name: two renders of the same values differ"
+    SUMMARY+=("$name: render not stable")
+    return
+  fi
+  SUMMARY+=("$(printf '%-13s ok: lint, %d resources valid on kube %s, %d CRD resource(s) checked structurally, renders stable' \
     "$name" "$core_n" "${validated[*]}" "$crd_n")")
 }
 
@@ -204,7 +226,10 @@ check_rejected() {
 # The authentication a render wires. $2 is the mode:
 #   generated  the chart's Secret holds 48-character tokens (admin, writer, metrics), the Deployment
 #              reads the admin and the writer token from it by name
-#   given      the same with the admin and writer tokens $3 and $4
+#   given      the same with the admin and writer tokens $3 and $4 (and the metrics token $5, if given)
+#   derived    the same with the tokens derived from auth.tokenSeed $3 for release "sc" in namespace "sink":
+#              sha256 of "sink-coordinator token", the namespace, the release, the key and the seed, one a line;
+#              with $4 (auth.previousTokenSeed), the admin and writer *_PREVIOUS tokens derived from it
 #   existing   no chart Secret: the Deployment reads both tokens from existingSecret
 #   insecure   no token anywhere
 # Every mode: no failpoint setting anywhere; the admin read routes closed unless insecure; the
@@ -212,11 +237,13 @@ check_rejected() {
 # sends the metrics token.
 check_auth() {
   "$VENV/bin/python" - "$@" <<'PY'
-import base64, sys, yaml
+import base64, hashlib, sys, yaml
 path, mode, *given = sys.argv[1:]
 docs = [d for d in yaml.safe_load_all(open(path)) if d]
 TOKENS = ("SINK_COORDINATOR_ADMIN_TOKEN", "SINK_COORDINATOR_WRITER_TOKEN")
 METRICS = "SINK_COORDINATOR_METRICS_TOKEN"
+def derived(key, seed=None):
+    return hashlib.sha256(f"sink-coordinator token\nsink\nsc\n{key}\n{seed or given[0]}".encode()).hexdigest()
 FAILPOINTS = ("SINK_COORDINATOR_FAILPOINTS", "SINK_COORDINATOR_ENABLE_FAILPOINTS")
 errors = []
 [deployment] = [d for d in docs if d["kind"] == "Deployment"]
@@ -258,11 +285,19 @@ else:
         data = secrets.get(secret_name, {})
         values = [base64.b64decode(data.get(key, "")).decode() for key in TOKENS]
         metrics = base64.b64decode(data.get(METRICS, "")).decode()
-        if mode == "given" and values != given:
-            errors.append(f"Secret {secret_name} holds {values}, not the configured tokens {given}")
+        if mode == "given" and values != given[:2]:
+            errors.append(f"Secret {secret_name} holds {values}, not the configured tokens {given[:2]}")
+        if mode == "given" and given[2:] and metrics != given[2]:
+            errors.append(f"Secret {secret_name} holds the metrics token {metrics}, not the configured {given[2]}")
         if mode == "generated" and not all(len(v) == 48 and v.isalnum() for v in values):
             errors.append(f"Secret {secret_name} does not hold two generated 48-character tokens")
-        if not (len(metrics) == 48 and metrics.isalnum()):
+        if mode == "derived" and values + [metrics] != [derived(key) for key in (*TOKENS, METRICS)]:
+            errors.append(f"Secret {secret_name} does not hold the tokens derived from the seed {given[0]}")
+        # A seed's rotation ($4: the previous seed): the tokens it derived stay accepted, as *_PREVIOUS.
+        previous = [base64.b64decode(data.get(f"{key}_PREVIOUS", "")).decode() for key in TOKENS]
+        if previous != ([derived(key, given[1]) for key in TOKENS] if mode == "derived" and given[1:] else ["", ""]):
+            errors.append(f"Secret {secret_name} holds the previous tokens {previous}, want those of the seed {given[1:]}")
+        if mode in ("generated", "given") and not given[2:] and not (len(metrics) == 48 and metrics.isalnum()):
             errors.append(f"Secret {secret_name} does not hold a generated 48-character metrics token")
 for e in errors:
     print(e, file=sys.stderr)
@@ -271,12 +306,12 @@ PY
 }
 
 # A render with writer scopes, no unscoped writer token, and the NetworkPolicy: each scope's rules in the
-# ConfigMap, its generated token in the Secret and read by name, and the policy admitting writers to gRPC
+# ConfigMap, its token (given, or derived from the seed $2) in the Secret and read by name, and the policy admitting writers to gRPC
 # and operators and monitoring to HTTP.
 check_scopes() {
   "$VENV/bin/python" - "$@" <<'PY'
-import base64, json, sys, yaml
-path, = sys.argv[1:]
+import base64, hashlib, json, sys, yaml
+path, seed = sys.argv[1:]
 docs = [d for d in yaml.safe_load_all(open(path)) if d]
 errors = []
 [deployment] = [d for d in docs if d["kind"] == "Deployment"]
@@ -297,8 +332,8 @@ for scope, rules in values["auth"]["writerScopes"].items():
     if rules.get("token"):
         if token != rules["token"]:
             errors.append(f"{prefix}TOKEN is not the configured token")
-    elif not (len(token) == 48 and token.isalnum()):
-        errors.append(f"{prefix}TOKEN is not a generated 48-character token")
+    elif token != hashlib.sha256(f"sink-coordinator token\nsink\nsc\n{prefix}TOKEN\n{seed}".encode()).hexdigest():
+        errors.append(f"{prefix}TOKEN is not the token derived from auth.tokenSeed")
     if ((env.get(prefix + "TOKEN") or {}).get("valueFrom") or {}).get("secretKeyRef", {}).get("key") != prefix + "TOKEN":
         errors.append(f"the Deployment does not read {prefix}TOKEN by name")
 for key in ("SINK_COORDINATOR_WRITER_TOKEN",):
@@ -328,10 +363,105 @@ PY
 scopes_checked() {
   local name=$1
   [[ -f "$WORK/$name.yaml" ]] || return 0
-  if check_scopes "$WORK/$name.yaml"; then
+  if check_scopes "$WORK/$name.yaml" "$SEED_VALUE"; then
     SUMMARY+=("$(printf '%-13s ok: writer scopes, no unscoped writer token, NetworkPolicy' "$name")")
   else
     fail "$name: writer scopes or NetworkPolicy"
+  fi
+}
+
+# The PrometheusRule of a render ($1) against the rule files, made the release's own as the values say
+# ($2...: values files, the chart's first): none unless prometheusRule.enabled; else every enabled alert of
+# rules/*.yaml in its group, its selectors the release's, its threshold, for, severity and labels the values',
+# its runbook_url under prometheusRule.runbookUrl. Computed here independently of the template.
+check_prometheus_rule() {
+  "$VENV/bin/python" scripts/helm_checks/prometheus_rule.py "$CHART" "$@"
+}
+
+# promtool on the PrometheusRule of a render ($1): `check rules` on its groups, and with every case of
+# tests/unit/alert_rules/ (annotations taken out, as tests/unit/test_alert_rules_fire.py does) when $2 is "cases"
+# (a render whose selector is the rule files' job="sink-coordinator" and whose values are the defaults).
+promtool_rules() {
+  local rules="$WORK/rendered-rules" case
+  mkdir -p "$rules"
+  "$VENV/bin/python" scripts/helm_checks/promtool_inputs.py groups "$1" "$rules" || return 1
+  "$PROMTOOL" check rules "$rules/rules.yaml" >"$WORK/promtool.out" 2>&1 || { cat "$WORK/promtool.out" >&2; return 1; }
+  [[ "${2:-}" == cases ]] || return 0
+  for case in tests/unit/alert_rules/*.test.yaml; do
+    "$VENV/bin/python" scripts/helm_checks/promtool_inputs.py case "$case" "$rules/$(basename "$case")" || return 1
+    (cd "$rules" && "$PROMTOOL" test rules "$(basename "$case")") >"$WORK/promtool.out" 2>&1 \
+      || { cat "$WORK/promtool.out" >&2; return 1; }
+  done
+}
+
+rules_checked() {
+  local name=$1; shift
+  [[ -f "$WORK/$name.yaml" ]] || return 0
+  if ! check_prometheus_rule "$WORK/$name.yaml" "$CHART/values.yaml" "$@"; then
+    fail "$name: PrometheusRule"
+  elif ! grep -q '^kind: PrometheusRule' "$WORK/$name.yaml"; then
+    SUMMARY+=("$(printf '%-13s ok: no PrometheusRule (prometheusRule.enabled false)' "$name")")
+  elif [[ -z "$PROMTOOL" ]]; then
+    SUMMARY+=("$(printf '%-13s ok: PrometheusRule as the rule files and values say (promtool not found: not checked by it)' "$name")")
+  elif promtool_rules "$WORK/$name.yaml"; then
+    SUMMARY+=("$(printf '%-13s ok: PrometheusRule as the rule files and values say, promtool check rules' "$name")")
+  else
+    fail "$name: promtool check rules on the rendered PrometheusRule"
+  fi
+}
+
+# The chart ships the rules the promtool cases fire: its PrometheusRule with the default values, the rule files'
+# own selector, passes every case of tests/unit/alert_rules/.
+check_shipped_rules_fire() {
+  local out="$WORK/shipped-rules.yaml"
+  if [[ -z "$PROMTOOL" ]]; then
+    SUMMARY+=("$(printf '%-13s SKIPPED: promtool not found (Debian package prometheus)' shipped-rules)")
+    return
+  fi
+  if "$HELM" template sc "$CHART" --namespace sink --set "database.url=$DB_URL" "${CATALOG[@]}" "${SEED[@]}" \
+       --set prometheusRule.enabled=true --set-string 'prometheusRule.selector=job="sink-coordinator"' \
+       --show-only templates/prometheusrule.yaml >"$out" 2>"$WORK/shipped.err" \
+     && promtool_rules "$out" cases; then
+    SUMMARY+=("$(printf '%-13s ok: the rendered PrometheusRule passes every promtool case of tests/unit/alert_rules' shipped-rules)")
+  else
+    cat "$WORK/shipped.err" >&2
+    fail "shipped-rules: the rendered PrometheusRule does not pass the promtool cases"
+  fi
+}
+
+# The Grafana dashboard of a render ($1) as the values say ($2...: values files, the chart's first): none unless
+# grafanaDashboard.enabled; else one ConfigMap with the sidecar's label (grafanaDashboard.labels) and annotations,
+# holding dashboards/sink-coordinator.json unchanged.
+check_dashboard() {
+  "$VENV/bin/python" scripts/helm_checks/dashboard.py "$CHART" "$@"
+}
+
+dashboard_checked() {
+  local name=$1; shift
+  [[ -f "$WORK/$name.yaml" ]] || return 0
+  if ! check_dashboard "$WORK/$name.yaml" "$CHART/values.yaml" "$@"; then
+    fail "$name: Grafana dashboard ConfigMap"
+  elif grep -q 'sink-coordinator.json:' "$WORK/$name.yaml"; then
+    SUMMARY+=("$(printf '%-13s ok: Grafana dashboard ConfigMap with the sidecar label' "$name")")
+  else
+    SUMMARY+=("$(printf '%-13s ok: no Grafana dashboard (grafanaDashboard.enabled false)' "$name")")
+  fi
+}
+
+# Where the pods go and what keeps them: a render ($1) has a PodDisruptionBudget (minAvailable 1, the pods'
+# selector) iff $2 is "pdb", its pods' affinity is the chart's soft anti-affinity by hostname ($3 "soft"), none
+# ($3 "none"), or exactly the affinity of values file $4 ($3 "values"), and its memory request is $5 (if given).
+check_scheduling() {
+  "$VENV/bin/python" scripts/helm_checks/scheduling.py "$@"
+}
+
+scheduling_checked() {
+  local name=$1; shift
+  [[ -f "$WORK/$name.yaml" ]] || return 0
+  if check_scheduling "$WORK/$name.yaml" "$@"; then
+    SUMMARY+=("$(printf '%-13s ok: PodDisruptionBudget %s, affinity %s' "$name" "$([[ $1 == pdb ]] && echo yes || echo no)" "$2")")
+  else
+    fail "$name: PodDisruptionBudget or affinity"
   fi
 }
 
@@ -372,7 +502,7 @@ KINDS = {
     "apps/v1": [("deployments", "Deployment")],
     "batch/v1": [("jobs", "Job")],
     "policy/v1": [("poddisruptionbudgets", "PodDisruptionBudget")],
-    "monitoring.coreos.com/v1": [("servicemonitors", "ServiceMonitor")],
+    "monitoring.coreos.com/v1": [("servicemonitors", "ServiceMonitor"), ("prometheusrules", "PrometheusRule")],
 }
 KEPT = {
     "apiVersion": "v1", "kind": "Secret",
@@ -448,6 +578,24 @@ upgrade_keeps_tokens() {
     && grep -qF "kubectl -n sink get secret sc-sink-coordinator -o jsonpath='{.data.SINK_COORDINATOR_WRITER_TOKEN}' | base64 -d" "$WORK/in-cluster.txt"
 }
 
+# auth.tokenSeed wins over the tokens an earlier install generated: a render with the cluster gives what one
+# without it (Argo CD) gives.
+seed_wins_in_cluster() {
+  install_dry_run sc --set "database.url=$DB_URL" "${CATALOG[@]}" "${SEED[@]}" \
+    && check_auth "$WORK/in-cluster.yaml" derived "$SEED_VALUE" \
+    && grep -qF "(derived from auth.tokenSeed unless set in values)" "$WORK/in-cluster.txt"
+}
+
+# Alerting rules without the ServiceMonitor whose job and namespace they select: NOTES.txt says so.
+rules_without_monitor_warned() {
+  install_dry_run fresh --set "database.url=$DB_URL" "${CATALOG[@]}" --set prometheusRule.enabled=true \
+    && grep -qF 'WARNING: prometheusRule is enabled without serviceMonitor: its rules select job="fresh-sink-coordinator",namespace="sink"' \
+      "$WORK/in-cluster.txt" \
+    && install_dry_run fresh --set "database.url=$DB_URL" "${CATALOG[@]}" --set prometheusRule.enabled=true \
+      --set serviceMonitor.enabled=true \
+    && ! grep -qF 'WARNING: prometheusRule' "$WORK/in-cluster.txt"
+}
+
 first_install_generates() {
   install_dry_run fresh --set "database.url=$DB_URL" "${CATALOG[@]}" && check_auth "$WORK/in-cluster.yaml" generated
 }
@@ -492,6 +640,8 @@ KUBECONFIG
   in_cluster_case "an upgrade did not keep the Secret's tokens, or NOTES.txt does not say how to read them" \
     upgrade_keeps_tokens
   in_cluster_case "a first install did not generate tokens" first_install_generates
+  in_cluster_case "auth.tokenSeed did not win over the Secret's tokens" seed_wins_in_cluster
+  in_cluster_case "NOTES.txt does not warn of rules without a ServiceMonitor" rules_without_monitor_warned
   in_cluster_case "configured tokens did not replace the Secret's" values_win_over_the_secret
   in_cluster_case "NOTES.txt does not warn about auth.insecure" insecure_is_announced
   in_cluster_case "an upgrade kept a short token" short_kept_token_is_refused
@@ -499,12 +649,15 @@ KUBECONFIG
   kill "$FAKE_PID"
   wait "$FAKE_PID" 2>/dev/null || true
   FAKE_PID=
-  SUMMARY+=("$(printf '%-13s ok: %d of 6 installs on a stand-in API (upgrade keeps the tokens, NOTES.txt, short tokens refused)' \
+  SUMMARY+=("$(printf '%-13s ok: %d of 8 installs on a stand-in API (upgrade keeps the tokens, the seed wins, NOTES.txt, short tokens refused)' \
     in-cluster "$IN_CLUSTER_OK")")
 }
 
 WORK=$(mktemp -d)
 FAKE_PID=
+# Optional: promtool (Debian's package prometheus) checks the rendered alerting rules and fires them
+# (PROMTOOL=/path/to/promtool to choose one, PROMTOOL= to do without).
+PROMTOOL=${PROMTOOL-$(command -v promtool || true)}
 trap '[[ -n "$FAKE_PID" ]] && kill "$FAKE_PID" 2>/dev/null; rm -rf "$WORK"' EXIT
 
 install_helm
@@ -518,29 +671,61 @@ DB_URL="postgresql+psycopg://sink:secret@postgres.sink.svc:5432/sink_coordinator
 # A catalog whose warehouse every pod and executor reaches: the chart refuses to render without one.
 CATALOG=(--set catalog.properties.type=rest --set catalog.properties.uri=https://iceberg-rest.sink.svc:8181
   --set catalog.properties.warehouse=s3://lake/warehouse)
+# helm template cannot read the cluster: a set that leaves tokens to the chart renders with a seed to derive
+# them from (what an Argo CD install does), or is refused.
+SEED_VALUE="seed-for-helm-check-Zq3vX9pL2mN8rT5wY7bC4dF6g"
+SEED=(--set "auth.tokenSeed=$SEED_VALUE")
+PREVIOUS_SEED_VALUE="previous-seed-for-helm-check-Hq7vX2pL9mN4rT1w"
 ADMIN_FROM_VALUES="admin-from-values-Zq3vX9pL2mN8rT5wY7bC"
 WRITER_FROM_VALUES="writer-from-values-Hq7vX2pL9mN4rT1wY6b"
+METRICS_FROM_VALUES="metrics-from-values-Kq2vX7pL4mN9rT3wY8c"
 log "checking $CHART with $("$HELM" version --short)"
 # The defaults need a database URL on purpose (there is no safe default); the
 # rejected checks below prove they fail without one.
 # Each render's authentication: the default and minimal sets generate tokens, production reads
 # them from its existingSecret, insecure.yaml is the one set that renders without them.
-check_value_set default --set "database.url=$DB_URL" "${CATALOG[@]}"
-auth_checked default generated
+check_value_set default --set "database.url=$DB_URL" "${CATALOG[@]}" "${SEED[@]}"
+auth_checked default derived "$SEED_VALUE"
+rules_checked default
+dashboard_checked default
+scheduling_checked default no-pdb none "" 384Mi
 check_value_set tokens --set "database.url=$DB_URL" "${CATALOG[@]}" --set auth.adminToken="$ADMIN_FROM_VALUES" \
-  --set auth.writerToken="$WRITER_FROM_VALUES"
-auth_checked tokens given "$ADMIN_FROM_VALUES" "$WRITER_FROM_VALUES"
+  --set auth.writerToken="$WRITER_FROM_VALUES" --set auth.metricsToken="$METRICS_FROM_VALUES"
+auth_checked tokens given "$ADMIN_FROM_VALUES" "$WRITER_FROM_VALUES" "$METRICS_FROM_VALUES"
 for values in "$CI_VALUES_DIR"/*.yaml; do
   name=$(basename "$values" .yaml)
-  check_value_set "$name" -f "$values"
+  # Sets that leave tokens to the chart need the seed here (helm template reads no cluster).
+  case "$name" in
+    insecure | production) check_value_set "$name" -f "$values" ;;
+    *) check_value_set "$name" -f "$values" "${SEED[@]}" ;;
+  esac
   case "$name" in
     insecure) auth_checked "$name" insecure ;;
     production) auth_checked "$name" existing ;;
     scopes) scopes_checked "$name" ;;
-    *) auth_checked "$name" generated ;;
+    *) auth_checked "$name" derived "$SEED_VALUE" ;;
   esac
   local_warehouse_checked "$name" "$([[ "$name" == shared-volume ]] && echo yes || echo no)"
+  rules_checked "$name" "$values"
+  dashboard_checked "$name" "$values"
+  case "$name" in
+    production) scheduling_checked "$name" pdb values "$values" ;;
+    replicas) scheduling_checked "$name" pdb soft "" 384Mi ;;
+    *) scheduling_checked "$name" no-pdb none ;;
+  esac
 done
+# A seed's rotation: the previous seed's tokens stay accepted beside the new ones.
+check_value_set rotation --set "database.url=$DB_URL" "${CATALOG[@]}" "${SEED[@]}" \
+  --set "auth.previousTokenSeed=$PREVIOUS_SEED_VALUE"
+auth_checked rotation derived "$SEED_VALUE" "$PREVIOUS_SEED_VALUE"
+# Two replicas that opt out of both.
+check_value_set replicas-bare -f "$CI_VALUES_DIR/replicas.yaml" "${SEED[@]}" --set podDisruptionBudget.enabled=false \
+  --set podAntiAffinityPreset=none
+scheduling_checked replicas-bare no-pdb none
+# One replica that asks for the budget anyway (NOTES.txt warns).
+check_value_set one-with-pdb --set "database.url=$DB_URL" "${CATALOG[@]}" "${SEED[@]}" --set podDisruptionBudget.enabled=true
+scheduling_checked one-with-pdb pdb none
+check_shipped_rules_fire
 check_in_cluster
 
 REJECTED_OK=0
@@ -589,6 +774,28 @@ check_rejected insecure-with-scopes "auth.insecure" --set "database.url=$DB_URL"
 check_rejected scope-token-with-existing-secret "existingSecret is set" --set existingSecret=s \
   --set "auth.writerScopes.team_a.sinks[0]=a-*" --set "auth.writerScopes.team_a.namespaces[0]=a" \
   --set "auth.writerScopes.team_a.token=$WRITER_FROM_VALUES"
+# helm template (Argo CD) cannot read the cluster: tokens it would generate are refused, naming the way out.
+check_rejected offline-generated-tokens "Set auth.tokenSeed" --set "database.url=$DB_URL" "${CATALOG[@]}"
+check_rejected offline-generated-metrics-token "SINK_COORDINATOR_METRICS_TOKEN is left empty" --set "database.url=$DB_URL" \
+  "${CATALOG[@]}" --set auth.adminToken="$ADMIN_FROM_VALUES" --set auth.writerToken="$WRITER_FROM_VALUES"
+check_rejected offline-generated-scope-token "SINK_COORDINATOR_WRITER_SCOPES__team_a__TOKEN is left empty" \
+  -f "$CI_VALUES_DIR/scopes.yaml" --set auth.adminToken="$ADMIN_FROM_VALUES" --set auth.metricsToken="$METRICS_FROM_VALUES"
+check_rejected short-seed "tokenSeed" --set "database.url=$DB_URL" "${CATALOG[@]}" --set auth.tokenSeed=s3cret
+check_rejected seed-with-existing-secret "auth.tokenSeed" --set existingSecret=s --set "auth.tokenSeed=$SEED_VALUE"
+check_rejected seed-when-insecure "auth.tokenSeed" --set "database.url=$DB_URL" "${CATALOG[@]}" --set auth.insecure=true \
+  --set "auth.tokenSeed=$SEED_VALUE"
+check_rejected previous-seed-alone "auth.previousTokenSeed is set without auth.tokenSeed" --set "database.url=$DB_URL" \
+  "${CATALOG[@]}" --set "auth.previousTokenSeed=$PREVIOUS_SEED_VALUE"
+check_rejected previous-seed-is-the-seed "a rotation needs a new seed" --set "database.url=$DB_URL" "${CATALOG[@]}" \
+  "${SEED[@]}" --set "auth.previousTokenSeed=$SEED_VALUE"
+check_rejected bad-anti-affinity-preset "podAntiAffinityPreset" --set "database.url=$DB_URL" "${CATALOG[@]}" \
+  --set podAntiAffinityPreset=hard
+check_rejected bad-alert-duration "prometheusRule.alerts.SinkStalled.for" --set "database.url=$DB_URL" "${CATALOG[@]}" \
+  --set prometheusRule.alerts.SinkStalled.for=5min
+check_rejected unknown-alert "Additional property" --set "database.url=$DB_URL" "${CATALOG[@]}" \
+  --set prometheusRule.alerts.SinkStaled.enabled=false
+check_rejected bad-rule-selector "prometheusRule.selector" --set "database.url=$DB_URL" "${CATALOG[@]}" \
+  --set-string "prometheusRule.selector=job=sink-coordinator"
 check_rejected allowed-host-with-a-port "allowedHosts" --set "database.url=$DB_URL" "${CATALOG[@]}" \
   --set "allowedHosts[0]=console.example:443"
 SUMMARY+=("$(printf '%-13s ok: %d invalid value sets refused' rejected "$REJECTED_OK")")

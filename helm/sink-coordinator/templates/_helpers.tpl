@@ -102,24 +102,58 @@ The Secret the coordinator pods read (envFrom): existingSecret or the chart's ow
 {{- end }}
 
 {{/*
-A token for the chart's Secret, base64: the configured value, else the value the
-release's Secret in the cluster already holds (an upgrade keeps it), else 48
-new random letters and digits. lookup returns nothing under `helm template`:
-every offline render makes new tokens. Called with (list $ key configured).
+Whether this render reads the cluster: "true", or "" under `helm template`, `helm install --dry-run` without
+=server, and the tools that render that way (Argo CD). lookup answers nothing at all there, while a cluster
+answers a list of the release namespace's Secrets, even an empty one (Helm's own release storage lists them, so
+whoever installs the chart may).
+*/}}
+{{- define "sink-coordinator.readsCluster" -}}
+{{- if lookup "v1" "Secret" .Release.Namespace "" }}true{{ end }}
+{{- end }}
+
+{{/*
+A token for the chart's Secret, base64: the configured value; else, with auth.tokenSeed, one derived from the seed
+(the same at every render, with or without the cluster); else the value the release's Secret in the cluster
+already holds (an upgrade keeps it), or 48 new random letters and digits on a render that reads the cluster (a
+first install). A render that cannot read the cluster refuses to make one: it would be another at every render,
+and every sync of a tool that renders that way would change the tokens. Called with
+(list $ key configured readsCluster).
 */}}
 {{- define "sink-coordinator.token" -}}
 {{- $root := index . 0 }}
 {{- $key := index . 1 }}
 {{- $configured := index . 2 }}
+{{- $readsCluster := index . 3 }}
 {{- if $configured }}
 {{- $configured | b64enc }}
+{{- else if $root.Values.auth.tokenSeed }}
+{{- include "sink-coordinator.derivedToken" (list $root $key $root.Values.auth.tokenSeed) | b64enc }}
 {{- else }}
 {{- $name := include "sink-coordinator.fullname" $root }}
 {{- $current := lookup "v1" "Secret" $root.Release.Namespace $name | default dict }}
 {{- $kept := dig "data" $key "" $current }}
 {{- include "sink-coordinator.requireLongToken" (list $key $name (b64dec $kept)) }}
-{{- $kept | default (randAlphaNum 48 | b64enc) }}
+{{- if $kept }}
+{{- $kept }}
+{{- else if $readsCluster }}
+{{- randAlphaNum 48 | b64enc }}
+{{- else }}
+{{- fail (printf "%s is left empty, and this render cannot read the cluster (helm template, Argo CD, helm install --dry-run without =server): a generated token would be another at every render, and each sync would change the tokens writers and operators use. Set auth.tokenSeed (openssl rand -hex 32; every token left empty is derived from it, the same at every render), set the tokens in values, or use existingSecret; docs/deploying.md, \"Rendering without the cluster\"" $key) }}
 {{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+A token derived from a seed (auth.tokenSeed, or auth.previousTokenSeed for the tokens it replaces): the SHA-256, in
+hex (64 characters), of a fixed prefix, the release's namespace and name, the token's key and the seed, one a line.
+A token shows nothing of the seed or of the other tokens; another release, or another key, gets another token.
+Called with (list $ key seed).
+*/}}
+{{- define "sink-coordinator.derivedToken" -}}
+{{- $root := index . 0 }}
+{{- $key := index . 1 }}
+{{- $seed := index . 2 }}
+{{- printf "sink-coordinator token\n%s\n%s\n%s\n%s" $root.Release.Namespace $root.Release.Name $key $seed | sha256sum }}
 {{- end }}
 
 {{/*
@@ -190,8 +224,8 @@ failures only) from the templates that depend on them.
 {{- range .Values.auth.writerScopes }}
 {{- $scopeTokens = append $scopeTokens (.token | default "") }}
 {{- end }}
-{{- if or .Values.database.url .Values.auth.adminToken .Values.auth.writerToken .Values.auth.metricsToken .Values.catalog.secretProperties (compact $scopeTokens) }}
-{{- fail "existingSecret is set: leave database.url, auth.adminToken, auth.writerToken, auth.metricsToken, the writer scopes' tokens and catalog.secretProperties empty and put them in that Secret" }}
+{{- if or .Values.database.url .Values.auth.adminToken .Values.auth.writerToken .Values.auth.metricsToken .Values.auth.tokenSeed .Values.auth.previousTokenSeed .Values.catalog.secretProperties (compact $scopeTokens) }}
+{{- fail "existingSecret is set: leave database.url, auth.adminToken, auth.writerToken, auth.metricsToken, auth.tokenSeed, auth.previousTokenSeed, the writer scopes' tokens and catalog.secretProperties empty and put them in that Secret" }}
 {{- end }}
 {{- if not .Values.auth.insecure }}
 {{- /* What the cluster shows of existingSecret (nothing under `helm template`): its tokens must be long enough. */}}
@@ -206,8 +240,14 @@ failures only) from the templates that depend on them.
 {{- end }}
 {{- end }}
 {{- end }}
-{{- if and .Values.auth.insecure (or .Values.auth.adminToken .Values.auth.writerToken .Values.auth.metricsToken .Values.auth.writerScopes) }}
-{{- fail "auth.insecure is true, which serves both APIs without tokens: leave auth.adminToken, auth.writerToken, auth.metricsToken and auth.writerScopes empty, or drop auth.insecure" }}
+{{- if and .Values.auth.insecure (or .Values.auth.adminToken .Values.auth.writerToken .Values.auth.metricsToken .Values.auth.tokenSeed .Values.auth.previousTokenSeed .Values.auth.writerScopes) }}
+{{- fail "auth.insecure is true, which serves both APIs without tokens: leave auth.adminToken, auth.writerToken, auth.metricsToken, auth.tokenSeed, auth.previousTokenSeed and auth.writerScopes empty, or drop auth.insecure" }}
+{{- end }}
+{{- if and .Values.auth.previousTokenSeed (not .Values.auth.tokenSeed) }}
+{{- fail "auth.previousTokenSeed is set without auth.tokenSeed: a rotation replaces a seed by a new one; set the new one in auth.tokenSeed" }}
+{{- end }}
+{{- if and .Values.auth.previousTokenSeed (eq .Values.auth.previousTokenSeed .Values.auth.tokenSeed) }}
+{{- fail "auth.previousTokenSeed is auth.tokenSeed: a rotation needs a new seed in auth.tokenSeed" }}
 {{- end }}
 {{- if and (not .Values.auth.insecure) (not .Values.auth.unscopedWriterToken) (not .Values.auth.writerScopes) }}
 {{- fail "auth.unscopedWriterToken is false and auth.writerScopes is empty: no writer could call the coordinator; give the writers scopes, or keep the unscoped token" }}
