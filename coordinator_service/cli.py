@@ -350,7 +350,7 @@ async def _delete(settings: Settings, sink: str, confirm: str, reason: str, drop
     runtime = await Runtime.open(settings)
     try:
         operations = Operations(
-            runtime.database, runtime.tables, runtime.committer, runtime.cleaner, runtime.maintainer, settings
+            runtime.database, runtime.iceberg, runtime.committer, runtime.cleaner, runtime.maintainer, settings
         )
         operator = Operator("cli", f"{getpass.getuser()}@{socket.gethostname()}")
         return await operations.delete_sink(sink, confirm, reason, drop_tables, operator)

@@ -202,7 +202,7 @@ def build_server(
     """
     gate = WriterGate(
         Credentials(settings.writer_token, settings.writer_scopes, settings.writer_token_previous),
-        Admission(coordinator.database, coordinator.tables, settings.admin_lock_timeout_seconds),
+        Admission(coordinator.database, coordinator.iceberg, settings.admin_lock_timeout_seconds),
     )
     server = grpc.aio.server(
         interceptors=[gate],

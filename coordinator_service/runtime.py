@@ -93,7 +93,7 @@ class Runtime:
 
     settings: Settings
     database: Database
-    tables: IcebergGateway
+    iceberg: IcebergGateway
     committer: Committer
     cleaner: Cleaner
     coordinator: Coordinator

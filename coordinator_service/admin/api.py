@@ -47,7 +47,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     settings = runtime.settings
     app.state.runtime = runtime
     app.state.operations = Operations(
-        runtime.database, runtime.tables, runtime.committer, runtime.cleaner, runtime.maintainer, settings
+        runtime.database, runtime.iceberg, runtime.committer, runtime.cleaner, runtime.maintainer, settings
     )
     auth = app.state.auth = AdminAuth(
         settings.admin_token,

@@ -127,7 +127,7 @@ def _within_grace(runtime: Runtime, dependency: str, state: str) -> str:
 async def _catalog(runtime: Runtime) -> str:
     try:
         await within(
-            runtime.settings.metastore_stall_seconds * 2, asyncio.to_thread(runtime.tables.catalog.list_namespaces)
+            runtime.settings.metastore_stall_seconds * 2, asyncio.to_thread(runtime.iceberg.catalog.list_namespaces)
         )
     except TimeoutError:
         return "not answering: see the coordinator's log"

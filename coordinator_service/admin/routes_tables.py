@@ -35,5 +35,5 @@ async def adopt_table(runtime: RuntimeDep, table: TableName, body: AdoptRequest,
     it is refused until then): the coordinator will commit to it, expire its snapshots and sweep its orphan
     files like its own. Marks the table (property sink-coordinator.origin=adopted); 404 when the catalog has
     no such table."""
-    changed = await in_catalog(table_origin.adopt, runtime.tables, table, body.reason, caller.identity, caller.address)
+    changed = await in_catalog(table_origin.adopt, runtime.iceberg, table, body.reason, caller.identity, caller.address)
     return AdoptResponse(table=table, changed=changed)

@@ -31,7 +31,7 @@ from coordinator_service.engine.operations import (
     SinkOverview,
     TableRemoved,
 )
-from coordinator_service.log.models import AbortCause, PendingSinkState
+from coordinator_service.log.models import AbortCause, EpochRecord
 from coordinator_service.settings import MaintenancePolicy
 
 # Epochs are PostgreSQL bigints.
@@ -205,7 +205,7 @@ class EpochResponse(EpochView):
     updated_at: datetime
 
     @classmethod
-    def of(cls, row: PendingSinkState) -> EpochResponse:
+    def of(cls, row: EpochRecord) -> EpochResponse:
         return from_attributes(cls, row)
 
 

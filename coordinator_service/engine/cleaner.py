@@ -38,12 +38,12 @@ CLEANUP_BATCH = 100
 
 
 class Cleaner:
-    def __init__(self, database: Database, tables: IcebergGateway, settings: Settings) -> None:
+    def __init__(self, database: Database, iceberg: IcebergGateway, settings: Settings) -> None:
         self.database = database
-        self.tables = tables
+        self.iceberg = iceberg
         self.settings = settings
         self.delays = CleanupDelays(settings.cleanup_delay_seconds, settings.recovery_files_keep_seconds)
-        self.deleter = FileDeleter(database, tables, self.delays)
+        self.deleter = FileDeleter(database, iceberg, self.delays)
         self._event = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -126,7 +126,7 @@ class Cleaner:
                     gone += paths
                     continue
                 recorded = await sink_tables.recorded_epochs(session, sink.id)
-                found = await settlement.holdings(self.tables, sink, recorded, [row])
+                found = await settlement.holdings(self.iceberg, sink, recorded, [row])
                 if row.status == EpochStatus.ABORTED and found.held and row.epoch <= sink.checkpointed_epoch:
                     [snapshot_id] = found.held
                     await settlement.adopt_appended(session, sink, row, row, snapshot_id)

@@ -41,7 +41,7 @@ from coordinator_service.log import (
 )
 from coordinator_service.log.commit_lock import CommitLock
 from coordinator_service.log.database import Database
-from coordinator_service.log.models import PendingSinkState, Sink
+from coordinator_service.log.models import EpochRecord, Sink
 from coordinator_service.log.precommit_metadata import DataFileEntry, MetadataDecodeError, PreCommitMetadata
 from coordinator_service.settings import Settings
 from coordinator_service.tables.catalog_calls import PERMANENT_FAILURES, CommitConflict
@@ -126,9 +126,9 @@ def cannot_succeed_by_retrying(error: BaseException) -> bool:
 
 
 class Committer:
-    def __init__(self, database: Database, tables: IcebergGateway, settings: Settings) -> None:
+    def __init__(self, database: Database, iceberg: IcebergGateway, settings: Settings) -> None:
         self.database = database
-        self.tables = tables
+        self.iceberg = iceberg
         self.settings = settings
         # Each sink's committer in this process, by sink id.
         self._sinks: defaultdict[int, SinkCommitState] = defaultdict(SinkCommitState)
@@ -438,12 +438,12 @@ class Committer:
         identity = settlement.identity_of(sink)
         # The cached table (kept current by this process's own commits): the append asserts its branch head,
         # so a stale one fails the commit and the next round walks a freshly loaded table.
-        table, from_cache = await asyncio.to_thread(self.tables.cached, table_name)
-        markers = await asyncio.to_thread(self.tables.sink_markers, table_name, identity, next(iter(work)), table)
+        table, from_cache = await asyncio.to_thread(self.iceberg.cached, table_name)
+        markers = await asyncio.to_thread(self.iceberg.sink_markers, table_name, identity, next(iter(work)), table)
         if markers and markers[-1].epoch >= next(iter(work)):
             if from_cache:
                 # Marking needs the current table, not a remembered one: walk again on a fresh load.
-                self.tables.forget(table_name)
+                self.iceberg.forget(table_name)
                 return None
             # A crash hit after an append and before its record: those epochs are only marked, and the pass
             # after appends the rest (on a table walked again).
@@ -455,7 +455,7 @@ class Committer:
         entries = [entry for each in work.values() for entry in each]
         try:
             snapshot_id = await asyncio.to_thread(
-                self.tables.append,
+                self.iceberg.append,
                 table_name,
                 identity,
                 top,
@@ -477,7 +477,7 @@ class Committer:
         """Ask for the sink's maintenance now when a commit took a table past its snapshot bound (the coordinator's
         SNAPSHOT_MAX_COUNT, or the table's own min-snapshots-to-keep) by a tenth: the bound holds whatever the commit
         rate, not only on the maintenance clock."""
-        table = self.tables.last_known(table_name)
+        table = self.iceberg.last_known(table_name)
         if table is None:
             return
         try:
@@ -499,7 +499,7 @@ class Committer:
     async def _record_commit(
         self,
         sink: Sink,
-        pending: Sequence[PendingSinkState],
+        pending: Sequence[EpochRecord],
         appended: epoch_transitions.Appended,
         appends: _PassAppends,
         started: float,
@@ -539,7 +539,7 @@ class Committer:
         await self._notify_progress()
 
     async def _record_commit_checking_each_epoch(
-        self, sink: Sink, pending: Sequence[PendingSinkState], appended: epoch_transitions.Appended, files: int
+        self, sink: Sink, pending: Sequence[EpochRecord], appended: epoch_transitions.Appended, files: int
     ) -> int | None:
         """The general COMMITTED transaction, for what the one statement declined: the sink's committed epoch
         after it, or None when a reset (or a new incarnation) took the sink over meanwhile."""
@@ -618,7 +618,7 @@ class _PassAppends:
         self.files += outcome.files
         self.snapshots += 1 if outcome.files else 0
 
-    def of(self, done: Sequence[PendingSinkState], tables: Mapping[str, int]) -> epoch_transitions.Appended:
+    def of(self, done: Sequence[EpochRecord], tables: Mapping[str, int]) -> epoch_transitions.Appended:
         """The COMMITTED record of the epochs all their tables hold, and of the tables that moved."""
         return epoch_transitions.Appended(
             attempts={row.epoch: row.attempt for row in done},
@@ -628,7 +628,7 @@ class _PassAppends:
 
 
 def _files_by_table(
-    sink: Sink, recorded: Mapping[str, int], pending: Sequence[PendingSinkState], decoded: Sequence[PreCommitMetadata]
+    sink: Sink, recorded: Mapping[str, int], pending: Sequence[EpochRecord], decoded: Sequence[PreCommitMetadata]
 ) -> dict[str, dict[int, list[DataFileEntry]]]:
     """Each table's work in a pass: its files of each epoch above the newest it holds, by epoch (only epochs with
     files there); the sink's own table first, then the others by name, each with work."""

@@ -71,9 +71,9 @@ class Deletion:
 class FileDeleter:
     """Deletes files of a sink's tables, each proven garbage at that moment (see the module)."""
 
-    def __init__(self, database: Database, tables: IcebergGateway, delays: CleanupDelays) -> None:
+    def __init__(self, database: Database, iceberg: IcebergGateway, delays: CleanupDelays) -> None:
         self.database = database
-        self.tables = tables
+        self.iceberg = iceberg
         self.delays = delays
 
     async def delete(
@@ -126,7 +126,7 @@ class FileDeleter:
             return outcome
         deleting = False
         try:
-            loaded = [await in_catalog(self.tables.load, table) for table in tables]
+            loaded = [await in_catalog(self.iceberg.load, table) for table in tables]
             placed, outcome.refused = await in_catalog(_place, loaded, sorted(marked), metadata_files)
             referenced = await in_catalog(_referenced_by, loaded, placed)
             outcome.referenced = sorted(set().union(*placed.values()) & referenced)

@@ -88,13 +88,13 @@ class Maintainer:
     def __init__(
         self,
         database: Database,
-        tables: IcebergGateway,
+        iceberg: IcebergGateway,
         committer: Committer,
         deleter: FileDeleter,
         settings: Settings,
     ) -> None:
         self.database = database
-        self.tables = tables
+        self.iceberg = iceberg
         self.committer = committer
         self.deleter = deleter
         self.settings = settings
@@ -236,7 +236,7 @@ class Maintainer:
     async def _expire(
         self, sink: Sink, identifier: str, policy: MaintenancePolicy, lock: CommitLock, run: MaintenanceRun
     ) -> None:
-        table = await in_catalog(self.tables.load, identifier)
+        table = await in_catalog(self.iceberg.load, identifier)
         retention = tm.retention_of(table, int(policy.snapshot_max_age_seconds * 1000), policy.snapshot_max_count)
         if not retention.gc_enabled:
             return  # the table's owners said so (gc.enabled=false)
@@ -254,7 +254,7 @@ class Maintainer:
             return
         await lock.verify()
         committed, gone = await in_catalog(tm.expire, table, expired)
-        self.tables.remember(identifier, committed)
+        self.iceberg.remember(identifier, committed)
         run.snapshots_expired += len(expired)
         await failpoints.hit(Failpoint.MAINTENANCE_AFTER_EXPIRE)
         # Files nothing claims, or that COMMITTED epochs held (never a file an epoch that is not COMMITTED holds:
@@ -267,7 +267,7 @@ class Maintainer:
     async def _compact(
         self, sink: Sink, identifier: str, policy: MaintenancePolicy, lock: CommitLock, run: MaintenanceRun
     ) -> None:
-        table = await in_catalog(self.tables.load, identifier)
+        table = await in_catalog(self.iceberg.load, identifier)
         files = await asyncio.to_thread(tm.live_files, table)
         small = [tm.as_small_file(data_file) for data_file in files.data]
         async with self.database.transaction() as session:
@@ -301,7 +301,7 @@ class Maintainer:
                 sink.name, sink.id, lock, [identifier], [f.file_path for f in written], MarkRule.UNCLAIMED
             )
             raise
-        self.tables.remember(identifier, committed)
+        self.iceberg.remember(identifier, committed)
         await failpoints.hit(Failpoint.MAINTENANCE_AFTER_COMPACTION_COMMIT)
         run.files_compacted += len(replaced)
         run.files_written += len(written)
@@ -310,7 +310,7 @@ class Maintainer:
     async def _sweep(
         self, sink: Sink, identifier: str, policy: MaintenancePolicy, lock: CommitLock, run: MaintenanceRun
     ) -> None:
-        table = await in_catalog(self.tables.load, identifier)
+        table = await in_catalog(self.iceberg.load, identifier)
         if not tm.retention_of(table, 0, 0).gc_enabled:
             return
         # A sink's override can only lengthen the grace: pre-commits refuse files older than the coordinator's.

@@ -85,9 +85,9 @@ def out_of_step(sink: Sink, table: TableOfSink, seen: TableSeen | None, catalog:
 class MetastoreChecks:
     """Checks every sink against its tables at start and every METASTORE_CHECK_INTERVAL_SECONDS."""
 
-    def __init__(self, database: Database, tables: IcebergGateway, committer: Committer, settings: Settings) -> None:
+    def __init__(self, database: Database, iceberg: IcebergGateway, committer: Committer, settings: Settings) -> None:
         self.database = database
-        self.tables = tables
+        self.iceberg = iceberg
         self.committer = committer
         self.settings = settings
         self._task: asyncio.Task[None] | None = None
@@ -128,10 +128,10 @@ class MetastoreChecks:
         reason = None
         for table in tables:
             try:
-                seen: TableSeen | None = await in_catalog(table_seen, self.tables, table.table, identity)
+                seen: TableSeen | None = await in_catalog(table_seen, self.iceberg, table.table, identity)
             except InvalidArgument:
                 seen = None
-            reason = out_of_step(sink, table, seen, self.tables.catalog_name)
+            reason = out_of_step(sink, table, seen, self.iceberg.catalog_name)
             if reason is not None:
                 break
             if table.table_uuid is None and seen is not None:

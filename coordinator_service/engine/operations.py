@@ -50,7 +50,7 @@ from coordinator_service.log import (
 )
 from coordinator_service.log.commit_lock import CommitLock
 from coordinator_service.log.database import Database
-from coordinator_service.log.models import AbortCause, MaintenanceRun, PendingSinkState, Sink
+from coordinator_service.log.models import AbortCause, EpochRecord, MaintenanceRun, Sink
 from coordinator_service.log.path_claims import CleanupDelays, MarkRule
 from coordinator_service.log.precommit_metadata import PreCommitMetadata
 from coordinator_service.log.sink_rows import EpochCounts, RowLock
@@ -89,13 +89,13 @@ class SinkOverview:
 
 @dataclass(frozen=True)
 class EpochDetail:
-    row: PendingSinkState
+    row: EpochRecord
     metadata: PreCommitMetadata
 
 
 @dataclass(frozen=True)
 class AbortOutcome:
-    row: PendingSinkState
+    row: EpochRecord
     # False when the epoch was ABORTED already (the request changed nothing).
     changed: bool
     # Set when a checkpointed epoch was aborted (force): what the operator gave up.
@@ -168,14 +168,14 @@ class Operations:
     def __init__(
         self,
         database: Database,
-        tables: IcebergGateway,
+        iceberg: IcebergGateway,
         committer: Committer,
         cleaner: Cleaner,
         maintainer: Maintainer,
         settings: Settings,
     ) -> None:
         self.database = database
-        self.tables = tables
+        self.iceberg = iceberg
         self.committer = committer
         self.cleaner = cleaner
         self.maintainer = maintainer
@@ -198,7 +198,7 @@ class Operations:
 
     async def epochs(
         self, name: str, status: EpochStatus | None, below_epoch: int | None, limit: int
-    ) -> tuple[Sequence[PendingSinkState], int | None]:
+    ) -> tuple[Sequence[EpochRecord], int | None]:
         """A page of epochs, newest first, and the epoch the next page starts below (None: no next page)."""
         _check_known_name(name)
         async with self.database.transaction() as session:
@@ -242,7 +242,7 @@ class Operations:
             recorded = await sink_tables.recorded_epochs(session, sink.id)
             tables = await sink_tables.tables_of_sink(session, sink.id)
         await self._fence(sink, [table.table for table in tables], lock, f"abort of epoch {epoch} by {operator}")
-        found = await settlement.holdings(self.tables, sink, recorded, pending)
+        found = await settlement.holdings(self.iceberg, sink, recorded, pending)
         if found.held:
             async with self.database.transaction() as session:
                 marked = await settlement.mark_held(session, sink.id, found.held)
@@ -295,7 +295,7 @@ class Operations:
         aborted (503: retry)."""
         for table in tables:
             await lock.verify()
-            await in_catalog(self.tables.fence, table, settlement.identity_of(sink), why)
+            await in_catalog(self.iceberg.fence, table, settlement.identity_of(sink), why)
 
     async def reset_sink(self, name: str, confirm: str, reason: str, operator: Operator) -> ResetOutcome:
         """Prepare a sink for a writer whose Spark checkpoint was lost (see docs/operations.md).
@@ -322,7 +322,7 @@ class Operations:
                 recorded = await sink_tables.recorded_epochs(session, sink.id)
                 tables = await sink_tables.tables_of_sink(session, sink.id)
             await self._fence(sink, [table.table for table in tables], lock, f"reset by {operator}")
-            found = await settlement.holdings(self.tables, sink, recorded, pending)
+            found = await settlement.holdings(self.iceberg, sink, recorded, pending)
             if found.partial:
                 raise _partly_committed(name, found.partial, "the sink cannot be reset")
             await lock.verify()
@@ -456,7 +456,7 @@ class Operations:
                 f"{', '.join(writers)}: delete the sink without drop_tables, or those sinks first. Nothing was changed"
             )
         async with commit_lock.holding(self.database, sink.id, self.lock_timeout_seconds, "delete") as lock:
-            present = [t.table for t in overview.tables if await in_catalog(self.tables.catalog.table_exists, t.table)]
+            present = [t.table for t in overview.tables if await in_catalog(self.iceberg.catalog.table_exists, t.table)]
             await self._fence(sink, present, lock, f"deletion of sink {name} by {operator}")
             async with self.database.transaction() as session:
                 given_up = tuple(
@@ -469,8 +469,8 @@ class Operations:
                 await part_rows.drop_parts(session, sink.id)
             deleted, kept = await self._delete_given_up(sink, present, lock)
             for table in present if drop_tables else []:
-                await in_catalog(self.tables.catalog.purge_table, table)
-                self.tables.forget(table)
+                await in_catalog(self.iceberg.catalog.purge_table, table)
+                self.iceberg.forget(table)
             await lock.verify()
             async with self.database.transaction() as session:
                 await sink_rows.delete_sink(session, sink.id)
@@ -492,7 +492,7 @@ class Operations:
         """Every path the sink gave up, through file_deletion now (no delay); how many were deleted and how many
         left (the log stops deciding those: they stay on storage)."""
         at_once = CleanupDelays(0.0, 0.0)
-        deleter = FileDeleter(self.database, self.tables, at_once)
+        deleter = FileDeleter(self.database, self.iceberg, at_once)
         deleted = kept = 0
         while True:
             async with self.database.transaction() as session:
@@ -519,10 +519,10 @@ class Operations:
             raise InvalidArgument(f"confirm must repeat the sink name {name!r} exactly, got {quote(confirm)}")
         async with self.database.transaction() as session:
             sink = await _existing_sink(session, name)
-        if sink.catalog != self.tables.catalog_name:
+        if sink.catalog != self.iceberg.catalog_name:
             raise FailedPrecondition(
                 f"sink {name} was created in catalog {sink.catalog!r}, the coordinator uses "
-                f"{self.tables.catalog_name!r}: configure the catalog it was created in; nothing was changed"
+                f"{self.iceberg.catalog_name!r}: configure the catalog it was created in; nothing was changed"
             )
         async with commit_lock.holding(self.database, sink.id, self.lock_timeout_seconds, "reconcile") as lock:
             async with self.database.transaction() as session:
@@ -532,10 +532,10 @@ class Operations:
             seen = {}
             for table in tables:
                 try:
-                    seen[table.table] = await in_catalog(table_seen, self.tables, table.table, identity)
+                    seen[table.table] = await in_catalog(table_seen, self.iceberg, table.table, identity)
                 except InvalidArgument:
                     raise FailedPrecondition(
-                        f"table {table.table} of sink {name} does not exist in catalog {self.tables.catalog_name!r}: "
+                        f"table {table.table} of sink {name} does not exist in catalog {self.iceberg.catalog_name!r}: "
                         "configure the right catalog, or remove a fan-out table from the sink; nothing was changed"
                     ) from None
             held = {
@@ -681,7 +681,7 @@ def _stalled(sink: Sink, counts: EpochCounts, after_seconds: float) -> str | Non
     )
 
 
-async def _pending_epochs(session: AsyncSession, sink: Sink, at_or_below: int | None) -> list[PendingSinkState]:
+async def _pending_epochs(session: AsyncSession, sink: Sink, at_or_below: int | None) -> list[EpochRecord]:
     rows = await epoch_reads.epochs_not_committed(session, sink.id)
     return [
         row for row in rows if row.status == EpochStatus.PENDING and (at_or_below is None or row.epoch <= at_or_below)
@@ -698,7 +698,7 @@ def _partly_committed(name: str, partial: Mapping[int, Sequence[str]], refused: 
     )
 
 
-def _check_abortable(sink: Sink, row: PendingSinkState, force: bool) -> None:
+def _check_abortable(sink: Sink, row: EpochRecord, force: bool) -> None:
     if row.status == EpochStatus.COMMITTED:
         raise FailedPrecondition(
             f"sink {sink.name} epoch {row.epoch} is COMMITTED: its files are in the table (snapshot "
@@ -748,9 +748,7 @@ async def _existing_sink(session: AsyncSession, name: str, lock: RowLock | None 
     return sink
 
 
-async def _existing_epoch(
-    session: AsyncSession, sink: Sink, epoch: int, *, for_update: bool = False
-) -> PendingSinkState:
+async def _existing_epoch(session: AsyncSession, sink: Sink, epoch: int, *, for_update: bool = False) -> EpochRecord:
     row = await epoch_reads.epoch_row(session, sink.id, epoch, for_update=for_update)
     if row is None:
         if epoch > sink.committed_epoch:  # only COMMITTED epochs are pruned

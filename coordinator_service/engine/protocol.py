@@ -64,7 +64,7 @@ from coordinator_service.log import (
     sink_tables,
 )
 from coordinator_service.log.database import Database
-from coordinator_service.log.models import AbortCause, PendingSinkState, Sink
+from coordinator_service.log.models import AbortCause, EpochRecord, Sink
 from coordinator_service.log.precommit_metadata import DataFileEntry, PreCommitMetadata
 from coordinator_service.log.sink_rows import RowLock
 from coordinator_service.tables.catalog_calls import in_catalog
@@ -188,9 +188,9 @@ class GroupInsert:
 class Coordinator:
     """The writer-facing operations of the protocol."""
 
-    def __init__(self, database: Database, tables: IcebergGateway, committer: Committer, cleaner: Cleaner) -> None:
+    def __init__(self, database: Database, iceberg: IcebergGateway, committer: Committer, cleaner: Cleaner) -> None:
         self.database = database
-        self.tables = tables
+        self.iceberg = iceberg
         self.committer = committer
         self.cleaner = cleaner
         # Sink name -> its id, own table and tables, as last read; only a hint for the fast path, which re-checks
@@ -229,7 +229,7 @@ class Coordinator:
                 above = await epoch_reads.pending_epochs_above(session, existing.id, checkpointed_epoch)
                 recorded = await sink_tables.recorded_epochs(session, existing.id)
             others = (await sink_rows.sinks_writing(session, [table], besides=sink)).get(table, [])
-        location = await in_catalog(self.tables.ensure_table, table, schema, tuple(partition_by), others)
+        location = await in_catalog(self.iceberg.ensure_table, table, schema, tuple(partition_by), others)
         await failpoints.hit(Failpoint.REGISTER_BEFORE_RECOVERY)
 
         if existing is not None and above:
@@ -237,7 +237,7 @@ class Coordinator:
             async with commit_lock.holding(
                 self.database, existing.id, self.committer.settings.admin_lock_timeout_seconds, f"sink {sink}: register"
             ) as lock:
-                found = await settlement.holdings(self.tables, existing, recorded, above)
+                found = await settlement.holdings(self.iceberg, existing, recorded, above)
                 if found.touched():
                     # Above the writer's checkpoint, yet in the tables: the checkpoint is behind the tables.
                     # Unreachable while the log is sound (only checkpointed epochs are appended).
@@ -278,7 +278,7 @@ class Coordinator:
     ) -> tuple[Registration, int]:
         """The registration's one transaction: the checks again, under the sink's row lock, then the new term."""
         async with self.database.transaction() as session:
-            await sink_rows.insert_sink_if_absent(session, sink, table, self.tables.catalog_name, checkpointed_epoch)
+            await sink_rows.insert_sink_if_absent(session, sink, table, self.iceberg.catalog_name, checkpointed_epoch)
             row = await sink_rows.sink_by_name(session, sink, lock=RowLock.UPDATE)
             assert row is not None
             if row.rebase_on_register:
@@ -310,7 +310,7 @@ class Coordinator:
                     aborted_epochs=tuple(aborted),
                     recommitting_epochs=tuple(r.epoch for r in recommitting),
                     table_location=location,
-                    nested_namespaces=self.tables.nested_namespaces,
+                    nested_namespaces=self.iceberg.nested_namespaces,
                 ),
                 row.id,
             )
@@ -320,7 +320,7 @@ class Coordinator:
         before the policy existed keeps working; a new one must fit it, on this catalog."""
         for table in tables:
             if table not in recorded:
-                check_table_identifier(table, nested_namespaces=self.tables.nested_namespaces)
+                check_table_identifier(table, nested_namespaces=self.iceberg.nested_namespaces)
 
     async def ensure_tables(self, sink: str, writer_term: int, tables: Sequence[TableRequest]) -> TablesEnsured:
         """Fan-out: create or evolve each table as RegisterWriter does the sink's own, then make them the sink's.
@@ -344,7 +344,7 @@ class Coordinator:
             others = await sink_rows.sinks_writing(session, names, besides=sink)
         locations = [
             await in_catalog(
-                self.tables.ensure_table, spec.table, schema, spec.partition_by, others.get(spec.table, [])
+                self.iceberg.ensure_table, spec.table, schema, spec.partition_by, others.get(spec.table, [])
             )
             for spec, schema in zip(tables, schemas, strict=True)
         ]
@@ -466,7 +466,7 @@ class Coordinator:
         thread."""
         reads = [
             in_catalog(
-                self.tables.read_data_files,
+                self.iceberg.read_data_files,
                 table,
                 paths,
                 request.writer_id,
@@ -835,7 +835,7 @@ def _check_precommit_request(request: PreCommitRequest) -> None:
         check_facts(path, facts)
 
 
-def answer_if_repeated(row: PendingSinkState, request: PreCommitRequest) -> PreCommitResult | None:
+def answer_if_repeated(row: EpochRecord, request: PreCommitRequest) -> PreCommitResult | None:
     """The answer to a pre-commit that repeats a persisted one, or None if it is not a repeat."""
     if row.status == EpochStatus.COMMITTED:
         return PreCommitResult(PreCommitOutcome.ALREADY_COMMITTED, attempt=row.attempt, record_count=0)
@@ -854,7 +854,7 @@ def _conflicting_precommit(request: PreCommitRequest) -> FailedPrecondition:
     )
 
 
-def check_checkpoint_range(sink: str, rows: Sequence[PendingSinkState], recorded: int, checkpoint: int) -> None:
+def check_checkpoint_range(sink: str, rows: Sequence[EpochRecord], recorded: int, checkpoint: int) -> None:
     """Every epoch a new checkpoint covers must be pre-committed, and not aborted unless by an operator (who
     gave its records up on purpose, and was told so)."""
     aborted = [row for row in rows if row.status == EpochStatus.ABORTED and row.abort_cause != AbortCause.OPERATOR]

@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from coordinator_service import metrics
 from coordinator_service.contract.views import EpochStatus
 from coordinator_service.log import epoch_transitions, path_claims, precommit_metadata
-from coordinator_service.log.models import PendingSinkState, Sink
+from coordinator_service.log.models import EpochRecord, Sink
 from coordinator_service.tables.catalog_calls import in_catalog
 from coordinator_service.tables.iceberg import IcebergGateway, Marker, SinkIdentity
 
@@ -80,7 +80,7 @@ def tables_with_files(metadata: precommit_metadata.PreCommitMetadata) -> set[str
 
 
 async def holdings(
-    tables: IcebergGateway, sink: Sink, recorded: Mapping[str, int], rows: Sequence[PendingSinkState]
+    tables: IcebergGateway, sink: Sink, recorded: Mapping[str, int], rows: Sequence[EpochRecord]
 ) -> Holdings:
     """Which of these PENDING epochs the sink's tables hold, each table walked on a fresh load (the caller holds
     the commit lock). A table holds an epoch when the log records it (`recorded`: the newest epoch each table
@@ -120,7 +120,7 @@ async def mark_held(session: AsyncSession, sink_id: int, held: Mapping[int | Non
 
 
 async def adopt_appended(
-    session: AsyncSession, sink: Sink, row: PendingSinkState, appended: PendingSinkState, snapshot_id: int | None
+    session: AsyncSession, sink: Sink, row: EpochRecord, appended: EpochRecord, snapshot_id: int | None
 ) -> None:
     """The table holds `appended` (an attempt of row's epoch) although the log had moved on (aborted, or a newer
     attempt): the table is the truth. The row becomes COMMITTED with that attempt's record and files; files of

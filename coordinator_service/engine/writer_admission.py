@@ -27,7 +27,7 @@ from coordinator_service.contract.errors import InvalidArgument, QuotaExceeded, 
 from coordinator_service.contract.table_identifiers import check_sink_name, check_table_identifier
 from coordinator_service.engine.protocol import MAX_TABLES_PER_ENSURE
 from coordinator_service.log.database import Database
-from coordinator_service.log.models import Sink, WrittenTable
+from coordinator_service.log.models import Sink, SinkTable
 from coordinator_service.settings import ENV_PREFIX
 from coordinator_service.tables import table_origin
 from coordinator_service.tables.catalog_calls import in_catalog
@@ -39,9 +39,9 @@ ADMISSION_LOCK_CLASS: Final = 0x5357
 
 
 class Admission:
-    def __init__(self, database: Database, tables: IcebergGateway, lock_timeout_seconds: float) -> None:
+    def __init__(self, database: Database, iceberg: IcebergGateway, lock_timeout_seconds: float) -> None:
         self.database = database
-        self.tables = tables
+        self.iceberg = iceberg
         self.lock_timeout_seconds = lock_timeout_seconds
 
     @asynccontextmanager
@@ -67,7 +67,7 @@ class Admission:
                 await _check_quotas(session, scope, new_sink, named)
                 unwritten = set(new_tables) - await _written(session, new_tables)
             for table in sorted(unwritten):
-                await in_catalog(table_origin.require_takeable, self.tables, table)
+                await in_catalog(table_origin.require_takeable, self.iceberg, table)
             yield
 
     @asynccontextmanager
@@ -101,9 +101,7 @@ async def _additions(session: AsyncSession, sink: str, tables: list[str]) -> tup
         return True, tables
     held = set(
         await session.scalars(
-            select(WrittenTable.table_identifier).where(
-                WrittenTable.sink_id == row, WrittenTable.table_identifier.in_(tables)
-            )
+            select(SinkTable.table_identifier).where(SinkTable.sink_id == row, SinkTable.table_identifier.in_(tables))
         )
     )
     return False, [table for table in tables if table not in held]
@@ -111,7 +109,7 @@ async def _additions(session: AsyncSession, sink: str, tables: list[str]) -> tup
 
 async def _written(session: AsyncSession, tables: list[str]) -> set[str]:
     """Those of the tables some sink writes."""
-    statement = select(WrittenTable.table_identifier).where(WrittenTable.table_identifier.in_(tables)).distinct()
+    statement = select(SinkTable.table_identifier).where(SinkTable.table_identifier.in_(tables)).distinct()
     return set(await session.scalars(statement))
 
 
@@ -124,8 +122,8 @@ async def _check_quotas(session: AsyncSession, scope: Scope, new_sink: bool, tab
                 f"writer scope {scope.name} has {sinks} sinks, its quota ({scope.rules.max_sinks}): an operator "
                 f"raises {_quota_setting(scope, 'MAX_SINKS')}. Nothing was changed"
             )
-    scope_tables = select(WrittenTable.table_identifier).join(Sink, Sink.id == WrittenTable.sink_id).where(covered)
-    held = set(await session.scalars(scope_tables.where(WrittenTable.table_identifier.in_(tables))))
+    scope_tables = select(SinkTable.table_identifier).join(Sink, Sink.id == SinkTable.sink_id).where(covered)
+    held = set(await session.scalars(scope_tables.where(SinkTable.table_identifier.in_(tables))))
     adding = [table for table in tables if table not in held]
     if not adding:
         return

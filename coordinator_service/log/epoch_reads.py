@@ -11,18 +11,16 @@ from sqlalchemy.orm import defer
 
 from coordinator_service.contract.views import EpochStatus
 from coordinator_service.log.models import (
-    PendingSinkState,
+    EpochRecord,
     Sink,
-    WrittenTable,
+    SinkTable,
 )
 
 # First key of the two-int advisory locks the committer takes per sink ("SC"); tests hold them as another committer.
 
 
-async def epoch_row(
-    session: AsyncSession, sink_id: int, epoch: int, *, for_update: bool = False
-) -> PendingSinkState | None:
-    statement = select(PendingSinkState).where(PendingSinkState.sink_id == sink_id, PendingSinkState.epoch == epoch)
+async def epoch_row(session: AsyncSession, sink_id: int, epoch: int, *, for_update: bool = False) -> EpochRecord | None:
+    statement = select(EpochRecord).where(EpochRecord.sink_id == sink_id, EpochRecord.epoch == epoch)
     if for_update:
         statement = statement.with_for_update()
     return (await session.execute(statement)).scalar_one_or_none()
@@ -30,49 +28,47 @@ async def epoch_row(
 
 async def newest_epoch(session: AsyncSession, sink_id: int) -> int | None:
     """The sink's highest epoch in the log; None when it has none."""
-    statement = select(func.max(PendingSinkState.epoch)).where(PendingSinkState.sink_id == sink_id)
+    statement = select(func.max(EpochRecord.epoch)).where(EpochRecord.sink_id == sink_id)
     newest: int | None = await session.scalar(statement)
     return newest
 
 
-async def epochs_between(
-    session: AsyncSession, sink_id: int, above: int, at_or_below: int
-) -> Sequence[PendingSinkState]:
+async def epochs_between(session: AsyncSession, sink_id: int, above: int, at_or_below: int) -> Sequence[EpochRecord]:
     """Rows with above < epoch <= at_or_below, in epoch order."""
     statement = (
-        select(PendingSinkState)
+        select(EpochRecord)
         .where(
-            PendingSinkState.sink_id == sink_id,
-            PendingSinkState.epoch > above,
-            PendingSinkState.epoch <= at_or_below,
+            EpochRecord.sink_id == sink_id,
+            EpochRecord.epoch > above,
+            EpochRecord.epoch <= at_or_below,
         )
-        .order_by(PendingSinkState.epoch)
+        .order_by(EpochRecord.epoch)
     )
     return (await session.execute(statement)).scalars().all()
 
 
 async def sink_and_checkpointed_pending(
     session: AsyncSession, sink_id: int, limit: int
-) -> tuple[Sink | None, Sequence[PendingSinkState], dict[str, int]]:
+) -> tuple[Sink | None, Sequence[EpochRecord], dict[str, int]]:
     """The sink row, its PENDING epochs at or below its checkpointed epoch, oldest first, at most `limit`, and the
     newest epoch each of its tables holds: what a commit pass starts from, in one statement."""
     tables = (
-        select(func.json_object_agg(WrittenTable.table_identifier, WrittenTable.committed_epoch))
-        .where(WrittenTable.sink_id == Sink.id)
+        select(func.json_object_agg(SinkTable.table_identifier, SinkTable.committed_epoch))
+        .where(SinkTable.sink_id == Sink.id)
         .scalar_subquery()
     )
     statement = (
-        select(Sink, PendingSinkState, tables)
+        select(Sink, EpochRecord, tables)
         .outerjoin(
-            PendingSinkState,
+            EpochRecord,
             and_(
-                PendingSinkState.sink_id == Sink.id,
-                PendingSinkState.status == EpochStatus.PENDING,
-                PendingSinkState.epoch <= Sink.checkpointed_epoch,
+                EpochRecord.sink_id == Sink.id,
+                EpochRecord.status == EpochStatus.PENDING,
+                EpochRecord.epoch <= Sink.checkpointed_epoch,
             ),
         )
         .where(Sink.id == sink_id)
-        .order_by(PendingSinkState.epoch)
+        .order_by(EpochRecord.epoch)
         .limit(limit)
         .execution_options(populate_existing=True)
     )
@@ -84,48 +80,48 @@ async def sink_and_checkpointed_pending(
 
 async def pending_epochs_at_or_below(
     session: AsyncSession, sink_id: int, epoch: int, limit: int
-) -> Sequence[PendingSinkState]:
+) -> Sequence[EpochRecord]:
     statement = (
-        select(PendingSinkState)
+        select(EpochRecord)
         .where(
-            PendingSinkState.sink_id == sink_id,
-            PendingSinkState.status == EpochStatus.PENDING,
-            PendingSinkState.epoch <= epoch,
+            EpochRecord.sink_id == sink_id,
+            EpochRecord.status == EpochStatus.PENDING,
+            EpochRecord.epoch <= epoch,
         )
-        .order_by(PendingSinkState.epoch)
+        .order_by(EpochRecord.epoch)
         .limit(limit)
     )
     return (await session.execute(statement)).scalars().all()
 
 
-async def pending_epochs_above(session: AsyncSession, sink_id: int, epoch: int) -> Sequence[PendingSinkState]:
+async def pending_epochs_above(session: AsyncSession, sink_id: int, epoch: int) -> Sequence[EpochRecord]:
     statement = (
-        select(PendingSinkState)
+        select(EpochRecord)
         .where(
-            PendingSinkState.sink_id == sink_id,
-            PendingSinkState.status == EpochStatus.PENDING,
-            PendingSinkState.epoch > epoch,
+            EpochRecord.sink_id == sink_id,
+            EpochRecord.status == EpochStatus.PENDING,
+            EpochRecord.epoch > epoch,
         )
-        .order_by(PendingSinkState.epoch)
+        .order_by(EpochRecord.epoch)
     )
     return (await session.execute(statement)).scalars().all()
 
 
-async def epochs_not_committed(session: AsyncSession, sink_id: int) -> Sequence[PendingSinkState]:
+async def epochs_not_committed(session: AsyncSession, sink_id: int) -> Sequence[EpochRecord]:
     statement = (
-        select(PendingSinkState)
-        .where(PendingSinkState.sink_id == sink_id, PendingSinkState.status != EpochStatus.COMMITTED)
-        .order_by(PendingSinkState.epoch)
+        select(EpochRecord)
+        .where(EpochRecord.sink_id == sink_id, EpochRecord.status != EpochStatus.COMMITTED)
+        .order_by(EpochRecord.epoch)
     )
     return (await session.execute(statement)).scalars().all()
 
 
-async def epochs_for_update(session: AsyncSession, sink_id: int, epochs: Sequence[int]) -> dict[int, PendingSinkState]:
+async def epochs_for_update(session: AsyncSession, sink_id: int, epochs: Sequence[int]) -> dict[int, EpochRecord]:
     """The rows of these epochs (those that still exist), row-locked for the rest of the transaction."""
     statement = (
-        select(PendingSinkState)
-        .where(PendingSinkState.sink_id == sink_id, PendingSinkState.epoch.in_(epochs))
-        .order_by(PendingSinkState.epoch)
+        select(EpochRecord)
+        .where(EpochRecord.sink_id == sink_id, EpochRecord.epoch.in_(epochs))
+        .order_by(EpochRecord.epoch)
         .with_for_update()
         .execution_options(populate_existing=True)
     )
@@ -137,11 +133,11 @@ async def sink_ids_with_commit_work(session: AsyncSession) -> list[int]:
     statement = (
         select(Sink.id)
         .where(
-            select(PendingSinkState.epoch)
+            select(EpochRecord.epoch)
             .where(
-                PendingSinkState.sink_id == Sink.id,
-                PendingSinkState.status == EpochStatus.PENDING,
-                PendingSinkState.epoch <= Sink.checkpointed_epoch,
+                EpochRecord.sink_id == Sink.id,
+                EpochRecord.status == EpochStatus.PENDING,
+                EpochRecord.epoch <= Sink.checkpointed_epoch,
             )
             .exists()
         )
@@ -152,17 +148,17 @@ async def sink_ids_with_commit_work(session: AsyncSession) -> list[int]:
 
 async def epochs_newest_first(
     session: AsyncSession, sink_id: int, status: EpochStatus | None, below_epoch: int | None, limit: int
-) -> Sequence[PendingSinkState]:
+) -> Sequence[EpochRecord]:
     """A page of the sink's epochs, newest first, without their (possibly large) metadata."""
     statement = (
-        select(PendingSinkState)
-        .options(defer(PendingSinkState.metadata_, raiseload=True))
-        .where(PendingSinkState.sink_id == sink_id)
-        .order_by(PendingSinkState.epoch.desc())
+        select(EpochRecord)
+        .options(defer(EpochRecord.metadata_, raiseload=True))
+        .where(EpochRecord.sink_id == sink_id)
+        .order_by(EpochRecord.epoch.desc())
         .limit(limit)
     )
     if status is not None:
-        statement = statement.where(PendingSinkState.status == status)
+        statement = statement.where(EpochRecord.status == status)
     if below_epoch is not None:
-        statement = statement.where(PendingSinkState.epoch < below_epoch)
+        statement = statement.where(EpochRecord.epoch < below_epoch)
     return (await session.execute(statement)).scalars().all()

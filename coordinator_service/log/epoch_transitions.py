@@ -18,7 +18,7 @@ from coordinator_service.log import path_claims
 from coordinator_service.log.commit_lock import COMMIT_LOCK_CLASS
 from coordinator_service.log.models import (
     AbortCause,
-    PendingSinkState,
+    EpochRecord,
     Sink,
 )
 from coordinator_service.log.sink_tables import numbering_parameters, table_parameters
@@ -35,7 +35,7 @@ async def insert_pending_epoch(
     record_count: int,
 ) -> None:
     session.add(
-        PendingSinkState(
+        EpochRecord(
             sink_id=sink_id,
             epoch=epoch,
             status=EpochStatus.PENDING,
@@ -142,14 +142,14 @@ async def abort_pending_above(
     session: AsyncSession, sink_id: int, epoch: int, reason: str, cause: AbortCause
 ) -> list[int]:
     result = await session.execute(
-        update(PendingSinkState)
+        update(EpochRecord)
         .where(
-            PendingSinkState.sink_id == sink_id,
-            PendingSinkState.status == EpochStatus.PENDING,
-            PendingSinkState.epoch > epoch,
+            EpochRecord.sink_id == sink_id,
+            EpochRecord.status == EpochStatus.PENDING,
+            EpochRecord.epoch > epoch,
         )
         .values(_aborted(reason, cause))
-        .returning(PendingSinkState.epoch)
+        .returning(EpochRecord.epoch)
     )
     aborted = sorted(result.scalars().all())
     await path_claims.discard_epochs(session, sink_id, aborted, keep_for_rerun=cause == AbortCause.RECOVERY)
@@ -170,8 +170,8 @@ def _aborted(reason: str, cause: AbortCause) -> dict[str, object]:
 
 async def abort_epoch(session: AsyncSession, sink_id: int, epoch: int, reason: str, cause: AbortCause) -> None:
     await session.execute(
-        update(PendingSinkState)
-        .where(PendingSinkState.sink_id == sink_id, PendingSinkState.epoch == epoch)
+        update(EpochRecord)
+        .where(EpochRecord.sink_id == sink_id, EpochRecord.epoch == epoch)
         .values(_aborted(reason, cause))
     )
     await path_claims.discard_epochs(session, sink_id, [epoch], keep_for_rerun=cause == AbortCause.RECOVERY)
@@ -183,11 +183,11 @@ async def mark_committed(
     """Mark PENDING epochs COMMITTED (the table holds them) and move the sink's committed_epoch; the new committed
     epoch, None when it did not move."""
     await session.execute(
-        update(PendingSinkState)
+        update(EpochRecord)
         .where(
-            PendingSinkState.sink_id == sink_id,
-            PendingSinkState.epoch.in_(epochs),
-            PendingSinkState.status == EpochStatus.PENDING,
+            EpochRecord.sink_id == sink_id,
+            EpochRecord.epoch.in_(epochs),
+            EpochRecord.status == EpochStatus.PENDING,
         )
         .values(status=EpochStatus.COMMITTED, snapshot_id=snapshot_id, updated_at=func.now())
     )

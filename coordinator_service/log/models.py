@@ -136,8 +136,9 @@ class Sink(Base):
     )
 
 
-class PendingSinkState(Base):
-    """One epoch of one sink: its pre-committed files and where it stands."""
+class EpochRecord(Base):
+    """One epoch of one sink: its pre-committed files and where it stands, PENDING, COMMITTED or ABORTED (the
+    table's name, older than the COMMITTED rows it holds, stays for the migrations' sake)."""
 
     __tablename__ = "pending_sink_state"
 
@@ -175,7 +176,7 @@ class PendingSinkState(Base):
     )
 
 
-class WrittenTable(Base):
+class SinkTable(Base):
     """One table a sink writes (fan-out), its own table among them, and the newest epoch that table holds.
 
     committed_epoch: the newest epoch whose files of this table the table holds, every epoch below it included

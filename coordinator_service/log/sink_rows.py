@@ -14,9 +14,9 @@ from sqlalchemy.orm import aliased
 
 from coordinator_service.contract.views import EpochStatus
 from coordinator_service.log.models import (
-    PendingSinkState,
+    EpochRecord,
     Sink,
-    WrittenTable,
+    SinkTable,
 )
 
 # First key of the two-int advisory locks the committer takes per sink ("SC"); tests hold them as another committer.
@@ -104,20 +104,20 @@ class EpochCounts:
 
 async def sinks_with_epoch_counts(session: AsyncSession, name: str | None = None) -> list[tuple[Sink, EpochCounts]]:
     """Every sink (or the one named) with its pending and aborted counts, last commit and writer's call, by name."""
-    pending = PendingSinkState.status == EpochStatus.PENDING
+    pending = EpochRecord.status == EpochStatus.PENDING
     counts = (
         select(
-            PendingSinkState.sink_id,
+            EpochRecord.sink_id,
             func.count().filter(pending).label("pending"),
-            func.count().filter(PendingSinkState.status == EpochStatus.ABORTED).label("aborted"),
-            func.extract("epoch", func.now() - func.min(PendingSinkState.updated_at).filter(pending)).label("age"),
-            func.min(PendingSinkState.epoch).filter(pending).label("oldest"),
+            func.count().filter(EpochRecord.status == EpochStatus.ABORTED).label("aborted"),
+            func.extract("epoch", func.now() - func.min(EpochRecord.updated_at).filter(pending)).label("age"),
+            func.min(EpochRecord.epoch).filter(pending).label("oldest"),
         )
-        .where(PendingSinkState.status != EpochStatus.COMMITTED)
-        .group_by(PendingSinkState.sink_id)
+        .where(EpochRecord.status != EpochStatus.COMMITTED)
+        .group_by(EpochRecord.sink_id)
         .subquery()
     )
-    committed = aliased(PendingSinkState)
+    committed = aliased(EpochRecord)
     last_commit = (
         select(committed.updated_at)
         .where(
@@ -156,15 +156,15 @@ async def sinks_with_epoch_counts(session: AsyncSession, name: str | None = None
 async def shared_tables(session: AsyncSession) -> dict[str, list[str]]:
     """Every table more than one sink writes, with the names of those sinks, by name."""
     shared = (
-        select(WrittenTable.table_identifier)
-        .group_by(WrittenTable.table_identifier)
+        select(SinkTable.table_identifier)
+        .group_by(SinkTable.table_identifier)
         .having(func.count() > 1)
         .scalar_subquery()
     )
     statement = (
-        select(WrittenTable.table_identifier, Sink.name)
-        .join(Sink, Sink.id == WrittenTable.sink_id)
-        .where(WrittenTable.table_identifier.in_(shared))
+        select(SinkTable.table_identifier, Sink.name)
+        .join(Sink, Sink.id == SinkTable.sink_id)
+        .where(SinkTable.table_identifier.in_(shared))
         .order_by(Sink.name)
     )
     writers: dict[str, list[str]] = {}
@@ -177,9 +177,9 @@ async def sinks_of_table(session: AsyncSession, table: str) -> list[tuple[Sink, 
     """Every sink writing the table (usually one), whose markers its snapshots carry, with the newest epoch of the
     sink that the table holds."""
     statement = (
-        select(Sink, WrittenTable.committed_epoch)
-        .join(WrittenTable, WrittenTable.sink_id == Sink.id)
-        .where(WrittenTable.table_identifier == table)
+        select(Sink, SinkTable.committed_epoch)
+        .join(SinkTable, SinkTable.sink_id == Sink.id)
+        .where(SinkTable.table_identifier == table)
         .order_by(Sink.id)
     )
     return [(sink, committed_epoch) for sink, committed_epoch in (await session.execute(statement)).all()]
@@ -202,9 +202,9 @@ async def sinks_writing(session: AsyncSession, tables: Sequence[str], besides: s
     """The names of the sinks (but `besides`) writing each of these tables, by name; a table none writes is left
     out."""
     statement = (
-        select(WrittenTable.table_identifier, Sink.name)
-        .join(Sink, Sink.id == WrittenTable.sink_id)
-        .where(WrittenTable.table_identifier.in_(tables), Sink.name != besides)
+        select(SinkTable.table_identifier, Sink.name)
+        .join(Sink, Sink.id == SinkTable.sink_id)
+        .where(SinkTable.table_identifier.in_(tables), Sink.name != besides)
         .order_by(Sink.name)
     )
     writers: dict[str, list[str]] = {}

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from coordinator_service.log.models import (
     Sink,
-    WrittenTable,
+    SinkTable,
 )
 
 # First key of the two-int advisory locks the committer takes per sink ("SC"); tests hold them as another committer.
@@ -21,7 +21,7 @@ from coordinator_service.log.models import (
 
 @dataclass(frozen=True)
 class TableOfSink:
-    """One of a sink's tables and the newest epoch it holds (see models.WrittenTable)."""
+    """One of a sink's tables and the newest epoch it holds (see models.SinkTable)."""
 
     sink_id: int
     table: str
@@ -63,21 +63,21 @@ async def add_tables(session: AsyncSession, sink: Sink, tables: Sequence[str]) -
     if not tables:
         return
     await session.execute(
-        insert(WrittenTable)
+        insert(SinkTable)
         .values(
             [
                 {"sink_id": sink.id, "table_identifier": table, "committed_epoch": sink.committed_epoch}
                 for table in tables
             ]
         )
-        .on_conflict_do_nothing(index_elements=[WrittenTable.sink_id, WrittenTable.table_identifier])
+        .on_conflict_do_nothing(index_elements=[SinkTable.sink_id, SinkTable.table_identifier])
     )
 
 
 async def record_table_uuid(session: AsyncSession, sink_id: int, table: str, table_uuid: uuid.UUID) -> None:
     await session.execute(
-        update(WrittenTable)
-        .where(WrittenTable.sink_id == sink_id, WrittenTable.table_identifier == table)
+        update(SinkTable)
+        .where(SinkTable.sink_id == sink_id, SinkTable.table_identifier == table)
         .values(table_uuid=table_uuid)
     )
 
@@ -86,23 +86,21 @@ async def record_tables_at(session: AsyncSession, sink_id: int, held: Mapping[st
     """Set the newest epoch each of these tables holds, as found in the tables (a reconcile): forward or back."""
     for table, epoch in held.items():
         await session.execute(
-            update(WrittenTable)
-            .where(WrittenTable.sink_id == sink_id, WrittenTable.table_identifier == table)
+            update(SinkTable)
+            .where(SinkTable.sink_id == sink_id, SinkTable.table_identifier == table)
             .values(committed_epoch=epoch, updated_at=func.now())
         )
 
 
 async def remove_table(session: AsyncSession, sink_id: int, table: str) -> None:
     """The table stops being one of the sink's (an operator's way out of a table dropped for good)."""
-    await session.execute(
-        delete(WrittenTable).where(WrittenTable.sink_id == sink_id, WrittenTable.table_identifier == table)
-    )
+    await session.execute(delete(SinkTable).where(SinkTable.sink_id == sink_id, SinkTable.table_identifier == table))
 
 
 async def rebase_tables(session: AsyncSession, sink_id: int, epoch: int) -> None:
     """A new epoch numbering (the first writer after a reset): every table of the sink is at its first epoch."""
     await session.execute(
-        update(WrittenTable).where(WrittenTable.sink_id == sink_id).values(committed_epoch=epoch, updated_at=func.now())
+        update(SinkTable).where(SinkTable.sink_id == sink_id).values(committed_epoch=epoch, updated_at=func.now())
     )
 
 

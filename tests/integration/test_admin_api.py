@@ -306,7 +306,7 @@ async def test_forced_abort_marks_committed_an_epoch_already_in_the_table(admin:
         # A committer that appended epoch 0 and died before its COMMITTED update.
         entries = epoch_metadata(database_url, 0).data_files
         snapshot_id = await asyncio.to_thread(
-            admin.runtime.tables.append, "db.orders", await sink_identity(admin, "orders"), 0, "crashed", entries
+            admin.runtime.iceberg.append, "db.orders", await sink_identity(admin, "orders"), 0, "crashed", entries
         )
         forced = asyncio.create_task(
             admin.post("/api/v1/sinks/orders/epochs/0/abort", json={"reason": "bad", "force": True})

@@ -117,7 +117,7 @@ async def test_an_append_in_flight_after_its_lock_was_lost_cannot_land_on_files_
     admin = await admin_factory(cleanup_delay_seconds=0.0)
     registration = await admin.register("orders")
     path = await admin.pre_commit("orders", registration, 0, 0)
-    tables = admin.runtime.tables
+    tables = admin.runtime.iceberg
     original = tables.append
     in_append, go_on = threading.Event(), threading.Event()
 

@@ -105,7 +105,7 @@ class EpochLifeCycle(RuleBasedStateMachine):
         self.runtime.committer.wake = lambda sink_id, flush=False: None  # type: ignore[method-assign]
         self.operations = Operations(
             self.runtime.database,
-            self.runtime.tables,
+            self.runtime.iceberg,
             self.runtime.committer,
             self.runtime.cleaner,
             self.runtime.maintainer,

@@ -270,7 +270,7 @@ async def test_a_table_whose_catalog_fails_waits_while_the_others_commit(
     """db.eu's storage refuses every commit for a while: db.orders and db.us go on committing, the sink's committed
     epoch waits for db.eu, the epochs it lacks can be neither aborted nor reset away, and once it is back it gets
     every epoch exactly once (the others none a second time)."""
-    gateway = admin.runtime.tables
+    gateway = admin.runtime.iceberg
     down = {"db.eu"}
     append = gateway.append
 
@@ -381,7 +381,7 @@ async def test_maintenance_runs_on_every_table_and_keeps_each_tables_unrecorded_
     await pre_commit(admin, catalog, registration, 3, tables=(OWN, "db.eu"))
     [eu_files] = [entries for table, entries in epoch_metadata(database_url, 3).by_table().items() if table == "db.eu"]
     crashed = await asyncio.to_thread(
-        admin.runtime.tables.append, "db.eu", await sink_identity(admin, "orders"), 3, "crashed", eu_files
+        admin.runtime.iceberg.append, "db.eu", await sink_identity(admin, "orders"), 3, "crashed", eu_files
     )
     catalog.load_table("db.eu").append(pa.Table.from_pylist(orders(5000, 5), schema=ORDERS))
 
@@ -426,7 +426,7 @@ async def test_a_checkpoint_behind_what_one_table_holds_is_refused(
     await pre_commit(admin, catalog, registration, 0)
     [eu_files] = [entries for table, entries in epoch_metadata(database_url, 0).by_table().items() if table == "db.eu"]
     await asyncio.to_thread(
-        admin.runtime.tables.append, "db.eu", await sink_identity(admin, "orders"), 0, "lost", eu_files
+        admin.runtime.iceberg.append, "db.eu", await sink_identity(admin, "orders"), 0, "lost", eu_files
     )
     with pytest.raises(CheckpointBehind, match=r"its tables already hold epochs \[0\]"):
         await admin.register("orders")
@@ -449,7 +449,7 @@ async def test_a_reset_of_a_half_appended_group_leaves_one_restart_point(
         await admin.checkpoint("orders", registration, 1, wait=False)
         # What the committer did before it died between the tables: the group's snapshot in the sink's own table.
         await asyncio.to_thread(
-            admin.runtime.tables.append,
+            admin.runtime.iceberg.append,
             OWN,
             await sink_identity(admin, "orders"),
             1,

@@ -265,10 +265,10 @@ async def test_adopting_a_table_refuses_what_is_wrong_and_changes_nothing(
 ) -> None:
     admin = await admin_factory(admin_token=TOKEN)
     await sink_with_a_pending_epoch(admin)  # db.orders: the coordinator's own
-    before = admin.runtime.tables.catalog.load_table("db.orders").metadata_location
+    before = admin.runtime.iceberg.catalog.load_table("db.orders").metadata_location
     response = await admin.post(f"/api/v1/tables/{table}/adopt", json=body, headers=AUTH)
     assert response.status_code == status, response.text
-    assert admin.runtime.tables.catalog.load_table("db.orders").metadata_location == before
+    assert admin.runtime.iceberg.catalog.load_table("db.orders").metadata_location == before
 
 
 async def test_the_api_docs_page_loads_nothing_from_elsewhere(admin: AdminApp) -> None:

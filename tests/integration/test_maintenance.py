@@ -100,7 +100,7 @@ async def test_expiration_keeps_a_marker_the_recovery_walk_still_needs(
     # A committer appended epoch 2 and died before marking it; then another writer appended to the table.
     metadata = epoch_metadata_of(database_url, 2)
     marked = await asyncio.to_thread(
-        admin.runtime.tables.append, "db.orders", await sink_identity(admin, "orders"), 2, "crashed", metadata
+        admin.runtime.iceberg.append, "db.orders", await sink_identity(admin, "orders"), 2, "crashed", metadata
     )
     table = catalog.load_table("db.orders")
     table.append(pa.Table.from_pylist(orders(1000, 5), schema=ORDERS))
@@ -186,7 +186,7 @@ async def test_compaction_never_rewrites_a_file_of_an_epoch_that_is_not_committe
     registration = await admin.register("orders", checkpointed_epoch=2)
     pending = await admin.pre_commit("orders", registration, 3, 30)
     await asyncio.to_thread(
-        admin.runtime.tables.append,
+        admin.runtime.iceberg.append,
         "db.orders",
         await sink_identity(admin, "orders"),
         3,

@@ -176,19 +176,19 @@ async def fan_out(admin: AdminApp) -> PreCommitRequest:
 
 async def fan_out_to_a_table_ensured_through_another_replica(admin: AdminApp) -> PreCommitRequest:
     term, locations = await _fan_out(admin)
-    admin.runtime.tables.ensure_table("db.eu", ORDERS, ())
+    admin.runtime.iceberg.ensure_table("db.eu", ORDERS, ())
     async with admin.runtime.database.transaction() as session:
         sink = await sink_rows.sink_by_name(session, "orders", lock="update")
         assert sink is not None
         await sink_tables.add_tables(session, sink, ["db.eu"])
-    files = _routed_files({**locations, "db.eu": str(admin.runtime.tables.load("db.eu").location())})
+    files = _routed_files({**locations, "db.eu": str(admin.runtime.iceberg.load("db.eu").location())})
     return PreCommitRequest("orders", 0, term, tuple(files), file_tables=files)
 
 
 async def fan_out_to_a_table_never_ensured(admin: AdminApp) -> PreCommitRequest:
     term, locations = await _fan_out(admin, "db.eu")
-    admin.runtime.tables.ensure_table("db.us", ORDERS, ())
-    files = _routed_files({**locations, "db.us": str(admin.runtime.tables.load("db.us").location())})
+    admin.runtime.iceberg.ensure_table("db.us", ORDERS, ())
+    files = _routed_files({**locations, "db.us": str(admin.runtime.iceberg.load("db.us").location())})
     return PreCommitRequest("orders", 0, term, tuple(files), file_tables=files)
 
 

@@ -138,7 +138,7 @@ async def test_markers_of_an_older_generation_do_not_count(admin: AdminApp, data
     registration = await admin.register("orders")
     await admin.pre_commit("orders", registration, 0, 0)
     entries = epoch_metadata(database_url, 0).data_files
-    tables = admin.runtime.tables
+    tables = admin.runtime.iceberg
     sink = await sink_identity(admin, "orders")
 
     def append(epoch: int, generation: int) -> int:

@@ -140,7 +140,7 @@ async def test_a_sink_whose_table_is_gone_is_deleted_all_the_same(
     await a_sink_with_a_pending_epoch(admin)
     writer_silent(database_url, "orders", 3600)
     catalog.drop_table("db.orders")
-    admin.runtime.tables.forget("db.orders")
+    admin.runtime.iceberg.forget("db.orders")
 
     response = await delete(admin, "orders")
     assert response.status_code == 200, response.text

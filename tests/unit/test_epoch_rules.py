@@ -8,7 +8,7 @@ from coordinator_service.contract.errors import EpochAborted, FailedPrecondition
 from coordinator_service.contract.views import EpochStatus, PreCommitOutcome, PreCommitResult
 from coordinator_service.engine.protocol import PreCommitRequest, answer_if_repeated, check_checkpoint_range, check_term
 from coordinator_service.log import precommit_metadata
-from coordinator_service.log.models import AbortCause, PendingSinkState, Sink
+from coordinator_service.log.models import AbortCause, EpochRecord, Sink
 from coordinator_service.log.precommit_metadata import DataFileEntry, PreCommitMetadata
 
 A, B = "file:///w/db/orders/data/a.parquet", "file:///w/db/orders/data/b.parquet"
@@ -20,13 +20,13 @@ def epoch_row(
     files: dict[str, int] | None = None,
     attempt: int = 1,
     cause: AbortCause | None = None,
-) -> PendingSinkState:
+) -> EpochRecord:
     """A log row; `files` maps each data file to the writer that wrote it (10 records each)."""
     entries = tuple(
         DataFileEntry(path=path, writer_id=writer, record_count=10, file_size_in_bytes=100, spec_id=0)
         for path, writer in (files or {}).items()
     )
-    return PendingSinkState(
+    return EpochRecord(
         sink_id=1,
         epoch=epoch,
         status=status,
@@ -83,7 +83,7 @@ def test_a_term_is_current_fenced_or_never_issued() -> None:
     ],
 )
 def test_the_answer_to_a_repeated_precommit(
-    row: PendingSinkState, sent: PreCommitRequest, answer: PreCommitResult | None
+    row: EpochRecord, sent: PreCommitRequest, answer: PreCommitResult | None
 ) -> None:
     assert answer_if_repeated(row, sent) == answer
 

@@ -37,7 +37,7 @@ from coordinator_service.contract.views import (
     from_attributes,
 )
 from coordinator_service.contract.wire import from_message, to_message
-from coordinator_service.log.models import AbortCause, PendingSinkState
+from coordinator_service.log.models import AbortCause, EpochRecord
 
 # Every view the gRPC server sends, with its message.
 ANSWERS: list[tuple[type[Any], type[Message]]] = [
@@ -170,7 +170,7 @@ def test_an_epoch_response_carries_every_field_of_the_epoch_view_from_its_row() 
     """The admin API's epoch is built from the row by field name: every field of the view is a column."""
     view = sample(EpochView)
     now = datetime(2025, 3, 1, tzinfo=UTC)
-    row = PendingSinkState(
+    row = EpochRecord(
         **dataclasses.asdict(view), abort_cause=AbortCause.OPERATOR, aborted_at=now, created_at=now, updated_at=now
     )
     response = EpochResponse.of(row)

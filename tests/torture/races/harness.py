@@ -343,7 +343,7 @@ async def open_run(
     runtime = await Runtime.open(configured)
     runtime.start()
     operations = Operations(
-        runtime.database, runtime.tables, runtime.committer, runtime.cleaner, runtime.maintainer, configured
+        runtime.database, runtime.iceberg, runtime.committer, runtime.cleaner, runtime.maintainer, configured
     )
     catalog = load_catalog("default", type="sql", uri=database_url, warehouse=(root / "warehouse").as_uri())
     race = RaceRun(seed, database_url, root, configured, runtime, operations, catalog, random.Random(seed))

@@ -17,7 +17,7 @@ EPOCHS = 25
 
 
 async def act(run: RaceRun) -> None:
-    tables = run.runtime.tables
+    tables = run.runtime.iceberg
     append = tables.append
 
     def slow_append(*args: Any, **kwargs: Any) -> int:
