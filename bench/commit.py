@@ -33,7 +33,8 @@ from bench.infra import (
 )
 from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.contract.rpc import sink_coordinator_pb2_grpc as pb_grpc
-from coordinator_service.tables.iceberg import MARKER_EPOCH, MARKER_SINK, IcebergGateway
+from coordinator_service.tables.iceberg import IcebergGateway
+from coordinator_service.tables.markers import MARKER_EPOCH, MARKER_SINK
 
 
 def _catalog(database_url: str, warehouse: Path) -> Any:

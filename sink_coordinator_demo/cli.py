@@ -52,7 +52,7 @@ from coordinator_service.log.embedded import stop_embedded_postgres
 from coordinator_service.runtime import catalog_properties, metastore_url, open_catalog
 from coordinator_service.settings import Settings
 from coordinator_service.tables.catalog_access import CatalogAccess
-from coordinator_service.tables.iceberg import MARKER_SINK
+from coordinator_service.tables.markers import MARKER_SINK
 from sink_coordinator_demo.local_services import CoordinatorService, LocalProcess, NoidaKafkaBroker, ServiceError
 from sink_coordinator_demo.object_store import emulated_object_store, local_object_store
 from sink_coordinator_demo.orders import COUNTRY_CURRENCIES, ORDER_SCHEMA_DDL, create_topic, produce_orders

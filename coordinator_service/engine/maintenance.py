@@ -53,7 +53,8 @@ from coordinator_service.log.path_claims import MarkRule
 from coordinator_service.settings import MaintenancePolicy, Settings
 from coordinator_service.tables import table_maintenance as tm
 from coordinator_service.tables.catalog_calls import CommitConflict, in_catalog
-from coordinator_service.tables.iceberg import MARKER_EPOCH, IcebergGateway, LoadedTable
+from coordinator_service.tables.iceberg import IcebergGateway, LoadedTable
+from coordinator_service.tables.markers import MARKER_EPOCH
 
 log = structlog.get_logger(__name__)
 

@@ -32,7 +32,8 @@ from coordinator_service.log.models import Sink
 from coordinator_service.log.sink_tables import TableOfSink
 from coordinator_service.settings import Settings
 from coordinator_service.tables.catalog_calls import in_catalog
-from coordinator_service.tables.iceberg import IcebergGateway, SinkIdentity
+from coordinator_service.tables.iceberg import IcebergGateway
+from coordinator_service.tables.markers import SinkIdentity
 
 log = structlog.get_logger(__name__)
 

@@ -68,14 +68,10 @@ from coordinator_service.log.models import AbortCause, EpochRecord, Sink
 from coordinator_service.log.precommit_metadata import DataFileEntry, PreCommitMetadata
 from coordinator_service.log.sink_rows import RowLock
 from coordinator_service.tables.catalog_calls import in_catalog
-from coordinator_service.tables.iceberg import (
-    DescribedFiles,
-    IcebergGateway,
-    canonical_uri,
-    check_inside_location,
-    decode_arrow_schema,
-)
+from coordinator_service.tables.file_paths import canonical_uri, check_inside_location
+from coordinator_service.tables.iceberg import DescribedFiles, IcebergGateway
 from coordinator_service.tables.precommit_files import FileFacts, check_facts
+from coordinator_service.tables.schema_fit import decode_arrow_schema
 
 log = structlog.get_logger(__name__)
 

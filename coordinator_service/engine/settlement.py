@@ -24,7 +24,8 @@ from coordinator_service.contract.views import EpochStatus
 from coordinator_service.log import epoch_transitions, path_claims, precommit_metadata
 from coordinator_service.log.models import EpochRecord, Sink
 from coordinator_service.tables.catalog_calls import in_catalog
-from coordinator_service.tables.iceberg import IcebergGateway, Marker, SinkIdentity
+from coordinator_service.tables.iceberg import IcebergGateway
+from coordinator_service.tables.markers import Marker, SinkIdentity
 
 log = structlog.get_logger(__name__)
 

@@ -1,46 +1,36 @@
 """Everything the coordinator does to Iceberg tables, through pyiceberg.
 
-Pre-commit metadata from Parquet footers, the idempotent marker-carrying
-append, the ancestry walk that finds what a sink already committed, and the
-deletion of files that no snapshot references. All functions are blocking:
-the protocol runs them in worker threads.
+The gateway: tables loaded and remembered, created and evolved, pre-commit
+metadata from Parquet footers (data_file_entries.py holds the rules), the
+idempotent marker-carrying append (markers.py: what a snapshot says), the
+ancestry walk that finds what a sink already committed, and the fence. Where a
+file may lie is file_paths.py; whether a schema fits, schema_fit.py. All
+functions are blocking: the engine runs them in worker threads (catalog_calls).
 """
 
 from __future__ import annotations
 
 import copy
-import functools
 import math
-import os
-import posixpath
-import stat
 import time
-import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeAlias
-from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import structlog
 from pyiceberg.catalog import Catalog, MetastoreCatalog
-from pyiceberg.conversions import from_bytes, to_bytes
+from pyiceberg.conversions import to_bytes
 from pyiceberg.exceptions import (
     CommitFailedException,
     NoSuchTableError,
-    ValidationError,
 )
 from pyiceberg.io.pyarrow import (
     PyArrowFileIO,
-    StatisticsCollector,
-    compute_statistics_plan,
     data_file_statistics_from_parquet_metadata,
-    parquet_path_to_id_mapping,
 )
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
-from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC, PartitionSpec
-from pyiceberg.schema import Schema
+from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
 from pyiceberg.table import CreateTableTransaction, StagedTable, Table, TableProperties, Transaction
 from pyiceberg.table.metadata import TableMetadata, new_table_metadata
 from pyiceberg.table.snapshots import ancestors_of
@@ -55,72 +45,43 @@ from pyiceberg.transforms import (
     TruncateTransform,
     YearTransform,
 )
-from pyiceberg.typedef import EMPTY_DICT, Record, TableVersion
-from pyiceberg.types import PrimitiveType, StructType
+from pyiceberg.typedef import EMPTY_DICT
 
 from coordinator_service.contract import partition_syntax
 from coordinator_service.contract.errors import InvalidArgument, cause, quote
 from coordinator_service.contract.table_identifiers import parse_table_identifier
 from coordinator_service.log.precommit_metadata import DataFileEntry
+from coordinator_service.tables.data_file_entries import FileRules, RulesKey, data_file_of, primitive
+from coordinator_service.tables.file_paths import check_inside_location
+from coordinator_service.tables.markers import (
+    FENCE_REASON,
+    FENCE_SINK,
+    FENCE_SINK_ID,
+    MARKER_COMMIT_ID,
+    MARKER_EPOCH,
+    Marker,
+    SinkIdentity,
+)
 from coordinator_service.tables.precommit_files import FileChecks, FileFacts
-from coordinator_service.tables.pyiceberg_internals import check_file_schema, evolved_schema, partition_values
+from coordinator_service.tables.pyiceberg_internals import partition_values
+from coordinator_service.tables.schema_fit import FitKey, check_writer_schema, schema_misfit
 from coordinator_service.tables.table_origin import CREATED, ORIGIN
 
 # A table as loaded from the catalog. The engine holds it and hands it to this package's functions; it names no
 # pyiceberg type itself (tests/unit/test_package_layers.py).
+
+
 LoadedTable: TypeAlias = Table
 
+
 log = structlog.get_logger(__name__)
-
-MARKER_SINK = "sink-coordinator.sink"
-MARKER_EPOCH = "sink-coordinator.epoch"
-MARKER_COMMIT_ID = "sink-coordinator.commit-id"
-# Absent on snapshots written before generations existed: those count as generation 0.
-MARKER_GENERATION = "sink-coordinator.generation"
-# The sink row's incarnation (a UUID); absent on snapshots written before incarnations existed.
-MARKER_SINK_ID = "sink-coordinator.sink-id"
-# A fence snapshot (no row changed) an operator's abort or reset committed, by which sink and why.
-FENCE_SINK = "sink-coordinator.fence"
-FENCE_SINK_ID = "sink-coordinator.fence.sink-id"
-FENCE_REASON = "sink-coordinator.fence.reason"
-
-# Table schema versions whose file-description rules are kept (the oldest is dropped first).
-_FILE_RULES_KEPT = 256
 
 # Where a new table's metadata is built in memory, to be checked before anything is created.
 _CHECK_LOCATION = "memory://sink-coordinator/check"
 
 
-@dataclass(frozen=True)
-class SinkIdentity:
-    """Which markers are a sink's own: its name, incarnation and generation (see sink_markers)."""
-
-    name: str
-    incarnation: str
-    generation: int
-    # Markers without an incarnation (written before incarnations existed) count as this sink's.
-    legacy_markers: bool = False
-
-    def owns(self, summary: Mapping[str, str]) -> bool | None:
-        """True: this sink's marker; False: the marker of an earlier incarnation or generation of its
-        name (nothing older is its own); None: not a marker of this name."""
-        if summary.get(MARKER_SINK) != self.name:
-            return None
-        incarnation = summary.get(MARKER_SINK_ID)
-        if incarnation is None and not self.legacy_markers:
-            return False
-        if incarnation is not None and incarnation != self.incarnation:
-            return False
-        return int(str(summary.get(MARKER_GENERATION, "0"))) == self.generation
-
-    def marker(self, epoch: int, commit_id: str) -> dict[str, str]:
-        return {
-            MARKER_SINK: self.name,
-            MARKER_SINK_ID: self.incarnation,
-            MARKER_EPOCH: str(epoch),
-            MARKER_COMMIT_ID: commit_id,
-            MARKER_GENERATION: str(self.generation),
-        }
+# Table schema versions whose file-description rules are kept (the oldest is dropped first).
+_FILE_RULES_KEPT = 256
 
 
 @dataclass(frozen=True)
@@ -130,14 +91,6 @@ class DescribedFiles:
 
     entries: list[DataFileEntry]
     written_at: float | None
-
-
-@dataclass(frozen=True)
-class Marker:
-    """A snapshot the coordinator wrote for a sink: every epoch up to `epoch` is in it or below it."""
-
-    epoch: int
-    snapshot_id: int
 
 
 def parse_partition_field(text: str) -> tuple[str, Transform[Any, Any]]:
@@ -153,32 +106,6 @@ def parse_partition_field(text: str) -> tuple[str, Transform[Any, Any]]:
         "hour": HourTransform(),
     }
     return spec.source, transforms[spec.transform]
-
-
-def decode_arrow_schema(serialized: bytes) -> pa.Schema:
-    try:
-        schema = pa.ipc.read_schema(pa.py_buffer(serialized))
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OSError) as error:
-        raise InvalidArgument(
-            f"arrow_schema is not an Arrow IPC-serialized schema ({cause(error)}); send schema.serialize()"
-        ) from error
-    for name in _field_names(schema):
-        if "\x00" in name:
-            raise InvalidArgument(f"arrow_schema: the field name {quote(name)} contains a NUL character")
-    return schema
-
-
-def _field_names(fields: Iterable[pa.Field]) -> Iterator[str]:
-    """The names of the fields and of every field nested in them (struct fields, list items, map keys and values)."""
-    for column in fields:
-        yield column.name
-        kind = column.type
-        if pa.types.is_struct(kind):
-            yield from _field_names(kind.fields)
-        elif pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
-            yield from _field_names([kind.value_field])
-        elif pa.types.is_map(kind):
-            yield from _field_names([kind.key_field, kind.item_field])
 
 
 class IcebergGateway:
@@ -197,7 +124,7 @@ class IcebergGateway:
         self.cache_seconds = cache_seconds
         self._file_checks = FileChecks(orphan_grace_seconds)
         self._cache: dict[str, tuple[float, Table]] = {}
-        self._file_rules: dict[_RulesKey, _FileRules] = {}
+        self._file_rules: dict[RulesKey, FileRules] = {}
 
     def cached(self, identifier: str) -> tuple[Table, bool]:
         """The table from the cache if it is young enough, else freshly loaded; and whether it came from the cache."""
@@ -262,7 +189,7 @@ class IcebergGateway:
             table = self._create_table(parts, schema, fields)
         else:
             if schema is not None:
-                _check_writer_schema(table, identifier, schema, written_by)
+                check_writer_schema(table, identifier, schema, written_by)
                 self._add_missing_columns(table, schema)
         self.forget(identifier)  # the schema may have just changed
         return str(table.location())
@@ -383,13 +310,13 @@ class IcebergGateway:
             written_at=min((file.written_at(checked_at) for file in files), default=None),
         )
 
-    def _rules(self, metadata: TableMetadata) -> _FileRules:
-        key = _FileRules.key_of(metadata)
+    def _rules(self, metadata: TableMetadata) -> FileRules:
+        key = FileRules.key_of(metadata)
         rules = self._file_rules.get(key)
         if rules is None:
             if len(self._file_rules) >= _FILE_RULES_KEPT:
                 self._file_rules.pop(next(iter(self._file_rules)), None)
-            rules = self._file_rules[key] = _FileRules.of(key, metadata)
+            rules = self._file_rules[key] = FileRules.of(key, metadata)
         return rules
 
     def _evolve_for(self, table: Table, schemas: Iterable[pa.Schema]) -> Table:
@@ -405,7 +332,7 @@ class IcebergGateway:
         self, metadata: TableMetadata, path: str, footer: pq.FileMetaData, size: int, writer_id: int
     ) -> DataFileEntry:
         rules = self._rules(metadata)
-        misfit = _schema_misfit(_FitKey(rules.key, footer.schema.to_arrow_schema().serialize().to_pybytes(), rules))
+        misfit = schema_misfit(FitKey(rules.key, footer.schema.to_arrow_schema().serialize().to_pybytes(), rules))
         if misfit is not None:
             raise InvalidArgument(f"data file {quote(path)} does not fit the schema of the table: {misfit}")
         statistics = data_file_statistics_from_parquet_metadata(
@@ -429,7 +356,7 @@ class IcebergGateway:
             file_size_in_bytes=size,
             spec_id=spec.spec_id,
             partition=tuple(
-                None if value is None else to_bytes(_primitive(field.field_type), value)
+                None if value is None else to_bytes(primitive(field.field_type), value)
                 for field, value in zip(partition_type.fields, partition_values(partition), strict=True)
             ),
             column_sizes=dict(serialized["column_sizes"]),
@@ -522,7 +449,7 @@ class IcebergGateway:
         merge = transaction.table_metadata.properties.get(TableProperties.MANIFEST_MERGE_ENABLED) == "true"
         with update.merge_append() if merge else update.fast_append() as append:
             for entry in entries:
-                append.append_data_file(_data_file(table.metadata, entry))
+                append.append_data_file(data_file_of(table.metadata, entry))
         committed = transaction.commit_transaction()
         snapshot = committed.current_snapshot()
         assert snapshot is not None
@@ -590,189 +517,3 @@ def without_retries(table: Table) -> Table:
         update={"properties": {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}}
     )
     return table
-
-
-def canonical_uri(path: str) -> str:
-    """The one spelling of a data file path the log keeps: a URI, file:// for local paths, normalized."""
-    if not path:
-        raise InvalidArgument("a data file path is empty")
-    if "\x00" in path:
-        raise InvalidArgument(f"data file path {quote(path)} contains a NUL character")
-    parsed = urlparse(path)
-    if ".." in parsed.path.split("/"):
-        raise InvalidArgument(f"data file path {quote(path)} contains '..': send the normalized path")
-    if not posixpath.isabs(parsed.path):
-        raise InvalidArgument(f"data file path {quote(path)} is relative: send an absolute path or URI")
-    scheme = parsed.scheme or "file"
-    return f"{scheme}://{parsed.netloc}{posixpath.normpath(parsed.path)}"
-
-
-def misplaced(uri: str, directories: Sequence[str]) -> str | None:
-    """Why the canonical `uri` is not a file under one of `directories` (URIs), or None when it is one: on the same
-    storage, below the directory, and on a local file system reached through no symbolic link (its real path is
-    under the directory's real path, at the same place, and it is not a link itself). What pre-commits accept and
-    what deletions require (coordinator_service.engine.file_deletion)."""
-    parsed = urlparse(uri)
-    for directory in directories:
-        root = urlparse(canonical_uri(directory))
-        if (parsed.scheme, parsed.netloc) != (root.scheme, root.netloc):
-            continue
-        if not parsed.path.startswith(root.path.rstrip("/") + "/"):
-            continue
-        if parsed.scheme == "file" and _linked(parsed.path, root.path):
-            return f"is reached through a symbolic link (its real path is {os.path.realpath(parsed.path)}) under"
-        return None
-    return "lies outside"
-
-
-def _linked(path: str, root: str) -> bool:
-    """A local path that is a symbolic link, or reached through one below `root`."""
-    real, real_root = os.path.realpath(path), os.path.realpath(root).rstrip("/")
-    if real[len(real_root) :] != path[len(root.rstrip("/")) :] or not real.startswith(real_root + "/"):
-        return True
-    try:
-        return stat.S_ISLNK(os.lstat(path).st_mode)
-    except OSError:  # missing, or a name no file can have: whether it exists is checked on its own
-        return False
-
-
-def check_inside_location(
-    uri: str, location: str, *, subject: str = "data file", within: str = "the table location"
-) -> None:
-    problem = misplaced(uri, [location])
-    if problem is not None:
-        raise InvalidArgument(f"{subject} {quote(uri)} {problem} {within} {location}")
-
-
-def _primitive(field_type: object) -> PrimitiveType:
-    assert isinstance(field_type, PrimitiveType), f"partition field of type {field_type} is not primitive"
-    return field_type
-
-
-def _data_file(metadata: TableMetadata, entry: DataFileEntry) -> DataFile:
-    spec = metadata.specs()[entry.spec_id]
-    partition_type = spec.partition_type(metadata.schema())
-    partition = Record(
-        *(
-            None if value is None else from_bytes(_primitive(field.field_type), value)
-            for field, value in zip(partition_type.fields, entry.partition, strict=True)
-        )
-    )
-    return DataFile.from_args(
-        content=DataFileContent.DATA,
-        file_path=entry.path,
-        file_format=FileFormat.PARQUET,
-        partition=partition,
-        record_count=entry.record_count,
-        file_size_in_bytes=entry.file_size_in_bytes,
-        column_sizes=entry.column_sizes,
-        value_counts=entry.value_counts,
-        null_value_counts=entry.null_value_counts,
-        nan_value_counts=entry.nan_value_counts,
-        lower_bounds=entry.lower_bounds,
-        upper_bounds=entry.upper_bounds,
-        split_offsets=None if entry.split_offsets is None else list(entry.split_offsets),
-        sort_order_id=None,
-        spec_id=entry.spec_id,
-        equality_ids=None,
-        key_metadata=None,
-    )
-
-
-# A table's schema, spec, format version and properties: what describing one of its files depends on.
-_RulesKey = tuple[uuid.UUID, int, int, int, tuple[tuple[str, str], ...]]
-
-
-@dataclass(frozen=True)
-class _FileRules:
-    """How files of one table schema and spec are described: computed once, not per pre-committed file."""
-
-    key: _RulesKey
-    format_version: TableVersion
-    schema: Schema
-    spec: PartitionSpec
-    partition_type: StructType
-    statistics_plan: dict[int, StatisticsCollector]
-    column_mapping: dict[str, int]
-
-    @staticmethod
-    def key_of(metadata: TableMetadata) -> _RulesKey:
-        return (
-            metadata.table_uuid,
-            metadata.current_schema_id,
-            metadata.default_spec_id,
-            metadata.format_version,
-            tuple(sorted(metadata.properties.items())),
-        )
-
-    @classmethod
-    def of(cls, key: _RulesKey, metadata: TableMetadata) -> _FileRules:
-        schema = metadata.schema()
-        spec = metadata.spec()
-        return cls(
-            key=key,
-            format_version=metadata.format_version,
-            schema=schema,
-            spec=spec,
-            partition_type=spec.partition_type(schema),
-            statistics_plan=compute_statistics_plan(schema, metadata.properties),
-            column_mapping=parquet_path_to_id_mapping(schema),
-        )
-
-
-@dataclass(frozen=True)
-class _FitKey:
-    """A file's Arrow schema (serialized, with its field ids) against one table schema."""
-
-    rules_key: _RulesKey
-    file_schema: bytes
-    rules: _FileRules = field(compare=False, hash=False, repr=False)
-
-
-def _check_writer_schema(table: Table, identifier: str, schema: pa.Schema, written_by: Sequence[str]) -> None:
-    """Refuse a writer's schema whose files the table would refuse, as registering leaves the table: with the new
-    columns added (_add_missing_columns) when there are any. pyiceberg's union_by_name, applied in memory (its
-    evolved_schema: nothing is committed), refuses a type that cannot change."""
-    known = set(table.schema().column_names)
-    new = [name for name in schema.names if name not in known]
-    writers = ", ".join(written_by)
-    whose = f", which sink {writers} writes" if len(written_by) == 1 else f", which sinks {writers} write"
-    refusal = f"the writer's schema does not fit table {quote(identifier)}{whose if written_by else ''}"
-    advice = "Write a table of its own, or a schema that fits this one. Nothing was changed"
-    try:
-        evolved = evolved_schema(table.update_schema().union_by_name(schema))
-    except (ValueError, ValidationError) as error:
-        adding = f"it cannot add the columns {quote(', '.join(new))}, or change one: " if new else ""
-        raise InvalidArgument(f"{refusal}: {adding}{cause(error).rstrip('.')}. {advice}") from None
-    try:
-        check_file_schema(evolved if new else table.schema(), schema, format_version=table.format_version)
-    except ValueError as error:
-        raise InvalidArgument(f"{refusal}: {flat_misfit(str(error), 'the writer')}. {advice}") from None
-
-
-def flat_misfit(text: str, theirs: str) -> str:
-    """pyiceberg's schema mismatch on one line: its table's rows marked ❌ (a table field and `theirs`, the data's),
-    or the text itself when it has no table."""
-    rows: list[list[str]] = []
-    for line in text.splitlines():
-        cells = [cell.strip() for cell in line.split("│")[1:-1]]
-        if len(cells) != 3:
-            continue
-        if cells[0]:
-            rows.append(cells)
-        elif rows:  # a cell wrapped onto the next line
-            rows[-1] = [" ".join(filter(None, pair)) for pair in zip(rows[-1], cells, strict=True)]
-    mismatched = [f"{table} ({theirs}: {data})" for mark, table, data in rows if mark == "❌"]
-    return "mismatched fields: " + "; ".join(mismatched) if mismatched else " ".join(text.split())
-
-
-@functools.lru_cache(maxsize=1024)
-def _schema_misfit(key: _FitKey) -> str | None:
-    """Why files of this Arrow schema do not fit the table schema, or None: the writers of a stream write
-    files of the same few schemas, so the check runs once per schema, not per file."""
-    file_schema = pa.ipc.read_schema(pa.py_buffer(key.file_schema))
-    try:
-        check_file_schema(key.rules.schema, file_schema, format_version=key.rules.format_version)
-    except ValueError as error:
-        return flat_misfit(str(error), "the file")
-    return None

@@ -25,7 +25,7 @@ from coordinator_service.contract.errors import CheckpointBehind, FailedPrecondi
 from coordinator_service.contract.source_positions import END_OFFSETS, SNAPSHOT_END_OFFSETS
 from coordinator_service.contract.views import Registration
 from coordinator_service.engine.protocol import PreCommitRequest, TableRequest
-from coordinator_service.tables.iceberg import MARKER_EPOCH, MARKER_SINK
+from coordinator_service.tables.markers import MARKER_EPOCH, MARKER_SINK
 from tests.fixtures.admin import (
     AdminApp,
     AdminFactory,

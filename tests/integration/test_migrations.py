@@ -20,7 +20,7 @@ from coordinator_service.log.database import create_sync_engine, libpq_url, norm
 from coordinator_service.log.models import Base
 from coordinator_service.log.precommit_metadata import DataFileEntry, PreCommitMetadata
 from coordinator_service.runtime import migrate
-from coordinator_service.tables.iceberg import MARKER_COMMIT_ID, MARKER_EPOCH, MARKER_GENERATION, MARKER_SINK
+from coordinator_service.tables.markers import MARKER_COMMIT_ID, MARKER_EPOCH, MARKER_GENERATION, MARKER_SINK
 from tests.fixtures.admin import AdminFactory
 from tests.fixtures.coordinator import ORDERS, orders, table_order_ids
 from tests.fixtures.postgres import new_database, query

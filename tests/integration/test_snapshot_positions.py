@@ -19,7 +19,7 @@ from coordinator_service.contract.source_positions import (
 )
 from coordinator_service.contract.views import Registration
 from coordinator_service.engine.protocol import PreCommitRequest
-from coordinator_service.tables.iceberg import MARKER_EPOCH
+from coordinator_service.tables.markers import MARKER_EPOCH
 from tests.fixtures.admin import AdminApp
 from tests.fixtures.coordinator import orders, write_parquet
 from tests.fixtures.postgres import query

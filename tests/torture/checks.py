@@ -23,7 +23,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table.snapshots import ancestors_of
 
 from coordinator_service.log import precommit_metadata
-from coordinator_service.tables.iceberg import MARKER_EPOCH, MARKER_GENERATION, MARKER_SINK
+from coordinator_service.tables.markers import MARKER_EPOCH, MARKER_GENERATION, MARKER_SINK
 
 AUDIT_SQL = """
 CREATE TABLE torture_epoch_audit (
