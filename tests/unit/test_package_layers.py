@@ -21,20 +21,18 @@ SHARED: Final = frozenset({"settings", "metrics", "failpoints", "writer_scopes",
 ADAPTER_EXTRA: Final = {"admin": frozenset({"runtime"})}
 
 
-def imported(source: Path) -> set[str]:
-    """The coordinator_service modules `source` imports, as dotted names below coordinator_service."""
+def imported(source: Path, package: str = "coordinator_service") -> set[str]:
+    """The modules of `package` that `source` imports, as dotted names below the package."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(source.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module == "coordinator_service":
+            if node.module == package:
                 names.update(alias.name for alias in node.names)
-            elif node.module.startswith("coordinator_service."):
-                names.add(node.module.removeprefix("coordinator_service."))
+            elif node.module.startswith(f"{package}."):
+                names.add(node.module.removeprefix(f"{package}."))
         elif isinstance(node, ast.Import):
             names.update(
-                alias.name.removeprefix("coordinator_service.")
-                for alias in node.names
-                if alias.name.startswith("coordinator_service.")
+                alias.name.removeprefix(f"{package}.") for alias in node.names if alias.name.startswith(f"{package}.")
             )
     return names
 
@@ -123,24 +121,12 @@ def test_a_writer_layer_imports_only_the_layers_below_it_and_the_shared_helpers(
     allowed = set(WRITER_LAYERS[: WRITER_LAYERS.index(layer) + 1])
     wrong = set()
     for path in sorted((WRITER / layer).rglob("*.py")):
-        for name in writer_imports(path):
+        for name in imported(path, "spark_writer"):
             first = name.split(".")[0]
             if first in WRITER_LAYERS and first not in allowed:
                 wrong.add(f"{path.relative_to(WRITER)} imports {name}")
-            elif first not in WRITER_LAYERS and {n.split(".")[0] for n in writer_imports(WRITER / f"{first}.py")} & set(
-                WRITER_LAYERS
-            ):
+            elif first not in WRITER_LAYERS and {
+                n.split(".")[0] for n in imported(WRITER / f"{first}.py", "spark_writer")
+            } & set(WRITER_LAYERS):
                 wrong.add(f"{path.relative_to(WRITER)} imports {name}, which imports a layer")
     assert not wrong, sorted(wrong)
-
-
-def writer_imports(source: Path) -> set[str]:
-    """The spark_writer modules `source` imports, as dotted names below spark_writer."""
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(source.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if node.module == "spark_writer":
-                names.update(alias.name for alias in node.names)
-            elif node.module.startswith("spark_writer."):
-                names.add(node.module.removeprefix("spark_writer."))
-    return names
