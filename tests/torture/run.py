@@ -52,6 +52,8 @@ SETTLE_SECONDS = 90.0
 
 @dataclass
 class Run:
+    """One seeded run's life cycle and state; the fault kinds act on the state through their hooks and threads."""
+
     seed: int
     session: Session
     pool: tuple[str, ...]

@@ -7,7 +7,8 @@ the Spark job, so every coordinator fault hits it too. A failed call is a
 writer restart: it registers again with its checkpoint and runs the epoch again
 with new files, as Spark does. Its keys are a function of the epoch, so a batch
 run again writes the same records; exactly once is the union of the epochs it
-checkpointed, each key once.
+checkpointed, each key once: each writer checks that against the log and its
+table(s) once the run settled (`check`, with tests/torture/checks.py).
 
 One of them can re-send an aborted epoch with the same paths (a client retry
 after a lost answer, or deterministic file names): the operator aborts the
