@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 
 from tests.torture.faults import FAULTS
-from tests.torture.report import write
-from tests.torture.run import Run, Session, replay_command
+from tests.torture.report import replay_command, write
+from tests.torture.run import Run
+from tests.torture.session import Session
 
 DEFAULT_REPORT = Path("bench/results/torture.md")
 

@@ -1,4 +1,8 @@
-"""The torture report: per fault, the runs, the anomalies and the recovery time, as Markdown and JSON."""
+"""The torture report: per fault, the runs, the anomalies and the recovery time, as Markdown and JSON.
+
+Each run's result (RunResult) is one JSON line with the command that replays
+it (replay_command); the report is written from those lines.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +10,42 @@ import platform
 import statistics
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tests.torture.faults import FAULTS
+from tests.torture.faults import FAULTS, FaultRecord
 
 KEEP_MARKER = "<!-- everything below this line is kept when the report is rewritten -->"
+
+
+@dataclass
+class RunResult:
+    seed: int
+    faults: list[FaultRecord]
+    anomalies: list[str]
+    notes: list[str]
+    facts: dict[str, Any]
+    seconds: float
+    work: Path
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "faults": [record.as_json() for record in self.faults],
+            "anomalies": self.anomalies,
+            "notes": self.notes,
+            "facts": self.facts,
+            "seconds": round(self.seconds, 2),
+            "work": str(self.work),
+        }
+
+
+def replay_command(seed: int, pool: tuple[str, ...], faults_per_run: int | None = None) -> str:
+    faults = "" if set(pool) == set(FAULTS) else f" --faults {','.join(pool)}"
+    faults += "" if faults_per_run is None else f" --faults-per-run {faults_per_run}"
+    return f"python -m tests.torture --seed {seed}{faults}"
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

@@ -319,7 +319,7 @@ class ChurnRun:
 @contextlib.contextmanager
 def services(work: Path) -> Iterator[Services]:
     """A broker, a schema registry, PostgreSQL and a coordinator of the runs' own (python -m)."""
-    from tests.torture.run import Session  # the torture runs' broker and PostgreSQL servers
+    from tests.torture.session import Session  # the torture runs' broker and PostgreSQL servers
 
     registry = SchemaRegistryServer()
     with Session.open(work / "session") as session:

@@ -18,8 +18,10 @@ from pyiceberg.catalog import Catalog
 from tests.fixtures.coordinator import CoordinatorProcess
 from tests.fixtures.schema_registry import SchemaRegistryServer
 from tests.torture.faults import FAULTS
-from tests.torture.run import Run, Session, replay_command
+from tests.torture.report import replay_command
+from tests.torture.run import Run
 from tests.torture.schema_churn import ChurnRun, Services
+from tests.torture.session import Session
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 

@@ -7,7 +7,8 @@ the Spark job, so every coordinator fault hits it too. A failed call is a
 writer restart: it registers again with its checkpoint and runs the epoch again
 with new files, as Spark does. Its keys are a function of the epoch, so a batch
 run again writes the same records; exactly once is the union of the epochs it
-checkpointed, each key once.
+checkpointed, each key once: each writer checks that against the log and its
+table(s) once the run settled (`check`, with tests/torture/checks.py).
 
 One of them can re-send an aborted epoch with the same paths (a client retry
 after a lost answer, or deterministic file names): the operator aborts the
@@ -32,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import psycopg
@@ -41,7 +42,11 @@ import pyarrow.parquet as pq
 from grpc import StatusCode
 
 from coordinator_service.contract.client import CoordinatorClient, CoordinatorRpcError, PreCommitFile, TableSpec
+from tests.torture import checks
 from tests.torture.infra import wait_for_change
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
 
 ORDERS = pa.schema(
     [
@@ -124,6 +129,21 @@ class ProtocolWriter:
 
     def expected_keys(self) -> list[int]:
         return [key for epoch in range(self.checkpoint + 1) for key in self.keys(epoch)]
+
+    def check(self, connection: psycopg.Connection[Any], catalog: Catalog, found: checks.Findings) -> None:
+        """Exactly once in its table: the keys of the epochs it checkpointed, each once."""
+        of_writer = checks.check_run(
+            connection=connection,
+            catalog=catalog,
+            sink=self.name,
+            table=self.table,
+            produced=checks.Produced({(0, index): key for index, key in enumerate(self.expected_keys())}),
+            spark_checkpoint=None,
+            zombie_paths=set(),
+            writer_checkpoint=self.checkpoint,
+        )
+        found.anomalies.extend(f"{self.name}: {text}" for text in of_writer.anomalies)
+        found.notes.extend(f"{self.name}: {text}" for text in of_writer.notes)
 
     def start(self, stop: threading.Event) -> threading.Thread:
         thread = threading.Thread(target=self._run, args=(stop,), name=f"writer-{self.name}", daemon=True)
@@ -255,6 +275,27 @@ class FanOutWriter(ProtocolWriter):
             for key in self.keys(epoch):
                 keys[self.route(key, epoch)].append(key)
         return keys
+
+    def check(self, connection: psycopg.Connection[Any], catalog: Catalog, found: checks.Findings) -> None:
+        """Exactly once in each of the writer's tables (its keys that route there), and the tables' records."""
+        for table, keys in self.keys_by_table().items():
+            of_table = checks.check_run(
+                connection=connection,
+                catalog=catalog,
+                sink=self.name,
+                table=table,
+                produced=checks.Produced({(0, index): key for index, key in enumerate(keys)}),
+                spark_checkpoint=None,
+                zombie_paths=set(),
+                writer_checkpoint=self.checkpoint,
+            )
+            found.anomalies.extend(f"{self.name} {table}: {text}" for text in of_table.anomalies)
+            found.notes.extend(f"{self.name} {table}: {text}" for text in of_table.notes)
+        found.anomalies.extend(
+            f"{self.name}: {text}"
+            for text in checks.check_sink_tables(connection, self.name, {self.table, *self.ensured})
+        )
+        found.facts["fan_out_tables_checked"] = found.facts.get("fan_out_tables_checked", 0) + len(self.ensured) + 1
 
     def _session(self, client: CoordinatorClient, stop: threading.Event) -> None:
         registration = client.register_writer(

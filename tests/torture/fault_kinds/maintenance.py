@@ -1,0 +1,75 @@
+"""Table maintenance killed inside one of its steps: expiration, compaction before or after its commit, the sweep.
+
+The coordinator runs maintenance every 0.5-2 s with low thresholds (a few
+snapshots, a few files to compact, a short orphan grace) and the plan's
+failpoint armed; when it is the sweep's, files nothing references are planted
+first, so that the sweep has work and the kill happens inside it. The check
+reads what maintenance did (maintenance_runs) and that the sweep, once back,
+deleted the planted files.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from tests.torture.fault_kinds.coordinator import failpoint
+from tests.torture.fault_kinds.kind import FaultKind, Trigger
+from tests.torture.session import RUN_SECONDS
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from tests.torture.checks import Findings
+    from tests.torture.faults import FaultRecord
+    from tests.torture.run import Run
+
+
+def configure(run: Run, record: FaultRecord) -> None:
+    params = record.plan.params
+    run.coordinator_env.update(
+        SINK_COORDINATOR_MAINTENANCE_INTERVAL_SECONDS=str(params["interval_seconds"]),
+        SINK_COORDINATOR_SNAPSHOT_MAX_COUNT=str(params["snapshot_max_count"]),
+        SINK_COORDINATOR_COMPACTION_MIN_FILES=str(params["compaction_min_files"]),
+        SINK_COORDINATOR_ORPHAN_SWEEP_INTERVAL_SECONDS=str(params["interval_seconds"]),
+        SINK_COORDINATOR_ORPHAN_GRACE_SECONDS=str(params["orphan_grace_seconds"]),
+    )
+
+
+def maintenance_kill(run: Run, record: FaultRecord) -> None:
+    if record.plan.params.get("failpoint") == "maintenance.during_sweep":
+        plant_orphans(run, record)
+    failpoint(run, record)
+
+
+def plant_orphans(run: Run, record: FaultRecord) -> None:
+    """Files nothing references, older than the grace, in the table's data directory once it exists: the
+    sweep's work, so that the kill inside it happens (a killed task's files would be such orphans)."""
+    if not run.board.wait(lambda: run.board.precommits >= 1, RUN_SECONDS):
+        return
+    data = run.warehouse / "torture" / "orders" / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    old = time.time() - 3600
+    run.orphans = [data / f"orphan-{uuid.uuid4().hex}.parquet" for _ in range(4)]
+    for path in run.orphans:
+        path.write_bytes(b"PAR1 planted by the torture harness PAR1")
+        os.utime(path, (old, old))
+    record.detail["orphans_planted"] = len(run.orphans)
+
+
+def check(run: Run, record: FaultRecord, connection: psycopg.Connection[Any], found: Findings) -> None:
+    """What maintenance did, and no planted orphan left once the sweep ran after the kill."""
+    row = connection.execute(
+        "SELECT count(*), sum(snapshots_expired), sum(expired_files_deleted), sum(files_compacted), "
+        "sum(orphans_deleted) FROM maintenance_runs"
+    ).fetchone()
+    names = ("maintenance_runs", "snapshots_expired", "expired_files_deleted", "files_compacted", "orphans")
+    record.detail.update(zip(names, (int(v or 0) for v in row or ()), strict=False))
+    left = [path.name for path in run.orphans if path.exists()]
+    if record.triggered and left:
+        found.anomalies.append(f"orphan files the sweep should have deleted are still there: {left}")
+
+
+KINDS = (FaultKind("maintenance_kill", Trigger.OWN_MOMENT, maintenance_kill, configure=configure, check=check),)
