@@ -9,14 +9,16 @@ import structlog
 from pyiceberg.catalog import Catalog, load_catalog
 from sqlalchemy.engine import URL
 
+from coordinator_service import metrics
 from coordinator_service.engine.cleaner import Cleaner
 from coordinator_service.engine.committer import Committer
 from coordinator_service.engine.maintenance import Maintainer
 from coordinator_service.engine.metastore_checks import MetastoreChecks
 from coordinator_service.engine.protocol import Coordinator
-from coordinator_service.log import schema
+from coordinator_service.log import repository, schema
 from coordinator_service.log.database import ConnectionOptions, Database, create_sync_engine, normalize_url
 from coordinator_service.log.embedded import start_embedded_postgres
+from coordinator_service.log.reporter_lease import ReporterLease
 from coordinator_service.settings import Settings
 from coordinator_service.tables.iceberg import IcebergGateway
 from coordinator_service.tables.warehouse import local_warehouse
@@ -99,6 +101,8 @@ class Runtime:
     coordinator: Coordinator
     maintainer: Maintainer
     checks: MetastoreChecks
+    # Whether this replica reports the gauges read from the log (coordinator_service.log.reporter_lease).
+    lease: ReporterLease
     # Readiness: since when each shared dependency (metastore, catalog) has been failing (admin.routes_health).
     dependencies_failing_since: dict[str, float] = field(default_factory=dict)
 
@@ -115,6 +119,13 @@ class Runtime:
         tables = IcebergGateway(catalog, settings.table_cache_seconds, settings.orphan_grace_seconds)
         committer = Committer(database, tables, settings)
         cleaner = Cleaner(database, tables, settings)
+        metrics.SINK_SERIES.max_sinks = settings.metrics_sink_histograms_max_sinks
+        try:
+            async with database.transaction() as session:
+                metrics.SINK_SERIES.track(await repository.sink_names(session))
+        except BaseException:
+            await database.dispose()
+            raise
         return cls(
             settings,
             database,
@@ -124,6 +135,7 @@ class Runtime:
             Coordinator(database, tables, committer, cleaner),
             Maintainer(database, tables, committer, cleaner.deleter, settings),
             MetastoreChecks(database, tables, committer, settings),
+            ReporterLease(database, settings.metrics_reporter_idle_seconds),
         )
 
     def start(self) -> None:
@@ -134,8 +146,10 @@ class Runtime:
         self.committer.start()
         self.cleaner.start()
         self.maintainer.start()  # always: a sink's overrides may turn maintenance on where the default is off
+        self.lease.start()
 
     async def close(self) -> None:
+        await self.lease.stop()
         await self.checks.stop()
         await self.maintainer.stop()
         await self.cleaner.stop()

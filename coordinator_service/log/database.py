@@ -20,8 +20,10 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
     create_async_engine,
 )
+from sqlalchemy.pool import QueuePool
 
-from coordinator_service.contract.errors import InvalidArgument, Unavailable, cause
+from coordinator_service import metrics
+from coordinator_service.contract.errors import InvalidArgument, MetastoreUnavailable, cause
 
 log = structlog.get_logger(__name__)
 
@@ -143,7 +145,7 @@ class Database:
         """Unavailable at once, without waiting on a connection, while the metastore does not answer the watch: a
         stalled or frozen PostgreSQL is answered in seconds, not at the caller's deadline."""
         if self._silent_since is not None:
-            raise Unavailable(
+            raise MetastoreUnavailable(
                 f"the PostgreSQL metastore has not answered for {self.silent_seconds:.0f} s ({self._last_error}): retry"
             )
 
@@ -194,8 +196,10 @@ class Database:
         try:
             async with self._sessions() as session, session.begin():
                 yield session
+        except exc.TimeoutError as error:
+            raise self._no_free_connection() from error
         except _CONNECTIVITY_ERRORS as error:
-            raise Unavailable(f"the PostgreSQL metastore is unreachable: {cause(error)}") from error
+            raise MetastoreUnavailable(f"the PostgreSQL metastore is unreachable: {cause(error)}") from error
 
     @asynccontextmanager
     async def reading(self) -> AsyncIterator[AsyncSession]:
@@ -213,8 +217,25 @@ class Database:
                 if autocommit:
                     await connection.execution_options(isolation_level="AUTOCOMMIT")
                 yield connection
+        except exc.TimeoutError as error:
+            raise self._no_free_connection() from error
         except _CONNECTIVITY_ERRORS as error:
-            raise Unavailable(f"the PostgreSQL metastore is unreachable: {cause(error)}") from error
+            raise MetastoreUnavailable(f"the PostgreSQL metastore is unreachable: {cause(error)}") from error
+
+    def _no_free_connection(self) -> MetastoreUnavailable:
+        """The pool had no connection free within DATABASE_POOL_TIMEOUT_SECONDS: counted, and retryable."""
+        metrics.METASTORE_POOL_TIMEOUTS.inc()
+        return MetastoreUnavailable(
+            f"no free metastore connection within {self.options.pool_timeout_seconds:g} s (all "
+            f"{2 * self.options.pool_size} in use): retry"
+        )
+
+    def pool_gauges(self) -> metrics.PoolGauges:
+        """The pool's connections now (for /metrics)."""
+        pool = self.engine.pool
+        in_use = pool.checkedout() if isinstance(pool, QueuePool) else 0
+        idle = pool.checkedin() if isinstance(pool, QueuePool) else 0
+        return metrics.PoolGauges(in_use=in_use, idle=idle, most=2 * self.options.pool_size)
 
     async def dispose(self) -> None:
         await self.engine.dispose()

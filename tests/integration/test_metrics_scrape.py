@@ -114,3 +114,23 @@ async def test_a_sink_deleted_from_the_metastore_leaves_the_next_scrape(
     for name in SINK_GAUGES:
         assert set(gauges[name]) == {"kept"}, name
     assert gauges["sink_coordinator_pending_epochs"] == {"kept": 1}
+
+
+async def test_a_sinks_lag_in_epochs_is_its_checkpointed_epoch_minus_its_committed_epoch(
+    admin_factory: AdminFactory,
+) -> None:
+    """The alert on lag (the chart's rules) compares these two: a checkpoint recorded and not yet committed (the
+    commit interval holds it back) shows as checkpointed ahead of committed; a sink never checkpointed shows -1."""
+    admin = await admin_factory(metrics_cache_seconds=0.0, commit_interval_seconds=3600.0)
+    registration = await admin.register("orders")
+    await admin.register("idle", table="db.idle")
+    await admin.pre_commit("orders", registration, 0, 0)
+    assert await admin.checkpoint("orders", registration, 0) == 0  # a waiting checkpoint commits at once
+    for epoch in (1, 2):
+        await admin.pre_commit("orders", registration, epoch, epoch * 10)
+    assert await admin.checkpoint("orders", registration, 2, wait=False) == 0  # the interval holds 1 and 2 back
+
+    families = {family.name: family for family in text_string_to_metric_families((await admin.get("/metrics")).text)}
+    for name, want in (("checkpointed", {"orders": 2, "idle": -1}), ("committed", {"orders": 0, "idle": -1})):
+        samples = families[f"sink_coordinator_{name}_epoch"].samples
+        assert {sample.labels["sink"]: sample.value for sample in samples} == want, name
