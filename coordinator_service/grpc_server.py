@@ -12,6 +12,7 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from coordinator_service import grpc_requests
 from coordinator_service.contract.errors import CannotServe, CoordinatorError, Unavailable
 from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.contract.rpc import sink_coordinator_pb2_grpc as pb_grpc
@@ -204,8 +205,10 @@ def build_server(
         Credentials(settings.writer_token, settings.writer_scopes, settings.writer_token_previous),
         Admission(coordinator.database, coordinator.tables, settings.admin_lock_timeout_seconds),
     )
+    grpc_requests.initialize()
     server = grpc.aio.server(
-        interceptors=[gate],
+        # The counter first: it sees what the gate refuses too.
+        interceptors=[grpc_requests.RequestCounter(), gate],
         maximum_concurrent_rpcs=settings.grpc_max_concurrent_rpcs,
         options=[
             ("grpc.max_concurrent_streams", settings.grpc_max_streams_per_connection),

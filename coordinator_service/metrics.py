@@ -23,6 +23,7 @@ What an SRE's queries can rely on (docs/operations.md, Metrics):
 
 from __future__ import annotations
 
+import asyncio
 import platform
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -503,3 +504,17 @@ def record_maintenance(sink: str, run: MaintenanceRun, seconds: float) -> None:
     FILES_WRITTEN_BY_COMPACTION.labels(sink).inc(run.files_written)
     BYTES_REWRITTEN.labels(sink).inc(run.bytes_rewritten)
     ORPHANS_DELETED.labels(sink).inc(run.orphans_deleted)
+
+
+# How often the event loop's lag is measured.
+LOOP_LAG_INTERVAL_SECONDS: Final = 0.5
+
+
+async def watch_event_loop_lag() -> None:
+    """Measure, forever, how late the running loop wakes a timer: what blocks the loop (a long computation, a
+    blocking call) delays every answer by as much."""
+    loop = asyncio.get_running_loop()
+    while True:
+        asked = loop.time()
+        await asyncio.sleep(LOOP_LAG_INTERVAL_SECONDS)
+        EVENT_LOOP_LAG_SECONDS.observe(max(0.0, loop.time() - asked - LOOP_LAG_INTERVAL_SECONDS))
