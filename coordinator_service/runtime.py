@@ -49,8 +49,8 @@ def migrate(url: URL, to: str = "head", lock_timeout_seconds: float = 10.0) -> s
     return revision or ""
 
 
-def require_migrated(url: URL) -> None:
-    engine = create_sync_engine(url)
+def require_migrated(url: URL, options: ConnectionOptions | None = None) -> None:
+    engine = create_sync_engine(url, options)
     try:
         with engine.connect() as connection:
             schema.require_current_schema(connection)
@@ -85,8 +85,14 @@ def catalog_properties(settings: Settings, url: URL) -> dict[str, str]:
     }
 
 
-def open_catalog(settings: Settings, url: URL) -> Catalog:
-    return load_catalog(settings.catalog_name, **catalog_properties(settings, url))
+def open_catalog(settings: Settings, url: URL, options: ConnectionOptions | None = None) -> Catalog:
+    """The catalog; the default SQL catalog in the metastore connects with `options` (its connect timeout and
+    keepalives: a metastore that does not answer fails the start's attempt instead of hanging it)."""
+    properties = catalog_properties(settings, url)
+    if not settings.catalog and options is not None:
+        uri = url.update_query_dict(options.libpq_connection())
+        properties["uri"] = uri.render_as_string(hide_password=False)
+    return load_catalog(settings.catalog_name, **properties)
 
 
 @dataclass
@@ -108,14 +114,17 @@ class Runtime:
 
     @classmethod
     async def open(cls, settings: Settings) -> Runtime:
+        """The runtime, its metastore and catalog reached; their failures as they are (coordinator_service.startup
+        tells those a retry may fix)."""
+        options = connection_options(settings)
         url, embedded = await asyncio.to_thread(metastore_url, settings)
         if embedded:
             revision = await asyncio.to_thread(migrate, url)
             log.info("embedded metastore migrated", revision=revision, data_dir=str(settings.data_dir))
         else:
-            await asyncio.to_thread(require_migrated, url)
-        catalog = await asyncio.to_thread(open_catalog, settings, url)
-        database = Database(url, connection_options(settings))
+            await asyncio.to_thread(require_migrated, url, options)
+        catalog = await asyncio.to_thread(open_catalog, settings, url, options)
+        database = Database(url, options)
         tables = IcebergGateway(catalog, settings.table_cache_seconds, settings.orphan_grace_seconds)
         committer = Committer(database, tables, settings)
         cleaner = Cleaner(database, tables, settings)

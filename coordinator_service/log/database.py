@@ -57,8 +57,10 @@ def libpq_url(url: str | URL) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-def create_sync_engine(url: URL) -> Engine:
-    return create_engine(url, pool_pre_ping=True)
+def create_sync_engine(url: URL, options: ConnectionOptions | None = None) -> Engine:
+    """A blocking engine (migrations, the start's checks); with `options`, a metastore that does not answer fails
+    its connection in their time instead of hanging."""
+    return create_engine(url, pool_pre_ping=True, connect_args={} if options is None else options.libpq())
 
 
 async def within(seconds: float, awaitable: asyncio.Future[T] | Coroutine[Any, Any, T]) -> T:
@@ -89,6 +91,10 @@ class ConnectionOptions:
     pool_timeout_seconds: float = 5.0
     application_name: str = "sink-coordinator"
     stall_seconds: float = 2.0
+
+    def libpq_connection(self) -> dict[str, str]:
+        """The connection's own parameters of libpq (no statement timeout), as URL query values."""
+        return {key: str(value) for key, value in self.libpq().items() if key != "options"}
 
     def libpq(self) -> dict[str, Any]:
         """libpq's connection parameters (psycopg's connect keywords)."""
