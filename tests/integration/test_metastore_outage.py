@@ -160,6 +160,34 @@ def test_a_metastore_down_at_start_is_waited_for_and_served_once_it_is_up(
     assert [line["event"] for line in lines if line.get("level") in ("error", "critical")] == []
 
 
+def test_a_metastore_frozen_at_start_fails_each_attempt_in_seconds(
+    own_postgres: tuple[str, Path], tmp_path: Path
+) -> None:
+    """On-call review: with a frozen PostgreSQL the start took 132 s to fail (its checks had no connect timeout).
+    Each attempt now gives up after DATABASE_CONNECT_TIMEOUT_SECONDS, the probes answer meanwhile, and the
+    process serves once the server thaws."""
+    url, data_dir = own_postgres
+    coordinator = CoordinatorProcess(database_url=url, data_dir=tmp_path / "coordinator")
+    with frozen(data_dir):
+        started = time.monotonic()
+        coordinator.start(wait_serving=False, SINK_COORDINATOR_DATABASE_CONNECT_TIMEOUT_SECONDS="2")
+        try:
+            retrying = coordinator.wait_for_log(
+                "the metastore (or the catalog) is not reachable yet; retrying", timeout=30, attempt=2
+            )
+            assert time.monotonic() - started < 20, retrying
+            assert http_json(f"{coordinator.http_url}/healthz") == {"status": "ok"}
+            assert http_json(f"{coordinator.http_url}/readyz")["ready"] is False
+        except BaseException:
+            coordinator.stop()
+            raise
+    try:
+        coordinator.wait_serving()
+        assert http_json(f"{coordinator.http_url}/readyz")["ready"] is True
+    finally:
+        coordinator.stop()
+
+
 def test_a_start_no_retry_can_fix_is_one_json_line_and_a_failure(stopped_postgres: PostgresServer) -> None:
     """A metastore at a schema this release cannot run on is no outage: the start ends at once, in one JSON line
     where JSON logs were asked for (a log pipeline reads it), exit 1."""
