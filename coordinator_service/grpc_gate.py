@@ -91,7 +91,7 @@ class WriterGate(grpc.aio.ServerInterceptor):
         if method != HEALTH_CHECK:
             scope = self._credentials.scope_of(_bearer(handler_call_details.invocation_metadata))
             if scope is None:
-                return _refused(grpc.StatusCode.UNAUTHENTICATED, _why_unauthenticated(handler_call_details))
+                return _refused_unauthenticated(handler_call_details)
             if self._serving.admission is None:
                 return _refused(grpc.StatusCode.UNAVAILABLE, f"{self._serving.waiting}: retry")
         handler = await continuation(handler_call_details)
@@ -146,21 +146,32 @@ def _bearer(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | None:
     return None
 
 
-def _why_unauthenticated(details: grpc.HandlerCallDetails) -> str:
-    """Why a call is refused; counted and logged (never the token sent), for an operator to see probing."""
+def _refused_unauthenticated(details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler[Any, Any]:
+    """The refusal of a call without a valid writer token: counted, and logged with the caller's address (never the
+    token sent), for an operator to see probing or a client with an old token."""
     if _bearer(details.invocation_metadata) is None:
         why = "no writer token: send metadata 'authorization: Bearer <writer token>'"
     else:
         why = "the writer token is wrong"
     metrics.AUTHENTICATION_FAILURES.labels("grpc").inc()
-    log.warning("authentication failed", api="grpc", method=details.method, why=why)
-    return why
+
+    def logged(context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        log.warning("authentication failed", api="grpc", method=details.method, why=why, writer=context.peer())
+
+    return _refused(grpc.StatusCode.UNAUTHENTICATED, why, logged)
 
 
-def _refused(code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler[Any, Any]:
-    """A handler that refuses without reading the request (a stream of requests it never iterates)."""
+def _refused(
+    code: grpc.StatusCode,
+    message: str,
+    logged: Callable[[grpc.aio.ServicerContext[Any, Any]], None] | None = None,
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """A handler that refuses without reading the request (a stream of requests it never iterates); `logged` says
+    so with the call's context (its peer) first."""
 
     async def refuse(requests: AsyncIterator[Message], context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        if logged is not None:
+            logged(context)
         await context.abort(code, message)
 
     return grpc.stream_unary_rpc_method_handler(refuse)

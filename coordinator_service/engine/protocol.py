@@ -363,7 +363,9 @@ class Coordinator:
         if request.files_directory:
             for path in request.paths:
                 check_inside_location(path, request.files_directory, within="files_directory")
-        log_ = log.bind(sink=request.sink, epoch=request.epoch, writer_term=request.writer_term)
+        log_ = log.bind(
+            sink=request.sink, epoch=request.epoch, writer_term=request.writer_term, writer_id=request.writer_id
+        )
         fast = await self._pre_commit_first_attempt(request)
         if fast is not None:
             metrics.record_precommit(request.sink, time.monotonic() - started)
