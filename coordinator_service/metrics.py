@@ -16,8 +16,9 @@ What an SRE's queries can rely on (docs/operations.md, Metrics):
   retrying, its pool, its loop) comes from every replica;
 - the per-sink counters an alert watches exist at 0 from the first scrape that
   knows the sink (increase() sees the first anomaly), and leave with the sink;
-- above METRICS_SINK_HISTOGRAMS_MAX_SINKS sinks in the log the latency
-  histograms drop their sink label (one series per bucket, not one per sink);
+- above METRICS_SINK_DETAIL_MAX_SINKS sinks in the log the latency histograms
+  and the counters of maintenance work drop their sink label (one series per
+  bucket, not one per sink and bucket);
 - no `_created` series.
 """
 
@@ -207,16 +208,26 @@ class SinkSeries:
     label (sink=""; Prometheus drops an empty label): their buckets would be most of the scrape.
     """
 
-    # The counters alerts watch, with the label values beside the sink's: they exist from the start.
+    # The counters alerts watch ("any increase"), with the label values beside the sink's: they exist from the
+    # start. The others (retries, aborts, commits) are read as rates, where a first increment unseen is noise.
     INITIALIZED: Final[Sequence[tuple[Counter, Sequence[str]]]] = (
         (COMMIT_ANOMALIES, ANOMALY_KINDS),
-        (COMMIT_RETRIES, RETRY_CAUSES),
-        (ABORTED_EPOCHS, ABORT_CAUSES),
-        (MAINTENANCE_RUNS, MAINTENANCE_OUTCOMES),
+        (MAINTENANCE_RUNS, ("failed",)),
         (DELETIONS_REFUSED, ()),
         (COMMITTER_STUCK_EVENTS, ()),
     )
-    HISTOGRAMS: Final = (PRECOMMIT_SECONDS, COMMIT_SECONDS, MAINTENANCE_SECONDS)
+    # What loses its sink label above max_sinks sinks: the latency histograms and the counters of maintenance work.
+    DETAIL: Final[Sequence[Counter | Histogram]] = (
+        PRECOMMIT_SECONDS,
+        COMMIT_SECONDS,
+        MAINTENANCE_SECONDS,
+        SNAPSHOTS_EXPIRED,
+        EXPIRED_FILES_DELETED,
+        FILES_COMPACTED,
+        FILES_WRITTEN_BY_COMPACTION,
+        BYTES_REWRITTEN,
+        ORPHANS_DELETED,
+    )
 
     def __init__(self, max_sinks: int = 200) -> None:
         self.max_sinks = max_sinks
@@ -243,11 +254,11 @@ class SinkSeries:
                     metric.remove_by_labels({"sink": sink})
             self._sinks = known
             if self.aggregated != was_aggregated:
-                for histogram in self.HISTOGRAMS:
-                    histogram.clear()  # the other labelling's series
+                for metric in self.DETAIL:
+                    metric.clear()  # the other labelling's series
 
     def label(self, sink: str) -> str:
-        """The sink label of a histogram observation: the sink's, or "" above max_sinks sinks in the log."""
+        """The sink label of a DETAIL metric: the sink's, or "" above max_sinks sinks in the log."""
         return "" if self.aggregated else sink
 
 
@@ -497,13 +508,19 @@ def record_precommit(sink: str, seconds: float) -> None:
 
 def record_maintenance(sink: str, run: MaintenanceRun, seconds: float) -> None:
     MAINTENANCE_RUNS.labels(sink, run.outcome).inc()
-    MAINTENANCE_SECONDS.labels(SINK_SERIES.label(sink)).observe(seconds)
-    SNAPSHOTS_EXPIRED.labels(sink).inc(run.snapshots_expired)
-    EXPIRED_FILES_DELETED.labels(sink).inc(run.expired_files_deleted)
-    FILES_COMPACTED.labels(sink).inc(run.files_compacted)
-    FILES_WRITTEN_BY_COMPACTION.labels(sink).inc(run.files_written)
-    BYTES_REWRITTEN.labels(sink).inc(run.bytes_rewritten)
-    ORPHANS_DELETED.labels(sink).inc(run.orphans_deleted)
+    label = SINK_SERIES.label(sink)
+    MAINTENANCE_SECONDS.labels(label).observe(seconds)
+    done = (
+        (SNAPSHOTS_EXPIRED, run.snapshots_expired),
+        (EXPIRED_FILES_DELETED, run.expired_files_deleted),
+        (FILES_COMPACTED, run.files_compacted),
+        (FILES_WRITTEN_BY_COMPACTION, run.files_written),
+        (BYTES_REWRITTEN, run.bytes_rewritten),
+        (ORPHANS_DELETED, run.orphans_deleted),
+    )
+    for counter, count in done:
+        if count:  # a run that did nothing of a kind adds no series for it
+            counter.labels(label).inc(count)
 
 
 # How often the event loop's lag is measured.

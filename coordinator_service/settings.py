@@ -229,12 +229,13 @@ class Settings(BaseSettings, MaintenancePolicy):
         description="Longest a /metrics scrape waits for the metastore's per-sink gauges; past it the scrape "
         "answers without them and with sink_coordinator_metastore_up 0 (keep it below Prometheus' scrape_timeout).",
     )
-    metrics_sink_histograms_max_sinks: int = Field(
+    metrics_sink_detail_max_sinks: int = Field(
         default=200,
         ge=0,
         le=1_000_000,
         description="With more sinks than this in the metastore, the latency histograms (pre-commit, commit, "
-        "maintenance) are one series per bucket instead of one per sink and bucket (0: never per sink).",
+        "maintenance) and the counters of maintenance work lose their sink label: one series per bucket or count "
+        "instead of one per sink (0: never per sink).",
     )
     metrics_reporter_idle_seconds: float = Field(
         default=180.0,

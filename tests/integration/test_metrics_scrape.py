@@ -17,7 +17,7 @@ from coordinator_service.admin.shared_answer import SharedAnswer
 from coordinator_service.engine.operations import SinkOverview
 from coordinator_service.log.models import Sink
 from coordinator_service.log.repository import EpochCounts
-from coordinator_service.metrics import ANOMALY_KINDS, RETRY_CAUSES
+from coordinator_service.metrics import ANOMALY_KINDS
 from tests.fixtures.admin import AdminFactory
 from tests.fixtures.postgres import query
 
@@ -187,9 +187,7 @@ async def test_the_counters_alerts_watch_exist_at_0_from_the_first_scrape_and_le
     }
     expected = [
         *(("sink_coordinator_commit_anomalies_total", (("kind", kind), ("sink", "orders"))) for kind in ANOMALY_KINDS),
-        *(("sink_coordinator_commit_retries_total", (("cause", cause), ("sink", "orders"))) for cause in RETRY_CAUSES),
         ("sink_coordinator_maintenance_runs_total", (("outcome", "failed"), ("sink", "orders"))),
-        ("sink_coordinator_aborted_epochs_total", (("cause", "recovery"), ("sink", "orders"))),
         ("sink_coordinator_deletions_refused_total", (("sink", "orders"),)),
         ("sink_coordinator_committer_stuck_events_total", (("sink", "orders"),)),
     ]
@@ -221,7 +219,7 @@ async def test_a_metastore_read_past_its_limit_answers_metastore_up_0_in_time(ad
 
 async def test_latency_histograms_lose_the_sink_label_above_the_sink_count(admin_factory: AdminFactory) -> None:
     """On-call review: 70,675 series at 1,502 sinks, most of them the buckets of per-sink histograms."""
-    admin = await admin_factory(metrics_cache_seconds=0.0, metrics_sink_histograms_max_sinks=1)
+    admin = await admin_factory(metrics_cache_seconds=0.0, metrics_sink_detail_max_sinks=1)
 
     def precommit_sinks(text: str) -> set[str]:
         return {sample.labels["sink"] for sample in families_of(text)["sink_coordinator_precommit_seconds"].samples}
