@@ -16,9 +16,10 @@ from coordinator_service.admin.deps import operations_of
 from coordinator_service.admin.shared_answer import SharedAnswer
 from coordinator_service.engine.operations import SinkOverview
 from coordinator_service.log.models import Sink
+from coordinator_service.log.reporter_lease import ReporterLease
 from coordinator_service.log.repository import EpochCounts
 from coordinator_service.metrics import ANOMALY_KINDS
-from tests.fixtures.admin import AdminFactory
+from tests.fixtures.admin import AdminFactory, eventually
 from tests.fixtures.postgres import query
 
 SINK_GAUGES = (
@@ -278,3 +279,20 @@ async def test_the_metastore_pool_is_in_the_scrape(admin_factory: AdminFactory) 
     }
     assert set(connections) == {"in_use", "idle"}
     assert families["sink_coordinator_metastore_pool_max_connections"].samples[0].value == 6
+
+
+async def test_a_reporter_nobody_scrapes_gives_the_role_up(admin_factory: AdminFactory) -> None:
+    """A replica taken out of the Service (or a coordinator started by hand on the same metastore and scraped once)
+    must not keep the log's gauges from the replicas Prometheus scrapes."""
+    stray = await admin_factory(metrics_cache_seconds=0.0)
+    scraped = await admin_factory(metrics_cache_seconds=0.0)
+    await stray.runtime.lease.stop()
+    stray.runtime.lease = ReporterLease(stray.runtime.database, idle_seconds=0.5)  # shorter than the least setting
+    stray.runtime.lease.start()
+    assert "sink_coordinator_log_reporter 1.0" in (await stray.get("/metrics")).text
+    assert "sink_coordinator_log_reporter 0.0" in (await scraped.get("/metrics")).text
+
+    async def taken_over() -> bool:
+        return "sink_coordinator_log_reporter 1.0" in (await scraped.get("/metrics")).text
+
+    await eventually(taken_over, "the scraped replica reporting the log's gauges")
