@@ -203,9 +203,10 @@ class SinkSeries:
     """The per-sink series of this process's counters and histograms, kept in step with the sinks the log holds.
 
     Each scrape (and the start) tells it the log's sinks: a new sink's counters that alerts watch start at 0 (so
-    that increase() sees its first anomaly, failed maintenance run or retry), and a sink gone from the log takes
-    its series with it. Above `max_sinks` sinks in the log, the latency histograms are observed without a sink
-    label (sink=""; Prometheus drops an empty label): their buckets would be most of the scrape.
+    that increase() sees its first anomaly, failed maintenance run, refused deletion), and a sink gone from the log
+    takes its series with it. Above `max_sinks` sinks in the log, the latency histograms and the counters of
+    maintenance work are counted without a sink label (sink=""; Prometheus drops an empty label): their buckets
+    would be most of the scrape.
     """
 
     # The counters alerts watch ("any increase"), with the label values beside the sink's: they exist from the
@@ -238,6 +239,13 @@ class SinkSeries:
     def aggregated(self) -> bool:
         return len(self._sinks) > self.max_sinks
 
+    def configure(self, max_sinks: int) -> None:
+        """METRICS_SINK_DETAIL_MAX_SINKS (at start)."""
+        with self._lock:
+            was_aggregated = self.aggregated
+            self.max_sinks = max_sinks
+            self._relabel(was_aggregated)
+
     def track(self, sinks: Iterable[str]) -> None:
         """The sinks the log holds now."""
         with self._lock:
@@ -253,9 +261,12 @@ class SinkSeries:
                 for metric in _PER_SINK:
                     metric.remove_by_labels({"sink": sink})
             self._sinks = known
-            if self.aggregated != was_aggregated:
-                for metric in self.DETAIL:
-                    metric.clear()  # the other labelling's series
+            self._relabel(was_aggregated)
+
+    def _relabel(self, was_aggregated: bool) -> None:
+        if self.aggregated != was_aggregated:
+            for metric in self.DETAIL:
+                metric.clear()  # the other labelling's series
 
     def label(self, sink: str) -> str:
         """The sink label of a DETAIL metric: the sink's, or "" above max_sinks sinks in the log."""

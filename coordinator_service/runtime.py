@@ -128,7 +128,7 @@ class Runtime:
         tables = IcebergGateway(catalog, settings.table_cache_seconds, settings.orphan_grace_seconds)
         committer = Committer(database, tables, settings)
         cleaner = Cleaner(database, tables, settings)
-        metrics.SINK_SERIES.max_sinks = settings.metrics_sink_detail_max_sinks
+        metrics.SINK_SERIES.configure(settings.metrics_sink_detail_max_sinks)
         try:
             async with database.transaction() as session:
                 metrics.SINK_SERIES.track(await repository.sink_names(session))
