@@ -1,4 +1,4 @@
-"""`python -m bench [--quick] [--parts 1,2,3,4,5,6,7,8,9,10] [--profile]`: run the benchmarks, write
+"""`python -m bench [--quick] [--parts 1,2,3,4,5,6,7,8,9,10,11] [--profile]`: run the benchmarks, write
 bench/results/latest.md and latest.json, print the tables.
 
 Every figure that has a goal is reported as a ratio to a baseline measured in the same run on the same
@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from bench import commit, console, fairness, object_storage, precommit, recovery, scale, soak
+from bench import commit, console, fairness, metrics_scrape, object_storage, precommit, recovery, scale, soak
 from bench.infra import Postgres, machine_facts, temp_root, top_frames
 from bench.report import render
 
@@ -28,7 +28,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a short run (about 2 minutes) for CI: fewer cells")
-    parser.add_argument("--parts", default="1,2,3,4,5,6,7,8,9,10", help="which parts to run (default: all)")
+    parser.add_argument("--parts", default="1,2,3,4,5,6,7,8,9,10,11", help="which parts to run (default: all)")
     parser.add_argument("--profile", action="store_true", help="py-spy the coordinator during parts 1, 2 and 4")
     parser.add_argument("--output", type=Path, default=RESULTS, help="directory of latest.md and latest.json")
     args = parser.parse_args(argv)
@@ -144,6 +144,11 @@ def main(argv: list[str] | None = None) -> int:
         if 10 in parts:
             print("part 10: the console ...", flush=True)
             results["console"] = console.run(postgres, root, sinks=1000, loads=5 if args.quick else 20)
+        if 11 in parts:
+            print("part 11: the /metrics scrape at many sinks ...", flush=True)
+            results["metrics_scrape"] = metrics_scrape.run(
+                postgres, root, sinks=300 if args.quick else 1500, scrapes=5 if args.quick else 20
+            )
         if 3 in parts and not args.quick:
             print("part 3: end to end (Spark) ...", flush=True)
             from bench import e2e

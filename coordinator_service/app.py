@@ -10,13 +10,15 @@ import structlog
 import uvicorn
 from grpc_health.v1 import health_pb2
 
-from coordinator_service import failpoints, listening
+from coordinator_service import failpoints, listening, metrics
 from coordinator_service.admin.api import create_app
+from coordinator_service.admin.starting import AppSwitch, create_starting_app
 from coordinator_service.contract.errors import CannotServe
-from coordinator_service.grpc_gate import SERVICE_NAME
+from coordinator_service.grpc_gate import SERVICE_NAME, Serving
 from coordinator_service.grpc_server import build_server
 from coordinator_service.runtime import Runtime
 from coordinator_service.settings import Settings
+from coordinator_service.startup import Startup
 
 log = structlog.get_logger(__name__)
 
@@ -24,7 +26,8 @@ GRACE_SECONDS = 5.0
 
 
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
-    """Run until SIGTERM/SIGINT (or `stop` is set), then drain and close."""
+    """Listen, open the runtime once the metastore answers (answering probes and writers meanwhile), serve until
+    SIGTERM/SIGINT (or `stop` is set), then drain and close."""
     failpoints.configure(settings.failpoints)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -35,17 +38,19 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
     http_socket = listening.bind(settings.bind_host, settings.http_port, "HTTP")
     try:
         listening.check_free(settings.bind_host, settings.grpc_port, "gRPC")
-        runtime = await Runtime.open(settings)
     except BaseException:
         http_socket.close()
         raise
+    serving = Serving()
+    startup = Startup(settings, told=serving.starting)
     grpc_server, health, grpc_port = build_server(
-        runtime.coordinator, f"{settings.bind_host}:{settings.grpc_port}", settings, tls_credentials
+        serving, f"{settings.bind_host}:{settings.grpc_port}", settings, tls_credentials
     )
     http_port = http_socket.getsockname()[1]
+    switch = AppSwitch(create_starting_app(settings, lambda: startup.waiting))
     http = uvicorn.Server(
         uvicorn.Config(
-            create_app(runtime),
+            switch,
             host=settings.bind_host,
             port=settings.http_port,
             log_config=None,
@@ -59,37 +64,54 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
             ssl_keyfile=settings.tls_key_file,
         )
     )
+    for service in ("", SERVICE_NAME):
+        await health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
     await grpc_server.start()
     http_task = asyncio.create_task(http.serve(sockets=[http_socket]), name="http")
-    while not http.started:
-        if http_task.done():
-            await grpc_server.stop(None)
+    lag = asyncio.create_task(metrics.watch_event_loop_lag(), name="event-loop-lag")
+    runtime: Runtime | None = None
+    try:
+        while not http.started:
+            if http_task.done():
+                raise CannotServe(
+                    f"the HTTP server on {settings.bind_host}:{http_port} did not start: see the log above"
+                )
+            await asyncio.sleep(0.01)
+        log.info(
+            "sink-coordinator listening; opening the metastore",
+            grpc=f"{settings.bind_host}:{grpc_port}",
+            http=f"{'https' if tls_credentials else 'http'}://{settings.bind_host}:{http_port}",
+        )
+        runtime = await startup.open_runtime(stop)
+        if runtime is not None:
+            switch.app = create_app(runtime)
+            serving.open(runtime.coordinator, settings.admin_lock_timeout_seconds)
+            runtime.start()
+            for service in ("", SERVICE_NAME):
+                await health.set(service, health_pb2.HealthCheckResponse.SERVING)
+            log.info(
+                "sink-coordinator serving",
+                grpc=f"{settings.bind_host}:{grpc_port}",
+                http=f"{'https' if tls_credentials else 'http'}://{settings.bind_host}:{http_port}",
+                tls=tls_credentials is not None,
+                writer_auth=settings.writer_token is not None or bool(settings.writer_scopes),
+                writer_scopes=sorted(settings.writer_scopes),
+                admin_auth=settings.admin_token is not None,
+                admin_read_auth=settings.admin_read_requires_token,
+            )
+            stopped = asyncio.create_task(stop.wait())
+            await asyncio.wait({stopped, http_task}, return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+    finally:
+        log.info("sink-coordinator stopping")
+        await health.enter_graceful_shutdown()
+        http.should_exit = True
+        await grpc_server.stop(GRACE_SECONDS)
+        await asyncio.gather(http_task, return_exceptions=True)
+        lag.cancel()
+        if runtime is not None:
             await runtime.close()
-            raise CannotServe(f"the HTTP server on {settings.bind_host}:{http_port} did not start: see the log above")
-        await asyncio.sleep(0.01)
-    runtime.start()
-    for service in ("", SERVICE_NAME):
-        await health.set(service, health_pb2.HealthCheckResponse.SERVING)
-    log.info(
-        "sink-coordinator serving",
-        grpc=f"{settings.bind_host}:{grpc_port}",
-        http=f"{'https' if tls_credentials else 'http'}://{settings.bind_host}:{http_port}",
-        tls=tls_credentials is not None,
-        writer_auth=settings.writer_token is not None or bool(settings.writer_scopes),
-        writer_scopes=sorted(settings.writer_scopes),
-        admin_auth=settings.admin_token is not None,
-        admin_read_auth=settings.admin_read_requires_token,
-    )
-    stopped = asyncio.create_task(stop.wait())
-    await asyncio.wait({stopped, http_task}, return_when=asyncio.FIRST_COMPLETED)
-    log.info("sink-coordinator stopping")
-    await health.enter_graceful_shutdown()
-    http.should_exit = True
-    await grpc_server.stop(GRACE_SECONDS)
-    await asyncio.gather(http_task, return_exceptions=True)
-    stopped.cancel()
-    await runtime.close()
-    log.info("sink-coordinator stopped")
+        log.info("sink-coordinator stopped")
 
 
 def _grpc_tls_credentials(settings: Settings) -> grpc.ServerCredentials | None:

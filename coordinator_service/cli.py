@@ -13,10 +13,13 @@ import asyncio
 import getpass
 import inspect
 import json
+import os
 import socket
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from datetime import UTC, datetime
 from functools import wraps
 from typing import TYPE_CHECKING, Annotated, Any, Final, NoReturn, get_type_hints
 
@@ -71,6 +74,8 @@ SECRETS: Final = frozenset(
 
 
 def _settings_from(given: dict[str, Any], *, quiet: bool) -> Settings:
+    global _refusals_as_json
+    _refusals_as_json = _json_asked(given)
     try:
         settings = Settings(**given)
     except ValidationError as error:
@@ -94,9 +99,26 @@ def _settings_from(given: dict[str, Any], *, quiet: bool) -> Settings:
     return settings
 
 
+# Whether a refusal is a JSON log line: LOG_FORMAT=json was asked for (the chart does), by a flag or a variable.
+_refusals_as_json = False
+
+
+def _json_asked(given: dict[str, Any]) -> bool:
+    """Whether the command line or the environment asks for JSON logs (read before the settings validate: a
+    refusal of bad settings is a JSON line too)."""
+    asked = given.get("log_format") or os.environ.get(f"{ENV_PREFIX}LOG_FORMAT", "")
+    return str(asked).strip().lower() == LogFormat.JSON.value
+
+
 def _refuse(what: str, error: Exception, code: int = 1) -> NoReturn:
-    """End the command with one line on stderr (never wrapped: the cause and the fix stay on the last line)."""
-    console.print(f"[red]{what}:[/red] {escape(str(error))}", soft_wrap=True)
+    """End the command with one line on stderr: a JSON log line where JSON logs were asked for (a log pipeline
+    reads it: event, error, level, timestamp), else plain text (never wrapped: the cause and the fix stay on the
+    last line)."""
+    if _refusals_as_json:
+        line = {"event": what, "error": str(error), "level": "error", "timestamp": datetime.now(UTC).isoformat()}
+        sys.stderr.write(json.dumps(line) + "\n")
+    else:
+        console.print(f"[red]{what}:[/red] {escape(str(error))}", soft_wrap=True)
     raise typer.Exit(code)
 
 

@@ -4,7 +4,8 @@ One interceptor, in this order:
 
 1. the credential (metadata `authorization: Bearer <token>`): a call without a writer token is refused with
    UNAUTHENTICATED before a byte of its request is read; only the health service's Check is open (a probe);
-   Watch and reflection need a writer token like every other call;
+   Watch and reflection need a writer token like every other call; while the coordinator starts (its metastore
+   not reached yet: Serving), every other call is UNAVAILABLE, which the writer retries;
 2. the request, decoded here: a request that does not decode is INVALID_ARGUMENT (grpc would say UNKNOWN);
 3. the scope (coordinator_service.writer_scopes): the sink and every table the request names must be the
    credential's, else PERMISSION_DENIED; a method without a rule in TARGETS is refused, so a new call cannot
@@ -19,6 +20,7 @@ closes connections at a maximum age.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Final, cast
 
 import grpc
@@ -28,6 +30,7 @@ from google.protobuf.message import DecodeError, Message
 from coordinator_service import metrics
 from coordinator_service.contract.errors import CoordinatorError, PermissionDenied, cause
 from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
+from coordinator_service.engine.protocol import Coordinator
 from coordinator_service.engine.writer_admission import Admission
 from coordinator_service.log.database import DATA_ERRORS, unstorable
 from coordinator_service.writer_scopes import Credentials, Scope
@@ -56,10 +59,29 @@ CREATING: Final = frozenset({f"/{SERVICE_NAME}/RegisterWriter", f"/{SERVICE_NAME
 Continuation = Callable[[grpc.HandlerCallDetails], Awaitable["grpc.RpcMethodHandler[Any, Any] | None"]]
 
 
+@dataclass
+class Serving:
+    """What the gRPC services call: the coordinator and the writers' admission once the runtime is open; until
+    then `waiting` says why not (the metastore not reached yet), and every call but the health check is
+    UNAVAILABLE with it."""
+
+    coordinator: Coordinator | None = None
+    admission: Admission | None = None
+    waiting: str = "the coordinator is starting"
+
+    def starting(self, why: str) -> None:
+        """The runtime is not open yet: why."""
+        self.waiting = f"the coordinator is starting: its metastore is not reachable yet ({why})"
+
+    def open(self, coordinator: Coordinator, admin_lock_timeout_seconds: float) -> None:
+        self.admission = Admission(coordinator.database, coordinator.iceberg, admin_lock_timeout_seconds)
+        self.coordinator = coordinator
+
+
 class WriterGate(grpc.aio.ServerInterceptor):
-    def __init__(self, credentials: Credentials, admission: Admission) -> None:
+    def __init__(self, credentials: Credentials, serving: Serving) -> None:
         self._credentials = credentials
-        self._admission = admission
+        self._serving = serving
 
     async def intercept_service(
         self, continuation: Continuation, handler_call_details: grpc.HandlerCallDetails
@@ -69,7 +91,9 @@ class WriterGate(grpc.aio.ServerInterceptor):
         if method != HEALTH_CHECK:
             scope = self._credentials.scope_of(_bearer(handler_call_details.invocation_metadata))
             if scope is None:
-                return _refused(grpc.StatusCode.UNAUTHENTICATED, _why_unauthenticated(handler_call_details))
+                return _refused_unauthenticated(handler_call_details)
+            if self._serving.admission is None:
+                return _refused(grpc.StatusCode.UNAVAILABLE, f"{self._serving.waiting}: retry")
         handler = await continuation(handler_call_details)
         if handler is None or handler.unary_unary is None or handler.request_deserializer is None:
             return handler  # an unknown method (UNIMPLEMENTED), or a stream (health Watch, reflection)
@@ -100,7 +124,8 @@ class WriterGate(grpc.aio.ServerInterceptor):
                 scope.authorize(sink, tables)
                 if method not in CREATING:
                     return await behavior(request, context)
-                async with self._admission.admitting(scope, sink, tables):
+                assert self._serving.admission is not None  # the gate refused the call before
+                async with self._serving.admission.admitting(scope, sink, tables):
                     return await behavior(request, context)
             except CoordinatorError as error:
                 await context.abort(error.grpc_code, error.message)
@@ -121,21 +146,32 @@ def _bearer(metadata: Sequence[tuple[str, str | bytes]] | None) -> str | None:
     return None
 
 
-def _why_unauthenticated(details: grpc.HandlerCallDetails) -> str:
-    """Why a call is refused; counted and logged (never the token sent), for an operator to see probing."""
+def _refused_unauthenticated(details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler[Any, Any]:
+    """The refusal of a call without a valid writer token: counted, and logged with the caller's address (never the
+    token sent), for an operator to see probing or a client with an old token."""
     if _bearer(details.invocation_metadata) is None:
         why = "no writer token: send metadata 'authorization: Bearer <writer token>'"
     else:
         why = "the writer token is wrong"
     metrics.AUTHENTICATION_FAILURES.labels("grpc").inc()
-    log.warning("authentication failed", api="grpc", method=details.method, why=why)
-    return why
+
+    def logged(context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        log.warning("authentication failed", api="grpc", method=details.method, why=why, writer=context.peer())
+
+    return _refused(grpc.StatusCode.UNAUTHENTICATED, why, logged)
 
 
-def _refused(code: grpc.StatusCode, message: str) -> grpc.RpcMethodHandler[Any, Any]:
-    """A handler that refuses without reading the request (a stream of requests it never iterates)."""
+def _refused(
+    code: grpc.StatusCode,
+    message: str,
+    logged: Callable[[grpc.aio.ServicerContext[Any, Any]], None] | None = None,
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """A handler that refuses without reading the request (a stream of requests it never iterates); `logged` says
+    so with the call's context (its peer) first."""
 
     async def refuse(requests: AsyncIterator[Message], context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        if logged is not None:
+            logged(context)
         await context.abort(code, message)
 
     return grpc.stream_unary_rpc_method_handler(refuse)

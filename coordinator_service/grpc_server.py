@@ -12,13 +12,13 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from coordinator_service import grpc_requests
 from coordinator_service.contract.errors import CannotServe, CoordinatorError, Unavailable
 from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.contract.rpc import sink_coordinator_pb2_grpc as pb_grpc
 from coordinator_service.contract.wire import to_message
 from coordinator_service.engine.protocol import Coordinator, PreCommitRequest, TableRequest
-from coordinator_service.engine.writer_admission import Admission
-from coordinator_service.grpc_gate import SERVICE_NAME, WriterGate
+from coordinator_service.grpc_gate import SERVICE_NAME, Serving, WriterGate
 from coordinator_service.listening import GRPC_EXCLUSIVE_PORT
 from coordinator_service.log.database import DATA_ERRORS, Database, unstorable
 from coordinator_service.settings import ENV_PREFIX, Settings
@@ -86,8 +86,14 @@ async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: Coordinator
 
 
 class SinkCoordinatorServicer(pb_grpc.SinkCoordinatorServicer):
-    def __init__(self, coordinator: Coordinator) -> None:
-        self.coordinator = coordinator
+    def __init__(self, serving: Serving) -> None:
+        self.serving = serving
+
+    @property
+    def coordinator(self) -> Coordinator:
+        # The gate refuses every call (UNAVAILABLE) until the runtime is open.
+        assert self.serving.coordinator is not None
+        return self.serving.coordinator
 
     async def RegisterWriter(  # noqa: N802 (gRPC method names)
         self, request: pb.RegisterWriterRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -186,13 +192,14 @@ class SinkCoordinatorServicer(pb_grpc.SinkCoordinatorServicer):
 
 
 def build_server(
-    coordinator: Coordinator,
+    coordinator: Coordinator | Serving,
     bind_address: str,
     settings: Settings,
     tls_credentials: grpc.ServerCredentials | None = None,
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
     """The gRPC server with the coordinator, health and reflection services behind the writer gate; returns the
-    bound port, bound exclusively (coordinator_service.listening).
+    bound port, bound exclusively (coordinator_service.listening). Given a Serving still without its coordinator
+    (the process starting), it answers every call but the health check UNAVAILABLE until Serving.open.
 
     With tls_credentials it serves TLS only (there is no plaintext port beside it). Calls beyond
     GRPC_MAX_CONCURRENT_RPCS are refused with RESOURCE_EXHAUSTED, a connection carries at most
@@ -200,12 +207,18 @@ def build_server(
     calls get CONNECTION_AGE_GRACE_SECONDS to finish. HTTP/2 windows do not grow past their initial 64 KiB (no
     BDP probing), so the server holds at most that of a body nobody reads.
     """
+    if isinstance(coordinator, Coordinator):
+        serving = Serving()
+        serving.open(coordinator, settings.admin_lock_timeout_seconds)
+    else:
+        serving = coordinator
     gate = WriterGate(
-        Credentials(settings.writer_token, settings.writer_scopes, settings.writer_token_previous),
-        Admission(coordinator.database, coordinator.iceberg, settings.admin_lock_timeout_seconds),
+        Credentials(settings.writer_token, settings.writer_scopes, settings.writer_token_previous), serving
     )
+    grpc_requests.initialize()
     server = grpc.aio.server(
-        interceptors=[gate],
+        # The counter first: it sees what the gate refuses too.
+        interceptors=[grpc_requests.RequestCounter(), gate],
         maximum_concurrent_rpcs=settings.grpc_max_concurrent_rpcs,
         options=[
             ("grpc.max_concurrent_streams", settings.grpc_max_streams_per_connection),
@@ -217,7 +230,7 @@ def build_server(
             GRPC_EXCLUSIVE_PORT,
         ],
     )
-    pb_grpc.add_SinkCoordinatorServicer_to_server(SinkCoordinatorServicer(coordinator), server)
+    pb_grpc.add_SinkCoordinatorServicer_to_server(SinkCoordinatorServicer(serving), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(

@@ -6,20 +6,52 @@ from one metastore query (so that they hold what every replica did, not only
 this one) and renders them through a collector of its own, so that overlapping
 scrapes share nothing and a sink gone from the metastore is gone from the next
 scrape.
+
+What an SRE's queries can rely on (docs/operations.md, Metrics):
+
+- the gauges read from the log (a sink's epochs, its last commit, its writer's
+  last call) come from one replica at a time, the log's reporter (a lease in
+  the metastore: coordinator_service.log.reporter_lease), so that sum() over
+  replicas counts each sink once; what a process knows alone (its committer
+  retrying, its pool, its loop) comes from every replica;
+- the per-sink counters an alert watches exist at 0 from the first scrape that
+  knows the sink (increase() sees the first anomaly), and leave with the sink;
+- above METRICS_SINK_DETAIL_MAX_SINKS sinks in the log the latency histograms
+  and the counters of maintenance work drop their sink label (one series per
+  bucket, not one per sink and bucket);
+- no `_created` series.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import asyncio
+import platform
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from datetime import datetime
+from typing import TYPE_CHECKING, Final
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from coordinator_service import __version__
+
 if TYPE_CHECKING:
     from coordinator_service.log.models import MaintenanceRun
+
+# A counter's `_created` series doubles what a scrape carries and nobody queries it.
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -52,15 +84,27 @@ COMMITTED_EPOCHS = Counter(
     "Epochs marked COMMITTED by this process (appended, empty, or found already in the table).",
     ["sink"],
 )
+# Why a commit pass failed and is retried (coordinator_service.engine.committer, retry_cause).
+RETRY_CAUSES: Final = ("catalog_conflict", "catalog", "metastore", "commit_lock_lost", "other")
 COMMIT_RETRIES = Counter(
     "sink_coordinator_commit_retries_total",
-    "Failed commit passes that will be retried (catalog conflicts or outages, metastore errors).",
-    ["sink"],
+    "Failed commit passes that will be retried, by cause: catalog_conflict (another writer committed to the table "
+    "first), catalog (the catalog or its storage failed), metastore (PostgreSQL failed), commit_lock_lost, other.",
+    ["sink", "cause"],
 )
+ABORT_CAUSES: Final = ("recovery", "operator", "reset")
 ABORTED_EPOCHS = Counter(
     "sink_coordinator_aborted_epochs_total",
     "Epochs aborted, by cause: recovery (a writer restarted), operator (the abort route), reset.",
     ["sink", "cause"],
+)
+# What only a lost commit lock explains (coordinator_service.engine.settlement, alert).
+ANOMALY_KINDS: Final = (
+    "appended_after_abort",
+    "appended_after_reset",
+    "appended_epoch_gone",
+    "aborted_files_in_table",
+    "given_up_files_in_table",
 )
 COMMIT_ANOMALIES = Counter(
     "sink_coordinator_commit_anomalies_total",
@@ -84,6 +128,7 @@ DELETIONS_REFUSED = Counter(
     "or metadata directory, through a symbolic link, inside another table's location). Alert on any increase.",
     ["sink"],
 )
+MAINTENANCE_OUTCOMES: Final = ("ok", "failed")
 MAINTENANCE_RUNS = Counter(
     "sink_coordinator_maintenance_runs_total", "Table maintenance runs, by outcome (ok, failed).", ["sink", "outcome"]
 )
@@ -127,6 +172,129 @@ MAINTENANCE_DUE_SINKS = Gauge(
 COMMITTER_STUCK_EVENTS = Counter(
     "sink_coordinator_committer_stuck_events", "Times a sink's committer got stuck (see committer_stuck).", ["sink"]
 )
+GRPC_REQUESTS = Counter(
+    "sink_coordinator_grpc_requests_total",
+    "gRPC calls answered, by service, method and status code (OK, UNAVAILABLE, ...; refusals of the writer gate "
+    "included).",
+    ["service", "method", "code"],
+)
+HTTP_REQUESTS = Counter(
+    "sink_coordinator_http_requests_total",
+    "HTTP requests answered, by method, route (its template, /api/v1/sinks/{sink}; 'other' for no route) and "
+    "status code (refusals of the HTTP gate included).",
+    ["method", "route", "code"],
+)
+METASTORE_POOL_TIMEOUTS = Counter(
+    "sink_coordinator_metastore_pool_timeouts_total",
+    "Calls that found no free metastore connection within DATABASE_POOL_TIMEOUT_SECONDS (answered UNAVAILABLE): "
+    "raise DATABASE_POOL_SIZE, or look for what holds the connections.",
+)
+EVENT_LOOP_LAG_SECONDS = Histogram(
+    "sink_coordinator_event_loop_lag_seconds",
+    "How late the event loop ran a timer (measured every LOOP_LAG_INTERVAL_SECONDS): work that blocks the loop "
+    "delays every gRPC and HTTP answer by as much.",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+)
+BUILD_INFO = Info("sink_coordinator_build", "The coordinator's release and the Python that runs it.")
+BUILD_INFO.info({"version": __version__, "python": platform.python_version()})
+
+
+class SinkSeries:
+    """The per-sink series of this process's counters and histograms, kept in step with the sinks the log holds.
+
+    Each scrape (and the start) tells it the log's sinks: a new sink's counters that alerts watch start at 0 (so
+    that increase() sees its first anomaly, failed maintenance run, refused deletion), and a sink gone from the log
+    takes its series with it. Above `max_sinks` sinks in the log, the latency histograms and the counters of
+    maintenance work are counted without a sink label (sink=""; Prometheus drops an empty label): their buckets
+    would be most of the scrape.
+    """
+
+    # The counters alerts watch ("any increase"), with the label values beside the sink's: they exist from the
+    # start. The others (retries, aborts, commits) are read as rates, where a first increment unseen is noise.
+    INITIALIZED: Final[Sequence[tuple[Counter, Sequence[str]]]] = (
+        (COMMIT_ANOMALIES, ANOMALY_KINDS),
+        (MAINTENANCE_RUNS, ("failed",)),
+        (DELETIONS_REFUSED, ()),
+        (COMMITTER_STUCK_EVENTS, ()),
+    )
+    # What loses its sink label above max_sinks sinks: the latency histograms and the counters of maintenance work.
+    DETAIL: Final[Sequence[Counter | Histogram]] = (
+        PRECOMMIT_SECONDS,
+        COMMIT_SECONDS,
+        MAINTENANCE_SECONDS,
+        SNAPSHOTS_EXPIRED,
+        EXPIRED_FILES_DELETED,
+        FILES_COMPACTED,
+        FILES_WRITTEN_BY_COMPACTION,
+        BYTES_REWRITTEN,
+        ORPHANS_DELETED,
+    )
+
+    def __init__(self, max_sinks: int = 200) -> None:
+        self.max_sinks = max_sinks
+        self._sinks: frozenset[str] = frozenset()
+        self._lock = threading.Lock()
+
+    @property
+    def aggregated(self) -> bool:
+        return len(self._sinks) > self.max_sinks
+
+    def configure(self, max_sinks: int) -> None:
+        """METRICS_SINK_DETAIL_MAX_SINKS (at start)."""
+        with self._lock:
+            was_aggregated = self.aggregated
+            self.max_sinks = max_sinks
+            self._relabel(was_aggregated)
+
+    def track(self, sinks: Iterable[str]) -> None:
+        """The sinks the log holds now."""
+        with self._lock:
+            known = frozenset(sinks)
+            was_aggregated = self.aggregated
+            for sink in known - self._sinks:
+                for counter, values in self.INITIALIZED:
+                    for value in values:
+                        counter.labels(sink, value)
+                    if not values:
+                        counter.labels(sink)
+            for sink in self._sinks - known:
+                for metric in _PER_SINK:
+                    metric.remove_by_labels({"sink": sink})
+            self._sinks = known
+            self._relabel(was_aggregated)
+
+    def _relabel(self, was_aggregated: bool) -> None:
+        if self.aggregated != was_aggregated:
+            for metric in self.DETAIL:
+                metric.clear()  # the other labelling's series
+
+    def label(self, sink: str) -> str:
+        """The sink label of a DETAIL metric: the sink's, or "" above max_sinks sinks in the log."""
+        return "" if self.aggregated else sink
+
+
+SINK_SERIES = SinkSeries()
+# Every metric with a sink label: a sink gone from the log takes its series out of each.
+_PER_SINK: Final[Sequence[Counter | Histogram]] = (
+    PRECOMMIT_SECONDS,
+    COMMIT_SECONDS,
+    COMMITS,
+    COMMITTED_EPOCHS,
+    COMMIT_RETRIES,
+    ABORTED_EPOCHS,
+    COMMIT_ANOMALIES,
+    CLEANED_FILES,
+    DELETIONS_REFUSED,
+    MAINTENANCE_RUNS,
+    MAINTENANCE_SECONDS,
+    SNAPSHOTS_EXPIRED,
+    EXPIRED_FILES_DELETED,
+    FILES_COMPACTED,
+    FILES_WRITTEN_BY_COMPACTION,
+    BYTES_REWRITTEN,
+    ORPHANS_DELETED,
+    COMMITTER_STUCK_EVENTS,
+)
 
 
 @dataclass(frozen=True)
@@ -154,96 +322,186 @@ class SinkGauges:
     stalled: bool = False
     # Seconds since its writer's last answered call; None: none recorded (no series).
     writer_last_call_age_seconds: float | None = None
+    # The log's checkpointed and committed epochs (-1: none yet); their difference is the sink's lag in epochs.
+    checkpointed_epoch: int = -1
+    committed_epoch: int = -1
+    # When (the metastore's clock) its committed epoch was marked COMMITTED, and its newest epoch pre-committed;
+    # None: not in the log (no series).
+    last_commit_at: datetime | None = None
+    last_precommit_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class PoolGauges:
+    """The metastore's connection pool at a scrape (SQLAlchemy's QueuePool)."""
+
+    in_use: int
+    idle: int
+    most: int
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """What one scrape read beyond this process's counters: the log's per-sink gauges (None: the metastore could
+    not be read in time), whether this replica reports the log's gauges, and its connection pool."""
+
+    sinks: Sequence[SinkGauges] | None
+    log_reporter: bool = True
+    pool: PoolGauges | None = None
+
+
+GaugeOf = Callable[[SinkGauges], float | None]
+# The gauges that are the log's: the same on every replica, reported by the log's reporter alone.
+_LOG_GAUGES: Final[Sequence[tuple[str, str, GaugeOf]]] = (
+    ("sink_coordinator_pending_epochs", "PENDING epochs of the sink (at scrape time).", lambda s: s.pending),
+    (
+        "sink_coordinator_aborted_epochs_in_log",
+        "ABORTED epochs still in the sink's log (at scrape time).",
+        lambda s: s.aborted,
+    ),
+    (
+        "sink_coordinator_oldest_pending_epoch_age_seconds",
+        "Age of the sink's oldest PENDING epoch; 0 when there is none.",
+        lambda s: s.oldest_pending_age_seconds or 0.0,
+    ),
+    (
+        "sink_coordinator_sink_stalled",
+        "1 while the sink does not advance: its oldest PENDING epoch has waited STALLED_AFTER_SECONDS (its "
+        "writer died or hangs before the checkpoint, or its commits fail; the sink's `stalled` says which).",
+        lambda s: 1 if s.stalled else 0,
+    ),
+    (
+        "sink_coordinator_writer_last_call_age_seconds",
+        "Seconds since the sink's writer last made a call a coordinator answered (no series before its "
+        "first recorded call).",
+        lambda s: s.writer_last_call_age_seconds,
+    ),
+    (
+        "sink_coordinator_sink_suspended",
+        "1 while the sink is suspended: its log is out of step with one of its tables (a restored metastore, "
+        "another table, another catalog); its suspended_reason says why and how to recover.",
+        lambda s: 1 if s.suspended else 0,
+    ),
+    (
+        "sink_coordinator_checkpointed_epoch",
+        "The newest epoch whose Spark checkpoint the log recorded as durable (-1: none yet).",
+        lambda s: s.checkpointed_epoch,
+    ),
+    (
+        "sink_coordinator_committed_epoch",
+        "The newest epoch every table of the sink holds, with every epoch below it (-1: none yet); "
+        "checkpointed_epoch minus it is the sink's lag in epochs.",
+        lambda s: s.committed_epoch,
+    ),
+    (
+        "sink_coordinator_last_commit_timestamp_seconds",
+        "When the sink's committed epoch was marked COMMITTED (Unix time, the metastore's clock; no series when "
+        "the log no longer has it).",
+        lambda s: None if s.last_commit_at is None else s.last_commit_at.timestamp(),
+    ),
+    (
+        "sink_coordinator_last_precommit_timestamp_seconds",
+        "When the sink's newest epoch was (last) pre-committed (Unix time, the metastore's clock; no series before "
+        "the first).",
+        lambda s: None if s.last_precommit_at is None else s.last_precommit_at.timestamp(),
+    ),
+)
+# The gauges of this process's committer: each replica reports its own.
+_PROCESS_GAUGES: Final[Sequence[tuple[str, str, GaugeOf]]] = (
+    (
+        "sink_coordinator_committer_retrying",
+        "1 while this process's committer of the sink is retrying a failed commit.",
+        lambda s: 1 if s.retrying else 0,
+    ),
+    (
+        "sink_coordinator_committer_stuck",
+        "1 while this process's committer of the sink waits for an operator: its commits failed in a way no "
+        "retry can fix (the sink's committer.last_error says why).",
+        lambda s: 1 if s.stuck else 0,
+    ),
+)
 
 
 class _ScrapedGauges(Collector):
-    """The per-sink gauges of one scrape: built for that scrape alone, so that scrapes never share them."""
+    """The gauges of one scrape: built for that scrape alone, so that scrapes never share them."""
 
-    def __init__(self, sinks: Sequence[SinkGauges] | None) -> None:
-        self._sinks = sinks
+    def __init__(self, scrape: Scrape) -> None:
+        self._scrape = scrape
 
     def collect(self) -> Iterator[Metric]:
+        scrape, sinks = self._scrape, self._scrape.sinks or ()
         up = GaugeMetricFamily(
-            "sink_coordinator_metastore_up", "1 if the per-sink gauges could be read from the metastore at this scrape."
+            "sink_coordinator_metastore_up",
+            "1 if this scrape read the metastore within METRICS_READ_TIMEOUT_SECONDS (0: the per-sink gauges are "
+            "missing from it).",
         )
-        up.add_metric([], 0 if self._sinks is None else 1)
+        up.add_metric([], 0 if scrape.sinks is None else 1)
         yield up
-        families: list[tuple[str, str, Callable[[SinkGauges], float | None]]] = [
-            ("sink_coordinator_pending_epochs", "PENDING epochs of the sink (at scrape time).", lambda s: s.pending),
-            (
-                "sink_coordinator_aborted_epochs_in_log",
-                "ABORTED epochs still in the sink's log (at scrape time).",
-                lambda s: s.aborted,
-            ),
-            (
-                "sink_coordinator_oldest_pending_epoch_age_seconds",
-                "Age of the sink's oldest PENDING epoch; 0 when there is none.",
-                lambda s: s.oldest_pending_age_seconds or 0.0,
-            ),
-            (
-                "sink_coordinator_committer_retrying",
-                "1 while this process's committer of the sink is retrying a failed commit.",
-                lambda s: 1 if s.retrying else 0,
-            ),
-            (
-                "sink_coordinator_committer_stuck",
-                "1 while this process's committer of the sink waits for an operator: its commits failed in a way no "
-                "retry can fix (the sink's committer.last_error says why).",
-                lambda s: 1 if s.stuck else 0,
-            ),
-            (
-                "sink_coordinator_sink_stalled",
-                "1 while the sink does not advance: its oldest PENDING epoch has waited STALLED_AFTER_SECONDS (its "
-                "writer died or hangs before the checkpoint, or its commits fail; the sink's `stalled` says which).",
-                lambda s: 1 if s.stalled else 0,
-            ),
-            (
-                "sink_coordinator_writer_last_call_age_seconds",
-                "Seconds since the sink's writer last made a call a coordinator answered (no series before its "
-                "first recorded call).",
-                lambda s: s.writer_last_call_age_seconds,
-            ),
-            (
-                "sink_coordinator_sink_suspended",
-                "1 while the sink is suspended: its log is out of step with one of its tables (a restored metastore, "
-                "another table, another catalog); its suspended_reason says why and how to recover.",
-                lambda s: 1 if s.suspended else 0,
-            ),
-        ]
-        for name, documentation, value in families:
+        reporter = GaugeMetricFamily(
+            "sink_coordinator_log_reporter",
+            "1 on the one replica that reports the gauges read from the log (pending epochs, committed epoch, ...) "
+            "at this scrape; sum() over replicas is 1 (0 for a while after the reporter went away).",
+        )
+        reporter.add_metric([], 1 if scrape.log_reporter and scrape.sinks is not None else 0)
+        yield reporter
+        if scrape.pool is not None:
+            yield from _pool_families(scrape.pool)
+        for name, documentation, value in (*(_LOG_GAUGES if scrape.log_reporter else ()), *_PROCESS_GAUGES):
             family = GaugeMetricFamily(name, documentation, labels=["sink"])
-            for sink in self._sinks or ():
+            for sink in sinks:
                 measured = value(sink)
                 if measured is not None:
                     family.add_metric([sink.sink], float(measured))
             yield family
-        table_families: list[tuple[str, str, Callable[[TableGauges], float]]] = [
-            (
+        if scrape.log_reporter:
+            committed = GaugeMetricFamily(
                 "sink_coordinator_table_committed_epoch",
-                "The newest epoch of the sink whose files of this table the table holds (the sink's committed epoch "
-                "is the least over its tables).",
-                lambda t: t.committed_epoch,
-            ),
-            (
-                "sink_coordinator_table_commit_retrying",
-                "1 while this process's committer retries a failed commit to this table of the sink (its other "
-                "tables commit meanwhile).",
-                lambda t: 1 if t.retrying else 0,
-            ),
-        ]
-        for name, documentation, table_value in table_families:
-            family = GaugeMetricFamily(name, documentation, labels=["sink", "table"])
-            for sink in self._sinks or ():
+                "The newest epoch of the sink whose files of this table the table holds (the sink's committed "
+                "epoch is the least over its tables).",
+                labels=["sink", "table"],
+            )
+            for sink in sinks:
                 for table in sink.tables:
-                    family.add_metric([sink.sink, table.table], float(table_value(table)))
-            yield family
+                    committed.add_metric([sink.sink, table.table], float(table.committed_epoch))
+            yield committed
+        retrying = GaugeMetricFamily(
+            "sink_coordinator_table_commit_retrying",
+            "1 while this process's committer retries a failed commit to this table of the sink (its other tables "
+            "commit meanwhile).",
+            labels=["sink", "table"],
+        )
+        for sink in sinks:
+            for table in sink.tables:
+                retrying.add_metric([sink.sink, table.table], 1.0 if table.retrying else 0.0)
+        yield retrying
 
 
-def exposition(sinks: Sequence[SinkGauges] | None) -> bytes:
-    """The text /metrics answers: this process's counters and histograms, then the per-sink gauges of this scrape
-    (None: the metastore could not be read). Safe from any thread: prometheus_client locks its own metrics."""
+def _pool_families(pool: PoolGauges) -> Iterator[Metric]:
+    connections = GaugeMetricFamily(
+        "sink_coordinator_metastore_pool_connections",
+        "This process's metastore connections (its pool; the watch's and the reporter's are apart), by state: "
+        "in_use, idle.",
+        labels=["state"],
+    )
+    connections.add_metric(["in_use"], pool.in_use)
+    connections.add_metric(["idle"], pool.idle)
+    yield connections
+    most = GaugeMetricFamily(
+        "sink_coordinator_metastore_pool_max_connections",
+        "The most metastore connections the pool opens (DATABASE_POOL_SIZE, and as many again for bursts): in_use "
+        "near it means calls wait for a connection.",
+    )
+    most.add_metric([], pool.most)
+    yield most
+
+
+def exposition(sinks: Sequence[SinkGauges] | Scrape | None) -> bytes:
+    """The text /metrics answers: this process's counters and histograms, then the gauges of this scrape (sinks
+    alone, or None: the metastore could not be read). Safe from any thread: prometheus_client locks its own
+    metrics."""
+    scrape = sinks if isinstance(sinks, Scrape) else Scrape(sinks)
     scraped = CollectorRegistry(auto_describe=False)
-    scraped.register(_ScrapedGauges(sinks))
+    scraped.register(_ScrapedGauges(scrape))
     return generate_latest(REGISTRY) + generate_latest(scraped)
 
 
@@ -252,15 +510,39 @@ def record_commit(sink: str, epochs: int, *, snapshots: int, seconds: float) -> 
     with files of them; none when all are empty or were found in the tables)."""
     COMMITTED_EPOCHS.labels(sink).inc(epochs)
     COMMITS.labels(sink).inc(snapshots)
-    COMMIT_SECONDS.labels(sink).observe(seconds)
+    COMMIT_SECONDS.labels(SINK_SERIES.label(sink)).observe(seconds)
+
+
+def record_precommit(sink: str, seconds: float) -> None:
+    PRECOMMIT_SECONDS.labels(SINK_SERIES.label(sink)).observe(seconds)
 
 
 def record_maintenance(sink: str, run: MaintenanceRun, seconds: float) -> None:
     MAINTENANCE_RUNS.labels(sink, run.outcome).inc()
-    MAINTENANCE_SECONDS.labels(sink).observe(seconds)
-    SNAPSHOTS_EXPIRED.labels(sink).inc(run.snapshots_expired)
-    EXPIRED_FILES_DELETED.labels(sink).inc(run.expired_files_deleted)
-    FILES_COMPACTED.labels(sink).inc(run.files_compacted)
-    FILES_WRITTEN_BY_COMPACTION.labels(sink).inc(run.files_written)
-    BYTES_REWRITTEN.labels(sink).inc(run.bytes_rewritten)
-    ORPHANS_DELETED.labels(sink).inc(run.orphans_deleted)
+    label = SINK_SERIES.label(sink)
+    MAINTENANCE_SECONDS.labels(label).observe(seconds)
+    done = (
+        (SNAPSHOTS_EXPIRED, run.snapshots_expired),
+        (EXPIRED_FILES_DELETED, run.expired_files_deleted),
+        (FILES_COMPACTED, run.files_compacted),
+        (FILES_WRITTEN_BY_COMPACTION, run.files_written),
+        (BYTES_REWRITTEN, run.bytes_rewritten),
+        (ORPHANS_DELETED, run.orphans_deleted),
+    )
+    for counter, count in done:
+        if count:  # a run that did nothing of a kind adds no series for it
+            counter.labels(label).inc(count)
+
+
+# How often the event loop's lag is measured.
+LOOP_LAG_INTERVAL_SECONDS: Final = 0.5
+
+
+async def watch_event_loop_lag() -> None:
+    """Measure, forever, how late the running loop wakes a timer: what blocks the loop (a long computation, a
+    blocking call) delays every answer by as much."""
+    loop = asyncio.get_running_loop()
+    while True:
+        asked = loop.time()
+        await asyncio.sleep(LOOP_LAG_INTERVAL_SECONDS)
+        EVENT_LOOP_LAG_SECONDS.observe(max(0.0, loop.time() - asked - LOOP_LAG_INTERVAL_SECONDS))

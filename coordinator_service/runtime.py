@@ -9,14 +9,16 @@ import structlog
 from pyiceberg.catalog import Catalog, load_catalog
 from sqlalchemy.engine import URL
 
+from coordinator_service import metrics
 from coordinator_service.engine.cleaner import Cleaner
 from coordinator_service.engine.committer import Committer
 from coordinator_service.engine.maintenance import Maintainer
 from coordinator_service.engine.metastore_checks import MetastoreChecks
 from coordinator_service.engine.protocol import Coordinator
-from coordinator_service.log import schema
+from coordinator_service.log import schema, sink_rows
 from coordinator_service.log.database import ConnectionOptions, Database, create_sync_engine, normalize_url
 from coordinator_service.log.embedded import start_embedded_postgres
+from coordinator_service.log.reporter_lease import ReporterLease
 from coordinator_service.settings import Settings
 from coordinator_service.tables.iceberg import IcebergGateway
 from coordinator_service.tables.warehouse import local_warehouse
@@ -47,8 +49,8 @@ def migrate(url: URL, to: str = "head", lock_timeout_seconds: float = 10.0) -> s
     return revision or ""
 
 
-def require_migrated(url: URL) -> None:
-    engine = create_sync_engine(url)
+def require_migrated(url: URL, options: ConnectionOptions | None = None) -> None:
+    engine = create_sync_engine(url, options)
     try:
         with engine.connect() as connection:
             schema.require_current_schema(connection)
@@ -83,8 +85,14 @@ def catalog_properties(settings: Settings, url: URL) -> dict[str, str]:
     }
 
 
-def open_catalog(settings: Settings, url: URL) -> Catalog:
-    return load_catalog(settings.catalog_name, **catalog_properties(settings, url))
+def open_catalog(settings: Settings, url: URL, options: ConnectionOptions | None = None) -> Catalog:
+    """The catalog; the default SQL catalog in the metastore connects with `options` (its connect timeout and
+    keepalives: a metastore that does not answer fails the start's attempt instead of hanging it)."""
+    properties = catalog_properties(settings, url)
+    if not settings.catalog and options is not None:
+        uri = url.update_query_dict(options.libpq_connection())
+        properties["uri"] = uri.render_as_string(hide_password=False)
+    return load_catalog(settings.catalog_name, **properties)
 
 
 @dataclass
@@ -99,22 +107,34 @@ class Runtime:
     coordinator: Coordinator
     maintainer: Maintainer
     checks: MetastoreChecks
+    # Whether this replica reports the gauges read from the log (coordinator_service.log.reporter_lease).
+    lease: ReporterLease
     # Readiness: since when each shared dependency (metastore, catalog) has been failing (admin.routes_health).
     dependencies_failing_since: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     async def open(cls, settings: Settings) -> Runtime:
+        """The runtime, its metastore and catalog reached; their failures as they are (coordinator_service.startup
+        tells those a retry may fix)."""
+        options = connection_options(settings)
         url, embedded = await asyncio.to_thread(metastore_url, settings)
         if embedded:
             revision = await asyncio.to_thread(migrate, url)
             log.info("embedded metastore migrated", revision=revision, data_dir=str(settings.data_dir))
         else:
-            await asyncio.to_thread(require_migrated, url)
-        catalog = await asyncio.to_thread(open_catalog, settings, url)
-        database = Database(url, connection_options(settings))
+            await asyncio.to_thread(require_migrated, url, options)
+        catalog = await asyncio.to_thread(open_catalog, settings, url, options)
+        database = Database(url, options)
         tables = IcebergGateway(catalog, settings.table_cache_seconds, settings.orphan_grace_seconds)
         committer = Committer(database, tables, settings)
         cleaner = Cleaner(database, tables, settings)
+        metrics.SINK_SERIES.configure(settings.metrics_sink_detail_max_sinks)
+        try:
+            async with database.transaction() as session:
+                metrics.SINK_SERIES.track(await sink_rows.sink_names(session))
+        except BaseException:
+            await database.dispose()
+            raise
         return cls(
             settings,
             database,
@@ -124,6 +144,7 @@ class Runtime:
             Coordinator(database, tables, committer, cleaner),
             Maintainer(database, tables, committer, cleaner.deleter, settings),
             MetastoreChecks(database, tables, committer, settings),
+            ReporterLease(database, settings.metrics_reporter_idle_seconds),
         )
 
     def start(self) -> None:
@@ -134,8 +155,10 @@ class Runtime:
         self.committer.start()
         self.cleaner.start()
         self.maintainer.start()  # always: a sink's overrides may turn maintenance on where the default is off
+        self.lease.start()
 
     async def close(self) -> None:
+        await self.lease.stop()
         await self.checks.stop()
         await self.maintainer.stop()
         await self.cleaner.stop()

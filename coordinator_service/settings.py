@@ -221,6 +221,31 @@ class Settings(BaseSettings, MaintenancePolicy):
         description="A /metrics scrape is answered from the last one this recent; concurrent scrapes share one "
         "read of the metastore.",
     )
+    metrics_read_timeout_seconds: float = Field(
+        default=5.0,
+        ge=0.1,
+        le=300.0,
+        allow_inf_nan=False,
+        description="Longest a /metrics scrape waits for the metastore's per-sink gauges; past it the scrape "
+        "answers without them and with sink_coordinator_metastore_up 0 (keep it below Prometheus' scrape_timeout).",
+    )
+    metrics_sink_detail_max_sinks: int = Field(
+        default=200,
+        ge=0,
+        le=1_000_000,
+        description="With more sinks than this in the metastore, the latency histograms (pre-commit, commit, "
+        "maintenance) and the counters of maintenance work lose their sink label: one series per bucket or count "
+        "instead of one per sink (0: never per sink).",
+    )
+    metrics_reporter_idle_seconds: float = Field(
+        default=180.0,
+        ge=10.0,
+        le=DAY,
+        allow_inf_nan=False,
+        description="The gauges read from the metastore (a sink's epochs, its last commit) come from one replica at "
+        "a time, so that sum() over replicas counts each sink once; that replica gives the role up when it has not "
+        "been scraped for this long (keep it above the scrape interval).",
+    )
     grpc_max_concurrent_rpcs: int = Field(
         default=1000,
         ge=1,

@@ -29,6 +29,7 @@ from coordinator_service.admin.auth import AdminAuth
 from coordinator_service.admin.console_routes import CONSOLE_PREFIX, STATIC_DIRECTORY
 from coordinator_service.admin.console_session import ConsoleSessions
 from coordinator_service.admin.http_gate import HttpGate
+from coordinator_service.admin.request_counter import RequestCounter
 from coordinator_service.admin.shared_answer import SharedAnswer
 from coordinator_service.contract.errors import CoordinatorError
 from coordinator_service.engine.operations import Operations
@@ -65,6 +66,8 @@ def create_app(runtime: Runtime) -> FastAPI:
     app.include_router(console_routes.router)
     app.mount(f"{CONSOLE_PREFIX}/static", StaticFiles(directory=STATIC_DIRECTORY), name="console-static")
     app.add_middleware(HttpGate, auth=auth, sessions=sessions, allowed_hosts=settings.allowed_hosts)
+    # Added last, so outermost: the gate's refusals are counted too.
+    app.add_middleware(RequestCounter, routes=lambda: app.routes)
     return app
 
 

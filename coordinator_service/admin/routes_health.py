@@ -10,6 +10,7 @@ import asyncio
 import time
 from typing import Final
 
+import psycopg
 import structlog
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -19,8 +20,8 @@ from coordinator_service import metrics
 from coordinator_service.admin.deps import OperationsDep, RuntimeDep
 from coordinator_service.admin.shared_answer import SharedAnswer
 from coordinator_service.contract.errors import CoordinatorError, SchemaNotCurrent, cause
-from coordinator_service.engine.operations import Operations
-from coordinator_service.log.database import Database, within
+from coordinator_service.engine.operations import Operations, SinkOverview
+from coordinator_service.log.database import within
 from coordinator_service.log.schema import require_current_schema
 from coordinator_service.runtime import Runtime
 from coordinator_service.tables.catalog_calls import CREDENTIALS_REFUSED
@@ -39,42 +40,59 @@ NO_GRACE: Final = ("schema", CREDENTIALS_STATE)
 async def prometheus_metrics(request: Request, operations: OperationsDep) -> Response:
     """Prometheus metrics; the per-sink gauges are read from the metastore (at most METRICS_CACHE_SECONDS ago)."""
     shared: SharedAnswer[bytes] = request.app.state.metrics_answer
-    body = await shared.get(lambda: _scrape(operations, request.app.state.runtime.database))
+    body = await shared.get(lambda: _scrape(operations, request.app.state.runtime))
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
-async def _scrape(operations: Operations, database: Database) -> bytes:
-    gauges: list[metrics.SinkGauges] | None
+async def _scrape(operations: Operations, runtime: Runtime) -> bytes:
+    """The exposition of one scrape. The metastore's part is bounded by METRICS_READ_TIMEOUT_SECONDS: past it (or
+    while the metastore does not answer at all) the scrape says metastore_up 0 at once instead of timing out."""
+    database = runtime.database
     try:
         database.check_answering()  # a scrape never waits on a metastore that does not answer
-        gauges = [
-            metrics.SinkGauges(
-                sink=overview.sink.name,
-                pending=overview.counts.pending,
-                aborted=overview.counts.aborted,
-                oldest_pending_age_seconds=overview.counts.oldest_pending_age_seconds,
-                retrying=overview.health is not None and overview.health.retrying,
-                stuck=overview.health is not None and overview.health.stuck is not None,
-                suspended=overview.sink.suspended_reason is not None,
-                tables=[
-                    metrics.TableGauges(
-                        table=table.table,
-                        committed_epoch=table.committed_epoch,
-                        retrying=overview.health is not None and table.table in overview.health.failing_tables,
-                    )
-                    for table in overview.tables
-                ],
-                stalled=overview.stalled is not None,
-                writer_last_call_age_seconds=overview.counts.writer_last_call_age_seconds,
-            )
-            for overview in await operations.sinks()
-        ]
-    except CoordinatorError as error:
-        log.warning("metrics scrape could not read the metastore", error=error.message)
-        gauges = None
+        reporter, overviews = await within(
+            runtime.settings.metrics_read_timeout_seconds,
+            asyncio.gather(runtime.lease.take(), operations.sinks()),
+        )
+    except (CoordinatorError, TimeoutError, psycopg.Error, OSError) as error:
+        message = error.message if isinstance(error, CoordinatorError) else cause(error) or "no answer in time"
+        log.warning("metrics scrape could not read the metastore", error=message)
+        scrape = metrics.Scrape(None, log_reporter=False, pool=database.pool_gauges())
+    else:
+        metrics.SINK_SERIES.track(overview.sink.name for overview in overviews)
+        scrape = metrics.Scrape(
+            [_gauges(overview) for overview in overviews], log_reporter=reporter, pool=database.pool_gauges()
+        )
     # Rendering every label of every metric takes tens of milliseconds with many sinks: not on the loop that
     # answers the writers.
-    return await asyncio.to_thread(metrics.exposition, gauges)
+    return await asyncio.to_thread(metrics.exposition, scrape)
+
+
+def _gauges(overview: SinkOverview) -> metrics.SinkGauges:
+    health = overview.health
+    return metrics.SinkGauges(
+        sink=overview.sink.name,
+        pending=overview.counts.pending,
+        aborted=overview.counts.aborted,
+        oldest_pending_age_seconds=overview.counts.oldest_pending_age_seconds,
+        retrying=health is not None and health.retrying,
+        stuck=health is not None and health.stuck is not None,
+        suspended=overview.sink.suspended_reason is not None,
+        tables=[
+            metrics.TableGauges(
+                table=table.table,
+                committed_epoch=table.committed_epoch,
+                retrying=health is not None and table.table in health.failing_tables,
+            )
+            for table in overview.tables
+        ],
+        stalled=overview.stalled is not None,
+        writer_last_call_age_seconds=overview.counts.writer_last_call_age_seconds,
+        checkpointed_epoch=overview.sink.checkpointed_epoch,
+        committed_epoch=overview.sink.committed_epoch,
+        last_commit_at=overview.counts.last_commit_at,
+        last_precommit_at=overview.counts.last_precommit_at,
+    )
 
 
 @router.get("/healthz")

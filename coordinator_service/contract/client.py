@@ -132,6 +132,11 @@ class CoordinatorClient:
                 reply = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0, wait_for_ready=True)
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
                     return
+                if time.monotonic() > deadline:  # up, and not serving (its metastore not reached yet)
+                    raise CoordinatorRpcError(
+                        grpc.StatusCode.UNAVAILABLE,
+                        f"the coordinator at {self.target} is not serving after {timeout_seconds} s",
+                    )
                 time.sleep(0.1)  # up, not serving yet: no stream to wait on without a token
             except grpc.RpcError as error:
                 if time.monotonic() > deadline:

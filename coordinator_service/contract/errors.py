@@ -95,6 +95,14 @@ class Unavailable(CoordinatorError):
     http_status = HTTPStatus.SERVICE_UNAVAILABLE
 
 
+class MetastoreUnavailable(Unavailable):
+    """The PostgreSQL metastore cannot be reached, does not answer, or has no free connection: retry later."""
+
+
+class CatalogUnavailable(Unavailable):
+    """The Iceberg catalog or its storage failed (an outage, or a commit conflict): retry later."""
+
+
 class Unauthenticated(CoordinatorError):
     grpc_code = grpc.StatusCode.UNAUTHENTICATED
     http_status = HTTPStatus.UNAUTHORIZED

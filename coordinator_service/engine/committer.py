@@ -20,12 +20,21 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+import psycopg
 import pydantic
 import structlog
+from sqlalchemy.exc import SQLAlchemyError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
 
 from coordinator_service import failpoints, metrics
-from coordinator_service.contract.errors import CommitLockLost, InvalidArgument, SinkSuspended, cause
+from coordinator_service.contract.errors import (
+    CatalogUnavailable,
+    CommitLockLost,
+    InvalidArgument,
+    MetastoreUnavailable,
+    SinkSuspended,
+    cause,
+)
 from coordinator_service.contract.source_positions import snapshot_positions
 from coordinator_service.contract.views import EpochStatus
 from coordinator_service.engine import settlement
@@ -123,6 +132,24 @@ def numbering_of(sink: Sink) -> Numbering:
 
 def cannot_succeed_by_retrying(error: BaseException) -> bool:
     return isinstance(error, _PERMANENT_FAILURES)
+
+
+def retry_cause(error: BaseException | None) -> str:
+    """Why a commit pass failed, as the retries metric names it (metrics.RETRY_CAUSES)."""
+    if isinstance(error, CommitLockLost):
+        return "commit_lock_lost"
+    chain: list[BaseException] = []
+    while error is not None and len(chain) < 10:
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    if any(isinstance(each, CommitConflict) for each in chain):
+        return "catalog_conflict"
+    for each in chain:  # the outermost that says whose failure it was
+        if isinstance(each, CatalogUnavailable):
+            return "catalog"
+        if isinstance(each, MetastoreUnavailable | SQLAlchemyError | psycopg.Error):
+            return "metastore"
+    return "other"
 
 
 class Committer:
@@ -299,7 +326,7 @@ class Committer:
             health.attempts = state.attempt_number
             health.last_error = f"{type(error).__name__}: {error}"
             health.last_error_at = datetime.now(UTC)
-            metrics.COMMIT_RETRIES.labels(sink_state.label(sink_id)).inc()
+            metrics.COMMIT_RETRIES.labels(sink_state.label(sink_id), retry_cause(error)).inc()
             log.warning(
                 "commit failed; retrying",
                 attempt=state.attempt_number,

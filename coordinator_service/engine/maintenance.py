@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -83,8 +84,9 @@ def protected_by_markers(table: LoadedTable, sinks: Sequence[tuple[Sink, int]]) 
 
 
 class Maintainer:
-    """Runs every sink's table maintenance when it is due (the scheduled runs one at a time in this process;
-    an operator's run at once, the sink's commit lock keeping it apart from anything else on the sink)."""
+    """Runs every sink's table maintenance when it is due (the scheduled runs MAINTENANCE_CONCURRENCY at a time in
+    this process; an operator's run at once, the sink's commit lock keeping it apart from anything else on the
+    sink)."""
 
     def __init__(
         self,
@@ -103,6 +105,8 @@ class Maintainer:
         # Sinks whose commits took a table past a threshold: maintained at the next round, whatever the clock.
         self._wanted: set[int] = set()
         self._wake = asyncio.Event()
+        # Each sink's run started by the schedule, running or waiting for a slot (at most one per sink).
+        self._runs: dict[int, asyncio.Task[None]] = {}
         committer.maintenance_wanted = self.want
 
     def start(self) -> None:
@@ -114,11 +118,17 @@ class Maintainer:
         self._wake.set()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        tasks = [task for task in (self._task, *self._runs.values()) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _schedule_forever(self) -> None:
+        """Look for due sinks every POLL_INTERVAL_SECONDS (and when a commit wants a run), and start each one's run
+        unless it has one started or waiting already. The runs share MAINTENANCE_CONCURRENCY slots; the schedule
+        never waits for them, so a slow or hung run holds back its own sink alone, and the gauge of how far
+        maintenance is behind keeps being computed."""
+        slots = asyncio.Semaphore(self.settings.maintenance_concurrency)
         while True:
             try:
                 due = await self._due()
@@ -128,16 +138,25 @@ class Maintainer:
             wanted, self._wanted = self._wanted, set()
             runs = [(sink_id, MaintenanceTrigger.THRESHOLD) for sink_id in sorted(wanted)]
             runs += [(sink_id, MaintenanceTrigger.SCHEDULE) for sink_id in due if sink_id not in wanted]
-            # Up to MAINTENANCE_CONCURRENCY sinks at a time: one slow table does not hold the others' runs back.
-            slots = asyncio.Semaphore(self.settings.maintenance_concurrency)
-            await asyncio.gather(*(self._run_when_free(sink_id, trigger, slots) for sink_id, trigger in runs))
+            for sink_id, trigger in runs:
+                if sink_id in self._runs:
+                    if trigger == MaintenanceTrigger.THRESHOLD:
+                        self._wanted.add(sink_id)  # after the run under way, which may have begun before the commit
+                    continue
+                run = asyncio.create_task(self._run_when_free(sink_id, trigger, slots), name=f"maintenance-{sink_id}")
+                self._runs[sink_id] = run
+                run.add_done_callback(functools.partial(self._ran, sink_id))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.settings.poll_interval_seconds)
             self._wake.clear()
 
+    def _ran(self, sink_id: int, run: asyncio.Task[None]) -> None:
+        if self._runs.get(sink_id) is run:
+            del self._runs[sink_id]
+
     async def _run_when_free(self, sink_id: int, trigger: MaintenanceTrigger, slots: asyncio.Semaphore) -> None:
-        """The sink's run, if its commit lock is free; one sink's failure (its table, its stored overrides,
-        anything) never keeps the others from theirs."""
+        """The sink's run once a slot is free, if its commit lock is free; one sink's failure (its table, its stored
+        overrides, anything) never keeps the others from theirs."""
         async with slots:
             try:
                 async with commit_lock.try_holding(self.database, sink_id) as lock:

@@ -369,10 +369,12 @@ class Coordinator:
         if request.files_directory:
             for path in request.paths:
                 check_inside_location(path, request.files_directory, within="files_directory")
-        log_ = log.bind(sink=request.sink, epoch=request.epoch, writer_term=request.writer_term)
+        log_ = log.bind(
+            sink=request.sink, epoch=request.epoch, writer_term=request.writer_term, writer_id=request.writer_id
+        )
         fast = await self._pre_commit_first_attempt(request)
         if fast is not None:
-            metrics.PRECOMMIT_SECONDS.labels(request.sink).observe(time.monotonic() - started)
+            metrics.record_precommit(request.sink, time.monotonic() - started)
             log_.debug(
                 "pre-commit persisted", attempt=fast.attempt, records=fast.record_count, files=len(request.paths)
             )
@@ -402,7 +404,7 @@ class Coordinator:
             result = await self._persist(sink_id, request, files.entries, dict(request.properties), deadline)
         else:
             result = await self._gather(sink_id, writer_count, request, files.entries, deadline)
-        metrics.PRECOMMIT_SECONDS.labels(request.sink).observe(time.monotonic() - started)
+        metrics.record_precommit(request.sink, time.monotonic() - started)
         log_.debug(
             "pre-commit persisted", attempt=result.attempt, records=result.record_count, files=len(files.entries)
         )

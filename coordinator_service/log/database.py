@@ -20,8 +20,10 @@ from sqlalchemy.ext.asyncio import (
     async_sessionmaker,
     create_async_engine,
 )
+from sqlalchemy.pool import QueuePool
 
-from coordinator_service.contract.errors import InvalidArgument, Unavailable, cause
+from coordinator_service import metrics
+from coordinator_service.contract.errors import InvalidArgument, MetastoreUnavailable, cause
 
 log = structlog.get_logger(__name__)
 
@@ -55,8 +57,10 @@ def libpq_url(url: str | URL) -> str:
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-def create_sync_engine(url: URL) -> Engine:
-    return create_engine(url, pool_pre_ping=True)
+def create_sync_engine(url: URL, options: ConnectionOptions | None = None) -> Engine:
+    """A blocking engine (migrations, the start's checks); with `options`, a metastore that does not answer fails
+    its connection in their time instead of hanging."""
+    return create_engine(url, pool_pre_ping=True, connect_args={} if options is None else options.libpq())
 
 
 async def within(seconds: float, awaitable: asyncio.Future[T] | Coroutine[Any, Any, T]) -> T:
@@ -87,6 +91,10 @@ class ConnectionOptions:
     pool_timeout_seconds: float = 5.0
     application_name: str = "sink-coordinator"
     stall_seconds: float = 2.0
+
+    def libpq_connection(self) -> dict[str, str]:
+        """The connection's own parameters of libpq (no statement timeout), as URL query values."""
+        return {key: str(value) for key, value in self.libpq().items() if key != "options"}
 
     def libpq(self) -> dict[str, Any]:
         """libpq's connection parameters (psycopg's connect keywords)."""
@@ -143,7 +151,7 @@ class Database:
         """Unavailable at once, without waiting on a connection, while the metastore does not answer the watch: a
         stalled or frozen PostgreSQL is answered in seconds, not at the caller's deadline."""
         if self._silent_since is not None:
-            raise Unavailable(
+            raise MetastoreUnavailable(
                 f"the PostgreSQL metastore is unreachable (no answer for {self.silent_seconds:.0f} s: "
                 f"{self._last_error}): retry"
             )
@@ -195,8 +203,10 @@ class Database:
         try:
             async with self._sessions() as session, session.begin():
                 yield session
+        except exc.TimeoutError as error:
+            raise self._no_free_connection() from error
         except _CONNECTIVITY_ERRORS as error:
-            raise Unavailable(f"the PostgreSQL metastore is unreachable: {cause(error)}") from error
+            raise MetastoreUnavailable(f"the PostgreSQL metastore is unreachable: {cause(error)}") from error
 
     @asynccontextmanager
     async def reading(self) -> AsyncIterator[AsyncSession]:
@@ -214,8 +224,25 @@ class Database:
                 if autocommit:
                     await connection.execution_options(isolation_level="AUTOCOMMIT")
                 yield connection
+        except exc.TimeoutError as error:
+            raise self._no_free_connection() from error
         except _CONNECTIVITY_ERRORS as error:
-            raise Unavailable(f"the PostgreSQL metastore is unreachable: {cause(error)}") from error
+            raise MetastoreUnavailable(f"the PostgreSQL metastore is unreachable: {cause(error)}") from error
+
+    def _no_free_connection(self) -> MetastoreUnavailable:
+        """The pool had no connection free within DATABASE_POOL_TIMEOUT_SECONDS: counted, and retryable."""
+        metrics.METASTORE_POOL_TIMEOUTS.inc()
+        return MetastoreUnavailable(
+            f"no free metastore connection within {self.options.pool_timeout_seconds:g} s (all "
+            f"{2 * self.options.pool_size} in use): retry"
+        )
+
+    def pool_gauges(self) -> metrics.PoolGauges:
+        """The pool's connections now (for /metrics)."""
+        pool = self.engine.pool
+        in_use = pool.checkedout() if isinstance(pool, QueuePool) else 0
+        idle = pool.checkedin() if isinstance(pool, QueuePool) else 0
+        return metrics.PoolGauges(in_use=in_use, idle=idle, most=2 * self.options.pool_size)
 
     async def dispose(self) -> None:
         await self.engine.dispose()

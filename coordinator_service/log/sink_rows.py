@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import delete, func, select, text, update
+from sqlalchemy import case, delete, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import aliased
 
@@ -100,6 +100,13 @@ class EpochCounts:
     last_commit_at: datetime | None = None
     # Seconds since its writer's last answered call (sinks.writer_last_call_at); None: none recorded.
     writer_last_call_age_seconds: float | None = None
+    # When its newest epoch was (last) pre-committed: a PENDING one's latest attempt, another's first; None: the
+    # log holds no epoch of it.
+    last_precommit_at: datetime | None = None
+
+
+async def sink_names(session: AsyncSession) -> list[str]:
+    return list((await session.execute(select(Sink.name))).scalars())
 
 
 async def sinks_with_epoch_counts(session: AsyncSession, name: str | None = None) -> list[tuple[Sink, EpochCounts]]:
@@ -128,8 +135,28 @@ async def sinks_with_epoch_counts(session: AsyncSession, name: str | None = None
         .scalar_subquery()
     )
     writer_age = func.extract("epoch", func.now() - Sink.writer_last_call_at)
+    newest = aliased(EpochRecord)
+    # The newest epoch's row, found through the primary key (sink_id, epoch) from its end.
+    last_precommit = (
+        select(
+            case((newest.status == EpochStatus.PENDING, newest.updated_at), else_=newest.created_at),
+        )
+        .where(newest.sink_id == Sink.id)
+        .order_by(newest.epoch.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
     statement = (
-        select(Sink, counts.c.pending, counts.c.aborted, counts.c.age, counts.c.oldest, last_commit, writer_age)
+        select(
+            Sink,
+            counts.c.pending,
+            counts.c.aborted,
+            counts.c.age,
+            counts.c.oldest,
+            last_commit,
+            writer_age,
+            last_precommit,
+        )
         .outerjoin(counts, counts.c.sink_id == Sink.id)
         .order_by(Sink.name)
     )
@@ -145,9 +172,10 @@ async def sinks_with_epoch_counts(session: AsyncSession, name: str | None = None
                 oldest_pending_epoch=oldest,
                 last_commit_at=committed_at,
                 writer_last_call_age_seconds=None if call_age is None else float(call_age),
+                last_precommit_at=precommitted_at,
             ),
         )
-        for sink, pending_count, aborted_count, age, oldest, committed_at, call_age in (
+        for sink, pending_count, aborted_count, age, oldest, committed_at, call_age, precommitted_at in (
             await session.execute(statement)
         ).all()
     ]

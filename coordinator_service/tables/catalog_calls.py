@@ -12,7 +12,7 @@ from pyiceberg import exceptions as pyiceberg_errors
 from pyiceberg.exceptions import CommitFailedException, ServerError
 from sqlalchemy.exc import SQLAlchemyError
 
-from coordinator_service.contract.errors import CoordinatorError, Unavailable, cause
+from coordinator_service.contract.errors import CatalogUnavailable, CoordinatorError, cause
 from coordinator_service.log.database import DATA_ERRORS, unstorable
 
 T = TypeVar("T")
@@ -51,4 +51,4 @@ async def in_catalog(function: Callable[P, T], *args: P.args, **kwargs: P.kwargs
     except DATA_ERRORS as error:
         raise unstorable(error) from error
     except (CommitFailedException, ServerError, SQLAlchemyError, OSError) as error:
-        raise Unavailable(f"the Iceberg catalog or its storage failed: {cause(error)}") from error
+        raise CatalogUnavailable(f"the Iceberg catalog or its storage failed: {cause(error)}") from error

@@ -460,3 +460,37 @@ async def test_sinks_are_maintained_side_by_side_and_falling_behind_shows(
         return metrics.MAINTENANCE_BEHIND_SECONDS._value.get() > 0  # type: ignore[attr-defined,no-any-return]
 
     await eventually(behind, "the gauge of how far maintenance is behind")
+
+
+async def test_a_hung_maintenance_run_holds_back_its_own_sink_alone_and_shows_as_falling_behind(
+    admin_factory: AdminFactory, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The schedule waited for every run of a round before it looked again: one run that hung (a catalog call
+    without an answer) stopped every sink's maintenance in the process, and froze the gauge of how far it was
+    behind at its last value."""
+    admin = await admin_factory(maintenance_interval_seconds=0.5, maintenance_concurrency=2, **NO_COMPACTION)
+    for sink in ("hung", "second", "third"):
+        await admin.runtime.coordinator.register_writer(
+            sink, f"db.{sink}", -1, arrow_schema=ORDERS.serialize().to_pybytes()
+        )
+    hung = sink_id_of(database_url, "hung")
+    maintainer = admin.runtime.maintainer
+    run = maintainer._run
+    finished: dict[int, int] = {}
+    never = asyncio.Event()
+
+    async def hanging_or_counted(sink_id: int, trigger: str, lock: Any) -> Any:
+        if sink_id == hung:
+            await never.wait()
+        done = await run(sink_id, trigger, lock)
+        finished[sink_id] = finished.get(sink_id, 0) + 1
+        return done
+
+    monkeypatch.setattr(maintainer, "_run", hanging_or_counted)
+
+    async def others_maintained_again_and_behind_shows() -> bool:
+        behind = metrics.MAINTENANCE_BEHIND_SECONDS._value.get()  # type: ignore[attr-defined]
+        return len(finished) == 2 and min(finished.values()) >= 3 and behind > 1.0
+
+    await eventually(others_maintained_again_and_behind_shows, "the other sinks maintained run after run")
+    assert hung not in finished

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -21,6 +23,8 @@ from coordinator_service.log.database import normalize_url
 from coordinator_service.log.embedded import start_embedded_postgres, stop_embedded_postgres
 from coordinator_service.runtime import migrate
 from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, orders, write_parquet
+from tests.fixtures.postgres import query
+from tests.fixtures.postgres_server import PostgresServer, wheel_binaries
 
 SCHEMA = ORDERS.serialize().to_pybytes()
 
@@ -105,3 +109,108 @@ def test_a_frozen_metastore_is_answered_unavailable_within_seconds(
                 assert retrying.commit_checkpoint("orders", 1, writer.writer_term, wait=True).committed_epoch == 1
     finally:
         coordinator.stop()
+
+
+@pytest.fixture
+def stopped_postgres() -> Iterator[PostgresServer]:
+    """A migrated PostgreSQL server of this test's own, stopped: the metastore is down when the coordinator starts."""
+    server = PostgresServer(wheel_binaries())
+    try:
+        server.start()
+        migrate(normalize_url(server.url))
+        server.stop()
+        yield server
+    finally:
+        server.remove()
+
+
+def test_a_metastore_down_at_start_is_waited_for_and_served_once_it_is_up(
+    stopped_postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """On-call review: PostgreSQL refused at start, the process exited after 2 s with a 157-line traceback, and the
+    pod crash-looped, down for the restart's back-off after PostgreSQL was back. Now it listens first: live, not
+    ready, writers answered UNAVAILABLE (which they retry), every attempt one log line; ready once it is up."""
+    coordinator = CoordinatorProcess(database_url=stopped_postgres.url, data_dir=tmp_path / "coordinator")
+    coordinator.start(wait_serving=False)
+    try:
+        retrying = coordinator.wait_for_log("the metastore (or the catalog) is not reachable yet; retrying", attempt=2)
+        assert retrying["level"] == "warning" and "refused" in retrying["error"], retrying
+        assert http_json(f"{coordinator.http_url}/healthz") == {"status": "ok"}
+        ready = http_json(f"{coordinator.http_url}/readyz")
+        assert ready["ready"] is False and "not reachable yet" in str(ready["checks"]), ready
+        assert "sink_coordinator_metastore_up 0.0" in http_text(f"{coordinator.http_url}/metrics")
+        with coordinator.client(retry_seconds=0, timeout_seconds=10) as client:
+            outcome, seconds = timed(lambda: client.sink_state("orders"))
+            assert isinstance(outcome, CoordinatorRpcError), outcome
+            assert outcome.code == grpc.StatusCode.UNAVAILABLE and seconds < 2, (outcome, seconds)
+            assert "the coordinator is starting: its metastore is not reachable yet" in outcome.message
+
+        stopped_postgres.start()
+        coordinator.wait_serving()
+        assert http_json(f"{coordinator.http_url}/readyz")["ready"] is True
+        with coordinator.client() as client:
+            writer = client.register_writer("orders", "db.orders", -1, arrow_schema=SCHEMA)
+            client.pre_commit("orders", 0, writer.writer_term, [write_parquet(writer.table_location, orders(0, 5))])
+            assert client.commit_checkpoint("orders", 0, writer.writer_term, wait=True).committed_epoch == 0
+    finally:
+        coordinator.stop()
+    assert coordinator.process is not None and coordinator.process.returncode == 0
+    lines = coordinator.drain_logs()
+    assert not [line for line in lines if "Traceback" in json.dumps(line)], lines
+    assert [line["event"] for line in lines if line.get("level") in ("error", "critical")] == []
+
+
+def test_a_metastore_frozen_at_start_fails_each_attempt_in_seconds(
+    own_postgres: tuple[str, Path], tmp_path: Path
+) -> None:
+    """On-call review: with a frozen PostgreSQL the start took 132 s to fail (its checks had no connect timeout).
+    Each attempt now gives up after DATABASE_CONNECT_TIMEOUT_SECONDS, the probes answer meanwhile, and the
+    process serves once the server thaws."""
+    url, data_dir = own_postgres
+    coordinator = CoordinatorProcess(database_url=url, data_dir=tmp_path / "coordinator")
+    with frozen(data_dir):
+        started = time.monotonic()
+        coordinator.start(wait_serving=False, SINK_COORDINATOR_DATABASE_CONNECT_TIMEOUT_SECONDS="2")
+        try:
+            retrying = coordinator.wait_for_log(
+                "the metastore (or the catalog) is not reachable yet; retrying", timeout=30, attempt=2
+            )
+            assert time.monotonic() - started < 20, retrying
+            assert http_json(f"{coordinator.http_url}/healthz") == {"status": "ok"}
+            assert http_json(f"{coordinator.http_url}/readyz")["ready"] is False
+        except BaseException:
+            coordinator.stop()
+            raise
+    try:
+        coordinator.wait_serving()
+        assert http_json(f"{coordinator.http_url}/readyz")["ready"] is True
+    finally:
+        coordinator.stop()
+
+
+def test_a_start_no_retry_can_fix_is_one_json_line_and_a_failure(stopped_postgres: PostgresServer) -> None:
+    """A metastore at a schema this release cannot run on is no outage: the start ends at once, in one JSON line
+    where JSON logs were asked for (a log pipeline reads it), exit 1."""
+    stopped_postgres.start()
+    query(stopped_postgres.url, "UPDATE alembic_version SET version_num = '0001'")
+    result = subprocess.run(
+        [sys.executable, "-m", "coordinator_service.cli", "serve", "--grpc-port", "0", "--http-port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(Path.home()),
+            "SINK_COORDINATOR_DATABASE_URL": stopped_postgres.url,
+            "SINK_COORDINATOR_LOG_FORMAT": "json",
+        },
+    )
+    assert result.returncode == 1, result.stderr
+    lines = [json.loads(line) for line in result.stderr.splitlines()]  # every line JSON: no traceback
+    assert lines[-1]["event"] == "cannot serve" and lines[-1]["level"] == "error", lines
+    assert "run `sink-coordinator migrate`" in lines[-1]["error"], lines[-1]
+
+
+def http_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return str(response.read().decode())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -179,6 +180,20 @@ def test_bad_configuration_is_reported_not_raised(database_url: str) -> None:
     assert result.returncode == 2
     assert "SINK_COORDINATOR_GRPC_PORT='not-a-port'" in " ".join(result.stderr.split())
     assert "Traceback" not in result.stderr
+
+
+def test_bad_settings_are_one_json_line_where_json_logs_were_asked_for(database_url: str) -> None:
+    """On-call review: a start-up refusal was a plain line among JSON log lines (the chart asks for JSON)."""
+    result = cli(
+        "serve",
+        SINK_COORDINATOR_DATABASE_URL=database_url,
+        SINK_COORDINATOR_GRPC_PORT="99999",
+        SINK_COORDINATOR_LOG_FORMAT="json",
+    )
+    assert result.returncode == 2
+    [line] = [json.loads(line) for line in result.stderr.splitlines()]
+    assert line["event"] == "invalid configuration" and line["level"] == "error", line
+    assert "SINK_COORDINATOR_GRPC_PORT='99999'" in line["error"], line
 
 
 def test_status_shows_sinks_and_open_epochs(coordinator: CoordinatorProcess, database_url: str) -> None:

@@ -26,6 +26,19 @@ def _fairness_cell(sinks: int, p99_ms: float) -> dict[str, object]:
     }
 
 
+def _scrape(size: int, series: int) -> dict[str, object]:
+    return {
+        "bytes": size,
+        "series": series,
+        "log_series": 100,
+        "log_bytes": 1000,
+        "per_sink_histogram_series": 100,
+        "log_reporter": True,
+        "scrape": latency_stats([0.1]),
+        "healthz_during_scrapes": latency_stats([0.01]),
+    }
+
+
 def _shape(files: int) -> dict[str, int]:
     return {"metadata_json_bytes": 4096, "snapshots": 5, "manifests": 2, "data_files": files, "rows": 1000}
 
@@ -147,6 +160,18 @@ def test_report_renders_every_part(tmp_path: Path) -> None:
             "page_rows": 100,
             "first_paint": latency_stats([0.2, 0.25]),
         },
+        "metrics_scrape": {
+            "sinks": 1500,
+            "scrapes": 20,
+            "before": _scrape(5_000_000, 70_000),
+            "after": _scrape(2_000_000, 30_000),
+            "second_replica": _scrape(1_000_000, 15_000),
+            "bytes_ratio": 0.4,
+            "series_ratio": 0.43,
+            "time_ratio_p50": 0.5,
+            "fleet_bytes_ratio": 0.3,
+            "fleet_series_ratio": 0.32,
+        },
         "profiles": {"precommit": frames},
     }
     markdown = render(results)
@@ -158,3 +183,4 @@ def test_report_renders_every_part(tmp_path: Path) -> None:
     assert "| GET /console | 125 | 130 |  |" in markdown
     assert "| first contentful paint in headless Chromium | 225 | 250 | met |" in markdown
     assert "Page / API at p50: **2.00**." in markdown
+    assert "| per-sink histograms (before) | 5,000,000 | 70,000 | 100 | 100 | 100 | 10 |" in markdown

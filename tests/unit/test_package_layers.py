@@ -77,7 +77,8 @@ def test_the_shared_modules_import_no_layer_above_their_users() -> None:
 def test_every_module_is_in_a_layer_or_the_process() -> None:
     """The top of the package holds the process (settings, wiring, serving, the command line): nothing else."""
     top = {path.stem for path in PACKAGE.glob("*.py")} - {"__init__"}
-    process = {"app", "cli", "runtime", "grpc_server", "grpc_gate", "listening"} | SHARED - {"__version__"}
+    process = {"app", "cli", "runtime", "startup", "grpc_server", "grpc_gate", "grpc_requests", "listening"}
+    process |= SHARED - {"__version__"}
     assert top == process
     assert {path.name for path in PACKAGE.iterdir() if path.is_dir() and (path / "__init__.py").exists()} == set(LAYERS)
 
