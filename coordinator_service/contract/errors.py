@@ -103,6 +103,11 @@ class CatalogUnavailable(Unavailable):
     """The Iceberg catalog or its storage failed (an outage, or a commit conflict): retry later."""
 
 
+class CatalogConflict(CatalogUnavailable):
+    """The catalog refused a commit made on a table it has moved past (another commit landed first): nothing was
+    changed; load the table again and look."""
+
+
 class Unauthenticated(CoordinatorError):
     grpc_code = grpc.StatusCode.UNAUTHENTICATED
     http_status = HTTPStatus.UNAUTHORIZED

@@ -28,6 +28,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exp
 
 from coordinator_service import failpoints, metrics
 from coordinator_service.contract.errors import (
+    CatalogConflict,
     CatalogUnavailable,
     CommitLockLost,
     InvalidArgument,
@@ -53,7 +54,7 @@ from coordinator_service.log.database import Database
 from coordinator_service.log.models import EpochRecord, Sink
 from coordinator_service.log.precommit_metadata import DataFileEntry, MetadataDecodeError, PreCommitMetadata
 from coordinator_service.settings import Settings
-from coordinator_service.tables.catalog_calls import PERMANENT_FAILURES, CommitConflict
+from coordinator_service.tables.catalog_calls import PERMANENT_FAILURES, in_catalog
 from coordinator_service.tables.iceberg import IcebergGateway
 from coordinator_service.tables.table_maintenance import retention_of, table_properties_for
 
@@ -142,7 +143,7 @@ def retry_cause(error: BaseException | None) -> str:
     while error is not None and len(chain) < 10:
         chain.append(error)
         error = error.__cause__ or error.__context__
-    if any(isinstance(each, CommitConflict) for each in chain):
+    if any(isinstance(each, CatalogConflict) for each in chain):
         return "catalog_conflict"
     for each in chain:  # the outermost that says whose failure it was
         if isinstance(each, CatalogUnavailable):
@@ -465,8 +466,8 @@ class Committer:
         identity = settlement.identity_of(sink)
         # The cached table (kept current by this process's own commits): the append asserts its branch head,
         # so a stale one fails the commit and the next round walks a freshly loaded table.
-        table, from_cache = await asyncio.to_thread(self.iceberg.cached, table_name)
-        markers = await asyncio.to_thread(self.iceberg.sink_markers, table_name, identity, next(iter(work)), table)
+        table, from_cache = await in_catalog(self.iceberg.cached, table_name)
+        markers = await in_catalog(self.iceberg.sink_markers, table_name, identity, next(iter(work)), table)
         if markers and markers[-1].epoch >= next(iter(work)):
             if from_cache:
                 # Marking needs the current table, not a remembered one: walk again on a fresh load.
@@ -481,7 +482,7 @@ class Committer:
         await lock.verify()
         entries = [entry for each in work.values() for entry in each]
         try:
-            snapshot_id = await asyncio.to_thread(
+            snapshot_id = await in_catalog(
                 self.iceberg.append,
                 table_name,
                 identity,
@@ -492,7 +493,7 @@ class Committer:
                 self._table_properties(sink),
                 snapshot_positions(properties),  # a coalesced snapshot says where its newest epoch ended
             )
-        except CommitConflict as error:
+        except CatalogConflict as error:
             if not from_cache:
                 raise
             # The remembered table was behind the catalog (append forgot it): walk the current one now.

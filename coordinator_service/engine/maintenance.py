@@ -41,7 +41,7 @@ import structlog
 from pydantic import ValidationError
 
 from coordinator_service import failpoints, metrics
-from coordinator_service.contract.errors import CommitLockLost, NotFound, cause
+from coordinator_service.contract.errors import CatalogConflict, CommitLockLost, NotFound, cause
 from coordinator_service.engine import settlement
 from coordinator_service.engine.committer import Committer
 from coordinator_service.engine.file_deletion import FileDeleter, nested_table_roots
@@ -53,7 +53,7 @@ from coordinator_service.log.models import MaintenanceOutcome, MaintenanceRun, M
 from coordinator_service.log.path_claims import MarkRule
 from coordinator_service.settings import MaintenancePolicy, Settings
 from coordinator_service.tables import table_maintenance as tm
-from coordinator_service.tables.catalog_calls import CommitConflict, in_catalog
+from coordinator_service.tables.catalog_calls import in_catalog
 from coordinator_service.tables.iceberg import IcebergGateway, LoadedTable
 from coordinator_service.tables.markers import MARKER_EPOCH
 
@@ -288,7 +288,7 @@ class Maintainer:
         self, sink: Sink, identifier: str, policy: MaintenancePolicy, lock: CommitLock, run: MaintenanceRun
     ) -> None:
         table = await in_catalog(self.iceberg.load, identifier)
-        files = await asyncio.to_thread(tm.live_files, table)
+        files = await in_catalog(tm.live_files, table)
         small = [tm.as_small_file(data_file) for data_file in files.data]
         async with self.database.transaction() as session:
             held = await path_claims.unsettled(session, [file.path for file in small])
@@ -314,8 +314,8 @@ class Maintainer:
         replaced, written = await in_catalog(tm.write_compacted, table, groups, policy.compaction_target_file_bytes)
         await failpoints.hit(Failpoint.MAINTENANCE_BEFORE_COMPACTION_COMMIT)
         try:
-            committed = await asyncio.to_thread(tm.commit_compaction, table, replaced, written)
-        except CommitConflict:
+            committed = await in_catalog(tm.commit_compaction, table, replaced, written)
+        except CatalogConflict:
             # The commit did not happen (a conflict): the files written are nobody's.
             await self.deleter.delete(
                 sink.name, sink.id, lock, [identifier], [f.file_path for f in written], MarkRule.UNCLAIMED

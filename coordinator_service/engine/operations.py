@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from coordinator_service import metrics
 from coordinator_service.contract.errors import (
+    CatalogUnavailable,
     CoordinatorError,
     FailedPrecondition,
     InvalidArgument,
@@ -360,9 +361,9 @@ class Operations:
         can complete it, Unavailable otherwise)."""
         try:
             await self.committer.commit_checkpointed(sink_id, lock)
-        except CoordinatorError:
-            raise
         except Exception as error:
+            if isinstance(error, CoordinatorError) and not isinstance(error, CatalogUnavailable):
+                raise  # the reset's own refusals (the lock lost, a suspended sink) say what they are
             message = (
                 f"sink {name} cannot be reset: its checkpointed epochs could not be committed to its tables, so no "
                 f"epoch was aborted and nothing else changed ({type(error).__name__}: {cause(error)})"

@@ -361,6 +361,9 @@ async def test_metrics_count_commits_aborts_and_pending_epochs(admin: AdminApp) 
 async def test_a_failing_committer_shows_as_retrying(
     admin_factory: AdminFactory, catalog_database: CatalogDatabase
 ) -> None:
+    """The catalog's PostgreSQL down: the committer retries, and says it is the catalog. A SQL catalog's errors are
+    SQLAlchemy's too: raised inside the pass's metastore connection (the commit lock's), they were taken for the
+    metastore's ('the PostgreSQL metastore is unreachable', cause metastore)."""
     admin = await admin_factory(catalog=catalog_database.properties)
     sink = "outage"
     registration = await admin.register(sink)
@@ -374,11 +377,11 @@ async def test_a_failing_committer_shows_as_retrying(
 
     await eventually(retrying, "the committer reported as retrying")
     committer = (await admin.get(f"/api/v1/sinks/{sink}")).json()["committer"]
-    assert "Unavailable" in committer["last_error"]
+    assert committer["last_error"].startswith("CatalogUnavailable: the Iceberg catalog or its storage failed")
     assert committer["last_error_at"] is not None
     samples = scrape((await admin.get("/metrics")).text)
     assert samples["sink_coordinator_committer_retrying", (("sink", sink),)] == 1
-    assert samples["sink_coordinator_commit_retries_total", (("sink", sink),)] >= 2
+    assert samples["sink_coordinator_commit_retries_total", (("cause", "catalog"), ("sink", sink))] >= 2
     assert (await epoch_state(admin, sink, 0))["status"] == "PENDING"
 
 

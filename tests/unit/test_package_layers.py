@@ -96,8 +96,8 @@ def third_party(source: Path) -> set[str]:
 
 def test_only_the_tables_layer_speaks_the_table_format() -> None:
     """The table format is one layer's business: the engine decides (what to commit, delete, keep) on tables/'s
-    answers and types (LoadedTable, CommitConflict, PERMANENT_FAILURES), and never names pyiceberg; a change of
-    pyiceberg's API, or of the format library, stays in tables/."""
+    answers and types (LoadedTable, PERMANENT_FAILURES, in_catalog's CatalogConflict), and never names pyiceberg;
+    a change of pyiceberg's API, or of the format library, stays in tables/."""
     wrong = sorted(
         str(path.relative_to(PACKAGE))
         for layer in LAYERS
