@@ -4,7 +4,10 @@ The outermost interceptor: it wraps the handler the writer gate (coordinator_ser
 call the gate refuses (UNAUTHENTICATED, PERMISSION_DENIED, UNAVAILABLE while the coordinator starts) is counted
 like one the coordinator answered. The counters of every method of the coordinator and of the health check exist
 at 0 for every code from the start, so that increase() sees the first UNAVAILABLE or INTERNAL; a method nobody
-declared is counted as `unknown` (a client's method name is not a label value to trust).
+declared is counted as `unknown` when no service has it (UNIMPLEMENTED: a client's method name is not a label value
+to trust). The streams (health Watch, reflection) are left as they are, refusals included: a refusal of a
+bidirectional stream wrapped once more raced the client's first message, which then got INTERNAL instead of
+UNAUTHENTICATED.
 """
 
 from __future__ import annotations
@@ -25,13 +28,15 @@ KNOWN: Final = frozenset(
     {(COORDINATOR.full_name, method.name) for method in COORDINATOR.methods} | {(HEALTH, "Check"), (HEALTH, "Watch")}
 )
 UNKNOWN: Final = ("unknown", "unknown")
+# The unary methods, whose every answer is counted.
+UNARY: Final = KNOWN - {(HEALTH, "Watch")}
 
 Continuation = Callable[[grpc.HandlerCallDetails], Awaitable["grpc.RpcMethodHandler[Any, Any] | None"]]
 
 
 def initialize() -> None:
     """The unary methods' counters at 0 for every status code."""
-    for service, method in sorted(KNOWN - {(HEALTH, "Watch")}):
+    for service, method in sorted(UNARY):
         for code in grpc.StatusCode:
             metrics.GRPC_REQUESTS.labels(service, method, code.name)
 
@@ -51,6 +56,8 @@ class RequestCounter(grpc.aio.ServerInterceptor):
         if handler is None:
             metrics.GRPC_REQUESTS.labels(*labels, grpc.StatusCode.UNIMPLEMENTED.name).inc()
             return None
+        if labels not in UNARY:
+            return handler  # a stream of answers (health Watch, reflection): not counted
         if handler.unary_unary is not None:
             unary = cast(Callable[..., Awaitable[Any]], handler.unary_unary)
             return grpc.unary_unary_rpc_method_handler(
@@ -65,7 +72,7 @@ class RequestCounter(grpc.aio.ServerInterceptor):
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
-        return handler  # a stream of answers (health Watch, reflection): not counted
+        return handler
 
 
 def _counted(behavior: Callable[..., Awaitable[Any]], labels: tuple[str, str]) -> Callable[..., Awaitable[Any]]:
