@@ -522,7 +522,7 @@ class IcebergGateway:
         merge = transaction.table_metadata.properties.get(TableProperties.MANIFEST_MERGE_ENABLED) == "true"
         with update.merge_append() if merge else update.fast_append() as append:
             for entry in entries:
-                append.append_data_file(_data_file(table.metadata, entry))
+                append.append_data_file(entry_data_file(table.metadata, entry))
         committed = transaction.commit_transaction()
         snapshot = committed.current_snapshot()
         assert snapshot is not None
@@ -649,7 +649,8 @@ def _primitive(field_type: object) -> PrimitiveType:
     return field_type
 
 
-def _data_file(metadata: TableMetadata, entry: DataFileEntry) -> DataFile:
+def entry_data_file(metadata: TableMetadata, entry: DataFileEntry) -> DataFile:
+    """A pre-commit's entry as the manifest entry's data file, in the table's partition spec it was described for."""
     spec = metadata.specs()[entry.spec_id]
     partition_type = spec.partition_type(metadata.schema())
     partition = Record(
@@ -658,7 +659,7 @@ def _data_file(metadata: TableMetadata, entry: DataFileEntry) -> DataFile:
             for field, value in zip(partition_type.fields, entry.partition, strict=True)
         )
     )
-    return DataFile.from_args(
+    data_file = DataFile.from_args(
         content=DataFileContent.DATA,
         file_path=entry.path,
         file_format=FileFormat.PARQUET,
@@ -673,10 +674,11 @@ def _data_file(metadata: TableMetadata, entry: DataFileEntry) -> DataFile:
         upper_bounds=entry.upper_bounds,
         split_offsets=None if entry.split_offsets is None else list(entry.split_offsets),
         sort_order_id=None,
-        spec_id=entry.spec_id,
         equality_ids=None,
         key_metadata=None,
     )
+    data_file.spec_id = entry.spec_id  # not a field of the manifest entry: from_args drops it
+    return data_file
 
 
 # A table's schema, spec, format version and properties: what describing one of its files depends on.
