@@ -31,7 +31,7 @@ from pyiceberg.manifest import (
     ManifestWriterV2,
 )
 from pyiceberg.partitioning import PartitionSpec
-from pyiceberg.schema import Schema
+from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summary, update_snapshot_summaries
@@ -47,8 +47,9 @@ def check_file_schema(table_schema: Schema, file_schema: pa.Schema, format_versi
 
 
 def iceberg_schema(arrow_schema: pa.Schema) -> Schema:
-    """An Arrow schema (with or without field ids) as the Iceberg schema a table created from it starts with."""
-    return Catalog._convert_schema_if_needed(arrow_schema)
+    """An Arrow schema as the Iceberg schema a table created from it starts with: its fields numbered from 1 in their
+    order (pyiceberg's conversion leaves them all -1 until a table is created from it)."""
+    return assign_fresh_schema_ids(Catalog._convert_schema_if_needed(arrow_schema))
 
 
 def evolved_schema(update: UpdateSchema) -> Schema:

@@ -23,11 +23,9 @@ from pyiceberg.typedef import EMPTY_DICT
 from coordinator_service.log.precommit_metadata import DataFileEntry
 from coordinator_service.tables.iceberg import MetadataOnceTransaction, entry_data_file, without_retries
 from coordinator_service.tables.key_resolution import EpochRows, resolve_epochs
+from coordinator_service.tables.keyed_tables import KEYED_FORMAT_VERSION
 from coordinator_service.tables.position_deletes import write_position_deletes
 from coordinator_service.tables.pyiceberg_internals import RowDelta
-
-# Position delete files are a format v2 feature; v3 tables take deletion vectors instead (not built).
-ROW_DELTA_FORMAT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -73,10 +71,10 @@ def commit_row_delta(
             nothing changed: load the table and commit again.
         ValueError: the table is not a keyed format v2 table; an epoch's rows hold a key twice (DuplicateKeys).
     """
-    if table.format_version != ROW_DELTA_FORMAT_VERSION:
+    if table.format_version != KEYED_FORMAT_VERSION:
         raise ValueError(
             f"table {'.'.join(table.name())} is format v{table.format_version}: row mutations are committed as "
-            f"position delete files, which need format v{ROW_DELTA_FORMAT_VERSION}"
+            f"position delete files, which need format v{KEYED_FORMAT_VERSION}"
         )
     table = without_retries(table)
     epochs = [
