@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -44,6 +45,8 @@ RowPosition: TypeAlias = tuple[str, int]
 # Up to this many distinct values of a key column, the scan's filter names them (pyiceberg and Java prune files by
 # IN lists up to 200 values); beyond it, their range.
 _IN_LIST_LIMIT = 200
+# Data files read at once while resolving keys.
+_READERS = 4
 # Key column types whose values become a scan filter that prunes files by their bounds; other keys read every file.
 _PRUNABLE = (IntegerType, LongType, StringType)
 
@@ -129,7 +132,10 @@ def live_rows(table: Table, keys: Iterable[Key]) -> LiveRows:
     def matches(task: FileScanTask) -> list[tuple[Key, int]]:
         return _matching_rows(scan, task.file, deleted.get(task.file.file_path, []), wanted_table, names)
 
-    for task, rows in zip(tasks, ExecutorFactory.get_or_create().map(matches, tasks), strict=True):
+    # Threads of its own: each file's read runs on pyiceberg's pool, which a task waiting in that pool could starve.
+    with ThreadPoolExecutor(max_workers=_READERS, thread_name_prefix="key-resolution") as readers:
+        found_rows = list(readers.map(matches, tasks))
+    for task, rows in zip(tasks, found_rows, strict=True):
         for key, position in rows:
             found.positions.setdefault(key, []).append((task.file.file_path, position))
             found.data_files[task.file.file_path] = task.file

@@ -20,7 +20,6 @@ from pyiceberg.io.pyarrow import (
     compute_statistics_plan,
     data_file_statistics_from_parquet_metadata,
     parquet_path_to_id_mapping,
-    schema_to_pyarrow,
 )
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.schema import Schema
@@ -37,7 +36,12 @@ POSITION_DELETE_SCHEMA = Schema(
     NestedField(FILE_PATH_FIELD_ID, "file_path", StringType(), required=True),
     NestedField(POS_FIELD_ID, "pos", LongType(), required=True),
 )
-POSITION_DELETE_ARROW = schema_to_pyarrow(POSITION_DELETE_SCHEMA, include_field_ids=True)
+POSITION_DELETE_ARROW = pa.schema(
+    [
+        pa.field("file_path", pa.string(), nullable=False, metadata={"PARQUET:field_id": str(FILE_PATH_FIELD_ID)}),
+        pa.field("pos", pa.int64(), nullable=False, metadata={"PARQUET:field_id": str(POS_FIELD_ID)}),
+    ]
+)
 # Whole values in the bounds of both columns (Java writes delete files with full metrics too).
 _FULL_METRICS = {"write.metadata.metrics.default": "full"}
 _STATISTICS_PLAN = compute_statistics_plan(POSITION_DELETE_SCHEMA, _FULL_METRICS)
