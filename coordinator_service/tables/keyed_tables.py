@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pyarrow as pa
+import pydantic
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
@@ -45,14 +46,16 @@ def keyed_schema(arrow_schema: pa.Schema, keys: Sequence[str]) -> Schema:
             "declare it not nullable (and write no null in it)"
         )
     schema = iceberg_schema(arrow_schema)
-    try:
-        return Schema(
-            *schema.fields,
-            schema_id=schema.schema_id,
-            identifier_field_ids=[schema.find_field(key).field_id for key in keys],
-        )
-    except ValueError as error:
-        raise InvalidArgument(f"the key {quote(', '.join(keys))} cannot be a table's key: {cause(error)}") from error
+    for key in keys:
+        try:
+            Schema(*schema.fields, identifier_field_ids=[schema.find_field(key).field_id])
+        except pydantic.ValidationError as error:
+            reasons = "; ".join(str(problem["msg"]).split(" invalid: ")[-1] for problem in error.errors())
+            raise InvalidArgument(f"the key column {quote(key)} cannot be a table's key: {reasons}") from error
+        except ValueError as error:
+            raise InvalidArgument(f"the key column {quote(key)} cannot be a table's key: {cause(error)}") from error
+    identifiers = [schema.find_field(key).field_id for key in keys]
+    return Schema(*schema.fields, schema_id=schema.schema_id, identifier_field_ids=identifiers)
 
 
 def new_keyed_table_properties() -> dict[str, str]:

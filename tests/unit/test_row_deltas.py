@@ -38,6 +38,7 @@ from tests.fixtures.keyed_tables import (
     duckdb_table_rows,
     model_rows,
     pyiceberg_rows,
+    surviving_rows,
     write_epoch,
 )
 
@@ -97,8 +98,11 @@ def test_random_upserts_and_deletes_leave_each_key_once_with_its_last_value(
     model: dict[int, Row] = {}
     for number, epochs in enumerate(commits, start=1):
         committed = commit_epochs(gateway, identifier, epochs)
+        replaced = 0  # each live row of a key an epoch touches is deleted once, never a row already gone
         for operations in epochs:
+            replaced += len(set(surviving_rows(operations)[1]) & set(model))
             apply(model, operations)
+        assert committed.deleted_rows == replaced
 
         table = gateway.load(identifier)
         assert committed.snapshot_id == table.metadata.current_snapshot_id
