@@ -25,6 +25,7 @@ from coordinator_service.tables.key_resolution import DuplicateKeys, live_rows
 from coordinator_service.tables.row_deltas import EpochChange, commit_row_delta
 from tests.fixtures.coordinator import write_parquet
 from tests.fixtures.delete_files import commit_position_deletes
+from tests.fixtures.duckdb_reader import duckdb_rows
 from tests.fixtures.keyed_tables import (
     KEY_SCHEMA,
     KEYED,
@@ -293,3 +294,57 @@ def _parquet(table: Table, rows: list[Row]) -> str:
     return write_parquet(
         str(table.location()), [{"id": key, "region": region, "value": value} for key, region, value in rows], KEYED
     )
+
+
+def test_a_composite_key_is_resolved_as_a_whole(gateway: IcebergGateway, catalog: Catalog) -> None:
+    schema = pa.schema([pa.field("tenant", pa.string(), nullable=False), *KEYED])
+    gateway.ensure_table("db.accounts", schema, (), key=("tenant", "id"))
+
+    def commit(rows: list[tuple[str, int, str]], touched: list[tuple[str, int]]) -> None:
+        table = catalog.load_table("db.accounts")
+        columns = [{"tenant": t, "id": i, "region": "eu", "value": v} for t, i, v in rows]
+        path = write_parquet(str(table.location()), columns, schema)
+        entries = gateway.read_data_files("db.accounts", [path], 0, False).entries
+        keys = pa.table({"tenant": [t for t, _ in touched], "id": pa.array([i for _, i in touched], pa.int64())})
+        commit_row_delta(table, [EpochChange(entries, keys)], {})
+
+    commit([("a", 1, "a1"), ("b", 1, "b1"), ("a", 2, "a2")], [])
+    commit([("b", 1, "b1'")], [("a", 2), ("b", 2)])  # same ids, other tenants: only (b, 1) and (a, 2) change
+
+    table = catalog.load_table("db.accounts")
+    expected = [("a", 1, "eu", "a1"), ("b", 1, "eu", "b1'")]
+    assert sorted(tuple(row.values()) for row in table.scan().to_arrow().to_pylist()) == expected
+    duckdb = duckdb_rows(table.metadata_location, "tenant, id")
+    assert sorted(duckdb) == expected
+
+
+def test_rows_under_an_earlier_partition_spec_are_deleted_in_that_spec(
+    gateway: IcebergGateway, catalog: Catalog
+) -> None:
+    identifier = keyed_table(gateway)
+    model: dict[int, Row] = {}
+    first = [Upsert(key, "eu" if key % 2 else "us", "v0") for key in range(6)]
+    commit_epochs(gateway, identifier, [first])
+    apply(model, first)
+    with catalog.load_table(identifier).update_spec() as spec:
+        spec.add_identity("region")
+    second = [Upsert(key, "us", "v1") for key in range(3, 9)]
+    commit_epochs(gateway, identifier, [second])
+    apply(model, second)
+
+    third = [Delete(0), Upsert(4, "eu", "v2"), Upsert(8, "eu", "v2")]  # rows of spec 0, and of spec 1
+    committed = commit_epochs(gateway, identifier, [third])
+    apply(model, third)
+
+    table = gateway.load(identifier)
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    deletes = [
+        entry.data_file
+        for manifest in snapshot.manifests(table.io)
+        if manifest.content == ManifestContent.DELETES
+        for entry in manifest.fetch_manifest_entry(table.io)
+        if entry.snapshot_id == committed.snapshot_id
+    ]
+    assert sorted(delete.spec_id for delete in deletes) == [0, 1]
+    assert_readers_see(table, model)
