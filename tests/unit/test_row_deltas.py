@@ -348,3 +348,20 @@ def test_rows_under_an_earlier_partition_spec_are_deleted_in_that_spec(
     ]
     assert sorted(delete.spec_id for delete in deletes) == [0, 1]
     assert_readers_see(table, model)
+
+
+def test_maintenance_counts_delete_files_as_referenced(gateway: IcebergGateway, catalog: Catalog) -> None:
+    """The orphan sweep's referenced files include the delete files, and expiring the snapshot that added one while a
+    later snapshot still holds it frees nothing of it."""
+    identifier = keyed_table(gateway)
+    commit_epochs(gateway, identifier, [[Upsert(key, "eu", "a") for key in range(4)]])
+    first = commit_epochs(gateway, identifier, [[Upsert(1, "eu", "b")]])
+    commit_epochs(gateway, identifier, [[Upsert(2, "eu", "c")]])
+    table = catalog.load_table(identifier)
+
+    assert set(first.delete_files) <= tm.referenced_files(table)
+    committed, gone = tm.expire(table, [first.snapshot_id])
+    assert first.snapshot_id not in {snapshot.snapshot_id for snapshot in committed.snapshots()}
+    assert not set(first.delete_files) & gone.data_files
+    assert set(first.delete_files) <= tm.referenced_files(committed)
+    assert_readers_see(committed, {0: (0, "eu", "a"), 1: (1, "eu", "b"), 2: (2, "eu", "c"), 3: (3, "eu", "a")})
