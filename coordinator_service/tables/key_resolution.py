@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -33,7 +33,6 @@ from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.types import IntegerType, LongType, StringType
-from pyiceberg.utils.concurrent import ExecutorFactory
 
 from coordinator_service.tables.pyiceberg_internals import deleted_positions
 
@@ -109,9 +108,17 @@ def key_schema(schema: Schema) -> Schema:
 
 
 def keys_of(rows: pa.Table, schema: Schema) -> list[Key]:
-    """The keys of `rows` (a table holding the key columns by name, in any type that casts to theirs), in row order."""
+    """The keys of `rows` (a table holding the key columns by name, in any type that casts to theirs), in row order.
+    Raises ValueError when a key column is missing or holds a null: a key is never null."""
     arrow = key_schema(schema).as_arrow()
-    columns = [rows.column(name).cast(arrow.field(name).type).to_pylist() for name in key_columns(schema)]
+    columns = []
+    for name in key_columns(schema):
+        if name not in rows.column_names:
+            raise ValueError(f"the keys have no column {name}: the table's key is {', '.join(key_columns(schema))}")
+        column = rows.column(name)
+        if column.null_count:
+            raise ValueError(f"the keys hold {column.null_count} null {name}: a key is never null")
+        columns.append(column.cast(arrow.field(name).type).to_pylist())
     return list(zip(*columns, strict=True))
 
 
@@ -125,15 +132,15 @@ def live_rows(table: Table, keys: Iterable[Key]) -> LiveRows:
     schema = table.schema()
     names = key_columns(schema)
     tasks = list(table.scan(row_filter=_key_filter(schema, wanted), selected_fields=names).plan_files())
-    deleted = _deleted_by_path(table, tasks)
     wanted_table = pa.Table.from_pylist([dict(zip(names, key, strict=True)) for key in wanted])
     scan = ArrowScan(table.metadata, table.io, key_schema(schema), AlwaysTrue())
-
-    def matches(task: FileScanTask) -> list[tuple[Key, int]]:
-        return _matching_rows(scan, task.file, deleted.get(task.file.file_path, []), wanted_table, names)
-
     # Threads of its own: each file's read runs on pyiceberg's pool, which a task waiting in that pool could starve.
     with ThreadPoolExecutor(max_workers=_READERS, thread_name_prefix="key-resolution") as readers:
+        deleted = _deleted_by_path(table, tasks, readers)
+
+        def matches(task: FileScanTask) -> list[tuple[Key, int]]:
+            return _matching_rows(scan, task.file, deleted.get(task.file.file_path, []), wanted_table, names)
+
         found_rows = list(readers.map(matches, tasks))
     for task, rows in zip(tasks, found_rows, strict=True):
         for key, position in rows:
@@ -144,6 +151,8 @@ def live_rows(table: Table, keys: Iterable[Key]) -> LiveRows:
 
 def _key_filter(schema: Schema, keys: set[Key]) -> BooleanExpression:
     """A filter every row of `keys` passes, that prunes files whose bounds hold none of them (where it can)."""
+    if not keys:
+        return AlwaysFalse()
     conditions: list[BooleanExpression] = []
     for index, name in enumerate(key_columns(schema)):
         if not isinstance(schema.find_field(name).field_type, _PRUNABLE):
@@ -157,19 +166,18 @@ def _key_filter(schema: Schema, keys: set[Key]) -> BooleanExpression:
             conditions.append(
                 And(GreaterThanOrEqual(term=column, value=lowest), LessThanOrEqual(term=column, value=highest))
             )
-    if not keys:
-        return AlwaysFalse()
     if not conditions:
         return AlwaysTrue()
     return conditions[0] if len(conditions) == 1 else And(*conditions)
 
 
-def _deleted_by_path(table: Table, tasks: Sequence[FileScanTask]) -> dict[str, list[pa.ChunkedArray]]:
+def _deleted_by_path(
+    table: Table, tasks: Sequence[FileScanTask], readers: Executor
+) -> dict[str, list[pa.ChunkedArray]]:
     """The positions the tasks' delete files delete, by data file path; each delete file read once."""
     unique = {delete_file.file_path: delete_file for task in tasks for delete_file in task.delete_files}
-    delete_files = list(unique.values())
     by_path: dict[str, list[pa.ChunkedArray]] = defaultdict(list)
-    for positions in ExecutorFactory.get_or_create().map(lambda each: deleted_positions(table.io, each), delete_files):
+    for positions in readers.map(lambda each: deleted_positions(table.io, each), unique.values()):
         for path, rows in positions.items():
             by_path[path].append(rows)
     return by_path
@@ -183,12 +191,7 @@ def _matching_rows(
     names: Sequence[str],
 ) -> list[tuple[Key, int]]:
     """The live rows of one data file whose key is wanted: (key, position)."""
-    rows = scan.to_table([FileScanTask(data_file)])
-    if rows.num_rows != data_file.record_count:
-        raise ValueError(
-            f"data file {data_file.file_path} read {rows.num_rows} rows where its manifest entry counts "
-            f"{data_file.record_count}: row positions cannot be trusted"
-        )
+    rows = _all_rows(scan, data_file)
     rows = rows.select(list(names)).append_column("pos", pa.array(range(rows.num_rows), pa.int64()))
     if deleted:
         gone = pa.chunked_array([chunk for array in deleted for chunk in array.chunks], pa.int64())
@@ -204,6 +207,17 @@ def _matching_rows(
     return list(zip(zip(*columns, strict=True), rows.column("pos").to_pylist(), strict=True))
 
 
+def _all_rows(scan: ArrowScan, data_file: DataFile) -> pa.Table:
+    """Every row of a data file in file order (no filter, no delete applied): a row's index is its position."""
+    rows = scan.to_table([FileScanTask(data_file)])
+    if rows.num_rows != data_file.record_count:
+        raise ValueError(
+            f"data file {data_file.file_path} read {rows.num_rows} rows where its manifest entry counts "
+            f"{data_file.record_count}: row positions cannot be trusted"
+        )
+    return rows
+
+
 def epoch_rows(table: Table, data_files: Sequence[DataFile]) -> list[tuple[Key, RowPosition]]:
     """The keys of an epoch's new rows, with where each is: (key, (path, position))."""
     schema = table.schema()
@@ -211,7 +225,7 @@ def epoch_rows(table: Table, data_files: Sequence[DataFile]) -> list[tuple[Key, 
     scan = ArrowScan(table.metadata, table.io, key_schema(schema), AlwaysTrue())
     found: list[tuple[Key, RowPosition]] = []
     for data_file in data_files:
-        rows = scan.to_table([FileScanTask(data_file)])
+        rows = _all_rows(scan, data_file)
         columns = [rows.column(name).to_pylist() for name in names]
         found.extend((key, (data_file.file_path, position)) for position, key in enumerate(zip(*columns, strict=True)))
     return found

@@ -365,3 +365,14 @@ def test_maintenance_counts_delete_files_as_referenced(gateway: IcebergGateway, 
     assert not set(first.delete_files) & gone.data_files
     assert set(first.delete_files) <= tm.referenced_files(committed)
     assert_readers_see(committed, {0: (0, "eu", "a"), 1: (1, "eu", "b"), 2: (2, "eu", "c"), 3: (3, "eu", "a")})
+
+
+def test_touched_keys_without_the_key_column_or_with_a_null_are_refused(gateway: IcebergGateway) -> None:
+    identifier = keyed_table(gateway)
+    table = gateway.load(identifier)
+
+    with pytest.raises(ValueError, match="the keys hold 1 null id: a key is never null"):
+        commit_row_delta(table, [EpochChange([], pa.table({"id": pa.array([1, None], pa.int64())}))], {})
+    with pytest.raises(ValueError, match="the keys have no column id"):
+        commit_row_delta(table, [EpochChange([], pa.table({"key": [1]}))], {})
+    assert gateway.load(identifier).current_snapshot() is None
