@@ -27,7 +27,7 @@ def primitive(field_type: object) -> PrimitiveType:
     return field_type
 
 
-def data_file_of(metadata: TableMetadata, entry: DataFileEntry) -> DataFile:
+def entry_data_file(metadata: TableMetadata, entry: DataFileEntry) -> DataFile:
     spec = metadata.specs()[entry.spec_id]
     partition_type = spec.partition_type(metadata.schema())
     partition = Record(
@@ -36,7 +36,7 @@ def data_file_of(metadata: TableMetadata, entry: DataFileEntry) -> DataFile:
             for field, value in zip(partition_type.fields, entry.partition, strict=True)
         )
     )
-    return DataFile.from_args(
+    data_file = DataFile.from_args(
         content=DataFileContent.DATA,
         file_path=entry.path,
         file_format=FileFormat.PARQUET,
@@ -55,6 +55,8 @@ def data_file_of(metadata: TableMetadata, entry: DataFileEntry) -> DataFile:
         equality_ids=None,
         key_metadata=None,
     )
+    data_file.spec_id = entry.spec_id  # not a field of the manifest entry: from_args drops it
+    return data_file
 
 
 # A table's schema, spec, format version and properties: what describing one of its files depends on.

@@ -31,6 +31,7 @@ from pyiceberg.io.pyarrow import (
     data_file_statistics_from_parquet_metadata,
 )
 from pyiceberg.partitioning import UNPARTITIONED_PARTITION_SPEC
+from pyiceberg.schema import Schema
 from pyiceberg.table import CreateTableTransaction, StagedTable, Table, TableProperties, Transaction
 from pyiceberg.table.metadata import TableMetadata, new_table_metadata
 from pyiceberg.table.snapshots import ancestors_of
@@ -51,8 +52,9 @@ from coordinator_service.contract import partition_syntax
 from coordinator_service.contract.errors import InvalidArgument, cause, quote
 from coordinator_service.contract.table_identifiers import parse_table_identifier
 from coordinator_service.log.precommit_metadata import DataFileEntry
-from coordinator_service.tables.data_file_entries import FileRules, RulesKey, data_file_of, primitive
+from coordinator_service.tables.data_file_entries import FileRules, RulesKey, entry_data_file, primitive
 from coordinator_service.tables.file_paths import check_inside_location
+from coordinator_service.tables.keyed_tables import check_table_key, keyed_schema, new_keyed_table_properties
 from coordinator_service.tables.markers import (
     FENCE_REASON,
     FENCE_SINK,
@@ -168,14 +170,21 @@ class IcebergGateway:
         return table
 
     def ensure_table(
-        self, identifier: str, schema: pa.Schema | None, partition_by: Sequence[str], written_by: Sequence[str] = ()
+        self,
+        identifier: str,
+        schema: pa.Schema | None,
+        partition_by: Sequence[str],
+        written_by: Sequence[str] = (),
+        key: Sequence[str] = (),
     ) -> str:
         """Create the table when missing (given a schema), add new columns when present; return its location. The
         name went through the name policy, or the log records it from before the policy (the protocol's to say).
 
         A present table's schema must take the writer's files (InvalidArgument, nothing changed, naming the other
         sinks that write it, `written_by`): the same check the pre-commit makes of each file, before Spark writes
-        one."""
+        one. Given a `key` (the columns of an upsert or change stream's key), the table is keyed
+        (coordinator_service.tables.keyed_tables): created as format v2 with those identifier fields, or refused
+        when present with another key."""
         parts = parse_table_identifier(identifier)
         fields = [parse_partition_field(text) for text in partition_by]
         try:
@@ -186,8 +195,10 @@ class IcebergGateway:
                     f"table {quote(identifier)} does not exist in catalog {self.catalog_name} and the writer sent no "
                     "schema to create it: create the table, or send arrow_schema"
                 ) from None
-            table = self._create_table(parts, schema, fields)
+            table = self._create_table(parts, schema, fields, key)
         else:
+            if key:
+                check_table_key(table, key)
             if schema is not None:
                 check_writer_schema(table, identifier, schema, written_by)
                 self._add_missing_columns(table, schema)
@@ -195,8 +206,13 @@ class IcebergGateway:
         return str(table.location())
 
     def _create_table(
-        self, parts: tuple[str, ...], schema: pa.Schema, fields: list[tuple[str, Transform[Any, Any]]]
+        self,
+        parts: tuple[str, ...],
+        arrow_schema: pa.Schema,
+        fields: list[tuple[str, Transform[Any, Any]]],
+        key: Sequence[str],
     ) -> Table:
+        schema = keyed_schema(arrow_schema, key) if key else arrow_schema
         self._check_new_table(parts, schema, fields)
         namespace = parts[:-1]
         try:
@@ -207,9 +223,8 @@ class IcebergGateway:
             if not self.catalog.namespace_exists(namespace):
                 raise
         try:
-            with self.catalog.create_table_transaction(
-                parts, schema=schema, properties={ORIGIN: CREATED}
-            ) as transaction:
+            properties = {ORIGIN: CREATED, **(new_keyed_table_properties() if key else {})}
+            with self.catalog.create_table_transaction(parts, schema=schema, properties=properties) as transaction:
                 _describe_new_table(transaction, fields)
             log.info("created iceberg table", table=".".join(parts), partition_by=[str(f) for f in fields])
         except Exception:
@@ -218,15 +233,16 @@ class IcebergGateway:
         return self.catalog.load_table(parts)
 
     def _check_new_table(
-        self, parts: tuple[str, ...], schema: pa.Schema, fields: list[tuple[str, Transform[Any, Any]]]
+        self, parts: tuple[str, ...], schema: pa.Schema | Schema, fields: list[tuple[str, Transform[Any, Any]]]
     ) -> None:
         """Build the new table's metadata in memory, as _create_table does, so that a schema or a partitioning
         pyiceberg refuses is refused before the namespace or the table is created."""
-        missing = [source for source, _ in fields if source not in schema.names]
+        names = schema.names if isinstance(schema, pa.Schema) else schema.column_names
+        missing = [source for source, _ in fields if source not in names]
         if missing:
             raise InvalidArgument(
                 f"partition columns {quote(', '.join(missing))} are not in arrow_schema, whose columns are "
-                f"{quote(', '.join(schema.names))}"
+                f"{quote(', '.join(names))}"
             )
         try:
             metadata = new_table_metadata(
@@ -449,7 +465,7 @@ class IcebergGateway:
         merge = transaction.table_metadata.properties.get(TableProperties.MANIFEST_MERGE_ENABLED) == "true"
         with update.merge_append() if merge else update.fast_append() as append:
             for entry in entries:
-                append.append_data_file(data_file_of(table.metadata, entry))
+                append.append_data_file(entry_data_file(table.metadata, entry))
         committed = transaction.commit_transaction()
         snapshot = committed.current_snapshot()
         assert snapshot is not None

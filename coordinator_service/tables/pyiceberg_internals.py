@@ -2,27 +2,41 @@
 
 pyiceberg's public API does not offer these (yet): checking a file's schema against a table's without committing,
 a schema evolution applied in memory, a partition record's values, one metadata request for a file's size and
-modification time, writing data files of a table without appending them, and a `replace` snapshot. Each is pinned
+modification time, writing data files of a table without appending them, a `replace` snapshot, the positions a
+position delete file deletes, an Arrow schema as an Iceberg one, and a row delta (data and position delete files in
+one snapshot: pyiceberg writes no delete file). Each is pinned
 by a test of its own in tests/unit/test_pyiceberg_internals.py, so that an upgrade that moves one fails there, by
 name, before anything else; pyproject.toml pins pyiceberg to the minor release they were checked on."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import pyarrow as pa
 from pyarrow.fs import FileInfo
+from pyiceberg.catalog import Catalog
 from pyiceberg.io import FileIO
-from pyiceberg.io.pyarrow import PyArrowFile, _check_pyarrow_schema_compatible, _dataframe_to_data_files
-from pyiceberg.manifest import DataFile
-from pyiceberg.schema import Schema
-from pyiceberg.table import Table
+from pyiceberg.io.pyarrow import PyArrowFile, _check_pyarrow_schema_compatible, _dataframe_to_data_files, _read_deletes
+from pyiceberg.manifest import (
+    DataFile,
+    DataFileContent,
+    ManifestContent,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
+    ManifestWriter,
+    ManifestWriterV2,
+)
+from pyiceberg.partitioning import PartitionSpec
+from pyiceberg.schema import Schema, assign_fresh_schema_ids
+from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.metadata import TableMetadata
-from pyiceberg.table.snapshots import Operation, Summary
+from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summary, update_snapshot_summaries
 from pyiceberg.table.update.schema import UpdateSchema
-from pyiceberg.table.update.snapshot import _OverwriteFiles
+from pyiceberg.table.update.snapshot import _MergeAppendFiles, _OverwriteFiles
 from pyiceberg.typedef import EMPTY_DICT, Record
 
 
@@ -30,6 +44,12 @@ def check_file_schema(table_schema: Schema, file_schema: pa.Schema, format_versi
     """Raise ValueError when files of `file_schema` cannot be appended to a table of `table_schema` (a column the
     table requires that may hold nulls, a type that does not promote): the check pyiceberg's own append makes."""
     _check_pyarrow_schema_compatible(table_schema, file_schema, format_version=format_version)  # type: ignore[arg-type]
+
+
+def iceberg_schema(arrow_schema: pa.Schema) -> Schema:
+    """An Arrow schema as the Iceberg schema a table created from it starts with: its fields numbered from 1 in their
+    order (pyiceberg's conversion leaves them all -1 until a table is created from it)."""
+    return assign_fresh_schema_ids(Catalog._convert_schema_if_needed(arrow_schema))
 
 
 def evolved_schema(update: UpdateSchema) -> Schema:
@@ -76,3 +96,92 @@ def replace_files(
         for data_file in written:
             rewrite.append_data_file(data_file)
     return transaction.commit_transaction()
+
+
+def deleted_positions(io: FileIO, delete_file: DataFile) -> dict[str, pa.ChunkedArray]:
+    """The row positions a position delete file (Parquet, ORC, or a v3 deletion vector) deletes, by data file path:
+    pyiceberg's own reading of it, as its scans apply it."""
+    return _read_deletes(io, delete_file)
+
+
+class _PositionDeleteManifestWriter(ManifestWriterV2):
+    """A v2 manifest of delete files: `deletes` in its entry of the manifest list and in its own metadata."""
+
+    def content(self) -> ManifestContent:
+        return ManifestContent.DELETES
+
+    @property
+    def _meta(self) -> dict[str, str]:
+        return {**super()._meta, "content": "deletes"}
+
+
+class RowDelta(_MergeAppendFiles):
+    """Iceberg's row delta (Java's `newRowDelta()`): data files and position delete files added in one snapshot,
+    nothing removed, the table's manifests merged as its merge properties say. Each file goes to a manifest of its
+    own partition spec; the delete files to manifests of content `deletes`. The operation is Java's: `append` when
+    only data files are added, `delete` when only delete files, `overwrite` when both (rows replaced).
+
+    Its commit asserts the branch head the transaction's table is at, like every pyiceberg snapshot; pyiceberg's
+    retry would rebuild it on a newer head whose rows the positions were never resolved against, so the caller
+    commits it on a table whose retries are off."""
+
+    def __init__(self, transaction: Transaction, io: FileIO, snapshot_properties: dict[str, str]) -> None:
+        super().__init__(Operation.OVERWRITE, transaction, io, snapshot_properties=snapshot_properties)
+        self._added_delete_files: list[DataFile] = []
+
+    def add_delete_file(self, delete_file: DataFile) -> RowDelta:
+        if delete_file.content != DataFileContent.POSITION_DELETES:
+            raise ValueError(f"a row delta adds position delete files only, not {delete_file.content}")
+        self._added_delete_files.append(delete_file)
+        return self
+
+    def _manifests(self) -> list[ManifestFile]:
+        added = self._added_manifests(self._added_data_files, self.new_manifest_writer)
+        added += self._added_manifests(self._added_delete_files, self._new_delete_manifest_writer)
+        return self._process_manifests(added + self._existing_manifests())
+
+    def _new_delete_manifest_writer(self, spec: PartitionSpec) -> ManifestWriter:
+        return _PositionDeleteManifestWriter(
+            spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression
+        )
+
+    def _added_manifests(
+        self, files: Sequence[DataFile], writer_for: Callable[[PartitionSpec], ManifestWriter]
+    ) -> list[ManifestFile]:
+        by_spec: dict[int, list[DataFile]] = defaultdict(list)
+        for data_file in files:
+            by_spec[data_file.spec_id].append(data_file)
+        manifests = []
+        for spec_id, spec_files in sorted(by_spec.items()):
+            with writer_for(self.spec(spec_id)) as writer:
+                for data_file in spec_files:
+                    writer.add(
+                        ManifestEntry.from_args(
+                            status=ManifestEntryStatus.ADDED,
+                            snapshot_id=self._snapshot_id,
+                            sequence_number=None,
+                            file_sequence_number=None,
+                            data_file=data_file,
+                        )
+                    )
+            manifests.append(writer.to_manifest_file())
+        return manifests
+
+    def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
+        metadata = self._transaction.table_metadata
+        limit = metadata.properties.get(
+            TableProperties.WRITE_PARTITION_SUMMARY_LIMIT, TableProperties.WRITE_PARTITION_SUMMARY_LIMIT_DEFAULT
+        )
+        collector = SnapshotSummaryCollector(partition_summary_limit=int(limit))
+        specs, schema = metadata.specs(), metadata.schema()
+        for added in (*self._added_data_files, *self._added_delete_files):
+            collector.add_file(added, partition_spec=specs[added.spec_id], schema=schema)
+        if self._added_delete_files:
+            operation = Operation.OVERWRITE if self._added_data_files else Operation.DELETE
+        else:
+            operation = Operation.APPEND
+        parent = None if self._parent_snapshot_id is None else metadata.snapshot_by_id(self._parent_snapshot_id)
+        return update_snapshot_summaries(
+            summary=Summary(operation=operation, **collector.build(), **snapshot_properties),
+            previous_summary=None if parent is None else parent.summary,
+        )

@@ -12,7 +12,12 @@ from pyiceberg.exceptions import CommitFailedException
 from sqlalchemy.exc import OperationalError
 
 from coordinator_service import metrics
-from coordinator_service.contract.errors import CatalogUnavailable, CommitLockLost, MetastoreUnavailable
+from coordinator_service.contract.errors import (
+    CatalogConflict,
+    CatalogUnavailable,
+    CommitLockLost,
+    MetastoreUnavailable,
+)
 from coordinator_service.engine.committer import retry_cause
 
 
@@ -26,11 +31,11 @@ def raised_from(error: Exception, cause: BaseException) -> Exception:
 def test_a_retried_commit_is_counted_by_its_cause() -> None:
     """On-call review: one retries counter for a catalog conflict, a catalog outage and a metastore outage; the
     first is another writer's doing, the others are pages."""
-    conflict = raised_from(CatalogUnavailable("the Iceberg catalog failed"), CommitFailedException("conflict"))
+    # Every catalog call of the engine goes through in_catalog, which makes a refused commit a CatalogConflict.
+    conflict = raised_from(CatalogConflict("the Iceberg catalog refused a commit"), CommitFailedException("conflict"))
     catalog_outage = raised_from(CatalogUnavailable("the Iceberg catalog failed"), OSError("connection refused"))
     metastore = raised_from(MetastoreUnavailable("unreachable"), OperationalError("SELECT", {}, Exception("x")))
     assert retry_cause(conflict) == "catalog_conflict"
-    assert retry_cause(CommitFailedException("a requirement failed")) == "catalog_conflict"
     assert retry_cause(catalog_outage) == "catalog"
     assert retry_cause(metastore) == "metastore"
     assert retry_cause(OperationalError("SELECT", {}, Exception("x"))) == "metastore"

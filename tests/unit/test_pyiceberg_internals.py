@@ -4,6 +4,7 @@ SQLite in a temporary directory."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.io.pyarrow import PyArrowFileIO
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table
@@ -24,6 +26,13 @@ from coordinator_service.tables import pyiceberg_internals as internals
 SCHEMA = Schema(
     NestedField(1, "order_id", LongType(), required=True),
     NestedField(2, "country", StringType(), required=False),
+)
+# A position delete file's columns (the spec's reserved field ids).
+POSITION_DELETES = pa.schema(
+    [
+        pa.field("file_path", pa.string(), nullable=False, metadata={"PARQUET:field_id": "2147483546"}),
+        pa.field("pos", pa.int64(), nullable=False, metadata={"PARQUET:field_id": "2147483545"}),
+    ]
 )
 ROWS = pa.Table.from_pylist(
     [{"order_id": n, "country": "DE" if n % 2 else "FR"} for n in range(10)],
@@ -86,3 +95,105 @@ def test_data_files_of_writes_files_nothing_references_and_replace_files_swaps_t
     assert snapshot.summary["marker"] == "test"
     assert {task.file.file_path for task in committed.scan().plan_files()} == {f.file_path for f in written}
     assert sorted(committed.scan().to_arrow().column("order_id").to_pylist()) == list(range(10))
+
+
+def test_iceberg_schema_numbers_an_arrow_schemas_fields_and_keeps_their_nullability() -> None:
+    schema = internals.iceberg_schema(ROWS.schema)
+
+    assert schema.column_names == ["order_id", "country"]
+    assert sorted(schema.field_ids) == [1, 2]
+    assert [field.required for field in schema.fields] == [True, False]
+
+
+def test_deleted_positions_are_read_by_data_file_path(table: Table, tmp_path: Path) -> None:
+    path = tmp_path / "deletes.parquet"
+    rows = pa.table({"file_path": ["file:///a", "file:///a", "file:///b"], "pos": [3, 7, 0]}, schema=POSITION_DELETES)
+    pq.write_table(rows, path)
+    delete_file = DataFile.from_args(
+        content=DataFileContent.POSITION_DELETES,
+        file_path=path.as_uri(),
+        file_format=FileFormat.PARQUET,
+        record_count=3,
+        file_size_in_bytes=path.stat().st_size,
+    )
+
+    deleted = internals.deleted_positions(table.io, delete_file)
+
+    assert {data_path: positions.to_pylist() for data_path, positions in deleted.items()} == {
+        "file:///a": [3, 7],
+        "file:///b": [0],
+    }
+
+
+def test_row_delta_adds_data_and_delete_files_in_one_snapshot_under_java_operations(table: Table) -> None:
+    """Delete files go to `deletes` manifests of their own spec; a delete applies to a data file of the same
+    snapshot (the same sequence number); the operation is append, overwrite or delete as Java's row delta says."""
+    transaction = table.transaction()
+    first = internals.RowDelta(transaction, table.io, {"marker": "1"})
+    old = list(internals.data_files_of(table.metadata, ROWS, table.io))
+    for data_file in old:
+        data_file.spec_id = table.spec().spec_id
+        first.append_data_file(data_file)
+    first.commit()
+    table = transaction.commit_transaction()
+    assert _operation(table) == "append"
+
+    [de] = [task.file for task in table.scan().plan_files() if task.file.partition[0] == "DE"]
+    new = list(internals.data_files_of(table.metadata, ROWS.slice(0, 2), table.io))
+    [new_fr] = [data_file for data_file in new if data_file.partition[0] == "FR"]
+    for data_file in new:
+        data_file.spec_id = table.spec().spec_id
+    deletes = [
+        _position_deletes(table, de, [0]),  # order 1 of the first snapshot
+        _position_deletes(table, new_fr, [0]),  # order 0 of this snapshot
+    ]
+    transaction = table.transaction()
+    delta = internals.RowDelta(transaction, table.io, {"marker": "2"})
+    for data_file in new:
+        delta.append_data_file(data_file)
+    for delete_file in deletes:
+        delta.add_delete_file(delete_file)
+    delta.commit()
+    table = transaction.commit_transaction()
+
+    snapshot = table.current_snapshot()
+    assert snapshot is not None and snapshot.summary is not None
+    assert (_operation(table), snapshot.summary["marker"]) == ("overwrite", "2")
+    assert (snapshot.summary["added-delete-files"], snapshot.summary["added-position-deletes"]) == ("2", "2")
+    contents = {manifest.content.name for manifest in snapshot.manifests(table.io) if manifest.has_added_files()}
+    assert contents == {"DATA", "DELETES"}
+    # Without the deletes orders 0 and 1 would be there twice; with a wrong position, another order would be gone.
+    assert sorted(table.scan().to_arrow().column("order_id").to_pylist()) == list(range(10))
+    with pytest.raises(ValueError, match="position delete files only"):
+        internals.RowDelta(table.transaction(), table.io, {}).add_delete_file(old[0])
+
+    transaction = table.transaction()
+    only_deletes = internals.RowDelta(transaction, table.io, {})
+    only_deletes.add_delete_file(_position_deletes(table, de, [1]))
+    only_deletes.commit()
+    table = transaction.commit_transaction()
+    assert _operation(table) == "delete"
+    assert sorted(table.scan().to_arrow().column("order_id").to_pylist()) == [0, 1, 2, 4, 5, 6, 7, 8, 9]
+
+
+def _operation(table: Table) -> str:
+    snapshot = table.current_snapshot()
+    assert snapshot is not None and snapshot.summary is not None
+    return str(snapshot.summary.operation.value)
+
+
+def _position_deletes(table: Table, data_file: DataFile, positions: list[int]) -> DataFile:
+    path = f"{table.location()}/data/{uuid.uuid4().hex}-deletes.parquet"
+    rows = pa.table({"file_path": [data_file.file_path] * len(positions), "pos": positions}, schema=POSITION_DELETES)
+    with table.io.new_output(path).create() as stream:
+        pq.write_table(rows, stream)
+    delete_file = DataFile.from_args(
+        content=DataFileContent.POSITION_DELETES,
+        file_path=path,
+        file_format=FileFormat.PARQUET,
+        partition=data_file.partition,
+        record_count=len(positions),
+        file_size_in_bytes=len(table.io.new_input(path)),
+    )
+    delete_file.spec_id = data_file.spec_id
+    return delete_file

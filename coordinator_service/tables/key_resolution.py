@@ -1,0 +1,273 @@
+"""Where keys live: a keyed table's live rows of given keys, as (data file path, row position), and the positions a
+sequence of epochs deletes when each replaces or deletes the rows of the keys it touched.
+
+A keyed table's identifier fields (`identifier-field-ids`) are its key. The live rows are found by scanning the
+table with pyiceberg: the files its current snapshot holds (pruned by the keys' values where the file statistics
+allow), their key columns read whole in file order, so that a row's index is its position, minus the positions the
+table's position delete files already delete. That costs as much as the table, not the epoch (docs/architecture.md,
+"Row mutations: position deletes resolved at commit"); a key index is what changes it, and is not built yet.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.expressions import (
+    AlwaysFalse,
+    AlwaysTrue,
+    And,
+    BooleanExpression,
+    GreaterThanOrEqual,
+    In,
+    LessThanOrEqual,
+    Reference,
+)
+from pyiceberg.io.pyarrow import ArrowScan
+from pyiceberg.manifest import DataFile
+from pyiceberg.schema import Schema
+from pyiceberg.table import FileScanTask, Table
+from pyiceberg.types import IntegerType, LongType, StringType
+
+from coordinator_service.tables.pyiceberg_internals import deleted_positions
+
+# A key's values, in the order of the table's identifier fields.
+Key: TypeAlias = tuple[Any, ...]
+# A row of a data file: its path and its position in the file (0 first).
+RowPosition: TypeAlias = tuple[str, int]
+
+# Up to this many distinct values of a key column, the scan's filter names them (pyiceberg and Java prune files by
+# IN lists up to 200 values); beyond it, their range.
+_IN_LIST_LIMIT = 200
+# Data files read at once while resolving keys.
+_READERS = 4
+# Key column types whose values become a scan filter that prunes files by their bounds; other keys read every file.
+_PRUNABLE = (IntegerType, LongType, StringType)
+
+
+class DuplicateKeys(ValueError):
+    """An epoch's new rows hold a key more than once: committing them would make the key appear twice."""
+
+
+@dataclass(frozen=True)
+class EpochRows:
+    """One epoch's change to a keyed table: the data files of its rows (the last row of each key it upserted) and the
+    keys it touched (upserted or deleted), as a table of the key columns. The keys of its rows count as touched
+    whether or not `touched_keys` names them."""
+
+    data_files: Sequence[DataFile]
+    touched_keys: pa.Table
+
+
+@dataclass
+class LiveRows:
+    """Where each key lives among a table's live rows, and the data files of those rows by path."""
+
+    positions: dict[Key, list[RowPosition]] = field(default_factory=dict)
+    data_files: dict[str, DataFile] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ResolvedDeletes:
+    """The row positions a sequence of epochs deletes, resolved against the table at `base_snapshot_id` (None: the
+    table had no snapshot): by data file path, sorted, with each path's data file (the table's or an epoch's)."""
+
+    base_snapshot_id: int | None
+    positions: dict[str, list[int]]
+    data_files: dict[str, DataFile]
+    keys_resolved: int
+
+    @property
+    def deleted_rows(self) -> int:
+        return sum(len(rows) for rows in self.positions.values())
+
+
+def key_columns(schema: Schema) -> tuple[str, ...]:
+    """The names of the schema's identifier fields (its key), in their order. Raises ValueError when it has none, or a
+    key column that is not a top-level column."""
+    if not schema.identifier_field_ids:
+        raise ValueError("the table has no identifier fields (identifier-field-ids): it has no key to resolve")
+    top_level = {column.field_id for column in schema.fields}
+    names = []
+    for field_id in schema.identifier_field_ids:
+        name = schema.find_column_name(field_id)
+        if name is None or field_id not in top_level:
+            raise ValueError(f"the key column {name or field_id} is nested: only top-level key columns are resolved")
+        names.append(name)
+    return tuple(names)
+
+
+def key_schema(schema: Schema) -> Schema:
+    """The table schema's key columns alone (their field ids and types)."""
+    return schema.select(*key_columns(schema))
+
+
+def keys_of(rows: pa.Table, schema: Schema) -> list[Key]:
+    """The keys of `rows` (a table holding the key columns by name, in any type that casts to theirs), in row order.
+    Raises ValueError when a key column is missing or holds a null: a key is never null."""
+    arrow = key_schema(schema).as_arrow()
+    columns = []
+    for name in key_columns(schema):
+        if name not in rows.column_names:
+            raise ValueError(f"the keys have no column {name}: the table's key is {', '.join(key_columns(schema))}")
+        column = rows.column(name)
+        if column.null_count:
+            raise ValueError(f"the keys hold {column.null_count} null {name}: a key is never null")
+        columns.append(column.cast(arrow.field(name).type).to_pylist())
+    return list(zip(*columns, strict=True))
+
+
+def live_rows(table: Table, keys: Iterable[Key]) -> LiveRows:
+    """Where the `keys` live among the table's live rows (its current snapshot, minus the rows its position delete
+    files delete). A key the table does not hold is absent; a key the table holds more than once has all its rows."""
+    wanted = set(keys)
+    found = LiveRows()
+    if not wanted or table.current_snapshot() is None:
+        return found
+    schema = table.schema()
+    names = key_columns(schema)
+    tasks = list(table.scan(row_filter=_key_filter(schema, wanted), selected_fields=names).plan_files())
+    wanted_table = pa.Table.from_pylist([dict(zip(names, key, strict=True)) for key in wanted])
+    scan = ArrowScan(table.metadata, table.io, key_schema(schema), AlwaysTrue())
+    # Threads of its own: each file's read runs on pyiceberg's pool, which a task waiting in that pool could starve.
+    with ThreadPoolExecutor(max_workers=_READERS, thread_name_prefix="key-resolution") as readers:
+        deleted = _deleted_by_path(table, tasks, readers)
+
+        def matches(task: FileScanTask) -> list[tuple[Key, int]]:
+            return _matching_rows(scan, task.file, deleted.get(task.file.file_path, []), wanted_table, names)
+
+        found_rows = list(readers.map(matches, tasks))
+    for task, rows in zip(tasks, found_rows, strict=True):
+        for key, position in rows:
+            found.positions.setdefault(key, []).append((task.file.file_path, position))
+            found.data_files[task.file.file_path] = task.file
+    return found
+
+
+def _key_filter(schema: Schema, keys: set[Key]) -> BooleanExpression:
+    """A filter every row of `keys` passes, that prunes files whose bounds hold none of them (where it can)."""
+    if not keys:
+        return AlwaysFalse()
+    conditions: list[BooleanExpression] = []
+    for index, name in enumerate(key_columns(schema)):
+        if not isinstance(schema.find_field(name).field_type, _PRUNABLE):
+            continue
+        values = {key[index] for key in keys}
+        column = Reference(name)
+        if len(values) <= _IN_LIST_LIMIT:
+            conditions.append(In(term=column, values=values))
+        else:
+            lowest, highest = min(values), max(values)
+            conditions.append(
+                And(GreaterThanOrEqual(term=column, value=lowest), LessThanOrEqual(term=column, value=highest))
+            )
+    if not conditions:
+        return AlwaysTrue()
+    return conditions[0] if len(conditions) == 1 else And(*conditions)
+
+
+def _deleted_by_path(
+    table: Table, tasks: Sequence[FileScanTask], readers: Executor
+) -> dict[str, list[pa.ChunkedArray]]:
+    """The positions the tasks' delete files delete, by data file path; each delete file read once."""
+    unique = {delete_file.file_path: delete_file for task in tasks for delete_file in task.delete_files}
+    by_path: dict[str, list[pa.ChunkedArray]] = defaultdict(list)
+    for positions in readers.map(lambda each: deleted_positions(table.io, each), unique.values()):
+        for path, rows in positions.items():
+            by_path[path].append(rows)
+    return by_path
+
+
+def _matching_rows(
+    scan: ArrowScan,
+    data_file: DataFile,
+    deleted: Sequence[pa.ChunkedArray],
+    wanted: pa.Table,
+    names: Sequence[str],
+) -> list[tuple[Key, int]]:
+    """The live rows of one data file whose key is wanted: (key, position)."""
+    rows = _all_rows(scan, data_file)
+    rows = rows.select(list(names)).append_column("pos", pa.array(range(rows.num_rows), pa.int64()))
+    if deleted:
+        gone = pa.chunked_array([chunk for array in deleted for chunk in array.chunks], pa.int64())
+        rows = rows.filter(pc.invert(pc.is_in(rows.column("pos"), value_set=gone.combine_chunks())))
+    if len(names) == 1:
+        [name] = names
+        column = rows.column(name)
+        rows = rows.filter(pc.is_in(column, value_set=wanted.column(name).cast(column.type).combine_chunks()))
+    else:
+        typed = pa.table({name: wanted.column(name).cast(rows.column(name).type) for name in names})
+        rows = rows.join(typed, keys=list(names), join_type="left semi")
+    columns = [rows.column(name).to_pylist() for name in names]
+    return list(zip(zip(*columns, strict=True), rows.column("pos").to_pylist(), strict=True))
+
+
+def _all_rows(scan: ArrowScan, data_file: DataFile) -> pa.Table:
+    """Every row of a data file in file order (no filter, no delete applied): a row's index is its position."""
+    rows = scan.to_table([FileScanTask(data_file)])
+    if rows.num_rows != data_file.record_count:
+        raise ValueError(
+            f"data file {data_file.file_path} read {rows.num_rows} rows where its manifest entry counts "
+            f"{data_file.record_count}: row positions cannot be trusted"
+        )
+    return rows
+
+
+def epoch_rows(table: Table, data_files: Sequence[DataFile]) -> list[tuple[Key, RowPosition]]:
+    """The keys of an epoch's new rows, with where each is: (key, (path, position))."""
+    schema = table.schema()
+    names = key_columns(schema)
+    scan = ArrowScan(table.metadata, table.io, key_schema(schema), AlwaysTrue())
+    found: list[tuple[Key, RowPosition]] = []
+    for data_file in data_files:
+        rows = _all_rows(scan, data_file)
+        columns = [rows.column(name).to_pylist() for name in names]
+        found.extend((key, (data_file.file_path, position)) for position, key in enumerate(zip(*columns, strict=True)))
+    return found
+
+
+def resolve_epochs(table: Table, epochs: Sequence[EpochRows]) -> ResolvedDeletes:
+    """The positions that committing `epochs` (in order, as one snapshot) on the table as loaded deletes: each epoch
+    deletes the live rows of every key it touched, including rows an earlier epoch of the sequence added, and its own
+    rows become the live rows of their keys. The table is scanned once, for every key of every epoch.
+
+    Raises DuplicateKeys when an epoch's rows hold a key twice."""
+    schema = table.schema()
+    new_rows = [epoch_rows(table, epoch.data_files) for epoch in epochs]
+    touched: list[set[Key]] = []
+    for epoch, rows in zip(epochs, new_rows, strict=True):
+        _refuse_duplicates(rows)
+        touched.append(set(keys_of(epoch.touched_keys, schema)) | {key for key, _ in rows})
+    live = live_rows(table, set().union(*touched))
+    data_files = dict(live.data_files)
+    deleted: dict[str, set[int]] = defaultdict(set)
+    for epoch, rows, keys in zip(epochs, new_rows, touched, strict=True):
+        for key in keys:
+            for path, position in live.positions.pop(key, ()):
+                deleted[path].add(position)
+        for key, row in rows:
+            live.positions[key] = [row]
+        data_files.update((data_file.file_path, data_file) for data_file in epoch.data_files)
+    snapshot = table.current_snapshot()
+    return ResolvedDeletes(
+        base_snapshot_id=None if snapshot is None else snapshot.snapshot_id,
+        positions={path: sorted(rows) for path, rows in sorted(deleted.items())},
+        data_files={path: data_files[path] for path in deleted},
+        keys_resolved=sum(len(keys) for keys in touched),
+    )
+
+
+def _refuse_duplicates(rows: Sequence[tuple[Key, RowPosition]]) -> None:
+    seen: dict[Key, RowPosition] = {}
+    for key, row in rows:
+        if key in seen:
+            raise DuplicateKeys(
+                f"the key {key} is in an epoch's rows twice ({seen[key][0]} row {seen[key][1]} and {row[0]} row "
+                f"{row[1]}): an epoch writes one row per key, the last of it"
+            )
+        seen[key] = row
