@@ -4,10 +4,10 @@ or delete, as one snapshot (Iceberg's row delta), resolved against the branch he
 Blocking, like the rest of this package. The commit asserts the head it resolved against: when the table moved
 (another commit, maintenance), the catalog refuses it (CommitFailedException; CatalogConflict through in_catalog)
 and nothing changes; the caller loads the table again and resolves again. pyiceberg's own retry would re-apply the
-same positions to a head they were never resolved against, so it is off. Delete files written for a refused commit are referenced by nothing and stay on
-storage for the orphan sweep, the one place that proves a file unreferenced before it deletes it.
-No equality delete file is ever written (docs/architecture.md, "Row mutations: position deletes resolved at
-commit").
+same positions to a head they were never resolved against, so it is off. Delete files written for a refused commit
+are referenced by nothing and stay on storage for the orphan sweep, the one place that proves a file unreferenced
+before it deletes it. No equality delete file is ever written (docs/architecture.md, "Row mutations: position
+deletes resolved at commit").
 """
 
 from __future__ import annotations
