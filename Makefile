@@ -39,8 +39,11 @@ check: $(INSTALLED)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# The suite's tests wait on processes, servers and Spark much of the time: two workers on two cores finished it in
+# 0.63 x the time of one (11:26 against 18:07). TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= auto
 pytest: $(INSTALLED)
-	@$(BIN)/pytest --ignore=tests/torture $(PYTEST_ARGS); status=$$?; \
+	@$(BIN)/pytest -n $(TEST_WORKERS) --ignore=tests/torture $(PYTEST_ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests: the suite is broken"; exit 1; fi; \
 	exit $$status
 
