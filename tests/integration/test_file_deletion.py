@@ -59,7 +59,10 @@ async def test_a_writer_cannot_have_the_tables_metadata_file_deleted(
 ) -> None:
     """Security review: a writer pre-committed the table's current metadata.json (with a footer, so it was never
     read), had the epoch aborted, and the cleaner deleted it: the table could not be loaded any more."""
-    await committed_sink(admin)
+    # A sink name of its own: the sink series are the process's, and a runtime of an earlier test that knew a sink
+    # "orders" in its own database could take this one's series out when it next looks at the log.
+    sink = "guarded-metadata"
+    await committed_sink(admin, sink)
     table = catalog.load_table("db.orders")
     metadata = table.metadata_location
     # A footer sent with the path: the coordinator never reads the file, so it need not be Parquet.
@@ -67,10 +70,10 @@ async def test_a_writer_cannot_have_the_tables_metadata_file_deleted(
     pq.read_metadata(next(iter(table_files(table))).removeprefix("file://")).write_metadata_file(footer)
     size = await asyncio.to_thread(os.path.getsize, metadata.removeprefix("file://"))
     facts = FileFacts(footer.getvalue().to_pybytes(), size)
-    term = (await admin.runtime.coordinator.sink_state("orders")).writer_term
+    term = (await admin.runtime.coordinator.sink_state(sink)).writer_term
     with pytest.raises(InvalidArgument, match="outside the table's data directory"):
         await admin.runtime.coordinator.pre_commit(
-            PreCommitRequest("orders", 2, term, (metadata,), file_facts={metadata: facts})
+            PreCommitRequest(sink, 2, term, (metadata,), file_facts={metadata: facts})
         )
 
     # What a release before this one may have left in the log: the path given up, due for the cleaner.
@@ -78,13 +81,13 @@ async def test_a_writer_cannot_have_the_tables_metadata_file_deleted(
         database_url,
         "INSERT INTO epoch_files (path, sink_id, discarded_at) VALUES (%s, %s, now() - interval '1 day')",
         metadata,
-        sink_id_of(database_url, "orders"),
+        sink_id_of(database_url, sink),
     )
-    before = refused_count("orders")
+    before = refused_count(sink)
     await admin.runtime.cleaner.clean()
     assert await asyncio.to_thread(exists, metadata)
     assert table_order_ids(catalog.load_table("db.orders")) == list(range(20))
-    assert refused_count("orders") == before + 1
+    assert refused_count(sink) == before + 1
     assert query(database_url, "SELECT count(*) FROM epoch_files WHERE path = %s", metadata) == [(0,)]
 
 
