@@ -45,6 +45,7 @@ TEST_WORKERS ?= auto
 pytest: $(INSTALLED)
 	@$(BIN)/pytest -n $(TEST_WORKERS) --ignore=tests/torture $(PYTEST_ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests: the suite is broken"; exit 1; fi; \
+	for report in .pytest-hangs/*.txt; do [ -f "$$report" ] && tail -n 80 "$$report"; done; \
 	exit $$status
 
 ## serve: run the coordinator on the embedded defaults (PostgreSQL and catalog in ./.sink-coordinator)
