@@ -19,8 +19,6 @@ from coordinator_service.log.models import (
     SinkTable,
 )
 
-# First key of the two-int advisory locks the committer takes per sink ("SC"); tests hold them as another committer.
-
 
 class RowLock(enum.Enum):
     """A row lock a read takes for the rest of its transaction."""
