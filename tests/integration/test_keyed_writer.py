@@ -24,6 +24,8 @@ from spark_writer.kafka.arrow import KAFKA_SCHEMA
 from spark_writer.mutations.decoding import MutationParser, json_value_schema
 from spark_writer.mutations.modes import MutationMode, Mutations
 from spark_writer.mutations.tasks import keyed_tasks
+from spark_writer.routing.routes import Routes
+from spark_writer.routing.split import TaskRouting
 from spark_writer.sink.kafka_records import JsonBatchParser
 from spark_writer.sink.parquet_writer import DataFileTarget
 from tests.fixtures.coordinator import CoordinatorProcess
@@ -128,6 +130,43 @@ def test_a_batch_writes_its_winners_and_the_keys_it_touched_and_the_same_again(
     again_rows, again_keys, again_files = run(7)  # Spark runs the batch again (a retry, a restart)
     assert (again_rows, again_keys) == (first_rows, first_keys)
     assert not set(again_files) & set(first_files)  # named per task attempt
+
+
+def test_a_routed_batch_writes_each_tables_rows_and_keys_under_that_table(spark: SparkSession, tmp_path: Path) -> None:
+    """Fan-out: the route column is one of the key's, so a key's every change (a tombstone too) goes to one table."""
+    produced = changes()
+    keyed = Mutations(MutationMode.UPSERT, ("region", "id"))
+
+    def region(key: int) -> str:
+        return "eu" if key % 3 else "us"
+
+    rows = []
+    for message_key, message_value, *rest in kafka_rows(produced):
+        key = json.loads(message_key)["id"]
+        value = None if message_value is None else json.dumps({**json.loads(message_value), "region": region(key)})
+        rows.append((json.dumps({"id": key, "region": region(key)}).encode(), value and value.encode(), *rest))
+    frame = spark.createDataFrame(rows, KAFKA_SCHEMA)
+    parser = MutationParser(JsonBatchParser(json_value_schema(ROW, keyed), evolve=False, read_keys=True), keyed)
+    prepared = parser.prepare(frame)
+    locations = {table: (tmp_path / table).as_uri() for table in ("db.own", "db.eu", "db.us")}
+    routing = TaskRouting(Routes.static("region", [("eu", "db.eu"), ("us", "db.us")]), "db.own", locations)
+    target = DataFileTarget(
+        locations["db.own"], 3, prepared.schema, (), 1 << 20, decoding=prepared.decoding, routing=routing
+    )
+    files = [row for row in keyed_tasks(prepared.frame, target).collect() if row.path is not None]
+    expected_rows, expected_keys = model(produced)
+    for table, value in (("db.eu", "eu"), ("db.us", "us")):
+        mine = [row for row in files if row.table == table]
+        assert all(row.path.startswith(f"{locations[table]}/data/") for row in mine)
+        data = read_files([row.path for row in mine if not row.key_file])
+        keys = read_files([row.path for row in mine if row.key_file])
+        assert {(r["region"], r["id"]): r["value"] for t in data for r in t.to_pylist()} == {
+            (value, key): v for key, v in expected_rows.items() if region(key) == value
+        }
+        assert {(r["region"], r["id"]) for t in keys for r in t.to_pylist()} == {
+            (value, key) for key in expected_keys if region(key) == value
+        }
+    assert not [row for row in files if row.table in (None, "db.own")]  # every record had a route
 
 
 @pytest.mark.kafka
