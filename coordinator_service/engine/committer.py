@@ -126,11 +126,8 @@ def refuse_keyed_epochs(sink: Sink, pending: Sequence[EpochRecord], decoded: Seq
     ]
     if keyed:
         raise KeyedCommitNotBuilt(
-            f"sink {sink.name} is keyed by {', '.join(sink.key_columns) or 'its key files'} (an upsert or change "
-            f"stream) and epochs {keyed[:10]} change rows: the keyed commit path (resolving keys to position deletes, "
-            "a row delta per table) is not built in this release, and appending them would put keys in the table "
-            "twice. They stay PENDING; upgrade the coordinator to a release that commits keyed epochs, then resume the "
-            "sink"
+            f"the keyed commit path is not built in this release: epochs {keyed[:5]} of keyed sink {sink.name} stay "
+            "PENDING (an append would put keys in the table twice); upgrade the coordinator, then resume the sink"
         )
 
 

@@ -227,7 +227,8 @@ async def test_the_committer_never_appends_a_keyed_epoch(admin: AdminApp, catalo
     await eventually(stuck, "the keyed epoch's commit refused")
     committer = (await admin.get(f"/api/v1/sinks/{SINK}")).json()["committer"]
     assert "KeyedCommitNotBuilt" in committer["last_error"]
-    assert "the keyed commit path" in committer["last_error"]
+    assert "the keyed commit path is not built" in committer["last_error"]
+    assert "characters)" not in committer["last_error"]  # the whole reason, not cut
     state = await coordinator.sink_state(SINK)
     assert [(epoch.epoch, epoch.status) for epoch in state.epochs] == [(0, EpochStatus.PENDING)]
     assert catalog.load_table(TABLE).current_snapshot() is None
