@@ -7,6 +7,7 @@ The keyed commit path itself (row deltas) is not built: nothing here expects an 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -267,3 +268,52 @@ def test_key_files_cross_the_wire(coordinator: CoordinatorProcess, database_url:
         with pytest.raises(CoordinatorRpcError, match=r"is not \d+ bytes") as refused:
             client.pre_commit(SINK, 1, registration.writer_term, [], key_files=[wrong])
         assert refused.value.code is grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_the_parts_of_a_multi_writer_keyed_epoch_keep_their_key_files(admin: AdminApp, database_url: str) -> None:
+    registration = await admin.runtime.coordinator.register_writer(
+        SINK, TABLE, -1, writer_count=2, arrow_schema=KEYED.serialize().to_pybytes(), key_columns=KEY
+    )
+    location = registration.table_location
+    parts = [
+        (write_parquet(location, rows([writer * 10]), KEYED), write_keys(location, [writer * 10, writer * 10 + 1]))
+        for writer in (0, 1)
+    ]
+    answers = await asyncio.gather(
+        *(
+            admin.runtime.coordinator.pre_commit(
+                PreCommitRequest(SINK, 0, registration.writer_term, (data,), writer_id=writer, key_paths=(keys,))
+            )
+            for writer, (data, keys) in enumerate(parts)
+        )
+    )
+    assert [answer.outcome for answer in answers] == [PreCommitOutcome.PERSISTED] * 2
+    recorded = epoch_metadata(database_url, 0)
+    assert sorted((entry.writer_id, entry.path, entry.key_count) for entry in recorded.key_files) == [
+        (writer, keys, 2) for writer, (_, keys) in enumerate(parts)
+    ]
+    assert set(claims(database_url)) == {path for part in parts for path in part}
+
+
+async def test_a_removed_table_takes_its_key_files_out_of_the_epochs_not_committed(
+    admin: AdminApp, database_url: str
+) -> None:
+    registration = await keyed_sink(admin)
+    schema = KEYED.serialize().to_pybytes()
+    coordinator = admin.runtime.coordinator
+    [eu] = (
+        await coordinator.ensure_tables(SINK, registration.writer_term, [TableRequest("db.eu", schema, (), KEY)])
+    ).tables
+    own_keys = write_keys(registration.table_location, [1])
+    eu_keys = write_keys(eu.location, [2])
+    await coordinator.pre_commit(
+        PreCommitRequest(
+            SINK, 0, registration.writer_term, (), key_paths=(own_keys, eu_keys), file_tables={eu_keys: "db.eu"}
+        )
+    )
+    assert set(epoch_metadata(database_url, 0).key_files_by_table()) == {TABLE, "db.eu"}
+    body = {"confirm": "db.eu", "reason": "test"}
+    response = await admin.post(f"/api/v1/sinks/{SINK}/tables/db.eu/remove", json=body)
+    assert response.status_code == 200, response.text
+    assert [entry.path for entry in epoch_metadata(database_url, 0).key_files] == [own_keys]
+    assert set(claims(database_url)) == {own_keys}
