@@ -33,7 +33,7 @@ from spark_writer.formats.json_decoding import JsonDecoder
 from spark_writer.formats.registry_decoding import KEY_REASON_PREFIX, RegistryDecoder, RegistryValues, value_fields
 from spark_writer.mutations import debezium
 from spark_writer.mutations.modes import Mutations, Op, mapped_ops
-from spark_writer.mutations.reduction import OP_COLUMN
+from spark_writer.mutations.reduction import OP_COLUMN, key_text
 from spark_writer.sink.kafka_records import BatchInput, JsonBatchParser, RecordDecoding
 from spark_writer.sink.registry_records import RegistryBatchParser, spark_type_names
 
@@ -113,19 +113,28 @@ class MutationDecoder:
 
     def aligned(self, kafka: pa.RecordBatch) -> tuple[pa.Table, pa.Array]:
         """One row of `output_schema` per record, in their order, and why each does not fit (null where it does)."""
-        values = kafka.column("value")
+        rows, ops, reasons = self._rows(kafka.column("value"), kafka.column("key"))
+        columns = [*rows.columns, *metadata_columns(kafka), ops]
+        return pa.Table.from_arrays(columns, schema=self.output_schema), reasons
+
+    def key_texts(self, values: pa.Array, keys: pa.Array) -> pa.Array:
+        """The text of each record's key (reduction.key_text; null for a record that does not fit), from its value and
+        its message key: what a batch's records are shuffled by."""
+        rows, _, reasons = self._rows(values, keys)
+        return pc.if_else(pc.is_null(reasons), key_text(rows, self.mutations.key), pa.scalar(None, pa.string()))
+
+    def _rows(self, values: pa.Array, keys: pa.Array) -> tuple[pa.Table, pa.Array, pa.Array]:
+        """Each record's row, op and why it does not fit (null where it does), in the records' order."""
         tombstones = np.asarray(pc.is_null(values).to_numpy(zero_copy_only=False), dtype=bool)
         live = pa.array(np.flatnonzero(~tombstones), pa.int64())
         dead = pa.array(np.flatnonzero(tombstones), pa.int64())
         live_rows, live_ops, live_reasons = self._changes(values.take(live))
-        dead_rows, dead_reasons = self._deleted_keys(kafka.column("key").take(dead))
+        dead_rows, dead_reasons = self._deleted_keys(keys.take(dead))
         order = pc.sort_indices(pa.concat_arrays([live, dead]))
         rows = pa.concat_tables([live_rows, dead_rows]).take(order)
         ops = pa.concat_arrays([live_ops, pa.array(np.full(len(dead), Op.DELETE.value, np.int8))]).take(order)
         reasons = pa.concat_arrays([live_reasons, dead_reasons]).take(order)
-        reasons = pc.coalesce(reasons, self._null_keys(rows))
-        columns = [*rows.columns, *metadata_columns(kafka), ops]
-        return pa.Table.from_arrays(columns, schema=self.output_schema), reasons
+        return rows, ops, pc.coalesce(reasons, self._null_keys(rows))
 
     def _changes(self, values: pa.Array) -> tuple[pa.Table, pa.Array, pa.Array]:
         """The rows of records with a value, their ops and why they do not fit."""

@@ -18,6 +18,7 @@ partition, which is all step 2 needs. Pure: no Spark.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -35,6 +36,8 @@ PARTITION: Final = "kafka_partition"
 OFFSET: Final = "kafka_offset"
 TIMESTAMP: Final = "kafka_timestamp"
 POSITION_COLUMNS: Final = (TOPIC, PARTITION, OFFSET, TIMESTAMP)
+# Between a key's columns in its text (any text would do: two keys sharing a text only share a task).
+_SEPARATOR: Final = "\x1f"
 # Rows LastWins gathers at least before it reduces them.
 COMPACT_ROWS: Final = 65_536
 
@@ -46,6 +49,21 @@ class Reduced:
 
     rows: pa.Table
     keys: pa.Table
+
+
+def key_text(rows: pa.Table, key: Sequence[str]) -> pa.Array:
+    """Each row's key as one text (null where a column is null): equal keys give equal texts, which is what a batch's
+    records are shuffled by, so that one task gets every record of a key."""
+    columns = []
+    for name in key:
+        column = rows.column(name).combine_chunks()
+        if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
+            column = pa.array(
+                [None if value is None else base64.b64encode(value).decode() for value in column.to_pylist()],
+                pa.string(),
+            )
+        columns.append(column.cast(pa.string()))
+    return pc.binary_join_element_wise(*columns, _SEPARATOR)
 
 
 def last_of_groups(rows: pa.Table, group: Sequence[str], order: Sequence[str]) -> pa.Table:

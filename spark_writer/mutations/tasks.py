@@ -3,9 +3,9 @@ surviving rows written as data files and the keys it touched as key files.
 
 Two stages, one Spark job (a sink.parquet_writer.BatchTasks):
 
-1. each task of the source decodes its records (MutationDecoder, as in stage 2) for their keys alone and tags each
-   record with its key's text (`SHUFFLE_KEY`; null for a record that does not decode: those all go to one task,
-   whose decoding finds them bad again);
+1. each task of the source decodes its records' values and message keys (MutationDecoder, as in stage 2, in an
+   Arrow UDF: only those two columns cross to Python) and tags each record with its key's text (`SHUFFLE_KEY`;
+   null for a record that does not decode: those all go to one task, whose decoding finds them bad again);
 2. the records are repartitioned by that text (Spark's hash partitioning: every record of a key goes to the same
    task), and each task decodes them, reduces them (reduction: the last record of each key in Kafka order wins),
    and writes the winners that upsert as data files and every winner's key as key files, each under its table
@@ -18,16 +18,14 @@ the same records and gives the same winners: the same rows and keys, in files of
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
 from typing import Final
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame
-from pyspark.sql.types import StringType, StructField, StructType
+from pyspark.sql.pandas.functions import arrow_udf
+from pyspark.sql.types import StringType
 
 from spark_writer.mutations.decoding import MutationDecoder
 from spark_writer.mutations.reduction import LastWins
@@ -44,36 +42,6 @@ from spark_writer.sink.parquet_writer import (
 # The column stage 1 adds: the text of the record's key.
 SHUFFLE_KEY: Final = "_sink_key"
 KEY_FILE_TAG: Final = "keys"
-# Between a key's columns in its text (any text would do: two keys sharing a text only share a task).
-_SEPARATOR: Final = "\x1f"
-
-
-def key_text(rows: pa.Table, key: Sequence[str]) -> pa.Array:
-    """Each row's key as one text (null where a column is null): what Spark hashes to give each key one task."""
-    columns = []
-    for name in key:
-        column = rows.column(name).combine_chunks()
-        if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
-            column = pa.array(
-                [None if value is None else base64.b64encode(value).decode() for value in column.to_pylist()],
-                pa.string(),
-            )
-        columns.append(column.cast(pa.string()))
-    return pc.binary_join_element_wise(*columns, _SEPARATOR)
-
-
-@dataclass(frozen=True)
-class ShuffleKeys:
-    """Stage 1's mapInArrow function: each Kafka record with its key's text."""
-
-    decoder: MutationDecoder
-
-    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        key = self.decoder.mutations.key
-        for batch in batches:
-            rows, reasons = self.decoder.aligned(batch)
-            texts = pc.if_else(pc.is_null(reasons), key_text(rows, key), pa.scalar(None, pa.string()))
-            yield pa.RecordBatch.from_arrays([*batch.columns, texts], names=[*batch.schema.names, SHUFFLE_KEY])
 
 
 def keyed_task_writer(target: DataFileTarget, decoder: MutationDecoder) -> TaskWriter:
@@ -116,7 +84,14 @@ def keyed_tasks(frame: DataFrame, target: DataFileTarget) -> DataFrame:
     MutationDecoder's (MutationParser's)."""
     decoding = target.decoding
     assert isinstance(decoding, RecordDecoding) and isinstance(decoding.decoder, MutationDecoder)
-    tagged = StructType([*frame.schema.fields, StructField(SHUFFLE_KEY, StringType())])
-    shuffled = frame.mapInArrow(ShuffleKeys(decoding.decoder), tagged)
-    owned = shuffled.repartition(frame.sparkSession.sparkContext.defaultParallelism, SHUFFLE_KEY)
-    return owned.mapInArrow(keyed_task_writer(target, decoding.decoder), WRITTEN_FILES_DDL)
+    decoder = decoding.decoder
+
+    def key_texts(value: pa.Array, key: pa.Array) -> pa.Array:
+        return decoder.key_texts(value, key)
+
+    # An Arrow UDF: only the values and message keys go to Python, and only the keys' texts come back. Its kind is
+    # read from the type hints, as pyspark prefers; its stubs know only the older form, with the kind given.
+    key_udf = arrow_udf(key_texts, StringType())  # type: ignore[call-overload]
+    tagged = frame.withColumn(SHUFFLE_KEY, key_udf(frame["value"], frame["key"]))
+    owned = tagged.repartition(frame.sparkSession.sparkContext.defaultParallelism, SHUFFLE_KEY)
+    return owned.mapInArrow(keyed_task_writer(target, decoder), WRITTEN_FILES_DDL)
