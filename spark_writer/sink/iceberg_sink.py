@@ -293,6 +293,8 @@ def write_to_iceberg(
     example a checkpoint behind what it committed) and ValueError for bad options.
     """
     check_names(sink, table)
+    if key_columns and tasks is append_tasks:
+        raise ValueError("an upsert or change stream (key_columns) writes with its own tasks: pass tasks=keyed_tasks")
     if target_file_size_bytes <= 0:
         raise ValueError(f"target_file_size_bytes must be positive, got {target_file_size_bytes}")
     if available_now and processing_time is not None:
