@@ -347,18 +347,22 @@ class DeleteSinkRequest(BaseModel):
     reason: OperatorText
     drop_tables: StrictBool = Field(
         default=False,
-        description="Drop the sink's tables too (the catalog purges their files); refused when another sink writes "
-        "one of them.",
+        description="Drop the sink's tables too: their catalog entries go, and the files they reached are deleted when "
+        "proven garbage (under the table's own directories, no link, claimed by no other sink); refused when "
+        "another sink writes one of them.",
     )
 
 
 class DeleteSinkResponse(BaseModel):
     sink: str
     given_up: list[GivenUpResponse] = Field(description="Its PENDING epochs, aborted: their records reach no table.")
-    files_deleted: int = Field(description="Files of its epochs not committed, proven garbage and deleted.")
+    files_deleted: int = Field(
+        description="Files of its epochs not committed, and files of the tables dropped, proven garbage and deleted."
+    )
     files_kept: int = Field(
-        description="Files of its epochs not committed that could not be proven garbage (a table gone, or one that "
-        "references them), left on storage."
+        description="Files of its epochs not committed, and files the dropped tables reached, that could not be "
+        "proven garbage (a table gone, one that references them, a file under another table's location or reached "
+        "through a link, one another sink claims), left on storage."
     )
     tables_dropped: list[str]
 

@@ -338,6 +338,9 @@ class MarkRule(enum.StrEnum):
     # Paths nothing claims, and paths a COMMITTED epoch's attempt holds: files that only expired snapshots
     # referenced (they were in the table).
     EXPIRED = "expired"
+    # Paths nothing claims, and paths the deleting sink's own COMMITTED epochs hold: files of a table it dropped
+    # (never one another sink's epoch holds).
+    DROPPED = "dropped"
 
 
 _MARK_UNCLAIMED = """
@@ -353,11 +356,11 @@ _MARK_DISCARDED = f"""
     RETURNING path
 """
 
-_MARK_EXPIRED = """
+_MARK_COMMITTED_OR_UNCLAIMED = """
     WITH committed AS (
         UPDATE epoch_files f SET deleting_at = clock_timestamp()
         FROM pending_sink_state p
-        WHERE f.path = ANY(CAST(:paths AS text[])) AND p.sink_id = f.sink_id AND p.epoch = f.epoch
+        WHERE f.path = ANY(CAST(:paths AS text[])) AND p.sink_id = f.sink_id AND p.epoch = f.epoch {which_sinks}
           AND p.status = 'COMMITTED' AND f.attempt IS NOT NULL AND f.discarded_at IS NULL AND f.deleting_at IS NULL
         RETURNING f.path
     ), unclaimed AS (
@@ -369,7 +372,12 @@ _MARK_EXPIRED = """
     SELECT path FROM committed UNION SELECT path FROM unclaimed
 """
 
-_MARKS = {MarkRule.UNCLAIMED: _MARK_UNCLAIMED, MarkRule.DISCARDED: _MARK_DISCARDED, MarkRule.EXPIRED: _MARK_EXPIRED}
+_MARKS = {
+    MarkRule.UNCLAIMED: _MARK_UNCLAIMED,
+    MarkRule.DISCARDED: _MARK_DISCARDED,
+    MarkRule.EXPIRED: _MARK_COMMITTED_OR_UNCLAIMED.format(which_sinks=""),
+    MarkRule.DROPPED: _MARK_COMMITTED_OR_UNCLAIMED.format(which_sinks="AND f.sink_id = :sink_id"),
+}
 
 
 async def mark(

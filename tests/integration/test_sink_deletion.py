@@ -29,6 +29,12 @@ def exists(uri: str) -> bool:
     return Path(uri.removeprefix("file://")).exists()
 
 
+def regular_files_under(location: str) -> set[str]:
+    """The files under a table's location that are not symbolic links."""
+    root = Path(location.removeprefix("file://"))
+    return {str(path) for path in root.rglob("*") if path.is_file() and not path.is_symlink()}
+
+
 def writer_silent(database_url: str, name: str, seconds: int) -> None:
     query(
         database_url,
@@ -131,6 +137,39 @@ async def test_dropping_its_tables_purges_them_unless_another_sink_writes_one(
     assert dropped.json()["tables_dropped"] == ["db.orders"]
     assert not catalog.table_exists("db.orders")
     assert log_rows(database_url) == dict.fromkeys(LOG_TABLES, 0)
+
+
+async def test_dropping_a_table_deletes_only_files_under_its_own_directories(
+    admin: AdminApp, database_url: str, catalog: Catalog, tmp_path: Path
+) -> None:
+    """The sink's table also references a data file of another table (pyiceberg add_files, as a table an operator
+    adopted may) and a symbolic link under its own data directory to another of that table's files: dropping it
+    removes its catalog entry and deletes, through file_deletion, only the files under its own directories; the
+    other table stays whole and the files left are counted."""
+    registration = await admin.register("orders")
+    await admin.pre_commit("orders", registration, 0, 0)
+    await admin.checkpoint("orders", registration, 0)
+    own = catalog.load_table("db.orders")
+    other = catalog.create_table("db.other", schema=ORDERS)
+    shared, linked = (write_parquet(other.location(), orders(first, 5)) for first in (100, 200))
+    other.add_files([shared, linked])
+    link = Path(own.location().removeprefix("file://")) / "data" / "linked.parquet"
+    link.symlink_to(linked.removeprefix("file://"))
+    own.add_files([shared, link.as_uri()])
+    own_files = regular_files_under(own.location())
+    writer_silent(database_url, "orders", 3600)
+
+    dropped = await delete(admin, "orders", drop_tables=True)
+    assert dropped.status_code == 200, dropped.text
+    assert dropped.json()["tables_dropped"] == ["db.orders"]
+    assert not catalog.table_exists("db.orders")
+    assert table_order_ids(catalog.load_table("db.other")) == [*range(100, 105), *range(200, 205)]
+    assert exists(shared) and exists(linked) and link.is_symlink()
+    # Its own files (data, manifests, manifest lists, metadata files, and the metadata file and manifest list of the
+    # fence the deletion committed first) are gone; the link and the other table's file, which it reached too, are
+    # kept and counted.
+    assert regular_files_under(own.location()) == set()
+    assert (dropped.json()["files_deleted"], dropped.json()["files_kept"]) == (len(own_files) + 2, 2)
 
 
 async def test_a_sink_whose_table_is_gone_is_deleted_all_the_same(
