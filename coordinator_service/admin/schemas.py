@@ -96,6 +96,14 @@ class TableResponse(SinkTable):
     last_error: Annotated[
         str | None, Field(description="Why the last commit to this table failed; null when none did.")
     ]
+    stuck: Annotated[
+        bool,
+        Field(
+            description="True when the last commit to this table failed in a way no retry can fix (the table dropped "
+            "from its catalog, or refusing what the commit built): the sink's committer stops until an operator "
+            "fixes the cause and resumes it, or removes a fan-out table gone for good (POST .../tables/{table}/remove)."
+        ),
+    ]
     also_written_by: Annotated[
         tuple[str, ...],
         Field(description="The other sinks writing this table, by name: their writers' schemas must fit it too."),
@@ -175,7 +183,8 @@ class SinkResponse(SinkView):
                     table=table.table,
                     committed_epoch=table.committed_epoch,
                     retrying=table.table in failing,
-                    last_error=failing.get(table.table),
+                    last_error=failing[table.table].error if table.table in failing else None,
+                    stuck=table.table in failing and not failing[table.table].retryable,
                     also_written_by=tuple(overview.also_written_by.get(table.table, ())),
                 )
                 for table in overview.tables

@@ -121,8 +121,17 @@ class GivenUp:
 
 @dataclass(frozen=True)
 class TableRemoved:
+    table: str
     sink: SinkOverview
     given_up: tuple[GivenUp, ...]
+
+    def summary(self) -> str:
+        """One line for people (the console's notice)."""
+        epochs, records = len(self.given_up), sum(each.records for each in self.given_up)
+        return (
+            f"table {self.table} removed from sink {self.sink.sink.name}: {epochs} epoch{'' if epochs == 1 else 's'} "
+            f"given up ({records} records), the writer fenced: restart it with routes that no longer name the table"
+        )
 
 
 @dataclass(frozen=True)
@@ -429,7 +438,14 @@ class Operations:
             writer_term=sink.writer_term,
         )
         self.committer.resume(sink.id)  # stuck on the table, most likely: the cause is gone
-        return TableRemoved(await self.sink(name), tuple(given_up))
+        return TableRemoved(table, await self.sink(name), tuple(given_up))
+
+    async def missing_from_catalog(self, tables: Sequence[str]) -> set[str]:
+        """Those of `tables` the catalog does not have (dropped from it); none when the catalog cannot be asked."""
+        try:
+            return {table for table in tables if not await in_catalog(self.iceberg.catalog.table_exists, table)}
+        except CatalogUnavailable:
+            return set()
 
     async def delete_sink(
         self, name: str, confirm: str, reason: str, drop_tables: bool, operator: Operator
