@@ -115,7 +115,7 @@ async def test_a_sink_is_not_deleted_under_a_live_writer_or_without_its_name(
     assert log_rows(database_url) == before and exists(pending_file)
 
 
-async def test_dropping_its_tables_purges_them_unless_another_sink_writes_one(
+async def test_dropping_its_tables_drops_them_unless_another_sink_writes_one(
     admin: AdminApp, database_url: str, catalog: Catalog
 ) -> None:
     await a_sink_with_a_pending_epoch(admin)
