@@ -344,7 +344,7 @@ def delete(
     confirm: Annotated[str, typer.Option(help="The sink's name again, to confirm.")],
     reason: Annotated[str, typer.Option(help="Why; recorded in the log with who deleted it.")],
     drop_tables: Annotated[
-        bool, typer.Option(help="Drop its tables too (their catalog purges their files); refused if shared.")
+        bool, typer.Option(help="Drop its tables too (their own files deleted when proven garbage); refused if shared.")
     ] = False,
 ) -> None:
     """Delete a sink: its rows in the metastore and the files of its epochs not committed; with --drop-tables its

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from importlib.resources import files
-from pathlib import Path
+from pathlib import Path as FilePath
 from typing import Annotated, Any, Final
 from urllib.parse import urlencode
 
-from fastapi import APIRouter, Depends, Form, Query, Request
+from fastapi import APIRouter, Depends, Form, Path, Query, Request
 from fastapi.responses import RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
@@ -35,7 +35,7 @@ from coordinator_service.contract.source_positions import VALID_THROUGH_MS
 from coordinator_service.engine.operations import ForceRequired, Operator
 
 CONSOLE_PREFIX: Final = "/console"
-STATIC_DIRECTORY: Final = Path(str(files("coordinator_service.admin").joinpath("console", "static")))
+STATIC_DIRECTORY: Final = FilePath(str(files("coordinator_service.admin").joinpath("console", "static")))
 TEMPLATES: Final = Jinja2Templates(directory=str(files("coordinator_service.admin").joinpath("console", "templates")))
 TEMPLATES.env.filters.update(epoch=display.epoch, duration=display.duration, ms_time=display.milliseconds_time)
 # The newest epochs a sink's page shows.
@@ -288,6 +288,8 @@ async def _sink_page(
     samples = operations.committer.history.samples(sink)
     window = operations.committer.history.window_seconds
     shown = SinkResponse.of(overview)
+    # A table whose commits fail may be gone from the catalog: then it waits for an operator to remove it.
+    dropped = await operations.missing_from_catalog([table.table for table in shown.tables if table.retrying])
     return _page(
         request,
         sessions,
@@ -296,6 +298,7 @@ async def _sink_page(
         status=status,
         sink=shown,
         state=shown_state(shown),
+        dropped=dropped,
         epochs=[EpochResponse.of(row) for row in epochs],
         latency_chart=line_chart([(sample.at, sample.seconds * 1000) for sample in samples], "ms", window),
         lag_chart=line_chart([(sample.at, float(sample.lag_epochs)) for sample in samples], "epochs", window),
@@ -412,6 +415,24 @@ async def delete_sink(
     return await _act(
         request, operations, sessions, sink, csrf, reason, "the deletion", delete, form, then=CONSOLE_PREFIX
     )
+
+
+@router.post("/sinks/{sink}/tables/{table}/remove")
+async def remove_table(
+    request: Request,
+    operations: OperationsDep,
+    sessions: SessionsDep,
+    sink: str,
+    table: Annotated[str, Path(max_length=600)],
+    confirm: Annotated[str, Form(max_length=600)] = "",
+    reason: Annotated[str, Form(max_length=2000)] = "",
+    csrf: Annotated[str, Form()] = "",
+) -> Response:
+    async def remove(operator: Operator) -> str:
+        return (await operations.remove_table(sink, table, confirm, reason, operator)).summary()
+
+    form = {"form": "remove", "table": table, "confirm": confirm, "reason": reason}
+    return await _act(request, operations, sessions, sink, csrf, reason, "the removal", remove, form)
 
 
 async def _act(

@@ -168,9 +168,10 @@ async def delete_sink(
     operations: OperationsDep, sink: SinkName, body: DeleteSinkRequest, caller: Caller
 ) -> DeleteSinkResponse:
     """Delete a sink (a typo, a trial run): its rows in the log and the files of its epochs not committed; with
-    drop_tables also its tables, which their catalog purges. `confirm` repeats its name. Refused (409, nothing
-    changed) while its writer is live (a call within STALLED_AFTER_SECONDS) and, with drop_tables, when another
-    sink writes one of its tables. What its tables hold stays unless they are dropped (docs/operations.md)."""
+    drop_tables also its tables, whose files are deleted only when proven garbage. `confirm` repeats its name.
+    Refused (409, nothing changed) while its writer is live (a call within STALLED_AFTER_SECONDS) and, with
+    drop_tables, when another sink writes one of its tables. What its tables hold stays unless they are dropped
+    (docs/operations.md)."""
     deleted = await operations.delete_sink(sink, body.confirm, body.reason, body.drop_tables, caller)
     return DeleteSinkResponse.of(deleted)
 

@@ -96,6 +96,14 @@ class TableResponse(SinkTable):
     last_error: Annotated[
         str | None, Field(description="Why the last commit to this table failed; null when none did.")
     ]
+    stuck: Annotated[
+        bool,
+        Field(
+            description="True when the last commit to this table failed in a way no retry can fix (the table dropped "
+            "from its catalog, or refusing what the commit built): the sink's committer stops until an operator "
+            "fixes the cause and resumes it, or removes a fan-out table gone for good (POST .../tables/{table}/remove)."
+        ),
+    ]
     also_written_by: Annotated[
         tuple[str, ...],
         Field(description="The other sinks writing this table, by name: their writers' schemas must fit it too."),
@@ -175,7 +183,8 @@ class SinkResponse(SinkView):
                     table=table.table,
                     committed_epoch=table.committed_epoch,
                     retrying=table.table in failing,
-                    last_error=failing.get(table.table),
+                    last_error=failing[table.table].error if table.table in failing else None,
+                    stuck=table.table in failing and not failing[table.table].retryable,
                     also_written_by=tuple(overview.also_written_by.get(table.table, ())),
                 )
                 for table in overview.tables
@@ -347,18 +356,22 @@ class DeleteSinkRequest(BaseModel):
     reason: OperatorText
     drop_tables: StrictBool = Field(
         default=False,
-        description="Drop the sink's tables too (the catalog purges their files); refused when another sink writes "
-        "one of them.",
+        description="Drop the sink's tables too: their catalog entries go, and the files they reached are deleted when "
+        "proven garbage (under the table's own directories, no link, claimed by no other sink); refused when "
+        "another sink writes one of them.",
     )
 
 
 class DeleteSinkResponse(BaseModel):
     sink: str
     given_up: list[GivenUpResponse] = Field(description="Its PENDING epochs, aborted: their records reach no table.")
-    files_deleted: int = Field(description="Files of its epochs not committed, proven garbage and deleted.")
+    files_deleted: int = Field(
+        description="Files of its epochs not committed, and files of the tables dropped, proven garbage and deleted."
+    )
     files_kept: int = Field(
-        description="Files of its epochs not committed that could not be proven garbage (a table gone, or one that "
-        "references them), left on storage."
+        description="Files of its epochs not committed, and files the dropped tables reached, that could not be "
+        "proven garbage (a table gone, one that references them, a file under another table's location or reached "
+        "through a link, one another sink claims), left on storage."
     )
     tables_dropped: list[str]
 

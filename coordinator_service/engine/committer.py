@@ -61,6 +61,15 @@ from coordinator_service.tables.table_maintenance import retention_of, table_pro
 log = structlog.get_logger(__name__)
 
 
+@dataclass(frozen=True)
+class TableFailure:
+    """Why the last commit to one of a sink's tables failed, and whether retrying can fix it (when not, the committer
+    stops until an operator acts: the sink is stuck)."""
+
+    error: str
+    retryable: bool
+
+
 @dataclass
 class CommitterHealth:
     """What the admin API shows of one sink's committer."""
@@ -71,8 +80,8 @@ class CommitterHealth:
     last_error_at: datetime | None = None
     # Set when a commit failed in a way no retry can fix: the committer waits for an operator's resume.
     stuck: str | None = None
-    # Fan-out: the tables whose last commit failed while the others committed (retried), with the error.
-    failing_tables: dict[str, str] = field(default_factory=dict)
+    # Fan-out: the tables whose last commit failed while the others committed, with why.
+    failing_tables: dict[str, TableFailure] = field(default_factory=dict)
 
 
 @dataclass
@@ -439,7 +448,9 @@ class Committer:
             try:
                 outcome = await self._commit_table(sink, table, work, top, decoded[-1].properties, lock)
             except Exception as error:
-                health.failing_tables[table] = f"{type(error).__name__}: {cause(error)}"
+                health.failing_tables[table] = TableFailure(
+                    f"{type(error).__name__}: {cause(error)}", not cannot_succeed_by_retrying(error)
+                )
                 if isinstance(error, CommitLockLost) or len(files) == 1:
                     raise
                 # The other tables go on: this one is retried by the next pass (alone, unless more epochs came), or,

@@ -35,7 +35,7 @@ from coordinator_service.contract.views import EpochStatus
 from coordinator_service.engine import settlement
 from coordinator_service.engine.cleaner import Cleaner
 from coordinator_service.engine.committer import Committer, CommitterHealth, cannot_succeed_by_retrying
-from coordinator_service.engine.file_deletion import DELETE_BATCH, FileDeleter
+from coordinator_service.engine.file_deletion import DELETE_BATCH, DroppedTable, FileDeleter
 from coordinator_service.engine.maintenance import Maintainer, policy_of
 from coordinator_service.engine.metastore_checks import table_seen
 from coordinator_service.log import (
@@ -57,6 +57,7 @@ from coordinator_service.log.precommit_metadata import PreCommitMetadata
 from coordinator_service.log.sink_rows import EpochCounts, RowLock
 from coordinator_service.log.sink_tables import TableOfSink
 from coordinator_service.settings import MaintenancePolicy, Settings
+from coordinator_service.tables import table_maintenance as tm
 from coordinator_service.tables.catalog_calls import in_catalog
 from coordinator_service.tables.iceberg import IcebergGateway
 
@@ -120,15 +121,25 @@ class GivenUp:
 
 @dataclass(frozen=True)
 class TableRemoved:
+    table: str
     sink: SinkOverview
     given_up: tuple[GivenUp, ...]
+
+    def summary(self) -> str:
+        """One line for people (the console's notice)."""
+        epochs, records = len(self.given_up), sum(each.records for each in self.given_up)
+        return (
+            f"table {self.table} removed from sink {self.sink.sink.name}: {epochs} epoch{'' if epochs == 1 else 's'} "
+            f"given up ({records} records), the writer fenced: restart it with routes that no longer name the table"
+        )
 
 
 @dataclass(frozen=True)
 class SinkDeleted:
-    """What deleting a sink did: the records of its epochs not committed that no table will get, its files proven
-    garbage and deleted, those left on storage (not provably garbage: a table gone, or one that references them),
-    and the tables dropped (purged by their catalog)."""
+    """What deleting a sink did: the records of its epochs not committed that no table will get, the files proven
+    garbage and deleted (those its epochs gave up, and those the tables it dropped reached), those left on storage
+    (not provably garbage: a table gone, one that references them, a file under another table's location or reached
+    through a link, one another sink claims), and the tables dropped from their catalog."""
 
     sink: str
     given_up: tuple[GivenUp, ...]
@@ -427,20 +438,27 @@ class Operations:
             writer_term=sink.writer_term,
         )
         self.committer.resume(sink.id)  # stuck on the table, most likely: the cause is gone
-        return TableRemoved(await self.sink(name), tuple(given_up))
+        return TableRemoved(table, await self.sink(name), tuple(given_up))
+
+    async def missing_from_catalog(self, tables: Sequence[str]) -> set[str]:
+        """Those of `tables` the catalog does not have (dropped from it); none when the catalog cannot be asked."""
+        try:
+            return {table for table in tables if not await in_catalog(self.iceberg.catalog.table_exists, table)}
+        except CatalogUnavailable:
+            return set()
 
     async def delete_sink(
         self, name: str, confirm: str, reason: str, drop_tables: bool, operator: Operator
     ) -> SinkDeleted:
         """Delete a sink: its rows in the log, the files of its epochs not committed, and with drop_tables its
-        tables (the catalog's purge). Refused, nothing changed, without its name in `confirm`, while its writer is
+        tables and their files. Refused, nothing changed, without its name in `confirm`, while its writer is
         live (a call within STALLED_AFTER_SECONDS: its next call would find no sink, and a restart would create
         it again without its epochs), and for drop_tables when another sink writes one of its tables.
 
         Holding the sink's commit lock (no commit, cleaner or maintenance of it meanwhile), its tables are fenced
         (as an abort does), every PENDING epoch is aborted, and every path it gave up goes to file_deletion at
-        once (no cleanup delay: nothing will need them), which proves each one garbage or leaves it; then the
-        tables are purged when asked and the sink's rows deleted. What the tables hold stays."""
+        once (no cleanup delay: nothing will need them), which proves each one garbage or leaves it; then, when
+        asked, the tables are dropped (_drop_tables) and the sink's rows deleted. What kept tables hold stays."""
         _check_known_name(name)
         if confirm != name:
             raise InvalidArgument(f"confirm must repeat the sink name {name!r} exactly, got {quote(confirm)}")
@@ -474,9 +492,9 @@ class Operations:
                 )
                 await part_rows.drop_parts(session, sink.id)
             deleted, kept = await self._delete_given_up(sink, present, lock)
-            for table in present if drop_tables else []:
-                await in_catalog(self.iceberg.catalog.purge_table, table)
-                self.iceberg.forget(table)
+            if drop_tables:
+                dropped_deleted, dropped_kept = await self._drop_tables(sink, present, lock)
+                deleted, kept = deleted + dropped_deleted, kept + dropped_kept
             await lock.verify()
             async with self.database.transaction() as session:
                 await sink_rows.delete_sink(session, sink.id)
@@ -512,6 +530,26 @@ class Operations:
             async with self.database.transaction() as session:
                 await path_claims.forget(session, left)
             deleted, kept = deleted + len(due) - len(left), kept + len(left)
+
+    async def _drop_tables(self, sink: Sink, tables: Sequence[str], lock: CommitLock) -> tuple[int, int]:
+        """Drop the tables from their catalog (the entry only: a catalog's purge would delete every file a table
+        names, wherever it lies), then hand every file each one reached, read right before its drop under the lock,
+        to file_deletion: it deletes those it proves garbage (under the dropped table's own directories, no link,
+        no nested table, claimed by no other sink, the table still absent from the catalog). How many were deleted,
+        and how many left on storage."""
+        dropped, reached = [], set()
+        for table in tables:
+            await lock.verify()
+            loaded = await in_catalog(self.iceberg.load, table)
+            reached |= await in_catalog(tm.referenced_files, loaded)
+            await in_catalog(self.iceberg.catalog.drop_table, table)
+            self.iceberg.forget(table)
+            dropped.append(DroppedTable(table, loaded))
+        deleter = FileDeleter(self.database, self.iceberg, CleanupDelays(0.0, 0.0))
+        done = await deleter.delete(
+            sink.name, sink.id, lock, dropped, sorted(reached), MarkRule.DROPPED, metadata_files=True
+        )
+        return len(done.deleted), len(reached) - len(done.deleted)
 
     async def reconcile(self, name: str, confirm: str, reason: str, operator: Operator) -> Reconciled:
         """Set a suspended sink's log to what its tables hold (a metastore restored to an earlier point, or a table

@@ -216,7 +216,8 @@ class EpochFile(Base):
     __tablename__ = "epoch_files"
 
     path: Mapped[str] = mapped_column(Text, primary_key=True)
-    sink_id: Mapped[int] = mapped_column(Integer, ForeignKey("sinks.id", ondelete="CASCADE"))
+    # NULL once its sink is deleted: only a deletion's mark stays then, until its grace is over.
+    sink_id: Mapped[int | None] = mapped_column(Integer, ForeignKey("sinks.id", ondelete="SET NULL"), nullable=True)
     epoch: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     attempt: Mapped[int | None] = mapped_column(Integer, nullable=True)
     discarded_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

@@ -59,7 +59,11 @@ _INSERT_SINK_IF_ABSENT = """
 
 
 async def delete_sink(session: AsyncSession, sink_id: int) -> None:
-    """The sink's row, and with it (cascades) its epochs, claims, parts, tables and maintenance runs."""
+    """The sink's row, and with it (cascades) its epochs, parts, tables and maintenance runs, and its claims; the marks
+    of the deletions it made stay, without a sink, until their grace is over (path_claims.expire_marks)."""
+    await session.execute(
+        text("DELETE FROM epoch_files WHERE sink_id = :sink_id AND deleted_at IS NULL"), {"sink_id": sink_id}
+    )
     await session.execute(delete(Sink).where(Sink.id == sink_id))
 
 

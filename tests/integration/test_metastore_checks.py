@@ -97,3 +97,9 @@ async def test_a_coordinator_started_on_another_catalog_suspends_the_sink_instea
         await moved.runtime.coordinator.pre_commit(PreCommitRequest("orders", 2, 2, (path,)))
     assert query(database_url, "SELECT count(*) FROM pending_sink_state WHERE epoch = 2") == [(0,)]
     assert sink_id_of(database_url, "orders") == 1
+    # An operator's reconcile cannot take the other catalog's tables as the sink's: refused, nothing changed.
+    before = query(database_url, "SELECT generation, writer_term, suspended_reason FROM sinks")
+    refused = await moved.post("/api/v1/sinks/orders/reconcile", json={"confirm": "orders", "reason": "moved"})
+    assert refused.status_code == 409
+    assert "configure the catalog it was created in" in refused.json()["error"]["message"]
+    assert query(database_url, "SELECT generation, writer_term, suspended_reason FROM sinks") == before

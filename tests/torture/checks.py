@@ -24,6 +24,7 @@ from pyiceberg.table.snapshots import ancestors_of
 
 from coordinator_service.log import precommit_metadata
 from coordinator_service.tables.markers import MARKER_EPOCH, MARKER_GENERATION, MARKER_SINK
+from tests.fixtures.reachable_files import missing_reachable_files
 
 AUDIT_SQL = """
 CREATE TABLE torture_epoch_audit (
@@ -300,13 +301,10 @@ def check_run(
     if unexpected:
         found.anomaly(f"{len(unexpected)} records in the table that were never produced: {_sample(unexpected)}")
     table_files = set(loaded.inspect.data_files().column("file_path").to_pylist())
-    # No snapshot still in the table's metadata (time travel) references a file missing from storage.
-    referenced = set(loaded.inspect.all_files().column("file_path").to_pylist()) | {
-        manifest.manifest_path for snapshot in loaded.snapshots() for manifest in snapshot.manifests(loaded.io)
-    }
-    gone = {path for path in referenced if not Path(path.removeprefix("file://")).exists()}
+    # Nothing the table's metadata reaches (every snapshot kept for time travel included) is missing from storage.
+    gone = missing_reachable_files(loaded)
     if gone:
-        found.anomaly(f"the table's snapshots reference {len(gone)} files missing from storage: {_sample(gone, 3)}")
+        found.anomaly(f"the table's metadata reaches {len(gone)} files missing from storage: {_sample(gone, 3)}")
 
     # Invariant 5: an aborted attempt's files are not in the table and, once cleaned, not on storage.
     for gen, epoch, attempt in sorted(aborted):
