@@ -281,6 +281,11 @@ class Committer:
             try:
                 if await self._commit_with_retries(sink_id):
                     state.wake.set()  # more to commit: go on after the sinks that wait for a slot
+            except SinkSuspended:
+                # Not the committer's failure, and no resume here is its way back: the sink waits for a reconcile or
+                # a check (in any process) that brings it back, after which the poller wakes it again (it leaves
+                # suspended sinks alone).
+                log.info("the sink is suspended: its commits wait until it is back in step with its tables")
             except Exception as error:  # only what retrying cannot fix comes out of the retries
                 self._stick(sink_id, health, error)
             finally:

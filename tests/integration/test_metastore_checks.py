@@ -10,11 +10,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import SecretStr
 from pyiceberg.catalog import Catalog
 
 from coordinator_service.contract.errors import SinkSuspended
+from coordinator_service.engine.operations import Operations, Operator
 from coordinator_service.engine.protocol import PreCommitRequest
-from tests.fixtures.admin import AdminApp, AdminFactory, CatalogDatabase, sink_id_of
+from coordinator_service.runtime import Runtime
+from coordinator_service.settings import Settings
+from tests.fixtures.admin import AdminApp, AdminFactory, CatalogDatabase, commit_lock_held, sink_id_of
 from tests.fixtures.coordinator import ORDERS, orders, table_order_ids, write_parquet
 from tests.fixtures.postgres import query
 
@@ -240,3 +244,51 @@ async def test_the_command_line_reconciles_suspended_sinks_as_the_api_does(
         await admin.pre_commit(sink, new, 0, 100)
         assert await admin.checkpoint(sink, new, 0) == 0
         assert table_order_ids(catalog.load_table(f"db.{sink}")) == [*range(50), *range(100, 110)]
+
+
+async def test_a_committer_that_met_a_suspension_commits_the_sink_once_another_process_reconciled_it(
+    admin_factory: AdminFactory, catalog: Catalog, database_url: str, tmp_path: Path
+) -> None:
+    """A pass that found its sink suspended (a check on any replica suspended it after the pass was asked for: while
+    it waited out its commit interval, say) stuck this process's committer until an operator resumed it here: after a
+    reconcile by another process (the command line, another replica) the sink's new writer was never committed by it,
+    and its stuck gauge paged SinkCommitterStuck. The committer leaves a suspended sink alone instead, and commits it
+    once it is back."""
+    serving = await admin_factory()
+    registration = await serving.register("orders")
+    await serving.pre_commit("orders", registration, 0, 0)
+    assert await serving.checkpoint("orders", registration, 0) == 0
+    sink_id = sink_id_of(database_url, "orders")
+    # Epoch 1 checkpointed while its pass cannot begin (the lock busy), the sink suspended meanwhile.
+    async with commit_lock_held(database_url, sink_id):
+        await serving.pre_commit("orders", registration, 1, 10)
+        await serving.checkpoint("orders", registration, 1, wait=False)
+        query(database_url, "UPDATE sinks SET suspended_reason = 'out of step, found by another replica'")
+    committer = serving.runtime.committer
+    passed = asyncio.create_task(committer.wait_for_pass(sink_id, 15))
+    committer.wake(sink_id)
+    await passed
+    assert committer.health[sink_id].stuck is None
+
+    elsewhere = await Runtime.open(
+        Settings(database_url=SecretStr(database_url), data_dir=tmp_path / "coordinator", allowed_hosts=["x"])
+    )
+    try:
+        operations = Operations(
+            elsewhere.database,
+            elsewhere.iceberg,
+            elsewhere.committer,
+            elsewhere.cleaner,
+            elsewhere.maintainer,
+            elsewhere.settings,
+        )
+        reconciled = await operations.reconcile_suspended(None, "restore", Operator("cli", "elsewhere"))
+        assert [(each.sink.sink.name, each.restart_epoch) for each in reconciled.reconciled] == [("orders", 0)]
+    finally:
+        await elsewhere.close()
+
+    new = await serving.register("orders", checkpointed_epoch=-1)
+    await serving.pre_commit("orders", new, 0, 100)
+    async with asyncio.timeout(15):
+        assert await serving.checkpoint("orders", new, 0) == 0
+    assert table_order_ids(catalog.load_table("db.orders")) == [*range(10), *range(100, 110)]
