@@ -175,6 +175,20 @@ def test_a_rolling_upgrade_keeps_the_replaced_release_ready_and_rolls_back(
     assert query(database_url, "SELECT name FROM sinks") == [("orders",)]
 
 
+# Targets `migrate --to` refuses: alembic took some of them as something else (an empty one failed inside alembic with
+# a bare AssertionError, -1 rolled the schema back a step, base answered the current revision as if it had gone there).
+UNKNOWN_TARGETS = ("", " ", "9999", "0000", "-1", "+1", "base", "heads", "0011; DROP TABLE sinks", "0011\x00", "١٢")
+
+
+def test_a_revision_this_release_does_not_know_is_refused_with_nothing_changed(database_url: str) -> None:
+    url = normalize_url(database_url)
+    migrate(url)
+    for target in UNKNOWN_TARGETS:
+        with pytest.raises(ValueError, match="this release knows no schema revision"):
+            migrate(url, target)
+        assert query(database_url, "SELECT version_num FROM alembic_version") == [(schema.head_revision(),)], target
+
+
 def test_a_migration_never_queues_behind_a_serving_pods_transaction_for_long(database_url: str) -> None:
     """0003 rewrote whole tables while old pods served: a migration waiting for a lock queues every later statement
     of theirs behind it. Each migration gives up after MIGRATION_LOCK_TIMEOUT_SECONDS instead."""
