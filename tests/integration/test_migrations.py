@@ -23,7 +23,7 @@ from coordinator_service.runtime import migrate
 from coordinator_service.tables.markers import MARKER_COMMIT_ID, MARKER_EPOCH, MARKER_GENERATION, MARKER_SINK
 from tests.fixtures.admin import AdminFactory
 from tests.fixtures.coordinator import ORDERS, orders, table_order_ids
-from tests.fixtures.postgres import new_database, query
+from tests.fixtures.postgres import columns_of, new_database, query
 
 pytestmark = pytest.mark.every_postgres
 
@@ -118,18 +118,6 @@ def test_a_sink_from_before_fan_out_gets_its_own_table_and_its_tables_follow_it(
         ("db.eu", 7),
         ("db.orders", 5),
     ]
-
-
-def columns_of(url: str) -> dict[str, list[str]]:
-    rows = query(
-        url,
-        "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = 'public' "
-        "ORDER BY table_name, column_name",
-    )
-    tables: dict[str, list[str]] = {}
-    for table, column in rows:
-        tables.setdefault(str(table), []).append(str(column))
-    return tables
 
 
 def require(url: str) -> None:
