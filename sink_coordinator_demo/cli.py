@@ -58,7 +58,8 @@ from sink_coordinator_demo.object_store import emulated_object_store, local_obje
 from sink_coordinator_demo.orders import COUNTRY_CURRENCIES, ORDER_SCHEMA_DDL, create_topic, produce_orders
 from sink_coordinator_demo.ports import free_port, port_is_free
 from sink_coordinator_demo.spark_cluster import SparkCluster, start_spark_cluster
-from spark_writer.job import KafkaSettings, ParseSettings, SinkSettings, run_until_done, start_job
+from spark_writer.job import run_until_done, start_job
+from spark_writer.job_settings import KafkaSettings, ParseSettings, SinkSettings
 from spark_writer.routing.routes import Routes
 from spark_writer.session import local_spark_session
 from spark_writer.stop_signals import StopRequest, stop_on_signals

@@ -28,216 +28,53 @@ import math
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Final
 
 import structlog
 import typer
 from pydantic import ByteSize
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import StructType
+from pyspark.sql import SparkSession
 
 from coordinator_service.contract.flag_values import KEY_VALUE, SIZE, KeyValue, parse_key_value, parse_size
 from coordinator_service.contract.logs import LogFormat, LogLevel, configure_logging
 from coordinator_service.contract.table_identifiers import sink_name_problem, table_identifier_problem
 from spark_writer.driver_jvm import SparkLog
-from spark_writer.formats.dead_letters import DeadLetterTarget
-from spark_writer.formats.json_columns import grow
-from spark_writer.formats.schema_registry import RegistrySettings
 from spark_writer.job_failures import ExitCode, JobFailure, failure_of, one_line
-from spark_writer.kafka.options import DEFAULT_STARTING_OFFSETS, SOURCE_NAME, parse_options
+from spark_writer.job_records import registry_parser, table_records
+from spark_writer.job_settings import (
+    DEFAULT_SAMPLE_SIZE,
+    KafkaSettings,
+    KafkaSource,
+    ParseSettings,
+    RecordFormat,
+    SinkSettings,
+)
+from spark_writer.kafka.options import DEFAULT_STARTING_OFFSETS, parse_options
 from spark_writer.kafka.source import KafkaDataSource
-from spark_writer.routing.routes import Routes, Unrouted, routes_from_flags
+from spark_writer.mutations.modes import Envelope, MutationMode, Mutations, Op, default_op_map, key_names, parse_op_map
+from spark_writer.mutations.tasks import keyed_tasks
+from spark_writer.routing.routes import Unrouted, routes_from_flags
 from spark_writer.session import local_spark_session, retries_tasks, with_task_retries
 from spark_writer.sink.iceberg_sink import (
     DEFAULT_COORDINATOR_RETRY_SECONDS,
     DEFAULT_TARGET_FILE_SIZE_BYTES,
-    DecodesInTasks,
-    IcebergSinkQuery,
-    check_names,
     write_to_iceberg,
 )
-from spark_writer.sink.kafka_records import (
-    DEFAULT_JSON_TIME_ZONE,
-    BadRecordPolicy,
-    JsonBatchParser,
-    check_time_zone,
-    raw_records,
-    sampled_json_schema,
-    schema_from_ddl,
-)
+from spark_writer.sink.kafka_records import DEFAULT_JSON_TIME_ZONE, BadRecordPolicy, check_time_zone
+from spark_writer.sink.parquet_writer import append_tasks
 from spark_writer.sink.partitioning import parse_partition_specs
-from spark_writer.sink.registry_records import (
-    KEY_SUBJECT_SUFFIX,
-    VALUE_SUBJECT_SUFFIX,
-    RegistryBatchParser,
-    RegistryFormat,
-    RegistrySubject,
-    topic_subject,
-)
-from spark_writer.sink.storage import Storage
+from spark_writer.sink.sink_query import IcebergSinkQuery
 from spark_writer.start_checks import wait_for_coordinator, wait_for_topics
 from spark_writer.stop_signals import StopRequest, stop_on_signals
 from spark_writer.worker_logging import set_worker_log_level
 
 log = structlog.get_logger(__name__)
 
-DEFAULT_SAMPLE_SIZE: Final = 1000
 STOP_CHECK_SECONDS: Final = 1
 # A local master without a retry count is given one (spark_writer.session.with_task_retries).
 DEFAULT_LOCAL_MASTER: Final = "local[*]"
 MAX_WAIT_SECONDS: Final = 86_400.0
-
-
-class RecordFormat(StrEnum):
-    JSON = "json"
-    AVRO = "avro"
-    PROTOBUF = "protobuf"
-    JSON_SCHEMA = "json-schema"
-    RAW = "raw"
-
-    @property
-    def registry_format(self) -> RegistryFormat | None:
-        """The format of values written with a schema registry, None for json and raw."""
-        return None if self in (RecordFormat.JSON, RecordFormat.RAW) else RegistryFormat(self.value)
-
-
-class KafkaSource(StrEnum):
-    """Which Spark source reads Kafka: this project's Python one (no jar), or Spark's own connector."""
-
-    PYTHON = "python"
-    SPARK = "spark"
-
-
-# Spark's Kafka connector (spark-sql-kafka-0-10), when its jar is on the classpath.
-SPARK_KAFKA_PROVIDER: Final = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
-SPARK_KAFKA_FORMAT: Final = "kafka"
-
-
-@dataclass(frozen=True)
-class KafkaSettings:
-    bootstrap_servers: str
-    topics: tuple[str, ...]
-    starting_offsets: str = DEFAULT_STARTING_OFFSETS
-    max_offsets_per_trigger: int | None = None
-    fail_on_data_loss: bool = True
-    consumer_options: dict[str, str] = field(default_factory=dict)
-    source: KafkaSource = KafkaSource.PYTHON
-
-    def __post_init__(self) -> None:
-        parse_options(self._options())  # the source's own options refused now (ValueError), not once Spark runs
-
-    @property
-    def source_format(self) -> str:
-        return SOURCE_NAME if self.source is KafkaSource.PYTHON else SPARK_KAFKA_FORMAT
-
-    def source_options(self) -> dict[str, str]:
-        """The options of the source: the same for both but what Spark's needs to read as the Python one does."""
-        options = self._options()
-        if self.source is KafkaSource.SPARK:
-            # Committed records only, as the Python source reads them (Spark's reads aborted ones by default), and
-            # the headers, which dead letters keep.
-            options.update({"kafka.isolation.level": "read_committed", "includeHeaders": "true"})
-        return options
-
-    def _options(self) -> dict[str, str]:
-        options = {
-            "kafka.bootstrap.servers": self.bootstrap_servers,
-            "subscribe": ",".join(self.topics),
-            "startingOffsets": self.starting_offsets,
-            "failOnDataLoss": str(self.fail_on_data_loss).lower(),
-            **{f"kafka.{key}": value for key, value in self.consumer_options.items()},
-        }
-        if self.max_offsets_per_trigger is not None:
-            options["maxOffsetsPerTrigger"] = str(self.max_offsets_per_trigger)
-        return options
-
-    def producer_config(self) -> dict[str, str]:
-        """librdkafka settings of a producer to the same cluster (dead letters)."""
-        return {"bootstrap.servers": self.bootstrap_servers, **self.consumer_options}
-
-
-@dataclass(frozen=True)
-class ParseSettings:
-    record_format: RecordFormat = RecordFormat.JSON
-    schema_ddl: str | None = None
-    sample_size: int = DEFAULT_SAMPLE_SIZE
-    evolve_schema: bool = True
-    kafka_metadata: bool = False
-    json_time_zone: str = DEFAULT_JSON_TIME_ZONE
-    on_bad_record: BadRecordPolicy = BadRecordPolicy.FAIL
-    dead_letter_topic: str | None = None
-    # avro, protobuf and json-schema: where the schemas are, and which subjects the table follows.
-    schema_registry_url: str | None = None
-    schema_registry_options: dict[str, str] = field(default_factory=dict)
-    subject: str | None = None  # default: <topic>-value
-    decode_key: bool = False  # keys in the same format, as a `key` column
-    key_subject: str | None = None  # default: <topic>-key
-    protobuf_message: str | None = None  # default: the schema's first message
-
-    def __post_init__(self) -> None:
-        if (self.on_bad_record is BadRecordPolicy.DEAD_LETTER) != (self.dead_letter_topic is not None):
-            raise ValueError("--dead-letter-topic is required with --on-bad-record dead-letter, and only then")
-        registry_format = self.record_format.registry_format
-        if registry_format is None:
-            given = [
-                flag
-                for flag, value in (
-                    ("--schema-registry-url", self.schema_registry_url),
-                    ("--schema-registry-option", self.schema_registry_options),
-                    ("--subject", self.subject),
-                    ("--decode-key", self.decode_key),
-                    ("--key-subject", self.key_subject),
-                    ("--protobuf-message", self.protobuf_message),
-                )
-                if value
-            ]
-            if given:
-                raise ValueError(f"{', '.join(given)}: only with --format avro, protobuf or json-schema")
-            return
-        if self.schema_registry_url is None:
-            raise ValueError(f"--format {self.record_format} reads its schemas from a schema registry: pass its URL")
-        if self.schema_ddl is not None:
-            raise ValueError(
-                f"--schema is for --format json: with --format {self.record_format} the table's schema is the "
-                "subject's in the registry"
-            )
-        if self.key_subject is not None and not self.decode_key:
-            raise ValueError("--key-subject names the subject of the keys: pass --decode-key too")
-        if self.protobuf_message is not None and registry_format is not RegistryFormat.PROTOBUF:
-            raise ValueError("--protobuf-message is for --format protobuf")
-        self.registry_settings()  # its options checked
-
-    def registry_settings(self) -> RegistrySettings:
-        """The schema registry's settings (ValueError for options its client refuses)."""
-        if self.schema_registry_url is None:
-            raise ValueError(f"--format {self.record_format} has no schema registry")
-        return RegistrySettings.of(self.schema_registry_url, self.schema_registry_options)
-
-
-@dataclass(frozen=True)
-class SinkSettings:
-    sink: str
-    table: str
-    coordinator: str
-    checkpoint_location: str
-    writer_token: str | None = None
-    partition_by: tuple[str, ...] = ()
-    target_file_size_bytes: int = DEFAULT_TARGET_FILE_SIZE_BYTES
-    processing_time: str | None = None
-    available_now: bool = False
-    coordinator_retry_seconds: float = DEFAULT_COORDINATOR_RETRY_SECONDS
-    storage: dict[str, str] = field(default_factory=dict)
-    routes: Routes | None = None
-
-    def __post_init__(self) -> None:
-        check_names(self.sink, self.table)
-        parse_partition_specs(self.partition_by)
-        if self.target_file_size_bytes <= 0:
-            raise ValueError(f"--target-file-size must be positive, got {self.target_file_size_bytes}")
-        Storage(self.storage)  # unknown keys and bad values refused before Spark starts
 
 
 def spark_session(master: str | None, spark_log: SparkLog | None = None, app_name: str = "sink-writer") -> SparkSession:
@@ -261,86 +98,6 @@ def spark_session(master: str | None, spark_log: SparkLog | None = None, app_nam
     return local_spark_session(app_name, master or DEFAULT_LOCAL_MASTER, spark_log)
 
 
-def check_spark_kafka_source(spark: SparkSession) -> None:
-    """ValueError saying what to do when Spark's Kafka connector is not on the classpath."""
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    if not jvm.org.apache.spark.util.Utils.classIsLoadable(SPARK_KAFKA_PROVIDER):
-        raise ValueError(
-            f"--source spark needs Spark's Kafka connector ({SPARK_KAFKA_PROVIDER}), which is not on the "
-            f"classpath: add spark-sql-kafka-0-10_2.13 of Spark {spark.version} and its dependencies "
-            "(spark-submit --packages org.apache.spark:spark-sql-kafka-0-10_2.13:" + spark.version + "), "
-            "or use --source python, which needs no jar"
-        )
-
-
-def dead_letter_target(kafka: KafkaSettings, parse: ParseSettings, sink: str) -> DeadLetterTarget | None:
-    if parse.dead_letter_topic is None:
-        return None
-    return DeadLetterTarget(parse.dead_letter_topic, sink, kafka.producer_config())
-
-
-def registry_parser(kafka: KafkaSettings, parse: ParseSettings, sink: str) -> RegistryBatchParser:
-    """The per-batch decoding of Avro, Protobuf or JSON Schema values, the table's schema read from the registry
-    (needs no Spark: the job builds it once before Spark starts, to refuse what cannot work)."""
-    registry_format = parse.record_format.registry_format
-    if registry_format is None:
-        raise ValueError(f"--format {parse.record_format} is not read with a schema registry")
-    value = RegistrySubject(
-        registry_format, topic_subject(kafka.topics, VALUE_SUBJECT_SUFFIX, parse.subject), parse.protobuf_message
-    )
-    key = (
-        RegistrySubject(registry_format, topic_subject(kafka.topics, KEY_SUBJECT_SUFFIX, parse.key_subject))
-        if parse.decode_key
-        else None
-    )
-    return RegistryBatchParser(
-        parse.registry_settings(),
-        value,
-        key,
-        evolve=parse.evolve_schema,
-        kafka_metadata=parse.kafka_metadata,
-        on_bad_record=parse.on_bad_record,
-        dead_letters=dead_letter_target(kafka, parse, sink),
-    )
-
-
-def table_records(
-    spark: SparkSession, kafka: KafkaSettings, parse: ParseSettings, sink: str
-) -> tuple[DataFrame, DecodesInTasks | None]:
-    """The streaming DataFrame to write and, but for raw records, the per-batch parser that turns it into rows."""
-    options = kafka.source_options()
-    if kafka.source is KafkaSource.SPARK:
-        check_spark_kafka_source(spark)
-    stream = spark.readStream.format(kafka.source_format).options(**options).load()
-    if parse.record_format is RecordFormat.RAW:
-        return raw_records(stream), None
-    if parse.record_format.registry_format is not None:
-        return stream, registry_parser(kafka, parse, sink)
-    # The sample is read by this project's own consumer, whichever source the stream has.
-    sample_options = replace(kafka, source=KafkaSource.PYTHON).source_options()
-    if parse.schema_ddl:
-        try:
-            schema = schema_from_ddl(parse.schema_ddl)
-        except ValueError as error:
-            raise ValueError(f"--schema: {error}") from None
-    else:
-        sampled = sampled_json_schema(spark, sample_options, parse.sample_size)
-        # Only the sampled fields a column can hold (json_columns); records giving the others a value are bad records.
-        schema = grow(StructType([]), sampled.fieldNames(), lambda: sampled, kafka_metadata=parse.kafka_metadata).schema
-    log.info("json schema", schema=schema.simpleString(), source="given" if parse.schema_ddl else "sampled")
-    if not parse.evolve_schema and not schema.fields:
-        raise ValueError("the topics are empty, so no schema could be inferred: pass --schema or --evolve-schema")
-    return stream, JsonBatchParser(
-        schema,
-        evolve=parse.evolve_schema,
-        kafka_metadata=parse.kafka_metadata,
-        time_zone=parse.json_time_zone,
-        on_bad_record=parse.on_bad_record,
-        dead_letters=dead_letter_target(kafka, parse, sink),
-    )
-
-
 def start_job(spark: SparkSession, kafka: KafkaSettings, parse: ParseSettings, sink: SinkSettings) -> IcebergSinkQuery:
     records, parser = table_records(spark, kafka, parse, sink.sink)
     return write_to_iceberg(
@@ -360,6 +117,8 @@ def start_job(spark: SparkSession, kafka: KafkaSettings, parse: ParseSettings, s
         coordinator_retry_seconds=sink.coordinator_retry_seconds,
         storage=sink.storage,
         routes=sink.routes,
+        key_columns=parse.mutations.key,
+        tasks=keyed_tasks if parse.mutations.keyed else append_tasks,
     )
 
 
@@ -475,6 +234,13 @@ def partition_syntax(values: list[str] | None) -> list[str] | None:
     return values
 
 
+def op_map_flag(text: str) -> dict[str, Op]:
+    try:
+        return parse_op_map(text)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+
+
 SECONDS: Final = "<seconds>"
 
 app = typer.Typer(
@@ -577,6 +343,29 @@ def main(
     key_subject: Annotated[str | None, typer.Option(help="Subject of the keys; default: <topic>-key.")] = None,
     protobuf_message: Annotated[
         str | None, typer.Option(help="Message of the Protobuf schema the table holds; default: its first.")
+    ] = None,
+    mode: Annotated[
+        MutationMode,
+        typer.Option(
+            help="append: every record is a new row; upsert: the whole new row of its --key (a tombstone deletes "
+            "it); cdc: a change whose --op-field or --cdc-envelope says upsert or delete (docs/spark-writer.md)."
+        ),
+    ] = MutationMode.APPEND,
+    key: Annotated[
+        str | None, typer.Option(help="upsert, cdc: the key's columns, COL[,COL...]: the table's identifier fields.")
+    ] = None,
+    op_field: Annotated[str | None, typer.Option(help="cdc: the column holding each change's operation.")] = None,
+    op_map: Annotated[
+        dict[str, Op] | None,
+        typer.Option(
+            help="cdc: operations to upsert or delete, VALUE=upsert|delete[,...]; default c, r, u, I, U upsert and "
+            "d, D delete.",
+            parser=op_map_flag,
+            metavar="VALUE=OP,...",
+        ),
+    ] = None,
+    cdc_envelope: Annotated[
+        Envelope | None, typer.Option(help="cdc: debezium: the row is after (before for a delete), the operation op.")
     ] = None,
     schema: Annotated[
         str | None, typer.Option(help='JSON schema as DDL, "order_id BIGINT, amount DOUBLE"; default: inferred.')
@@ -701,6 +490,9 @@ def main(
             decode_key=decode_key,
             key_subject=key_subject,
             protobuf_message=protobuf_message,
+            mutations=Mutations(
+                mode, key_names(key) if key else (), op_field, op_map or default_op_map(), cdc_envelope
+            ),
         )
         sink_settings = SinkSettings(
             sink=sink,
@@ -716,6 +508,7 @@ def main(
             storage=dict(storage or ()),
             routes=routes_from_flags(route_by, route or (), dynamic_routes, unrouted),
         )
+        parse.mutations.check_route_column(route_by)
     except ValueError as error:
         raise typer.BadParameter(str(error)) from None
     spark_log = SparkLog(spark_log_file or SparkLog.default_path(sink), on_console=log_level is LogLevel.DEBUG)

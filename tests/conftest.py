@@ -7,4 +7,6 @@ pytest_plugins = [
     "tests.fixtures.object_store",
     "tests.fixtures.spark_cluster",
     "tests.fixtures.schema_registry",
+    "tests.fixtures.writer_cli",
+    "tests.fixtures.hang_report",
 ]

@@ -58,30 +58,36 @@ class PreCommitFile:
 @dataclass(frozen=True)
 class TableSpec:
     """A table a fan-out writer routes records to: created from `arrow_schema` (Arrow IPC bytes) and partitioned by
-    `partition_by` when missing, given the schema's new columns when present."""
+    `partition_by` when missing (keyed by `key_columns` when given), given the schema's new columns when present."""
 
     table: str
     arrow_schema: bytes = b""
     partition_by: tuple[str, ...] = ()
+    # The sink's key (an upsert or change stream): the table is keyed by it; () for an append stream.
+    key_columns: tuple[str, ...] = ()
 
 
-def _data_files(files: Sequence[str | PreCommitFile]) -> list[pb.DataFile]:
-    """The files as PreCommit sends them, with their footers as long as MAX_FOOTER_BYTES_PER_PRECOMMIT allows
-    (the coordinator reads the others' from storage)."""
+def _sent_files(*groups: Sequence[str | PreCommitFile]) -> list[list[pb.DataFile]]:
+    """Each group of files (a pre-commit's data files, then its key files) as PreCommit sends them, with their footers
+    as long as MAX_FOOTER_BYTES_PER_PRECOMMIT allows over all groups (the coordinator reads the others' from
+    storage)."""
     budget = MAX_FOOTER_BYTES_PER_PRECOMMIT
-    data_files = []
-    for file in files:
-        if isinstance(file, str):
-            data_files.append(pb.DataFile(path=file))
-            continue
-        footer = file.parquet_footer if len(file.parquet_footer) <= budget else b""
-        budget -= len(footer)
-        data_files.append(
-            pb.DataFile(
-                path=file.path, parquet_footer=footer, file_size_in_bytes=file.file_size_in_bytes, table=file.table
+    sent: list[list[pb.DataFile]] = []
+    for files in groups:
+        messages = []
+        for file in files:
+            if isinstance(file, str):
+                messages.append(pb.DataFile(path=file))
+                continue
+            footer = file.parquet_footer if len(file.parquet_footer) <= budget else b""
+            budget -= len(footer)
+            messages.append(
+                pb.DataFile(
+                    path=file.path, parquet_footer=footer, file_size_in_bytes=file.file_size_in_bytes, table=file.table
+                )
             )
-        )
-    return data_files
+        sent.append(messages)
+    return sent
 
 
 class CoordinatorClient:
@@ -178,7 +184,10 @@ class CoordinatorClient:
         writer_count: int = 1,
         arrow_schema: bytes = b"",
         partition_by: Sequence[str] = (),
+        key_columns: Sequence[str] = (),
     ) -> Registration:
+        """Register the writer of `sink` (a new term). `key_columns`: the sink's key, for an upsert or change stream
+        (its table keyed by them); the answer's `key_columns` says whether the coordinator recorded it."""
         response = self._call(
             self._stub.RegisterWriter,
             pb.RegisterWriterRequest(
@@ -188,6 +197,7 @@ class CoordinatorClient:
                 writer_count=writer_count,
                 arrow_schema=arrow_schema,
                 partition_by=list(partition_by),
+                key_columns=list(key_columns),
             ),
         )
         return from_message(response, Registration)
@@ -203,8 +213,11 @@ class CoordinatorClient:
         properties: Mapping[str, str] | None = None,
         evolve_schema: bool = False,
         files_directory: str = "",
+        key_files: Sequence[str | PreCommitFile] = (),
         timeout_seconds: float | None = None,
     ) -> PreCommitResult:
+        """Pre-commit the epoch's `files` (data files) and, for a keyed sink, its `key_files`: the keys it touched."""
+        data_files, sent_key_files = _sent_files(files, key_files)
         response = self._call(
             self._stub.PreCommit,
             pb.PreCommitRequest(
@@ -212,10 +225,11 @@ class CoordinatorClient:
                 epoch=epoch,
                 writer_term=writer_term,
                 writer_id=writer_id,
-                data_files=_data_files(files),
+                data_files=data_files,
                 properties=dict(properties or {}),
                 evolve_schema=evolve_schema,
                 files_directory=files_directory,
+                key_files=sent_key_files,
             ),
             timeout_seconds,
         )
@@ -247,7 +261,12 @@ class CoordinatorClient:
                 sink=sink,
                 writer_term=writer_term,
                 tables=[
-                    pb.TableSpec(table=spec.table, arrow_schema=spec.arrow_schema, partition_by=list(spec.partition_by))
+                    pb.TableSpec(
+                        table=spec.table,
+                        arrow_schema=spec.arrow_schema,
+                        partition_by=list(spec.partition_by),
+                        key_columns=list(spec.key_columns),
+                    )
                     for spec in tables
                 ],
             ),

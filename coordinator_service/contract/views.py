@@ -44,6 +44,9 @@ class Registration:
     table_location: str
     # Whether the catalog holds nested namespaces (lake.shop.orders); an older coordinator does not say: False.
     nested_namespaces: bool = False
+    # The sink's key (an upsert or change stream), as recorded; () for an append stream, and from an older
+    # coordinator, which knows no keys.
+    key_columns: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,8 @@ class SinkState(SinkView):
 class TableLocation:
     table: str
     location: str
+    # The key the table was ensured with; () for an append stream, and from an older coordinator.
+    key_columns: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -107,11 +107,37 @@ class SinkCommitState:
         return self.health
 
 
+class KeyedCommitNotBuilt(Exception):
+    """Epochs of a keyed sink (an upsert or change stream) wait for the keyed commit path, which this release does not
+    have: appending their rows would put a key in the table twice."""
+
+
+def refuse_keyed_epochs(sink: Sink, pending: Sequence[EpochRecord], decoded: Sequence[PreCommitMetadata]) -> None:
+    """The one place the keyed commit path goes (issue 29, docs/architecture.md "Row mutations: position deletes
+    resolved at commit"): every epoch of a keyed sink with files, and every epoch with key files, must be committed
+    as a row delta per table (tables.row_deltas.commit_row_delta: its data files, and its key files' keys resolved
+    to position deletes), never appended. Until that path is built, such a pass raises KeyedCommitNotBuilt: the
+    committer is stuck (the admin API and the metrics say so) and the epochs stay PENDING, in the log, for a release
+    that commits them. An empty epoch changes no row and is committed as ever."""
+    keyed = [
+        row.epoch
+        for row, metadata in zip(pending, decoded, strict=True)
+        if metadata.key_files or (sink.key_columns and metadata.data_files)
+    ]
+    if keyed:
+        raise KeyedCommitNotBuilt(
+            f"the keyed commit path is not built in this release: epochs {keyed[:5]} of keyed sink {sink.name} stay "
+            "PENDING (an append would put keys in the table twice); upgrade the coordinator, then resume the sink"
+        )
+
+
 # Failures of a commit pass that retrying cannot fix: the log's record cannot be decoded, the table is gone or
-# refuses what the pass built, the catalog refuses the coordinator's credentials, or the code met a state it
-# does not expect. Everything else (conflicts, outages, a lost lock, timeouts) is retried.
+# refuses what the pass built, the catalog refuses the coordinator's credentials, a keyed epoch this release cannot
+# commit, or the code met a state it does not expect. Everything else (conflicts, outages, a lost lock, timeouts) is
+# retried.
 _PERMANENT_FAILURES: tuple[type[BaseException], ...] = (
     MetadataDecodeError,
+    KeyedCommitNotBuilt,
     InvalidArgument,
     SinkSuspended,
     *PERMANENT_FAILURES,
@@ -400,6 +426,7 @@ class Committer:
         structlog.contextvars.bind_contextvars(sink=sink.name)
         log_ = log.bind(table=sink.table_identifier, epochs=[row.epoch for row in pending])
         decoded = [precommit_metadata.decode(row.metadata_) for row in pending]
+        refuse_keyed_epochs(sink, pending, decoded)
         started = time.monotonic()
         if not any(each.data_files for each in decoded):
             # Empty epochs are never appended, so no marker can hold them: mark them without reading the tables.

@@ -419,13 +419,18 @@ class Operations:
                 for row in await epoch_reads.epochs_not_committed(session, sink.id):
                     metadata = precommit_metadata.decode(row.metadata_)
                     gone = metadata.by_table().get(table, [])
-                    if not gone:
+                    gone_keys = metadata.key_files_by_table().get(table, [])
+                    if not gone and not gone_keys:
                         continue
-                    kept = replace(metadata, data_files=tuple(e for e in metadata.data_files if e not in gone))
+                    kept = replace(
+                        metadata,
+                        data_files=tuple(e for e in metadata.data_files if e not in gone),
+                        key_files=tuple(e for e in metadata.key_files if e not in gone_keys),
+                    )
                     row.metadata_ = precommit_metadata.encode(kept)
                     row.file_count = len(kept.data_files)
                     row.record_count = kept.record_count
-                    await path_claims.forget(session, [entry.path for entry in gone])
+                    await path_claims.forget(session, [e.path for e in gone] + [e.path for e in gone_keys])
                     given_up.append(GivenUp(row.epoch, len(gone), sum(entry.record_count for entry in gone)))
                 await sink_tables.remove_table(session, sink.id, table)
                 sink.writer_term += 1

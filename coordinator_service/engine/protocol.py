@@ -65,11 +65,13 @@ from coordinator_service.log import (
 )
 from coordinator_service.log.database import Database
 from coordinator_service.log.models import AbortCause, EpochRecord, Sink
-from coordinator_service.log.precommit_metadata import DataFileEntry, PreCommitMetadata
+from coordinator_service.log.precommit_metadata import DataFileEntry, KeyFileEntry, PreCommitMetadata
 from coordinator_service.log.sink_rows import RowLock
 from coordinator_service.tables.catalog_calls import in_catalog
 from coordinator_service.tables.file_paths import canonical_uri, check_inside_location
 from coordinator_service.tables.iceberg import DescribedFiles, IcebergGateway
+from coordinator_service.tables.key_files import DescribedKeyFiles, read_key_files
+from coordinator_service.tables.keyed_tables import check_key_request
 from coordinator_service.tables.precommit_files import FileFacts, check_facts
 from coordinator_service.tables.schema_fit import decode_arrow_schema
 
@@ -100,6 +102,13 @@ class PreCommitRequest:
     files_directory: str = ""
     # Fan-out: the table of each file that names one (by path); the others are the sink's own table's.
     file_tables: Mapping[str, str] = field(default_factory=dict)
+    # A keyed sink's key files (their facts and tables by path too, in file_facts and file_tables).
+    key_paths: tuple[str, ...] = ()
+
+    @property
+    def all_paths(self) -> tuple[str, ...]:
+        """Every file the pre-commit names: its data files, then its key files."""
+        return (*self.paths, *self.key_paths)
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,7 @@ class TableRequest:
     table: str
     arrow_schema: bytes = b""
     partition_by: tuple[str, ...] = ()
+    key_columns: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -118,6 +128,8 @@ class _SinkHint:
     sink_id: int
     table: str
     tables: frozenset[str]
+    # Its key (fixed when the sink is created): key files are refused without one.
+    key_columns: tuple[str, ...] = ()
 
 
 class GroupInsert:
@@ -208,8 +220,10 @@ class Coordinator:
         writer_count: int = 1,
         arrow_schema: bytes = b"",
         partition_by: Sequence[str] = (),
+        key_columns: Sequence[str] = (),
     ) -> Registration:
         check_sink_name(sink)
+        check_key_request(key_columns)
         if checkpointed_epoch < -1:
             raise InvalidArgument(f"checkpointed_epoch {checkpointed_epoch} is below -1 (-1 means no checkpoint)")
         if writer_count < 1:
@@ -221,11 +235,13 @@ class Coordinator:
             existing = await sink_rows.sink_by_name(session, sink)
             self._check_new_tables([table], set() if existing is None else {existing.table_identifier})
             if existing is not None:
-                await _check_registration(session, existing, table, checkpointed_epoch)
+                await _check_registration(session, existing, table, checkpointed_epoch, key_columns)
                 above = await epoch_reads.pending_epochs_above(session, existing.id, checkpointed_epoch)
                 recorded = await sink_tables.recorded_epochs(session, existing.id)
             others = (await sink_rows.sinks_writing(session, [table], besides=sink)).get(table, [])
-        location = await in_catalog(self.iceberg.ensure_table, table, schema, tuple(partition_by), others)
+        location = await in_catalog(
+            self.iceberg.ensure_table, table, schema, tuple(partition_by), others, tuple(key_columns)
+        )
         await failpoints.hit(Failpoint.REGISTER_BEFORE_RECOVERY)
 
         if existing is not None and above:
@@ -246,9 +262,13 @@ class Coordinator:
                         f"POST /api/v1/sinks/{sink}/reset and start from a new checkpoint"
                     )
                 await lock.verify()
-                registration, sink_id = await self._register(sink, table, checkpointed_epoch, writer_count, location)
+                registration, sink_id = await self._register(
+                    sink, table, checkpointed_epoch, writer_count, location, key_columns
+                )
         else:
-            registration, sink_id = await self._register(sink, table, checkpointed_epoch, writer_count, location)
+            registration, sink_id = await self._register(
+                sink, table, checkpointed_epoch, writer_count, location, key_columns
+            )
         await failpoints.hit(Failpoint.REGISTER_AFTER_RECOVERY)
         log.info(
             "writer registered",
@@ -271,15 +291,18 @@ class Coordinator:
         checkpointed_epoch: int,
         writer_count: int,
         location: str,
+        key_columns: Sequence[str],
     ) -> tuple[Registration, int]:
         """The registration's one transaction: the checks again, under the sink's row lock, then the new term."""
         async with self.database.transaction() as session:
-            await sink_rows.insert_sink_if_absent(session, sink, table, self.iceberg.catalog_name, checkpointed_epoch)
+            await sink_rows.insert_sink_if_absent(
+                session, sink, table, self.iceberg.catalog_name, checkpointed_epoch, key_columns
+            )
             row = await sink_rows.sink_by_name(session, sink, lock=RowLock.UPDATE)
             assert row is not None
             if row.rebase_on_register:
                 await _rebase_after_reset(session, row, checkpointed_epoch)
-            await _check_registration(session, row, table, checkpointed_epoch)
+            await _check_registration(session, row, table, checkpointed_epoch, key_columns)
             row.writer_term += 1
             row.writer_count = writer_count
             row.checkpointed_epoch = checkpointed_epoch
@@ -307,6 +330,7 @@ class Coordinator:
                     recommitting_epochs=tuple(r.epoch for r in recommitting),
                     table_location=location,
                     nested_namespaces=self.iceberg.nested_namespaces,
+                    key_columns=tuple(row.key_columns),
                 ),
                 row.id,
             )
@@ -332,15 +356,24 @@ class Coordinator:
         if len(set(names)) != len(names):
             duplicate = next(name for name in names if names.count(name) > 1)
             raise InvalidArgument(f"EnsureTables names table {quote(duplicate)} more than once")
+        for spec in tables:
+            check_key_request(spec.key_columns)
         schemas = [decode_arrow_schema(spec.arrow_schema) if spec.arrow_schema else None for spec in tables]
         async with self.database.transaction() as session:
             existing = await _existing_sink(session, sink)
             check_term(existing, writer_term)
+            for spec in tables:
+                _check_same_key(existing, spec.key_columns, spec.table)
             self._check_new_tables(names, set(await sink_tables.recorded_epochs(session, existing.id)))
             others = await sink_rows.sinks_writing(session, names, besides=sink)
         locations = [
             await in_catalog(
-                self.iceberg.ensure_table, spec.table, schema, spec.partition_by, others.get(spec.table, [])
+                self.iceberg.ensure_table,
+                spec.table,
+                schema,
+                spec.partition_by,
+                others.get(spec.table, []),
+                spec.key_columns,
             )
             for spec, schema in zip(tables, schemas, strict=True)
         ]
@@ -351,7 +384,10 @@ class Coordinator:
             self._sink_hints[sink] = await _hint(session, row)
         log.info("tables ensured", sink=sink, writer_term=writer_term, tables=names)
         return TablesEnsured(
-            tuple(TableLocation(name, location) for name, location in zip(names, locations, strict=True))
+            tuple(
+                TableLocation(spec.table, location, spec.key_columns)
+                for spec, location in zip(tables, locations, strict=True)
+            )
         )
 
     async def pre_commit(self, request: PreCommitRequest) -> PreCommitResult:
@@ -360,14 +396,15 @@ class Coordinator:
         request = replace(
             request,
             paths=tuple(canonical_uri(path) for path in request.paths),
+            key_paths=tuple(canonical_uri(path) for path in request.key_paths),
             file_facts={canonical_uri(path): facts for path, facts in request.file_facts.items()},
             files_directory=canonical_uri(request.files_directory) if request.files_directory else "",
             file_tables={canonical_uri(path): table for path, table in request.file_tables.items()},
         )
-        if len(set(request.paths)) != len(request.paths):
-            raise InvalidArgument("the pre-commit names a data file more than once")
+        if len(set(request.all_paths)) != len(request.all_paths):
+            raise InvalidArgument("the pre-commit names a data file (or key file) more than once")
         if request.files_directory:
-            for path in request.paths:
+            for path in request.all_paths:
                 check_inside_location(path, request.files_directory, within="files_directory")
         log_ = log.bind(
             sink=request.sink, epoch=request.epoch, writer_term=request.writer_term, writer_id=request.writer_id
@@ -393,17 +430,21 @@ class Coordinator:
                 return PreCommitResult(PreCommitOutcome.ALREADY_COMMITTED, attempt=0, record_count=0)
             current = await epoch_reads.epoch_row(session, sink.id, request.epoch)
             sink_id, writer_count = sink.id, sink.writer_count
-        groups = _files_by_table(request, hint)
+        groups = _files_by_table(request, hint, request.paths)
+        key_groups = _key_files_by_table(request, hint)
         if current is not None:
             repeated = answer_if_repeated(current, request)
             if repeated is not None:
                 return repeated
         files = await self._read_files(hint, groups, request, request.evolve_schema)
-        deadline = self._claim_deadline(files)
+        key_files = await self._read_key_files(hint, key_groups, request)
+        deadline = self._claim_deadline(files, key_files)
         if writer_count == 1:
-            result = await self._persist(sink_id, request, files.entries, dict(request.properties), deadline)
+            result = await self._persist(
+                sink_id, request, files.entries, key_files.entries, dict(request.properties), deadline
+            )
         else:
-            result = await self._gather(sink_id, writer_count, request, files.entries, deadline)
+            result = await self._gather(sink_id, writer_count, request, files.entries, key_files.entries, deadline)
         metrics.record_precommit(request.sink, time.monotonic() - started)
         log_.debug(
             "pre-commit persisted", attempt=result.attempt, records=result.record_count, files=len(files.entries)
@@ -425,11 +466,15 @@ class Coordinator:
             # Never evolve here: the tables must not change for a request that may yet be refused (a fenced
             # term). Files that need new columns fail to fit, and the general path evolves after its checks.
             # A table the sink did not have when last read is looked up by the general path.
-            files = await self._read_files(hint, _files_by_table(request, hint), request, evolve_schema=False)
+            files = await self._read_files(hint, _files_by_table(request, hint, request.paths), request, False)
+            key_files = await self._read_key_files(hint, _key_files_by_table(request, hint), request)
         except CoordinatorError:
             return None
         metadata = PreCommitMetadata(
-            table=hint.table, data_files=tuple(files.entries), properties=dict(request.properties)
+            table=hint.table,
+            data_files=tuple(files.entries),
+            properties=dict(request.properties),
+            key_files=tuple(key_files.entries),
         )
         row = epoch_transitions.NewEpoch(
             sink_id=hint.sink_id,
@@ -438,9 +483,9 @@ class Coordinator:
             metadata=precommit_metadata.encode(metadata),
             file_count=len(files.entries),
             record_count=metadata.record_count,
-            paths=request.paths,
-            tables=tuple(sorted({entry.table for entry in files.entries} - {""})),
-            deadline=self._claim_deadline(files),
+            paths=request.all_paths,
+            tables=tuple(sorted((set(metadata.by_table()) | set(metadata.key_files_by_table())) - {hint.table})),
+            deadline=self._claim_deadline(files, key_files),
         )
         await failpoints.hit(Failpoint.PRECOMMIT_BEFORE_PERSIST)
         if not await self._group_insert.insert(row):
@@ -448,12 +493,13 @@ class Coordinator:
         await failpoints.hit(Failpoint.PRECOMMIT_AFTER_PERSIST)
         return PreCommitResult(PreCommitOutcome.PERSISTED, attempt=1, record_count=metadata.record_count)
 
-    def _claim_deadline(self, files: DescribedFiles) -> float | None:
+    def _claim_deadline(self, files: DescribedFiles, key_files: DescribedKeyFiles) -> float | None:
         """Until when the pre-commit may claim its files' paths: ORPHAN_GRACE_SECONDS after the oldest was written,
         when the orphan sweep may delete it (path_claims)."""
-        if files.written_at is None:
+        written = [each.written_at for each in (files, key_files) if each.written_at is not None]
+        if not written:
             return None
-        return files.written_at + self.committer.settings.orphan_grace_seconds
+        return min(written) + self.committer.settings.orphan_grace_seconds
 
     async def _read_files(
         self, hint: _SinkHint, groups: Mapping[str, Sequence[str]], request: PreCommitRequest, evolve_schema: bool
@@ -484,12 +530,40 @@ class Coordinator:
             written_at=min((each.written_at for each in read if each.written_at is not None), default=None),
         )
 
+    async def _read_key_files(
+        self, hint: _SinkHint, groups: Mapping[str, Sequence[str]], request: PreCommitRequest
+    ) -> DescribedKeyFiles:
+        """A keyed sink's key files, each checked against its own table's key (as _read_files checks data files);
+        none is no trip to the catalog's thread."""
+        reads = [
+            in_catalog(
+                read_key_files,
+                self.iceberg,
+                table,
+                paths,
+                request.writer_id,
+                request.file_facts,
+                request.files_directory,
+            )
+            for table, paths in groups.items()
+        ]
+        read = await asyncio.gather(*reads)
+        return DescribedKeyFiles(
+            entries=[
+                entry if table == hint.table else replace(entry, table=table)
+                for table, described in zip(groups, read, strict=True)
+                for entry in described.entries
+            ],
+            written_at=min((each.written_at for each in read if each.written_at is not None), default=None),
+        )
+
     async def _gather(
         self,
         sink_id: int,
         writer_count: int,
         request: PreCommitRequest,
         entries: list[DataFileEntry],
+        key_files: list[KeyFileEntry],
         deadline: float | None,
     ) -> PreCommitResult:
         """One writer's part of a multi-writer epoch. The parts are kept in the metastore (epoch_parts), so
@@ -497,7 +571,9 @@ class Coordinator:
         persists the epoch with the others' in the same transaction; every other writer's call answers once
         the epoch is persisted (or its writer is fenced, or its deadline passes: it sends its part again). A part
         claims its paths while it waits (path_claims), so no deletion takes its files meanwhile."""
-        part = PreCommitMetadata(table="", data_files=tuple(entries), properties=dict(request.properties))
+        part = PreCommitMetadata(
+            table="", data_files=tuple(entries), properties=dict(request.properties), key_files=tuple(key_files)
+        )
         await failpoints.hit(Failpoint.PRECOMMIT_BEFORE_PERSIST)
         async with self.database.transaction() as session:
             # Exclusive: a sink's parts are stored one at a time, so exactly one call sees the last one arrive.
@@ -524,13 +600,14 @@ class Coordinator:
             if len(parts) == writer_count:
                 decoded = [precommit_metadata.decode(encoded) for encoded in parts]
                 combined = [entry for each in decoded for entry in each.data_files]
-                if len({entry.path for entry in combined}) != len(combined):
+                combined_keys = [entry for each in decoded for entry in each.key_files]
+                if len(frozenset().union(*(each.paths for each in decoded))) != len(combined) + len(combined_keys):
                     raise InvalidArgument(
                         f"sink {request.sink} epoch {request.epoch}: two writers' parts name the same data file; "
                         "each writer must name files of its own. Nothing was persisted"
                     )
                 properties = {key: value for each in decoded for key, value in each.properties.items()}
-                result = await self._persist_in(session, sink, request, combined, properties, deadline)
+                result = await self._persist_in(session, sink, request, combined, combined_keys, properties, deadline)
                 await part_rows.drop_parts(session, sink_id, request.epoch)
                 completed = True
             else:
@@ -560,6 +637,7 @@ class Coordinator:
         sink_id: int,
         request: PreCommitRequest,
         entries: list[DataFileEntry],
+        key_files: list[KeyFileEntry],
         properties: dict[str, str],
         deadline: float | None,
     ) -> PreCommitResult:
@@ -568,7 +646,7 @@ class Coordinator:
             sink = await sink_rows.sink_by_name(session, request.sink, lock=RowLock.SHARE)
             if sink is None:
                 raise NotFound(f"sink {request.sink} was deleted during the pre-commit")
-            result = await self._persist_in(session, sink, request, entries, properties, deadline)
+            result = await self._persist_in(session, sink, request, entries, key_files, properties, deadline)
         await failpoints.hit(Failpoint.PRECOMMIT_AFTER_PERSIST)
         return result
 
@@ -578,6 +656,7 @@ class Coordinator:
         sink: Sink,
         request: PreCommitRequest,
         entries: list[DataFileEntry],
+        key_files: list[KeyFileEntry],
         properties: dict[str, str],
         deadline: float | None,
     ) -> PreCommitResult:
@@ -588,9 +667,12 @@ class Coordinator:
         check_term(sink, request.writer_term)
         if request.epoch <= sink.committed_epoch:
             return PreCommitResult(PreCommitOutcome.ALREADY_COMMITTED, attempt=0, record_count=0)
-        metadata = PreCommitMetadata(table=sink.table_identifier, data_files=tuple(entries), properties=properties)
+        metadata = PreCommitMetadata(
+            table=sink.table_identifier, data_files=tuple(entries), properties=properties, key_files=tuple(key_files)
+        )
         # Under the sink's row lock: an operator may have removed a table since the files were read.
-        removed = sorted(set(metadata.by_table()) - set(await sink_tables.recorded_epochs(session, sink_id)))
+        named = set(metadata.by_table()) | set(metadata.key_files_by_table())
+        removed = sorted(named - set(await sink_tables.recorded_epochs(session, sink_id)))
         if removed:
             raise InvalidArgument(
                 f"sink {request.sink} epoch {request.epoch}: table {quote(removed[0])} is no longer one of the sink's "
@@ -719,14 +801,26 @@ async def _existing_sink(session: AsyncSession, name: str, lock: RowLock | None 
 
 async def _hint(session: AsyncSession, sink: Sink) -> _SinkHint:
     tables = await sink_tables.tables_of_sink(session, sink.id)
-    return _SinkHint(sink.id, sink.table_identifier, frozenset(table.table for table in tables))
+    names = frozenset(table.table for table in tables)
+    return _SinkHint(sink.id, sink.table_identifier, names, tuple(sink.key_columns))
 
 
-def _files_by_table(request: PreCommitRequest, sink: _SinkHint) -> dict[str, list[str]]:
-    """The pre-commit's paths by the table each belongs to, the sink's own first; a table that is not the sink's
+def _key_files_by_table(request: PreCommitRequest, sink: _SinkHint) -> dict[str, list[str]]:
+    """The pre-commit's key files by table (as _files_by_table); refused for a sink without a key."""
+    if request.key_paths and not sink.key_columns:
+        raise InvalidArgument(
+            f"sink {request.sink} epoch {request.epoch}: the pre-commit names key files, but the sink has no key (an "
+            "append stream): key files are for upsert and change streams, registered with their key. Nothing was "
+            "changed"
+        )
+    return _files_by_table(request, sink, request.key_paths) if request.key_paths else {}
+
+
+def _files_by_table(request: PreCommitRequest, sink: _SinkHint, paths: Sequence[str]) -> dict[str, list[str]]:
+    """The pre-commit's `paths` by the table each belongs to, the sink's own first; a table that is not the sink's
     is refused."""
     groups: dict[str, list[str]] = {}
-    for path in request.paths:
+    for path in paths:
         groups.setdefault(request.file_tables.get(path) or sink.table, []).append(path)
     unknown = sorted(set(groups) - sink.tables)
     if unknown:
@@ -738,10 +832,13 @@ def _files_by_table(request: PreCommitRequest, sink: _SinkHint) -> dict[str, lis
     return dict(sorted(groups.items(), key=lambda group: (group[0] != sink.table, group[0])))
 
 
-async def _check_registration(session: AsyncSession, sink: Sink, table: str, checkpoint: int) -> None:
-    """Refuse a writer that does not fit the sink: another table, a checkpoint behind the recorded one, or one
-    over epochs never pre-committed or aborted. After a reset, the first writer's checkpoint is adopted."""
+async def _check_registration(
+    session: AsyncSession, sink: Sink, table: str, checkpoint: int, key_columns: Sequence[str]
+) -> None:
+    """Refuse a writer that does not fit the sink: another table, another key, a checkpoint behind the recorded one,
+    or one over epochs never pre-committed or aborted. After a reset, the first writer's checkpoint is adopted."""
     _check_same_table(sink, table)
+    _check_same_key(sink, key_columns, table)
     check_not_suspended(sink)
     if sink.rebase_on_register:
         return
@@ -792,6 +889,20 @@ def _check_same_table(sink: Sink, table: str) -> None:
         )
 
 
+def _check_same_key(sink: Sink, key_columns: Sequence[str], table: str) -> None:
+    """A sink's key is fixed when it is created: a writer (or a table it ensures) naming another key, or none for a
+    keyed sink, would have its epochs committed the wrong way (rows appended as new ones, or resolved by other
+    columns)."""
+    if list(key_columns) == list(sink.key_columns):
+        return
+    has = f"is keyed by {quote(', '.join(sink.key_columns))}" if sink.key_columns else "has no key (an append stream)"
+    names = f"names the key {quote(', '.join(key_columns))}" if key_columns else "names no key (an append stream)"
+    raise FailedPrecondition(
+        f"sink {sink.name} {has}, but its writer {names} for table {quote(table)}: a sink's key is fixed when it is "
+        "created. Write with the sink's key, or use another sink (and table) for another key. Nothing was changed"
+    )
+
+
 def check_term(sink: Sink, writer_term: int) -> None:
     check_not_suspended(sink)
     if writer_term < sink.writer_term:
@@ -819,9 +930,10 @@ def _check_precommit_request(request: PreCommitRequest) -> None:
         raise InvalidArgument(f"writer_term {request.writer_term} is not a term RegisterWriter returns (>= 1)")
     if request.writer_id < 0:
         raise InvalidArgument(f"writer_id {request.writer_id} is negative")
-    if len(request.paths) > MAX_FILES_PER_PRECOMMIT:
+    if len(request.all_paths) > MAX_FILES_PER_PRECOMMIT:
         raise InvalidArgument(
-            f"{len(request.paths)} data files in one pre-commit exceed {MAX_FILES_PER_PRECOMMIT}: write larger files"
+            f"{len(request.all_paths)} data and key files in one pre-commit exceed {MAX_FILES_PER_PRECOMMIT}: write "
+            "larger files"
         )
     if sum(len(k) + len(v) for k, v in request.properties.items()) > MAX_PROPERTIES_BYTES:
         raise InvalidArgument(f"pre-commit properties exceed {MAX_PROPERTIES_BYTES} bytes")
@@ -840,7 +952,7 @@ def answer_if_repeated(row: EpochRecord, request: PreCommitRequest) -> PreCommit
     if row.status == EpochStatus.ABORTED:
         return None
     recorded = precommit_metadata.decode(row.metadata_)
-    if recorded.paths_of_writer(request.writer_id) == frozenset(request.paths):
+    if recorded.paths_of_writer(request.writer_id) == frozenset(request.all_paths):
         return PreCommitResult(PreCommitOutcome.PERSISTED, attempt=row.attempt, record_count=row.record_count)
     raise _conflicting_precommit(request)
 

@@ -16,8 +16,6 @@ from coordinator_service.log.models import (
     SinkTable,
 )
 
-# First key of the two-int advisory locks the committer takes per sink ("SC"); tests hold them as another committer.
-
 
 async def epoch_row(session: AsyncSession, sink_id: int, epoch: int, *, for_update: bool = False) -> EpochRecord | None:
     statement = select(EpochRecord).where(EpochRecord.sink_id == sink_id, EpochRecord.epoch == epoch)

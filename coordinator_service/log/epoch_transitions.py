@@ -23,8 +23,6 @@ from coordinator_service.log.models import (
 )
 from coordinator_service.log.sink_tables import numbering_parameters, table_parameters
 
-# First key of the two-int advisory locks the committer takes per sink ("SC"); tests hold them as another committer.
-
 
 async def insert_pending_epoch(
     session: AsyncSession,

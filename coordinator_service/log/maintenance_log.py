@@ -14,8 +14,6 @@ from coordinator_service.log.models import (
     Sink,
 )
 
-# First key of the two-int advisory locks the committer takes per sink ("SC"); tests hold them as another committer.
-
 
 async def maintenance_candidates(session: AsyncSession) -> Sequence[tuple[Sink, datetime | None, datetime | None]]:
     """Every sink with the start of its last maintenance run and of its last orphan sweep (None: never)."""

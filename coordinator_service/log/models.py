@@ -26,7 +26,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -121,6 +121,9 @@ class Sink(Base):
     # When its writer last called (a successful call, on any replica; migration 0012):
     # coordinator_service.engine.writer_calls.
     writer_last_call_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # The columns of its key (an upsert or change stream), fixed when it is created; empty: an append stream
+    # (migration 0013).
+    key_columns: Mapped[list[str]] = mapped_column(ARRAY(Text), default=list, server_default=text("'{}'::text[]"))
     # Settings of its table's maintenance that differ from the coordinator's (maintenance.MaintenancePolicy).
     maintenance_overrides: Mapped[dict[str, object] | None] = mapped_column(JSONB, nullable=True)
     # Set when the log is out of step with one of its tables (coordinator_service.engine.metastore_checks): nothing is

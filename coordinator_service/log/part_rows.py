@@ -11,8 +11,6 @@ from coordinator_service.log.models import (
     EpochPart,
 )
 
-# First key of the two-int advisory locks the committer takes per sink ("SC"); tests hold them as another committer.
-
 
 async def store_part(
     session: AsyncSession, sink_id: int, epoch: int, writer_id: int, writer_term: int, metadata: bytes

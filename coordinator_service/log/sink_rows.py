@@ -19,8 +19,6 @@ from coordinator_service.log.models import (
     SinkTable,
 )
 
-# First key of the two-int advisory locks the committer takes per sink ("SC"); tests hold them as another committer.
-
 
 class RowLock(enum.Enum):
     """A row lock a read takes for the rest of its transaction."""
@@ -50,8 +48,8 @@ async def all_sinks(session: AsyncSession) -> Sequence[Sink]:
 
 _INSERT_SINK_IF_ABSENT = """
     WITH created AS (
-        INSERT INTO sinks (name, table_identifier, catalog, checkpointed_epoch, committed_epoch)
-        VALUES (:name, :table, :catalog, :epoch, :epoch)
+        INSERT INTO sinks (name, table_identifier, catalog, checkpointed_epoch, committed_epoch, key_columns)
+        VALUES (:name, :table, :catalog, :epoch, :epoch, CAST(:key_columns AS text[]))
         ON CONFLICT (name) DO NOTHING
         RETURNING id, table_identifier, committed_epoch
     )
@@ -66,10 +64,22 @@ async def delete_sink(session: AsyncSession, sink_id: int) -> None:
 
 
 async def insert_sink_if_absent(
-    session: AsyncSession, name: str, table: str, catalog: str, checkpointed_epoch: int
+    session: AsyncSession,
+    name: str,
+    table: str,
+    catalog: str,
+    checkpointed_epoch: int,
+    key_columns: Sequence[str] = (),
 ) -> None:
-    """A new sink starts at the writer's checkpoint, checkpointed and committed, with its own table as its one table."""
-    parameters = {"name": name, "table": table, "catalog": catalog, "epoch": checkpointed_epoch}
+    """A new sink starts at the writer's checkpoint, checkpointed and committed, with its own table as its one table
+    and `key_columns` as its key (none: an append stream)."""
+    parameters = {
+        "name": name,
+        "table": table,
+        "catalog": catalog,
+        "epoch": checkpointed_epoch,
+        "key_columns": list(key_columns),
+    }
     await session.execute(text(_INSERT_SINK_IF_ABSENT), parameters)
 
 

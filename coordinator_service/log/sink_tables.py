@@ -16,8 +16,6 @@ from coordinator_service.log.models import (
     SinkTable,
 )
 
-# First key of the two-int advisory locks the committer takes per sink ("SC"); tests hold them as another committer.
-
 
 @dataclass(frozen=True)
 class TableOfSink:

@@ -124,7 +124,7 @@ class IcebergGateway:
     def __init__(self, catalog: Catalog, cache_seconds: float = 0.0, orphan_grace_seconds: float = math.inf) -> None:
         self.catalog = catalog
         self.cache_seconds = cache_seconds
-        self._file_checks = FileChecks(orphan_grace_seconds)
+        self.file_checks = FileChecks(orphan_grace_seconds)
         self._cache: dict[str, tuple[float, Table]] = {}
         self._file_rules: dict[RulesKey, FileRules] = {}
 
@@ -316,7 +316,7 @@ class IcebergGateway:
         if directory:
             check_inside_location(directory, str(table.location()), subject="files_directory")
         checked_at = time.time()
-        files = self._file_checks.check(table.io, uris, facts, directory)
+        files = self.file_checks.check(table.io, uris, facts, directory)
         if evolve_schema:
             table = self._evolve_for(table, [file.footer.schema.to_arrow_schema() for file in files])
         return DescribedFiles(

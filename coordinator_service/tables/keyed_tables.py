@@ -15,6 +15,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import Table
 
 from coordinator_service.contract.errors import InvalidArgument, cause, quote
+from coordinator_service.contract.key_columns import key_columns_problem
 from coordinator_service.tables.key_resolution import key_columns
 from coordinator_service.tables.pyiceberg_internals import iceberg_schema
 
@@ -22,6 +23,14 @@ from coordinator_service.tables.pyiceberg_internals import iceberg_schema
 FORMAT_VERSION = "format-version"
 # Position delete files are a format v2 feature; v3 tables take deletion vectors instead (not built).
 KEYED_FORMAT_VERSION = 2
+
+
+def check_key_request(keys: Sequence[str]) -> None:
+    """Refuse (InvalidArgument) a key a writer names that no table could have (contract.key_columns' rule), before
+    anything is looked up."""
+    problem = key_columns_problem(keys)
+    if problem is not None:
+        raise InvalidArgument(problem)
 
 
 def keyed_schema(arrow_schema: pa.Schema, keys: Sequence[str]) -> Schema:

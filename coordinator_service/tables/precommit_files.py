@@ -75,9 +75,15 @@ class FileChecks:
         self._pool = ThreadPoolExecutor(MAX_CONCURRENT_FILE_CHECKS, thread_name_prefix="precommit-files")
 
     def check(
-        self, io: FileIO, paths: Sequence[str], facts: Mapping[str, FileFacts], directory: str = ""
+        self,
+        io: FileIO,
+        paths: Sequence[str],
+        facts: Mapping[str, FileFacts],
+        directory: str = "",
+        subject: str = "data file",
     ) -> list[CheckedFile]:
-        """Every file checked, in the order of `paths`; InvalidArgument naming the first bad one.
+        """Every file checked, in the order of `paths`; InvalidArgument naming the first bad one (a `subject`: a data
+        file, a key file).
 
         `directory` (a canonical URI holding every path, or ""): the sent footers' files are looked up in one
         listing of it when there are several."""
@@ -85,34 +91,35 @@ class FileChecks:
         if directory and sum(1 for path in paths if facts.get(path, FileFacts()).parquet_footer) > 1:
             listed = listed_files(io, directory) or {}  # an IO that cannot list: the files one by one
         if len(paths) <= 1:
-            return [self._check(io, path, facts.get(path, FileFacts()), listed.get(path)) for path in paths]
+            return [self._check(io, path, facts.get(path, FileFacts()), listed.get(path), subject) for path in paths]
         futures = [
-            self._pool.submit(self._check, io, path, facts.get(path, FileFacts()), listed.get(path)) for path in paths
+            self._pool.submit(self._check, io, path, facts.get(path, FileFacts()), listed.get(path), subject)
+            for path in paths
         ]
         try:
             return [future.result() for future in futures]
         finally:
             _cancel(futures)
 
-    def _check(self, io: FileIO, path: str, facts: FileFacts, listed: ListedFile | None) -> CheckedFile:
+    def _check(self, io: FileIO, path: str, facts: FileFacts, listed: ListedFile | None, subject: str) -> CheckedFile:
         if facts.parquet_footer:
-            footer = _decode_footer(path, facts.parquet_footer)
-            size, mtime_ns = (listed.size, listed.mtime_ns) if listed else _stat(path, io.new_input(path))
+            footer = _decode_footer(path, facts.parquet_footer, subject)
+            size, mtime_ns = (listed.size, listed.mtime_ns) if listed else _stat(path, io.new_input(path), subject)
             metrics.PRECOMMIT_FOOTERS.labels("sent").inc()
         else:
-            footer, size, mtime_ns = _read_footer(path, io.new_input(path))
+            footer, size, mtime_ns = _read_footer(path, io.new_input(path), subject)
             metrics.PRECOMMIT_FOOTERS.labels("read").inc()
         if facts.file_size_in_bytes and size != facts.file_size_in_bytes:
             # The size on storage is not echoed: a writer learns nothing about a file it did not write.
             raise InvalidArgument(
-                f"data file {quote(path)} on storage is not {facts.file_size_in_bytes} bytes, the size the writer "
+                f"{subject} {quote(path)} on storage is not {facts.file_size_in_bytes} bytes, the size the writer "
                 "sent: it is not the file the writer wrote (changed or replaced since). Write the batch again"
             )
         if mtime_ns is not None:
             age = time.time() - mtime_ns / 1e9
             if age > self.orphan_grace_seconds:
                 raise InvalidArgument(
-                    f"data file {quote(path)} was written {age:.0f} s ago, longer than ORPHAN_GRACE_SECONDS "
+                    f"{subject} {quote(path)} was written {age:.0f} s ago, longer than ORPHAN_GRACE_SECONDS "
                     f"({self.orphan_grace_seconds:g} s): the orphan sweep may be deleting it. Write the batch again"
                 )
         return CheckedFile(path, footer, size, mtime_ns)
@@ -124,17 +131,17 @@ def _cancel(futures: Sequence[Future[CheckedFile]]) -> None:
         future.cancel()
 
 
-def _decode_footer(path: str, serialized: bytes) -> pq.FileMetaData:
+def _decode_footer(path: str, serialized: bytes, subject: str) -> pq.FileMetaData:
     try:
         return pq.read_metadata(pa.BufferReader(serialized))
     except (pa.ArrowInvalid, OSError) as error:
         raise InvalidArgument(
-            f"data file {quote(path)}: its parquet_footer is not a serialized Parquet footer ({cause(error)}); "
+            f"{subject} {quote(path)}: its parquet_footer is not a serialized Parquet footer ({cause(error)}); "
             "send the bytes pyarrow's FileMetaData.write_metadata_file writes, or no footer"
         ) from error
 
 
-def _stat(path: str, input_file: InputFile) -> tuple[int, int | None]:
+def _stat(path: str, input_file: InputFile, subject: str) -> tuple[int, int | None]:
     """Size and modification time (None where the file IO does not tell) in one metadata request.
 
     A file that does not exist is refused; any other storage error propagates (an outage, not the request's
@@ -145,17 +152,17 @@ def _stat(path: str, input_file: InputFile) -> tuple[int, int | None]:
             return info.size, written_by(info.mtime_ns)
         return len(input_file), None
     except FileNotFoundError:
-        raise InvalidArgument(f"data file {quote(path)} does not exist: write it before the pre-commit") from None
+        raise InvalidArgument(f"{subject} {quote(path)} does not exist: write it before the pre-commit") from None
 
 
-def _read_footer(path: str, input_file: InputFile) -> tuple[pq.FileMetaData, int, int | None]:
+def _read_footer(path: str, input_file: InputFile, subject: str) -> tuple[pq.FileMetaData, int, int | None]:
     """The footer read from storage, the size and the modification time (None where the file IO does not tell)."""
     try:
         with input_file.open() as stream:
             footer = pq.read_metadata(stream)
-        size, mtime_ns = _stat(path, input_file)
+        size, mtime_ns = _stat(path, input_file, subject)
     except FileNotFoundError:
-        raise InvalidArgument(f"data file {quote(path)} does not exist: write it before the pre-commit") from None
+        raise InvalidArgument(f"{subject} {quote(path)} does not exist: write it before the pre-commit") from None
     except (pa.ArrowInvalid, OSError) as error:
-        raise InvalidArgument(f"data file {quote(path)} is not a readable Parquet file: {cause(error)}") from error
+        raise InvalidArgument(f"{subject} {quote(path)} is not a readable Parquet file: {cause(error)}") from error
     return footer, size, mtime_ns

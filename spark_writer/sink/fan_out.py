@@ -38,7 +38,7 @@ from coordinator_service.contract.client import CoordinatorClient, CoordinatorRp
 from spark_writer.arrow_schema import serialize_schema
 from spark_writer.routing.routes import Routes, UnroutedRecordsError
 from spark_writer.routing.split import TaskRouting
-from spark_writer.sink.parquet_writer import WRITTEN_FILES_DDL, DataFileTarget, delete_files, task_writer
+from spark_writer.sink.parquet_writer import BatchTasks, DataFileTarget, append_tasks, delete_files
 from spark_writer.sink.storage import Storage
 
 log = structlog.get_logger(__name__)
@@ -72,7 +72,11 @@ class FanOut:
         storage: Storage,
         *,
         nested_namespaces: bool = False,
+        key_columns: tuple[str, ...] = (),
+        tasks: BatchTasks = append_tasks,
     ) -> None:
+        self._key_columns = key_columns  # an upsert or change stream's: each table keyed by it
+        self._tasks = tasks
         self.routes = routes
         self._nested_namespaces = nested_namespaces  # the catalog's (RegisterWriter's answer)
         self._client = client
@@ -103,7 +107,7 @@ class FanOut:
         pass's rows (files, counts, positions) and the second's files."""
         assert target.routing is not None
         self.routes.check_schema(target.schema)
-        results = frame.mapInArrow(task_writer(target), WRITTEN_FILES_DDL).collect()
+        results = self._tasks(frame, target).collect()
         files = [row for row in results if row.path is not None]
         try:
             self._check_unrouted(results, batch_id)
@@ -112,9 +116,7 @@ class FanOut:
                 log.info("batch meets new tables", sink=self._sink, epoch=batch_id, tables=new)
                 self._ensure(new, target.schema)
                 routing = dataclasses.replace(self.task_routing(), only=frozenset(new))
-                again = frame.mapInArrow(
-                    task_writer(dataclasses.replace(target, routing=routing)), WRITTEN_FILES_DDL
-                ).collect()
+                again = self._tasks(frame, dataclasses.replace(target, routing=routing)).collect()
                 files.extend(row for row in again if row.path is not None)
                 self._check_second_pass(again, batch_id)
                 results.extend(row for row in again if row.path is not None)
@@ -164,7 +166,7 @@ class FanOut:
         serialized = serialize_schema(schema)
         for start in range(0, len(tables), MAX_TABLES_PER_ENSURE):
             specs = [
-                TableSpec(table, serialized, self._partition_by)
+                TableSpec(table, serialized, self._partition_by, self._key_columns)
                 for table in tables[start : start + MAX_TABLES_PER_ENSURE]
             ]
             try:

@@ -36,11 +36,9 @@ from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
 import grpc
 import pyarrow as pa
 import structlog
-from pyspark.errors import StreamingQueryException
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.streaming.query import StreamingQuery
+from pyspark.sql import DataFrame
 
-from coordinator_service.contract.client import CoordinatorClient, CoordinatorRpcError, PreCommitFile
+from coordinator_service.contract.client import CoordinatorClient, CoordinatorRpcError
 from coordinator_service.contract.table_identifiers import sink_name_problem, table_identifier_problem
 from coordinator_service.contract.views import PreCommitOutcome, Registration
 from spark_writer.arrow_schema import arrow_schema_of, serialize_schema
@@ -49,8 +47,9 @@ from spark_writer.routing.routes import Routes
 from spark_writer.sink.checkpoint import NO_OFFSET, SparkCheckpoint
 from spark_writer.sink.fan_out import FanOut
 from spark_writer.sink.listener import CheckpointListener, CheckpointReporter
-from spark_writer.sink.parquet_writer import WRITTEN_FILES_DDL, DataFileTarget, delete_files, task_writer
+from spark_writer.sink.parquet_writer import BatchTasks, DataFileTarget, append_tasks, delete_files, precommit_files
 from spark_writer.sink.partitioning import parse_partition_fields
+from spark_writer.sink.sink_query import IcebergSinkQuery, SinkRefusedError
 from spark_writer.sink.storage import Storage
 
 if TYPE_CHECKING:
@@ -59,7 +58,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 DEFAULT_TARGET_FILE_SIZE_BYTES: Final = 128 * 1024 * 1024
-DEFAULT_STOP_GRACE_SECONDS: Final = 60.0
 DEFAULT_COORDINATOR_RETRY_SECONDS: Final = 60.0
 # The coordinator keeps at most 64 KiB of properties per epoch (kafka_positions takes up to 24 KiB more); offsets of
 # thousands of partitions are left out.
@@ -96,10 +94,6 @@ class DecodesInTasks(Protocol):
     def batch_properties(self, bad_records: int) -> dict[str, str]: ...
 
 
-class SinkRefusedError(RuntimeError):
-    """The coordinator refused this writer for good (fenced by a newer writer, epoch aborted, ...)."""
-
-
 class SinkStoppingError(RuntimeError):
     """A batch started while the query was being stopped; it is not run (Spark runs it again at restart)."""
 
@@ -125,7 +119,9 @@ class MicroBatchWriter:
         reporter: CheckpointReporter,
         transform: BatchTransform | DecodesInTasks | None,
         fan_out: FanOut | None = None,
+        tasks: BatchTasks = append_tasks,
     ) -> None:
+        self._tasks = tasks
         self._client = client
         self._registration = registration
         self._options = options
@@ -178,13 +174,13 @@ class MicroBatchWriter:
             routing=None if self._fan_out is None else self._fan_out.task_routing(),
         )
         if self._fan_out is None:
-            results = frame.mapInArrow(task_writer(target), WRITTEN_FILES_DDL).collect()
+            results = self._tasks(frame, target).collect()
         else:
             results = self._fan_out.write(frame, target, batch_id)
         written = [row for row in results if row.path is not None]
         paths = [row.path for row in written]
-        files = [PreCommitFile(row.path, bytes(row.parquet_footer), row.size_bytes, row.table or "") for row in written]
-        records = sum(row.record_count for row in written)
+        files, key_files = precommit_files(written)
+        records = sum(row.record_count for row in written if not row.key_file)
         decodes = isinstance(self._transform, DecodesInTasks)
         # Each task's latest timestamps; merge_latest keeps the largest where tasks read the same partition.
         latest = merge_latest(
@@ -204,6 +200,7 @@ class MicroBatchWriter:
                 files_directory=(
                     target.files_directory if self._fan_out is None else self._fan_out.files_directory(target, written)
                 ),
+                key_files=key_files,
             )
         except CoordinatorRpcError as error:
             if error.code in REFUSED_CODES:
@@ -219,7 +216,8 @@ class MicroBatchWriter:
             sink=self._options.sink,
             epoch=batch_id,
             attempt=answer.attempt,
-            files=len(paths),
+            files=len(files),
+            key_files=len(key_files),
             records=records,
         )
 
@@ -230,84 +228,6 @@ class MicroBatchWriter:
         offsets = json.dumps([None if line == NO_OFFSET else json.loads(line) for line in lines])
         properties = {"spark.end_offsets": offsets} if len(offsets) <= MAX_OFFSETS_PROPERTY_CHARS else {}
         return properties | position_properties(lines, latest)
-
-
-class IcebergSinkQuery:
-    """A running ``write_to_iceberg`` query: the StreamingQuery plus the final checkpoint report."""
-
-    def __init__(
-        self,
-        spark: SparkSession,
-        query: StreamingQuery,
-        registration: Registration,
-        writer: MicroBatchWriter,
-        reporter: CheckpointReporter,
-        listener: CheckpointListener,
-        client: CoordinatorClient,
-    ) -> None:
-        self._spark = spark
-        self._writer = writer
-        self.query = query
-        self.registration = registration
-        self._reporter = reporter
-        self._listener = listener
-        self._client = client
-        self._finished = False
-
-    def await_termination(self, timeout_seconds: int | None = None) -> bool:
-        """Wait for the query to end, then finish(); False if it is still running after the timeout.
-
-        Raises StreamingQueryException when the query failed (after reporting the
-        batches it did checkpoint), and SinkRefusedError when the coordinator
-        refused the writer.
-        """
-        try:
-            ended = self.query.awaitTermination(timeout_seconds)
-        except StreamingQueryException:
-            self._finish_after_failure()
-            raise
-        if ended is False:
-            return False
-        self.finish()
-        return True
-
-    def stop(self, grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS) -> int:
-        """Stop the query between two batches, then finish(); return the last checkpointed (and committed) batch.
-
-        A running batch gets `grace_seconds` to finish: Spark's own stop interrupts it,
-        which is safe (it runs again at restart) but leaves the files it wrote so far
-        behind, outside the table.
-        """
-        if not self._writer.stop_between_batches(grace_seconds):
-            log.warning("the running batch did not finish in time; interrupting it", grace_seconds=grace_seconds)
-        self.query.stop()
-        return self.finish()
-
-    def finish(self, *, wait_for_commit: bool = True) -> int:
-        """After the query ended: report Spark's last checkpointed batch to the coordinator and return it.
-
-        With `wait_for_commit` this returns once every checkpointed batch is in the table.
-        """
-        try:
-            if self._reporter.refusal is not None:
-                raise SinkRefusedError(f"the coordinator refused the writer: {self._reporter.refusal}")
-            return self._reporter.report_checkpointed(wait=wait_for_commit)
-        finally:
-            self._release()
-
-    def _finish_after_failure(self) -> None:
-        try:
-            self.finish()
-        except Exception as error:  # the query's own failure is the error to raise
-            log.warning("final checkpoint report failed", error=str(error))
-
-    def _release(self) -> None:
-        if self._finished:
-            return
-        self._finished = True
-        self._reporter.close()
-        self._spark.streams.removeListener(self._listener)
-        self._client.close()
 
 
 def check_names(sink: str, table: str) -> None:
@@ -336,6 +256,8 @@ def write_to_iceberg(
     coordinator_retry_seconds: float = DEFAULT_COORDINATOR_RETRY_SECONDS,
     storage: Mapping[str, str] | None = None,
     routes: Routes | None = None,
+    key_columns: Sequence[str] = (),
+    tasks: BatchTasks = append_tasks,
 ) -> IcebergSinkQuery:
     """Start a streaming query writing `df` into the Iceberg table `table` exactly once.
 
@@ -364,11 +286,15 @@ def write_to_iceberg(
         routes: fan-out: route each record to a table by a column (spark_writer.routing.routes.Routes); `table` is the
             sink's own table, where unrouted records go under Unrouted.DEFAULT. Each route table is created like
             `table` (from the data's schema, partitioned by `partition_by`) and evolved by its own files.
+        key_columns: an upsert or change stream's key (its tables keyed by it), with the `tasks` that write its
+            rows and key files (spark_writer.mutations.tasks.keyed_tasks); () and append_tasks: an append stream.
 
     Raises CoordinatorRpcError when the coordinator refuses the registration (for
     example a checkpoint behind what it committed) and ValueError for bad options.
     """
     check_names(sink, table)
+    if key_columns and tasks is append_tasks:
+        raise ValueError("an upsert or change stream (key_columns) writes with its own tasks: pass tasks=keyed_tasks")
     if target_file_size_bytes <= 0:
         raise ValueError(f"target_file_size_bytes must be positive, got {target_file_size_bytes}")
     if available_now and processing_time is not None:
@@ -396,7 +322,14 @@ def write_to_iceberg(
             checkpointed,
             arrow_schema=serialize_schema(arrow_schema),
             partition_by=partition_by,
+            key_columns=key_columns,
         )
+        if registration.key_columns != tuple(key_columns):
+            raise SinkRefusedError(
+                f"the coordinator at {coordinator} registered sink {sink} with the key {list(registration.key_columns)}"
+                f", not {list(key_columns)}: it predates keyed sinks, and would append their rows as new ones. "
+                "Upgrade it"
+            )
         fan_out = None
         if routes is not None:
             fan_out = FanOut(
@@ -409,6 +342,8 @@ def write_to_iceberg(
                 partition_by,
                 files,
                 nested_namespaces=registration.nested_namespaces,
+                key_columns=tuple(key_columns),
+                tasks=tasks,
             )
             fan_out.start(arrow_schema)
     except BaseException:
@@ -429,7 +364,7 @@ def write_to_iceberg(
     listener = CheckpointListener(reporter)
     spark.streams.addListener(listener)
 
-    batch_writer = MicroBatchWriter(client, registration, options, checkpoint, reporter, transform, fan_out)
+    batch_writer = MicroBatchWriter(client, registration, options, checkpoint, reporter, transform, fan_out, tasks)
     writer = df.writeStream.foreachBatch(batch_writer).option("checkpointLocation", checkpoint_location)
     if query_name is not None:
         writer = writer.queryName(query_name)

@@ -329,8 +329,10 @@ class JsonBatchParser:
         time_zone: str = DEFAULT_JSON_TIME_ZONE,
         on_bad_record: BadRecordPolicy = BadRecordPolicy.FAIL,
         dead_letters: DeadLetterTarget | None = None,
+        read_keys: bool = False,
     ) -> None:
         self.schema = schema
+        self._read_keys = read_keys  # the tasks get the Kafka message keys too (an upsert stream's tombstones)
         self._evolve = evolve
         self._kafka_metadata = kafka_metadata
         self._time_zone = check_time_zone(time_zone)
@@ -339,6 +341,11 @@ class JsonBatchParser:
         self._cached: DataFrame | None = None
         self._refused: Mapping[str, str] = {}
         self._decoding = self._decoding_of(schema)
+
+    @property
+    def decoding(self) -> RecordDecoding:
+        """How the tasks decode records with the schema known so far."""
+        return self._decoding
 
     @property
     def table_schema(self) -> pa.Schema:
@@ -361,7 +368,7 @@ class JsonBatchParser:
 
     @property
     def _task_columns(self) -> list[str]:
-        return task_columns(key=False, dead_letters=self._dead_letters is not None)
+        return task_columns(key=self._read_keys, dead_letters=self._dead_letters is not None)
 
     def _decoding_of(self, schema: StructType) -> RecordDecoding:
         decoder = json_decoder(

@@ -17,7 +17,9 @@ Kafka topic-partition it read (spark_writer.kafka.positions). A task given route
 (``DataFileTarget.routing``, fan-out) splits its rows by route first
 (``spark_writer.routing.split``) and writes each table's rows under that table's own
 location; its file rows name the table (null: the sink's own), and it also yields
-the tables it had rows for but no location, and the values no route took.
+the tables it had rows for but no location, and the values no route took. An upsert or change stream's tasks
+(spark_writer.mutations.tasks) write through the same files, and also the keys an epoch touched as key files
+(`key_file` in their rows, "-keys-" in their names).
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import structlog
 from pyspark import TaskContext
+from pyspark.sql import DataFrame, Row
 
+from coordinator_service.contract.client import PreCommitFile
 from spark_writer.routing.split import TaskRouting, UnroutedTally, record_origin, split_by_route
 from spark_writer.sink.partitioning import PartitionField, PartitionKey, split_by_partition
 from spark_writer.sink.storage import Storage
@@ -49,11 +53,12 @@ PARQUET_COMPRESSION: Final = "zstd"
 # without a path, one carrying the count of the records that did not fit the schema when there were any, one per
 # Kafka topic-partition read with its latest record timestamp, and with routes one per table it had rows for but
 # no location (`table`, its records in `record_count`) and one per value no route took (`unrouted`: the value as a
-# message describes it, its records and where the first came from). The DDL form is mapInArrow's output schema.
+# message describes it, its records and where the first came from). A key file's row (an upsert or change stream)
+# has `key_file` set and its keys in `record_count`. The DDL form is mapInArrow's output schema.
 WRITTEN_FILES_DDL: Final = (
     "path string, record_count bigint, size_bytes bigint, parquet_footer binary, bad_records bigint, "
     "topic string, partition int, latest_timestamp_ms bigint, table string, unrouted string, "
-    "unrouted_records bigint, unrouted_origin string"
+    "unrouted_records bigint, unrouted_origin string, key_file boolean"
 )
 WRITTEN_FILES_SCHEMA: Final = pa.schema(
     [
@@ -69,6 +74,7 @@ WRITTEN_FILES_SCHEMA: Final = pa.schema(
         pa.field("unrouted", pa.string()),
         pa.field("unrouted_records", pa.int64()),
         pa.field("unrouted_origin", pa.string()),
+        pa.field("key_file", pa.bool_()),
     ]
 )
 
@@ -124,6 +130,8 @@ class DataFileTarget:
     decoding: TaskDecoding | None = None
     # Fan-out: which table each row goes to, and the tables' locations; None: every row to `table_location`.
     routing: TaskRouting | None = None
+    # Set in the names of files of another kind than data files ("keys": an upsert or change stream's key files).
+    file_tag: str = ""
 
     @property
     def row_group_bytes(self) -> int:
@@ -167,7 +175,8 @@ class RollingParquetFiles:
         if not target.files_directory:  # an object store has no directories to make
             filesystem, directory_path = target.storage.filesystem(self._directory)
             filesystem.create_dir(directory_path, recursive=True)
-        self._prefix = f"{target.batch_id:08d}-{task_label}-{uuid.uuid4().hex[:12]}"
+        tag = f"-{target.file_tag}" if target.file_tag else ""
+        self._prefix = f"{target.batch_id:08d}-{task_label}-{uuid.uuid4().hex[:12]}{tag}"
         self._open: dict[PartitionKey, _OpenFile] = {}
         self._closed: list[WrittenFile] = []
         self._started: list[str] = []
@@ -227,7 +236,7 @@ class RollingParquetFiles:
         self._closed.append(WrittenFile(current.uri, current.record_count, size, serialize_footer(footer)))
 
 
-class _TaskFiles:
+class TaskFiles:
     """A task attempt's files by table: the sink's own (key None) or, with routes, each route table's under its
     location, started at the table's first rows."""
 
@@ -271,13 +280,42 @@ class _TaskFiles:
             files.abort()
 
 
+def task_label() -> str:
+    """The running task attempt's part of its file names: its partition and attempt ids ("driver" outside a task)."""
+    context = TaskContext.get()
+    return "driver" if context is None else f"{context.partitionId():05d}-{context.taskAttemptId()}"
+
+
+def task_results(
+    written: Sequence[tuple[str | None, WrittenFile]],
+    summary: DecodingSummary,
+    routed: TaskFiles,
+    key_files: Sequence[tuple[str | None, WrittenFile]] = (),
+) -> pa.RecordBatch:
+    """A task's WRITTEN_FILES_SCHEMA rows: its data files, its key files, what its decoding saw, and what `routed`
+    (the files whose rows were routed) found without a location or a route."""
+    nothing = {"record_count": 0, "size_bytes": 0, "bad_records": 0}
+    results: list[dict[str, object]] = [{**asdict(file), "bad_records": 0, "table": table} for table, file in written]
+    results.extend({**asdict(file), "bad_records": 0, "table": table, "key_file": True} for table, file in key_files)
+    if summary.bad_records:
+        results.append({**nothing, "bad_records": summary.bad_records})
+    results.extend(
+        {**nothing, "topic": topic, "partition": partition, "latest_timestamp_ms": latest}
+        for (topic, partition), latest in summary.latest_timestamps.items()
+    )
+    results.extend({**nothing, "table": table, "record_count": records} for table, records in routed.unknown.items())
+    results.extend(
+        {**nothing, "unrouted": value, "unrouted_records": records, "unrouted_origin": origin}
+        for value, (records, origin) in routed.unrouted.values.items()
+    )
+    return pa.RecordBatch.from_pylist(results, schema=WRITTEN_FILES_SCHEMA)
+
+
 def task_writer(target: DataFileTarget) -> TaskWriter:
     """The ``mapInArrow`` function writing one task's rows of a micro-batch; yields WRITTEN_FILES_SCHEMA rows."""
 
     def write(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        context = TaskContext.get()
-        label = "driver" if context is None else f"{context.partitionId():05d}-{context.taskAttemptId()}"
-        files = _TaskFiles(target, label)
+        files = TaskFiles(target, task_label())
         decoder = None if target.decoding is None else target.decoding.start()
         try:
             for batch in batches:
@@ -288,24 +326,30 @@ def task_writer(target: DataFileTarget) -> TaskWriter:
         except BaseException:
             files.abort()
             raise
-        nothing = {"record_count": 0, "size_bytes": 0, "bad_records": 0}
-        results: list[dict[str, object]] = [
-            {**asdict(file), "bad_records": 0, "table": table} for table, file in written
-        ]
-        if summary.bad_records:
-            results.append({**nothing, "bad_records": summary.bad_records})
-        results.extend(
-            {**nothing, "topic": topic, "partition": partition, "latest_timestamp_ms": latest}
-            for (topic, partition), latest in summary.latest_timestamps.items()
-        )
-        results.extend({**nothing, "table": table, "record_count": records} for table, records in files.unknown.items())
-        results.extend(
-            {**nothing, "unrouted": value, "unrouted_records": records, "unrouted_origin": origin}
-            for value, (records, origin) in files.unrouted.values.items()
-        )
-        yield pa.RecordBatch.from_pylist(results, schema=WRITTEN_FILES_SCHEMA)
+        yield task_results(written, summary, files)
 
     return write
+
+
+class BatchTasks(Protocol):
+    """How a batch's tasks write its files: the DataFrame of their WRITTEN_FILES rows, for the driver to collect."""
+
+    def __call__(self, frame: DataFrame, target: DataFileTarget) -> DataFrame: ...
+
+
+def precommit_files(written: Sequence[Row]) -> tuple[list[PreCommitFile], list[PreCommitFile]]:
+    """The files of the tasks' WRITTEN_FILES rows (those with a path) as PreCommit sends them: data files, key files."""
+    files: tuple[list[PreCommitFile], list[PreCommitFile]] = ([], [])
+    for row in written:
+        files[bool(row.key_file)].append(
+            PreCommitFile(row.path, bytes(row.parquet_footer), row.size_bytes, row.table or "")
+        )
+    return files
+
+
+def append_tasks(frame: DataFrame, target: DataFileTarget) -> DataFrame:
+    """An append stream's: each task writes the rows of its input (spark_writer.mutations.tasks has the others)."""
+    return frame.mapInArrow(task_writer(target), WRITTEN_FILES_DDL)
 
 
 def serialize_footer(footer: pq.FileMetaData) -> bytes:

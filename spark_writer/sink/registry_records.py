@@ -340,6 +340,13 @@ class _Column:
         return JsonSchemaPayloads(target, spark_type_names(target))
 
 
+def key_values(registry: RegistrySettings, subject: RegistrySubject) -> RegistryValues:
+    """The decoding of Kafka message keys written with `subject`'s schemas (each by its own writer schema, into the
+    type of the subject's latest version when the job starts), an absent key null: the keys of an upsert or change
+    stream's tombstones. ValueError when the subject cannot be read."""
+    return RegistryValues(registry, _Column(registry, subject, grows=False).payloads(), absent_is_null=True)
+
+
 class RegistryBatchParser:
     """Decodes each batch's values (and keys) with their registered schemas, in the writer's tasks.
 
@@ -361,7 +368,9 @@ class RegistryBatchParser:
         kafka_metadata: bool = False,
         on_bad_record: BadRecordPolicy = BadRecordPolicy.FAIL,
         dead_letters: DeadLetterTarget | None = None,
+        read_keys: bool = False,
     ) -> None:
+        self._read_keys = read_keys  # the tasks get the Kafka message keys even without a key subject (tombstones)
         self._evolve = evolve
         self._kafka_metadata = kafka_metadata
         self._policy = on_bad_record
@@ -378,6 +387,11 @@ class RegistryBatchParser:
         )
 
     @property
+    def decoding(self) -> RecordDecoding:
+        """How the tasks decode records with the schema known so far."""
+        return self._decoding
+
+    @property
     def table_schema(self) -> pa.Schema:
         return self._decoding.decoder.output_schema
 
@@ -389,7 +403,9 @@ class RegistryBatchParser:
             key_moved = self._key is not None and self._key.refresh()
             if value_moved or key_moved:
                 self._decoding = self._decoding_now()
-        columns = task_columns(key=self._key is not None, dead_letters=self._dead_letters is not None)
+        columns = task_columns(
+            key=self._key is not None or self._read_keys, dead_letters=self._dead_letters is not None
+        )
         return BatchInput(batch.select(*columns), self.table_schema, self._decoding)
 
     def batch_properties(self, bad_records: int) -> dict[str, str]:

@@ -13,7 +13,8 @@ from pyiceberg.catalog import Catalog
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
-from spark_writer.job import KafkaSettings, ParseSettings, SinkSettings, start_job
+from spark_writer.job import start_job
+from spark_writer.job_settings import KafkaSettings, ParseSettings, SinkSettings
 from spark_writer.kafka.offsets import OffsetRange
 from spark_writer.kafka.options import parse_options
 from spark_writer.kafka.range_reader import read_range

@@ -19,7 +19,8 @@ import pytest
 from pyiceberg.catalog import Catalog
 from pyspark.sql import SparkSession
 
-from spark_writer.job import KafkaSettings, ParseSettings, SinkSettings, start_job
+from spark_writer.job import start_job
+from spark_writer.job_settings import KafkaSettings, ParseSettings, SinkSettings
 from tests.fixtures.coordinator import CoordinatorProcess, table_files
 from tests.fixtures.kafka_broker import ProducedRecord
 from tests.fixtures.pipeline import (

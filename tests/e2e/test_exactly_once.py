@@ -16,7 +16,8 @@ from pyspark.sql import SparkSession
 
 from coordinator_service.contract.client import CoordinatorRpcError
 from coordinator_service.contract.source_positions import SNAPSHOT_END_OFFSETS, SNAPSHOT_VALID_THROUGH_MS
-from spark_writer.job import SPARK_KAFKA_PROVIDER, KafkaSettings, KafkaSource, ParseSettings, SinkSettings, start_job
+from spark_writer.job import start_job
+from spark_writer.job_settings import SPARK_KAFKA_PROVIDER, KafkaSettings, KafkaSource, ParseSettings, SinkSettings
 from spark_writer.sink.iceberg_sink import write_to_iceberg
 from tests.fixtures.coordinator import CoordinatorProcess
 from tests.fixtures.pipeline import (

@@ -15,7 +15,8 @@ from pyiceberg.catalog import Catalog
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
-from spark_writer.job import KafkaSettings, ParseSettings, SinkSettings, start_job
+from spark_writer.job import start_job
+from spark_writer.job_settings import KafkaSettings, ParseSettings, SinkSettings
 from spark_writer.routing.routes import Routes, Unrouted
 from spark_writer.sink.iceberg_sink import write_to_iceberg
 from tests.fixtures.coordinator import CoordinatorProcess, failpoints_env

@@ -11,7 +11,8 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
 from spark_writer.arrow_schema import arrow_schema_of, serialize_schema
-from spark_writer.sink.iceberg_sink import SinkRefusedError, write_to_iceberg
+from spark_writer.sink.iceberg_sink import write_to_iceberg
+from spark_writer.sink.sink_query import SinkRefusedError
 from tests.fixtures.coordinator import CoordinatorProcess
 from tests.fixtures.pipeline import QUERY_TIMEOUT_SECONDS, order_ids, order_stream, produce_orders
 

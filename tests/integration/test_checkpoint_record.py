@@ -9,6 +9,7 @@ import pytest
 from coordinator_service.contract.errors import Fenced
 from coordinator_service.log import epoch_transitions, sink_rows
 from coordinator_service.log.models import AbortCause
+from coordinator_service.log.sink_rows import RowLock
 from tests.fixtures.admin import AdminApp, commit_lock_held, sink_id_of, until_a_statement_waits_for_a_lock
 
 pytestmark = pytest.mark.every_postgres
@@ -37,7 +38,7 @@ async def test_a_checkpoint_waiting_behind_a_registration_is_fenced_by_it(admin:
     database = admin.runtime.database
     async with database.transaction() as session:
         # What a RegisterWriter with checkpoint -1 does under the sink's row lock: a new term, epoch 0 aborted.
-        sink = await sink_rows.sink_by_name(session, "orders", lock="update")
+        sink = await sink_rows.sink_by_name(session, "orders", lock=RowLock.UPDATE)
         assert sink is not None
         sink.writer_term += 1
         await session.flush()

@@ -27,6 +27,7 @@ from coordinator_service.contract.errors import (
 )
 from coordinator_service.engine.protocol import PreCommitRequest, PreCommitResult, TableRequest
 from coordinator_service.log import epoch_transitions, sink_rows, sink_tables
+from coordinator_service.log.sink_rows import RowLock
 from tests.fixtures.admin import AdminApp, commit_lock_held
 from tests.fixtures.coordinator import ORDERS, orders, write_parquet
 from tests.fixtures.postgres import query
@@ -178,7 +179,7 @@ async def fan_out_to_a_table_ensured_through_another_replica(admin: AdminApp) ->
     term, locations = await _fan_out(admin)
     admin.runtime.iceberg.ensure_table("db.eu", ORDERS, ())
     async with admin.runtime.database.transaction() as session:
-        sink = await sink_rows.sink_by_name(session, "orders", lock="update")
+        sink = await sink_rows.sink_by_name(session, "orders", lock=RowLock.UPDATE)
         assert sink is not None
         await sink_tables.add_tables(session, sink, ["db.eu"])
     files = _routed_files({**locations, "db.eu": str(admin.runtime.iceberg.load("db.eu").location())})

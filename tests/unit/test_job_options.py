@@ -6,79 +6,25 @@ import inspect
 import json
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 from unittest import mock
 
 import pytest
 from confluent_kafka.schema_registry import Schema
-from typer.testing import CliRunner, Result
+from typer.testing import CliRunner
 
 from sink_coordinator_demo.ports import free_port
 from spark_writer import job
 from spark_writer.driver_jvm import SparkLog
 from spark_writer.formats.schema_registry import RegistrySettings, registry_client
-from spark_writer.job import KafkaSettings, KafkaSource, ParseSettings, SinkSettings
 from spark_writer.job_failures import ExitCode, JobFailure
+from spark_writer.job_settings import KafkaSettings, KafkaSource, ParseSettings
 from spark_writer.kafka.options import parse_options
 from spark_writer.routing.routes import Routes, Unrouted
 from spark_writer.session import retries_tasks, with_task_retries
 from spark_writer.sink.kafka_records import BadRecordPolicy, check_time_zone
-
-REQUIRED = ["--bootstrap-servers", "b:9092", "--topic", "orders", "--sink", "s", "--table", "shop.orders"]
-REQUIRED += ["--checkpoint-location", "/tmp/checkpoint"]
-COORDINATOR_FLAG = "Invalid value for '--coordinator' (env var: 'SINK_WRITER_COORDINATOR')"
-
-
-class Started:
-    """What the command line would have run: the settings start_job got (no Spark is started, no service asked)."""
-
-    def __init__(self, spark_log: Path) -> None:
-        self.calls: list[tuple[Any, ...]] = []
-        self.session = mock.Mock()
-        self.spark_log = spark_log
-
-    def invoke(self, *flags: str) -> Result:
-        return CliRunner().invoke(
-            job.app, [*REQUIRED, "--spark-log-file", str(self.spark_log), *flags], env={"COLUMNS": "200"}
-        )
-
-    @property
-    def sink(self) -> SinkSettings:
-        (call,) = self.calls
-        return call[3]  # type: ignore[no-any-return]
-
-    @property
-    def kafka(self) -> KafkaSettings:
-        (call,) = self.calls
-        return call[1]  # type: ignore[no-any-return]
-
-    @property
-    def parse(self) -> ParseSettings:
-        (call,) = self.calls
-        return call[2]  # type: ignore[no-any-return]
-
-
-@pytest.fixture
-def started(tmp_path: Path) -> Iterator[Started]:
-    run = Started(tmp_path / "spark.log")
-    query = mock.Mock()
-    query.await_termination.return_value = True  # the job ends at once, as if the topics were drained
-
-    def start_job(*args: Any) -> mock.Mock:
-        run.calls.append(args)
-        return query
-
-    with (
-        mock.patch.object(job, "spark_session", return_value=run.session),
-        mock.patch.object(job, "start_job", side_effect=start_job),
-        mock.patch.object(job, "wait_for_coordinator"),
-        mock.patch.object(job, "wait_for_topics"),
-        mock.patch.object(job, "configure_logging"),  # the test process keeps its logging
-        mock.patch.object(job, "set_worker_log_level"),
-    ):
-        yield run
+from tests.fixtures.writer_cli import COORDINATOR_FLAG, REQUIRED, Started
 
 
 @pytest.mark.parametrize(

@@ -109,9 +109,9 @@ def test_only_the_tables_layer_speaks_the_table_format() -> None:
 
 
 WRITER: Final = Path(__file__).parents[2] / "spark_writer"
-# The writer's packages, lowest first: the Kafka source, the formats, the routes, the sink (the job and the process's
-# helpers sit at the top of the package).
-WRITER_LAYERS: Final = ("kafka", "formats", "routing", "sink")
+# The writer's packages, lowest first: the Kafka source, the formats, the routes, the sink, the row mutations (the job
+# and the process's helpers sit at the top of the package).
+WRITER_LAYERS: Final = ("kafka", "formats", "routing", "sink", "mutations")
 
 
 @pytest.mark.parametrize("layer", WRITER_LAYERS)

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile
 
-from coordinator_service.contract.client import MAX_FOOTER_BYTES_PER_PRECOMMIT, PreCommitFile, _data_files
+from coordinator_service.contract.client import MAX_FOOTER_BYTES_PER_PRECOMMIT, PreCommitFile, _sent_files
 from coordinator_service.contract.errors import InvalidArgument
 from coordinator_service.tables.precommit_files import MAX_CONCURRENT_FILE_CHECKS, FileChecks, FileFacts, check_facts
 
@@ -116,7 +116,11 @@ def test_facts_that_cannot_be_checked_are_refused(facts: FileFacts, message: str
 def test_the_client_sends_footers_up_to_its_budget() -> None:
     footer = b"f" * (MAX_FOOTER_BYTES_PER_PRECOMMIT // 3)
     files = ["a.parquet", *(PreCommitFile(f"{i}.parquet", footer, 100 + i) for i in range(4))]
-    sent = _data_files(files)
+    [sent, keys] = _sent_files(files, [PreCommitFile("keys.parquet", footer, 7)])
     assert [data_file.path for data_file in sent] == ["a.parquet", "0.parquet", "1.parquet", "2.parquet", "3.parquet"]
     assert [len(data_file.parquet_footer) for data_file in sent] == [0, len(footer), len(footer), len(footer), 0]
     assert [data_file.file_size_in_bytes for data_file in sent] == [0, 100, 101, 102, 103]
+    # Key files share the budget: the data files spent it.
+    assert [(key_file.path, key_file.parquet_footer, key_file.file_size_in_bytes) for key_file in keys] == [
+        ("keys.parquet", b"", 7)
+    ]

@@ -11,6 +11,8 @@ from typing import Any
 
 import yaml
 
+from coordinator_service import __version__
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "sink-coordinator"
 WORKFLOW = ROOT / ".github" / "workflows" / "release.yml"
@@ -61,3 +63,7 @@ def test_make_image_tags_the_packages_version() -> None:
         text=True,
     ).stdout
     assert re.search(rf"-t ghcr\.io/sink-coordinator/sink-coordinator:{re.escape(package_version())} \.", dry_run)
+
+
+def test_the_running_code_reports_the_packages_version() -> None:
+    assert __version__ == package_version()

@@ -20,7 +20,7 @@ from google.protobuf.message import Message
 from pydantic import TypeAdapter
 
 from coordinator_service.admin.schemas import EpochResponse, SinkResponse
-from coordinator_service.contract.client import PreCommitFile, _data_files
+from coordinator_service.contract.client import PreCommitFile, _sent_files
 from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.contract.views import (
     CheckpointResult,
@@ -186,6 +186,6 @@ def test_the_admin_api_shows_every_field_of_the_views() -> None:
 
 
 def test_a_precommit_file_names_its_table_and_a_bare_path_the_sinks_own() -> None:
-    routed, own = _data_files([PreCommitFile("file:///w/a.parquet", table="db.eu"), "file:///w/b.parquet"])
+    [[routed, own]] = _sent_files([PreCommitFile("file:///w/a.parquet", table="db.eu"), "file:///w/b.parquet"])
     assert (routed.path, routed.table) == ("file:///w/a.parquet", "db.eu")
     assert (own.path, own.table) == ("file:///w/b.parquet", "")

@@ -109,9 +109,11 @@ import spark_writer.sink.iceberg_sink
 import spark_writer.job
 import spark_writer.sink.kafka_records
 import spark_writer.sink.listener
+import spark_writer.mutations.tasks
 import spark_writer.session
 from coordinator_service.contract.client import CoordinatorClient
-from spark_writer.job import KafkaSettings, ParseSettings, SinkSettings, app
+from spark_writer.job import app
+from spark_writer.job_settings import KafkaSettings, ParseSettings, SinkSettings
 from spark_writer.kafka.options import parse_options
 from spark_writer.sink.parquet_writer import DataFileTarget, task_writer
 from spark_writer.sink.partitioning import parse_partition_fields

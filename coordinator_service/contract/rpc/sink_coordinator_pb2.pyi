@@ -54,6 +54,7 @@ class RegisterWriterRequest(_message.Message):
     WRITER_COUNT_FIELD_NUMBER: _builtins.int
     ARROW_SCHEMA_FIELD_NUMBER: _builtins.int
     PARTITION_BY_FIELD_NUMBER: _builtins.int
+    KEY_COLUMNS_FIELD_NUMBER: _builtins.int
     sink: _builtins.str
     """Name of the sink: one streaming query writing one table."""
     table: _builtins.str
@@ -72,6 +73,16 @@ class RegisterWriterRequest(_message.Message):
         "truncate(4, name)", "region" (not bucket: a file's partition is taken from its column bounds).
         """
 
+    @_builtins.property
+    def key_columns(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Optional: the columns of the sink's key (an upsert or change stream, in
+        order; empty: an append stream). A sink's key is fixed when the sink is
+        created: a writer naming another key (or none, for a keyed sink) is refused
+        (FAILED_PRECONDITION). The table is created keyed (format v2, its key
+        columns the identifier fields, which arrow_schema must declare not
+        nullable); a present table must be keyed by exactly these columns.
+        """
+
     def __init__(
         self,
         *,
@@ -81,10 +92,11 @@ class RegisterWriterRequest(_message.Message):
         writer_count: _builtins.int = ...,
         arrow_schema: _builtins.bytes = ...,
         partition_by: _abc.Iterable[_builtins.str] | None = ...,
+        key_columns: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arrow_schema", b"arrow_schema", "checkpointed_epoch", b"checkpointed_epoch", "partition_by", b"partition_by", "sink", b"sink", "table", b"table", "writer_count", b"writer_count"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arrow_schema", b"arrow_schema", "checkpointed_epoch", b"checkpointed_epoch", "key_columns", b"key_columns", "partition_by", b"partition_by", "sink", b"sink", "table", b"table", "writer_count", b"writer_count"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -101,6 +113,7 @@ class RegisterWriterResponse(_message.Message):
     RECOMMITTING_EPOCHS_FIELD_NUMBER: _builtins.int
     TABLE_LOCATION_FIELD_NUMBER: _builtins.int
     NESTED_NAMESPACES_FIELD_NUMBER: _builtins.int
+    KEY_COLUMNS_FIELD_NUMBER: _builtins.int
     writer_term: _builtins.int
     committed_epoch: _builtins.int
     checkpointed_epoch: _builtins.int
@@ -119,6 +132,13 @@ class RegisterWriterResponse(_message.Message):
     def recommitting_epochs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """PENDING epochs at or below the writer's checkpoint, being committed."""
 
+    @_builtins.property
+    def key_columns(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The sink's key as the coordinator recorded it (empty: an append stream, or
+        a coordinator that predates keys: a keyed writer then stops, since its
+        epochs would be appended as plain rows).
+        """
+
     def __init__(
         self,
         *,
@@ -129,10 +149,11 @@ class RegisterWriterResponse(_message.Message):
         recommitting_epochs: _abc.Iterable[_builtins.int] | None = ...,
         table_location: _builtins.str = ...,
         nested_namespaces: _builtins.bool = ...,
+        key_columns: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["aborted_epochs", b"aborted_epochs", "checkpointed_epoch", b"checkpointed_epoch", "committed_epoch", b"committed_epoch", "nested_namespaces", b"nested_namespaces", "recommitting_epochs", b"recommitting_epochs", "table_location", b"table_location", "writer_term", b"writer_term"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aborted_epochs", b"aborted_epochs", "checkpointed_epoch", b"checkpointed_epoch", "committed_epoch", b"committed_epoch", "key_columns", b"key_columns", "nested_namespaces", b"nested_namespaces", "recommitting_epochs", b"recommitting_epochs", "table_location", b"table_location", "writer_term", b"writer_term"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -213,6 +234,7 @@ class PreCommitRequest(_message.Message):
     PROPERTIES_FIELD_NUMBER: _builtins.int
     EVOLVE_SCHEMA_FIELD_NUMBER: _builtins.int
     FILES_DIRECTORY_FIELD_NUMBER: _builtins.int
+    KEY_FILES_FIELD_NUMBER: _builtins.int
     sink: _builtins.str
     epoch: _builtins.int
     writer_term: _builtins.int
@@ -233,6 +255,17 @@ class PreCommitRequest(_message.Message):
     def properties(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Free-form properties recorded with the epoch (e.g. Kafka offsets)."""
 
+    @_builtins.property
+    def key_files(self) -> _containers.RepeatedCompositeFieldContainer[Global___DataFile]:
+        """A keyed sink's key files (an upsert or change stream): per table, Parquet
+        files holding exactly the key columns of the table's key, one row per key
+        the epoch touched (upserted or deleted), beside the data files that hold the
+        surviving rows. Checked like data files (under the table's data directory,
+        footer and size as for data files, claimed by the epoch), never appended:
+        the commit resolves their keys to position deletes. Refused for a sink
+        without a key.
+        """
+
     def __init__(
         self,
         *,
@@ -244,10 +277,11 @@ class PreCommitRequest(_message.Message):
         properties: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         evolve_schema: _builtins.bool = ...,
         files_directory: _builtins.str = ...,
+        key_files: _abc.Iterable[Global___DataFile] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["data_files", b"data_files", "epoch", b"epoch", "evolve_schema", b"evolve_schema", "files_directory", b"files_directory", "properties", b"properties", "sink", b"sink", "writer_id", b"writer_id", "writer_term", b"writer_term"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data_files", b"data_files", "epoch", b"epoch", "evolve_schema", b"evolve_schema", "files_directory", b"files_directory", "key_files", b"key_files", "properties", b"properties", "sink", b"sink", "writer_id", b"writer_id", "writer_term", b"writer_term"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -495,6 +529,7 @@ class TableSpec(_message.Message):
     TABLE_FIELD_NUMBER: _builtins.int
     ARROW_SCHEMA_FIELD_NUMBER: _builtins.int
     PARTITION_BY_FIELD_NUMBER: _builtins.int
+    KEY_COLUMNS_FIELD_NUMBER: _builtins.int
     table: _builtins.str
     """Iceberg table identifier, "namespace.table" (namespaces may be dotted)."""
     arrow_schema: _builtins.bytes
@@ -505,16 +540,23 @@ class TableSpec(_message.Message):
     def partition_by(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Optional partition fields for a table created here (as in RegisterWriter)."""
 
+    @_builtins.property
+    def key_columns(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The sink's key (as in RegisterWriter): every table of a keyed sink is keyed
+        by it, and a spec naming another key is refused (FAILED_PRECONDITION).
+        """
+
     def __init__(
         self,
         *,
         table: _builtins.str = ...,
         arrow_schema: _builtins.bytes = ...,
         partition_by: _abc.Iterable[_builtins.str] | None = ...,
+        key_columns: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arrow_schema", b"arrow_schema", "partition_by", b"partition_by", "table", b"table"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arrow_schema", b"arrow_schema", "key_columns", b"key_columns", "partition_by", b"partition_by", "table", b"table"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -555,18 +597,26 @@ class TableLocation(_message.Message):
 
     TABLE_FIELD_NUMBER: _builtins.int
     LOCATION_FIELD_NUMBER: _builtins.int
+    KEY_COLUMNS_FIELD_NUMBER: _builtins.int
     table: _builtins.str
     location: _builtins.str
     """Location of the Iceberg table: its data files must lie under it."""
+    @_builtins.property
+    def key_columns(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The key the table was ensured with (empty for an append stream, or from a
+        coordinator that predates keys).
+        """
+
     def __init__(
         self,
         *,
         table: _builtins.str = ...,
         location: _builtins.str = ...,
+        key_columns: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["location", b"location", "table", b"table"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key_columns", b"key_columns", "location", b"location", "table", b"table"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

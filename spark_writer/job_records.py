@@ -1,0 +1,128 @@
+"""The records a `sink-writer` job writes: the stream Spark reads, and the per-batch decoding of its values (JSON with
+a schema given or sampled, a registry format's, or raw Kafka columns), as an upsert or change stream's when it is
+one (spark_writer.mutations)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import structlog
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
+
+from spark_writer.arrow_schema import arrow_schema_of
+from spark_writer.formats.dead_letters import DeadLetterTarget
+from spark_writer.formats.json_columns import grow
+from spark_writer.job_settings import SPARK_KAFKA_PROVIDER, KafkaSettings, KafkaSource, ParseSettings, RecordFormat
+from spark_writer.mutations.decoding import MutationParser, json_value_schema
+from spark_writer.sink.iceberg_sink import DecodesInTasks
+from spark_writer.sink.kafka_records import JsonBatchParser, raw_records, sampled_json_schema, schema_from_ddl
+from spark_writer.sink.registry_records import (
+    KEY_SUBJECT_SUFFIX,
+    VALUE_SUBJECT_SUFFIX,
+    RegistryBatchParser,
+    RegistrySubject,
+    key_values,
+    topic_subject,
+)
+
+log = structlog.get_logger(__name__)
+
+
+def check_spark_kafka_source(spark: SparkSession) -> None:
+    """ValueError saying what to do when Spark's Kafka connector is not on the classpath."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    if not jvm.org.apache.spark.util.Utils.classIsLoadable(SPARK_KAFKA_PROVIDER):
+        raise ValueError(
+            f"--source spark needs Spark's Kafka connector ({SPARK_KAFKA_PROVIDER}), which is not on the "
+            f"classpath: add spark-sql-kafka-0-10_2.13 of Spark {spark.version} and its dependencies "
+            "(spark-submit --packages org.apache.spark:spark-sql-kafka-0-10_2.13:" + spark.version + "), "
+            "or use --source python, which needs no jar"
+        )
+
+
+def dead_letter_target(kafka: KafkaSettings, parse: ParseSettings, sink: str) -> DeadLetterTarget | None:
+    if parse.dead_letter_topic is None:
+        return None
+    return DeadLetterTarget(parse.dead_letter_topic, sink, kafka.producer_config())
+
+
+def registry_parser(kafka: KafkaSettings, parse: ParseSettings, sink: str) -> RegistryBatchParser | MutationParser:
+    """The per-batch decoding of Avro, Protobuf or JSON Schema values, the table's schema read from the registry
+    (needs no Spark: the job builds it once before Spark starts, to refuse what cannot work)."""
+    registry_format = parse.record_format.registry_format
+    if registry_format is None:
+        raise ValueError(f"--format {parse.record_format} is not read with a schema registry")
+    value = RegistrySubject(
+        registry_format, topic_subject(kafka.topics, VALUE_SUBJECT_SUFFIX, parse.subject), parse.protobuf_message
+    )
+    key = (
+        RegistrySubject(registry_format, topic_subject(kafka.topics, KEY_SUBJECT_SUFFIX, parse.key_subject))
+        if parse.decode_key
+        else None
+    )
+    keyed = parse.mutations.keyed
+    parser = RegistryBatchParser(
+        parse.registry_settings(),
+        value,
+        key,
+        evolve=parse.evolve_schema,
+        kafka_metadata=parse.kafka_metadata and not keyed,
+        on_bad_record=parse.on_bad_record,
+        dead_letters=dead_letter_target(kafka, parse, sink),
+        read_keys=keyed,
+    )
+    if not keyed:
+        return parser
+    tombstones = RegistrySubject(registry_format, topic_subject(kafka.topics, KEY_SUBJECT_SUFFIX, parse.key_subject))
+    keys = key_values(parse.registry_settings(), tombstones)
+    return MutationParser(parser, parse.mutations, keep_positions=parse.kafka_metadata, registry_keys=keys)
+
+
+def table_records(
+    spark: SparkSession, kafka: KafkaSettings, parse: ParseSettings, sink: str
+) -> tuple[DataFrame, DecodesInTasks | None]:
+    """The streaming DataFrame to write and, but for raw records, the per-batch parser that turns it into rows."""
+    options = kafka.source_options()
+    if kafka.source is KafkaSource.SPARK:
+        check_spark_kafka_source(spark)
+    stream = spark.readStream.format(kafka.source_format).options(**options).load()
+    if parse.record_format is RecordFormat.RAW:
+        return raw_records(stream), None
+    if parse.record_format.registry_format is not None:
+        return stream, registry_parser(kafka, parse, sink)
+    # The sample is read by this project's own consumer, whichever source the stream has.
+    sample_options = replace(kafka, source=KafkaSource.PYTHON).source_options()
+    if parse.schema_ddl:
+        try:
+            schema = schema_from_ddl(parse.schema_ddl)
+        except ValueError as error:
+            raise ValueError(f"--schema: {error}") from None
+    else:
+        sampled = sampled_json_schema(spark, sample_options, parse.sample_size)
+        # Only the sampled fields a column can hold (json_columns); records giving the others a value are bad records.
+        schema = grow(StructType([]), sampled.fieldNames(), lambda: sampled, kafka_metadata=parse.kafka_metadata).schema
+    log.info("json schema", schema=schema.simpleString(), source="given" if parse.schema_ddl else "sampled")
+    if not parse.evolve_schema and not schema.fields:
+        raise ValueError("the topics are empty, so no schema could be inferred: pass --schema or --evolve-schema")
+    mutations = parse.mutations
+    if not mutations.keyed:
+        return stream, JsonBatchParser(
+            schema,
+            evolve=parse.evolve_schema,
+            kafka_metadata=parse.kafka_metadata,
+            time_zone=parse.json_time_zone,
+            on_bad_record=parse.on_bad_record,
+            dead_letters=dead_letter_target(kafka, parse, sink),
+        )
+    mutations.table_schema(arrow_schema_of(schema), declares_nullability=True)  # the key as --schema declares it
+    inner = JsonBatchParser(
+        json_value_schema(schema, mutations),
+        evolve=parse.evolve_schema and mutations.envelope is None,  # new fields of a row are under its envelope
+        time_zone=parse.json_time_zone,
+        on_bad_record=parse.on_bad_record,
+        dead_letters=dead_letter_target(kafka, parse, sink),
+        read_keys=True,
+    )
+    return stream, MutationParser(inner, mutations, keep_positions=parse.kafka_metadata)

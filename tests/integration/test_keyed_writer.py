@@ -1,0 +1,223 @@
+"""An upsert or change stream's batch through a real local Spark (spark_writer.mutations.tasks): its records shuffled
+so that one task owns each key, the winners (the last record of each key in Kafka order) written as data files and
+every key touched as key files; the same batch again gives the same rows. Then the whole job against a real broker
+and a real coordinator: the epoch's data and key files pre-committed, the log holding them in version 2 of the
+pre-commit metadata (the keyed commit path is not built: nothing here expects a commit)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from confluent_kafka import Producer
+from pyspark.sql import Row, SparkSession
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from coordinator_service.log.precommit_metadata import KEYED_VERSION
+from spark_writer.job_settings import KafkaSettings, ParseSettings, SinkSettings
+from spark_writer.kafka.arrow import KAFKA_SCHEMA
+from spark_writer.mutations.decoding import MutationParser, json_value_schema
+from spark_writer.mutations.modes import MutationMode, Mutations
+from spark_writer.mutations.tasks import keyed_tasks
+from spark_writer.routing.routes import Routes
+from spark_writer.routing.split import TaskRouting
+from spark_writer.sink.kafka_records import JsonBatchParser
+from spark_writer.sink.parquet_writer import DataFileTarget
+from tests.fixtures.coordinator import CoordinatorProcess
+from tests.fixtures.kafka_broker import client_config
+from tests.fixtures.postgres import query
+
+pytestmark = [pytest.mark.spark]
+
+ROW = StructType(
+    [StructField("id", LongType(), False), StructField("region", StringType()), StructField("value", StringType())]
+)
+UPSERT = Mutations(MutationMode.UPSERT, ("id",))
+START = dt.datetime(2025, 5, 1, tzinfo=dt.UTC)
+
+# (partition, id, value or None for a tombstone, seconds after START), in the order produced: each partition's
+# records in offset order.
+Change = tuple[int, int, str | None, int]
+
+
+def changes() -> list[Change]:
+    """Upserts and deletes of overlapping keys over two partitions, with keys whose records span both."""
+    produced: list[Change] = []
+    for step in range(120):
+        key = (step * 7) % 23
+        partition = 0 if key < 15 else step % 2  # keys 15..22 span both partitions
+        value = None if step % 9 == 4 else f"v{step}"
+        produced.append((partition, key, value, step % 13))  # timestamps out of order across the stream
+    return produced
+
+
+def model(produced: list[Change]) -> tuple[dict[int, str], set[int]]:
+    """The documented rule: per partition the last record (offset order) of a key; across partitions the latest
+    timestamp, then the greater partition."""
+    last: dict[int, dict[int, tuple[str | None, int]]] = {}
+    for partition, key, value, seconds in produced:
+        last.setdefault(key, {})[partition] = (value, seconds)
+    rows = {}
+    for key, per_partition in last.items():
+        partition = max(per_partition, key=lambda p: (per_partition[p][1], p))
+        value = per_partition[partition][0]
+        if value is not None:
+            rows[key] = value
+    return rows, set(last)
+
+
+def value_of(key: int, value: str | None) -> bytes | None:
+    return None if value is None else json.dumps({"id": key, "region": "eu", "value": value}).encode()
+
+
+def kafka_rows(produced: list[Change], topic: str = "changes") -> list[Row]:
+    offsets = {0: 0, 1: 0}
+    rows = []
+    for partition, key, value, seconds in produced:
+        timestamp = START + dt.timedelta(seconds=seconds)
+        rows.append(
+            Row(json.dumps({"id": key}).encode(), value_of(key, value), topic, partition, offsets[partition],
+                timestamp, 0, [])
+        )  # fmt: skip
+        offsets[partition] += 1
+    return rows
+
+
+def read_files(paths: list[str]) -> list[pa.Table]:
+    return [pq.read_table(path.removeprefix("file://")) for path in paths]
+
+
+def written(results: list[Row]) -> tuple[list[str], list[str]]:
+    files = [row for row in results if row.path is not None]
+    return [row.path for row in files if not row.key_file], [row.path for row in files if row.key_file]
+
+
+def test_a_batch_writes_its_winners_and_the_keys_it_touched_and_the_same_again(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    produced = changes()
+    # Spread over three Spark partitions in another order than Kafka's: the positions decide, not the arrival.
+    frame = spark.createDataFrame(kafka_rows(produced)[::-1], KAFKA_SCHEMA).repartition(3)
+    parser = MutationParser(JsonBatchParser(json_value_schema(ROW, UPSERT), evolve=False, read_keys=True), UPSERT)
+    expected_rows, expected_keys = model(produced)
+
+    def run(batch_id: int) -> tuple[dict[int, str], set[int], list[str]]:
+        prepared = parser.prepare(frame)
+        target = DataFileTarget(tmp_path.as_uri(), batch_id, prepared.schema, (), 1 << 20, decoding=prepared.decoding)
+        data, keys = written(keyed_tasks(prepared.frame, target).collect())
+        data_tables, key_tables = read_files(data), read_files(keys)
+        for table in data_tables:
+            assert table.schema.names == ["id", "region", "value"]
+            assert table.schema.field("id").nullable is False
+        assert all(table.schema.names == ["id"] for table in key_tables)
+        assert all("-keys-" in path for path in keys) and not any("-keys-" in path for path in data)
+        data_ids = [i for table in data_tables for i in table.column("id").to_pylist()]
+        key_ids = [[i for i in table.column("id").to_pylist()] for table in key_tables]
+        # One task owns each key: no key in two files, and more than one task had keys.
+        assert len(data_ids) == len(set(data_ids))
+        assert sum(len(ids) for ids in key_ids) == len({i for ids in key_ids for i in ids})
+        assert len([ids for ids in key_ids if ids]) > 1
+        rows = {row["id"]: row["value"] for table in data_tables for row in table.to_pylist()}
+        return rows, {i for ids in key_ids for i in ids}, [*data, *keys]
+
+    first_rows, first_keys, first_files = run(7)
+    assert (first_rows, first_keys) == (expected_rows, expected_keys)
+    again_rows, again_keys, again_files = run(7)  # Spark runs the batch again (a retry, a restart)
+    assert (again_rows, again_keys) == (first_rows, first_keys)
+    assert not set(again_files) & set(first_files)  # named per task attempt
+
+
+def test_a_routed_batch_writes_each_tables_rows_and_keys_under_that_table(spark: SparkSession, tmp_path: Path) -> None:
+    """Fan-out: the route column is one of the key's, so a key's every change (a tombstone too) goes to one table."""
+    produced = changes()
+    keyed = Mutations(MutationMode.UPSERT, ("region", "id"))
+
+    def region(key: int) -> str:
+        return "eu" if key % 3 else "us"
+
+    rows = []
+    for message_key, message_value, *rest in kafka_rows(produced):
+        key = json.loads(message_key)["id"]
+        value = None if message_value is None else json.dumps({**json.loads(message_value), "region": region(key)})
+        rows.append((json.dumps({"id": key, "region": region(key)}).encode(), value and value.encode(), *rest))
+    frame = spark.createDataFrame(rows, KAFKA_SCHEMA)
+    parser = MutationParser(JsonBatchParser(json_value_schema(ROW, keyed), evolve=False, read_keys=True), keyed)
+    prepared = parser.prepare(frame)
+    locations = {table: (tmp_path / table).as_uri() for table in ("db.own", "db.eu", "db.us")}
+    routing = TaskRouting(Routes.static("region", [("eu", "db.eu"), ("us", "db.us")]), "db.own", locations)
+    target = DataFileTarget(
+        locations["db.own"], 3, prepared.schema, (), 1 << 20, decoding=prepared.decoding, routing=routing
+    )
+    files = [row for row in keyed_tasks(prepared.frame, target).collect() if row.path is not None]
+    expected_rows, expected_keys = model(produced)
+    for table, value in (("db.eu", "eu"), ("db.us", "us")):
+        mine = [row for row in files if row.table == table]
+        assert all(row.path.startswith(f"{locations[table]}/data/") for row in mine)
+        data = read_files([row.path for row in mine if not row.key_file])
+        keys = read_files([row.path for row in mine if row.key_file])
+        assert {(r["region"], r["id"]): r["value"] for t in data for r in t.to_pylist()} == {
+            (value, key): v for key, v in expected_rows.items() if region(key) == value
+        }
+        assert {(r["region"], r["id"]) for t in keys for r in t.to_pylist()} == {
+            (value, key) for key in expected_keys if region(key) == value
+        }
+    assert not [row for row in files if row.table in (None, "db.own")]  # every record had a route
+
+
+@pytest.mark.kafka
+def test_a_keyed_stream_pre_commits_its_data_and_key_files(
+    spark: SparkSession,
+    kafka_bootstrap: str,
+    kafka_topic: Callable[..., str],
+    coordinator: CoordinatorProcess,
+    database_url: str,
+    tmp_path: Path,
+) -> None:
+    from spark_writer.job import start_job
+
+    topic = kafka_topic(partitions=2)
+    produced = changes()
+    producer = Producer(client_config(kafka_bootstrap))
+    now = dt.datetime.now(dt.UTC)  # records older than the topic's retention would be gone at once
+    for partition, key, value, seconds in produced:
+        timestamp = int((now + dt.timedelta(seconds=seconds)).timestamp() * 1000)
+        producer.produce(
+            topic, key=json.dumps({"id": key}).encode(), value=value_of(key, value), partition=partition,
+            timestamp=timestamp,
+        )  # fmt: skip
+    assert producer.flush(30) == 0
+    running = start_job(
+        spark,
+        KafkaSettings(kafka_bootstrap, (topic,), starting_offsets="earliest"),
+        ParseSettings(schema_ddl="id BIGINT NOT NULL, region STRING, value STRING", mutations=UPSERT),
+        SinkSettings(sink="changes", table="shop.changes", coordinator=coordinator.target,
+                     checkpoint_location=str(tmp_path / "checkpoint")),
+    )  # fmt: skip
+    try:
+        running.query.processAllAvailable()
+    finally:
+        running.query.stop()
+        running.finish(wait_for_commit=False)  # the keyed commit path is not built: nothing would commit
+    records = query(database_url, "SELECT status, metadata FROM pending_sink_state ORDER BY epoch")
+    documents = [(status, json.loads(bytes(metadata))) for status, metadata in records]  # type: ignore[arg-type]
+    keyed = [(status, document) for status, document in documents if document["version"] == KEYED_VERSION]
+    # Every record was there at the start: one batch held them all, and it stays PENDING (its commit is refused).
+    [(status, document)] = keyed
+    assert status == "PENDING"
+    assert all(not document["tables"][0]["data_files"] for _, document in documents if document["version"] != 2)
+    [table] = document["tables"]
+    data = [entry["path"] for entry in table["data_files"]]
+    keys = [entry["path"] for entry in table["key_files"]]
+    rows = {row["id"]: row["value"] for each in read_files(data) for row in each.to_pylist()}
+    touched = {i for each in read_files(keys) for i in each.column("id").to_pylist()}
+    assert (rows, touched) == model(produced)
+    assert sum(entry["key_count"] for entry in table["key_files"]) == len(touched)
+    claimed = {path for (path,) in query(database_url, "SELECT path FROM epoch_files")}
+    assert set(data) | set(keys) <= claimed
+    [(key_columns,)] = query(database_url, "SELECT key_columns FROM sinks")
+    assert key_columns == ["id"]
