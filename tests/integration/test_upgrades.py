@@ -45,21 +45,31 @@ def git(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[byt
     )
 
 
+def holding(paths: list[str]) -> list[bool]:
+    """Whether each `commit:path` names a file of the repository."""
+    checked = git("cat-file", "--batch-check", stdin="\n".join(paths) + "\n").stdout.decode().splitlines()
+    return [not line.endswith(" missing") for line in checked]
+
+
 def commit_before_the_newest_migration() -> tuple[str, str]:
-    """The newest commit of this checkout's history whose migrations end at the revision before the newest one, and
-    that revision; skips the test when the checkout has no such history (an export, a shallow clone)."""
-    newest, previous = sorted(path.name for path in (ROOT / MIGRATIONS).glob("[0-9]*.py"))[-1:-3:-1]
-    listed = git("rev-list", "HEAD")
+    """The commit just before the newest migration was added (the parent of the first commit holding it that ends at
+    the revision before), and that revision; skips the test when the checkout has no such history (an export, a
+    shallow clone)."""
+    names = sorted(path.name for path in (ROOT / MIGRATIONS).glob("[0-9]*.py"))
+    newest, previous = str(MIGRATIONS / names[-1]), str(MIGRATIONS / names[-2])
+    listed = git("rev-list", "--topo-order", "--reverse", "--parents", "HEAD")
     if listed.returncode != 0:
         pytest.skip(f"git history of the checkout is unavailable: {listed.stderr.decode().strip()}")
-    commits = listed.stdout.decode().split()
-    paths = [f"{commit}:{MIGRATIONS / name}" for commit in commits for name in (previous, newest)]
-    checked = git("cat-file", "--batch-check", stdin="\n".join(paths) + "\n").stdout.decode().splitlines()
-    present = [not line.endswith(" missing") for line in checked]
-    for index, commit in enumerate(commits):
-        if present[2 * index] and not present[2 * index + 1]:
-            return commit, previous[:4]
-    pytest.skip(f"git history of the checkout does not reach a commit before migration {newest} (a shallow clone?)")
+    lines = [line.split() for line in listed.stdout.decode().splitlines()]
+    with_newest = holding([f"{commit}:{newest}" for commit, *_ in lines])
+    first = next((line for line, held in zip(lines, with_newest, strict=True) if held), None)
+    if first is not None:
+        parents = first[1:]
+        held = holding([f"{parent}:{path}" for parent in parents for path in (previous, newest)])
+        for index, parent in enumerate(parents):
+            if held[2 * index] and not held[2 * index + 1]:
+                return parent, Path(previous).name[:4]
+    pytest.skip(f"git history of the checkout does not reach the commit before {newest} (a shallow clone?)")
 
 
 @pytest.fixture
