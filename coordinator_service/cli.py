@@ -1,4 +1,4 @@
-"""The `sink-coordinator` command: serve, migrate, status, catalog, delete.
+"""The `sink-coordinator` command: serve, migrate, status, catalog, delete, reconcile.
 
 Every setting is a flag of the same name (--grpc-port for
 SINK_COORDINATOR_GRPC_PORT), of the setting's type and with its default
@@ -16,8 +16,8 @@ import json
 import os
 import socket
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
 from functools import wraps
@@ -53,7 +53,7 @@ from coordinator_service.writer_scopes import WriterScope
 if TYPE_CHECKING:  # the service's modules load in the commands that use them (see the module)
     from sqlalchemy.engine import URL
 
-    from coordinator_service.engine.operations import SinkDeleted
+    from coordinator_service.engine.operations import Operations, Operator, SinkDeleted, SuspendedReconciled
     from coordinator_service.log.database import Database
 
 app = typer.Typer(
@@ -366,6 +366,53 @@ def delete(
 
 
 async def _delete(settings: Settings, sink: str, confirm: str, reason: str, drop_tables: bool) -> SinkDeleted:
+    async with _operations(settings) as (operations, operator):
+        return await operations.delete_sink(sink, confirm, reason, drop_tables, operator)
+
+
+@app.command()
+@with_settings(*METASTORE, "catalog_name", "catalog", "admin_lock_timeout_seconds")
+def reconcile(
+    settings: Settings,
+    reason: Annotated[str, typer.Option(help="Why; recorded in the log with who reconciled.")],
+    sinks: Annotated[
+        list[str] | None, typer.Argument(help="The suspended sinks to reconcile (or --all).", metavar="SINK")
+    ] = None,
+    all_suspended: Annotated[
+        bool, typer.Option("--all", help="Reconcile every sink that is suspended now (after a restore).")
+    ] = False,
+) -> None:
+    """Reconcile suspended sinks to their tables (after the metastore was restored to an earlier point: every sink
+    the restore put behind its tables, with --all): each as the admin API's POST /api/v1/sinks/{sink}/reconcile does,
+    run from here against the metastore and the catalog (whether or not a coordinator runs). Prints each sink's
+    restart epoch; exits 1 when one could not be reconciled (the others are). Stop the sinks' writers first."""
+    if bool(sinks) == all_suspended:
+        _refuse("cannot reconcile", ValueError("name the suspended sinks to reconcile, or give --all"), code=2)
+    if not reason.strip() or "\x00" in reason:
+        _refuse("cannot reconcile", ValueError("give the reason (--reason): it is recorded"), code=2)
+    from coordinator_service.runtime import metastore_url
+
+    url, _ = metastore_url(settings)
+    try:
+        with _reaching_metastore(url):
+            outcome = asyncio.run(_reconcile(settings, None if all_suspended else sinks, reason))
+    except CoordinatorError as error:
+        _refuse("cannot reconcile", error, code=2 if isinstance(error, InvalidArgument) else 1)
+    except SchemaNotCurrent as error:
+        _refuse("cannot reconcile", error)
+    Console(soft_wrap=True).print("\n".join(outcome.summary()), markup=False)
+    if outcome.refused:
+        raise typer.Exit(1)
+
+
+async def _reconcile(settings: Settings, sinks: list[str] | None, reason: str) -> SuspendedReconciled:
+    async with _operations(settings) as (operations, operator):
+        return await operations.reconcile_suspended(sinks, reason, operator)
+
+
+@asynccontextmanager
+async def _operations(settings: Settings) -> AsyncIterator[tuple[Operations, Operator]]:
+    """The operator's actions on the metastore and the catalog of `settings`, as this command line's user."""
     from coordinator_service.engine.operations import Operations, Operator
     from coordinator_service.runtime import Runtime
 
@@ -374,8 +421,7 @@ async def _delete(settings: Settings, sink: str, confirm: str, reason: str, drop
         operations = Operations(
             runtime.database, runtime.iceberg, runtime.committer, runtime.cleaner, runtime.maintainer, settings
         )
-        operator = Operator("cli", f"{getpass.getuser()}@{socket.gethostname()}")
-        return await operations.delete_sink(sink, confirm, reason, drop_tables, operator)
+        yield operations, Operator("cli", f"{getpass.getuser()}@{socket.gethostname()}")
     finally:
         await runtime.close()
 

@@ -34,7 +34,9 @@ def metastore_url(settings: Settings) -> tuple[URL, bool]:
 
 
 def migrate(url: URL, to: str = "head", lock_timeout_seconds: float = 10.0) -> str:
-    """Upgrade the metastore's schema to `to` (head: this release's), or roll it back to an older revision."""
+    """Upgrade the metastore's schema to `to` (head: this release's), or roll it back to an older revision (ValueError
+    for a revision this release does not know, nothing touched)."""
+    schema.check_target(to)
     engine = create_sync_engine(url)
     try:
         with engine.begin() as connection:

@@ -1,4 +1,4 @@
-"""The versioned admin API (/api/v1): sinks, epochs, abort, reset, delete, resume, maintenance.
+"""The versioned admin API (/api/v1): sinks, epochs, abort, reset, reconcile, delete, resume, maintenance.
 
 Routes only translate: the rules live in coordinator_service.engine.operations, and
 every dependency comes from coordinator_service.admin.deps. Read routes take
@@ -30,6 +30,8 @@ from coordinator_service.admin.schemas import (
     MaintenanceRunResponse,
     ReconcileRequest,
     ReconcileResponse,
+    ReconcileSuspendedRequest,
+    ReconcileSuspendedResponse,
     RemoveTableRequest,
     RemoveTableResponse,
     ResetRequest,
@@ -124,6 +126,22 @@ async def reset_sink(operations: OperationsDep, sink: SinkName, body: ResetReque
     others, fence the writer, and let the next RegisterWriter start a new epoch numbering from its checkpoint
     (docs/operations.md). A catalog that cannot be read answers 503 with nothing changed."""
     return ResetResponse.of(await operations.reset_sink(sink, body.confirm, body.reason, caller))
+
+
+@router.post(
+    "/sinks/reconcile",
+    response_model=ReconcileSuspendedResponse,
+    responses=error_responses(HTTPStatus.NOT_FOUND, HTTPStatus.CONFLICT),
+)
+async def reconcile_suspended_sinks(
+    operations: OperationsDep, body: ReconcileSuspendedRequest, caller: Caller
+) -> ReconcileSuspendedResponse:
+    """Reconcile several suspended sinks at once (after a restore of the metastore: every sink it put behind its
+    tables, with all_suspended), each as POST /sinks/{sink}/reconcile does. A named sink that is unknown (404) or not
+    suspended (409) refuses the request, nothing changed; a sink whose own reconcile is refused is listed in
+    `refused` with why, and the others go on (docs/operations.md, 'A restored metastore')."""
+    names = None if body.all_suspended else body.sinks
+    return ReconcileSuspendedResponse.of(await operations.reconcile_suspended(names, body.reason, caller))
 
 
 @router.post(

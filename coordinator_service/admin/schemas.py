@@ -15,7 +15,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 from pydantic.dataclasses import dataclass
 
 from coordinator_service.contract.errors import InvalidArgument
@@ -29,6 +29,7 @@ from coordinator_service.engine.operations import (
     ResetOutcome,
     SinkDeleted,
     SinkOverview,
+    SuspendedReconciled,
     TableRemoved,
 )
 from coordinator_service.log.models import AbortCause, EpochRecord
@@ -324,6 +325,55 @@ class ReconcileResponse(BaseModel):
     @classmethod
     def of(cls, outcome: Reconciled) -> ReconcileResponse:
         return cls(sink=SinkResponse.of(outcome.sink), restart_epoch=outcome.restart_epoch, tables=outcome.tables)
+
+
+# Most sinks one request names (a reconcile of every suspended sink names none).
+MOST_NAMED_SINKS = 1000
+
+
+class ReconcileSuspendedRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    sinks: list[Annotated[str, Field(max_length=300)]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MOST_NAMED_SINKS,
+        description="The suspended sinks to reconcile, by name; each must be suspended (nothing is changed "
+        "otherwise). Give either sinks or all_suspended.",
+    )
+    all_suspended: StrictBool = Field(
+        default=False, description="Reconcile every sink that is suspended now (after a restore of the metastore)."
+    )
+    reason: OperatorText
+
+    @model_validator(mode="after")
+    def one_choice(self) -> ReconcileSuspendedRequest:
+        if (self.sinks is None) == (not self.all_suspended):
+            raise ValueError("give the sinks to reconcile (sinks) or all_suspended: true, one of the two")
+        return self
+
+
+class ReconcileRefusal(BaseModel):
+    sink: str
+    error: ErrorDetail = Field(description="Why this sink was not reconciled; nothing of it was changed.")
+
+
+class ReconcileSuspendedResponse(BaseModel):
+    reconciled: list[ReconcileResponse] = Field(description="Each sink reconciled, as its own reconcile answers.")
+    refused: list[ReconcileRefusal] = Field(
+        description="Each sink that could not be reconciled (another catalog, a table missing, no longer "
+        "suspended): the other sinks went on."
+    )
+
+    @classmethod
+    def of(cls, outcome: SuspendedReconciled) -> ReconcileSuspendedResponse:
+        return cls(
+            reconciled=[ReconcileResponse.of(each) for each in outcome.reconciled],
+            refused=[
+                ReconcileRefusal(sink=name, error=ErrorDetail(code=error.grpc_code.name, message=error.message))
+                for name, error in outcome.refused
+            ],
+        )
 
 
 class RemoveTableRequest(BaseModel):

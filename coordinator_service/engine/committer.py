@@ -56,7 +56,7 @@ from coordinator_service.log.precommit_metadata import DataFileEntry, MetadataDe
 from coordinator_service.settings import Settings
 from coordinator_service.tables.catalog_calls import PERMANENT_FAILURES, in_catalog
 from coordinator_service.tables.iceberg import IcebergGateway
-from coordinator_service.tables.table_maintenance import retention_of, table_properties_for
+from coordinator_service.tables.table_maintenance import table_properties_for
 
 log = structlog.get_logger(__name__)
 
@@ -205,8 +205,9 @@ class Committer:
         # asyncio's semaphore hands its slots out in arrival order: a sink that just committed queues behind
         # the sinks already waiting.
         self._passes = asyncio.Semaphore(max(1, settings.commit_concurrency))
-        # Told the sinks whose tables outgrew their maintenance thresholds in a commit (the maintainer sets it).
-        self.maintenance_wanted: Callable[[int], None] = lambda sink_id: None
+        # Told each table a pass appended files to, once the pass is recorded (the maintainer sets it: it asks for the
+        # sink's run when the commit took the table past a maintenance threshold).
+        self.after_append: Callable[[Sink, str], None] = lambda sink, table: None
 
     @property
     def health(self) -> dict[int, CommitterHealth]:
@@ -316,6 +317,11 @@ class Committer:
             try:
                 if await self._commit_with_retries(sink_id):
                     state.wake.set()  # more to commit: go on after the sinks that wait for a slot
+            except SinkSuspended:
+                # Not the committer's failure, and no resume here is its way back: the sink waits for a reconcile or
+                # a check (in any process) that brings it back, after which the poller wakes it again (it leaves
+                # suspended sinks alone).
+                log.info("the sink is suspended: its commits wait until it is back in step with its tables")
             except Exception as error:  # only what retrying cannot fix comes out of the retries
                 self._stick(sink_id, health, error)
             finally:
@@ -443,6 +449,7 @@ class Committer:
         appends = _PassAppends()
         found: list[int] = []
         failures: list[BaseException] = []
+        grown: list[str] = []
         health = state.healthy()
         for index, (table, work) in enumerate(files.items()):
             try:
@@ -464,7 +471,7 @@ class Committer:
                 return True  # a cached table was stale: walk the current one (what this pass appended is found)
             health.failing_tables.pop(table, None)
             if outcome.files:
-                self._check_thresholds(sink, table)
+                grown.append(table)
             held[table] = outcome.held
             appends.add(outcome, own=table == sink.table_identifier)
             if not outcome.files:
@@ -485,6 +492,8 @@ class Committer:
         marked_found = sorted({epoch for epoch in found if epoch <= settled})
         if marked_found:
             log_.info("epochs found already in the table; marked committed", epochs=marked_found)
+        for table in grown:
+            self.after_append(sink, table)
         if failures:
             raise failures[0]
         return more
@@ -538,23 +547,6 @@ class Committer:
             log.debug("cached table was stale; walking the current table", stale_table=table_name, error=str(error))
             return None
         return _TableCommit(dict.fromkeys(work, snapshot_id), files=len(entries), held=top)
-
-    def _check_thresholds(self, sink: Sink, table_name: str) -> None:
-        """Ask for the sink's maintenance now when a commit took a table past its snapshot bound (the coordinator's
-        SNAPSHOT_MAX_COUNT, or the table's own min-snapshots-to-keep) by a tenth: the bound holds whatever the commit
-        rate, not only on the maintenance clock."""
-        table = self.iceberg.last_known(table_name)
-        if table is None:
-            return
-        try:
-            policy = self.settings.with_overrides(sink.maintenance_overrides)
-        except pydantic.ValidationError:
-            return  # stored out of range behind the API's back: the maintainer says so, the commit goes on
-        if not policy.maintenance_enabled:
-            return
-        bound = retention_of(table, int(policy.snapshot_max_age_seconds * 1000), policy.snapshot_max_count).max_count
-        if len(table.metadata.snapshots) > bound + max(1, bound // 10):
-            self.maintenance_wanted(sink.id)
 
     def _table_properties(self, sink: Sink) -> Mapping[str, str]:
         """What the sink's commits make sure its tables have: manifest merging and old metadata files removed

@@ -1,10 +1,12 @@
 """Table maintenance run by the coordinator, in step with the sink's commits.
 
 A sink's tables (its own and, with fan-out, the others it writes) are
-maintained every MAINTENANCE_INTERVAL_SECONDS (and when an operator asks), one
-after the other, under the sink's commit lock, so never while the sink's own
-append runs; against any other writer of the table the commits are optimistic
-(a conflict fails the run, and the next run plans again on a fresh load). A run:
+maintained every MAINTENANCE_INTERVAL_SECONDS, at once when a commit takes one
+past a bound (a tenth past its snapshot bound, or small files a compaction
+would merge), and when an operator asks; one after the other, under the sink's
+commit lock, so never while the sink's own append runs; against any other
+writer of the table the commits are optimistic (a conflict fails the run, and
+the next run plans again on a fresh load). A run:
 
 1. expires the snapshots older than SNAPSHOT_MAX_AGE_SECONDS or beyond the
    newest SNAPSHOT_MAX_COUNT, except branch and tag heads and every snapshot
@@ -107,18 +109,75 @@ class Maintainer:
         self._wake = asyncio.Event()
         # Each sink's run started by the schedule, running or waiting for a slot (at most one per sink).
         self._runs: dict[int, asyncio.Task[None]] = {}
-        committer.maintenance_wanted = self.want
+        # Each table's check, after a commit, of whether a compaction would merge files of it (sink id, table); and
+        # the tables committed again while theirs ran (checked again when it ends).
+        self._compaction_checks: dict[tuple[int, str], asyncio.Task[None]] = {}
+        self._check_again: set[tuple[int, str]] = set()
+        committer.after_append = self.appended
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._schedule_forever(), name="table-maintenance")
 
     def want(self, sink_id: int) -> None:
-        """A commit took one of the sink's tables past a threshold (the committer calls it)."""
+        """A commit took one of the sink's tables past a threshold: its run at the next round, whatever the clock."""
         self._wanted.add(sink_id)
         self._wake.set()
 
+    def appended(self, sink: Sink, table_name: str) -> None:
+        """A commit appended files to one of the sink's tables, and is recorded (the committer calls it). The sink's run
+        is wanted at once when the commit took the table a tenth past its snapshot bound (SNAPSHOT_MAX_COUNT, or the
+        table's own min-snapshots-to-keep), or when a compaction would now merge files of it (COMPACTION_MIN_FILES
+        small files of a partition, counted as the run counts them; checked off the commit path, reading only the
+        manifests the process has not read yet). So every bound of the policy holds whatever the commit rate, not
+        only on the maintenance clock."""
+        try:
+            policy = policy_of(self.settings, sink)
+        except ValidationError:
+            return  # stored out of range behind the API's back: _due says so, the commit goes on
+        if not policy.maintenance_enabled:
+            return
+        table = self.iceberg.last_known(table_name)
+        if table is not None:
+            bound = tm.retention_of(table, int(policy.snapshot_max_age_seconds * 1000), policy.snapshot_max_count)
+            if len(table.metadata.snapshots) > bound.max_count + max(1, bound.max_count // 10):
+                self.want(sink.id)
+                return
+        key = (sink.id, table_name)
+        if key in self._compaction_checks:
+            self._check_again.add(key)  # the check under way may have read the table before this commit
+            return
+        check = asyncio.create_task(self._check_compaction(key, policy), name=f"compaction-check-{sink.id}")
+        self._compaction_checks[key] = check
+
+    async def _check_compaction(self, key: tuple[int, str], policy: MaintenancePolicy) -> None:
+        sink_id, table_name = key
+        try:
+            while True:
+                self._check_again.discard(key)
+                try:
+                    table = self.iceberg.last_known(table_name)
+                    if table is None:
+                        table = await in_catalog(self.iceberg.load, table_name)
+                    _, groups = await self._compaction_plan(table, policy)
+                except Exception as error:
+                    log.warning(
+                        "could not check whether a table needs compacting; its run comes on the clock",
+                        sink_id=sink_id,
+                        table=table_name,
+                        error=cause(error),
+                    )
+                else:
+                    if groups:
+                        self.want(sink_id)
+                if key not in self._check_again:
+                    return
+        finally:
+            del self._compaction_checks[key]
+
     async def stop(self) -> None:
-        tasks = [task for task in (self._task, *self._runs.values()) if task is not None]
+        tasks = [
+            task for task in (self._task, *self._runs.values(), *self._compaction_checks.values()) if task is not None
+        ]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -284,16 +343,31 @@ class Maintainer:
         )
         run.expired_files_deleted += len(deletion.deleted)
 
+    async def _compaction_plan(
+        self, table: LoadedTable, policy: MaintenancePolicy
+    ) -> tuple[tm.CompactionInput, list[list[tm.SmallFile]]]:
+        """The table's live files, and the groups of small files a compaction of it would merge now (what a run
+        compacts, and what a commit's check counts); the log is asked which files are held only when there are any."""
+        files = await in_catalog(tm.compaction_input, table)
+        plan = functools.partial(
+            tm.compaction_plan,
+            files,
+            target_bytes=policy.compaction_target_file_bytes,
+            min_files=policy.compaction_min_files,
+            max_bytes=policy.compaction_max_bytes_per_run,
+            spec_id=table.metadata.default_spec_id,
+        )
+        if not plan(set()):
+            return files, []  # holding files back only takes more away
+        async with self.database.transaction() as session:
+            held = await path_claims.unsettled(session, [file.path for file in files.data])
+        return files, plan(held)
+
     async def _compact(
         self, sink: Sink, identifier: str, policy: MaintenancePolicy, lock: CommitLock, run: MaintenanceRun
     ) -> None:
         table = await in_catalog(self.iceberg.load, identifier)
-        files = await in_catalog(tm.live_files, table)
-        small = [tm.as_small_file(data_file) for data_file in files.data]
-        async with self.database.transaction() as session:
-            held = await path_claims.unsettled(session, [file.path for file in small])
-        # A partition with delete files (another engine's position or equality deletes): the coordinator does not
-        # apply them yet, and rewriting its files without them would bring deleted rows back.
+        files, groups = await self._compaction_plan(table, policy)
         with_deletes = files.partitions_with_deletes()
         if with_deletes:
             log.info(
@@ -302,13 +376,6 @@ class Maintainer:
                 table=identifier,
                 partitions=len(with_deletes),
             )
-        groups = tm.compaction_groups(
-            [file for file in small if file.path not in held and (file.spec_id, file.partition) not in with_deletes],
-            target_bytes=policy.compaction_target_file_bytes,
-            min_files=policy.compaction_min_files,
-            max_bytes=policy.compaction_max_bytes_per_run,
-            spec_id=table.metadata.default_spec_id,
-        )
         if not groups:
             return
         replaced, written = await in_catalog(tm.write_compacted, table, groups, policy.compaction_target_file_bytes)

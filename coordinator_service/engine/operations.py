@@ -168,6 +168,25 @@ class Reconciled:
 
 
 @dataclass(frozen=True)
+class SuspendedReconciled:
+    """What a reconcile of several suspended sinks did: each sink reconciled, and each refused with why (nothing of
+    it changed), in the order asked."""
+
+    reconciled: tuple[Reconciled, ...]
+    refused: tuple[tuple[str, CoordinatorError], ...]
+
+    def summary(self) -> list[str]:
+        """One line a sink, for people (the command line's answer)."""
+        lines = [
+            f"sink {each.sink.sink.name} reconciled: restart epoch {each.restart_epoch}, tables "
+            + ", ".join(f"{table} at {epoch}" for table, epoch in each.tables.items())
+            for each in self.reconciled
+        ]
+        lines += [f"sink {name} not reconciled: {error.message}" for name, error in self.refused]
+        return lines or ["no sink is suspended: nothing to reconcile"]
+
+
+@dataclass(frozen=True)
 class MaintenanceView:
     """A sink's table maintenance: the policy in force, the sink's overrides of the defaults, the last runs."""
 
@@ -561,6 +580,46 @@ class Operations:
         _check_known_name(name)
         if confirm != name:
             raise InvalidArgument(f"confirm must repeat the sink name {name!r} exactly, got {quote(confirm)}")
+        return await self._reconcile(name, reason, operator, suspended_only=False)
+
+    async def reconcile_suspended(
+        self, names: Sequence[str] | None, reason: str, operator: Operator
+    ) -> SuspendedReconciled:
+        """Reconcile several suspended sinks to their tables (after a restore of the metastore, every sink the restore
+        put behind its tables), each as `reconcile` does, one after the other: `names`, or every suspended sink
+        (None). A named sink that is unknown or not suspended refuses the request, nothing changed: a sink in step
+        would only lose its writer and its epochs not committed. A sink whose reconcile is refused (another
+        catalog, a table missing) is reported with why, and the others go on."""
+        if names is not None:
+            for name in names:
+                _check_known_name(name)
+        async with self.database.transaction() as session:
+            sinks = {sink.name: sink for sink in await sink_rows.all_sinks(session)}
+        suspended = [name for name, sink in sinks.items() if sink.suspended_reason is not None]
+        if names is not None:
+            unknown = [name for name in names if name not in sinks]
+            if unknown:
+                raise NotFound(
+                    f"sinks {', '.join(map(quote, unknown))} are not registered (GET /api/v1/sinks lists the sinks); "
+                    "nothing was changed"
+                )
+            in_step = [name for name in names if name not in suspended]
+            if in_step:
+                raise FailedPrecondition(
+                    f"sinks {', '.join(map(quote, in_step))} are not suspended: reconciling one that is in step with "
+                    "its tables fences its writer and aborts its epochs not committed (POST /api/v1/sinks/{sink}/"
+                    "reconcile does it, for one sink, if that is what you want); nothing was changed"
+                )
+        reconciled: list[Reconciled] = []
+        refused: list[tuple[str, CoordinatorError]] = []
+        for name in suspended if names is None else list(dict.fromkeys(names)):
+            try:
+                reconciled.append(await self._reconcile(name, reason, operator, suspended_only=True))
+            except CoordinatorError as error:
+                refused.append((name, error))
+        return SuspendedReconciled(tuple(reconciled), tuple(refused))
+
+    async def _reconcile(self, name: str, reason: str, operator: Operator, *, suspended_only: bool) -> Reconciled:
         async with self.database.transaction() as session:
             sink = await _existing_sink(session, name)
         if sink.catalog != self.iceberg.catalog_name:
@@ -572,6 +631,8 @@ class Operations:
             async with self.database.transaction() as session:
                 sink = await _existing_sink(session, name)
                 tables = await sink_tables.tables_of_sink(session, sink.id)
+            if suspended_only and sink.suspended_reason is None:
+                raise FailedPrecondition(f"sink {name} is no longer suspended; nothing was changed")
             identity = settlement.identity_of(sink)
             seen = {}
             for table in tables:

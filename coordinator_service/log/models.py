@@ -78,7 +78,8 @@ class MaintenanceTrigger(enum.StrEnum):
 
     # The sink's maintenance interval came round.
     SCHEDULE = "schedule"
-    # A commit took a table past one of its bounds (coordinator_service.engine.committer, _check_thresholds).
+    # A commit took a table past one of its bounds: its snapshots, or small files to compact
+    # (coordinator_service.engine.maintenance, Maintainer.appended).
     THRESHOLD = "threshold"
     # An operator asked (admin API, console).
     OPERATOR = "operator"
@@ -240,8 +241,8 @@ class MaintenanceRun(Base):
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
     sink_id: Mapped[int] = mapped_column(Integer, ForeignKey("sinks.id", ondelete="CASCADE"))
-    # 'schedule' (the coordinator's own timing), 'threshold' (a commit took a table past a bound: SNAPSHOT_MAX_COUNT)
-    # or 'operator' (the admin API's run-now).
+    # 'schedule' (the coordinator's own timing), 'threshold' (a commit took a table past a bound: SNAPSHOT_MAX_COUNT,
+    # or small files to compact) or 'operator' (the admin API's run-now).
     trigger: Mapped[MaintenanceTrigger] = mapped_column(TextEnum(MaintenanceTrigger))
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

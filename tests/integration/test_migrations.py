@@ -23,7 +23,7 @@ from coordinator_service.runtime import migrate
 from coordinator_service.tables.markers import MARKER_COMMIT_ID, MARKER_EPOCH, MARKER_GENERATION, MARKER_SINK
 from tests.fixtures.admin import AdminFactory
 from tests.fixtures.coordinator import ORDERS, orders, table_order_ids
-from tests.fixtures.postgres import new_database, query
+from tests.fixtures.postgres import columns_of, new_database, query
 
 pytestmark = pytest.mark.every_postgres
 
@@ -120,18 +120,6 @@ def test_a_sink_from_before_fan_out_gets_its_own_table_and_its_tables_follow_it(
     ]
 
 
-def columns_of(url: str) -> dict[str, list[str]]:
-    rows = query(
-        url,
-        "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = 'public' "
-        "ORDER BY table_name, column_name",
-    )
-    tables: dict[str, list[str]] = {}
-    for table, column in rows:
-        tables.setdefault(str(table), []).append(str(column))
-    return tables
-
-
 def require(url: str) -> None:
     engine = create_sync_engine(normalize_url(url))
     try:
@@ -173,6 +161,20 @@ def test_a_rolling_upgrade_keeps_the_replaced_release_ready_and_rolls_back(
         migrate(normalize_url(fresh), "0006")
         assert columns_of(database_url) == columns_of(fresh)
     assert query(database_url, "SELECT name FROM sinks") == [("orders",)]
+
+
+# Targets `migrate --to` refuses: alembic took some of them as something else (an empty one failed inside alembic with
+# a bare AssertionError, -1 rolled the schema back a step, base answered the current revision as if it had gone there).
+UNKNOWN_TARGETS = ("", " ", "9999", "0000", "-1", "+1", "base", "heads", "0011; DROP TABLE sinks", "0011\x00", "١٢")
+
+
+def test_a_revision_this_release_does_not_know_is_refused_with_nothing_changed(database_url: str) -> None:
+    url = normalize_url(database_url)
+    migrate(url)
+    for target in UNKNOWN_TARGETS:
+        with pytest.raises(ValueError, match="this release knows no schema revision"):
+            migrate(url, target)
+        assert query(database_url, "SELECT version_num FROM alembic_version") == [(schema.head_revision(),)], target
 
 
 def test_a_migration_never_queues_behind_a_serving_pods_transaction_for_long(database_url: str) -> None:
