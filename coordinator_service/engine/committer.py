@@ -37,12 +37,12 @@ from coordinator_service.contract.errors import (
     cause,
 )
 from coordinator_service.contract.source_positions import snapshot_positions
-from coordinator_service.contract.views import EpochStatus
 from coordinator_service.engine import settlement
 from coordinator_service.engine.commit_history import CommitHistory
 from coordinator_service.failpoints import Failpoint
 from coordinator_service.log import (
     commit_lock,
+    commit_record,
     epoch_reads,
     epoch_transitions,
     precommit_metadata,
@@ -280,7 +280,7 @@ class Committer:
         """On start, mark the backlogs that hold no file in one transaction instead of one pass per sink."""
         started = time.monotonic()
         async with self.database.transaction() as session:
-            backlogs = await epoch_transitions.commit_empty_backlogs(session)
+            backlogs = await commit_record.commit_empty_backlogs(session)
             await epoch_transitions.prune_committed(
                 session, [backlog.sink_id for backlog in backlogs], self.settings.retention_epochs
             )
@@ -558,24 +558,16 @@ class Committer:
         self,
         sink: Sink,
         pending: Sequence[EpochRecord],
-        appended: epoch_transitions.Appended,
+        appended: commit_record.Appended,
         appends: _PassAppends,
         started: float,
         log_: structlog.stdlib.BoundLogger,
     ) -> None:
-        """The COMMITTED transaction: each epoch is re-checked under its row lock before it is marked, and the tables
-        record the newest epoch they hold.
-
-        An epoch that is no longer PENDING with the attempt the committer read (an abort or a new attempt
-        got in while the commit lock was lost) but whose files were just appended takes the table's side.
-        """
+        """The COMMITTED record of the pass (commit_record.record_commit), and what this process keeps of it."""
         epochs = [row.epoch for row in pending]
-        async with self.database.connection(autocommit=True) as connection:
-            committed = await epoch_transitions.mark_appended_epochs(connection, sink, appended)
-            if committed is not None:
-                await epoch_transitions.prune_committed(connection, [sink.id], self.settings.retention_epochs)
-        if committed is None:
-            committed = await self._record_commit_checking_each_epoch(sink, pending, appended, appends.files)
+        committed = await commit_record.record_commit(
+            self.database, sink, pending, appended, appends.files, self.settings.retention_epochs
+        )
         if committed is None:
             return
         state = self._sinks[sink.id]
@@ -595,50 +587,6 @@ class Committer:
             seconds=round(time.monotonic() - started, 4),
         )
         await self._notify_progress()
-
-    async def _record_commit_checking_each_epoch(
-        self, sink: Sink, pending: Sequence[EpochRecord], appended: epoch_transitions.Appended, files: int
-    ) -> int | None:
-        """The general COMMITTED transaction, for what the one statement declined: the sink's committed epoch
-        after it, or None when a reset (or a new incarnation) took the sink over meanwhile."""
-        epochs = [row.epoch for row in pending]
-        async with self.database.transaction() as session:
-            current = await sink_rows.sink_by_id(session, sink.id, lock=True)
-            rows = await epoch_reads.epochs_for_update(session, sink.id, epochs)
-            recorded = [
-                epoch
-                for epoch in epochs
-                if (now := rows.get(epoch)) is not None
-                and now.status == EpochStatus.COMMITTED
-                and now.snapshot_id == appended.snapshots.get(epoch)
-            ]
-            if current is None or (current.incarnation, current.generation) != (sink.incarnation, sink.generation):
-                # A reset (or a new incarnation) took over: what it found in the table it recorded.
-                if files and len(recorded) < len(epochs):
-                    settlement.alert(sink.name, "appended_after_reset", epochs=epochs)
-                return None
-            as_read = [
-                row.epoch
-                for row in pending
-                if (now := rows.get(row.epoch)) is not None
-                and (now.status, now.attempt) == (EpochStatus.PENDING, row.attempt)
-            ]
-            committed = current.committed_epoch
-            for snapshot_id, marked in _by_snapshot(as_read, appended.snapshots).items():
-                moved = await epoch_transitions.mark_committed(session, sink.id, marked, snapshot_id)
-                committed = committed if moved is None else max(committed, moved)
-            for each in pending:
-                now = rows.get(each.epoch)
-                # Recorded already: an abort or a reset walked the table after the append and marked it.
-                if each.epoch in as_read or each.epoch in recorded or not files:
-                    continue
-                snapshot_id = appended.snapshots.get(each.epoch)
-                if now is None:
-                    settlement.alert(sink.name, "appended_epoch_gone", epoch=each.epoch, snapshot_id=snapshot_id)
-                else:
-                    await settlement.adopt_appended(session, sink, now, each, snapshot_id)
-            await epoch_transitions.prune_committed(session, [sink.id], self.settings.retention_epochs)
-        return committed
 
     async def _respect_commit_interval(self, state: SinkCommitState) -> None:
         """Wait out the rest of the sink's commit interval, unless a writer waits for the commit (flush)."""
@@ -676,9 +624,9 @@ class _PassAppends:
         self.files += outcome.files
         self.snapshots += 1 if outcome.files else 0
 
-    def of(self, done: Sequence[EpochRecord], tables: Mapping[str, int]) -> epoch_transitions.Appended:
+    def of(self, done: Sequence[EpochRecord], tables: Mapping[str, int]) -> commit_record.Appended:
         """The COMMITTED record of the epochs all their tables hold, and of the tables that moved."""
-        return epoch_transitions.Appended(
+        return commit_record.Appended(
             attempts={row.epoch: row.attempt for row in done},
             snapshots={row.epoch: self.own_snapshots.get(row.epoch) for row in done},
             tables=tables,
@@ -698,10 +646,3 @@ def _files_by_table(
             if entries and row.epoch > recorded[table]:
                 work.setdefault(table, {})[row.epoch] = entries
     return dict(sorted(work.items(), key=lambda item: (item[0] != sink.table_identifier, item[0])))
-
-
-def _by_snapshot(epochs: Sequence[int], snapshots: Mapping[int, int | None]) -> dict[int | None, list[int]]:
-    grouped: dict[int | None, list[int]] = {}
-    for epoch in epochs:
-        grouped.setdefault(snapshots.get(epoch), []).append(epoch)
-    return grouped

@@ -40,6 +40,8 @@ from coordinator_service.engine.maintenance import Maintainer, policy_of
 from coordinator_service.engine.metastore_checks import table_seen
 from coordinator_service.log import (
     commit_lock,
+    commit_record,
+    epoch_numbering,
     epoch_reads,
     epoch_transitions,
     maintenance_log,
@@ -276,7 +278,7 @@ class Operations:
         found = await settlement.holdings(self.iceberg, sink, recorded, pending)
         if found.held:
             async with self.database.transaction() as session:
-                marked = await settlement.mark_held(session, sink.id, found.held)
+                marked = await commit_record.mark_held(session, sink.id, found.held)
             self.committer.wake(sink.id)
             if epoch in marked:
                 snapshot = next(snapshot for snapshot, epochs in found.held.items() if epoch in epochs)
@@ -359,16 +361,9 @@ class Operations:
             await lock.verify()
             async with self.database.transaction() as session:
                 sink = await _existing_sink(session, name, lock=RowLock.UPDATE)
-                committed = await settlement.mark_held(session, sink.id, found.held)
-                await session.refresh(sink)
-                aborted = await epoch_transitions.abort_pending_above(
-                    session, sink.id, -1, f"reset by {operator}: {reason}", AbortCause.RESET
+                committed, aborted = await epoch_numbering.reset_numbering(
+                    session, sink, found.held, f"reset by {operator}: {reason}"
                 )
-                # Checkpointed epochs the table does not hold were aborted with the rest: the table's state stays.
-                sink.checkpointed_epoch = sink.committed_epoch
-                sink.writer_term += 1
-                sink.generation += 1
-                sink.rebase_on_register = True
         log.warning(
             "sink reset by an operator",
             sink=name,
@@ -438,9 +433,7 @@ class Operations:
                         data_files=tuple(e for e in metadata.data_files if e not in gone),
                         key_files=tuple(e for e in metadata.key_files if e not in gone_keys),
                     )
-                    row.metadata_ = precommit_metadata.encode(kept)
-                    row.file_count = len(kept.data_files)
-                    row.record_count = kept.record_count
+                    epoch_transitions.give_files_up(row, kept)
                     await path_claims.forget(session, [e.path for e in gone] + [e.path for e in gone_keys])
                     given_up.append(GivenUp(row.epoch, len(gone), sum(entry.record_count for entry in gone)))
                 await sink_tables.remove_table(session, sink.id, table)
@@ -651,19 +644,11 @@ class Operations:
             await lock.verify()
             async with self.database.transaction() as session:
                 sink = await _existing_sink(session, name, lock=RowLock.UPDATE)
-                held_epochs = [row.epoch for row in await _pending_epochs(session, sink, at_or_below=restart)]
-                await epoch_transitions.mark_committed(session, sink.id, held_epochs, None)
-                aborted = await epoch_transitions.abort_pending_above(
-                    session, sink.id, restart, f"reconcile by {operator}: {reason}", AbortCause.RESET
-                )
                 for table in tables:
                     await sink_tables.record_table_uuid(session, sink.id, table.table, seen[table.table].table_uuid)
-                await sink_tables.record_tables_at(session, sink.id, held)
-                sink.checkpointed_epoch = max(sink.checkpointed_epoch, restart)
-                sink.committed_epoch = restart
-                sink.writer_term += 1
-                sink.generation += 1
-                sink.rebase_on_register = True
+                aborted = await epoch_numbering.reconcile_numbering(
+                    session, sink, restart, held, f"reconcile by {operator}: {reason}"
+                )
                 await sink_rows.set_suspended(session, sink.id, None)
         log.warning(
             "sink reconciled to its tables by an operator",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -27,10 +26,8 @@ from coordinator_service.contract.errors import (
     CoordinatorError,
     EpochAborted,
     FailedPrecondition,
-    Fenced,
     InvalidArgument,
     NotFound,
-    SinkSuspended,
     quote,
 )
 from coordinator_service.contract.source_positions import check_positions
@@ -50,11 +47,14 @@ from coordinator_service.contract.views import (
 )
 from coordinator_service.engine import settlement
 from coordinator_service.engine.cleaner import Cleaner
-from coordinator_service.engine.committer import Committer, Numbering, numbering_of
+from coordinator_service.engine.committer import Committer
 from coordinator_service.engine.writer_calls import WriterCalls
 from coordinator_service.failpoints import Failpoint
 from coordinator_service.log import (
+    checkpoint_record,
     commit_lock,
+    commit_record,
+    epoch_numbering,
     epoch_reads,
     epoch_transitions,
     part_rows,
@@ -64,6 +64,7 @@ from coordinator_service.log import (
     sink_tables,
 )
 from coordinator_service.log.database import Database
+from coordinator_service.log.epoch_rules import check_checkpoint_range, check_not_suspended, check_term, existing_sink
 from coordinator_service.log.models import AbortCause, EpochRecord, Sink
 from coordinator_service.log.precommit_metadata import DataFileEntry, KeyFileEntry, PreCommitMetadata
 from coordinator_service.log.sink_rows import RowLock
@@ -254,7 +255,7 @@ class Coordinator:
                     # Above the writer's checkpoint, yet in the tables: the checkpoint is behind the tables.
                     # Unreachable while the log is sound (only checkpointed epochs are appended).
                     async with self.database.transaction() as session:
-                        marked = await settlement.mark_held(session, existing.id, found.held)
+                        marked = await commit_record.mark_held(session, existing.id, found.held)
                     raise CheckpointBehind(
                         f"sink {sink}: its tables already hold epochs {found.touched()}, above the writer's checkpoint "
                         f"{checkpointed_epoch}: the Spark checkpoint was lost or rolled back. Those in all their "
@@ -360,7 +361,7 @@ class Coordinator:
             check_key_request(spec.key_columns)
         schemas = [decode_arrow_schema(spec.arrow_schema) if spec.arrow_schema else None for spec in tables]
         async with self.database.transaction() as session:
-            existing = await _existing_sink(session, sink)
+            existing = await existing_sink(session, sink)
             check_term(existing, writer_term)
             for spec in tables:
                 _check_same_key(existing, spec.key_columns, spec.table)
@@ -378,7 +379,7 @@ class Coordinator:
             for spec, schema in zip(tables, schemas, strict=True)
         ]
         async with self.database.transaction() as session:
-            row = await _existing_sink(session, sink, lock=RowLock.UPDATE)
+            row = await existing_sink(session, sink, lock=RowLock.UPDATE)
             check_term(row, writer_term)
             await sink_tables.add_tables(session, row, names)
             self._sink_hints[sink] = await _hint(session, row)
@@ -417,7 +418,7 @@ class Coordinator:
             )
             return fast
         async with self.database.transaction() as session:
-            sink = await _existing_sink(session, request.sink)
+            sink = await existing_sink(session, request.sink)
             hint = self._sink_hints[sink.name] = await _hint(session, sink)
             check_term(sink, request.writer_term)
             if request.writer_id >= sink.writer_count:
@@ -621,7 +622,7 @@ class Coordinator:
         """Wait until the epoch this writer sent its part of is persisted (its writer's part in it)."""
         while True:
             async with self.database.transaction() as session:
-                sink = await _existing_sink(session, request.sink)
+                sink = await existing_sink(session, request.sink)
                 check_term(sink, request.writer_term)
                 if request.epoch <= sink.committed_epoch:
                     return PreCommitResult(PreCommitOutcome.ALREADY_COMMITTED, attempt=0, record_count=0)
@@ -680,18 +681,7 @@ class Coordinator:
             )
         row = await epoch_reads.epoch_row(session, sink_id, request.epoch, for_update=True)
         paths = sorted(metadata.paths)
-        if row is None:
-            await _check_files_free(session, sink, request.epoch, paths)
-            await epoch_transitions.insert_pending_epoch(
-                session,
-                sink_id,
-                request.epoch,
-                precommit_metadata.encode(metadata),
-                file_count=len(entries),
-                record_count=metadata.record_count,
-            )
-            attempt = 1
-        else:
+        if row is not None:
             repeated = answer_if_repeated(row, request)
             if repeated is not None:
                 return repeated
@@ -702,19 +692,8 @@ class Coordinator:
                     f"sink {request.sink} epoch {request.epoch} was aborted ({row.reason}) after its "
                     "checkpoint; it cannot be pre-committed again"
                 )
-            await _check_files_free(session, sink, request.epoch, paths)
-            row.status = EpochStatus.PENDING
-            row.attempt += 1
-            row.metadata_ = precommit_metadata.encode(metadata)
-            row.file_count = len(entries)
-            row.record_count = metadata.record_count
-            row.snapshot_id = None
-            row.reason = None
-            row.abort_cause = None
-            row.aborted_at = None
-            row.files_cleaned = False
-            attempt = row.attempt
-            await session.flush()
+        await _check_files_free(session, sink, request.epoch, paths)
+        attempt = await epoch_transitions.persist_attempt(session, sink_id, request.epoch, row, metadata)
         if not await path_claims.claim_for_attempt(session, sink_id, request.epoch, attempt, paths, deadline):
             raise await _unclaimable(session, sink, request.epoch, paths)
         return PreCommitResult(PreCommitOutcome.PERSISTED, attempt=attempt, record_count=metadata.record_count)
@@ -724,12 +703,12 @@ class Coordinator:
         if epoch < 0:
             raise InvalidArgument(f"epoch {epoch} is negative: Spark batch ids start at 0")
         async with self.database.connection(autocommit=True) as connection:
-            recorded = await epoch_transitions.record_checkpoint_over_pending(connection, sink, writer_term, epoch)
-        if recorded is not None:
-            sink_id, numbering = recorded.sink_id, (recorded.incarnation, recorded.generation)
-            result = CheckpointResult(recorded.committed_epoch, recorded.checkpointed_epoch)
-        else:
-            sink_id, numbering, result = await self._record_checkpoint(sink, epoch, writer_term)
+            recorded = await checkpoint_record.record_checkpoint_over_pending(connection, sink, writer_term, epoch)
+        if recorded is None:
+            async with self.database.transaction() as session:
+                recorded = await checkpoint_record.record_checkpoint(session, sink, writer_term, epoch)
+        sink_id, numbering = recorded.sink_id, (recorded.incarnation, recorded.generation)
+        result = CheckpointResult(recorded.committed_epoch, recorded.checkpointed_epoch)
         await failpoints.hit(Failpoint.CHECKPOINT_AFTER_RECORD)
         log.debug("checkpoint recorded", sink=sink, epoch=epoch, writer_term=writer_term)
         self.committer.wake(sink_id, flush=wait)
@@ -738,27 +717,10 @@ class Coordinator:
             return CheckpointResult(committed_epoch=committed, checkpointed_epoch=result.checkpointed_epoch)
         return result
 
-    async def _record_checkpoint(
-        self, sink: str, epoch: int, writer_term: int
-    ) -> tuple[int, Numbering, CheckpointResult]:
-        """The general path of CommitCheckpoint's record: every check, in order, with its message."""
-        async with self.database.transaction() as session:
-            row = await _existing_sink(session, sink, lock=RowLock.UPDATE)
-            check_term(row, writer_term)
-            if epoch > row.checkpointed_epoch:
-                between = await epoch_reads.epochs_between(session, row.id, row.checkpointed_epoch, epoch)
-                check_checkpoint_range(sink, between, row.checkpointed_epoch, epoch)
-                row.checkpointed_epoch = epoch
-                await session.flush()
-                # Epochs an operator aborted at the front of the checkpoint leave nothing to commit there.
-                await epoch_transitions.advance_committed_epoch(session, row.id)
-                await session.refresh(row)
-            return row.id, numbering_of(row), CheckpointResult(row.committed_epoch, row.checkpointed_epoch)
-
     async def sink_state(self, sink: str) -> SinkState:
         check_sink_name(sink)
         async with self.database.transaction() as session:
-            row = await _existing_sink(session, sink)
+            row = await existing_sink(session, sink)
             epochs = await epoch_reads.epochs_not_committed(session, row.id)
             tables = await sink_tables.tables_of_sink(session, row.id)
             return from_attributes(
@@ -772,31 +734,18 @@ class Coordinator:
 
 
 async def _rebase_after_reset(session: AsyncSession, sink: Sink, checkpoint: int) -> None:
-    """The first registration after an operator reset: the writer's checkpoint starts a new epoch numbering.
-
-    Epochs at or below it are done as far as the new checkpoint is concerned;
-    the log's COMMITTED rows, and the table's markers, belong to the reset
-    generation (see coordinator_service.engine.operations.reset_sink).
-    """
-    dropped = await epoch_transitions.delete_epochs_of_old_generation(session, sink.id)
+    """The first registration after an operator reset or reconcile: the writer's checkpoint starts a new epoch
+    numbering (epoch_numbering.rebase_numbering; see coordinator_service.engine.operations.reset_sink)."""
+    previous_committed_epoch = sink.committed_epoch
+    dropped = await epoch_numbering.rebase_numbering(session, sink, checkpoint)
     log.warning(
         "sink rebased on the first writer after a reset",
         sink=sink.name,
         generation=sink.generation,
-        previous_committed_epoch=sink.committed_epoch,
+        previous_committed_epoch=previous_committed_epoch,
         checkpointed_epoch=checkpoint,
         log_rows_dropped=dropped,
     )
-    sink.checkpointed_epoch = sink.committed_epoch = checkpoint
-    sink.rebase_on_register = False
-    await sink_tables.rebase_tables(session, sink.id, checkpoint)
-
-
-async def _existing_sink(session: AsyncSession, name: str, lock: RowLock | None = None) -> Sink:
-    sink = await sink_rows.sink_by_name(session, name, lock=lock)
-    if sink is None:
-        raise NotFound(f"sink {name} is not registered: call RegisterWriter first")
-    return sink
 
 
 async def _hint(session: AsyncSession, sink: Sink) -> _SinkHint:
@@ -903,25 +852,6 @@ def _check_same_key(sink: Sink, key_columns: Sequence[str], table: str) -> None:
     )
 
 
-def check_term(sink: Sink, writer_term: int) -> None:
-    check_not_suspended(sink)
-    if writer_term < sink.writer_term:
-        raise Fenced(
-            f"sink {sink.name}: writer term {writer_term} is fenced by term {sink.writer_term}; "
-            "a newer writer registered. Stop this writer"
-        )
-    if writer_term > sink.writer_term:
-        raise FailedPrecondition(
-            f"sink {sink.name}: writer term {writer_term} was never issued (current {sink.writer_term}): "
-            "call RegisterWriter and use the term it returns"
-        )
-
-
-def check_not_suspended(sink: Sink) -> None:
-    if sink.suspended_reason is not None:
-        raise SinkSuspended(f"sink {sink.name} is suspended, nothing is accepted for it: {sink.suspended_reason}")
-
-
 def _check_precommit_request(request: PreCommitRequest) -> None:
     check_sink_name(request.sink)
     if request.epoch < 0:
@@ -962,26 +892,3 @@ def _conflicting_precommit(request: PreCommitRequest) -> FailedPrecondition:
         f"sink {request.sink} epoch {request.epoch} is already pre-committed with other data files by "
         f"writer {request.writer_id} in term {request.writer_term}; an epoch's files cannot change within a term"
     )
-
-
-def check_checkpoint_range(sink: str, rows: Sequence[EpochRecord], recorded: int, checkpoint: int) -> None:
-    """Every epoch a new checkpoint covers must be pre-committed, and not aborted unless by an operator (who
-    gave its records up on purpose, and was told so)."""
-    aborted = [row for row in rows if row.status == EpochStatus.ABORTED and row.abort_cause != AbortCause.OPERATOR]
-    if aborted:
-        first = aborted[0]
-        raise EpochAborted(
-            f"sink {sink}: the checkpoint of epoch {checkpoint} covers epoch {first.epoch}, which was aborted "
-            f"({first.reason}); its records will not reach the table. Nothing was changed"
-        )
-    present = {row.epoch for row in rows}
-    # The first 11 at most: the range may reach 2**63 - 1, and every epoch but len(present) of it is missing.
-    missing = list(
-        itertools.islice((epoch for epoch in range(recorded + 1, checkpoint + 1) if epoch not in present), 11)
-    )
-    if missing:
-        shown = ", ".join(str(epoch) for epoch in missing[:10]) + (" ..." if len(missing) > 10 else "")
-        raise FailedPrecondition(
-            f"sink {sink}: the checkpoint of epoch {checkpoint} covers epochs that were never pre-committed "
-            f"({shown}); every epoch, even an empty one, must be pre-committed before Spark checkpoints it"
-        )
