@@ -17,7 +17,8 @@ from coordinator_service.contract.errors import CannotServe, CoordinatorError, U
 from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.contract.rpc import sink_coordinator_pb2_grpc as pb_grpc
 from coordinator_service.contract.wire import to_message
-from coordinator_service.engine.protocol import Coordinator, PreCommitRequest, TableRequest
+from coordinator_service.engine.protocol import Coordinator
+from coordinator_service.engine.writer_requests import PreCommitRequest, TableRequest
 from coordinator_service.grpc_gate import SERVICE_NAME, Serving, WriterGate
 from coordinator_service.listening import GRPC_EXCLUSIVE_PORT
 from coordinator_service.log.database import DATA_ERRORS, Database, unstorable

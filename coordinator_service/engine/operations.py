@@ -336,7 +336,7 @@ class Operations:
         Under the commit lock, on a fresh load of the table: every PENDING epoch the table holds is marked
         COMMITTED, every other one is aborted, the checkpointed epoch goes back to the committed one, the
         writer term is bumped (fencing a running writer), the generation is bumped, and the next
-        RegisterWriter adopts whatever checkpoint it presents (protocol._rebase_after_reset). A catalog that
+        RegisterWriter adopts whatever checkpoint it presents (registration._rebase_after_reset). A catalog that
         cannot be read makes the reset fail with nothing changed (Unavailable).
         """
         _check_known_name(name)

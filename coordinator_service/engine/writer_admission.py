@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from coordinator_service.contract.errors import InvalidArgument, QuotaExceeded, Unavailable
 from coordinator_service.contract.table_identifiers import check_sink_name, check_table_identifier
-from coordinator_service.engine.protocol import MAX_TABLES_PER_ENSURE
+from coordinator_service.engine.writer_requests import MAX_TABLES_PER_ENSURE
 from coordinator_service.log.database import Database
 from coordinator_service.log.models import Sink, SinkTable
 from coordinator_service.settings import ENV_PREFIX

@@ -21,7 +21,7 @@ from pyiceberg.catalog import Catalog
 from sqlalchemy import text
 
 from coordinator_service.engine import maintenance
-from coordinator_service.engine.protocol import PreCommitRequest
+from coordinator_service.engine.writer_requests import PreCommitRequest
 from coordinator_service.failpoints import Failpoint
 from tests.fixtures.admin import AdminFactory, Gate, eventually, sink_id_of, terminate_commit_lock_holder
 from tests.fixtures.coordinator import ORDERS, orders, table_files, table_order_ids, write_parquet

@@ -295,7 +295,7 @@ def test_a_first_precommit_writes_the_same_rows_either_way(
             return bool(await epoch_transitions.insert_new_epochs(connection, [new]))
 
     async def general() -> bool:
-        """What the protocol's general path writes for a first attempt it accepts (engine.protocol._persist_in)."""
+        """What the protocol's general path writes for a first attempt it accepts (PreCommits._persist_in)."""
         async with harness.database.transaction() as session:
             row = await session.get(Sink, sink.sink_id, with_for_update={"read": True})
             assert row is not None
