@@ -53,7 +53,8 @@ from coordinator_service.writer_scopes import WriterScope
 if TYPE_CHECKING:  # the service's modules load in the commands that use them (see the module)
     from sqlalchemy.engine import URL
 
-    from coordinator_service.engine.operations import Operations, Operator, SinkDeleted, SuspendedReconciled
+    from coordinator_service.engine.operations import Operations
+    from coordinator_service.engine.operator.answers import Operator, SinkDeleted, SuspendedReconciled
     from coordinator_service.log.database import Database
 
 app = typer.Typer(
@@ -413,7 +414,8 @@ async def _reconcile(settings: Settings, sinks: list[str] | None, reason: str) -
 @asynccontextmanager
 async def _operations(settings: Settings) -> AsyncIterator[tuple[Operations, Operator]]:
     """The operator's actions on the metastore and the catalog of `settings`, as this command line's user."""
-    from coordinator_service.engine.operations import Operations, Operator
+    from coordinator_service.engine.operations import Operations
+    from coordinator_service.engine.operator.answers import Operator
     from coordinator_service.runtime import Runtime
 
     runtime = await Runtime.open(settings)
@@ -427,7 +429,7 @@ async def _operations(settings: Settings) -> AsyncIterator[tuple[Operations, Ope
 
 
 async def _print_status(database: Database, stalled_after_seconds: float) -> None:
-    from coordinator_service.engine.operations import sink_overviews
+    from coordinator_service.engine.operator.base import sink_overviews
     from coordinator_service.log import epoch_reads
 
     try:

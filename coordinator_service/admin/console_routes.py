@@ -32,7 +32,8 @@ from coordinator_service.admin.deps import OperationsDep
 from coordinator_service.admin.schemas import MAX_EPOCH, EpochResponse, SinkResponse
 from coordinator_service.contract.errors import CoordinatorError, FailedPrecondition, InvalidArgument
 from coordinator_service.contract.source_positions import VALID_THROUGH_MS
-from coordinator_service.engine.operations import ForceRequired, Operator
+from coordinator_service.engine.operator.answers import Operator
+from coordinator_service.engine.operator.base import ForceRequired
 
 CONSOLE_PREFIX: Final = "/console"
 STATIC_DIRECTORY: Final = FilePath(str(files("coordinator_service.admin").joinpath("console", "static")))

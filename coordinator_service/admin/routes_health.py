@@ -20,7 +20,8 @@ from coordinator_service import metrics
 from coordinator_service.admin.deps import OperationsDep, RuntimeDep
 from coordinator_service.admin.shared_answer import SharedAnswer
 from coordinator_service.contract.errors import CoordinatorError, SchemaNotCurrent, cause
-from coordinator_service.engine.operations import Operations, SinkOverview
+from coordinator_service.engine.operations import Operations
+from coordinator_service.engine.operator.answers import SinkOverview
 from coordinator_service.log.database import within
 from coordinator_service.log.schema import require_current_schema
 from coordinator_service.runtime import Runtime

@@ -221,7 +221,7 @@ class WriterRegistration(ProtocolBase):
 
 async def _rebase_after_reset(session: AsyncSession, sink: Sink, checkpoint: int) -> None:
     """The first registration after an operator reset or reconcile: the writer's checkpoint starts a new epoch
-    numbering (epoch_numbering.rebase_numbering; see coordinator_service.engine.operations.reset_sink)."""
+    numbering (epoch_numbering.rebase_numbering; see coordinator_service.engine.operator.epochs, reset_sink)."""
     previous_committed_epoch = sink.committed_epoch
     dropped = await epoch_numbering.rebase_numbering(session, sink, checkpoint)
     log.warning(
