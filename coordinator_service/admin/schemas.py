@@ -20,7 +20,7 @@ from pydantic.dataclasses import dataclass
 
 from coordinator_service.contract.errors import InvalidArgument
 from coordinator_service.contract.views import EpochStatus, EpochView, SinkTable, SinkView, from_attributes
-from coordinator_service.engine.committer import CommitterHealth
+from coordinator_service.engine.commit_state import CommitterHealth
 from coordinator_service.engine.operator.answers import (
     AbortOutcome,
     EpochDetail,

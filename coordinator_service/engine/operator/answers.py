@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from coordinator_service.contract.errors import CoordinatorError
-from coordinator_service.engine.committer import CommitterHealth
+from coordinator_service.engine.commit_state import CommitterHealth
 from coordinator_service.log.models import EpochRecord, MaintenanceRun, Sink
 from coordinator_service.log.precommit_metadata import PreCommitMetadata
 from coordinator_service.log.sink_rows import EpochCounts

@@ -12,7 +12,8 @@ from coordinator_service.contract.table_identifiers import sink_name_problem
 from coordinator_service.contract.views import EpochStatus
 from coordinator_service.engine import settlement
 from coordinator_service.engine.cleaner import Cleaner
-from coordinator_service.engine.committer import Committer, CommitterHealth
+from coordinator_service.engine.commit_state import CommitterHealth
+from coordinator_service.engine.committer import Committer
 from coordinator_service.engine.maintenance import Maintainer
 from coordinator_service.engine.operator.answers import SinkOverview
 from coordinator_service.log import epoch_reads, sink_rows, sink_tables

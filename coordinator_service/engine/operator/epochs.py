@@ -25,7 +25,7 @@ from coordinator_service.contract.errors import (
 )
 from coordinator_service.contract.views import EpochStatus
 from coordinator_service.engine import settlement
-from coordinator_service.engine.committer import cannot_succeed_by_retrying
+from coordinator_service.engine.commit_retries import cannot_succeed_by_retrying
 from coordinator_service.engine.operator.answers import AbortOutcome, EpochDetail, Operator, ResetOutcome
 from coordinator_service.engine.operator.base import (
     OperationsBase,
