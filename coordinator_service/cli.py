@@ -46,7 +46,8 @@ from coordinator_service.contract.errors import (
 from coordinator_service.contract.flag_values import KEY_VALUE, SIZE, KeyValue, parse_key_value, parse_size
 from coordinator_service.contract.logs import LogFormat, LogLevel, configure_logging
 from coordinator_service.log.embedded import embedded_postgres_installed
-from coordinator_service.settings import ENV_PREFIX, Settings
+from coordinator_service.settings import Settings
+from coordinator_service.settings.bounds import ENV_PREFIX
 from coordinator_service.tables.warehouse import serving_refusal
 from coordinator_service.writer_scopes import WriterScope
 

@@ -22,7 +22,8 @@ from coordinator_service.engine.writer_requests import PreCommitRequest, TableRe
 from coordinator_service.grpc_gate import SERVICE_NAME, Serving, WriterGate
 from coordinator_service.listening import GRPC_EXCLUSIVE_PORT
 from coordinator_service.log.database import DATA_ERRORS, Database, unstorable
-from coordinator_service.settings import ENV_PREFIX, Settings
+from coordinator_service.settings import Settings
+from coordinator_service.settings.bounds import ENV_PREFIX
 from coordinator_service.tables.precommit_files import FileFacts
 from coordinator_service.writer_scopes import Credentials
 

@@ -33,7 +33,7 @@ from coordinator_service.engine.operator.answers import (
     TableRemoved,
 )
 from coordinator_service.log.models import AbortCause, EpochRecord
-from coordinator_service.settings import MaintenancePolicy
+from coordinator_service.settings.maintenance import MaintenancePolicy
 
 # Epochs are PostgreSQL bigints.
 MAX_EPOCH = 2**63 - 1

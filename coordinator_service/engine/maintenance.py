@@ -53,7 +53,8 @@ from coordinator_service.log.commit_lock import CommitLock
 from coordinator_service.log.database import Database
 from coordinator_service.log.models import MaintenanceOutcome, MaintenanceRun, MaintenanceTrigger, Sink
 from coordinator_service.log.path_claims import MarkRule
-from coordinator_service.settings import MaintenancePolicy, Settings
+from coordinator_service.settings import Settings
+from coordinator_service.settings.maintenance import MaintenancePolicy
 from coordinator_service.tables import table_maintenance as tm
 from coordinator_service.tables.catalog_calls import in_catalog
 from coordinator_service.tables.iceberg import IcebergGateway, LoadedTable

@@ -28,7 +28,7 @@ from coordinator_service.contract.table_identifiers import check_sink_name, chec
 from coordinator_service.engine.writer_requests import MAX_TABLES_PER_ENSURE
 from coordinator_service.log.database import Database
 from coordinator_service.log.models import Sink, SinkTable
-from coordinator_service.settings import ENV_PREFIX
+from coordinator_service.settings.bounds import ENV_PREFIX
 from coordinator_service.tables import table_origin
 from coordinator_service.tables.catalog_calls import in_catalog
 from coordinator_service.tables.iceberg import IcebergGateway

@@ -68,19 +68,27 @@ def test_the_shared_modules_import_no_layer_above_their_users() -> None:
     wrong = {
         f"{shared}.py imports {name}"
         for shared, lowest in users.items()
-        for name in imported(PACKAGE / f"{shared}.py")
+        for source in sources_of(shared)
+        for name in imported(source)
         if name.split(".")[0] in LAYERS and LAYERS.index(name.split(".")[0]) > lowest
     }
     assert not wrong, sorted(wrong)
 
 
+def sources_of(shared: str) -> list[Path]:
+    """A shared module's source, or every module of a shared package (settings)."""
+    package = PACKAGE / shared
+    return sorted(package.rglob("*.py")) if package.is_dir() else [PACKAGE / f"{shared}.py"]
+
+
 def test_every_module_is_in_a_layer_or_the_process() -> None:
     """The top of the package holds the process (settings, wiring, serving, the command line): nothing else."""
-    top = {path.stem for path in PACKAGE.glob("*.py")} - {"__init__"}
+    packages = {path.name for path in PACKAGE.iterdir() if path.is_dir() and (path / "__init__.py").exists()}
+    top = ({path.stem for path in PACKAGE.glob("*.py")} | packages) - {"__init__"} - set(LAYERS)
     process = {"app", "cli", "runtime", "startup", "grpc_server", "grpc_gate", "grpc_requests", "listening"}
     process |= SHARED - {"__version__"}
     assert top == process
-    assert {path.name for path in PACKAGE.iterdir() if path.is_dir() and (path / "__init__.py").exists()} == set(LAYERS)
+    assert set(LAYERS) <= packages
 
 
 def third_party(source: Path) -> set[str]:

@@ -14,7 +14,8 @@ from typer.testing import CliRunner, Result
 from coordinator_service import app, cli, failpoints
 from coordinator_service.contract.logs import LogLevel
 from coordinator_service.failpoints import Action, Failpoint, FailpointError
-from coordinator_service.settings import MaintenancePolicy, Settings
+from coordinator_service.settings import Settings
+from coordinator_service.settings.maintenance import MaintenancePolicy
 
 
 def test_environment_names(monkeypatch: pytest.MonkeyPatch) -> None:

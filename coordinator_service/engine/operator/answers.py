@@ -13,7 +13,7 @@ from coordinator_service.log.models import EpochRecord, MaintenanceRun, Sink
 from coordinator_service.log.precommit_metadata import PreCommitMetadata
 from coordinator_service.log.sink_rows import EpochCounts
 from coordinator_service.log.sink_tables import TableOfSink
-from coordinator_service.settings import MaintenancePolicy
+from coordinator_service.settings.maintenance import MaintenancePolicy
 
 log = structlog.get_logger(__name__)
 
