@@ -36,7 +36,6 @@ from pyiceberg.table import CreateTableTransaction, StagedTable, Table, TablePro
 from pyiceberg.table.metadata import TableMetadata, new_table_metadata
 from pyiceberg.table.snapshots import ancestors_of
 from pyiceberg.table.sorting import UNSORTED_SORT_ORDER
-from pyiceberg.table.update import update_table_metadata
 from pyiceberg.transforms import (
     DayTransform,
     HourTransform,
@@ -65,7 +64,7 @@ from coordinator_service.tables.markers import (
     SinkIdentity,
 )
 from coordinator_service.tables.precommit_files import FileChecks, FileFacts
-from coordinator_service.tables.pyiceberg_internals import partition_values
+from coordinator_service.tables.pyiceberg_internals import MetadataOnceTransaction, iceberg_schema, partition_values
 from coordinator_service.tables.schema_fit import FitKey, check_writer_schema, schema_misfit
 from coordinator_service.tables.table_origin import CREATED, ORIGIN
 
@@ -246,7 +245,7 @@ class IcebergGateway:
             )
         try:
             metadata = new_table_metadata(
-                schema=Catalog._convert_schema_if_needed(schema),
+                schema=schema if isinstance(schema, Schema) else iceberg_schema(schema),
                 partition_spec=UNPARTITIONED_PARTITION_SPEC,
                 sort_order=UNSORTED_SORT_ORDER,
                 location=_CHECK_LOCATION,
@@ -454,13 +453,7 @@ class IcebergGateway:
         table = without_retries(
             table if table is not None else self.catalog.load_table(parse_table_identifier(identifier))
         )
-        transaction = MetadataOnceTransaction(table)
-        wanted = dict(properties)
-        if table.metadata.name_mapping() is None:
-            wanted[TableProperties.DEFAULT_NAME_MAPPING] = table.schema().name_mapping.model_dump_json()
-        changed = {key: value for key, value in wanted.items() if table.metadata.properties.get(key) != value}
-        if changed:
-            transaction.set_properties(changed)
+        transaction = commit_transaction(table, properties)
         update = transaction.update_snapshot(snapshot_properties=markers)
         merge = transaction.table_metadata.properties.get(TableProperties.MANIFEST_MERGE_ENABLED) == "true"
         with update.merge_append() if merge else update.fast_append() as append:
@@ -504,27 +497,6 @@ def _describe_new_table(transaction: Transaction, fields: list[tuple[str, Transf
     transaction.set_properties({TableProperties.DEFAULT_NAME_MAPPING: name_mapping.model_dump_json()})
 
 
-class MetadataOnceTransaction(Transaction):
-    """pyiceberg's transaction, computing the metadata it stands for once per change instead of at every read.
-
-    pyiceberg's ``table_metadata`` applies the transaction's updates and deep-copies the whole table metadata each
-    time it is read: about 15 times in one append, each copy growing with the table's snapshot list (an append of
-    one file on a 60-snapshot table spent 68 ms of its 110 ms, profiled, in those copies). The metadata is a frozen
-    model that pyiceberg replaces rather than changes, so the one copy computed for the current base and updates
-    (each change makes new objects of them) serves every read until they change.
-    """
-
-    _computed: tuple[TableMetadata, tuple[Any, ...], TableMetadata] | None = None
-
-    @property
-    def table_metadata(self) -> TableMetadata:
-        base, updates = self._table.metadata, self._updates
-        computed = self._computed
-        if computed is None or computed[0] is not base or computed[1] is not updates:
-            computed = self._computed = (base, updates, update_table_metadata(base, updates))
-        return computed[2]
-
-
 def without_retries(table: Table) -> Table:
     """A copy of the table whose commits pyiceberg does not retry by itself: its retry re-applies the change to
     whatever the table has become, where the coordinator must look again (markers, plans) on a fresh load."""
@@ -533,3 +505,16 @@ def without_retries(table: Table) -> Table:
         update={"properties": {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}}
     )
     return table
+
+
+def commit_transaction(table: Table, properties: Mapping[str, str]) -> MetadataOnceTransaction:
+    """A transaction on the table that makes sure of `properties` (those a sink's commits keep: maintenance) and of a
+    name mapping (files written by name, not by field id, read right): every commit of files opens one."""
+    transaction = MetadataOnceTransaction(table)
+    wanted = dict(properties)
+    if table.metadata.name_mapping() is None:
+        wanted[TableProperties.DEFAULT_NAME_MAPPING] = table.schema().name_mapping.model_dump_json()
+    changed = {key: value for key, value in wanted.items() if table.metadata.properties.get(key) != value}
+    if changed:
+        transaction.set_properties(changed)
+    return transaction
