@@ -37,7 +37,7 @@ from coordinator_service.log.database import Database
 from coordinator_service.log.models import Sink
 from coordinator_service.log.path_claims import CleanupDelays, DuePath, MarkRule
 from coordinator_service.settings import Settings
-from coordinator_service.tables.iceberg import IcebergGateway
+from coordinator_service.tables.format import TableFormat
 
 log = structlog.get_logger(__name__)
 
@@ -46,7 +46,7 @@ CLEANUP_BATCH = 100
 
 
 class Cleaner:
-    def __init__(self, database: Database, iceberg: IcebergGateway, settings: Settings) -> None:
+    def __init__(self, database: Database, iceberg: TableFormat, settings: Settings) -> None:
         self.database = database
         self.iceberg = iceberg
         self.settings = settings

@@ -28,7 +28,7 @@ from coordinator_service.log.models import EpochRecord, Sink
 from coordinator_service.log.precommit_metadata import DataFileEntry, PreCommitMetadata
 from coordinator_service.settings import Settings
 from coordinator_service.tables.catalog_calls import in_catalog
-from coordinator_service.tables.iceberg import IcebergGateway
+from coordinator_service.tables.format import TableFormat
 from coordinator_service.tables.table_maintenance import table_properties_for
 
 log = structlog.get_logger(__name__)
@@ -38,7 +38,7 @@ class CommitPasses:
     """A commit pass: the next group of a sink's checkpointed epochs appended to each of its tables (or found there),
     then recorded COMMITTED; coordinator_service.engine.committer.Committer drives the passes of every sink."""
 
-    def __init__(self, database: Database, iceberg: IcebergGateway, settings: Settings) -> None:
+    def __init__(self, database: Database, iceberg: TableFormat, settings: Settings) -> None:
         self.database = database
         self.iceberg = iceberg
         self.settings = settings

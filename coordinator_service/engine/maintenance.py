@@ -23,7 +23,7 @@ the next run plans again on a fresh load). A run:
    ORPHAN_MAX_FILES_PER_RUN of them).
 
 Manifests are merged by the commits themselves (the committer sets the table
-properties of manifest merging; see IcebergGateway.append). Every step that
+properties of manifest merging; see TableFormat.append). Every step that
 deletes files verifies the commit lock right before it (coordinator_service.
 commit_lock). A run is recorded in maintenance_runs, counted in metrics, and
 its failure never stops the sink's commits; a table that fails does not keep
@@ -36,7 +36,6 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 import structlog
@@ -57,8 +56,7 @@ from coordinator_service.settings import Settings
 from coordinator_service.settings.maintenance import MaintenancePolicy
 from coordinator_service.tables import table_maintenance as tm
 from coordinator_service.tables.catalog_calls import in_catalog
-from coordinator_service.tables.iceberg import IcebergGateway, LoadedTable
-from coordinator_service.tables.markers import MARKER_EPOCH
+from coordinator_service.tables.format import LoadedTable, TableFormat
 
 log = structlog.get_logger(__name__)
 
@@ -72,20 +70,6 @@ def policy_of(settings: Settings, sink: Sink) -> MaintenancePolicy:
     return settings.with_overrides(sink.maintenance_overrides)
 
 
-def protected_by_markers(table: LoadedTable, sinks: Sequence[tuple[Sink, int]]) -> set[int]:
-    """Snapshots whose marker the recovery walk may still need: a sink's own marker above the newest epoch of the
-    sink the log records this table holds (an append whose record has not happened yet)."""
-    identities = [(settlement.identity_of(sink), committed_epoch) for sink, committed_epoch in sinks]
-    protected = set()
-    for snapshot in table.metadata.snapshots:
-        if snapshot.summary is None:
-            continue
-        for identity, committed_epoch in identities:
-            if identity.owns(snapshot.summary) and int(str(snapshot.summary.get(MARKER_EPOCH))) > committed_epoch:
-                protected.add(snapshot.snapshot_id)
-    return protected
-
-
 class Maintainer:
     """Runs every sink's table maintenance when it is due (the scheduled runs MAINTENANCE_CONCURRENCY at a time in
     this process; an operator's run at once, the sink's commit lock keeping it apart from anything else on the
@@ -94,7 +78,7 @@ class Maintainer:
     def __init__(
         self,
         database: Database,
-        iceberg: IcebergGateway,
+        iceberg: TableFormat,
         committer: Committer,
         deleter: FileDeleter,
         settings: Settings,
@@ -140,7 +124,7 @@ class Maintainer:
         table = self.iceberg.last_known(table_name)
         if table is not None:
             bound = tm.retention_of(table, int(policy.snapshot_max_age_seconds * 1000), policy.snapshot_max_count)
-            if len(table.metadata.snapshots) > bound.max_count + max(1, bound.max_count // 10):
+            if self.iceberg.snapshot_count(table) > bound.max_count + max(1, bound.max_count // 10):
                 self.want(sink.id)
                 return
         key = (sink.id, table_name)
@@ -322,9 +306,11 @@ class Maintainer:
             return  # the table's owners said so (gc.enabled=false)
         async with self.database.transaction() as session:
             sinks = await sink_rows.sinks_of_table(session, identifier)
-        keep = tm.protected_by_refs(table) | protected_by_markers(table, sinks)
+        keep = tm.protected_by_refs(table) | tm.protected_by_markers(
+            table, [(settlement.identity_of(sink), committed_epoch) for sink, committed_epoch in sinks]
+        )
         expired = tm.snapshots_to_expire(
-            table.metadata.snapshots,
+            tm.snapshots_of(table),
             now_ms=int(time.time() * 1000),
             max_age_ms=retention.max_age_ms,
             max_count=retention.max_count,
@@ -356,7 +342,7 @@ class Maintainer:
             target_bytes=policy.compaction_target_file_bytes,
             min_files=policy.compaction_min_files,
             max_bytes=policy.compaction_max_bytes_per_run,
-            spec_id=table.metadata.default_spec_id,
+            spec_id=tm.default_spec_id(table),
         )
         if not plan(set()):
             return files, []  # holding files back only takes more away

@@ -32,7 +32,7 @@ from coordinator_service.log.models import Sink
 from coordinator_service.log.sink_tables import TableOfSink
 from coordinator_service.settings import Settings
 from coordinator_service.tables.catalog_calls import in_catalog
-from coordinator_service.tables.iceberg import IcebergGateway
+from coordinator_service.tables.format import TableFormat
 from coordinator_service.tables.markers import SinkIdentity
 
 log = structlog.get_logger(__name__)
@@ -48,11 +48,11 @@ class TableSeen:
     newest_marker: int | None
 
 
-def table_seen(tables: IcebergGateway, identifier: str, sink: SinkIdentity) -> TableSeen:
+def table_seen(tables: TableFormat, identifier: str, sink: SinkIdentity) -> TableSeen:
     """Blocking: the table loaded now (InvalidArgument when it does not exist), its UUID and newest own marker."""
     table = tables.load(identifier)
     markers = tables.sink_markers(identifier, sink, NEWEST, table)
-    return TableSeen(table.metadata.table_uuid, markers[-1].epoch if markers else None)
+    return TableSeen(tables.identity(table).uuid, markers[-1].epoch if markers else None)
 
 
 def out_of_step(sink: Sink, table: TableOfSink, seen: TableSeen | None, catalog: str) -> str | None:
@@ -86,7 +86,7 @@ def out_of_step(sink: Sink, table: TableOfSink, seen: TableSeen | None, catalog:
 class MetastoreChecks:
     """Checks every sink against its tables at start and every METASTORE_CHECK_INTERVAL_SECONDS."""
 
-    def __init__(self, database: Database, iceberg: IcebergGateway, committer: Committer, settings: Settings) -> None:
+    def __init__(self, database: Database, iceberg: TableFormat, committer: Committer, settings: Settings) -> None:
         self.database = database
         self.iceberg = iceberg
         self.committer = committer

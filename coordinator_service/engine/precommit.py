@@ -37,7 +37,7 @@ from coordinator_service.log.sink_rows import RowLock
 from coordinator_service.tables.catalog_calls import in_catalog
 from coordinator_service.tables.file_paths import canonical_uri, check_inside_location
 from coordinator_service.tables.iceberg import DescribedFiles
-from coordinator_service.tables.key_files import DescribedKeyFiles, read_key_files
+from coordinator_service.tables.key_files import DescribedKeyFiles
 
 log = structlog.get_logger(__name__)
 
@@ -198,8 +198,7 @@ class PreCommits(ProtocolBase):
         none is no trip to the catalog's thread."""
         reads = [
             in_catalog(
-                read_key_files,
-                self.iceberg,
+                self.iceberg.read_key_files,
                 table,
                 paths,
                 request.writer_id,

@@ -18,7 +18,7 @@ from coordinator_service.engine.writer_requests import PreCommitRequest
 from coordinator_service.log import sink_tables
 from coordinator_service.log.database import Database
 from coordinator_service.log.models import Sink
-from coordinator_service.tables.iceberg import IcebergGateway
+from coordinator_service.tables.format import TableFormat
 
 log = structlog.get_logger(__name__)
 
@@ -38,7 +38,7 @@ class ProtocolBase:
     """What every writer-facing operation of the protocol shares (coordinator_service.engine.protocol.Coordinator
     is made of them: registration, pre-commit, checkpoint)."""
 
-    def __init__(self, database: Database, iceberg: IcebergGateway, committer: Committer, cleaner: Cleaner) -> None:
+    def __init__(self, database: Database, iceberg: TableFormat, committer: Committer, cleaner: Cleaner) -> None:
         self.database = database
         self.iceberg = iceberg
         self.committer = committer

@@ -21,7 +21,7 @@ import structlog
 from coordinator_service.log import precommit_metadata
 from coordinator_service.log.models import EpochRecord, Sink
 from coordinator_service.tables.catalog_calls import in_catalog
-from coordinator_service.tables.iceberg import IcebergGateway
+from coordinator_service.tables.format import TableFormat
 from coordinator_service.tables.markers import Marker, SinkIdentity
 
 log = structlog.get_logger(__name__)
@@ -78,7 +78,7 @@ def tables_with_files(metadata: precommit_metadata.PreCommitMetadata) -> set[str
 
 
 async def holdings(
-    tables: IcebergGateway, sink: Sink, recorded: Mapping[str, int], rows: Sequence[EpochRecord]
+    tables: TableFormat, sink: Sink, recorded: Mapping[str, int], rows: Sequence[EpochRecord]
 ) -> Holdings:
     """Which of these PENDING epochs the sink's tables hold, each table walked on a fresh load (the caller holds
     the commit lock). A table holds an epoch when the log records it (`recorded`: the newest epoch each table

@@ -29,9 +29,8 @@ from coordinator_service.engine.writer_requests import MAX_TABLES_PER_ENSURE
 from coordinator_service.log.database import Database
 from coordinator_service.log.models import Sink, SinkTable
 from coordinator_service.settings.bounds import ENV_PREFIX
-from coordinator_service.tables import table_origin
 from coordinator_service.tables.catalog_calls import in_catalog
-from coordinator_service.tables.iceberg import IcebergGateway
+from coordinator_service.tables.format import TableFormat
 from coordinator_service.writer_scopes import OPEN, UNSCOPED, Scope
 
 # First key of the two-int advisory locks of scope admissions ("SW"); the commit locks use another.
@@ -39,7 +38,7 @@ ADMISSION_LOCK_CLASS: Final = 0x5357
 
 
 class Admission:
-    def __init__(self, database: Database, iceberg: IcebergGateway, lock_timeout_seconds: float) -> None:
+    def __init__(self, database: Database, iceberg: TableFormat, lock_timeout_seconds: float) -> None:
         self.database = database
         self.iceberg = iceberg
         self.lock_timeout_seconds = lock_timeout_seconds
@@ -67,7 +66,7 @@ class Admission:
                 await _check_quotas(session, scope, new_sink, named)
                 unwritten = set(new_tables) - await _written(session, new_tables)
             for table in sorted(unwritten):
-                await in_catalog(table_origin.require_takeable, self.iceberg, table)
+                await in_catalog(self.iceberg.require_takeable, table)
             yield
 
     @asynccontextmanager

@@ -15,7 +15,7 @@ import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -51,8 +51,11 @@ from coordinator_service.contract import partition_syntax
 from coordinator_service.contract.errors import InvalidArgument, cause, quote
 from coordinator_service.contract.table_identifiers import parse_table_identifier
 from coordinator_service.log.precommit_metadata import DataFileEntry
+from coordinator_service.tables import key_files, table_origin
 from coordinator_service.tables.data_file_entries import FileRules, RulesKey, entry_data_file, primitive
 from coordinator_service.tables.file_paths import check_inside_location
+from coordinator_service.tables.format import TableIdentity
+from coordinator_service.tables.key_files import DescribedKeyFiles
 from coordinator_service.tables.keyed_tables import check_table_key, keyed_schema, new_keyed_table_properties
 from coordinator_service.tables.markers import (
     FENCE_REASON,
@@ -67,13 +70,6 @@ from coordinator_service.tables.precommit_files import FileChecks, FileFacts
 from coordinator_service.tables.pyiceberg_internals import MetadataOnceTransaction, iceberg_schema, partition_values
 from coordinator_service.tables.schema_fit import FitKey, check_writer_schema, schema_misfit
 from coordinator_service.tables.table_origin import CREATED, ORIGIN
-
-# A table as loaded from the catalog. The engine holds it and hands it to this package's functions; it names no
-# pyiceberg type itself (tests/unit/test_package_layers.py).
-
-
-LoadedTable: TypeAlias = Table
-
 
 log = structlog.get_logger(__name__)
 
@@ -154,6 +150,32 @@ class IcebergGateway:
     def nested_namespaces(self) -> bool:
         """Whether the catalog holds nested namespaces (lake.shop.orders): the SQL, Hive and Glue catalogs do not."""
         return not isinstance(self.catalog, MetastoreCatalog)
+
+    def exists(self, identifier: str) -> bool:
+        return bool(self.catalog.table_exists(identifier))
+
+    def drop(self, identifier: str) -> None:
+        self.catalog.drop_table(identifier)
+        self.forget(identifier)
+
+    def identity(self, table: Table) -> TableIdentity:
+        return TableIdentity(table.metadata.table_uuid, str(table.location()))
+
+    def snapshot_count(self, table: Table) -> int:
+        return len(table.metadata.snapshots)
+
+    def require_takeable(self, identifier: str) -> None:
+        table_origin.require_takeable(self, identifier)
+
+    def read_key_files(
+        self,
+        identifier: str,
+        uris: Sequence[str],
+        writer_id: int,
+        facts: Mapping[str, FileFacts],
+        directory: str = "",
+    ) -> DescribedKeyFiles:
+        return key_files.read_key_files(self, identifier, uris, writer_id, facts, directory)
 
     def load(self, identifier: str) -> Table:
         """The table as the catalog has it now (and remembered in the cache)."""

@@ -23,7 +23,7 @@ from coordinator_service.log.models import EpochRecord, Sink
 from coordinator_service.log.sink_rows import EpochCounts, RowLock
 from coordinator_service.settings import Settings
 from coordinator_service.tables.catalog_calls import in_catalog
-from coordinator_service.tables.iceberg import IcebergGateway
+from coordinator_service.tables.format import TableFormat
 
 log = structlog.get_logger(__name__)
 
@@ -34,7 +34,7 @@ class OperationsBase:
     def __init__(
         self,
         database: Database,
-        iceberg: IcebergGateway,
+        iceberg: TableFormat,
         committer: Committer,
         cleaner: Cleaner,
         maintainer: Maintainer,
@@ -59,7 +59,7 @@ class OperationsBase:
         return overviews[0]
 
     async def _fence(self, sink: Sink, tables: Sequence[str], lock: CommitLock, why: str) -> None:
-        """Commit a fence to each of the sink's tables under its commit lock (IcebergGateway.fence): an append
+        """Commit a fence to each of the sink's tables under its commit lock (TableFormat.fence): an append
         that a committer which lost the lock built on an older head fails instead of landing, so the files of what
         is aborted next can be deleted whenever the cleaner comes. A table that cannot take it leaves nothing
         aborted (503: retry)."""

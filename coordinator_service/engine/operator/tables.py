@@ -90,7 +90,7 @@ class TableActions(OperationsBase):
     async def missing_from_catalog(self, tables: Sequence[str]) -> set[str]:
         """Those of `tables` the catalog does not have (dropped from it); none when the catalog cannot be asked."""
         try:
-            return {table for table in tables if not await in_catalog(self.iceberg.catalog.table_exists, table)}
+            return {table for table in tables if not await in_catalog(self.iceberg.exists, table)}
         except CatalogUnavailable:
             return set()
 
@@ -127,7 +127,7 @@ class TableActions(OperationsBase):
                 f"{', '.join(writers)}: delete the sink without drop_tables, or those sinks first. Nothing was changed"
             )
         async with commit_lock.holding(self.database, sink.id, self.lock_timeout_seconds, "delete") as lock:
-            present = [t.table for t in overview.tables if await in_catalog(self.iceberg.catalog.table_exists, t.table)]
+            present = [t.table for t in overview.tables if await in_catalog(self.iceberg.exists, t.table)]
             await self._fence(sink, present, lock, f"deletion of sink {name} by {operator}")
             async with self.database.transaction() as session:
                 given_up = tuple(
@@ -189,8 +189,7 @@ class TableActions(OperationsBase):
             await lock.verify()
             loaded = await in_catalog(self.iceberg.load, table)
             reached |= await in_catalog(tm.referenced_files, loaded)
-            await in_catalog(self.iceberg.catalog.drop_table, table)
-            self.iceberg.forget(table)
+            await in_catalog(self.iceberg.drop, table)
             dropped.append(DroppedTable(table, loaded))
         deleter = FileDeleter(self.database, self.iceberg, CleanupDelays(0.0, 0.0))
         done = await deleter.delete(
