@@ -35,8 +35,8 @@ from coordinator_service.log.models import Sink
 from coordinator_service.log.precommit_metadata import DataFileEntry, KeyFileEntry, PreCommitMetadata
 from coordinator_service.log.sink_rows import RowLock
 from coordinator_service.tables.catalog_calls import in_catalog
+from coordinator_service.tables.file_descriptions import DescribedFiles
 from coordinator_service.tables.file_paths import canonical_uri, check_inside_location
-from coordinator_service.tables.iceberg import DescribedFiles
 from coordinator_service.tables.key_files import DescribedKeyFiles
 
 log = structlog.get_logger(__name__)

@@ -22,7 +22,7 @@ from coordinator_service.tables.markers import Marker, SinkIdentity
 from coordinator_service.tables.precommit_files import FileFacts
 
 if TYPE_CHECKING:
-    from coordinator_service.tables.iceberg import DescribedFiles
+    from coordinator_service.tables.file_descriptions import DescribedFiles
     from coordinator_service.tables.key_files import DescribedKeyFiles
 
 # A table as this layer loaded it: opaque to the engine, which hands it back (a cached table's ancestry walked, then
