@@ -253,7 +253,7 @@ def serve(settings: Settings) -> None:
 
 
 @app.command()
-@with_settings(*METASTORE, "migration_lock_timeout_seconds")
+@with_settings(*METASTORE, "migration_lock_timeout_seconds", "migration_retry_seconds")
 def migrate(
     settings: Settings,
     to: Annotated[
@@ -273,7 +273,9 @@ def migrate(
     url, embedded = metastore_url(settings)
     with _reaching_metastore(url):
         try:
-            revision = migrate_metastore(url, to, settings.migration_lock_timeout_seconds)
+            revision = migrate_metastore(
+                url, to, settings.migration_lock_timeout_seconds, settings.migration_retry_seconds
+            )
         except (CommandError, ValueError) as error:
             _refuse("cannot migrate", error, 2)
     where = f"embedded PostgreSQL in {settings.data_dir}" if embedded else url.render_as_string(hide_password=True)

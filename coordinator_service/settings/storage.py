@@ -75,6 +75,14 @@ class StorageSettings(BaseModel):
         description="migrate: how long each migration waits for a lock before it fails (the old release's pods keep "
         "serving during a rolling upgrade; a migration queued behind their transactions would block them).",
     )
+    migration_retry_seconds: float = Field(
+        default=120.0,
+        ge=0.0,
+        le=3600.0,
+        allow_inf_nan=False,
+        description="migrate: how long to keep trying again when the migrations gave up on a lock or were chosen as a "
+        "deadlock's victim by a serving pod's transaction (each try is rolled back whole and starts over).",
+    )
     metastore_check_interval_seconds: float = Field(
         default=300.0,
         ge=1.0,

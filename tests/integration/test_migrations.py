@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 
@@ -189,3 +190,25 @@ def test_a_migration_never_queues_behind_a_serving_pods_transaction_for_long(dat
             migrate(url, "head", lock_timeout_seconds=0.5)
         assert time.monotonic() - started < 5
     assert migrate(url) == schema.head_revision()
+
+
+def test_a_migration_that_gave_up_on_a_lock_is_tried_again_until_the_serving_transaction_ends(
+    database_url: str,
+) -> None:
+    """A migration that meets a serving pod's transaction gives up after MIGRATION_LOCK_TIMEOUT_SECONDS (above), or is
+    the victim of a deadlock with it (0014's foreign key against a pod locking a sink and then writing its files):
+    the whole run is rolled back, and `migrate` tries it again from the start for MIGRATION_RETRY_SECONDS, instead of
+    failing the upgrade's hook on a moment's contention."""
+    url = normalize_url(database_url)
+    migrate(url, "0006")
+    serving = psycopg.connect(libpq_url(database_url))
+    serving.execute("SELECT count(*) FROM sinks")  # an old pod's transaction, open for a while
+    ended = threading.Timer(1.5, serving.commit)
+    ended.start()
+    try:
+        started = time.monotonic()
+        assert migrate(url, "head", lock_timeout_seconds=0.3, retry_seconds=30) == schema.head_revision()
+        assert time.monotonic() - started >= 1.0, "the migration did not wait for the serving transaction"
+    finally:
+        ended.join()
+        serving.close()
