@@ -82,9 +82,9 @@ def _gauges(overview: SinkOverview) -> metrics_scrape.SinkGauges:
         suspended=overview.sink.suspended_reason is not None,
         tables=[
             metrics_scrape.TableGauges(
-                table=table.table,
+                table=table.identifier,
                 committed_epoch=table.committed_epoch,
-                retrying=health is not None and table.table in health.failing_tables,
+                retrying=health is not None and table.identifier in health.failing_tables,
             )
             for table in overview.tables
         ],

@@ -170,12 +170,12 @@ class SinkResponse(SinkView):
             table=sink.table_identifier,
             tables=tuple(
                 TableResponse(
-                    table=table.table,
+                    table=table.identifier,
                     committed_epoch=table.committed_epoch,
-                    retrying=table.table in failing,
-                    last_error=failing[table.table].error if table.table in failing else None,
-                    stuck=table.table in failing and not failing[table.table].retryable,
-                    also_written_by=tuple(overview.also_written_by.get(table.table, ())),
+                    retrying=table.identifier in failing,
+                    last_error=failing[table.identifier].error if table.identifier in failing else None,
+                    stuck=table.identifier in failing and not failing[table.identifier].retryable,
+                    also_written_by=tuple(overview.also_written_by.get(table.identifier, ())),
                 )
                 for table in overview.tables
             ),

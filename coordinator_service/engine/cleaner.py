@@ -95,7 +95,7 @@ class Cleaner:
             async with self.database.transaction() as session:
                 sink = await sink_rows.sink_by_id(session, sink_id)
                 due = await path_claims.due_paths(session, sink_id, self.delays, CLEANUP_BATCH)
-                tables = [table.table for table in await sink_tables.tables_of_sink(session, sink_id)]
+                tables = [table.identifier for table in await sink_tables.tables_of_sink(session, sink_id)]
             if sink is None:
                 return 0
             deleted = 0

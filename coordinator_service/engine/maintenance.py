@@ -255,7 +255,7 @@ class Maintainer:
                 raise NotFound(f"sink id {sink_id} no longer exists")
             last_sweep = await maintenance_log.last_sweep_at(session, sink_id)
             run = await maintenance_log.start_maintenance_run(session, sink_id, trigger)
-            tables = [table.table for table in await sink_tables.tables_of_sink(session, sink_id)]
+            tables = [table.identifier for table in await sink_tables.tables_of_sink(session, sink_id)]
         policy = policy_of(self.settings, sink)
         started = time.monotonic()
         log_ = log.bind(sink=sink.name, trigger=trigger)

@@ -60,6 +60,6 @@ class Coordinator(WriterRegistration, PreCommits):
                 row,
                 sink=row.name,
                 table=row.table_identifier,
-                tables=tuple(SinkTable(table.table, table.committed_epoch) for table in tables),
+                tables=tuple(SinkTable(table.identifier, table.committed_epoch) for table in tables),
                 epochs=tuple(from_attributes(EpochView, epoch) for epoch in epochs),
             )

@@ -57,7 +57,7 @@ class ProtocolBase:
 
 async def hint_of(session: AsyncSession, sink: Sink) -> SinkHint:
     tables = await sink_tables.tables_of_sink(session, sink.id)
-    names = frozenset(table.table for table in tables)
+    names = frozenset(table.identifier for table in tables)
     return SinkHint(sink.id, sink.table_identifier, names, tuple(sink.key_columns))
 
 

@@ -27,7 +27,7 @@ from coordinator_service.contract.errors import InvalidArgument, QuotaExceeded, 
 from coordinator_service.contract.table_identifiers import check_sink_name, check_table_identifier
 from coordinator_service.engine.writer_requests import MAX_TABLES_PER_ENSURE
 from coordinator_service.log.database import Database
-from coordinator_service.log.models import Sink, SinkTable
+from coordinator_service.log.models import Sink, SinkTableRecord
 from coordinator_service.settings.bounds import ENV_PREFIX
 from coordinator_service.tables.catalog_calls import in_catalog
 from coordinator_service.tables.format import TableFormat
@@ -100,7 +100,9 @@ async def _additions(session: AsyncSession, sink: str, tables: list[str]) -> tup
         return True, tables
     held = set(
         await session.scalars(
-            select(SinkTable.table_identifier).where(SinkTable.sink_id == row, SinkTable.table_identifier.in_(tables))
+            select(SinkTableRecord.table_identifier).where(
+                SinkTableRecord.sink_id == row, SinkTableRecord.table_identifier.in_(tables)
+            )
         )
     )
     return False, [table for table in tables if table not in held]
@@ -108,7 +110,7 @@ async def _additions(session: AsyncSession, sink: str, tables: list[str]) -> tup
 
 async def _written(session: AsyncSession, tables: list[str]) -> set[str]:
     """Those of the tables some sink writes."""
-    statement = select(SinkTable.table_identifier).where(SinkTable.table_identifier.in_(tables)).distinct()
+    statement = select(SinkTableRecord.table_identifier).where(SinkTableRecord.table_identifier.in_(tables)).distinct()
     return set(await session.scalars(statement))
 
 
@@ -121,8 +123,10 @@ async def _check_quotas(session: AsyncSession, scope: Scope, new_sink: bool, tab
                 f"writer scope {scope.name} has {sinks} sinks, its quota ({scope.rules.max_sinks}): an operator "
                 f"raises {_quota_setting(scope, 'MAX_SINKS')}. Nothing was changed"
             )
-    scope_tables = select(SinkTable.table_identifier).join(Sink, Sink.id == SinkTable.sink_id).where(covered)
-    held = set(await session.scalars(scope_tables.where(SinkTable.table_identifier.in_(tables))))
+    scope_tables = (
+        select(SinkTableRecord.table_identifier).join(Sink, Sink.id == SinkTableRecord.sink_id).where(covered)
+    )
+    held = set(await session.scalars(scope_tables.where(SinkTableRecord.table_identifier.in_(tables))))
     adding = [table for table in tables if table not in held]
     if not adding:
         return

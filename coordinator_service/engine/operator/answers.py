@@ -12,7 +12,7 @@ from coordinator_service.engine.commit_state import CommitterHealth
 from coordinator_service.log.models import EpochRecord, MaintenanceRun, Sink
 from coordinator_service.log.precommit_metadata import PreCommitMetadata
 from coordinator_service.log.sink_rows import EpochCounts
-from coordinator_service.log.sink_tables import TableOfSink
+from coordinator_service.log.sink_tables import RecordedTable
 from coordinator_service.settings.maintenance import MaintenancePolicy
 
 log = structlog.get_logger(__name__)
@@ -36,7 +36,7 @@ class SinkOverview:
     # None: this process has not run the sink's committer yet (another replica may have).
     health: CommitterHealth | None
     # Its tables, its own first (fan-out: then the others by name).
-    tables: Sequence[TableOfSink]
+    tables: Sequence[RecordedTable]
     # The other sinks writing each of its tables that others write too, by name.
     also_written_by: Mapping[str, Sequence[str]] = field(default_factory=dict)
     # Why the sink does not advance (its oldest PENDING epoch waited STALLED_AFTER_SECONDS); None while it does.

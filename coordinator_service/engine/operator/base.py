@@ -86,9 +86,9 @@ async def sink_overviews(
             health.get(sink.id),
             tables[sink.id],
             {
-                table.table: [other for other in shared[table.table] if other != sink.name]
+                table.identifier: [other for other in shared[table.identifier] if other != sink.name]
                 for table in tables[sink.id]
-                if table.table in shared
+                if table.identifier in shared
             },
             _stalled(sink, counts, stalled_after_seconds),
         )

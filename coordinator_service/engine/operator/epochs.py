@@ -100,7 +100,7 @@ class EpochActions(OperationsBase):
             pending = await pending_epochs(session, sink, at_or_below=epoch)
             recorded = await sink_tables.recorded_epochs(session, sink.id)
             tables = await sink_tables.tables_of_sink(session, sink.id)
-        await self._fence(sink, [table.table for table in tables], lock, f"abort of epoch {epoch} by {operator}")
+        await self._fence(sink, [table.identifier for table in tables], lock, f"abort of epoch {epoch} by {operator}")
         found = await settlement.holdings(self.iceberg, sink, recorded, pending)
         if found.held:
             async with self.database.transaction() as session:
@@ -171,7 +171,7 @@ class EpochActions(OperationsBase):
                 pending = await pending_epochs(session, sink, at_or_below=None)
                 recorded = await sink_tables.recorded_epochs(session, sink.id)
                 tables = await sink_tables.tables_of_sink(session, sink.id)
-            await self._fence(sink, [table.table for table in tables], lock, f"reset by {operator}")
+            await self._fence(sink, [table.identifier for table in tables], lock, f"reset by {operator}")
             found = await settlement.holdings(self.iceberg, sink, recorded, pending)
             if found.partial:
                 raise partly_committed(name, found.partial, "the sink cannot be reset")

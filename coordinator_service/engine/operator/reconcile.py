@@ -89,14 +89,17 @@ class ReconcileActions(OperationsBase):
             seen = {}
             for table in tables:
                 try:
-                    seen[table.table] = await in_catalog(table_seen, self.iceberg, table.table, identity)
+                    seen[table.identifier] = await in_catalog(table_seen, self.iceberg, table.identifier, identity)
                 except InvalidArgument:
                     raise FailedPrecondition(
-                        f"table {table.table} of sink {name} does not exist in catalog {self.iceberg.catalog_name!r}: "
-                        "configure the right catalog, or remove a fan-out table from the sink; nothing was changed"
+                        f"table {table.identifier} of sink {name} does not exist in catalog "
+                        f"{self.iceberg.catalog_name!r}: configure the right catalog, or remove a fan-out table from "
+                        "the sink; nothing was changed"
                     ) from None
             held = {
-                table.table: max(table.committed_epoch, -1 if (m := seen[table.table].newest_marker) is None else m)
+                table.identifier: max(
+                    table.committed_epoch, -1 if (m := seen[table.identifier].newest_marker) is None else m
+                )
                 for table in tables
             }
             restart = max(min(held.values()), sink.committed_epoch)
@@ -104,7 +107,9 @@ class ReconcileActions(OperationsBase):
             async with self.database.transaction() as session:
                 sink = await sink_named(session, name, lock=RowLock.UPDATE)
                 for table in tables:
-                    await sink_tables.record_table_uuid(session, sink.id, table.table, seen[table.table].table_uuid)
+                    await sink_tables.record_table_uuid(
+                        session, sink.id, table.identifier, seen[table.identifier].table_uuid
+                    )
                 aborted = await epoch_numbering.reconcile_numbering(
                     session, sink, restart, held, f"reconcile by {operator}: {reason}"
                 )

@@ -111,7 +111,7 @@ class TableActions(OperationsBase):
             raise InvalidArgument(f"confirm must repeat the sink name {name!r} exactly, got {quote(confirm)}")
         overview = await self.sink(name)
         async with self.database.transaction() as session:
-            others = await sink_rows.sinks_writing(session, [t.table for t in overview.tables], besides=name)
+            others = await sink_rows.sinks_writing(session, [t.identifier for t in overview.tables], besides=name)
         sink, called = overview.sink, overview.counts.writer_last_call_age_seconds
         if called is not None and called < self.settings.stalled_after_seconds:
             raise FailedPrecondition(
@@ -127,7 +127,7 @@ class TableActions(OperationsBase):
                 f"{', '.join(writers)}: delete the sink without drop_tables, or those sinks first. Nothing was changed"
             )
         async with commit_lock.holding(self.database, sink.id, self.lock_timeout_seconds, "delete") as lock:
-            present = [t.table for t in overview.tables if await in_catalog(self.iceberg.exists, t.table)]
+            present = [t.identifier for t in overview.tables if await in_catalog(self.iceberg.exists, t.identifier)]
             await self._fence(sink, present, lock, f"deletion of sink {name} by {operator}")
             async with self.database.transaction() as session:
                 given_up = tuple(
