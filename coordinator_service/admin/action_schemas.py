@@ -17,8 +17,6 @@ from coordinator_service.engine.operator.answers import (
     TableRemoved,
 )
 
-# Epochs are PostgreSQL bigints.
-
 
 class AbortRequest(BaseModel):
     reason: OperatorText = Field(description="Why; kept in the epoch's reason and told to the writer.")

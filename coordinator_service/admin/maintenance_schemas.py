@@ -10,8 +10,6 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 from coordinator_service.engine.operator.answers import MaintenanceView
 from coordinator_service.settings.maintenance import MaintenancePolicy
 
-# Epochs are PostgreSQL bigints.
-
 
 class MaintenanceRunResponse(BaseModel):
     id: int

@@ -142,6 +142,16 @@ ORPHANS_DELETED = Counter(
     "Files under a table's location that nothing referenced, deleted by the orphan sweep.",
     ["sink"],
 )
+# The counters of maintenance work, by the column of maintenance_runs each counts (a maintenance step's counters:
+# coordinator_service.engine.maintenance_steps).
+MAINTENANCE_WORK: Final[dict[str, Counter]] = {
+    "snapshots_expired": SNAPSHOTS_EXPIRED,
+    "expired_files_deleted": EXPIRED_FILES_DELETED,
+    "files_compacted": FILES_COMPACTED,
+    "files_written": FILES_WRITTEN_BY_COMPACTION,
+    "bytes_rewritten": BYTES_REWRITTEN,
+    "orphans_deleted": ORPHANS_DELETED,
+}
 
 
 MAINTENANCE_BEHIND_SECONDS = Gauge(
@@ -206,12 +216,7 @@ class SinkSeries:
         PRECOMMIT_SECONDS,
         COMMIT_SECONDS,
         MAINTENANCE_SECONDS,
-        SNAPSHOTS_EXPIRED,
-        EXPIRED_FILES_DELETED,
-        FILES_COMPACTED,
-        FILES_WRITTEN_BY_COMPACTION,
-        BYTES_REWRITTEN,
-        ORPHANS_DELETED,
+        *MAINTENANCE_WORK.values(),
     )
 
     def __init__(self, max_sinks: int = 200) -> None:
@@ -271,12 +276,7 @@ _PER_SINK: Final[Sequence[Counter | Histogram]] = (
     DELETIONS_REFUSED,
     MAINTENANCE_RUNS,
     MAINTENANCE_SECONDS,
-    SNAPSHOTS_EXPIRED,
-    EXPIRED_FILES_DELETED,
-    FILES_COMPACTED,
-    FILES_WRITTEN_BY_COMPACTION,
-    BYTES_REWRITTEN,
-    ORPHANS_DELETED,
+    *MAINTENANCE_WORK.values(),
     COMMITTER_STUCK_EVENTS,
 )
 
@@ -297,15 +297,8 @@ def record_maintenance(sink: str, run: MaintenanceRun, seconds: float) -> None:
     MAINTENANCE_RUNS.labels(sink, run.outcome).inc()
     label = SINK_SERIES.label(sink)
     MAINTENANCE_SECONDS.labels(label).observe(seconds)
-    done = (
-        (SNAPSHOTS_EXPIRED, run.snapshots_expired),
-        (EXPIRED_FILES_DELETED, run.expired_files_deleted),
-        (FILES_COMPACTED, run.files_compacted),
-        (FILES_WRITTEN_BY_COMPACTION, run.files_written),
-        (BYTES_REWRITTEN, run.bytes_rewritten),
-        (ORPHANS_DELETED, run.orphans_deleted),
-    )
-    for counter, count in done:
+    for column, counter in MAINTENANCE_WORK.items():
+        count = getattr(run, column)
         if count:  # a run that did nothing of a kind adds no series for it
             counter.labels(label).inc(count)
 
