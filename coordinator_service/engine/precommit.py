@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import replace
+from typing import TypeVar
 
 import structlog
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -181,15 +182,7 @@ class PreCommits(ProtocolBase):
             )
             for table, paths in groups.items()
         ]
-        read = await asyncio.gather(*reads)
-        return DescribedFiles(
-            entries=[
-                entry if table == hint.table else replace(entry, table=table)
-                for table, described in zip(groups, read, strict=True)
-                for entry in described.entries
-            ],
-            written_at=min((each.written_at for each in read if each.written_at is not None), default=None),
-        )
+        return await _per_table(hint, groups, reads, DescribedFiles)
 
     async def _read_key_files(
         self, hint: SinkHint, groups: Mapping[str, Sequence[str]], request: PreCommitRequest
@@ -207,15 +200,7 @@ class PreCommits(ProtocolBase):
             )
             for table, paths in groups.items()
         ]
-        read = await asyncio.gather(*reads)
-        return DescribedKeyFiles(
-            entries=[
-                entry if table == hint.table else replace(entry, table=table)
-                for table, described in zip(groups, read, strict=True)
-                for entry in described.entries
-            ],
-            written_at=min((each.written_at for each in read if each.written_at is not None), default=None),
-        )
+        return await _per_table(hint, groups, reads, DescribedKeyFiles)
 
     async def _gather(
         self,
@@ -383,4 +368,23 @@ async def _unclaimable(session: AsyncSession, sink: Sink, epoch: int, paths: Seq
     return InvalidArgument(
         f"sink {sink.name} epoch {epoch}: its oldest data file was written more than ORPHAN_GRACE_SECONDS ago, so "
         "the orphan sweep may be deleting it. Nothing was changed: write the batch again"
+    )
+
+
+Described = TypeVar("Described", DescribedFiles, DescribedKeyFiles)
+
+
+async def _per_table(
+    hint: SinkHint, groups: Mapping[str, Sequence[str]], reads: Sequence[Awaitable[Described]], make: type[Described]
+) -> Described:
+    """The descriptions of the pre-commit's files read per table (concurrently, in the order of `groups`) as one:
+    each entry naming its table unless it is the sink's own, and when the oldest file was written."""
+    read = await asyncio.gather(*reads)
+    return make(
+        entries=[
+            entry if table == hint.table else replace(entry, table=table)
+            for table, described in zip(groups, read, strict=True)
+            for entry in described.entries
+        ],
+        written_at=min((each.written_at for each in read if each.written_at is not None), default=None),
     )

@@ -10,7 +10,7 @@ import structlog
 
 from coordinator_service import failpoints
 from coordinator_service.contract.errors import CatalogConflict
-from coordinator_service.engine.maintenance_steps.step import RunOccasion, StepContext
+from coordinator_service.engine.maintenance_steps.step import MaintenanceStep, StepContext
 from coordinator_service.failpoints import Failpoint
 from coordinator_service.log import path_claims
 from coordinator_service.log.commit_lock import CommitLock
@@ -46,7 +46,7 @@ async def compaction_plan(
     return files, plan(held)
 
 
-class Compaction:
+class Compaction(MaintenanceStep):
     name = "compact"
     policy_fields: tuple[str, ...] = (
         "compaction_target_file_bytes",
@@ -54,9 +54,6 @@ class Compaction:
         "compaction_max_bytes_per_run",
     )
     counters: tuple[str, ...] = ("files_compacted", "files_written", "bytes_rewritten")
-
-    def wanted(self, policy: MaintenancePolicy, occasion: RunOccasion) -> bool:
-        return True
 
     async def run(
         self,

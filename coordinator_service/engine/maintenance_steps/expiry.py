@@ -8,7 +8,7 @@ import time
 
 from coordinator_service import failpoints
 from coordinator_service.engine import settlement
-from coordinator_service.engine.maintenance_steps.step import RunOccasion, StepContext
+from coordinator_service.engine.maintenance_steps.step import MaintenanceStep, StepContext
 from coordinator_service.failpoints import Failpoint
 from coordinator_service.log import sink_rows
 from coordinator_service.log.commit_lock import CommitLock
@@ -19,13 +19,10 @@ from coordinator_service.tables import table_maintenance as tm
 from coordinator_service.tables.catalog_calls import in_catalog
 
 
-class Expiry:
+class Expiry(MaintenanceStep):
     name = "expire"
     policy_fields: tuple[str, ...] = ("snapshot_max_age_seconds", "snapshot_max_count")
     counters: tuple[str, ...] = ("snapshots_expired", "expired_files_deleted")
-
-    def wanted(self, policy: MaintenancePolicy, occasion: RunOccasion) -> bool:
-        return True
 
     async def run(
         self,

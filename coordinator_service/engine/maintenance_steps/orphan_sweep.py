@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 from coordinator_service import failpoints
 from coordinator_service.engine.file_deletion import nested_table_roots
-from coordinator_service.engine.maintenance_steps.step import RunOccasion, StepContext
+from coordinator_service.engine.maintenance_steps.step import MaintenanceStep, RunOccasion, StepContext
 from coordinator_service.failpoints import Failpoint
 from coordinator_service.log.commit_lock import CommitLock
 from coordinator_service.log.models import MaintenanceRun, MaintenanceTrigger, Sink
@@ -23,7 +23,7 @@ from coordinator_service.tables.format import LoadedTable
 ORPHAN_DELETE_BATCH = 100
 
 
-class OrphanSweep:
+class OrphanSweep(MaintenanceStep):
     name = "sweep"
     policy_fields: tuple[str, ...] = (
         "orphan_sweep_interval_seconds",

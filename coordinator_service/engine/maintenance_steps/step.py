@@ -44,7 +44,8 @@ class MaintenanceStep(Protocol):
     counters: tuple[str, ...]
 
     def wanted(self, policy: MaintenancePolicy, occasion: RunOccasion) -> bool:
-        """Whether this run takes the step (every run, unless the step keeps a clock of its own)."""
+        """Whether this run takes the step: every run, unless the step keeps a clock of its own."""
+        return True
 
     async def run(
         self,
