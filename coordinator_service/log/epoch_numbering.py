@@ -70,9 +70,9 @@ async def rebase_numbering(session: AsyncSession, sink: Sink, checkpoint: int) -
     new epoch numbering. Epochs at or below it are done as far as the new checkpoint is concerned; the log's rows of
     the old numbering are deleted, and every table of the sink is at the checkpoint. The log rows deleted."""
     dropped = await epoch_transitions.delete_epochs_of_old_generation(session, sink.id)
-    sink.rebase_on_register = False
-    await session.flush()
+    # While the row still awaits its writer: the numbers go back to the new numbering's only in a row that says so.
     await epoch_transitions.advance_committed_epoch(session, sink.id, checkpointed=checkpoint, new_numbering=True)
     await session.refresh(sink)
+    sink.rebase_on_register = False
     await sink_tables.rebase_tables(session, sink.id, checkpoint)
     return dropped
