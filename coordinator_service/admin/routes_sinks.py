@@ -13,21 +13,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from fastapi import Path as PathParameter
 
-from coordinator_service.admin.deps import Caller, OperationsDep, Reader
-from coordinator_service.admin.schemas import (
-    MAX_EPOCH,
+from coordinator_service.admin.action_schemas import (
     AbortRequest,
     AbortResponse,
     DeleteSinkRequest,
     DeleteSinkResponse,
-    EpochDetailResponse,
-    EpochPage,
-    EpochResponse,
-    EpochStatusFilter,
-    ErrorResponse,
-    MaintenanceOverridesRequest,
-    MaintenanceResponse,
-    MaintenanceRunResponse,
     ReconcileRequest,
     ReconcileResponse,
     ReconcileSuspendedRequest,
@@ -36,6 +26,20 @@ from coordinator_service.admin.schemas import (
     RemoveTableResponse,
     ResetRequest,
     ResetResponse,
+)
+from coordinator_service.admin.deps import Caller, OperationsDep, Reader
+from coordinator_service.admin.maintenance_schemas import (
+    MaintenanceOverridesRequest,
+    MaintenanceResponse,
+    MaintenanceRunResponse,
+)
+from coordinator_service.admin.schemas import (
+    MAX_EPOCH,
+    EpochDetailResponse,
+    EpochPage,
+    EpochResponse,
+    EpochStatusFilter,
+    ErrorResponse,
     SinkList,
     SinkResponse,
     decode_cursor,

@@ -25,7 +25,6 @@ settles a referenced one with the tables' side).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import posixpath
 import stat
@@ -42,14 +41,12 @@ from coordinator_service.log.database import Database
 from coordinator_service.log.path_claims import CleanupDelays, MarkRule
 from coordinator_service.tables import table_maintenance as tm
 from coordinator_service.tables.catalog_calls import in_catalog
-from coordinator_service.tables.file_listing import listed_files
-from coordinator_service.tables.iceberg import IcebergGateway, LoadedTable
+from coordinator_service.tables.format import LoadedTable, TableFormat
 
 log = structlog.get_logger(__name__)
 
 # Paths marked, proven and deleted at a time (one lock verification each).
 DELETE_BATCH = 100
-METADATA_FILE_SUFFIX = ".metadata.json"
 
 
 @dataclass
@@ -83,7 +80,7 @@ class DroppedTable:
 class FileDeleter:
     """Deletes files of a sink's tables, each proven garbage at that moment (see the module)."""
 
-    def __init__(self, database: Database, iceberg: IcebergGateway, delays: CleanupDelays) -> None:
+    def __init__(self, database: Database, iceberg: TableFormat, delays: CleanupDelays) -> None:
         self.database = database
         self.iceberg = iceberg
         self.delays = delays
@@ -164,7 +161,7 @@ class FileDeleter:
         the catalog has no table is gone (its metadata reaches nothing) and kept its files where it did."""
         if isinstance(table, str):
             return self.iceberg.load(table), True
-        if not self.iceberg.catalog.table_exists(table.name):
+        if not self.iceberg.exists(table.name):
             return table.before_drop, False
         return self.iceberg.load(table.name), True
 
@@ -237,8 +234,7 @@ class _NestedTables:
     def _holds_table(self, table: LoadedTable, directory: str) -> bool:
         known = self._is_root.get(directory)
         if known is None:
-            listed = listed_files(table.io, f"{directory}/metadata") or {}
-            known = self._is_root[directory] = any(uri.endswith(METADATA_FILE_SUFFIX) for uri in listed)
+            known = self._is_root[directory] = tm.holds_table_metadata(table, directory)
         return known
 
 
@@ -248,7 +244,7 @@ def nested_table_roots(location: str, listed: Iterable[str]) -> set[str]:
     base = location.rstrip("/") + "/"
     roots = set()
     for uri in listed:
-        if uri.startswith(base) and uri.endswith(METADATA_FILE_SUFFIX):
+        if uri.startswith(base) and uri.endswith(tm.METADATA_FILE_SUFFIX):
             directory, _, _ = uri.rpartition("/")
             parent, _, name = directory.rpartition("/")
             if name == "metadata" and parent.startswith(base):
@@ -281,7 +277,6 @@ def _delete_files(table: LoadedTable, paths: Sequence[str]) -> tuple[list[str], 
             except FileNotFoundError:
                 deleted.append(path)
                 continue
-        with contextlib.suppress(FileNotFoundError):
-            table.io.delete(path)
+        tm.delete_stored_file(table, path)
         deleted.append(path)
     return deleted, links

@@ -180,7 +180,7 @@ class EpochRecord(Base):
     )
 
 
-class SinkTable(Base):
+class SinkTableRecord(Base):
     """One table a sink writes (fan-out), its own table among them, and the newest epoch that table holds.
 
     committed_epoch: the newest epoch whose files of this table the table holds, every epoch below it included

@@ -8,6 +8,7 @@ location that nothing references. What may be expired, rewritten or deleted is t
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import OrderedDict, defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -24,12 +25,15 @@ from pyiceberg.table.update.snapshot import ExpireSnapshots
 
 from coordinator_service.tables.file_listing import listed_files
 from coordinator_service.tables.iceberg import without_retries
+from coordinator_service.tables.markers import MARKER_EPOCH, SinkIdentity
 from coordinator_service.tables.pyiceberg_internals import data_files_of, replace_files
 
 # Files smaller than this share of the target size are compacted (Iceberg's rewrite default, 75 %).
 SMALL_FILE_SHARE = 0.75
 # The summary property of the coordinator's compaction snapshots (they carry no sink marker).
 COMPACTION_MARKER = "sink-coordinator.maintenance"
+# A table's metadata file: a directory whose metadata/ holds one is a table's location.
+METADATA_FILE_SUFFIX = ".metadata.json"
 
 
 @dataclass
@@ -201,6 +205,30 @@ def _positive_int(value: str | None) -> int | None:
 def protected_by_refs(table: Table) -> set[int]:
     """Branch and tag heads: Iceberg never expires them."""
     return {ref.snapshot_id for ref in table.metadata.refs.values()}
+
+
+def protected_by_markers(table: Table, sinks: Sequence[tuple[SinkIdentity, int]]) -> set[int]:
+    """Snapshots whose marker the recovery walk may still need: a sink's own marker above the newest epoch of the
+    sink the log records this table holds (an append whose record has not happened yet); `sinks` are the sinks
+    writing the table, each with that epoch."""
+    protected = set()
+    for snapshot in table.metadata.snapshots:
+        if snapshot.summary is None:
+            continue
+        for identity, committed_epoch in sinks:
+            if identity.owns(snapshot.summary) and int(str(snapshot.summary.get(MARKER_EPOCH))) > committed_epoch:
+                protected.add(snapshot.snapshot_id)
+    return protected
+
+
+def snapshots_of(table: Table) -> Sequence[Snapshot]:
+    """The table's snapshots, for snapshots_to_expire."""
+    return table.metadata.snapshots
+
+
+def default_spec_id(table: Table) -> int:
+    """The partition spec new files are written with (a compaction's output)."""
+    return table.metadata.default_spec_id
 
 
 def expire(table: Table, snapshot_ids: Sequence[int]) -> tuple[Table, Reachable]:
@@ -378,6 +406,19 @@ def metadata_files(table: Table) -> set[str]:
     files = {entry.metadata_file for entry in table.metadata.metadata_log}
     files.add(table.metadata_location)
     return files
+
+
+def holds_table_metadata(table: Table, directory: str) -> bool:
+    """Whether a directory of the table's storage is a table's location: its metadata/ holds a *.metadata.json."""
+    listed = listed_files(table.io, f"{directory}/metadata") or {}
+    return any(uri.endswith(METADATA_FILE_SUFFIX) for uri in listed)
+
+
+def delete_stored_file(table: Table, path: str) -> None:
+    """Delete one file through the table's own storage; gone already is deleted. Only
+    coordinator_service.engine.file_deletion calls it, once a deletion is proven (docs/architecture.md)."""
+    with contextlib.suppress(FileNotFoundError):
+        table.io.delete(path)
 
 
 def same_file(uri: str) -> str:

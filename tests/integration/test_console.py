@@ -15,7 +15,7 @@ from pyiceberg.catalog import Catalog
 
 from coordinator_service.admin import console_routes
 from coordinator_service.admin.console_session import COOKIE
-from coordinator_service.engine.protocol import PreCommitRequest, TableRequest
+from coordinator_service.engine.writer_requests import PreCommitRequest, TableRequest
 from tests.fixtures.admin import CLIENT_ADDRESS, AdminApp, AdminFactory, eventually, sink_id_of
 from tests.fixtures.coordinator import ORDERS, orders, write_parquet
 from tests.fixtures.postgres import query

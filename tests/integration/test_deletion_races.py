@@ -20,8 +20,8 @@ import pytest
 from pyiceberg.catalog import Catalog
 from sqlalchemy import text
 
-from coordinator_service.engine import maintenance
-from coordinator_service.engine.protocol import PreCommitRequest
+from coordinator_service.engine.maintenance_steps import orphan_sweep
+from coordinator_service.engine.writer_requests import PreCommitRequest
 from coordinator_service.failpoints import Failpoint
 from tests.fixtures.admin import AdminFactory, Gate, eventually, sink_id_of, terminate_commit_lock_holder
 from tests.fixtures.coordinator import ORDERS, orders, table_files, table_order_ids, write_parquet
@@ -82,7 +82,7 @@ async def test_a_path_claimed_while_the_sweep_runs_is_not_deleted(
 ) -> None:
     """Defect 4: the sweep looked up the held paths once; a writer then wrote a fresh file under the name of an
     old orphan (deterministic names are legal) and pre-committed it before the sweep's next batch."""
-    monkeypatch.setattr(maintenance, "ORPHAN_DELETE_BATCH", 1)
+    monkeypatch.setattr(orphan_sweep, "ORPHAN_DELETE_BATCH", 1)
     admin = await admin_factory(orphan_grace_seconds=3600, compaction_min_files=1_000_000)
     registration = await admin.register("orders")
     location = registration.table_location

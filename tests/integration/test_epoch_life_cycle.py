@@ -53,8 +53,9 @@ from pyiceberg.catalog import Catalog, load_catalog
 from coordinator_service import failpoints
 from coordinator_service.contract.errors import CoordinatorError
 from coordinator_service.contract.views import PreCommitOutcome, PreCommitResult
-from coordinator_service.engine.operations import Operations, Operator
-from coordinator_service.engine.protocol import PreCommitRequest, TableRequest
+from coordinator_service.engine.operations import Operations
+from coordinator_service.engine.operator.answers import Operator
+from coordinator_service.engine.writer_requests import PreCommitRequest, TableRequest
 from coordinator_service.log import commit_lock
 from coordinator_service.log.database import normalize_url
 from coordinator_service.log.path_claims import CleanupDelays

@@ -20,7 +20,7 @@ from pyiceberg.catalog import Catalog
 from coordinator_service import metrics
 from coordinator_service.contract.errors import InvalidArgument
 from coordinator_service.engine.file_deletion import DroppedTable, FileDeleter
-from coordinator_service.engine.protocol import PreCommitRequest
+from coordinator_service.engine.writer_requests import PreCommitRequest
 from coordinator_service.log import commit_lock
 from coordinator_service.log.path_claims import CleanupDelays, MarkRule
 from coordinator_service.tables.precommit_files import FileFacts

@@ -17,7 +17,7 @@ from pyiceberg.table import Table, TableProperties
 from coordinator_service import metrics
 from coordinator_service.contract.errors import InvalidArgument
 from coordinator_service.contract.views import Registration
-from coordinator_service.engine.protocol import PreCommitRequest
+from coordinator_service.engine.writer_requests import PreCommitRequest
 from coordinator_service.log.precommit_metadata import DataFileEntry
 from coordinator_service.tables import table_maintenance as tm
 from tests.fixtures.admin import AdminApp, AdminFactory, epoch_metadata, eventually, sink_id_of, sink_identity

@@ -15,8 +15,9 @@ from pydantic import SecretStr
 from pyiceberg.catalog import Catalog
 
 from coordinator_service.contract.errors import SinkSuspended
-from coordinator_service.engine.operations import Operations, Operator
-from coordinator_service.engine.protocol import PreCommitRequest
+from coordinator_service.engine.operations import Operations
+from coordinator_service.engine.operator.answers import Operator
+from coordinator_service.engine.writer_requests import PreCommitRequest
 from coordinator_service.runtime import Runtime
 from coordinator_service.settings import Settings
 from tests.fixtures.admin import AdminApp, AdminFactory, CatalogDatabase, commit_lock_held, sink_id_of

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from coordinator_service import __version__
 from coordinator_service.admin.deps import operations_of
 from coordinator_service.admin.shared_answer import SharedAnswer
-from coordinator_service.engine.operations import SinkOverview
+from coordinator_service.engine.operator.answers import SinkOverview
 from coordinator_service.log.models import Sink
 from coordinator_service.log.reporter_lease import ReporterLease
 from coordinator_service.log.sink_rows import EpochCounts

@@ -16,7 +16,7 @@ from pyiceberg.catalog import Catalog
 
 from coordinator_service.contract.errors import InvalidArgument
 from coordinator_service.contract.views import PreCommitOutcome
-from coordinator_service.engine.protocol import PreCommitRequest
+from coordinator_service.engine.writer_requests import PreCommitRequest
 from tests.fixtures.admin import AdminApp
 from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, orders, table_order_ids, write_parquet
 from tests.fixtures.postgres import query

@@ -67,6 +67,29 @@ CREATE TRIGGER torture_sink_audit AFTER INSERT OR UPDATE ON sinks
 """
 
 
+def sink_row_went_back(connection: psycopg.Connection[Any], sink_id: int) -> list[str]:
+    """Every version of the sink's row (torture_sink_audit, one a statement) whose numbers went back: its generation
+    and term never do, and its checkpointed and committed epochs only in a row awaiting its writer after a reset
+    (the new numbering starts at the new query's checkpoint)."""
+    went_back = []
+    previous: tuple[int, int, int, int] | None = None
+    rebasing = False
+    for row in connection.execute(
+        "SELECT generation, writer_term, checkpointed_epoch, committed_epoch, awaiting_writer_after_reset "
+        "FROM torture_sink_audit WHERE sink_id = %s ORDER BY id",
+        (sink_id,),
+    ):
+        now = (int(row[0]), int(row[1]), int(row[2]), int(row[3]))
+        if previous is not None and (
+            now[:2] < previous[:2]
+            or (not rebasing and now[0] == previous[0] and any(a < b for a, b in zip(now, previous, strict=True)))
+        ):
+            went_back.append(f"the sink row went back: (generation, term, checkpointed, committed) {previous} -> {now}")
+        rebasing = bool(row[4])
+        previous = now
+    return went_back
+
+
 @dataclass
 class Findings:
     anomalies: list[str] = field(default_factory=list)
@@ -356,22 +379,8 @@ def check_run(
 
     # The sink row's numbers move forward only; a reset starts a new generation, and its first registration
     # (the row awaiting a writer) starts the checkpoint again at the new query's.
-    previous: tuple[int, int, int, int] | None = None
-    rebasing = False
-    for row in connection.execute(
-        "SELECT generation, writer_term, checkpointed_epoch, committed_epoch, awaiting_writer_after_reset "
-        "FROM torture_sink_audit WHERE sink_id = %s ORDER BY id",
-        (sink_id,),
-    ):
-        now = (int(row[0]), int(row[1]), int(row[2]), int(row[3]))
-        went_back = previous is not None and (
-            now[:2] < previous[:2]
-            or (not rebasing and now[0] == previous[0] and any(a < b for a, b in zip(now, previous, strict=True)))
-        )
-        if went_back:
-            found.anomaly(f"the sink row went back: (generation, term, checkpointed, committed) {previous} -> {now}")
-        rebasing = bool(row[4])
-        previous = now
+    for went_back in sink_row_went_back(connection, sink_id):
+        found.anomaly(went_back)
 
     # Snapshot markers along the ancestry, oldest first, never go back (within a generation; generations rise).
     markers = [

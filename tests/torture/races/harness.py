@@ -32,8 +32,9 @@ from pyiceberg.catalog import Catalog, load_catalog
 from coordinator_service import metrics
 from coordinator_service.contract.errors import CoordinatorError
 from coordinator_service.contract.views import PreCommitOutcome
-from coordinator_service.engine.operations import Operations, Operator
-from coordinator_service.engine.protocol import PreCommitRequest, TableRequest
+from coordinator_service.engine.operations import Operations
+from coordinator_service.engine.operator.answers import Operator
+from coordinator_service.engine.writer_requests import PreCommitRequest, TableRequest
 from coordinator_service.log.database import libpq_url, normalize_url
 from coordinator_service.runtime import Runtime, migrate
 from coordinator_service.settings import Settings
