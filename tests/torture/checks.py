@@ -107,7 +107,8 @@ def _sample(values: Any, limit: int = 10) -> str:
 
 
 def settled(connection: psycopg.Connection[Any], sink: str) -> tuple[int, int] | None:
-    """(checkpointed, committed) once everything checkpointed is committed and every aborted file cleaned."""
+    """(checkpointed, committed) once everything checkpointed is committed and every aborted file cleaned, those of
+    attempts that a later attempt replaced included (the harness's coordinators delete them without delay)."""
     row = connection.execute(
         "SELECT id, checkpointed_epoch, committed_epoch FROM sinks WHERE name = %s", (sink,)
     ).fetchone()
@@ -115,9 +116,11 @@ def settled(connection: psycopg.Connection[Any], sink: str) -> tuple[int, int] |
         return None
     sink_id, checkpointed, committed = row
     busy = connection.execute(
-        "SELECT count(*) FROM pending_sink_state WHERE sink_id = %s AND ("
-        " (status = 'PENDING' AND epoch <= %s) OR (status = 'ABORTED' AND NOT files_cleaned))",
-        (sink_id, checkpointed),
+        "SELECT (SELECT count(*) FROM pending_sink_state WHERE sink_id = %(sink)s AND ("
+        "  (status = 'PENDING' AND epoch <= %(checkpointed)s) OR (status = 'ABORTED' AND NOT files_cleaned)))"
+        " + (SELECT count(*) FROM epoch_files WHERE sink_id = %(sink)s AND discarded_at IS NOT NULL"
+        "    AND deleted_at IS NULL)",
+        {"sink": sink_id, "checkpointed": checkpointed},
     ).fetchone()
     if committed != checkpointed or (busy is not None and busy[0] > 0):
         return None
