@@ -35,7 +35,7 @@ from coordinator_service.tables.markers import (
     SinkIdentity,
 )
 from coordinator_service.tables.precommit_files import FileFacts
-from coordinator_service.tables.pyiceberg_internals import MetadataOnceTransaction
+from coordinator_service.tables.pyiceberg_internals import MetadataOnceTransaction, coordinator_transaction
 
 log = structlog.get_logger(__name__)
 
@@ -167,7 +167,7 @@ class IcebergGateway(FileDescriptions):
         lock before it aborts anything whose files may then be deleted (docs/architecture.md, "The fence")."""
         try:
             table = without_retries(self.load(identifier))
-            transaction = MetadataOnceTransaction(table)
+            transaction = coordinator_transaction(table)
             fence = {FENCE_SINK: sink.name, FENCE_SINK_ID: sink.incarnation, FENCE_REASON: reason[:500]}
             with transaction.update_snapshot(snapshot_properties=fence).fast_append():
                 pass  # no file: the new head is the fence
@@ -194,7 +194,7 @@ def without_retries(table: Table) -> Table:
 def commit_transaction(table: Table, properties: Mapping[str, str]) -> MetadataOnceTransaction:
     """A transaction on the table that makes sure of `properties` (those a sink's commits keep: maintenance) and of a
     name mapping (files written by name, not by field id, read right): every commit of files opens one."""
-    transaction = MetadataOnceTransaction(table)
+    transaction = coordinator_transaction(table)
     wanted = dict(properties)
     if table.metadata.name_mapping() is None:
         wanted[TableProperties.DEFAULT_NAME_MAPPING] = table.schema().name_mapping.model_dump_json()

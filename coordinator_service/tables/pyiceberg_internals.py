@@ -88,7 +88,7 @@ def replace_files(
     table: Table, replaced: Sequence[DataFile], written: Sequence[DataFile], marker: dict[str, str]
 ) -> Table:
     """Commit one `replace` snapshot on `table` as loaded: `replaced` out, `written` in, `marker` in its summary."""
-    transaction = table.transaction()
+    transaction = coordinator_transaction(table)
     with ReplaceFiles(
         operation=Operation.OVERWRITE, transaction=transaction, io=table.io, snapshot_properties=marker
     ) as rewrite:
@@ -207,3 +207,15 @@ class MetadataOnceTransaction(Transaction):
         if computed is None or computed[0] is not base or computed[1] is not updates:
             computed = self._computed = (base, updates, update_table_metadata(base, updates))
         return computed[2]
+
+
+def coordinator_transaction(table: Table) -> MetadataOnceTransaction:
+    """The transaction every commit of the coordinator on a table opens. It turns Iceberg's own deletion of the
+    metadata files a commit drops from the metadata log off (write.metadata.delete-after-commit.enabled=false, set
+    by every commit): pyiceberg would delete them right after the commit, outside the one place that proves a
+    deletion safe. They become orphans, which the sweep deletes through that place (docs/architecture.md, "Deletion
+    is proven, never assumed"). Set even when the table as loaded says false: pyiceberg reads the committed
+    metadata's value, and a commit that adds a snapshot applies over property changes made since the load."""
+    transaction = MetadataOnceTransaction(table)
+    transaction.set_properties({TableProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED: "false"})
+    return transaction

@@ -26,7 +26,7 @@ from pyiceberg.table.update.snapshot import ExpireSnapshots
 from coordinator_service.tables.file_listing import listed_files
 from coordinator_service.tables.iceberg import without_retries
 from coordinator_service.tables.markers import MARKER_EPOCH, SinkIdentity
-from coordinator_service.tables.pyiceberg_internals import data_files_of, replace_files
+from coordinator_service.tables.pyiceberg_internals import coordinator_transaction, data_files_of, replace_files
 
 # Files smaller than this share of the target size are compacted (Iceberg's rewrite default, 75 %).
 SMALL_FILE_SHARE = 0.75
@@ -238,7 +238,7 @@ def expire(table: Table, snapshot_ids: Sequence[int]) -> tuple[Table, Reachable]
     snapshots = table.metadata.snapshots
     kept = reachable(table.io, (s for s in snapshots if s.snapshot_id not in expired_ids))
     gone = reachable(table.io, (s for s in snapshots if s.snapshot_id in expired_ids)) - kept
-    transaction = without_retries(table).transaction()
+    transaction = coordinator_transaction(without_retries(table))
     ExpireSnapshots(transaction).by_ids(sorted(expired_ids)).commit()
     return transaction.commit_transaction(), gone
 
@@ -429,10 +429,10 @@ def same_file(uri: str) -> str:
 
 
 def table_properties_for(merge_min_count: int) -> Mapping[str, str]:
-    """What the coordinator sets on tables it maintains: commits merge manifests, and metadata files of
-    older versions go with the commit that supersedes them (Iceberg keeps previous-versions-max of them)."""
+    """What the coordinator sets on tables it maintains: commits merge manifests. (The metadata files a commit
+    drops from the metadata log, beyond Iceberg's previous-versions-max, are left to the orphan sweep:
+    pyiceberg_internals.coordinator_transaction.)"""
     return {
         TableProperties.MANIFEST_MERGE_ENABLED: "true",
         TableProperties.MANIFEST_MIN_MERGE_COUNT: str(merge_min_count),
-        TableProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED: "true",
     }

@@ -16,6 +16,7 @@ from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
 from coordinator_service.contract.errors import FailedPrecondition, NotFound, quote
 from coordinator_service.contract.table_identifiers import check_table_identifier
+from coordinator_service.tables.pyiceberg_internals import coordinator_transaction
 
 if TYPE_CHECKING:  # the gateway creates tables with this module's origin
     from coordinator_service.tables.iceberg import IcebergGateway
@@ -58,7 +59,7 @@ def adopt(tables: IcebergGateway, identifier: str, reason: str, who: str, client
         raise NotFound(f"table {quote(identifier)} does not exist in catalog {tables.catalog_name}") from None
     if table.properties.get(ORIGIN) in (CREATED, ADOPTED):
         return False
-    with table.transaction() as transaction:
+    with coordinator_transaction(table) as transaction:
         transaction.set_properties({ORIGIN: ADOPTED})
     tables.forget(identifier)
     log.warning("table adopted for writers", table=identifier, who=who, client=client, reason=reason)

@@ -49,6 +49,10 @@ def existing(uris: object) -> set[str]:
     return {uri for uri in uris if Path(str(uri).removeprefix("file://")).exists()}
 
 
+def metadata_file_uris(directory: Path) -> set[str]:
+    return {path.as_uri() for path in directory.glob("*.metadata.json")}
+
+
 def epoch_metadata_of(database_url: str, epoch: int) -> tuple[DataFileEntry, ...]:
     return epoch_metadata(database_url, epoch).data_files
 
@@ -238,6 +242,46 @@ async def test_the_orphan_sweep_deletes_only_old_files_that_nothing_references_o
     assert await asyncio.to_thread(existing, [in_flight, pending]) == {in_flight, pending}
     assert await asyncio.to_thread(existing, referenced) == referenced
     assert rows_digest(catalog.load_table("db.orders")) == before
+
+
+async def test_superseded_metadata_files_are_deleted_by_the_sweep_alone(
+    admin_factory: AdminFactory, catalog: Catalog, database_url: str
+) -> None:
+    """A table whose owners asked Iceberg to delete the metadata files its log drops at each commit (keeping 2):
+    the coordinator's commits delete nothing outside its proof ("Deletion is proven, never assumed"); the files the
+    log no longer names are orphans, which the sweep deletes once they are older than the grace."""
+    admin = await admin_factory(orphan_grace_seconds=3600, **NO_COMPACTION)
+    registration = await admin.register("orders")
+    await admin.pre_commit("orders", registration, 0, 0)
+    assert await admin.checkpoint("orders", registration, 0) == 0
+    with catalog.load_table("db.orders").transaction() as transaction:
+        transaction.set_properties(
+            {
+                TableProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED: "true",
+                TableProperties.METADATA_PREVIOUS_VERSIONS_MAX: "2",
+            }
+        )
+    metadata_directory = Path(registration.table_location.removeprefix("file://"), "metadata")
+    written: set[str] = set()
+    for epoch in range(1, 6):
+        written |= await asyncio.to_thread(metadata_file_uris, metadata_directory)
+        await admin.pre_commit("orders", registration, epoch, epoch * 10)
+        assert await admin.checkpoint("orders", registration, epoch) == epoch
+    table = catalog.load_table("db.orders")
+    dropped = {tm.same_file(uri) for uri in written} - {tm.same_file(uri) for uri in tm.metadata_files(table)}
+    assert len(dropped) >= 3
+    assert await asyncio.to_thread(existing, sorted(dropped)) == dropped  # no commit deleted them
+    assert table.metadata.properties[TableProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED] == "false"
+    two_hours_ago = time.time() - 7200
+    for uri in dropped:
+        os.utime(uri.removeprefix("file://"), (two_hours_ago, two_hours_ago))
+
+    run = await admin.runtime.maintainer.run_now(sink_id_of(database_url, "orders"))
+
+    assert (run.outcome, run.swept) == ("ok", True), run.error
+    assert run.orphans_deleted >= len(dropped)
+    assert await asyncio.to_thread(existing, sorted(dropped)) == set()
+    assert table_order_ids(catalog.load_table("db.orders")) == list(range(60))
 
 
 async def test_commits_merge_manifests_so_that_their_number_stays_bounded(
