@@ -28,7 +28,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a short run (about 2 minutes) for CI: fewer cells")
-    parser.add_argument("--parts", default="1,2,3,4,5,6,7,8,9,10,11", help="which parts to run (default: all)")
+    parser.add_argument("--parts", default="1,2,3,4,5,6,7,8,9,10,11,12", help="which parts to run (default: all)")
     parser.add_argument("--profile", action="store_true", help="py-spy the coordinator during parts 1, 2 and 4")
     parser.add_argument("--output", type=Path, default=RESULTS, help="directory of latest.md and latest.json")
     args = parser.parse_args(argv)
@@ -129,6 +129,11 @@ def main(argv: list[str] | None = None) -> int:
                     commits=1000 if args.quick else 10_000,
                     raw_commits=200 if args.quick else 1000,
                 )
+            )
+        if 12 in parts:
+            print("part 12: soak at the default settings, a commit per epoch ...", flush=True)
+            results["soak_defaults"] = asyncio.run(
+                soak.run_at_defaults(postgres, root, commits=500 if args.quick else 2500)
             )
         if 8 in parts:
             print("part 8: pre-commit on far object storage ...", flush=True)

@@ -91,7 +91,7 @@ async def commit_latency(
     finally:
         coordinator.stop()
     tenth = max(1, commits // 10)
-    result = {
+    result: dict[str, Any] = {
         "commits": commits,
         "coordinator": latency_stats(coordinated),
         "raw": latency_stats(raw),

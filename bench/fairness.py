@@ -26,7 +26,7 @@ from coordinator_service.tables.markers import MARKER_EPOCH, MARKER_SINK
 
 
 async def _stream(
-    stub: pb_grpc.SinkCoordinatorStub, sink: str, seconds: float, batch_seconds: float, offset: float
+    stub: pb_grpc.SinkCoordinatorAsyncStub, sink: str, seconds: float, batch_seconds: float, offset: float
 ) -> dict[int, float]:
     """One writer: an epoch per batch for `seconds`; returns each epoch's checkpoint time (wall clock)."""
     registration = await register_orders_sink(stub, sink, f"bench.{sink.replace('-', '_')}")

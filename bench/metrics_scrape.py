@@ -21,13 +21,13 @@ import grpc
 import httpx
 
 from bench.infra import Coordinator, Postgres, latency_stats, register_orders_sink
-from coordinator_service import metrics
 from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.contract.rpc import sink_coordinator_pb2_grpc as pb_grpc
+from coordinator_service.metrics import scrape
 
 TABLES = 10
 # The families the log reporter alone exports.
-LOG_FAMILIES = frozenset({name for name, _, _ in metrics._LOG_GAUGES} | {"sink_coordinator_table_committed_epoch"})
+LOG_FAMILIES = frozenset({name for name, _, _ in scrape.LOG_GAUGES} | {"sink_coordinator_table_committed_epoch"})
 # Sinks registered, pre-committed and committed at a time while the log is filled.
 CONCURRENCY = 16
 BEFORE = {"SINK_COORDINATOR_METRICS_SINK_DETAIL_MAX_SINKS": "1000000"}

@@ -45,7 +45,7 @@ class SinkSet:
     next_epoch: dict[str, itertools.count[int]] = field(default_factory=dict)
 
 
-async def register_sinks(stub: pb_grpc.SinkCoordinatorStub, prefix: str, count: int, rows: int = 100) -> SinkSet:
+async def register_sinks(stub: pb_grpc.SinkCoordinatorAsyncStub, prefix: str, count: int, rows: int = 100) -> SinkSet:
     names = [f"{prefix}-{i}" for i in range(count)]
     terms: dict[str, int] = {}
     files: dict[str, list[str]] = {}
@@ -68,7 +68,7 @@ def _precommit_request(sinks: SinkSet, sink: str, with_file: bool) -> pb.PreComm
 
 
 async def drive_precommits(
-    stub: pb_grpc.SinkCoordinatorStub, sinks: SinkSet, concurrency: int, seconds: float, with_file: bool
+    stub: pb_grpc.SinkCoordinatorAsyncStub, sinks: SinkSet, concurrency: int, seconds: float, with_file: bool
 ) -> dict[str, Any]:
     """`concurrency` writers, writer w on sink w mod len(sinks), each pre-committing its next epoch in a loop."""
     latencies: list[float] = []

@@ -58,6 +58,8 @@ def render(results: dict[str, Any]) -> str:
         lines += _fairness(results["fairness"])
     if "soak" in results:
         lines += _soak(results["soak"])
+    if "soak_defaults" in results:
+        lines += _soak_defaults(results["soak_defaults"])
     if "object_storage" in results:
         lines += _object_storage(results["object_storage"])
     if "e2e_cluster_s3" in results:
@@ -373,6 +375,34 @@ def _fairness(part: dict[str, Any]) -> list[str]:
         )
     ratio = part["ratio_worst_p99_to_alone_p99"]
     lines += ["", f"Worst sink's p99 / baseline p99: **{ratio:.2f}** — goal {_goal(ratio <= 2.0)}.", ""]
+    return lines
+
+
+def _soak_defaults(part: dict[str, Any]) -> list[str]:
+    settings = ", ".join(f"{key.removeprefix('SINK_COORDINATOR_')}={value}" for key, value in part["settings"].items())
+    lines = [
+        "## 12. Soak at the default settings, a commit per epoch",
+        "",
+        f"{part['commits']:,} commits of one {part['rows_per_file']}-row file each, every setting at its default but "
+        f"{settings} ({part['wall_seconds']:,.0f} s in all): maintenance's own clock (300 s) is far too slow for "
+        "this rate, so only the commits' triggers (a commit past SNAPSHOT_MAX_COUNT=500 snapshots, or leaving "
+        "enough small files to compact) keep the table within its bounds. Goal: the snapshots never pass the bound "
+        "by more than what commits while a run works, and the p50 levels off.",
+        "",
+        "| commits | p50 ms | p99 ms | snapshots | manifests | live data files |",
+        "|---|---|---|---|---|---|",
+    ]
+    for window in part["windows"]:
+        lines.append(
+            f"| {window['commits']:,} | {_f(window['p50_ms'], 1)} | {_f(window['p99_ms'], 1)} | "
+            f"{window['snapshots']:,} | {window['manifests']:,} | {window['data_files']:,} |"
+        )
+    lines += [
+        "",
+        f"Most snapshots at a window's end: **{part['max_snapshots']:,}**; p50 of the last window / the first: "
+        f"{part['p50_last_over_first_window']:.2f}.",
+        "",
+    ]
     return lines
 
 

@@ -1,4 +1,5 @@
-"""Part 7, soak: a table that takes a commit every second for months, compressed into one run.
+"""Part 7, soak: a table that takes a commit every second for months, compressed into one run. Part 12: the
+same loop at the coordinator's default settings, a commit per epoch.
 
 `commits` commits of one small file each go through the coordinator (PreCommit, then CommitCheckpoint(wait)
 timed until COMMITTED) with its table maintenance on and scheduled tightly, beside raw pyiceberg fast
@@ -42,6 +43,13 @@ MAINTENANCE = {
     "SINK_COORDINATOR_MANIFEST_MERGE_MIN_COUNT": "16",
     "SINK_COORDINATOR_POLL_INTERVAL_SECONDS": "1",
 }
+
+
+# Part 12: the coordinator's defaults (maintenance on its 300 s clock, at most 500 snapshots, compaction from 5 small
+# files) with every epoch committed on its own, as fast as the loop goes: only the commits' own maintenance triggers
+# can keep the table within its bounds.
+AT_DEFAULTS = {"SINK_COORDINATOR_MAINTENANCE_ENABLED": "true", "SINK_COORDINATOR_COMMIT_INTERVAL_SECONDS": "0"}
+WINDOW = 250
 
 
 def table_shape(table: Any) -> dict[str, Any]:
@@ -134,4 +142,48 @@ async def run(postgres: Postgres, root: Path, *, commits: int, raw_commits: int)
         "raw_table": table_shape(catalog.load_table("bench.soak_raw")),
         "twin_table": {**table_shape(twin_table), "location": twin_location},
         "scan_seconds": {"maintained": ours_scan, "uncompacted_twin": twin_scan, "ratio": ours_scan / twin_scan},
+    }
+
+
+async def run_at_defaults(postgres: Postgres, root: Path, *, commits: int) -> dict[str, Any]:
+    """`commits` commits of one small file at the default settings: per window of WINDOW commits, the commit p50
+    and the table's live snapshots, manifests and data files at its end."""
+    database_url = postgres.new_database("soak_defaults")
+    coordinator = Coordinator(database_url, root / "soak-defaults", env=AT_DEFAULTS).start()
+    catalog = load_catalog("default", type="sql", uri=database_url, warehouse=coordinator.warehouse.as_uri())
+    windows: list[dict[str, Any]] = []
+    seconds: list[float] = []
+    started = time.monotonic()
+    try:
+        async with grpc.aio.insecure_channel(coordinator.target) as channel:
+            stub = pb_grpc.SinkCoordinatorStub(channel)
+            registration = await register_orders_sink(stub, "soak", "bench.soak_defaults")
+            term = registration.writer_term
+            for epoch in range(commits):
+                path = write_orders_file(registration.table_location, ROWS_PER_FILE, first=epoch * ROWS_PER_FILE)
+                await stub.PreCommit(
+                    pb.PreCommitRequest(
+                        sink="soak", epoch=epoch, writer_term=term, data_files=[pb.DataFile(path=path)]
+                    ),
+                    timeout=60,
+                )
+                begun = time.monotonic()
+                await stub.CommitCheckpoint(
+                    pb.CommitCheckpointRequest(sink="soak", epoch=epoch, writer_term=term, wait=True), timeout=120
+                )
+                seconds.append(time.monotonic() - begun)
+                if (epoch + 1) % WINDOW == 0:
+                    shape = await asyncio.to_thread(table_shape, catalog.load_table("bench.soak_defaults"))
+                    windows.append({"commits": epoch + 1, **latency_stats(seconds[-WINDOW:]), **shape})
+        soak_seconds = time.monotonic() - started
+    finally:
+        coordinator.stop()
+    return {
+        "commits": commits,
+        "rows_per_file": ROWS_PER_FILE,
+        "wall_seconds": soak_seconds,
+        "settings": AT_DEFAULTS,
+        "windows": windows,
+        "max_snapshots": max(window["snapshots"] for window in windows),
+        "p50_last_over_first_window": windows[-1]["p50_ms"] / windows[0]["p50_ms"],
     }

@@ -43,7 +43,7 @@ def raw_read_rate(bootstrap: str, topic: str, partitions: int, records: int) -> 
         parsed = 0
         while parsed < records:
             messages = consumer.consume(BATCH_MESSAGES, timeout=1.0)
-            values = [message.value() for message in messages if message.error() is None]
+            values = [value for message in messages if message.error() is None and (value := message.value())]
             if values:
                 table = pj.read_json(pa.BufferReader(b"\n".join(values)), parse_options=options)
                 parsed += table.num_rows

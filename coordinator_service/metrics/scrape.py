@@ -79,7 +79,7 @@ GaugeOf = Callable[[SinkGauges], float | None]
 
 
 # The gauges that are the log's: the same on every replica, reported by the log's reporter alone.
-_LOG_GAUGES: Final[Sequence[tuple[str, str, GaugeOf]]] = (
+LOG_GAUGES: Final[Sequence[tuple[str, str, GaugeOf]]] = (
     ("sink_coordinator_pending_epochs", "PENDING epochs of the sink (at scrape time).", lambda s: s.pending),
     (
         "sink_coordinator_aborted_epochs_in_log",
@@ -175,7 +175,7 @@ class _ScrapedGauges(Collector):
         yield reporter
         if scrape.pool is not None:
             yield from _pool_families(scrape.pool)
-        for name, documentation, value in (*(_LOG_GAUGES if scrape.log_reporter else ()), *_PROCESS_GAUGES):
+        for name, documentation, value in (*(LOG_GAUGES if scrape.log_reporter else ()), *_PROCESS_GAUGES):
             family = GaugeMetricFamily(name, documentation, labels=["sink"])
             for sink in sinks:
                 measured = value(sink)
