@@ -48,7 +48,8 @@ from pyspark.sql.pandas.types import from_arrow_type
 from spark_writer.formats.avro_decoding import AvroPayloads, avro_table_type
 from spark_writer.formats.dead_letters import DeadLetterTarget
 from spark_writer.formats.json_schema_decoding import JsonSchemaPayloads, json_schema_table_type
-from spark_writer.formats.protobuf_decoding import SERIALIZED, ProtobufPayloads, protobuf_table_type
+from spark_writer.formats.protobuf_decoding import ProtobufPayloads, protobuf_table_type
+from spark_writer.formats.protobuf_schemas import SERIALIZED
 from spark_writer.formats.registry_decoding import (
     PayloadDecoder,
     RegistryDecoder,
