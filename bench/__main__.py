@@ -25,6 +25,12 @@ from bench.report import render
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def keep_profile(results: dict[str, Any], part: str, profile: Path | None) -> None:
+    """A part's py-spy profile (with --profile) kept in the results as its top frames."""
+    if profile is not None:
+        results.setdefault("profiles", {})[part] = top_frames(profile)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a short run (about 2 minutes) for CI: fewer cells")
@@ -57,16 +63,14 @@ def main(argv: list[str] | None = None) -> int:
                     profile=profile,
                 )
             )
-            if profile is not None:
-                results.setdefault("profiles", {})["precommit"] = top_frames(profile)
+            keep_profile(results, "precommit", profile)
         if 2 in parts:
             print("part 2: commit path ...", flush=True)
             profile = profiles / "commit.txt" if args.profile else None
             results["commit"] = asyncio.run(
                 commit.commit_latency(postgres, root, commits=15 if args.quick else 60, profile=profile)
             )
-            if profile is not None:
-                results.setdefault("profiles", {})["commit"] = top_frames(profile)
+            keep_profile(results, "commit", profile)
             results["coalescing"] = asyncio.run(
                 commit.coalescing(
                     postgres,
@@ -91,8 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                 repetitions=1 if args.quick else 3,
                 profile=profile,
             )
-            if profile is not None:
-                results.setdefault("profiles", {})["recovery"] = top_frames(profile)
+            keep_profile(results, "recovery", profile)
         if 5 in parts:
             print("part 5: scale ...", flush=True)
             results["scale"] = {

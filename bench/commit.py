@@ -29,6 +29,7 @@ from bench.infra import (
     linked_copy,
     py_spy,
     register_orders_sink,
+    timed_epoch,
     write_orders_file,
 )
 from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
@@ -69,23 +70,9 @@ async def commit_latency(
             with py_spy(coordinator.pid, profile or Path("unused"), profile is not None):
                 for epoch in range(commits):
                     path = write_orders_file(registration.table_location, rows, first=epoch * rows)
-                    await stub.PreCommit(
-                        pb.PreCommitRequest(
-                            sink="commit",
-                            epoch=epoch,
-                            writer_term=registration.writer_term,
-                            data_files=[pb.DataFile(path=path)],
-                        )
-                    )
-                    started = time.monotonic()
-                    answer = await stub.CommitCheckpoint(
-                        pb.CommitCheckpointRequest(
-                            sink="commit", epoch=epoch, writer_term=registration.writer_term, wait=True
-                        ),
-                        timeout=60,
-                    )
-                    coordinated.append(time.monotonic() - started)
-                    assert answer.committed_epoch >= epoch, answer
+                    files = [pb.DataFile(path=path)]
+                    _, seconds = await timed_epoch(stub, "commit", registration.writer_term, epoch, files, 60)
+                    coordinated.append(seconds)
                     raw_path = write_orders_file(raw_location, rows, first=epoch * rows)
                     raw.append(await asyncio.to_thread(raw_append, catalog, "bench.raw_commit", raw_path))
     finally:

@@ -277,10 +277,12 @@ async def timed_epoch(
         timeout=rpc_seconds,
     )
     committing = time.monotonic()
-    await stub.CommitCheckpoint(
+    answer = await stub.CommitCheckpoint(
         pb.CommitCheckpointRequest(sink=sink, epoch=epoch, writer_term=term, wait=True), timeout=rpc_seconds
     )
-    return committing - started, time.monotonic() - committing
+    committed = time.monotonic() - committing
+    assert answer.committed_epoch >= epoch, answer  # a figure of an epoch the wait did not see committed is no figure
+    return committing - started, committed
 
 
 def files_rows(count: int, precommits: dict[str, list[float]], commits: dict[str, list[float]]) -> list[dict[str, Any]]:

@@ -25,7 +25,15 @@ from pyiceberg.catalog import load_catalog
 from pyiceberg.io.pyarrow import parquet_file_to_data_file
 
 from bench.commit import raw_append
-from bench.infra import ORDERS, Coordinator, Postgres, latency_stats, register_orders_sink, write_orders_file
+from bench.infra import (
+    ORDERS,
+    Coordinator,
+    Postgres,
+    latency_stats,
+    register_orders_sink,
+    timed_epoch,
+    write_orders_file,
+)
 from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.contract.rpc import sink_coordinator_pb2_grpc as pb_grpc
 from coordinator_service.tables.iceberg import IcebergGateway
@@ -105,17 +113,8 @@ async def run(postgres: Postgres, root: Path, *, commits: int, raw_commits: int)
                 twin = twin_dir / f"{epoch}.parquet"
                 os.link(path.removeprefix("file://"), twin)
                 twin_files.append(twin.as_uri())
-                await stub.PreCommit(
-                    pb.PreCommitRequest(
-                        sink="soak", epoch=epoch, writer_term=term, data_files=[pb.DataFile(path=path)]
-                    ),
-                    timeout=60,
-                )
-                begun = time.monotonic()
-                await stub.CommitCheckpoint(
-                    pb.CommitCheckpointRequest(sink="soak", epoch=epoch, writer_term=term, wait=True), timeout=120
-                )
-                coordinated.append(time.monotonic() - begun)
+                _, commit_seconds = await timed_epoch(stub, "soak", term, epoch, [pb.DataFile(path=path)], 120)
+                coordinated.append(commit_seconds)
                 if epoch < raw_commits:
                     raw_path = write_orders_file(raw_location, ROWS_PER_FILE, first=epoch * ROWS_PER_FILE)
                     raw.append(await asyncio.to_thread(raw_append, catalog, "bench.soak_raw", raw_path))
@@ -161,17 +160,8 @@ async def run_at_defaults(postgres: Postgres, root: Path, *, commits: int) -> di
             term = registration.writer_term
             for epoch in range(commits):
                 path = write_orders_file(registration.table_location, ROWS_PER_FILE, first=epoch * ROWS_PER_FILE)
-                await stub.PreCommit(
-                    pb.PreCommitRequest(
-                        sink="soak", epoch=epoch, writer_term=term, data_files=[pb.DataFile(path=path)]
-                    ),
-                    timeout=60,
-                )
-                begun = time.monotonic()
-                await stub.CommitCheckpoint(
-                    pb.CommitCheckpointRequest(sink="soak", epoch=epoch, writer_term=term, wait=True), timeout=120
-                )
-                seconds.append(time.monotonic() - begun)
+                _, commit_seconds = await timed_epoch(stub, "soak", term, epoch, [pb.DataFile(path=path)], 120)
+                seconds.append(commit_seconds)
                 if (epoch + 1) % WINDOW == 0:
                     shape = await asyncio.to_thread(table_shape, catalog.load_table("bench.soak_defaults"))
                     windows.append({"commits": epoch + 1, **latency_stats(seconds[-WINDOW:]), **shape})

@@ -19,20 +19,13 @@ import logging
 import os
 import shutil
 import signal
-import time
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Final
 
-import pyarrow as pa
-import pyarrow.compute as pc
 import typer
 from pydantic import SecretStr
-from pyiceberg.catalog import Catalog
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.listener import (
     QueryIdleEvent,
@@ -41,9 +34,7 @@ from pyspark.sql.streaming.listener import (
     QueryTerminatedEvent,
     StreamingQueryListener,
 )
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.progress import Progress, TaskID
 
 from coordinator_service.contract.client import CoordinatorClient
 from coordinator_service.contract.flag_values import KEY_VALUE, KeyValue, parse_key_value
@@ -52,25 +43,29 @@ from coordinator_service.log.embedded import stop_embedded_postgres
 from coordinator_service.runtime import catalog_properties, metastore_url, open_catalog
 from coordinator_service.settings import Settings
 from coordinator_service.tables.catalog_access import CatalogAccess
-from coordinator_service.tables.markers import MARKER_SINK
+from sink_coordinator_demo.console_output import (
+    Phases,
+    console,
+    print_summary,
+    progress_bar,
+    read_the_table,
+    while_serving,
+)
 from sink_coordinator_demo.local_services import CoordinatorService, LocalProcess, NoidaKafkaBroker, ServiceError
 from sink_coordinator_demo.object_store import emulated_object_store, local_object_store
-from sink_coordinator_demo.orders import COUNTRY_CURRENCIES, ORDER_SCHEMA_DDL, create_topic, produce_orders
+from sink_coordinator_demo.orders import ORDER_SCHEMA_DDL, create_topic, produce_orders
 from sink_coordinator_demo.ports import free_port, port_is_free
 from sink_coordinator_demo.spark_cluster import SparkCluster, start_spark_cluster
+from sink_coordinator_demo.table_check import check_routes, check_table, fan_out_routes, route_tables
 from spark_writer.job import run_until_done, start_job
 from spark_writer.job_settings import KafkaSettings, ParseSettings, SinkSettings
-from spark_writer.routing.routes import Routes
 from spark_writer.session import local_spark_session
 from spark_writer.stop_signals import StopRequest, stop_on_signals
 from spark_writer.worker_logging import set_worker_log_level
 
 DEFAULT_EVENTS: Final = 100_000
 DEFAULT_BATCHES: Final = 8
-# --fan-out: the orders of these countries go to a table each; the others' (JP) to the sink's own table.
-ROUTED_COUNTRIES: Final = ("DE", "FR", "ES", "GB", "US")
 
-console = Console()
 app = typer.Typer(
     name="sink-coordinator-demo",
     help="Kafka -> Spark -> Iceberg exactly once, through the sink coordinator, on this machine.",
@@ -80,56 +75,6 @@ app = typer.Typer(
     rich_markup_mode=None,
     context_settings={"max_content_width": 120},
 )
-
-
-@dataclass
-class Phases:
-    """Wall-clock time of each step, in order."""
-
-    seconds: dict[str, float] = field(default_factory=dict)
-
-    @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        started = time.monotonic()
-        try:
-            yield
-        except BaseException:
-            console.print(f"[red]✗[/red] {name}")
-            raise
-        self.seconds[name] = time.monotonic() - started
-        console.print(f"[green]✓[/green] {name} [dim]({self.seconds[name]:.1f} s)[/dim]")
-
-
-@dataclass(frozen=True)
-class TableCheck:
-    rows: int
-    distinct_orders: int
-    duplicates: int
-    missing: int
-    snapshots: int
-    location: str
-
-
-@dataclass(frozen=True)
-class RouteCheck:
-    """One table of a fan-out: the countries routed to it, its rows, and those of another country (none)."""
-
-    table: str
-    countries: tuple[str, ...]
-    rows: int
-    misrouted: int
-
-
-def fan_out_routes(table: str) -> Routes:
-    return Routes.static("country", [(country, f"{table}_{country.lower()}") for country in ROUTED_COUNTRIES])
-
-
-def route_tables(table: str, routes: Routes | None) -> dict[str, tuple[str, ...]]:
-    """Every table of the sink and the countries whose orders it must hold: the sink's own takes the rest."""
-    if routes is None:
-        return {table: tuple(COUNTRY_CURRENCIES)}
-    routed = {route_table: (country,) for country, route_table in routes.tables.items()}
-    return {table: tuple(sorted(set(COUNTRY_CURRENCIES) - set(routes.tables))), **routed}
 
 
 class BatchProgress(StreamingQueryListener):
@@ -166,52 +111,6 @@ def quiet_spark() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning, module="pyspark")
 
 
-def _bar(description: str) -> Progress:
-    return Progress(
-        TextColumn("  {task.description:<16}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-    )
-
-
-def check_table(catalog: Catalog, tables: Sequence[str], sink: str, events: int) -> TableCheck:
-    """Count the orders of the sink's tables (the first is its own): each of 1..events must be in one exactly once."""
-    loaded = [catalog.load_table(table) for table in tables]
-    ids = pa.chunked_array(
-        [chunk for each in loaded for chunk in each.scan(selected_fields=("order_id",)).to_arrow()["order_id"].chunks],
-        type=pa.int64(),
-    )
-    counts = pc.value_counts(ids).flatten()
-    distinct = len(counts[0])
-    duplicates = pc.sum(pc.greater(counts[1], 1)).as_py() or 0
-    expected = pc.and_(pc.greater_equal(counts[0], 1), pc.less_equal(counts[0], events))
-    return TableCheck(
-        rows=len(ids),
-        distinct_orders=distinct,
-        duplicates=int(duplicates),
-        missing=events - int(pc.sum(expected).as_py() or 0),
-        snapshots=sum(
-            1
-            for each in loaded
-            for s in each.snapshots()
-            if s.summary is not None and s.summary.get(MARKER_SINK) == sink
-        ),
-        location=str(loaded[0].location()),
-    )
-
-
-def check_routes(catalog: Catalog, tables: Mapping[str, tuple[str, ...]]) -> list[RouteCheck]:
-    """Each table's rows, and how many are of a country not routed to it."""
-    checks = []
-    for table, countries in tables.items():
-        column = catalog.load_table(table).scan(selected_fields=("country",)).to_arrow().column("country")
-        misrouted = pc.sum(pc.invert(pc.is_in(column, value_set=pa.array(countries)))).as_py() or 0
-        checks.append(RouteCheck(table, countries, len(column), int(misrouted)))
-    return checks
-
-
 def reset_data_dir(data_dir: Path) -> None:
     """Stop the embedded PostgreSQL of the data directory (if it runs) and delete the directory."""
     if (data_dir / "postgres" / "postmaster.pid").exists():
@@ -226,7 +125,7 @@ def stream_orders(
     spark: SparkSession, kafka: KafkaSettings, sink: SinkSettings, events: int, stop: StopRequest
 ) -> None:
     """Run the writer until the topic is drained, with a progress bar fed by the query's progress events."""
-    with _bar("stream") as progress:
+    with progress_bar("stream") as progress:
         task = progress.add_task("starting", total=events)
         listener = BatchProgress(sink.sink, progress, task)
         spark.streams.addListener(listener)
@@ -238,90 +137,6 @@ def stream_orders(
             spark.streams.removeListener(listener)
         # The last progress event may come after the query ended: the table check counts the records.
         progress.update(task, completed=events, description="drained")
-
-
-def print_summary(
-    events: int,
-    check: TableCheck,
-    committed_epochs: int,
-    settings: Settings,
-    phases: Phases,
-    where: dict[str, str],
-    reading: str,
-    routes: Sequence[RouteCheck] = (),
-) -> None:
-    """The results, the time of each phase, where things are, and (whole lines, to paste) how to read the table."""
-    misrouted = sum(route.misrouted for route in routes)
-    ok = check.duplicates == 0 and check.missing == 0 and check.rows == events and misrouted == 0
-    results = Table(title="exactly once?" + (" [green]yes[/green]" if ok else " [red]NO[/red]"), show_header=False)
-    results.add_column(style="bold")
-    results.add_column(justify="right")
-    for label, value in [
-        ("records produced", events),
-        ("rows in the Iceberg table" + ("s" if routes else ""), check.rows),
-        ("distinct order ids", check.distinct_orders),
-        ("duplicates (order ids seen more than once)", check.duplicates),
-        ("missing (order ids not in the table)", check.missing),
-        ("epochs (Spark micro-batches) committed", committed_epochs),
-        ("Iceberg snapshots written by the sink", check.snapshots),
-    ]:
-        style = "red" if label.startswith(("duplicates", "missing")) and value else ""
-        results.add_row(label, f"[{style}]{value:,}[/{style}]" if style else f"{value:,}")
-    # The defaults at work: epochs checkpointed within one interval share a snapshot; maintenance keeps the
-    # table's metadata and files bounded however long it streams (docs/operations.md).
-    results.add_row("commit interval (epochs meanwhile: one snapshot)", f"{settings.commit_interval_seconds:g} s")
-    results.add_row(
-        "table maintenance (expiry, merge, compaction, sweep)",
-        f"every {settings.maintenance_interval_seconds:g} s" if settings.maintenance_enabled else "off",
-    )
-    if routes:
-        results.add_row("misrouted (rows in a table not routed their country)", f"{misrouted:,}")
-    tables = Table(title="fan-out: the orders by country")
-    for column in ("table", "countries routed to it", "rows", "misrouted"):
-        tables.add_column(column, justify="right" if column in ("rows", "misrouted") else "left")
-    for route in routes:
-        tables.add_row(route.table, ", ".join(route.countries), f"{route.rows:,}", f"{route.misrouted:,}")
-    timings = Table(title="time per phase", show_header=False)
-    timings.add_column(style="bold")
-    timings.add_column(justify="right")
-    for name, seconds in phases.seconds.items():
-        timings.add_row(name, f"{seconds:.1f} s")
-    timings.add_row("total", f"{sum(phases.seconds.values()):.1f} s")
-    places = Table(title="where things are", show_header=False)
-    places.add_column(style="bold")
-    places.add_column(overflow="fold")
-    for place, location in where.items():
-        places.add_row(place, location)
-    console.print(results, *([tables] if routes else []), timings, places)
-    console.print("read the table:", reading, sep="\n", soft_wrap=True, markup=False, highlight=False)
-    if not ok:
-        raise typer.Exit(1)
-
-
-def read_the_table(access: CatalogAccess, data_dir: Path, *, secrets_are_local: bool) -> str:
-    """pyiceberg's and DuckDB's lines for the demo's table, and the command that prints Spark's too."""
-    spark = f"sink-coordinator catalog {access.table}" + (
-        "" if data_dir == Path(".sink-coordinator").resolve() else f" --data-dir {data_dir}"
-    )
-    return "\n".join(
-        [
-            *access.pyiceberg(show_secrets=secrets_are_local),
-            *access.duckdb(show_secrets=secrets_are_local),
-            f"(Spark's lines too: {spark})",
-        ]
-    )
-
-
-def while_serving(keep_serving: bool, s3: bool) -> str:
-    """Where the console and the API are once the demo ended."""
-    if keep_serving:
-        return ""
-    if s3:  # `make serve` has another data dir, and the emulator holding the table goes with the demo
-        return (
-            ", while the coordinator runs: run the demo with --keep-serving (the S3 and Glue emulator, and the "
-            "table, go with the demo)"
-        )
-    return ", while the coordinator runs: --keep-serving, or `make serve`"
 
 
 @app.callback(invoke_without_command=True)
@@ -458,7 +273,7 @@ def main(
                     f"{topic} on {bootstrap_servers} (the demo's broker: stopped, and its data deleted, when the demo "
                     "ends; `python -m sink_coordinator_demo broker` runs one for your own topics)"
                 )
-        with phases.phase(f"produce {events:,} orders"), _bar("produce") as progress:
+        with phases.phase(f"produce {events:,} orders"), progress_bar("produce") as progress:
             create_topic(bootstrap_servers, topic, partitions, replication_factor)
             task = progress.add_task(topic, total=events)
             produce_orders(bootstrap_servers, topic, events, lambda n: progress.advance(task, n))

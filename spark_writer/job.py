@@ -24,24 +24,37 @@ timestamp). See docs/spark-writer.md for every flag and how exactly-once works.
 from __future__ import annotations
 
 import logging
-import math
-import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Final
+from typing import Annotated
 
 import structlog
 import typer
 from pydantic import ByteSize
-from pyspark.sql import SparkSession
 
 from coordinator_service.contract.flag_values import KEY_VALUE, SIZE, KeyValue, parse_key_value, parse_size
 from coordinator_service.contract.logs import LogFormat, LogLevel, configure_logging
 from coordinator_service.contract.table_identifiers import sink_name_problem, table_identifier_problem
 from spark_writer.driver_jvm import SparkLog
-from spark_writer.job_failures import ExitCode, JobFailure, failure_of, one_line
-from spark_writer.job_records import registry_parser, table_records
+from spark_writer.job_failures import ExitCode, failure_of, one_line
+from spark_writer.job_flags import (
+    MAX_WAIT_SECONDS,
+    SECONDS,
+    coordinator_address,
+    op_map_flag,
+    partition_syntax,
+    refused_by,
+    seconds,
+)
+from spark_writer.job_run import (
+    DEFAULT_LOCAL_MASTER,
+    check_before_spark,
+    run_on_spark,
+    run_until_done,
+    spark_session,
+    start_job,
+)
 from spark_writer.job_settings import (
     DEFAULT_SAMPLE_SIZE,
     KafkaSettings,
@@ -50,125 +63,32 @@ from spark_writer.job_settings import (
     RecordFormat,
     SinkSettings,
 )
-from spark_writer.kafka.options import DEFAULT_STARTING_OFFSETS, parse_options
-from spark_writer.kafka.source import KafkaDataSource
-from spark_writer.mutations.modes import Envelope, MutationMode, Mutations, Op, default_op_map, key_names, parse_op_map
-from spark_writer.mutations.tasks import keyed_tasks
+from spark_writer.kafka.options import DEFAULT_STARTING_OFFSETS
+from spark_writer.mutations.modes import Envelope, MutationMode, Mutations, Op, default_op_map, key_names
 from spark_writer.routing.routes import Unrouted, routes_from_flags
-from spark_writer.session import local_spark_session, retries_tasks, with_task_retries
-from spark_writer.sink.iceberg_sink import (
-    DEFAULT_COORDINATOR_RETRY_SECONDS,
-    DEFAULT_TARGET_FILE_SIZE_BYTES,
-    write_to_iceberg,
-)
+from spark_writer.session import with_task_retries
+from spark_writer.sink.iceberg_sink import DEFAULT_COORDINATOR_RETRY_SECONDS, DEFAULT_TARGET_FILE_SIZE_BYTES
 from spark_writer.sink.kafka_records import DEFAULT_JSON_TIME_ZONE, BadRecordPolicy, check_time_zone
-from spark_writer.sink.parquet_writer import append_tasks
-from spark_writer.sink.partitioning import parse_partition_specs
-from spark_writer.sink.sink_query import IcebergSinkQuery
-from spark_writer.start_checks import wait_for_coordinator, wait_for_topics
-from spark_writer.stop_signals import StopRequest, stop_on_signals
+from spark_writer.stop_signals import stop_on_signals
 from spark_writer.worker_logging import set_worker_log_level
 
+# The job's Python API (docs/spark-writer.md) is this module's: the settings, the session, the query started and
+# waited for; the command line is `app` (run: the `sink-writer` command).
+__all__ = [
+    "DEFAULT_LOCAL_MASTER",
+    "KafkaSettings",
+    "ParseSettings",
+    "RecordFormat",
+    "SinkSettings",
+    "app",
+    "main",
+    "run",
+    "run_until_done",
+    "spark_session",
+    "start_job",
+]
+
 log = structlog.get_logger(__name__)
-
-STOP_CHECK_SECONDS: Final = 1
-# A local master without a retry count is given one (spark_writer.session.with_task_retries).
-DEFAULT_LOCAL_MASTER: Final = "local[*]"
-MAX_WAIT_SECONDS: Final = 86_400.0
-
-
-def spark_session(master: str | None, spark_log: SparkLog | None = None, app_name: str = "sink-writer") -> SparkSession:
-    """The session to run in: spark-submit's when it launched us (its JVM logs as spark-submit says), else a local
-    one (Java found, source registered); `spark_log`: where the JVM of a local one and py4j log (else the console)."""
-    if spark_log is not None:
-        spark_log.capture_py4j()
-    # spark-submit starts the JVM first and tells the Python driver its gateway port.
-    if master is None and "PYSPARK_GATEWAY_PORT" in os.environ:
-        spark = SparkSession.builder.appName(app_name).getOrCreate()
-        spark.dataSource.register(KafkaDataSource)
-        submitted_master = spark.sparkContext.master or ""
-        if not retries_tasks(submitted_master):
-            log.warning(
-                "failed tasks are not retried under this master: pass spark-submit --master 'local[N, 4]'",
-                master=submitted_master,
-            )
-        return spark
-    if spark_log is not None:
-        log.info("spark's own log", path=str(spark_log.path), on_console=spark_log.on_console)
-    return local_spark_session(app_name, master or DEFAULT_LOCAL_MASTER, spark_log)
-
-
-def start_job(spark: SparkSession, kafka: KafkaSettings, parse: ParseSettings, sink: SinkSettings) -> IcebergSinkQuery:
-    records, parser = table_records(spark, kafka, parse, sink.sink)
-    return write_to_iceberg(
-        records,
-        sink=sink.sink,
-        table=sink.table,
-        coordinator=sink.coordinator,
-        checkpoint_location=sink.checkpoint_location,
-        partition_by=sink.partition_by,
-        target_file_size_bytes=sink.target_file_size_bytes,
-        processing_time=sink.processing_time,
-        available_now=sink.available_now,
-        writer_token=sink.writer_token,
-        evolve_schema=parse.evolve_schema,
-        transform=parser,
-        query_name=sink.sink,
-        coordinator_retry_seconds=sink.coordinator_retry_seconds,
-        storage=sink.storage,
-        routes=sink.routes,
-        key_columns=parse.mutations.key,
-        tasks=keyed_tasks if parse.mutations.keyed else append_tasks,
-    )
-
-
-def run_until_done(query: IcebergSinkQuery, stop: StopRequest) -> bool:
-    """Wait for the query (availableNow: until drained); False if a stop was requested and made first."""
-    while not query.await_termination(STOP_CHECK_SECONDS):
-        if stop.signal is not None:
-            log.warning("stop requested: stopping the query between two batches", signal=stop.signal.name)
-            query.stop()
-            return False
-    return True
-
-
-def check_before_spark(
-    kafka: KafkaSettings, parse: ParseSettings, sink: SinkSettings, wait_for_topic: float, stop: StopRequest
-) -> None:
-    """What needs no Spark, checked before it starts: the coordinator answers, the topics exist (with the Python
-    source; Spark's connector waits for a topic as Spark's users know), the registry has the subjects."""
-    wait_for_coordinator(sink.coordinator, sink.writer_token, sink.sink, sink.coordinator_retry_seconds, stop)
-    if kafka.source is KafkaSource.PYTHON and not stop.requested:
-        wait_for_topics(parse_options(kafka.source_options()), wait_for_topic, stop)
-    if parse.record_format.registry_format is not None and not stop.requested:
-        try:
-            registry_parser(kafka, parse, sink.sink)  # the subjects' schemas read and mapped: refused now, not in Spark
-        except ValueError as error:
-            raise JobFailure(one_line(str(error)), ExitCode.USAGE) from None
-
-
-def run_on_spark(
-    kafka: KafkaSettings,
-    parse: ParseSettings,
-    sink: SinkSettings,
-    master: str | None,
-    spark_log: SparkLog,
-    stop: StopRequest,
-) -> bool:
-    """Start Spark and run the job; False when a stop request ended it before its end."""
-    spark = spark_session(master, spark_log)
-    stop.install()  # the SparkContext replaced SIGINT's handler
-    try:
-        if stop.requested:
-            return False
-        try:
-            query = start_job(spark, kafka, parse, sink)
-        except ValueError as error:  # what could only be checked on the running session (a schema, a column)
-            raise JobFailure(one_line(str(error)), ExitCode.USAGE) from None
-        return run_until_done(query, stop)
-    finally:
-        # Stops the listener bus before the interpreter exits, so that no event is sent to a closed gateway.
-        spark.stop()
 
 
 def ended(error: BaseException, spark_log: SparkLog) -> typer.Exit:
@@ -182,66 +102,6 @@ def ended(error: BaseException, spark_log: SparkLog) -> typer.Exit:
     log.error("sink writer failed", error=failure.cause, exit_code=int(failure.exit_code), **where)
     return typer.Exit(failure.exit_code)
 
-
-def seconds(low: float, high: float) -> Callable[[str], float]:
-    """A flag's parser of a number of seconds from `low` to `high` (not NaN, not infinite)."""
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise typer.BadParameter(f"{text!r} is not a number of seconds") from None
-        if not (math.isfinite(value) and low <= value <= high):
-            raise typer.BadParameter(f"{text!r} is not between {low:g} and {high:g} seconds")
-        return value
-
-    return parse
-
-
-def refused_by(problem: Callable[[str], str | None]) -> Callable[[str], str]:
-    """A flag's check of a name against a policy (coordinator_service.contract.table_identifiers), naming the flag."""
-
-    def check(value: str) -> str:
-        found = problem(value)
-        if found is not None:
-            raise typer.BadParameter(found)
-        return value
-
-    return check
-
-
-# gRPC's own target schemes (dns:///host:port, unix:/path, ...): taken as they are.
-GRPC_TARGET_SCHEMES: Final = ("dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:", "xds:")
-
-
-def coordinator_address(value: str) -> str:
-    """A flag's check of the coordinator's gRPC address: HOST:PORT (a port from 1 to 65535), or a gRPC target."""
-    if value.startswith(GRPC_TARGET_SCHEMES):
-        return value
-    if "://" in value:
-        raise typer.BadParameter(f"{value!r} is a URL: give the coordinator's gRPC address, HOST:PORT")
-    host, _, port = value.rpartition(":")
-    if not host.strip("[]") or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise typer.BadParameter(f"{value!r} is not HOST:PORT (a port from 1 to 65535), such as 127.0.0.1:50051")
-    return value
-
-
-def partition_syntax(values: list[str] | None) -> list[str] | None:
-    try:
-        parse_partition_specs(values or ())
-    except ValueError as error:
-        raise typer.BadParameter(str(error)) from None
-    return values
-
-
-def op_map_flag(text: str) -> dict[str, Op]:
-    try:
-        return parse_op_map(text)
-    except ValueError as error:
-        raise typer.BadParameter(str(error)) from None
-
-
-SECONDS: Final = "<seconds>"
 
 app = typer.Typer(
     name="sink-writer",

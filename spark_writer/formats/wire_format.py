@@ -1,6 +1,6 @@
 """Confluent's wire format, read a batch at a time: magic byte 0, a 4-byte big-endian schema id, then the payload.
 
-(Protobuf payloads start with the message indexes, which ``protobuf_decoding`` reads.)
+(Protobuf payloads start with the message indexes, which ``protobuf_schemas`` reads.)
 The header of every record of a batch is checked and read in Arrow and numpy,
 without a Python object per record. A value that cannot be a framed record (a
 tombstone, fewer than 5 bytes, another magic byte) gets its reason; it never

@@ -298,7 +298,25 @@ class BatchInput:
     decoding: RecordDecoding
 
 
-class JsonBatchParser:
+class SchemaKnownSoFar:
+    """What the parsers whose tasks decode (JsonBatchParser, registry_records.RegistryBatchParser) share: the
+    decoding of the schema known so far, which each replaces as its schema grows, and the table rows' schema it
+    gives."""
+
+    _decoding: RecordDecoding
+
+    @property
+    def decoding(self) -> RecordDecoding:
+        """How the tasks decode records with the schema known so far."""
+        return self._decoding
+
+    @property
+    def table_schema(self) -> pa.Schema:
+        """The Arrow schema of the table rows with the schema known so far."""
+        return self._decoding.decoder.output_schema
+
+
+class JsonBatchParser(SchemaKnownSoFar):
     """Parses each batch's JSON values with the schema known so far, in the writer's tasks.
 
     The writer hands every micro-batch to `prepare`, which gives the tasks the
@@ -341,16 +359,6 @@ class JsonBatchParser:
         self._cached: DataFrame | None = None
         self._refused: Mapping[str, str] = {}
         self._decoding = self._decoding_of(schema)
-
-    @property
-    def decoding(self) -> RecordDecoding:
-        """How the tasks decode records with the schema known so far."""
-        return self._decoding
-
-    @property
-    def table_schema(self) -> pa.Schema:
-        """The Arrow schema of the table rows with the schema known so far."""
-        return self._decoding.decoder.output_schema
 
     def prepare(self, batch: DataFrame) -> BatchInput:
         """The batch's input to the writer's tasks, after learning its new fields (with `evolve`)."""

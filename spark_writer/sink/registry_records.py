@@ -48,7 +48,8 @@ from pyspark.sql.pandas.types import from_arrow_type
 from spark_writer.formats.avro_decoding import AvroPayloads, avro_table_type
 from spark_writer.formats.dead_letters import DeadLetterTarget
 from spark_writer.formats.json_schema_decoding import JsonSchemaPayloads, json_schema_table_type
-from spark_writer.formats.protobuf_decoding import SERIALIZED, ProtobufPayloads, protobuf_table_type
+from spark_writer.formats.protobuf_decoding import ProtobufPayloads, protobuf_table_type
+from spark_writer.formats.protobuf_schemas import SERIALIZED
 from spark_writer.formats.registry_decoding import (
     PayloadDecoder,
     RegistryDecoder,
@@ -66,6 +67,7 @@ from spark_writer.sink.kafka_records import (
     BadRecordPolicy,
     BatchInput,
     RecordDecoding,
+    SchemaKnownSoFar,
     bad_record_properties,
     task_columns,
 )
@@ -347,7 +349,7 @@ def key_values(registry: RegistrySettings, subject: RegistrySubject) -> Registry
     return RegistryValues(registry, _Column(registry, subject, grows=False).payloads(), absent_is_null=True)
 
 
-class RegistryBatchParser:
+class RegistryBatchParser(SchemaKnownSoFar):
     """Decodes each batch's values (and keys) with their registered schemas, in the writer's tasks.
 
     The ``DecodesInTasks`` transform of ``write_to_iceberg`` for Avro, Protobuf and
@@ -385,15 +387,6 @@ class RegistryBatchParser:
             schema_id=self._value.version.schema_id,
             key_subject=None if key is None else key.subject,
         )
-
-    @property
-    def decoding(self) -> RecordDecoding:
-        """How the tasks decode records with the schema known so far."""
-        return self._decoding
-
-    @property
-    def table_schema(self) -> pa.Schema:
-        return self._decoding.decoder.output_schema
 
     def prepare(self, batch: DataFrame) -> BatchInput:
         """The batch's input to the writer's tasks, with the subjects' latest versions (with `evolve`)."""

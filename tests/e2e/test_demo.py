@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from sink_coordinator_demo.cli import while_serving
+from sink_coordinator_demo.console_output import while_serving
 from sink_coordinator_demo.ports import free_port
 from tests.fixtures.duckdb_reader import duckdb_rows
 

@@ -15,7 +15,7 @@ from confluent_kafka.schema_registry import Schema
 from typer.testing import CliRunner
 
 from sink_coordinator_demo.ports import free_port
-from spark_writer import job
+from spark_writer import job, job_run
 from spark_writer.driver_jvm import SparkLog
 from spark_writer.formats.schema_registry import RegistrySettings, registry_client
 from spark_writer.job_failures import ExitCode, JobFailure
@@ -121,10 +121,10 @@ def test_spark_log_file_defaults_to_the_temporary_directory_and_the_console_at_d
 ) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with (
-        mock.patch.object(job, "spark_session") as spark_session,
-        mock.patch.object(job, "start_job"),
-        mock.patch.object(job, "wait_for_coordinator"),
-        mock.patch.object(job, "wait_for_topics"),
+        mock.patch.object(job_run, "spark_session") as spark_session,
+        mock.patch.object(job_run, "start_job"),
+        mock.patch.object(job_run, "wait_for_coordinator"),
+        mock.patch.object(job_run, "wait_for_topics"),
         mock.patch.object(job, "configure_logging"),
         mock.patch.object(job, "set_worker_log_level"),
     ):
@@ -337,7 +337,7 @@ def test_bad_route_flags_are_refused_before_spark_starts(started: Started, flags
 
 
 def test_an_error_the_job_cannot_name_ends_in_one_line_that_names_spark_log(started: Started) -> None:
-    with mock.patch.object(job, "start_job", side_effect=RuntimeError("disk on fire\n  at somewhere")):
+    with mock.patch.object(job_run, "start_job", side_effect=RuntimeError("disk on fire\n  at somewhere")):
         result = started.invoke()
     assert result.exit_code == ExitCode.FAILED
     last = result.output.splitlines()[-1]
@@ -348,7 +348,7 @@ def test_an_error_the_job_cannot_name_ends_in_one_line_that_names_spark_log(star
 
 def test_a_failure_the_job_names_is_its_line_and_code_alone(started: Started) -> None:
     missing = JobFailure("topic 'orders' does not exist on Kafka at b:9092: create it", ExitCode.USAGE)
-    with mock.patch.object(job, "wait_for_topics", side_effect=missing):
+    with mock.patch.object(job_run, "wait_for_topics", side_effect=missing):
         result = started.invoke()
     assert result.exit_code == ExitCode.USAGE
     assert "topic 'orders' does not exist" in result.output.splitlines()[-1]
