@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import pytest
 from pyiceberg.catalog import Catalog
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
+from coordinator_service.contract.client import CoordinatorRpcError
 from spark_writer.arrow_schema import arrow_schema_of, serialize_schema
 from spark_writer.sink.iceberg_sink import write_to_iceberg
 from spark_writer.sink.sink_query import SinkRefusedError
@@ -42,12 +44,22 @@ def test_fenced_writer_stops_with_the_reason(
     )
     coordinator.wait_for_log("pre-commit persisted", sink="orders", epoch=1)
 
-    # Another job takes the sink over (say, a second deployment started by mistake).
+    # Another job takes the sink over (say, a second deployment started by mistake) from the checkpoint the
+    # coordinator recorded. The running writer may checkpoint between the read and the registration, which is then
+    # refused as a checkpoint behind the coordinator's: read it again, as a restarted deployment would.
     with coordinator.client() as client:
-        recorded = client.sink_state("orders").checkpointed_epoch
-        newer = client.register_writer(
-            "orders", "shop.orders", recorded, arrow_schema=serialize_schema(arrow_schema_of(orders.schema))
-        )
+        for _ in range(20):
+            recorded = client.sink_state("orders").checkpointed_epoch
+            try:
+                newer = client.register_writer(
+                    "orders", "shop.orders", recorded, arrow_schema=serialize_schema(arrow_schema_of(orders.schema))
+                )
+                break
+            except CoordinatorRpcError as error:
+                if error.code != grpc.StatusCode.FAILED_PRECONDITION or "checkpoint was lost" not in error.message:
+                    raise
+        else:
+            raise AssertionError("the running writer checkpointed before every one of 20 registrations")
     assert newer.writer_term == 2
 
     with pytest.raises((StreamingQueryException, SinkRefusedError), match="fenced by term 2"):
