@@ -53,7 +53,7 @@ VALUES: dict[str, tuple[PrimitiveType, st.SearchStrategy[Any], bool]] = {
     "fixed": (FixedType(3), st.binary(min_size=3, max_size=3), False),
     "decimal": (
         DecimalType(12, 3),
-        st.decimals(min_value=-(10**9), max_value=10**9, places=3, allow_nan=False, allow_infinity=False),
+        st.decimals(min_value=-(10**9) + 1, max_value=10**9 - 1, places=3, allow_nan=False, allow_infinity=False),
         True,
     ),
 }
