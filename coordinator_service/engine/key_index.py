@@ -25,8 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Sequence
-from dataclasses import replace
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 
 import structlog
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -63,6 +62,9 @@ from coordinator_service.tables.row_deltas import RowDeltaCommit
 
 log = structlog.get_logger(__name__)
 
+# Rows loaded at once (a rebuild, a catch-up of a compaction) after which the index's statistics are refreshed.
+_ANALYZE_AFTER_ROWS = 100_000
+
 
 class KeyIndex:
     """The key index of every keyed table, in the metastore."""
@@ -86,17 +88,21 @@ class KeyIndex:
             return LiveRows()
         indexed = indexed_table(table)
         encoded = await asyncio.to_thread(encoded_keys, table, wanted)
+        outdated = None
         async with self.database.transaction() as session:
-            index = await self._follow(session, table, indexed)
+            index, loaded = await self._follow(session, table, indexed)
             found = await key_index.find_keys(session, index.index_id, encoded)
             files = await key_index.files_by_id(session, index.index_id, sorted({row[1] for row in found}))
             try:
-                return await asyncio.to_thread(answer, table, wanted, encoded, found, files)
+                live = await asyncio.to_thread(answer, table, wanted, encoded, found, files)
             except DescriptionOutdated as error:
                 # A file indexed under a schema the table dropped since (Java's expiry can remove unused ones):
                 # describe every file again.
-                await self._rebuild(session, table, indexed, index, str(error))
-        return await self.positions(table, wanted)
+                outdated = error
+                loaded += await self._rebuild(session, table, indexed, index, str(error))
+        if loaded >= _ANALYZE_AFTER_ROWS:
+            await self._analyze()
+        return live if outdated is None else await self.positions(table, wanted)
 
     async def record(self, committed: RowDeltaCommit) -> bool:
         """Record a row delta committed on the snapshot it was resolved at (`committed`, from row_deltas): the rows
@@ -118,12 +124,7 @@ class KeyIndex:
             ):
                 return False
             numbers = await key_index.file_ids_by_path(session, index.index_id, list(record.deleted))
-            removed = await key_index.remove_positions(
-                session,
-                index.index_id,
-                [numbers.get(path, 0) for path, rows in record.deleted.items() for _ in rows],
-                [position for rows in record.deleted.values() for position in rows],
-            )
+            removed = await key_index.remove_rows(session, index.index_id, _places(numbers, record.deleted))
             if removed != record.deleted_rows:
                 # The commit deleted live rows the index did not hold: the index was wrong before it.
                 log.error(
@@ -153,12 +154,13 @@ class KeyIndex:
         async with self.database.transaction() as session:
             return await key_index.forget_index(session, table_uuid)
 
-    async def _follow(self, session: AsyncSession, table: LoadedTable, indexed: IndexedTable) -> IndexState:
-        """The table's index, locked, brought to the table's current snapshot: caught up or rebuilt."""
+    async def _follow(self, session: AsyncSession, table: LoadedTable, indexed: IndexedTable) -> tuple[IndexState, int]:
+        """The table's index, locked, brought to the table's current snapshot (caught up or rebuilt), and how many rows
+        that loaded."""
         index = await key_index.lock_index(session, indexed.table_uuid, indexed.name, indexed.key_columns)
         plan = await in_catalog(plan_catch_up, table, index)
         if isinstance(plan, Current):
-            return index
+            return index, 0
         if isinstance(plan, TableBehind):
             raise CatalogConflict(
                 f"table {indexed.name} as loaded (snapshot {indexed.snapshot_id}) is older than its key index "
@@ -168,26 +170,29 @@ class KeyIndex:
             # A catch-up of a compaction may load millions of rows in one statement.
             await key_index.without_statement_timeout(session)
             started = time.monotonic()
+            loaded = 0
             for snapshot_id in plan.snapshot_ids:
                 changes = await in_catalog(snapshot_changes, table, snapshot_id)
                 applied = changes if isinstance(changes, Rebuild) else await self._apply(session, table, index, changes)
-                if applied is not None:
-                    return await self._rebuild(session, table, indexed, index, applied.reason)
+                if isinstance(applied, Rebuild):
+                    return index, await self._rebuild(session, table, indexed, index, applied.reason)
+                loaded += applied
             log.info(
                 "key index caught up",
                 table=indexed.name,
                 snapshots=len(plan.snapshot_ids),
+                rows_loaded=loaded,
                 seconds=round(time.monotonic() - started, 3),
             )
-            return replace(index, snapshot_id=indexed.snapshot_id)
-        return await self._rebuild(session, table, indexed, index, plan.reason)
+            return index, loaded
+        return index, await self._rebuild(session, table, indexed, index, plan.reason)
 
     async def _apply(
         self, session: AsyncSession, table: LoadedTable, index: IndexState, changes: SnapshotChanges
-    ) -> Rebuild | None:
-        """Apply one snapshot's changes: its removed data files' rows out, its added data files' rows in, the rows
-        its added position delete files delete out; Rebuild when it removed a delete file whose data files stay (the
-        rows it deleted may live again)."""
+    ) -> Rebuild | int:
+        """Apply one snapshot's changes: its removed data files' rows out, its added data files' rows in (how many:
+        the answer), the rows its added position delete files delete out; Rebuild when it removed a delete file whose
+        data files stay (the rows it deleted may live again)."""
         index_id = index.index_id
         gone = await key_index.file_ids_by_path(session, index_id, changes.removed_paths)
         removed = await key_index.remove_files(session, index_id, list(gone.values()))
@@ -195,12 +200,7 @@ class KeyIndex:
         for delete_file in changes.added_deletes:
             deleted = await in_catalog(deleted_by_path, table, delete_file)
             numbers = await key_index.file_ids_by_path(session, index_id, list(deleted))
-            removed += await key_index.remove_positions(
-                session,
-                index_id,
-                [numbers[path] for path, rows in deleted.items() if path in numbers for _ in rows],
-                [position for path, rows in deleted.items() if path in numbers for position in rows],
-            )
+            removed += await key_index.remove_rows(session, index_id, _places(numbers, deleted))
         for delete_file in changes.removed_deletes:
             deleted = await in_catalog(deleted_by_path, table, delete_file)
             kept = await key_index.file_ids_by_path(session, index_id, list(deleted))
@@ -210,7 +210,7 @@ class KeyIndex:
                     "the rows it deleted may be live again"
                 )
         await key_index.move_to(session, index_id, changes.snapshot_id, added - removed)
-        return None
+        return added
 
     async def _add_data_files(
         self, session: AsyncSession, table: LoadedTable, index_id: int, data_files: Sequence[TableFile]
@@ -235,9 +235,9 @@ class KeyIndex:
 
     async def _rebuild(
         self, session: AsyncSession, table: LoadedTable, indexed: IndexedTable, index: IndexState, reason: str
-    ) -> IndexState:
+    ) -> int:
         """Load the index afresh from the live rows of the table's current snapshot (the scan key_resolution reads
-        keys with), with COPY."""
+        keys with), with COPY; how many rows."""
         started = time.monotonic()
         await key_index.without_statement_timeout(session)  # the table's every row, in one statement
         await key_index.empty_index(session, index.index_id, indexed.name, indexed.key_columns, indexed.key_types)
@@ -267,7 +267,27 @@ class KeyIndex:
             files=len(new_files),
             seconds=round(time.monotonic() - started, 3),
         )
-        return IndexState(index.index_id, indexed.snapshot_id, True, indexed.key_columns, indexed.key_types, loaded)
+        return loaded
+
+    async def _analyze(self) -> None:
+        """Bring the planner's statistics of the index to what a load just put in it, after its transaction: without
+        them PostgreSQL reads a table's whole index for a lookup by key or place (it takes `index_id = n` for
+        selective). Autovacuum keeps them after that, as commits change the index a little at a time."""
+        started = time.monotonic()
+        async with self.database.connection(autocommit=True) as connection:
+            await key_index.refresh_statistics(connection)
+        log.info("key index statistics refreshed", seconds=round(time.monotonic() - started, 3))
+
+
+def _places(numbers: Mapping[str, int], positions: Mapping[str, Sequence[int]]) -> list[int]:
+    """The places (key_index.file_row) of these positions by path, in the files the index names (`numbers`): a file
+    it does not name holds no row of it."""
+    return [
+        key_index.file_row(numbers[path], position)
+        for path, rows in positions.items()
+        if path in numbers
+        for position in rows
+    ]
 
 
 async def _each(pieces: Iterable[bytes]) -> AsyncIterator[bytes]:

@@ -11,12 +11,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import psycopg
 import pyarrow as pa
 import pyarrow.compute as pc
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 # COPY's binary format (PostgreSQL's documentation, "COPY", "Binary Format"): the signature, flags and header
 # extension length, then each row, then the trailer (a field count of -1).
@@ -28,14 +30,20 @@ _COPY_ROW = np.dtype(
         ("fields", ">i2"),
         ("index_id_size", ">i4"),
         ("index_id", ">i4"),
-        ("file_id_size", ">i4"),
-        ("file_id", ">i4"),
-        ("position_size", ">i4"),
-        ("position", ">i8"),
+        ("file_row_size", ">i4"),
+        ("file_row", ">i8"),
         ("key_size", ">i4"),
     ]
 )
-_COPY_STATEMENT = "COPY key_index (index_id, file_id, position, key) FROM STDIN (FORMAT BINARY)"
+_COPY_STATEMENT = "COPY key_index (index_id, file_row, key) FROM STDIN (FORMAT BINARY)"
+# A row's place in key_index.file_row: its file's number in these high bits, its position in the low ones.
+_POSITION_BITS = 32
+_POSITIONS = 1 << _POSITION_BITS
+
+
+def file_row(file_id: int, position: int) -> int:
+    """Where a row is, as key_index.file_row holds it."""
+    return (file_id << _POSITION_BITS) | position
 
 
 @dataclass(frozen=True)
@@ -160,18 +168,19 @@ async def without_statement_timeout(session: AsyncSession) -> None:
     await session.execute(text("SET LOCAL statement_timeout = 0"))
 
 
+async def refresh_statistics(connection: AsyncConnection) -> None:
+    """ANALYZE the index's rows (outside the transaction that loaded them: it holds its lock to the end of one)."""
+    await connection.execute(text("ANALYZE key_index"))
+
+
 async def find_keys(session: AsyncSession, index_id: int, keys: Sequence[bytes]) -> list[tuple[bytes, int, int]]:
     """The rows of these keys (their encoded bytes): (key, file_id, position), in no particular order."""
     if not keys:
         return []
-    rows = await session.execute(
-        text(
-            "SELECT key, file_id, position FROM key_index "
-            "WHERE index_id = :index_id AND key = ANY(CAST(:keys AS bytea[]))"
-        ),
-        {"index_id": index_id, "keys": list(keys)},
+    cursor = await (await _driver(session)).execute(
+        "SELECT key, file_row FROM key_index WHERE index_id = %s AND key = ANY(%s)", (index_id, list(keys)), binary=True
     )
-    return [(bytes(key), file_id, position) for key, file_id, position in rows.all()]
+    return [(bytes(key), place >> _POSITION_BITS, place & (_POSITIONS - 1)) for key, place in await cursor.fetchall()]
 
 
 async def files_by_id(session: AsyncSession, index_id: int, file_ids: Sequence[int]) -> list[IndexedFile]:
@@ -233,34 +242,28 @@ async def remove_files(session: AsyncSession, index_id: int, file_ids: Sequence[
     """Remove these files and their rows from the index; how many rows went."""
     if not file_ids:
         return 0
-    parameters = {"index_id": index_id, "file_ids": list(file_ids)}
     removed = await session.execute(
-        text("DELETE FROM key_index WHERE index_id = :index_id AND file_id = ANY(CAST(:file_ids AS integer[]))"),
-        parameters,
+        text(
+            "DELETE FROM key_index k USING unnest(CAST(:firsts AS bigint[])) AS gone(first) "
+            "WHERE k.index_id = :index_id AND k.file_row >= gone.first AND k.file_row < gone.first + :positions"
+        ),
+        {"index_id": index_id, "firsts": [file_row(file_id, 0) for file_id in file_ids], "positions": _POSITIONS},
     )
     await session.execute(
         text("DELETE FROM key_index_files WHERE index_id = :index_id AND file_id = ANY(CAST(:file_ids AS integer[]))"),
-        parameters,
+        {"index_id": index_id, "file_ids": list(file_ids)},
     )
     return int(removed.rowcount)  # type: ignore[attr-defined]
 
 
-async def remove_positions(
-    session: AsyncSession, index_id: int, file_ids: Sequence[int], positions: Sequence[int]
-) -> int:
-    """Remove the rows at these (file, position) pairs; how many there were (a position the index does not hold is
-    no row)."""
-    if not positions:
+async def remove_rows(session: AsyncSession, index_id: int, file_rows: Sequence[int]) -> int:
+    """Remove the rows at these places (file_row); how many there were (a place the index does not hold is no row)."""
+    if not file_rows:
         return 0
-    removed = await session.execute(
-        text(
-            "DELETE FROM key_index k "
-            "USING unnest(CAST(:file_ids AS integer[]), CAST(:positions AS bigint[])) AS gone(file_id, position) "
-            "WHERE k.index_id = :index_id AND k.file_id = gone.file_id AND k.position = gone.position"
-        ),
-        {"index_id": index_id, "file_ids": list(file_ids), "positions": list(positions)},
+    cursor = await (await _driver(session)).execute(
+        "DELETE FROM key_index WHERE index_id = %s AND file_row = ANY(%s)", (index_id, list(file_rows))
     )
-    return int(removed.rowcount)  # type: ignore[attr-defined]
+    return cursor.rowcount
 
 
 async def forget_index(session: AsyncSession, table_uuid: uuid.UUID) -> bool:
@@ -275,16 +278,19 @@ async def forget_index(session: AsyncSession, table_uuid: uuid.UUID) -> bool:
 
 def copy_rows(index_id: int, file_ids: int | Sequence[int], positions: pa.Array, keys: pa.BinaryArray) -> bytes:
     """Rows of the index in COPY's binary format, without its header and trailer (copy_in adds them): each row's
-    file (one number for all, or one per row), position and key's bytes."""
+    file (one number for all, or one per row), position and key's bytes.
+
+    Raises ValueError for a position beyond what file_row holds (a data file of over 4,294,967,295 rows)."""
     count = len(keys)
+    places = positions.to_numpy(zero_copy_only=False).astype(np.int64)
+    if count and (places.min() < 0 or places.max() >= _POSITIONS):
+        raise ValueError(f"row position {places.max()} is beyond the key index's {_POSITIONS - 1}")
     heads = np.empty(count, dtype=_COPY_ROW)
-    heads["fields"] = 4
+    heads["fields"] = 3
     heads["index_id_size"] = 4
     heads["index_id"] = index_id
-    heads["file_id_size"] = 4
-    heads["file_id"] = file_ids
-    heads["position_size"] = 8
-    heads["position"] = positions.to_numpy(zero_copy_only=False)
+    heads["file_row_size"] = 8
+    heads["file_row"] = (np.asarray(file_ids, dtype=np.int64) << _POSITION_BITS) | places
     heads["key_size"] = pc.binary_length(keys).to_numpy(zero_copy_only=False)
     prefix = pa.Array.from_buffers(pa.binary(_COPY_ROW.itemsize), count, [None, pa.py_buffer(heads.tobytes())])
     rows = pc.binary_join_element_wise(prefix.cast(pa.binary()), keys, b"")
@@ -294,12 +300,18 @@ def copy_rows(index_id: int, file_ids: int | Sequence[int], positions: pa.Array,
 
 async def copy_in(session: AsyncSession, chunks: AsyncIterable[bytes]) -> None:
     """Load rows into key_index with one COPY: each chunk is copy_rows' bytes."""
-    connection = await session.connection()
-    raw = await connection.get_raw_connection()
-    driver = raw.driver_connection
-    assert driver is not None
-    async with driver.cursor() as cursor, cursor.copy(_COPY_STATEMENT) as copy:
+    async with (await _driver(session)).cursor() as cursor, cursor.copy(_COPY_STATEMENT) as copy:
         await copy.write(_COPY_HEADER)
         async for chunk in chunks:
             await copy.write(chunk)
         await copy.write(_COPY_TRAILER)
+
+
+async def _driver(session: AsyncSession) -> psycopg.AsyncConnection[Any]:
+    """The session's psycopg connection, in its transaction: for COPY, and for the statements that send or return
+    thousands of rows (SQLAlchemy's rows cost more than the statement)."""
+    connection = await session.connection()
+    raw = await connection.get_raw_connection()
+    driver = raw.driver_connection
+    assert isinstance(driver, psycopg.AsyncConnection)
+    return driver

@@ -328,14 +328,14 @@ class KeyIndexFile(Base):
 
 
 class KeyIndexRow(Base):
-    """A live row of an indexed table: its key's canonical bytes (coordinator_service.tables.key_encoding), its file
-    and position. No foreign key to key_index_files: see migration 0014."""
+    """A live row of an indexed table: its key's canonical bytes (coordinator_service.tables.key_encoding) and where
+    it is (its file's number times 2**32 plus its position in the file). No foreign key to key_index_files: see
+    migration 0014."""
 
     __tablename__ = "key_index"
 
     index_id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    file_id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    position: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     key: Mapped[bytes] = mapped_column(LargeBinary)
+    file_row: Mapped[int] = mapped_column(BigInteger, primary_key=True)
 
     __table_args__ = (Index("ix_key_index_index_id_key", "index_id", "key"),)

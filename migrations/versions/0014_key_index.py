@@ -16,11 +16,14 @@ writes it (docs/architecture.md, "The key index"):
   manifest entry's data file, under the partition type of its spec and schema) for the position delete files that
   delete from it.
 * key_index: one row per live row of the table: its key's canonical bytes (coordinator_service.tables.key_encoding),
-  its file and position. A key may be there twice (rows appended before the table was keyed): the key is not unique,
-  the position is (the primary key, which is also how rows are removed by file and by position). Narrow on purpose
-  (about 60 bytes a row with its two indexes' entries about 30 each, for a key of a long column). No foreign key to
-  key_index_files: the rebuild loads millions of rows with COPY, and a foreign key's check per row would double its
-  time; the code removes a file's rows with the file.
+  and where it is, file_row: its file's number times 2**32 plus its position in the file, one bigint, so that a
+  commit's deleted rows are removed with one `file_row = ANY(array)` looked up in the primary key (a join of
+  (file, position) pairs is planned as a hash join over the whole index when the statistics are stale, as after a
+  rebuild: a scan of every row), and a file's rows are a range of it. A key may be there twice (rows appended before
+  the table was keyed): the key is not unique, the place is. Narrow on purpose: about 120 bytes a row with its two
+  indexes' entries, for a key of a long column (a heap tuple of 48 bytes, about 35 and 30 in the btrees). No foreign
+  key to key_index_files: the rebuild loads millions of rows with COPY, and a foreign key's check per row would
+  double its time; the code removes a file's rows with the file.
 
 Only additions: code at 0006 runs on it, and ignores the new tables.
 """
@@ -68,10 +71,10 @@ def upgrade() -> None:
     )
     op.create_table(
         "key_index",
+        # In this order, the 4-byte index_id and a short key share the 8 bytes before file_row: no padding.
         sa.Column("index_id", sa.Integer(), primary_key=True),
-        sa.Column("file_id", sa.Integer(), primary_key=True),
-        sa.Column("position", sa.BigInteger(), primary_key=True),
         sa.Column("key", sa.LargeBinary(), nullable=False),
+        sa.Column("file_row", sa.BigInteger(), primary_key=True),
     )
     op.create_index("ix_key_index_index_id_key", "key_index", ["index_id", "key"])
 

@@ -213,13 +213,10 @@ def test_the_key_index_migration_only_adds_its_tables_and_rolls_back(database_ur
         "VALUES (%s, 1, 'file:///a.parquet', 0, 0, '\\x00')",
         index_id,
     )
-    query(database_url, "INSERT INTO key_index (index_id, file_id, position, key) VALUES (%s, 1, 0, '\\x01')", index_id)
-    with pytest.raises(psycopg.errors.UniqueViolation):
-        query(
-            database_url,
-            "INSERT INTO key_index (index_id, file_id, position, key) VALUES (%s, 1, 0, '\\x02')",
-            index_id,
-        )
+    place = "INSERT INTO key_index (index_id, file_row, key) VALUES (%s, 4294967296, %s)"
+    query(database_url, place, index_id, b"\x01")
+    with pytest.raises(psycopg.errors.UniqueViolation):  # one row at a place
+        query(database_url, place, index_id, b"\x02")
     query(database_url, "DELETE FROM key_index_tables")
     assert query(database_url, "SELECT count(*) FROM key_index_files") == [(0,)]
 
