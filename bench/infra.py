@@ -54,7 +54,14 @@ class Postgres:
         self.url = start_embedded_postgres(self.data)
 
     def settings(self) -> dict[str, str]:
-        names = ("server_version", "fsync", "synchronous_commit", "wal_sync_method", "max_connections")
+        names = (
+            "server_version",
+            "fsync",
+            "synchronous_commit",
+            "wal_sync_method",
+            "max_connections",
+            "shared_buffers",
+        )
         with psycopg.connect(libpq_url(self.url), autocommit=True) as connection:
             return {name: str(connection.execute(f"SHOW {name}").fetchone()[0]) for name in names}  # type: ignore[index]
 

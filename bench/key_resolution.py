@@ -1,35 +1,51 @@
-"""`python -m bench.key_resolution [--quick]`: what resolving an epoch's keys costs as the table grows, by scanning.
+"""`python -m bench.key_resolution [--quick]`: what resolving an epoch's keys costs as the table grows, by scanning the
+table and through the key index.
 
-Resolving 10,000 keys (coordinator_service.tables.key_resolution.live_rows) on a keyed table of 100,000 rows and on
-one of 1,000,000 rows (the same file size, so ten times the files), and committing an epoch of 10,000 upserts as a
-row delta (resolve, position delete files, one snapshot) on each; ratios from the same run. Two kinds of keys:
-spread uniformly over the table (every file holds some), and the newest ids (the files' id bounds prune the rest).
+On keyed tables of 100,000, 1,000,000 and 10,000,000 rows (the same file size, so ten times the files each), in one
+run:
 
-Writes bench/results/key_resolution.md and key_resolution.json. A pyiceberg SQL catalog on SQLite and local files:
-the catalog is not what is measured.
+* the scan (coordinator_service.tables.key_resolution.live_rows): resolving 10,000 keys, spread uniformly over the
+  table (every file holds some) and the newest ids (the files' id bounds prune the rest), and committing an epoch of
+  10,000 upserts as a row delta resolved by it (commit_row_delta: resolve, position delete files, one snapshot);
+* the key index (coordinator_service.engine.key_index, in PostgreSQL): its rebuild from the table and its size,
+  looking up 10,000 keys spread uniformly, committing an epoch of 10,000 upserts resolved through it (plan, positions,
+  the row delta, record: what the commit path does), and the catch-up of such a commit that was not recorded (a
+  crash between the commit and its record), with the lookup after it.
+
+Writes bench/results/key_resolution.md and key_resolution.json. A pyiceberg SQL catalog on SQLite and local files,
+the index in an embedded PostgreSQL (fsync on): the catalog is not what is measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.table import Table
 
-from bench.infra import machine_facts, spread, temp_root
+from bench.infra import Postgres, machine_facts, spread, temp_root
+from coordinator_service.engine.key_index import KeyIndex
+from coordinator_service.log.database import Database, libpq_url, normalize_url
 from coordinator_service.tables.iceberg import IcebergGateway
 from coordinator_service.tables.key_resolution import live_rows
-from coordinator_service.tables.row_deltas import EpochChange, commit_row_delta
+from coordinator_service.tables.row_deltas import (
+    EpochChange,
+    commit_planned_row_delta,
+    commit_row_delta,
+    plan_row_delta,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROWS_PER_FILE = 50_000
@@ -41,6 +57,8 @@ SCHEMA = pa.schema(
         pa.field("amount", pa.float64()),
     ]
 )
+# The steps of a commit through the index, as the commit path takes them.
+COMMIT_PARTS = ("plan", "positions", "row_delta", "record")
 
 
 def build_table(gateway: IcebergGateway, identifier: str, rows: int) -> Table:
@@ -68,19 +86,33 @@ def timed(function: Callable[[], object], repetitions: int) -> list[float]:
     return seconds
 
 
-def measure(gateway: IcebergGateway, identifier: str, rows: int, repetitions: int, seed: int) -> dict[str, Any]:
-    started = time.perf_counter()
-    table = build_table(gateway, identifier, rows)
-    built = time.perf_counter() - started
-    chooser = random.Random(seed)
+async def timed_async(function: Callable[[], Awaitable[object]], repetitions: int) -> list[float]:
+    seconds = []
+    for _ in range(repetitions):
+        started = time.perf_counter()
+        await function()
+        seconds.append(time.perf_counter() - started)
+    return seconds
+
+
+def upsert_epoch(gateway: IcebergGateway, identifier: str, keys: list[int], tag: str) -> EpochChange:
+    """An epoch that upserts these keys: one data file of their new rows, described as a pre-commit describes it."""
+    table = gateway.load(identifier)
+    path = f"{table.location()}/data/bench-{uuid.uuid4().hex}.parquet"
+    pq.write_table(_rows(keys, tag), path.removeprefix("file://"))
+    entries = gateway.read_data_files(identifier, [path], writer_id=0, evolve_schema=False).entries
+    return EpochChange(entries, pa.table({"id": pa.array(keys, pa.int64())}))
+
+
+def measure_scan(
+    gateway: IcebergGateway, identifier: str, rows: int, repetitions: int, chooser: random.Random
+) -> dict[str, Any]:
+    table = gateway.load(identifier)
     uniform = [(key,) for key in chooser.sample(range(rows), KEYS)]
     newest = [(key,) for key in range(rows - KEYS, rows)]
     found = live_rows(table, uniform)
     assert len(found.positions) == KEYS, "every key is in the table once"
     result: dict[str, Any] = {
-        "rows": rows,
-        "files": -(-rows // ROWS_PER_FILE),
-        "build_seconds": round(built, 1),
         "resolve_uniform_s": spread(timed(lambda: live_rows(table, uniform), repetitions)),
         "resolve_newest_s": spread(timed(lambda: live_rows(table, newest), repetitions)),
         "files_read_uniform": len(found.data_files),
@@ -88,57 +120,172 @@ def measure(gateway: IcebergGateway, identifier: str, rows: int, repetitions: in
     }
     commits = []
     for repetition in range(max(1, repetitions // 2)):
-        keys = chooser.sample(range(rows), KEYS)
-        path = f"{table.location()}/data/bench-{uuid.uuid4().hex}.parquet"
-        pq.write_table(_rows(keys, f"v{repetition + 1}"), path.removeprefix("file://"))
-        entries = gateway.read_data_files(identifier, [path], writer_id=0, evolve_schema=False).entries
-        change = EpochChange(entries, pa.table({"id": pa.array(keys, pa.int64())}))
+        change = upsert_epoch(gateway, identifier, chooser.sample(range(rows), KEYS), f"scan{repetition}")
         table = gateway.load(identifier)
         started = time.perf_counter()
-        committed = commit_row_delta(table, [change], {"bench": str(repetition)})
+        committed = commit_row_delta(table, [change], {"bench": f"scan-{repetition}"})
         commits.append(time.perf_counter() - started)
         assert committed.deleted_rows == KEYS, committed
     result["commit_upserts_s"] = spread(commits)
     return result
 
 
+async def measure_index(
+    gateway: IcebergGateway, identifier: str, database_url: str, rows: int, repetitions: int, chooser: random.Random
+) -> dict[str, Any]:
+    database = Database(normalize_url(database_url))
+    index = KeyIndex(database)
+    try:
+        table = gateway.load(identifier)
+        started = time.perf_counter()
+        await index.positions(table, [(0,)])  # no index yet: rebuilt from the table's live rows
+        rebuilt = time.perf_counter() - started
+        uniform = [(key,) for key in chooser.sample(range(rows), KEYS)]
+        found = await index.positions(table, uniform)
+        assert len(found.positions) == KEYS, "every key is in the table once"
+        result: dict[str, Any] = {
+            "rebuild_s": round(rebuilt, 2),
+            "size_bytes": _index_bytes(database_url),
+            "lookup_uniform_s": spread(await timed_async(lambda: index.positions(table, uniform), repetitions)),
+        }
+        parts: dict[str, list[float]] = {part: [] for part in (*COMMIT_PARTS, "total")}
+        for repetition in range(repetitions):
+            keys = chooser.sample(range(rows), KEYS)
+            change = await asyncio.to_thread(upsert_epoch, gateway, identifier, keys, f"index{repetition}")
+            seconds = await _commit_through_index(index, gateway, identifier, change, record=True)
+            for part, value in seconds.items():
+                parts[part].append(value)
+        result["commit_upserts_s"] = {part: spread(values) for part, values in parts.items()}
+        catch_ups = []
+        for repetition in range(max(1, repetitions // 2)):
+            keys = chooser.sample(range(rows), KEYS)
+            change = await asyncio.to_thread(upsert_epoch, gateway, identifier, keys, f"crash{repetition}")
+            await _commit_through_index(index, gateway, identifier, change, record=False)
+            table = gateway.load(identifier)
+            started = time.perf_counter()
+            await index.positions(table, [(key,) for key in chooser.sample(range(rows), KEYS)])
+            catch_ups.append(time.perf_counter() - started)
+        result["catch_up_and_lookup_s"] = spread(catch_ups)
+        return result
+    finally:
+        await database.dispose()
+
+
+async def _commit_through_index(
+    index: KeyIndex, gateway: IcebergGateway, identifier: str, change: EpochChange, record: bool
+) -> dict[str, float]:
+    """Commit an epoch as the commit path does, through the index; each step's seconds, and the total."""
+    marks = [time.perf_counter()]
+    table = await asyncio.to_thread(gateway.load, identifier)
+    planned = await asyncio.to_thread(plan_row_delta, table, [change])
+    marks.append(time.perf_counter())
+    live = await index.positions(planned.table, planned.keys.keys)
+    marks.append(time.perf_counter())
+    committed = await asyncio.to_thread(commit_planned_row_delta, planned, live, {"bench": uuid.uuid4().hex})
+    marks.append(time.perf_counter())
+    if record:
+        assert await index.record(committed)
+    marks.append(time.perf_counter())
+    assert committed.deleted_rows == KEYS, committed
+    seconds = {part: marks[number + 1] - marks[number] for number, part in enumerate(COMMIT_PARTS)}
+    return {**seconds, "total": marks[-1] - marks[0]}
+
+
+def _index_bytes(database_url: str) -> int:
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as connection:
+        row = connection.execute(
+            "SELECT pg_total_relation_size('key_index') + pg_total_relation_size('key_index_files') "
+            "+ pg_total_relation_size('key_index_tables')"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def measure(gateway: IcebergGateway, postgres: Postgres, rows: int, repetitions: int, seed: int) -> dict[str, Any]:
+    identifier = f"bench.keyed_{rows}"
+    started = time.perf_counter()
+    build_table(gateway, identifier, rows)
+    built = time.perf_counter() - started
+    chooser = random.Random(seed)
+    scan = measure_scan(gateway, identifier, rows, repetitions, chooser)
+    database_url = postgres.new_database("key_index")
+    index = asyncio.run(measure_index(gateway, identifier, database_url, rows, repetitions, chooser))
+    return {
+        "rows": rows,
+        "files": -(-rows // ROWS_PER_FILE),
+        "build_seconds": round(built, 1),
+        "scan": scan,
+        "index": index,
+    }
+
+
+def _cell(seconds: dict[str, float]) -> str:
+    return f"{seconds['median']:.3f} ({seconds['min']:.3f}-{seconds['max']:.3f})"
+
+
 def render(results: dict[str, Any]) -> str:
-    small, large = results["tables"]
-    growth = large["rows"] / small["rows"]
-    uniform_ratio = large["resolve_uniform_s"]["median"] / small["resolve_uniform_s"]["median"]
+    tables = results["tables"]
+    largest, before = tables[-1], tables[-2]
+    growth = largest["rows"] / before["rows"]
+    scan_ratio = largest["scan"]["resolve_uniform_s"]["median"] / before["scan"]["resolve_uniform_s"]["median"]
+    commit = largest["index"]["commit_upserts_s"]["total"]["median"]
+    commit_ratio = commit / before["index"]["commit_upserts_s"]["total"]["median"]
+    header = " | ".join(
+        f"{table['rows']:,} rows ({table['files']} file{'s' if table['files'] > 1 else ''})" for table in tables
+    )
+    ratio = f"{largest['rows']:,} / {before['rows']:,}"
     lines = [
-        "# Resolving keys by scanning the table (bench/key_resolution.py)",
+        "# Resolving keys: scanning the table, and the key index (bench/key_resolution.py)",
         "",
         f"Run: {results['date']}, {'quick' if results['quick'] else 'full'}, {results['repetitions']} repetitions "
-        f"(median (min-max)), {results['machine']['cores']} cores, {results['machine']['cpu_model']}, pyiceberg "
-        f"{results['machine']['pyiceberg']}, pyarrow {results['machine']['pyarrow']}; files of "
-        f"{ROWS_PER_FILE:,} rows; a SQL catalog on SQLite, local files.",
+        f"(median (min-max), seconds), {results['machine']['cores']} cores, {results['machine']['cpu_model']}, "
+        f"pyiceberg {results['machine']['pyiceberg']}, pyarrow {results['machine']['pyarrow']}, PostgreSQL "
+        f"{results['machine'].get('postgresql', '?')}; files of {ROWS_PER_FILE:,} rows; a SQL catalog on SQLite, "
+        "local files, the index in an embedded PostgreSQL (fsync on).",
         "",
-        f"| | {small['rows']:,} rows ({small['files']} files) | {large['rows']:,} rows ({large['files']} files) "
-        "| ratio |",
-        "|---|---|---|---|",
+        f"| | {header} | {ratio} |",
+        "|---" * (len(tables) + 2) + "|",
     ]
-    for label, name in (
-        (f"resolve {KEYS:,} keys spread uniformly (s)", "resolve_uniform_s"),
-        (f"resolve the {KEYS:,} newest keys (s)", "resolve_newest_s"),
-        (f"commit an epoch of {KEYS:,} upserts (s)", "commit_upserts_s"),
-    ):
-        a, b = small[name], large[name]
-        lines.append(
-            f"| {label} | {a['median']:.3f} ({a['min']:.3f}-{a['max']:.3f}) | {b['median']:.3f} "
-            f"({b['min']:.3f}-{b['max']:.3f}) | {b['median'] / a['median']:.1f}x |"
-        )
+
+    def row(label: str, cells: list[dict[str, float]]) -> None:
+        change = cells[-1]["median"] / cells[-2]["median"]
+        lines.append(f"| {label} | {' | '.join(_cell(cell) for cell in cells)} | {change:.2f}x |")
+
+    row(f"scan: resolve {KEYS:,} keys spread uniformly", [table["scan"]["resolve_uniform_s"] for table in tables])
+    row(f"scan: resolve the {KEYS:,} newest keys", [table["scan"]["resolve_newest_s"] for table in tables])
+    row(f"scan: commit an epoch of {KEYS:,} upserts", [table["scan"]["commit_upserts_s"] for table in tables])
+    row(f"index: look up {KEYS:,} keys spread uniformly", [table["index"]["lookup_uniform_s"] for table in tables])
+    row(
+        f"**index: commit an epoch of {KEYS:,} upserts**",
+        [table["index"]["commit_upserts_s"]["total"] for table in tables],
+    )
+    for part in COMMIT_PARTS:
+        row(f"&nbsp;&nbsp;of which {part}", [table["index"]["commit_upserts_s"][part] for table in tables])
+    row(
+        "index: positions after a commit it did not record (catch-up, lookup)",
+        [table["index"]["catch_up_and_lookup_s"] for table in tables],
+    )
+    rebuilds = " | ".join(f"{table['index']['rebuild_s']:.1f}" for table in tables)
     lines += [
-        f"| files read, uniform keys / newest keys | {small['files_read_uniform']} / {small['files_read_newest']} | "
-        f"{large['files_read_uniform']} / {large['files_read_newest']} | |",
+        f"| index: rebuild from the table (once) | {rebuilds} | |",
+        "| index: size in PostgreSQL, bytes a row | "
+        + " | ".join(
+            f"{table['index']['size_bytes'] / 2**20:,.0f} MiB, {table['index']['size_bytes'] / table['rows']:.0f}"
+            for table in tables
+        )
+        + " | |",
+        "| scan: files read, uniform keys / newest keys | "
+        + " | ".join(
+            f"{table['scan']['files_read_uniform']} / {table['scan']['files_read_newest']}" for table in tables
+        )
+        + " | |",
         "",
-        f"A resolution by scan reads the key column of every file whose id bounds may hold a key. Keys spread over "
-        f"the table are in every file, so the cost is O(table): {growth:.0f}x the rows took "
-        f"{uniform_ratio:.1f}x the time here (a fixed part, planning and the set of {KEYS:,} keys, weighs more on "
-        "the small table). Keys that arrive in id order (the newest ids) are pruned to the files that hold them by "
-        "the files' bounds; what still grows is the planning (reading the manifests of more files). A key index "
-        "(issue 29, not built yet) maps a key to its file and position without reading the table's files, so a "
-        f"commit would cost O(epoch): {KEYS:,} lookups, however many rows the table holds.",
+        f"A resolution by scan reads the key column of every file whose id bounds may hold a key: keys spread over the "
+        f"table are in every file, so it costs O(table) ({growth:.0f}x the rows took {scan_ratio:.1f}x the time from "
+        f"{before['rows']:,} to {largest['rows']:,} rows). The key index looks the keys up in PostgreSQL, and a "
+        f"commit through it reads only its own files: committing {KEYS:,} upserts on {largest['rows']:,} rows took "
+        f"{commit:.2f} s, {commit_ratio:.2f}x the same on {before['rows']:,} rows (issue 29's goal: at most 1.5x, "
+        "and 2 s). The rebuild, O(table), happens once (a table's first use, an index whose snapshot expired).",
         "",
     ]
     return "\n".join(lines)
@@ -150,21 +297,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--output", type=Path, default=RESULTS, help="directory of key_resolution.md and .json")
     args = parser.parse_args(argv)
-    sizes = (20_000, 200_000) if args.quick else (100_000, 1_000_000)
+    sizes = (20_000, 200_000) if args.quick else (100_000, 1_000_000, 10_000_000)
     repetitions = 2 if args.quick else args.repetitions
     root = temp_root()
+    postgres = Postgres(root)
     try:
         catalog = SqlCatalog("bench", uri=f"sqlite:///{root / 'catalog.db'}", warehouse=(root / "warehouse").as_uri())
         gateway = IcebergGateway(catalog)
-        tables = [measure(gateway, f"bench.keyed_{rows}", rows, repetitions, seed=rows) for rows in sizes]
+        tables = [measure(gateway, postgres, rows, repetitions, seed=rows) for rows in sizes]
         results = {
             "date": time.strftime("%Y-%m-%d"),
             "quick": args.quick,
             "repetitions": repetitions,
-            "machine": machine_facts(None),
+            "machine": machine_facts(postgres),
             "tables": tables,
         }
     finally:
+        postgres.stop()
         shutil.rmtree(root, ignore_errors=True)
     report = render(results)
     args.output.mkdir(parents=True, exist_ok=True)

@@ -91,6 +91,10 @@ async def lock_index(
     session: AsyncSession, table_uuid: uuid.UUID, table_identifier: str, key_columns: Sequence[str]
 ) -> IndexState:
     """The table's index, its row locked until the transaction ends; created (not built) when the table has none."""
+    index = await existing_index(session, table_uuid)
+    if index is not None:
+        return index
+    # Inserted only when missing: an INSERT that does nothing still takes a number of the serial.
     await session.execute(
         text(
             "INSERT INTO key_index_tables (table_uuid, table_identifier, key_columns, key_types, built_at) "
@@ -98,9 +102,9 @@ async def lock_index(
         ),
         {"table_uuid": table_uuid, "table_identifier": table_identifier, "key_columns": list(key_columns)},
     )
-    row = (await session.execute(text(_LOCK), {"table_uuid": table_uuid})).one()
-    index_id, snapshot_id, built, columns, types, rows = row
-    return IndexState(index_id, snapshot_id, built, tuple(columns), tuple(types), rows)
+    created = await existing_index(session, table_uuid)
+    assert created is not None, f"the key index of table {table_uuid} vanished as it was created"
+    return created
 
 
 async def existing_index(session: AsyncSession, table_uuid: uuid.UUID) -> IndexState | None:
