@@ -26,6 +26,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import suppress
 
 import structlog
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -257,7 +258,10 @@ class KeyIndex:
         try:
             await key_index.copy_in(session, pieces())
         finally:
-            await asyncio.to_thread(files.close)
+            # A cancelled call may leave a read running in its thread ("generator already executing"): the reader
+            # pool then ends with the generator, when it is collected.
+            with suppress(ValueError):
+                await asyncio.to_thread(files.close)
         await key_index.mark_built(session, index.index_id, indexed.snapshot_id, loaded)
         log.info(
             "key index rebuilt",

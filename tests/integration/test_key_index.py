@@ -32,7 +32,7 @@ from coordinator_service.tables.iceberg import IcebergGateway
 from coordinator_service.tables.key_resolution import live_rows
 from coordinator_service.tables.pyiceberg_internals import data_files_of
 from coordinator_service.tables.row_deltas import commit_row_delta
-from tests.fixtures.delete_files import commit_position_deletes
+from tests.fixtures.delete_files import commit_equality_deletes, commit_position_deletes
 from tests.fixtures.key_index import assert_answers_as_the_scan, commit_through_index, counting
 from tests.fixtures.keyed_tables import KEYED, MARKER, Delete, Operation, Row, Upsert, pyiceberg_rows, write_epoch
 from tests.fixtures.postgres import new_database, query
@@ -402,3 +402,21 @@ async def test_rows_another_engine_deletes_and_a_key_held_twice_are_followed(
         file for file in tm.live_files(gateway.load(TABLE)).deletes if file.content == DataFileContent.POSITION_DELETES
     ]
     assert len(deletes) == 1
+
+
+async def test_an_equality_delete_is_refused_as_the_scan_refuses_it_and_the_index_stays_as_it_was(
+    key_index: KeyIndex, gateway: IcebergGateway, catalog: Catalog, database_url: str
+) -> None:
+    """Another engine's equality delete file: a catch-up cannot follow it, and the rebuild's scan (pyiceberg's) cannot
+    read it, as key_resolution's cannot: the same refusal, and the index is left at its snapshot."""
+    await commit_through_index(key_index, gateway, TABLE, [[Upsert(key, "eu", "a") for key in range(5)]])
+    before = index_rows(database_url)
+    commit_equality_deletes(catalog.load_table(TABLE), "id", [2])
+    table = gateway.load(TABLE)
+
+    with pytest.raises(ValueError, match="does not yet support equality deletes"):
+        live_rows(table, [(1,)])
+    with pytest.raises(ValueError, match="does not yet support equality deletes"):
+        await key_index.positions(table, [(1,)])
+
+    assert index_rows(database_url) == before
