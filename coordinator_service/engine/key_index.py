@@ -124,12 +124,13 @@ class KeyIndex:
                 or not record.table.keyed_as(index)
             ):
                 return False
-            numbers = await key_index.file_ids_by_path(session, index.index_id, list(record.deleted))
-            removed = await key_index.remove_rows(session, index.index_id, _places(numbers, record.deleted))
+            # The commit deleted every live row of the keys it touched: the index's rows of those keys at its base.
+            # By key, not by place: the lookup that resolved the commit just read those keys' pages.
+            removed = await key_index.remove_keys(session, index.index_id, record.touched)
             if removed != record.deleted_rows:
-                # The commit deleted live rows the index did not hold: the index was wrong before it.
+                # The index held other rows of those keys than the commit deleted: it was wrong before it.
                 log.error(
-                    "the key index missed rows a commit deleted: it is rebuilt at its next use",
+                    "the key index did not hold the rows a commit deleted: it is rebuilt at its next use",
                     table=record.table.name,
                     deleted=record.deleted_rows,
                     found=removed,

@@ -260,6 +260,16 @@ async def remove_files(session: AsyncSession, index_id: int, file_ids: Sequence[
     return int(removed.rowcount)  # type: ignore[attr-defined]
 
 
+async def remove_keys(session: AsyncSession, index_id: int, keys: Sequence[bytes]) -> int:
+    """Remove every row of these keys (their encoded bytes); how many there were."""
+    if not keys:
+        return 0
+    cursor = await (await _driver(session)).execute(
+        "DELETE FROM key_index WHERE index_id = %s AND key = ANY(%s)", (index_id, list(keys)), binary=True
+    )
+    return cursor.rowcount
+
+
 async def remove_rows(session: AsyncSession, index_id: int, file_rows: Sequence[int]) -> int:
     """Remove the rows at these places (file_row); how many there were (a place the index does not hold is no row)."""
     if not file_rows:

@@ -290,13 +290,15 @@ def answer(
 @dataclass(frozen=True)
 class CommitRecord:
     """A committed row delta as the index records it: the table it went to, the snapshot it was resolved at and the
-    one it made, the rows it deleted among the table's files (path -> positions), its new files, and its new rows
-    still live after it (encoded key, path, position)."""
+    one it made, the rows it deleted among the table's files (path -> positions: every live row of the keys it
+    touched, encoded in `touched`), its new files, and its new rows still live after it (encoded key, path,
+    position)."""
 
     table: IndexedTable
     base_snapshot_id: int | None
     snapshot_id: int
     deleted: dict[str, list[int]]
+    touched: list[bytes]
     new_files: list[NewFile]
     new_rows: list[tuple[bytes, str, int]]
 
@@ -335,6 +337,7 @@ def commit_record(committed: RowDeltaCommit) -> CommitRecord | None:
         base_snapshot_id=committed.base_snapshot_id,
         snapshot_id=committed.snapshot_id,
         deleted=deleted,
+        touched=encode_key_values(list(committed.touched_keys), table.schema()),
         new_files=files_to_index(table, committed.new_data_files),
         new_rows=[(key, path, position) for key, (_, path, position) in zip(encoded, alive, strict=True)],
     )

@@ -65,8 +65,9 @@ class PlannedRowDelta:
 @dataclass(frozen=True)
 class RowDeltaCommit:
     """A committed row delta: the table as committed, its snapshot, the head it was resolved against, and what it
-    holds: the row positions it deleted (data file path -> positions, in the table's files and in its own), its new
-    data files and their rows' keys and positions (what the key index records: coordinator_service.engine.key_index)."""
+    holds: the row positions it deleted (data file path -> positions, in the table's files and in its own: every
+    live row of every key it touched), the keys it touched, its new data files and their rows' keys and positions
+    (what the key index records: coordinator_service.engine.key_index)."""
 
     table: Table
     snapshot_id: int
@@ -76,6 +77,7 @@ class RowDeltaCommit:
     deleted_rows: int
     keys_resolved: int
     deleted_positions: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    touched_keys: frozenset[Key] = frozenset()
     new_data_files: tuple[DataFile, ...] = ()
     new_rows: tuple[tuple[Key, RowPosition], ...] = ()
 
@@ -135,6 +137,7 @@ def commit_planned_row_delta(
         deleted_rows=resolved.deleted_rows,
         keys_resolved=resolved.keys_resolved,
         deleted_positions=resolved.positions,
+        touched_keys=frozenset(planned.keys.keys),
         new_data_files=tuple(data_files),
         new_rows=tuple(row for rows in planned.keys.new_rows for row in rows),
     )
