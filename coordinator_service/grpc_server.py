@@ -17,11 +17,13 @@ from coordinator_service.contract.errors import CannotServe, CoordinatorError, U
 from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.contract.rpc import sink_coordinator_pb2_grpc as pb_grpc
 from coordinator_service.contract.wire import to_message
-from coordinator_service.engine.protocol import Coordinator, PreCommitRequest, TableRequest
+from coordinator_service.engine.protocol import Coordinator
+from coordinator_service.engine.writer_requests import PreCommitRequest, TableRequest
 from coordinator_service.grpc_gate import SERVICE_NAME, Serving, WriterGate
 from coordinator_service.listening import GRPC_EXCLUSIVE_PORT
 from coordinator_service.log.database import DATA_ERRORS, Database, unstorable
-from coordinator_service.settings import ENV_PREFIX, Settings
+from coordinator_service.settings import Settings
+from coordinator_service.settings.bounds import ENV_PREFIX
 from coordinator_service.tables.precommit_files import FileFacts
 from coordinator_service.writer_scopes import Credentials
 

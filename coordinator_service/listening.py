@@ -16,7 +16,7 @@ import socket
 from typing import Final
 
 from coordinator_service.contract.errors import CannotServe
-from coordinator_service.settings import ENV_PREFIX
+from coordinator_service.settings.bounds import ENV_PREFIX
 
 # The gRPC server's option that binds its port exclusively (grpcio's default shares it).
 GRPC_EXCLUSIVE_PORT: Final = ("grpc.so_reuseport", 0)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
+from typing import Final
 
 import structlog
 from pyiceberg.catalog import Catalog, load_catalog
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import OperationalError
 
 from coordinator_service import metrics
 from coordinator_service.engine.cleaner import Cleaner
@@ -33,8 +36,36 @@ def metastore_url(settings: Settings) -> tuple[URL, bool]:
     return normalize_url(start_embedded_postgres(settings.postgres_dir)), True
 
 
-def migrate(url: URL, to: str = "head", lock_timeout_seconds: float = 10.0) -> str:
-    """Upgrade the metastore's schema to `to` (head: this release's), or roll it back to an older revision."""
+# SQLSTATEs of a migration that met a serving transaction: it gave up on a lock (lock_timeout), or PostgreSQL chose it
+# as a deadlock's victim. Either way the whole run was rolled back, and the same run can succeed a moment later.
+_LOCK_CONFLICTS: Final = frozenset({"55P03", "40P01"})
+_FIRST_RETRY_SECONDS: Final = 0.5
+_LONGEST_RETRY_SECONDS: Final = 5.0
+
+
+def migrate(url: URL, to: str = "head", lock_timeout_seconds: float = 10.0, retry_seconds: float = 0.0) -> str:
+    """Upgrade the metastore's schema to `to` (head: this release's), or roll it back to an older revision (ValueError
+    for a revision this release does not know, nothing touched). A run that met a serving pod's transaction (a lock
+    given up after `lock_timeout_seconds`, a deadlock) is rolled back whole and tried again, with backoff, for up to
+    `retry_seconds`."""
+    schema.check_target(to)
+    deadline, delay = time.monotonic() + retry_seconds, _FIRST_RETRY_SECONDS
+    while True:
+        try:
+            return _migrate_once(url, to, lock_timeout_seconds)
+        except OperationalError as error:
+            if getattr(error.orig, "sqlstate", None) not in _LOCK_CONFLICTS or time.monotonic() + delay > deadline:
+                raise
+            log.warning(
+                "the migration met a serving transaction's locks and was rolled back; trying again",
+                error=str(error.orig).strip(),
+                retry_in_seconds=delay,
+            )
+            time.sleep(delay)
+            delay = min(delay * 2, _LONGEST_RETRY_SECONDS)
+
+
+def _migrate_once(url: URL, to: str, lock_timeout_seconds: float) -> str:
     engine = create_sync_engine(url)
     try:
         with engine.begin() as connection:

@@ -21,7 +21,7 @@ from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException
 
 from coordinator_service import __version__
-from coordinator_service.admin import console_routes
+from coordinator_service.admin import console_actions, console_routes
 from coordinator_service.admin import routes_health as admin_routes_health
 from coordinator_service.admin import routes_sinks as admin_routes_sinks
 from coordinator_service.admin import routes_tables as admin_routes_tables
@@ -64,6 +64,7 @@ def create_app(runtime: Runtime) -> FastAPI:
     app.include_router(admin_routes_health.router)
     sessions = app.state.console_sessions = ConsoleSessions(auth, runtime.database)
     app.include_router(console_routes.router)
+    app.include_router(console_actions.router)
     app.mount(f"{CONSOLE_PREFIX}/static", StaticFiles(directory=STATIC_DIRECTORY), name="console-static")
     app.add_middleware(HttpGate, auth=auth, sessions=sessions, allowed_hosts=settings.allowed_hosts)
     # Added last, so outermost: the gate's refusals are counted too.

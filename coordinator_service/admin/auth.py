@@ -23,7 +23,7 @@ from pydantic import SecretStr
 
 from coordinator_service import metrics
 from coordinator_service.contract.errors import Unauthenticated
-from coordinator_service.engine.operations import Operator
+from coordinator_service.engine.operator.answers import Operator
 
 # auto_error=False: a missing header is answered by AdminAuth, in the API's own error format.
 log = structlog.get_logger(__name__)

@@ -12,30 +12,29 @@ OpenAPI document: the console is not part of the API's contract. htmx 2.0.11
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from importlib.resources import files
-from pathlib import Path
+from pathlib import Path as FilePath
 from typing import Annotated, Any, Final
 from urllib.parse import urlencode
 
-from fastapi import APIRouter, Depends, Form, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from coordinator_service.admin import display
+from coordinator_service.admin.console_charts import line_chart
 from coordinator_service.admin.console_session import ConsoleSessions, Role, Session
 from coordinator_service.admin.deps import OperationsDep
-from coordinator_service.admin.schemas import MAX_EPOCH, EpochResponse, SinkResponse
-from coordinator_service.contract.errors import CoordinatorError, FailedPrecondition, InvalidArgument
+from coordinator_service.admin.schemas import EpochResponse, SinkResponse
+from coordinator_service.contract.errors import CoordinatorError
 from coordinator_service.contract.source_positions import VALID_THROUGH_MS
-from coordinator_service.engine.operations import ForceRequired, Operator
 
 CONSOLE_PREFIX: Final = "/console"
-STATIC_DIRECTORY: Final = Path(str(files("coordinator_service.admin").joinpath("console", "static")))
+STATIC_DIRECTORY: Final = FilePath(str(files("coordinator_service.admin").joinpath("console", "static")))
 TEMPLATES: Final = Jinja2Templates(directory=str(files("coordinator_service.admin").joinpath("console", "templates")))
 TEMPLATES.env.filters.update(epoch=display.epoch, duration=display.duration, ms_time=display.milliseconds_time)
 # The newest epochs a sink's page shows.
@@ -115,12 +114,12 @@ class Visitor:
         return self.role is Role.OPERATOR
 
 
-async def _visitor(request: Request, sessions: ConsoleSessions) -> Visitor:
+async def visitor_of(request: Request, sessions: ConsoleSessions) -> Visitor:
     session = await sessions.session_of(request)
     return Visitor(session, sessions.role(session))
 
 
-def _page(
+def render_page(
     request: Request, sessions: ConsoleSessions, visitor: Visitor, name: str, status: int = 200, **context: Any
 ) -> Response:
     response = TEMPLATES.TemplateResponse(
@@ -139,7 +138,7 @@ def _page(
     return response
 
 
-def _to_login(request: Request) -> RedirectResponse:
+def to_login(request: Request) -> RedirectResponse:
     return RedirectResponse(f"{CONSOLE_PREFIX}/login?{urlencode({'next': request.url.path})}", status_code=303)
 
 
@@ -217,11 +216,11 @@ async def sinks_page(
     query: ListQueryDep,
     done: Annotated[str, Query(max_length=8000)] = "",
 ) -> Response:
-    visitor = await _visitor(request, sessions)
+    visitor = await visitor_of(request, sessions)
     if visitor.role is Role.NONE:
-        return _to_login(request)
+        return to_login(request)
     rows, total, page = await _page_of_rows(operations, query)
-    return _page(
+    return render_page(
         request,
         sessions,
         visitor,
@@ -247,11 +246,11 @@ async def sinks_table(
     request: Request, operations: OperationsDep, sessions: SessionsDep, query: ListQueryDep
 ) -> Response:
     """The rows of a page alone: what the list page fetches every REFRESH_SECONDS."""
-    visitor = await _visitor(request, sessions)
+    visitor = await visitor_of(request, sessions)
     if visitor.role is Role.NONE:
         return Response(status_code=401)
     rows, _, _ = await _page_of_rows(operations, query)
-    return _page(request, sessions, visitor, "sinks_rows.html", rows=rows)
+    return render_page(request, sessions, visitor, "sinks_rows.html", rows=rows)
 
 
 @router.get("/sinks/{sink}")
@@ -262,16 +261,16 @@ async def sink_page(
     sink: str,
     done: Annotated[str, Query(max_length=8000)] = "",
 ) -> Response:
-    visitor = await _visitor(request, sessions)
+    visitor = await visitor_of(request, sessions)
     if visitor.role is Role.NONE:
-        return _to_login(request)
+        return to_login(request)
     try:
-        return await _sink_page(request, operations, sessions, visitor, sink, done=sessions.notice_text(done))
+        return await render_sink_page(request, operations, sessions, visitor, sink, done=sessions.notice_text(done))
     except CoordinatorError as error:
-        return _page(request, sessions, visitor, "error.html", status=error.http_status, message=error.message)
+        return render_page(request, sessions, visitor, "error.html", status=error.http_status, message=error.message)
 
 
-async def _sink_page(
+async def render_sink_page(
     request: Request,
     operations: OperationsDep,
     sessions: ConsoleSessions,
@@ -288,7 +287,9 @@ async def _sink_page(
     samples = operations.committer.history.samples(sink)
     window = operations.committer.history.window_seconds
     shown = SinkResponse.of(overview)
-    return _page(
+    # A table whose commits fail may be gone from the catalog: then it waits for an operator to remove it.
+    dropped = await operations.missing_from_catalog([table.table for table in shown.tables if table.retrying])
+    return render_page(
         request,
         sessions,
         visitor,
@@ -296,6 +297,7 @@ async def _sink_page(
         status=status,
         sink=shown,
         state=shown_state(shown),
+        dropped=dropped,
         epochs=[EpochResponse.of(row) for row in epochs],
         latency_chart=line_chart([(sample.at, sample.seconds * 1000) for sample in samples], "ms", window),
         lag_chart=line_chart([(sample.at, float(sample.lag_epochs)) for sample in samples], "epochs", window),
@@ -311,14 +313,14 @@ async def _sink_page(
 async def epoch_page(
     request: Request, operations: OperationsDep, sessions: SessionsDep, sink: str, epoch: int
 ) -> Response:
-    visitor = await _visitor(request, sessions)
+    visitor = await visitor_of(request, sessions)
     if visitor.role is Role.NONE:
-        return _to_login(request)
+        return to_login(request)
     try:
         detail = await operations.epoch(sink, epoch)
     except CoordinatorError as error:
-        return _page(request, sessions, visitor, "error.html", status=error.http_status, message=error.message)
-    return _page(
+        return render_page(request, sessions, visitor, "error.html", status=error.http_status, message=error.message)
+    return render_page(
         request,
         sessions,
         visitor,
@@ -329,186 +331,3 @@ async def epoch_page(
         properties=detail.metadata.properties,
         valid_through=VALID_THROUGH_MS,
     )
-
-
-async def _acting(request: Request, sessions: ConsoleSessions, csrf: str) -> Visitor | Response:
-    """The visitor, if they may act and the form is theirs; otherwise the answer that refuses it."""
-    visitor = await _visitor(request, sessions)
-    if visitor.role is Role.NONE:
-        return _to_login(request)
-    if not visitor.may_act:
-        return _page(
-            request, sessions, visitor, "error.html", status=403, message="Sign in with the admin token to act."
-        )
-    if not sessions.csrf_matches(visitor.session, csrf):
-        return _page(
-            request,
-            sessions,
-            visitor,
-            "error.html",
-            status=403,
-            message="This form is not from your session (missing or stale CSRF token): reload the page and try again.",
-        )
-    return visitor
-
-
-@router.post("/sinks/{sink}/abort")
-async def abort_epoch(
-    request: Request,
-    operations: OperationsDep,
-    sessions: SessionsDep,
-    sink: str,
-    epoch: Annotated[int, Form(ge=0, le=MAX_EPOCH)],
-    reason: Annotated[str, Form(max_length=2000)] = "",
-    force: Annotated[bool, Form()] = False,
-    csrf: Annotated[str, Form()] = "",
-) -> Response:
-    async def abort(operator: Operator) -> str:
-        try:
-            outcome = await operations.abort_epoch(sink, epoch, reason, force, operator)
-        except ForceRequired as refused:  # said with the form's checkbox, not the API's field
-            raise FailedPrecondition(refused.explained(f"Tick “{FORCE_LABEL}”")) from None
-        done = f"epoch {epoch} aborted" if outcome.changed else f"epoch {epoch} was already aborted; nothing changed"
-        return done + (f" ({outcome.warning})" if outcome.warning else "")
-
-    form = {"form": "abort", "epoch": epoch, "reason": reason, "force": force}
-    return await _act(request, operations, sessions, sink, csrf, reason, "the abort", abort, form)
-
-
-@router.post("/sinks/{sink}/reset")
-async def reset_sink(
-    request: Request,
-    operations: OperationsDep,
-    sessions: SessionsDep,
-    sink: str,
-    confirm: Annotated[str, Form(max_length=300)] = "",
-    reason: Annotated[str, Form(max_length=2000)] = "",
-    csrf: Annotated[str, Form()] = "",
-) -> Response:
-    async def reset(operator: Operator) -> str:
-        outcome = await operations.reset_sink(sink, confirm, reason, operator)
-        aborted = ", ".join(str(epoch) for epoch in outcome.aborted_epochs) or "none"
-        return f"sink reset (generation {outcome.sink.sink.generation}); epochs aborted: {aborted}"
-
-    form = {"form": "reset", "confirm": confirm, "reason": reason}
-    return await _act(request, operations, sessions, sink, csrf, reason, "the reset", reset, form)
-
-
-@router.post("/sinks/{sink}/delete")
-async def delete_sink(
-    request: Request,
-    operations: OperationsDep,
-    sessions: SessionsDep,
-    sink: str,
-    confirm: Annotated[str, Form(max_length=300)] = "",
-    reason: Annotated[str, Form(max_length=2000)] = "",
-    drop_tables: Annotated[bool, Form()] = False,
-    csrf: Annotated[str, Form()] = "",
-) -> Response:
-    async def delete(operator: Operator) -> str:
-        return (await operations.delete_sink(sink, confirm, reason, drop_tables, operator)).summary()
-
-    form = {"form": "delete", "confirm": confirm, "reason": reason, "drop_tables": drop_tables}
-    return await _act(
-        request, operations, sessions, sink, csrf, reason, "the deletion", delete, form, then=CONSOLE_PREFIX
-    )
-
-
-async def _act(
-    request: Request,
-    operations: OperationsDep,
-    sessions: ConsoleSessions,
-    sink: str,
-    csrf: str,
-    reason: str,
-    what: str,
-    action: Callable[[Operator], Awaitable[str]],
-    form: Mapping[str, object],
-    then: str = "",
-) -> Response:
-    """An operator's action from a form of their session, with a reason: on to `then` (the sink's page) saying what
-    it did, or the sink's page again with why it was refused (nothing changed) and the form as it was sent."""
-    acting = await _acting(request, sessions, csrf)
-    if not isinstance(acting, Visitor):
-        return acting
-    try:
-        if not reason.strip() or "\x00" in reason:
-            raise InvalidArgument(f"give the reason for {what}: it is recorded")
-        done = await action(sessions.auth.operator_of(request))
-    except CoordinatorError as error:
-        return await _sink_page(
-            request, operations, sessions, acting, sink, error=error.message, status=error.http_status, form=form
-        )
-    return RedirectResponse(
-        f"{then or f'{CONSOLE_PREFIX}/sinks/{sink}'}?{urlencode({'done': sessions.notice(done)})}", status_code=303
-    )
-
-
-@router.get("/login")
-async def login_page(
-    request: Request, sessions: SessionsDep, next: Annotated[str, Query(max_length=500)] = CONSOLE_PREFIX
-) -> Response:
-    visitor = await _visitor(request, sessions)
-    return _page(request, sessions, visitor, "login.html", next=_local(next), failed=False)
-
-
-@router.post("/login")
-async def login(
-    request: Request,
-    sessions: SessionsDep,
-    token: Annotated[str, Form(max_length=1000)] = "",
-    next: Annotated[str, Form(max_length=500)] = CONSOLE_PREFIX,
-) -> Response:
-    session = sessions.sign_in(token)
-    if session is None:
-        visitor = await _visitor(request, sessions)
-        return _page(request, sessions, visitor, "login.html", status=401, next=_local(next), failed=True)
-    response = RedirectResponse(_local(next), status_code=303)
-    sessions.keep(response, session)
-    return response
-
-
-@router.post("/logout")
-async def logout(request: Request, sessions: SessionsDep, csrf: Annotated[str, Form()] = "") -> Response:
-    visitor = await _visitor(request, sessions)
-    if not sessions.csrf_matches(visitor.session, csrf):
-        return _page(request, sessions, visitor, "error.html", status=403, message="Reload the page and try again.")
-    response = RedirectResponse(f"{CONSOLE_PREFIX}/login", status_code=303)
-    await sessions.end(response, visitor.session)
-    return response
-
-
-def _local(target: str) -> str:
-    """Only a path of the console: a login must not send the browser elsewhere."""
-    return target if target.startswith(CONSOLE_PREFIX) and "//" not in target and "\\" not in target else CONSOLE_PREFIX
-
-
-@dataclass(frozen=True)
-class Chart:
-    """A line chart of the last hour in SVG coordinates (x 0-600 from an hour ago to now, y 0-120), with its top
-    value as a label."""
-
-    points: tuple[tuple[float, float], ...]
-    top: str
-    unit: str
-
-    @property
-    def polyline(self) -> str:
-        return " ".join(f"{x:.1f},{y:.1f}" for x, y in self.points)
-
-
-CHART_WIDTH: Final = 600
-CHART_HEIGHT: Final = 120
-
-
-def line_chart(series: list[tuple[float, float]], unit: str, window_seconds: float) -> Chart:
-    if not series:
-        return Chart((), "", unit)
-    start = time.time() - window_seconds
-    top = max(value for _, value in series) or 1.0
-    points = tuple(
-        ((at - start) / window_seconds * CHART_WIDTH, CHART_HEIGHT - 4 - value / top * (CHART_HEIGHT - 12))
-        for at, value in series
-    )
-    shown = f"{top:.0f}" if top >= 10 or math.isclose(top, round(top)) else f"{top:.2f}"
-    return Chart(points, shown, unit)

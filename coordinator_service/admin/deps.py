@@ -12,7 +12,8 @@ from fastapi import Depends, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials
 
 from coordinator_service.admin.auth import AdminAuth, bearer_scheme
-from coordinator_service.engine.operations import Operations, Operator
+from coordinator_service.engine.operations import Operations
+from coordinator_service.engine.operator.answers import Operator
 from coordinator_service.runtime import Runtime
 
 

@@ -20,9 +20,11 @@ from coordinator_service import metrics
 from coordinator_service.admin.deps import OperationsDep, RuntimeDep
 from coordinator_service.admin.shared_answer import SharedAnswer
 from coordinator_service.contract.errors import CoordinatorError, SchemaNotCurrent, cause
-from coordinator_service.engine.operations import Operations, SinkOverview
+from coordinator_service.engine.operations import Operations
+from coordinator_service.engine.operator.answers import SinkOverview
 from coordinator_service.log.database import within
 from coordinator_service.log.schema import require_current_schema
+from coordinator_service.metrics import scrape as metrics_scrape
 from coordinator_service.runtime import Runtime
 from coordinator_service.tables.catalog_calls import CREDENTIALS_REFUSED
 from coordinator_service.tables.warehouse import local_warehouse, writability
@@ -57,20 +59,20 @@ async def _scrape(operations: Operations, runtime: Runtime) -> bytes:
     except (CoordinatorError, TimeoutError, psycopg.Error, OSError) as error:
         message = error.message if isinstance(error, CoordinatorError) else cause(error) or "no answer in time"
         log.warning("metrics scrape could not read the metastore", error=message)
-        scrape = metrics.Scrape(None, log_reporter=False, pool=database.pool_gauges())
+        scrape = metrics_scrape.Scrape(None, log_reporter=False, pool=database.pool_gauges())
     else:
         metrics.SINK_SERIES.track(overview.sink.name for overview in overviews)
-        scrape = metrics.Scrape(
+        scrape = metrics_scrape.Scrape(
             [_gauges(overview) for overview in overviews], log_reporter=reporter, pool=database.pool_gauges()
         )
     # Rendering every label of every metric takes tens of milliseconds with many sinks: not on the loop that
     # answers the writers.
-    return await asyncio.to_thread(metrics.exposition, scrape)
+    return await asyncio.to_thread(metrics_scrape.exposition, scrape)
 
 
-def _gauges(overview: SinkOverview) -> metrics.SinkGauges:
+def _gauges(overview: SinkOverview) -> metrics_scrape.SinkGauges:
     health = overview.health
-    return metrics.SinkGauges(
+    return metrics_scrape.SinkGauges(
         sink=overview.sink.name,
         pending=overview.counts.pending,
         aborted=overview.counts.aborted,
@@ -79,10 +81,10 @@ def _gauges(overview: SinkOverview) -> metrics.SinkGauges:
         stuck=health is not None and health.stuck is not None,
         suspended=overview.sink.suspended_reason is not None,
         tables=[
-            metrics.TableGauges(
-                table=table.table,
+            metrics_scrape.TableGauges(
+                table=table.identifier,
                 committed_epoch=table.committed_epoch,
-                retrying=health is not None and table.table in health.failing_tables,
+                retrying=health is not None and table.identifier in health.failing_tables,
             )
             for table in overview.tables
         ],

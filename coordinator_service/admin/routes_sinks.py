@@ -1,4 +1,4 @@
-"""The versioned admin API (/api/v1): sinks, epochs, abort, reset, delete, resume, maintenance.
+"""The versioned admin API (/api/v1): sinks, epochs, abort, reset, reconcile, delete, resume, maintenance.
 
 Routes only translate: the rules live in coordinator_service.engine.operations, and
 every dependency comes from coordinator_service.admin.deps. Read routes take
@@ -13,27 +13,33 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from fastapi import Path as PathParameter
 
-from coordinator_service.admin.deps import Caller, OperationsDep, Reader
-from coordinator_service.admin.schemas import (
-    MAX_EPOCH,
+from coordinator_service.admin.action_schemas import (
     AbortRequest,
     AbortResponse,
     DeleteSinkRequest,
     DeleteSinkResponse,
+    ReconcileRequest,
+    ReconcileResponse,
+    ReconcileSuspendedRequest,
+    ReconcileSuspendedResponse,
+    RemoveTableRequest,
+    RemoveTableResponse,
+    ResetRequest,
+    ResetResponse,
+)
+from coordinator_service.admin.deps import Caller, OperationsDep, Reader
+from coordinator_service.admin.maintenance_schemas import (
+    MaintenanceOverridesRequest,
+    MaintenanceResponse,
+    MaintenanceRunResponse,
+)
+from coordinator_service.admin.schemas import (
+    MAX_EPOCH,
     EpochDetailResponse,
     EpochPage,
     EpochResponse,
     EpochStatusFilter,
     ErrorResponse,
-    MaintenanceOverridesRequest,
-    MaintenanceResponse,
-    MaintenanceRunResponse,
-    ReconcileRequest,
-    ReconcileResponse,
-    RemoveTableRequest,
-    RemoveTableResponse,
-    ResetRequest,
-    ResetResponse,
     SinkList,
     SinkResponse,
     decode_cursor,
@@ -127,6 +133,22 @@ async def reset_sink(operations: OperationsDep, sink: SinkName, body: ResetReque
 
 
 @router.post(
+    "/sinks/reconcile",
+    response_model=ReconcileSuspendedResponse,
+    responses=error_responses(HTTPStatus.NOT_FOUND, HTTPStatus.CONFLICT),
+)
+async def reconcile_suspended_sinks(
+    operations: OperationsDep, body: ReconcileSuspendedRequest, caller: Caller
+) -> ReconcileSuspendedResponse:
+    """Reconcile several suspended sinks at once (after a restore of the metastore: every sink it put behind its
+    tables, with all_suspended), each as POST /sinks/{sink}/reconcile does. A named sink that is unknown (404) or not
+    suspended (409) refuses the request, nothing changed; a sink whose own reconcile is refused is listed in
+    `refused` with why, and the others go on (docs/operations.md, 'A restored metastore')."""
+    names = None if body.all_suspended else body.sinks
+    return ReconcileSuspendedResponse.of(await operations.reconcile_suspended(names, body.reason, caller))
+
+
+@router.post(
     "/sinks/{sink}/reconcile",
     response_model=ReconcileResponse,
     responses=error_responses(HTTPStatus.NOT_FOUND, HTTPStatus.CONFLICT),
@@ -168,9 +190,10 @@ async def delete_sink(
     operations: OperationsDep, sink: SinkName, body: DeleteSinkRequest, caller: Caller
 ) -> DeleteSinkResponse:
     """Delete a sink (a typo, a trial run): its rows in the log and the files of its epochs not committed; with
-    drop_tables also its tables, which their catalog purges. `confirm` repeats its name. Refused (409, nothing
-    changed) while its writer is live (a call within STALLED_AFTER_SECONDS) and, with drop_tables, when another
-    sink writes one of its tables. What its tables hold stays unless they are dropped (docs/operations.md)."""
+    drop_tables also its tables, whose files are deleted only when proven garbage. `confirm` repeats its name.
+    Refused (409, nothing changed) while its writer is live (a call within STALLED_AFTER_SECONDS) and, with
+    drop_tables, when another sink writes one of its tables. What its tables hold stays unless they are dropped
+    (docs/operations.md)."""
     deleted = await operations.delete_sink(sink, body.confirm, body.reason, body.drop_tables, caller)
     return DeleteSinkResponse.of(deleted)
 

@@ -12,9 +12,9 @@ from typing import Annotated
 from fastapi import APIRouter
 from fastapi import Path as PathParameter
 
+from coordinator_service.admin.action_schemas import AdoptRequest, AdoptResponse
 from coordinator_service.admin.deps import Caller, RuntimeDep
 from coordinator_service.admin.routes_sinks import API_PREFIX, error_responses
-from coordinator_service.admin.schemas import AdoptRequest, AdoptResponse
 from coordinator_service.tables import table_origin
 from coordinator_service.tables.catalog_calls import in_catalog
 

@@ -13,26 +13,16 @@ import json
 import uuid
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
+from pydantic import BaseModel, Field
 from pydantic.dataclasses import dataclass
 
 from coordinator_service.contract.errors import InvalidArgument
 from coordinator_service.contract.views import EpochStatus, EpochView, SinkTable, SinkView, from_attributes
-from coordinator_service.engine.committer import CommitterHealth
-from coordinator_service.engine.operations import (
-    AbortOutcome,
-    EpochDetail,
-    MaintenanceView,
-    Reconciled,
-    ResetOutcome,
-    SinkDeleted,
-    SinkOverview,
-    TableRemoved,
-)
+from coordinator_service.engine.commit_state import CommitterHealth
+from coordinator_service.engine.operator.answers import EpochDetail, SinkOverview
 from coordinator_service.log.models import AbortCause, EpochRecord
-from coordinator_service.settings import MaintenancePolicy
 
 # Epochs are PostgreSQL bigints.
 MAX_EPOCH = 2**63 - 1
@@ -95,6 +85,14 @@ class TableResponse(SinkTable):
     ]
     last_error: Annotated[
         str | None, Field(description="Why the last commit to this table failed; null when none did.")
+    ]
+    stuck: Annotated[
+        bool,
+        Field(
+            description="True when the last commit to this table failed in a way no retry can fix (the table dropped "
+            "from its catalog, or refusing what the commit built): the sink's committer stops until an operator "
+            "fixes the cause and resumes it, or removes a fan-out table gone for good (POST .../tables/{table}/remove)."
+        ),
     ]
     also_written_by: Annotated[
         tuple[str, ...],
@@ -172,11 +170,12 @@ class SinkResponse(SinkView):
             table=sink.table_identifier,
             tables=tuple(
                 TableResponse(
-                    table=table.table,
+                    table=table.identifier,
                     committed_epoch=table.committed_epoch,
-                    retrying=table.table in failing,
-                    last_error=failing.get(table.table),
-                    also_written_by=tuple(overview.also_written_by.get(table.table, ())),
+                    retrying=table.identifier in failing,
+                    last_error=failing[table.identifier].error if table.identifier in failing else None,
+                    stuck=table.identifier in failing and not failing[table.identifier].retryable,
+                    also_written_by=tuple(overview.also_written_by.get(table.identifier, ())),
                 )
                 for table in overview.tables
             ),
@@ -248,172 +247,6 @@ class EpochDetailResponse(EpochResponse):
             ],
             properties=detail.metadata.properties,
         )
-
-
-class AbortRequest(BaseModel):
-    reason: OperatorText = Field(description="Why; kept in the epoch's reason and told to the writer.")
-    force: bool = Field(
-        default=False,
-        description="Required to abort a PENDING epoch: its records will not reach the table. Spark may already "
-        "have checkpointed it (at or below the sink's checkpoint, or above it with its report on the way), and "
-        "then will not write it again; a checkpoint that covers the aborted epoch is accepted.",
-    )
-
-
-class AbortResponse(BaseModel):
-    epoch: EpochResponse
-    changed: bool = Field(description="False when the epoch was already ABORTED (nothing changed).")
-    warning: str | None = Field(description="Set when a checkpointed epoch was aborted: what is lost.")
-
-    @classmethod
-    def of(cls, outcome: AbortOutcome) -> AbortResponse:
-        return cls(epoch=EpochResponse.of(outcome.row), changed=outcome.changed, warning=outcome.warning)
-
-
-class AdoptRequest(BaseModel):
-    reason: OperatorText = Field(description="Why writers may take the table; logged with who adopted it.")
-
-
-class AdoptResponse(BaseModel):
-    table: str
-    changed: bool = Field(
-        description="False when writers could already take the table (the coordinator created it, or it was "
-        "adopted before): nothing changed."
-    )
-
-
-class ResetRequest(BaseModel):
-    confirm: str = Field(max_length=300, description="The sink's name again, to confirm.")
-    reason: OperatorText
-
-
-class ResetResponse(BaseModel):
-    sink: SinkResponse
-    aborted_epochs: list[int]
-
-    @classmethod
-    def of(cls, outcome: ResetOutcome) -> ResetResponse:
-        return cls(sink=SinkResponse.of(outcome.sink), aborted_epochs=list(outcome.aborted_epochs))
-
-
-class ReconcileRequest(BaseModel):
-    confirm: str = Field(max_length=300, description="The sink's name again, to confirm.")
-    reason: OperatorText
-
-
-class ReconcileResponse(BaseModel):
-    sink: SinkResponse
-    restart_epoch: int = Field(
-        description="Every table holds the epochs up to it: start the new writer from its end offsets (the "
-        "snapshot summary's sink-coordinator.kafka.end-offsets), with a new checkpoint."
-    )
-    tables: dict[str, int] = Field(
-        description="The newest epoch each table holds; the records of those above restart_epoch are written again "
-        "by a writer started from it."
-    )
-
-    @classmethod
-    def of(cls, outcome: Reconciled) -> ReconcileResponse:
-        return cls(sink=SinkResponse.of(outcome.sink), restart_epoch=outcome.restart_epoch, tables=outcome.tables)
-
-
-class RemoveTableRequest(BaseModel):
-    confirm: str = Field(max_length=300, description="The table's name again, to confirm.")
-    reason: OperatorText
-
-
-class GivenUpResponse(BaseModel):
-    epoch: int
-    files: int = Field(description="The epoch's data files in the removed table.")
-    records: int = Field(description="Their records, which no table will get.")
-
-
-class RemoveTableResponse(BaseModel):
-    sink: SinkResponse
-    given_up: list[GivenUpResponse]
-
-    @classmethod
-    def of(cls, outcome: TableRemoved) -> RemoveTableResponse:
-        return cls(
-            sink=SinkResponse.of(outcome.sink),
-            given_up=[GivenUpResponse(epoch=e.epoch, files=e.files, records=e.records) for e in outcome.given_up],
-        )
-
-
-class DeleteSinkRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    confirm: str = Field(max_length=300, description="The sink's name again, to confirm.")
-    reason: OperatorText
-    drop_tables: StrictBool = Field(
-        default=False,
-        description="Drop the sink's tables too (the catalog purges their files); refused when another sink writes "
-        "one of them.",
-    )
-
-
-class DeleteSinkResponse(BaseModel):
-    sink: str
-    given_up: list[GivenUpResponse] = Field(description="Its PENDING epochs, aborted: their records reach no table.")
-    files_deleted: int = Field(description="Files of its epochs not committed, proven garbage and deleted.")
-    files_kept: int = Field(
-        description="Files of its epochs not committed that could not be proven garbage (a table gone, or one that "
-        "references them), left on storage."
-    )
-    tables_dropped: list[str]
-
-    @classmethod
-    def of(cls, deleted: SinkDeleted) -> DeleteSinkResponse:
-        return cls(
-            sink=deleted.sink,
-            given_up=[GivenUpResponse(epoch=e.epoch, files=e.files, records=e.records) for e in deleted.given_up],
-            files_deleted=deleted.files_deleted,
-            files_kept=deleted.files_kept,
-            tables_dropped=list(deleted.tables_dropped),
-        )
-
-
-class MaintenanceRunResponse(BaseModel):
-    id: int
-    trigger: str = Field(
-        description="schedule (the coordinator's timing), threshold (a commit took a table past SNAPSHOT_MAX_COUNT) "
-        "or operator (POST .../maintenance/run)."
-    )
-    started_at: datetime
-    finished_at: datetime | None
-    outcome: str = Field(description="running, ok or failed.")
-    error: str | None
-    snapshots_expired: int
-    expired_files_deleted: int = Field(description="Files only the expired snapshots referenced, deleted.")
-    files_compacted: int
-    files_written: int
-    bytes_rewritten: int
-    swept: bool = Field(description="Whether the run looked for orphan files.")
-    orphans_deleted: int
-
-    model_config = ConfigDict(from_attributes=True)
-
-
-class MaintenanceResponse(BaseModel):
-    policy: MaintenancePolicy = Field(description="The settings in force for this sink's table.")
-    overrides: dict[str, Any] = Field(description="The sink's own values, over the coordinator's defaults.")
-    runs: list[MaintenanceRunResponse] = Field(description="The last runs, newest first.")
-
-    @classmethod
-    def of(cls, view: MaintenanceView) -> MaintenanceResponse:
-        return cls(
-            policy=view.policy,
-            overrides=view.overrides,
-            runs=[MaintenanceRunResponse.model_validate(run) for run in view.runs],
-        )
-
-
-class MaintenanceOverridesRequest(BaseModel):
-    overrides: dict[str, StrictBool | StrictInt | StrictFloat] = Field(
-        description="Settings of the maintenance policy (the names of GET .../maintenance's policy) that this "
-        "sink's table uses instead of the coordinator's; {} goes back to the defaults.",
-        max_length=50,
-    )
 
 
 def encode_cursor(below_epoch: int) -> str:

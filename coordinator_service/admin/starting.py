@@ -20,10 +20,10 @@ from starlette.requests import Request
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from coordinator_service import metrics
 from coordinator_service.admin.auth import AdminAuth, bearer_scheme
 from coordinator_service.admin.request_counter import RequestCounter
 from coordinator_service.contract.errors import CoordinatorError
+from coordinator_service.metrics import scrape as metrics_scrape
 from coordinator_service.settings import Settings
 
 
@@ -57,7 +57,7 @@ def create_starting_app(settings: Settings, waiting: Callable[[], str]) -> ASGIA
             auth.check_metrics_reader(await bearer_scheme(request))
         except CoordinatorError as error:
             return _error(error.http_status, error.grpc_code.name, error.message)
-        body = await asyncio.to_thread(metrics.exposition, metrics.Scrape(None, log_reporter=False))
+        body = await asyncio.to_thread(metrics_scrape.exposition, metrics_scrape.Scrape(None, log_reporter=False))
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     async def unavailable(scope: Scope, receive: Receive, send: Send) -> None:

@@ -1,8 +1,9 @@
 """The typed gRPC client that writers (the Spark driver) and the tests use.
 
 Calls that are safe to repeat (all of them: the protocol is idempotent) are
-retried on UNAVAILABLE with backoff until the call's deadline; every other
-status is raised at once as a CoordinatorRpcError carrying the server's message.
+retried on UNAVAILABLE, and on a CANCELLED the client did not cause, with
+backoff until the call's deadline; every other status is raised at once as a
+CoordinatorRpcError carrying the server's message.
 Its answers are the protocol's own shapes (coordinator_service.contract.views), read off
 the messages by coordinator_service.contract.wire. It imports only the base dependencies
 (grpcio, protobuf, tenacity): the Spark writer uses it where the server's are not
@@ -89,10 +90,6 @@ def _sent_files(*groups: Sequence[str | PreCommitFile]) -> list[list[pb.DataFile
     return sent
 
 
-def _is_unavailable(error: BaseException) -> bool:
-    return isinstance(error, grpc.RpcError) and error.code() == grpc.StatusCode.UNAVAILABLE
-
-
 class CoordinatorClient:
     """A blocking client of one coordinator; one channel, safe to share between threads."""
 
@@ -113,9 +110,21 @@ class CoordinatorClient:
             grpc.secure_channel(target, credentials) if credentials is not None else grpc.insecure_channel(target)
         )
         self._stub = pb_grpc.SinkCoordinatorStub(self._channel)
+        self._closed = False
 
     def close(self) -> None:
+        self._closed = True
         self._channel.close()
+
+    def _worth_repeating(self, error: BaseException) -> bool:
+        """UNAVAILABLE; and CANCELLED unless this client closed its channel: it never cancels a call otherwise (its
+        deadline is DEADLINE_EXCEEDED), so the server did. A replica that stops cancels the calls that had not reached
+        a handler yet (grpc/grpc#41785: about one a stop under a busy writer), which another replica answers."""
+        if not isinstance(error, grpc.RpcError):
+            return False
+        return error.code() == grpc.StatusCode.UNAVAILABLE or (
+            error.code() == grpc.StatusCode.CANCELLED and not self._closed
+        )
 
     def __enter__(self) -> CoordinatorClient:
         return self
@@ -153,7 +162,7 @@ class CoordinatorClient:
     def _call(self, method: Callable[..., Response], request: object, timeout: float | None = None) -> Response:
         deadline = timeout or self.timeout_seconds
         retrying = Retrying(
-            retry=retry_if_exception(_is_unavailable),
+            retry=retry_if_exception(self._worth_repeating),
             wait=wait_exponential_jitter(multiplier=0.1, max=5.0),
             stop=stop_after_delay(self.retry_seconds),
             reraise=True,

@@ -24,12 +24,20 @@ from coordinator_service.contract.views import EpochStatus
 from coordinator_service.engine import settlement
 from coordinator_service.engine.file_deletion import FileDeleter
 from coordinator_service.failpoints import Failpoint
-from coordinator_service.log import commit_lock, epoch_reads, path_claims, sink_rows, sink_tables
+from coordinator_service.log import (
+    anomalies,
+    commit_lock,
+    epoch_reads,
+    epoch_transitions,
+    path_claims,
+    sink_rows,
+    sink_tables,
+)
 from coordinator_service.log.database import Database
 from coordinator_service.log.models import Sink
 from coordinator_service.log.path_claims import CleanupDelays, DuePath, MarkRule
 from coordinator_service.settings import Settings
-from coordinator_service.tables.iceberg import IcebergGateway
+from coordinator_service.tables.format import TableFormat
 
 log = structlog.get_logger(__name__)
 
@@ -38,7 +46,7 @@ CLEANUP_BATCH = 100
 
 
 class Cleaner:
-    def __init__(self, database: Database, iceberg: IcebergGateway, settings: Settings) -> None:
+    def __init__(self, database: Database, iceberg: TableFormat, settings: Settings) -> None:
         self.database = database
         self.iceberg = iceberg
         self.settings = settings
@@ -87,7 +95,7 @@ class Cleaner:
             async with self.database.transaction() as session:
                 sink = await sink_rows.sink_by_id(session, sink_id)
                 due = await path_claims.due_paths(session, sink_id, self.delays, CLEANUP_BATCH)
-                tables = [table.table for table in await sink_tables.tables_of_sink(session, sink_id)]
+                tables = [table.identifier for table in await sink_tables.tables_of_sink(session, sink_id)]
             if sink is None:
                 return 0
             deleted = 0
@@ -129,15 +137,15 @@ class Cleaner:
                 found = await settlement.holdings(self.iceberg, sink, recorded, [row])
                 if row.status == EpochStatus.ABORTED and found.held and row.epoch <= sink.checkpointed_epoch:
                     [snapshot_id] = found.held
-                    await settlement.adopt_appended(session, sink, row, row, snapshot_id)
+                    await epoch_transitions.adopt_appended(session, sink, row, row, snapshot_id)
                     continue
                 # No marker of this numbering holds it in every table with its files (a reset came in between), or
                 # the files are a replaced attempt's: they stay, held by the epoch, and the cleaner leaves them.
                 await path_claims.hold_again(session, sink.id, epoch, row.attempt, paths)
-                settlement.alert(sink.name, "aborted_files_in_table", epoch=epoch, files=paths[:10])
+                anomalies.alert(sink.name, "aborted_files_in_table", epoch=epoch, files=paths[:10])
         if gone:
             await self._forget(sorted(gone))
-            settlement.alert(sink.name, "given_up_files_in_table", files=sorted(gone)[:10])
+            anomalies.alert(sink.name, "given_up_files_in_table", files=sorted(gone)[:10])
 
     async def _forget(self, paths: Sequence[str]) -> None:
         """Claims the cleaner will not delete: a table keeps them, or they are not where a table keeps its files."""

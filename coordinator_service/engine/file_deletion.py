@@ -1,8 +1,9 @@
 """Deleting files: the one place that proves, at the moment it deletes a file, that the file is garbage.
 
 Every deletion the coordinator makes goes through `FileDeleter.delete`: the cleaner's (aborted attempts, replaced
-attempts, dropped parts), and maintenance's (the orphan sweep, files only expired snapshots referenced, files a
-compaction wrote but could not commit). A path is deleted only when, right then:
+attempts, dropped parts), maintenance's (the orphan sweep, files only expired snapshots referenced, files a
+compaction wrote but could not commit), and an operator's deletion of a sink (the files it gave up, and the files of
+the tables it drops). A path is deleted only when, right then:
 
 1. the log marks it as being deleted (path_claims.mark, by the rule the caller is allowed), in a statement that
    checks that nothing claims it; no claim can take it afterwards, and the mark stays ORPHAN_GRACE_SECONDS after
@@ -11,8 +12,10 @@ compaction wrote but could not commit). A path is deleted only when, right then:
    table's storage, under its data directory (or its metadata directory, for the callers that delete metadata
    files), with no symbolic link on the way on a local file system (the real path lies there too, and the file is
    not a link), and under no other table's location nested inside (a directory holding `metadata/*.metadata.json`);
+   a table the caller dropped (DroppedTable) is judged as loaded right before its drop while the catalog, asked
+   after the mark, has no table under its name, and as any table once one was created again under it;
 3. no metadata of those tables, loaded after the mark, reaches it (metadata files, manifest lists, manifests, data
-   and delete files, statistics files);
+   and delete files, statistics files): a dropped table that the catalog no longer has reaches nothing;
 4. the caller still holds the sink's commit lock, verified right before the delete (an operator's fence commit
    under that lock means no append built on an older head can land: docs/architecture.md).
 
@@ -22,7 +25,6 @@ settles a referenced one with the tables' side).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import posixpath
 import stat
@@ -39,14 +41,12 @@ from coordinator_service.log.database import Database
 from coordinator_service.log.path_claims import CleanupDelays, MarkRule
 from coordinator_service.tables import table_maintenance as tm
 from coordinator_service.tables.catalog_calls import in_catalog
-from coordinator_service.tables.file_listing import listed_files
-from coordinator_service.tables.iceberg import IcebergGateway, LoadedTable
+from coordinator_service.tables.format import LoadedTable, TableFormat
 
 log = structlog.get_logger(__name__)
 
 # Paths marked, proven and deleted at a time (one lock verification each).
 DELETE_BATCH = 100
-METADATA_FILE_SUFFIX = ".metadata.json"
 
 
 @dataclass
@@ -68,10 +68,19 @@ class Deletion:
         self.claimed += other.claimed
 
 
+@dataclass(frozen=True)
+class DroppedTable:
+    """A table the caller dropped from its catalog under the sink's commit lock, as loaded right before the drop:
+    where it kept its files, for as long as no table exists under its name again."""
+
+    name: str
+    before_drop: LoadedTable
+
+
 class FileDeleter:
     """Deletes files of a sink's tables, each proven garbage at that moment (see the module)."""
 
-    def __init__(self, database: Database, iceberg: IcebergGateway, delays: CleanupDelays) -> None:
+    def __init__(self, database: Database, iceberg: TableFormat, delays: CleanupDelays) -> None:
         self.database = database
         self.iceberg = iceberg
         self.delays = delays
@@ -81,7 +90,7 @@ class FileDeleter:
         sink: str,
         sink_id: int,
         lock: CommitLock,
-        tables: Sequence[str],
+        tables: Sequence[str | DroppedTable],
         paths: Iterable[str],
         rule: MarkRule,
         *,
@@ -91,8 +100,8 @@ class FileDeleter:
     ) -> Deletion:
         """Delete those of `paths` (canonical URIs) that are garbage now, `batch` at a time (`after_batch` awaited
         after each), under the sink's commit lock. `tables`: the tables the paths may belong to (each path is judged
-        on the table whose data, or with `metadata_files` metadata, directory holds it); `rule`: which paths the log
-        lets this caller mark."""
+        on the table whose data, or with `metadata_files` metadata, directory holds it), dropped ones included;
+        `rule`: which paths the log lets this caller mark."""
         pending = list(dict.fromkeys(paths))
         done = Deletion()
         for first in range(0, len(pending), batch):
@@ -114,7 +123,7 @@ class FileDeleter:
         self,
         sink_id: int,
         lock: CommitLock,
-        tables: Sequence[str],
+        tables: Sequence[str | DroppedTable],
         paths: list[str],
         rule: MarkRule,
         metadata_files: bool,
@@ -126,9 +135,11 @@ class FileDeleter:
             return outcome
         deleting = False
         try:
-            loaded = [await in_catalog(self.iceberg.load, table) for table in tables]
+            judged = [await in_catalog(self._as_now, table) for table in tables]
+            loaded = [table for table, _ in judged]
             placed, outcome.refused = await in_catalog(_place, loaded, sorted(marked), metadata_files)
-            referenced = await in_catalog(_referenced_by, loaded, placed)
+            existing = [table for table, exists in judged if exists]
+            referenced = await in_catalog(_referenced_by, existing, placed)
             outcome.referenced = sorted(set().union(*placed.values()) & referenced)
             await lock.verify()
             deleting = True
@@ -144,6 +155,15 @@ class FileDeleter:
                 await path_claims.record_deleted(connection, outcome.deleted)
                 await path_claims.unmark(connection, kept)
         return outcome
+
+    def _as_now(self, table: str | DroppedTable) -> tuple[LoadedTable, bool]:
+        """The table to judge paths on, read after the mark, and whether it exists: a dropped table of whose name
+        the catalog has no table is gone (its metadata reaches nothing) and kept its files where it did."""
+        if isinstance(table, str):
+            return self.iceberg.load(table), True
+        if not self.iceberg.exists(table.name):
+            return table.before_drop, False
+        return self.iceberg.load(table.name), True
 
 
 def _place(
@@ -214,8 +234,7 @@ class _NestedTables:
     def _holds_table(self, table: LoadedTable, directory: str) -> bool:
         known = self._is_root.get(directory)
         if known is None:
-            listed = listed_files(table.io, f"{directory}/metadata") or {}
-            known = self._is_root[directory] = any(uri.endswith(METADATA_FILE_SUFFIX) for uri in listed)
+            known = self._is_root[directory] = tm.holds_table_metadata(table, directory)
         return known
 
 
@@ -225,7 +244,7 @@ def nested_table_roots(location: str, listed: Iterable[str]) -> set[str]:
     base = location.rstrip("/") + "/"
     roots = set()
     for uri in listed:
-        if uri.startswith(base) and uri.endswith(METADATA_FILE_SUFFIX):
+        if uri.startswith(base) and uri.endswith(tm.METADATA_FILE_SUFFIX):
             directory, _, _ = uri.rpartition("/")
             parent, _, name = directory.rpartition("/")
             if name == "metadata" and parent.startswith(base):
@@ -258,7 +277,6 @@ def _delete_files(table: LoadedTable, paths: Sequence[str]) -> tuple[list[str], 
             except FileNotFoundError:
                 deleted.append(path)
                 continue
-        with contextlib.suppress(FileNotFoundError):
-            table.io.delete(path)
+        tm.delete_stored_file(table, path)
         deleted.append(path)
     return deleted, links

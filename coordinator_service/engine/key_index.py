@@ -37,7 +37,7 @@ from coordinator_service.log.database import Database
 from coordinator_service.log.key_index import IndexState
 from coordinator_service.tables.catalog_calls import in_catalog
 from coordinator_service.tables.data_file_codec import DescriptionOutdated
-from coordinator_service.tables.iceberg import LoadedTable
+from coordinator_service.tables.format import LoadedTable
 from coordinator_service.tables.key_index_reads import (
     CatchUp,
     Current,

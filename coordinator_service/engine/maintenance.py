@@ -1,10 +1,13 @@
 """Table maintenance run by the coordinator, in step with the sink's commits.
 
 A sink's tables (its own and, with fan-out, the others it writes) are
-maintained every MAINTENANCE_INTERVAL_SECONDS (and when an operator asks), one
-after the other, under the sink's commit lock, so never while the sink's own
-append runs; against any other writer of the table the commits are optimistic
-(a conflict fails the run, and the next run plans again on a fresh load). A run:
+maintained every MAINTENANCE_INTERVAL_SECONDS, at once when a commit takes one
+past a bound (a tenth past its snapshot bound, or small files a compaction
+would merge), and when an operator asks; one after the other, under the sink's
+commit lock, so never while the sink's own append runs; against any other
+writer of the table the commits are optimistic (a conflict fails the run, and
+the next run plans again on a fresh load). A run takes the registered steps
+(coordinator_service.engine.maintenance_steps, one module each) on each table:
 
 1. expires the snapshots older than SNAPSHOT_MAX_AGE_SECONDS or beyond the
    newest SNAPSHOT_MAX_COUNT, except branch and tag heads and every snapshot
@@ -21,7 +24,7 @@ append runs; against any other writer of the table the commits are optimistic
    ORPHAN_MAX_FILES_PER_RUN of them).
 
 Manifests are merged by the commits themselves (the committer sets the table
-properties of manifest merging; see IcebergGateway.append). Every step that
+properties of manifest merging; see TableFormat.append). Every step that
 deletes files verifies the commit lock right before it (coordinator_service.
 commit_lock). A run is recorded in maintenance_runs, counted in metrics, and
 its failure never stops the sink's commits; a table that fails does not keep
@@ -34,53 +37,36 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 import structlog
 from pydantic import ValidationError
 
-from coordinator_service import failpoints, metrics
-from coordinator_service.contract.errors import CatalogConflict, CommitLockLost, NotFound, cause
-from coordinator_service.engine import settlement
+from coordinator_service import metrics
+from coordinator_service.contract.errors import CommitLockLost, NotFound, cause
 from coordinator_service.engine.committer import Committer
-from coordinator_service.engine.file_deletion import FileDeleter, nested_table_roots
-from coordinator_service.failpoints import Failpoint
-from coordinator_service.log import commit_lock, maintenance_log, path_claims, sink_rows, sink_tables
+from coordinator_service.engine.file_deletion import FileDeleter
+from coordinator_service.engine.maintenance_steps import STEPS
+from coordinator_service.engine.maintenance_steps.compaction import compaction_plan
+from coordinator_service.engine.maintenance_steps.step import RunOccasion, StepContext
+from coordinator_service.log import commit_lock, maintenance_log, sink_rows, sink_tables
 from coordinator_service.log.commit_lock import CommitLock
 from coordinator_service.log.database import Database
 from coordinator_service.log.models import MaintenanceOutcome, MaintenanceRun, MaintenanceTrigger, Sink
-from coordinator_service.log.path_claims import MarkRule
-from coordinator_service.settings import MaintenancePolicy, Settings
+from coordinator_service.settings import Settings
+from coordinator_service.settings.maintenance import MaintenancePolicy
 from coordinator_service.tables import table_maintenance as tm
 from coordinator_service.tables.catalog_calls import in_catalog
-from coordinator_service.tables.iceberg import IcebergGateway, LoadedTable
-from coordinator_service.tables.markers import MARKER_EPOCH
+from coordinator_service.tables.format import TableFormat
 
 log = structlog.get_logger(__name__)
 
 # Runs kept in maintenance_runs per sink.
 RUNS_KEPT = 100
-# Orphan files deleted between two verifications of the commit lock.
-ORPHAN_DELETE_BATCH = 100
 
 
 def policy_of(settings: Settings, sink: Sink) -> MaintenancePolicy:
     return settings.with_overrides(sink.maintenance_overrides)
-
-
-def protected_by_markers(table: LoadedTable, sinks: Sequence[tuple[Sink, int]]) -> set[int]:
-    """Snapshots whose marker the recovery walk may still need: a sink's own marker above the newest epoch of the
-    sink the log records this table holds (an append whose record has not happened yet)."""
-    identities = [(settlement.identity_of(sink), committed_epoch) for sink, committed_epoch in sinks]
-    protected = set()
-    for snapshot in table.metadata.snapshots:
-        if snapshot.summary is None:
-            continue
-        for identity, committed_epoch in identities:
-            if identity.owns(snapshot.summary) and int(str(snapshot.summary.get(MARKER_EPOCH))) > committed_epoch:
-                protected.add(snapshot.snapshot_id)
-    return protected
 
 
 class Maintainer:
@@ -91,7 +77,7 @@ class Maintainer:
     def __init__(
         self,
         database: Database,
-        iceberg: IcebergGateway,
+        iceberg: TableFormat,
         committer: Committer,
         deleter: FileDeleter,
         settings: Settings,
@@ -107,18 +93,75 @@ class Maintainer:
         self._wake = asyncio.Event()
         # Each sink's run started by the schedule, running or waiting for a slot (at most one per sink).
         self._runs: dict[int, asyncio.Task[None]] = {}
-        committer.maintenance_wanted = self.want
+        # Each table's check, after a commit, of whether a compaction would merge files of it (sink id, table); and
+        # the tables committed again while theirs ran (checked again when it ends).
+        self._compaction_checks: dict[tuple[int, str], asyncio.Task[None]] = {}
+        self._check_again: set[tuple[int, str]] = set()
+        committer.after_append = self.appended
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._schedule_forever(), name="table-maintenance")
 
     def want(self, sink_id: int) -> None:
-        """A commit took one of the sink's tables past a threshold (the committer calls it)."""
+        """A commit took one of the sink's tables past a threshold: its run at the next round, whatever the clock."""
         self._wanted.add(sink_id)
         self._wake.set()
 
+    def appended(self, sink: Sink, table_name: str) -> None:
+        """A commit appended files to one of the sink's tables, and is recorded (the committer calls it). The sink's run
+        is wanted at once when the commit took the table a tenth past its snapshot bound (SNAPSHOT_MAX_COUNT, or the
+        table's own min-snapshots-to-keep), or when a compaction would now merge files of it (COMPACTION_MIN_FILES
+        small files of a partition, counted as the run counts them; checked off the commit path, reading only the
+        manifests the process has not read yet). So every bound of the policy holds whatever the commit rate, not
+        only on the maintenance clock."""
+        try:
+            policy = policy_of(self.settings, sink)
+        except ValidationError:
+            return  # stored out of range behind the API's back: _due says so, the commit goes on
+        if not policy.maintenance_enabled:
+            return
+        table = self.iceberg.last_known(table_name)
+        if table is not None:
+            bound = tm.retention_of(table, int(policy.snapshot_max_age_seconds * 1000), policy.snapshot_max_count)
+            if self.iceberg.snapshot_count(table) > bound.max_count + max(1, bound.max_count // 10):
+                self.want(sink.id)
+                return
+        key = (sink.id, table_name)
+        if key in self._compaction_checks:
+            self._check_again.add(key)  # the check under way may have read the table before this commit
+            return
+        check = asyncio.create_task(self._check_compaction(key, policy), name=f"compaction-check-{sink.id}")
+        self._compaction_checks[key] = check
+
+    async def _check_compaction(self, key: tuple[int, str], policy: MaintenancePolicy) -> None:
+        sink_id, table_name = key
+        try:
+            while True:
+                self._check_again.discard(key)
+                try:
+                    table = self.iceberg.last_known(table_name)
+                    if table is None:
+                        table = await in_catalog(self.iceberg.load, table_name)
+                    _, groups = await compaction_plan(self.database, table, policy)
+                except Exception as error:
+                    log.warning(
+                        "could not check whether a table needs compacting; its run comes on the clock",
+                        sink_id=sink_id,
+                        table=table_name,
+                        error=cause(error),
+                    )
+                else:
+                    if groups:
+                        self.want(sink_id)
+                if key not in self._check_again:
+                    return
+        finally:
+            del self._compaction_checks[key]
+
     async def stop(self) -> None:
-        tasks = [task for task in (self._task, *self._runs.values()) if task is not None]
+        tasks = [
+            task for task in (self._task, *self._runs.values(), *self._compaction_checks.values()) if task is not None
+        ]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -211,22 +254,19 @@ class Maintainer:
                 raise NotFound(f"sink id {sink_id} no longer exists")
             last_sweep = await maintenance_log.last_sweep_at(session, sink_id)
             run = await maintenance_log.start_maintenance_run(session, sink_id, trigger)
-            tables = [table.table for table in await sink_tables.tables_of_sink(session, sink_id)]
+            tables = [table.identifier for table in await sink_tables.tables_of_sink(session, sink_id)]
         policy = policy_of(self.settings, sink)
         started = time.monotonic()
         log_ = log.bind(sink=sink.name, trigger=trigger)
-        interval = timedelta(seconds=policy.orphan_sweep_interval_seconds)
-        sweep = (
-            trigger == MaintenanceTrigger.OPERATOR or last_sweep is None or datetime.now(UTC) - last_sweep >= interval
-        )
+        occasion = RunOccasion(trigger, last_sweep)
+        steps = [step for step in STEPS if step.wanted(policy, occasion)]
+        context = StepContext(self.database, self.iceberg, self.deleter, self.settings)
         errors: list[str] = []
         try:
             for table in tables:
                 try:
-                    await self._expire(sink, table, policy, lock, run)
-                    await self._compact(sink, table, policy, lock, run)
-                    if sweep:
-                        await self._sweep(sink, table, policy, lock, run)
+                    for step in steps:
+                        await step.run(context, sink, table, policy, lock, run)
                 except Exception as error:
                     errors.append(f"table {table}: {type(error).__name__}: {cause(error)}")
                     log_.warning("table maintenance failed; the next run plans again", table=table, error=errors[-1])
@@ -242,132 +282,9 @@ class Maintainer:
         if run.outcome == MaintenanceOutcome.OK:
             log_.info(
                 "table maintained",
-                snapshots_expired=run.snapshots_expired,
-                expired_files_deleted=run.expired_files_deleted,
-                files_compacted=run.files_compacted,
-                files_written=run.files_written,
-                bytes_rewritten=run.bytes_rewritten,
+                steps=[step.name for step in steps],
+                **{counter: getattr(run, counter) for step in STEPS for counter in step.counters},
                 swept=run.swept,
-                orphans_deleted=run.orphans_deleted,
                 seconds=round(time.monotonic() - started, 3),
             )
         return run
-
-    async def _expire(
-        self, sink: Sink, identifier: str, policy: MaintenancePolicy, lock: CommitLock, run: MaintenanceRun
-    ) -> None:
-        table = await in_catalog(self.iceberg.load, identifier)
-        retention = tm.retention_of(table, int(policy.snapshot_max_age_seconds * 1000), policy.snapshot_max_count)
-        if not retention.gc_enabled:
-            return  # the table's owners said so (gc.enabled=false)
-        async with self.database.transaction() as session:
-            sinks = await sink_rows.sinks_of_table(session, identifier)
-        keep = tm.protected_by_refs(table) | protected_by_markers(table, sinks)
-        expired = tm.snapshots_to_expire(
-            table.metadata.snapshots,
-            now_ms=int(time.time() * 1000),
-            max_age_ms=retention.max_age_ms,
-            max_count=retention.max_count,
-            keep=keep,
-        )
-        if not expired:
-            return
-        await lock.verify()
-        committed, gone = await in_catalog(tm.expire, table, expired)
-        self.iceberg.remember(identifier, committed)
-        run.snapshots_expired += len(expired)
-        await failpoints.hit(Failpoint.MAINTENANCE_AFTER_EXPIRE)
-        # Files nothing claims, or that COMMITTED epochs held (never a file an epoch that is not COMMITTED holds:
-        # only a lost commit lock could have put one there), that no snapshot left reaches.
-        deletion = await self.deleter.delete(
-            sink.name, sink.id, lock, [identifier], sorted(gone.all()), MarkRule.EXPIRED, metadata_files=True
-        )
-        run.expired_files_deleted += len(deletion.deleted)
-
-    async def _compact(
-        self, sink: Sink, identifier: str, policy: MaintenancePolicy, lock: CommitLock, run: MaintenanceRun
-    ) -> None:
-        table = await in_catalog(self.iceberg.load, identifier)
-        files = await in_catalog(tm.live_files, table)
-        small = [tm.as_small_file(data_file) for data_file in files.data]
-        async with self.database.transaction() as session:
-            held = await path_claims.unsettled(session, [file.path for file in small])
-        # A partition with delete files (another engine's position or equality deletes): the coordinator does not
-        # apply them yet, and rewriting its files without them would bring deleted rows back.
-        with_deletes = files.partitions_with_deletes()
-        if with_deletes:
-            log.info(
-                "compaction leaves alone the partitions that have delete files",
-                sink=sink.name,
-                table=identifier,
-                partitions=len(with_deletes),
-            )
-        groups = tm.compaction_groups(
-            [file for file in small if file.path not in held and (file.spec_id, file.partition) not in with_deletes],
-            target_bytes=policy.compaction_target_file_bytes,
-            min_files=policy.compaction_min_files,
-            max_bytes=policy.compaction_max_bytes_per_run,
-            spec_id=table.metadata.default_spec_id,
-        )
-        if not groups:
-            return
-        replaced, written = await in_catalog(tm.write_compacted, table, groups, policy.compaction_target_file_bytes)
-        await failpoints.hit(Failpoint.MAINTENANCE_BEFORE_COMPACTION_COMMIT)
-        try:
-            committed = await in_catalog(tm.commit_compaction, table, replaced, written)
-        except CatalogConflict:
-            # The commit did not happen (a conflict): the files written are nobody's.
-            await self.deleter.delete(
-                sink.name, sink.id, lock, [identifier], [f.file_path for f in written], MarkRule.UNCLAIMED
-            )
-            raise
-        self.iceberg.remember(identifier, committed)
-        await failpoints.hit(Failpoint.MAINTENANCE_AFTER_COMPACTION_COMMIT)
-        run.files_compacted += len(replaced)
-        run.files_written += len(written)
-        run.bytes_rewritten += sum(data_file.file_size_in_bytes for data_file in replaced)
-
-    async def _sweep(
-        self, sink: Sink, identifier: str, policy: MaintenancePolicy, lock: CommitLock, run: MaintenanceRun
-    ) -> None:
-        table = await in_catalog(self.iceberg.load, identifier)
-        if not tm.retention_of(table, 0, 0).gc_enabled:
-            return
-        # A sink's override can only lengthen the grace: pre-commits refuse files older than the coordinator's.
-        grace = max(policy.orphan_grace_seconds, self.settings.orphan_grace_seconds)
-        candidates = await in_catalog(_unreferenced_files, table, grace)
-        run.swept = True
-        deletion = await self.deleter.delete(
-            sink.name,
-            sink.id,
-            lock,
-            [identifier],
-            [file.uri for file in candidates][: policy.orphan_max_files_per_run],
-            MarkRule.UNCLAIMED,
-            metadata_files=True,
-            batch=ORPHAN_DELETE_BATCH,
-            after_batch=lambda: failpoints.hit(Failpoint.MAINTENANCE_DURING_SWEEP),
-        )
-        run.orphans_deleted += len(deletion.deleted)
-
-
-def _unreferenced_files(table: LoadedTable, grace_seconds: float) -> list[tm.StoredFile]:
-    """Files under the table's data and metadata directories that no snapshot references and that are older
-    than the grace (data files, manifests and manifest lists, metadata files no longer in the metadata log),
-    never one under another table's location nested in this one's (its sweep is that table's)."""
-    referenced = tm.referenced_files(table)
-    oldest = (time.time() - grace_seconds) * 1000
-    roots = tm.storage_roots(table)
-    stored = tm.stored_files(table, roots.data) + tm.stored_files(table, roots.metadata)
-    nested = nested_table_roots(roots.location, (file.uri for file in stored))
-    return sorted(
-        (
-            file
-            for file in stored
-            if tm.same_file(file.uri) not in referenced
-            and file.modified_ms < oldest
-            and file.uri.endswith((".parquet", ".avro", ".metadata.json"))
-            and not any(file.uri.startswith(root + "/") for root in nested)
-        ),
-        key=lambda file: file.modified_ms,
-    )

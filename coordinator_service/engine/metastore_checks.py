@@ -29,10 +29,10 @@ from coordinator_service.engine.committer import Committer
 from coordinator_service.log import sink_rows, sink_tables
 from coordinator_service.log.database import Database
 from coordinator_service.log.models import Sink
-from coordinator_service.log.sink_tables import TableOfSink
+from coordinator_service.log.sink_tables import RecordedTable
 from coordinator_service.settings import Settings
 from coordinator_service.tables.catalog_calls import in_catalog
-from coordinator_service.tables.iceberg import IcebergGateway
+from coordinator_service.tables.format import TableFormat
 from coordinator_service.tables.markers import SinkIdentity
 
 log = structlog.get_logger(__name__)
@@ -48,14 +48,14 @@ class TableSeen:
     newest_marker: int | None
 
 
-def table_seen(tables: IcebergGateway, identifier: str, sink: SinkIdentity) -> TableSeen:
+def table_seen(tables: TableFormat, identifier: str, sink: SinkIdentity) -> TableSeen:
     """Blocking: the table loaded now (InvalidArgument when it does not exist), its UUID and newest own marker."""
     table = tables.load(identifier)
     markers = tables.sink_markers(identifier, sink, NEWEST, table)
-    return TableSeen(table.metadata.table_uuid, markers[-1].epoch if markers else None)
+    return TableSeen(tables.identity(table).uuid, markers[-1].epoch if markers else None)
 
 
-def out_of_step(sink: Sink, table: TableOfSink, seen: TableSeen | None, catalog: str) -> str | None:
+def out_of_step(sink: Sink, table: RecordedTable, seen: TableSeen | None, catalog: str) -> str | None:
     """Why the log is out of step with this table, or None."""
     if sink.catalog != catalog:
         return (
@@ -64,21 +64,21 @@ def out_of_step(sink: Sink, table: TableOfSink, seen: TableSeen | None, catalog:
         )
     if seen is None:
         return (
-            f"table {table.table} of sink {sink.name} does not exist in catalog {catalog!r}: the catalog changed, or "
-            "the table was dropped; configure the right catalog, or remove a fan-out table from the sink"
+            f"table {table.identifier} of sink {sink.name} does not exist in catalog {catalog!r}: the catalog changed, "
+            "or the table was dropped; configure the right catalog, or remove a fan-out table from the sink"
         )
     if table.table_uuid is not None and seen.table_uuid != table.table_uuid:
         return (
-            f"table {table.table} of sink {sink.name} is table {seen.table_uuid}, not {table.table_uuid} the log "
+            f"table {table.identifier} of sink {sink.name} is table {seen.table_uuid}, not {table.table_uuid} the log "
             "recorded: another table under its name (dropped and created again, or another catalog). Reconcile the "
             f"sink to take it as its own (POST /api/v1/sinks/{sink.name}/reconcile)"
         )
     if seen.newest_marker is not None and seen.newest_marker > sink.checkpointed_epoch:
         return (
-            f"table {table.table} holds epoch {seen.newest_marker} of sink {sink.name}, but the log's checkpoint is "
-            f"epoch {sink.checkpointed_epoch}: the metastore is behind the table (restored from an earlier backup?). "
-            f"Reconcile the sink to the tables (POST /api/v1/sinks/{sink.name}/reconcile; docs/operations.md, "
-            "'A restored metastore')"
+            f"table {table.identifier} holds epoch {seen.newest_marker} of sink {sink.name}, but the log's checkpoint "
+            f"is epoch {sink.checkpointed_epoch}: the metastore is behind the table (restored from an earlier "
+            f"backup?). Reconcile the sink to the tables (POST /api/v1/sinks/{sink.name}/reconcile; "
+            "docs/operations.md, 'A restored metastore')"
         )
     return None
 
@@ -86,7 +86,7 @@ def out_of_step(sink: Sink, table: TableOfSink, seen: TableSeen | None, catalog:
 class MetastoreChecks:
     """Checks every sink against its tables at start and every METASTORE_CHECK_INTERVAL_SECONDS."""
 
-    def __init__(self, database: Database, iceberg: IcebergGateway, committer: Committer, settings: Settings) -> None:
+    def __init__(self, database: Database, iceberg: TableFormat, committer: Committer, settings: Settings) -> None:
         self.database = database
         self.iceberg = iceberg
         self.committer = committer
@@ -123,13 +123,13 @@ class MetastoreChecks:
                 found[sink.name] = reason
         return found
 
-    async def check(self, sink: Sink, tables: list[TableOfSink]) -> str | None:
+    async def check(self, sink: Sink, tables: list[RecordedTable]) -> str | None:
         """Check one sink's tables; suspend it when one is out of step, resume it when all are in step again."""
         identity = settlement.identity_of(sink)
         reason = None
         for table in tables:
             try:
-                seen: TableSeen | None = await in_catalog(table_seen, self.iceberg, table.table, identity)
+                seen: TableSeen | None = await in_catalog(table_seen, self.iceberg, table.identifier, identity)
             except InvalidArgument:
                 seen = None
             reason = out_of_step(sink, table, seen, self.iceberg.catalog_name)
@@ -137,7 +137,7 @@ class MetastoreChecks:
                 break
             if table.table_uuid is None and seen is not None:
                 async with self.database.transaction() as session:
-                    await sink_tables.record_table_uuid(session, sink.id, table.table, seen.table_uuid)
+                    await sink_tables.record_table_uuid(session, sink.id, table.identifier, seen.table_uuid)
         async with self.database.transaction() as session:
             changed = await sink_rows.set_suspended(session, sink.id, reason)
         if changed and reason is not None:

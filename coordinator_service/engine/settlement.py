@@ -17,14 +17,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import structlog
-from sqlalchemy.ext.asyncio import AsyncSession
 
-from coordinator_service import metrics
-from coordinator_service.contract.views import EpochStatus
-from coordinator_service.log import epoch_transitions, path_claims, precommit_metadata
+from coordinator_service.log import precommit_metadata
 from coordinator_service.log.models import EpochRecord, Sink
 from coordinator_service.tables.catalog_calls import in_catalog
-from coordinator_service.tables.iceberg import IcebergGateway
+from coordinator_service.tables.format import TableFormat
 from coordinator_service.tables.markers import Marker, SinkIdentity
 
 log = structlog.get_logger(__name__)
@@ -81,7 +78,7 @@ def tables_with_files(metadata: precommit_metadata.PreCommitMetadata) -> set[str
 
 
 async def holdings(
-    tables: IcebergGateway, sink: Sink, recorded: Mapping[str, int], rows: Sequence[EpochRecord]
+    tables: TableFormat, sink: Sink, recorded: Mapping[str, int], rows: Sequence[EpochRecord]
 ) -> Holdings:
     """Which of these PENDING epochs the sink's tables hold, each table walked on a fresh load (the caller holds
     the commit lock). A table holds an epoch when the log records it (`recorded`: the newest epoch each table
@@ -111,40 +108,3 @@ async def holdings(
         elif not each and holding:
             held.setdefault(None, []).append(epoch)
     return Holdings(held, partial)
-
-
-async def mark_held(session: AsyncSession, sink_id: int, held: Mapping[int | None, list[int]]) -> list[int]:
-    """Mark the epochs the table holds COMMITTED, each with its snapshot; return them."""
-    for snapshot_id, epochs in held.items():
-        await epoch_transitions.mark_committed(session, sink_id, epochs, snapshot_id)
-    return sorted(epoch for epochs in held.values() for epoch in epochs)
-
-
-async def adopt_appended(
-    session: AsyncSession, sink: Sink, row: EpochRecord, appended: EpochRecord, snapshot_id: int | None
-) -> None:
-    """The table holds `appended` (an attempt of row's epoch) although the log had moved on (aborted, or a newer
-    attempt): the table is the truth. The row becomes COMMITTED with that attempt's record and files; files of
-    other attempts are discarded (the cleaner removes them). An alert: a committer appended without its lock."""
-    previous = f"{row.status.value} attempt {row.attempt}" + (f" ({row.reason})" if row.reason else "")
-    row.status = EpochStatus.COMMITTED
-    row.snapshot_id = snapshot_id
-    row.attempt = appended.attempt
-    row.metadata_ = appended.metadata_
-    row.file_count = appended.file_count
-    row.record_count = appended.record_count
-    row.reason = f"the table holds attempt {appended.attempt} although the log had it as {previous}"
-    row.abort_cause = None
-    row.aborted_at = None
-    row.files_cleaned = False
-    await session.flush()
-    paths = sorted(precommit_metadata.decode(appended.metadata_).paths)
-    await path_claims.claim_for_attempt(session, sink.id, row.epoch, appended.attempt, paths, deadline=None)
-    await epoch_transitions.advance_committed_epoch(session, sink.id)
-    alert(sink.name, "appended_after_abort", epoch=row.epoch, snapshot_id=snapshot_id, previous=previous)
-
-
-def alert(sink: str, kind: str, **fields: object) -> None:
-    """Something only a lost commit lock explains: logged as an error and counted, for an operator to look at."""
-    metrics.COMMIT_ANOMALIES.labels(sink, kind).inc()
-    log.error("exactly-once anomaly: a commit landed without its commit lock", sink=sink, anomaly=kind, **fields)

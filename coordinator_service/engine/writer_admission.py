@@ -25,13 +25,12 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from coordinator_service.contract.errors import InvalidArgument, QuotaExceeded, Unavailable
 from coordinator_service.contract.table_identifiers import check_sink_name, check_table_identifier
-from coordinator_service.engine.protocol import MAX_TABLES_PER_ENSURE
+from coordinator_service.engine.writer_requests import MAX_TABLES_PER_ENSURE
 from coordinator_service.log.database import Database
-from coordinator_service.log.models import Sink, SinkTable
-from coordinator_service.settings import ENV_PREFIX
-from coordinator_service.tables import table_origin
+from coordinator_service.log.models import Sink, SinkTableRecord
+from coordinator_service.settings.bounds import ENV_PREFIX
 from coordinator_service.tables.catalog_calls import in_catalog
-from coordinator_service.tables.iceberg import IcebergGateway
+from coordinator_service.tables.format import TableFormat
 from coordinator_service.writer_scopes import OPEN, UNSCOPED, Scope
 
 # First key of the two-int advisory locks of scope admissions ("SW"); the commit locks use another.
@@ -39,7 +38,7 @@ ADMISSION_LOCK_CLASS: Final = 0x5357
 
 
 class Admission:
-    def __init__(self, database: Database, iceberg: IcebergGateway, lock_timeout_seconds: float) -> None:
+    def __init__(self, database: Database, iceberg: TableFormat, lock_timeout_seconds: float) -> None:
         self.database = database
         self.iceberg = iceberg
         self.lock_timeout_seconds = lock_timeout_seconds
@@ -67,7 +66,7 @@ class Admission:
                 await _check_quotas(session, scope, new_sink, named)
                 unwritten = set(new_tables) - await _written(session, new_tables)
             for table in sorted(unwritten):
-                await in_catalog(table_origin.require_takeable, self.iceberg, table)
+                await in_catalog(self.iceberg.require_takeable, table)
             yield
 
     @asynccontextmanager
@@ -101,7 +100,9 @@ async def _additions(session: AsyncSession, sink: str, tables: list[str]) -> tup
         return True, tables
     held = set(
         await session.scalars(
-            select(SinkTable.table_identifier).where(SinkTable.sink_id == row, SinkTable.table_identifier.in_(tables))
+            select(SinkTableRecord.table_identifier).where(
+                SinkTableRecord.sink_id == row, SinkTableRecord.table_identifier.in_(tables)
+            )
         )
     )
     return False, [table for table in tables if table not in held]
@@ -109,7 +110,7 @@ async def _additions(session: AsyncSession, sink: str, tables: list[str]) -> tup
 
 async def _written(session: AsyncSession, tables: list[str]) -> set[str]:
     """Those of the tables some sink writes."""
-    statement = select(SinkTable.table_identifier).where(SinkTable.table_identifier.in_(tables)).distinct()
+    statement = select(SinkTableRecord.table_identifier).where(SinkTableRecord.table_identifier.in_(tables)).distinct()
     return set(await session.scalars(statement))
 
 
@@ -122,8 +123,10 @@ async def _check_quotas(session: AsyncSession, scope: Scope, new_sink: bool, tab
                 f"writer scope {scope.name} has {sinks} sinks, its quota ({scope.rules.max_sinks}): an operator "
                 f"raises {_quota_setting(scope, 'MAX_SINKS')}. Nothing was changed"
             )
-    scope_tables = select(SinkTable.table_identifier).join(Sink, Sink.id == SinkTable.sink_id).where(covered)
-    held = set(await session.scalars(scope_tables.where(SinkTable.table_identifier.in_(tables))))
+    scope_tables = (
+        select(SinkTableRecord.table_identifier).join(Sink, Sink.id == SinkTableRecord.sink_id).where(covered)
+    )
+    held = set(await session.scalars(scope_tables.where(SinkTableRecord.table_identifier.in_(tables))))
     adding = [table for table in tables if table not in held]
     if not adding:
         return

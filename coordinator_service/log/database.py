@@ -24,6 +24,7 @@ from sqlalchemy.pool import QueuePool
 
 from coordinator_service import metrics
 from coordinator_service.contract.errors import InvalidArgument, MetastoreUnavailable, cause
+from coordinator_service.metrics import scrape as metrics_scrape
 
 log = structlog.get_logger(__name__)
 
@@ -237,12 +238,12 @@ class Database:
             f"{2 * self.options.pool_size} in use): retry"
         )
 
-    def pool_gauges(self) -> metrics.PoolGauges:
+    def pool_gauges(self) -> metrics_scrape.PoolGauges:
         """The pool's connections now (for /metrics)."""
         pool = self.engine.pool
         in_use = pool.checkedout() if isinstance(pool, QueuePool) else 0
         idle = pool.checkedin() if isinstance(pool, QueuePool) else 0
-        return metrics.PoolGauges(in_use=in_use, idle=idle, most=2 * self.options.pool_size)
+        return metrics_scrape.PoolGauges(in_use=in_use, idle=idle, most=2 * self.options.pool_size)
 
     async def dispose(self) -> None:
         await self.engine.dispose()

@@ -13,7 +13,7 @@ from coordinator_service.contract.views import EpochStatus
 from coordinator_service.log.models import (
     EpochRecord,
     Sink,
-    SinkTable,
+    SinkTableRecord,
 )
 
 
@@ -51,8 +51,8 @@ async def sink_and_checkpointed_pending(
     """The sink row, its PENDING epochs at or below its checkpointed epoch, oldest first, at most `limit`, and the
     newest epoch each of its tables holds: what a commit pass starts from, in one statement."""
     tables = (
-        select(func.json_object_agg(SinkTable.table_identifier, SinkTable.committed_epoch))
-        .where(SinkTable.sink_id == Sink.id)
+        select(func.json_object_agg(SinkTableRecord.table_identifier, SinkTableRecord.committed_epoch))
+        .where(SinkTableRecord.sink_id == Sink.id)
         .scalar_subquery()
     )
     statement = (

@@ -1,11 +1,15 @@
-"""Every change of an epoch's state in the log, in one place: a new PENDING epoch (one, or many in one statement) and a
-new attempt, ABORTED, COMMITTED (the committer's marks, the committed-epoch rule), a checkpoint recorded, the
-pruning of old COMMITTED rows and of an old generation's."""
+"""Every change of an epoch's state in the log, and of the sink's epochs with it, is made by this module or the two
+beside it (checkpoint_record: a checkpoint recorded; commit_record: epochs COMMITTED; epoch_numbering: a reset, a
+reconcile, the first writer after them): a new PENDING epoch (one, or many in one statement) and a new attempt,
+ABORTED, the table's side adopted, the committed-epoch rule, the pruning of old COMMITTED rows and of an old
+generation's.
+
+Where a one-statement fast path is kept it sits beside its general path, and
+tests/integration/test_transition_paths.py proves both give the same rows for the same log."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,37 +18,84 @@ from sqlalchemy import func, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from coordinator_service.contract.views import EpochStatus
-from coordinator_service.log import path_claims
-from coordinator_service.log.commit_lock import COMMIT_LOCK_CLASS
-from coordinator_service.log.models import (
-    AbortCause,
-    EpochRecord,
-    Sink,
-)
-from coordinator_service.log.sink_tables import numbering_parameters, table_parameters
+from coordinator_service.log import anomalies, path_claims, precommit_metadata
+from coordinator_service.log.models import AbortCause, EpochRecord, Sink
+from coordinator_service.log.precommit_metadata import PreCommitMetadata
 
 
-async def insert_pending_epoch(
-    session: AsyncSession,
-    sink_id: int,
-    epoch: int,
+def _take_attempt(
+    row: EpochRecord,
+    status: EpochStatus,
+    attempt: int,
     metadata: bytes,
     file_count: int,
     record_count: int,
+    snapshot_id: int | None = None,
+    reason: str | None = None,
 ) -> None:
-    session.add(
-        EpochRecord(
-            sink_id=sink_id,
-            epoch=epoch,
-            status=EpochStatus.PENDING,
-            metadata_=metadata,
-            attempt=1,
-            file_count=file_count,
-            record_count=record_count,
-            files_cleaned=False,
-        )
+    """The columns of an epoch's row that an attempt sets: its record, and nothing left of an earlier attempt's fate.
+    Written here once for the first attempt, a new one and the one a table holds (adopt_appended); the group insert's
+    SQL (_INSERT_NEW_EPOCHS) writes the same for a first attempt."""
+    row.status = status
+    row.attempt = attempt
+    row.metadata_ = metadata
+    row.file_count = file_count
+    row.record_count = record_count
+    row.snapshot_id = snapshot_id
+    row.reason = reason
+    row.abort_cause = None
+    row.aborted_at = None
+    row.files_cleaned = False
+
+
+async def persist_attempt(
+    session: AsyncSession, sink_id: int, epoch: int, row: EpochRecord | None, metadata: PreCommitMetadata
+) -> int:
+    """An epoch's pre-commit, in the caller's transaction (which holds the sink's row lock and has checked the
+    request): its first attempt inserted (`row` None), or a new attempt of its ABORTED `row`; the attempt's number.
+    The caller claims its paths (path_claims.claim_for_attempt)."""
+    if row is None:
+        row = EpochRecord(sink_id=sink_id, epoch=epoch)
+        session.add(row)
+        attempt = 1
+    else:
+        attempt = row.attempt + 1
+    encoded = precommit_metadata.encode(metadata)
+    _take_attempt(row, EpochStatus.PENDING, attempt, encoded, len(metadata.data_files), metadata.record_count)
+    await session.flush()
+    return attempt
+
+
+async def adopt_appended(
+    session: AsyncSession, sink: Sink, row: EpochRecord, appended: EpochRecord, snapshot_id: int | None
+) -> None:
+    """The table holds `appended` (an attempt of row's epoch) although the log had moved on (aborted, or a newer
+    attempt): the table is the truth. The row becomes COMMITTED with that attempt's record and files; files of
+    other attempts are discarded (the cleaner removes them). An alert: a committer appended without its lock."""
+    previous = f"{row.status.value} attempt {row.attempt}" + (f" ({row.reason})" if row.reason else "")
+    _take_attempt(
+        row,
+        EpochStatus.COMMITTED,
+        appended.attempt,
+        appended.metadata_,
+        appended.file_count,
+        appended.record_count,
+        snapshot_id,
+        reason=f"the table holds attempt {appended.attempt} although the log had it as {previous}",
     )
     await session.flush()
+    paths = sorted(precommit_metadata.decode(appended.metadata_).paths)
+    await path_claims.claim_for_attempt(session, sink.id, row.epoch, appended.attempt, paths, deadline=None)
+    await advance_committed_epoch(session, sink.id)
+    anomalies.alert(sink.name, "appended_after_abort", epoch=row.epoch, snapshot_id=snapshot_id, previous=previous)
+
+
+def give_files_up(row: EpochRecord, kept: PreCommitMetadata) -> None:
+    """The epoch keeps only `kept` of its files (an operator removed a table from the sink); the caller releases the
+    others' claims."""
+    row.metadata_ = precommit_metadata.encode(kept)
+    row.file_count = len(kept.data_files)
+    row.record_count = kept.record_count
 
 
 @dataclass(frozen=True)
@@ -175,161 +226,64 @@ async def abort_epoch(session: AsyncSession, sink_id: int, epoch: int, reason: s
     await path_claims.discard_epochs(session, sink_id, [epoch], keep_for_rerun=cause == AbortCause.RECOVERY)
 
 
-async def mark_committed(
-    session: AsyncSession, sink_id: int, epochs: Sequence[int], snapshot_id: int | None
-) -> int | None:
-    """Mark PENDING epochs COMMITTED (the table holds them) and move the sink's committed_epoch; the new committed
-    epoch, None when it did not move."""
-    await session.execute(
-        update(EpochRecord)
-        .where(
-            EpochRecord.sink_id == sink_id,
-            EpochRecord.epoch.in_(epochs),
-            EpochRecord.status == EpochStatus.PENDING,
-        )
-        .values(status=EpochStatus.COMMITTED, snapshot_id=snapshot_id, updated_at=func.now())
-    )
-    return await advance_committed_epoch(session, sink_id)
+def committed_epoch_rule(sink: str, checkpointed: str, floor: str, still_pending: str = "") -> str:
+    """The committed-epoch rule as one SQL expression, which every statement that moves a sink's committed_epoch
+    uses: the newest epoch at or below the checkpointed one with no PENDING epoch at or below it, never below `floor`
+    (the committed epoch as it is; -1 at a new numbering).
 
-
-# The COMMITTED transaction of the common commit, as one statement: the sink is still the incarnation and
-# generation the committer appended for, and every epoch still PENDING with the attempt it appended (each row
-# locked, the condition evaluated again on a row another transaction changed meanwhile); then all of them are
-# marked and committed_epoch moves, all or nothing. The tables the pass appended to (or found holding its epochs)
-# record the newest epoch they hold in the same statement, whether or not the epochs are marked (a table's record is
-# a fact about the table); the trigger of migration 0006 raises the other tables with the sink. The marked rows are
-# PENDING in the statement's snapshot: the new committed epoch is computed without them.
-# The committed epoch moves only over epochs the statement sees: the checkpointed epoch is read as of its snapshot
-# (`seen`), like the epochs, never from the sink row PostgreSQL evaluates again at its newest version after waiting
-# for its lock (a checkpoint committed meanwhile covers an epoch pre-committed after the snapshot, which the
-# statement cannot see PENDING; the committed epoch would pass it, and every table with it).
-_MARK_APPENDED_EPOCHS = """
-    WITH expected AS (
-        SELECT * FROM unnest(CAST(:epochs AS bigint[]), CAST(:attempts AS integer[]), CAST(:snapshot_ids AS bigint[]))
-                 AS e(epoch, attempt, snapshot_id)
-    ), sink AS (
-        SELECT id FROM sinks
-        WHERE id = :sink_id AND incarnation = :incarnation AND generation = :generation FOR UPDATE
-    ), recorded AS (
-        UPDATE sink_tables t SET committed_epoch = r.epoch, updated_at = now()
-        FROM unnest(CAST(:tables AS text[]), CAST(:table_epochs AS bigint[])) AS r(table_identifier, epoch)
-        WHERE t.sink_id = (SELECT id FROM sink) AND t.table_identifier = r.table_identifier
-          AND t.committed_epoch < r.epoch
-    ), unchanged AS (
-        SELECT p.epoch FROM pending_sink_state p JOIN expected e ON e.epoch = p.epoch
-        WHERE p.sink_id = (SELECT id FROM sink) AND p.status = 'PENDING' AND p.attempt = e.attempt
-        FOR UPDATE OF p
-    ), marked AS (
-        UPDATE pending_sink_state p SET status = 'COMMITTED', snapshot_id = e.snapshot_id, updated_at = now()
-        FROM expected e
-        WHERE p.sink_id = :sink_id AND p.epoch = e.epoch AND p.epoch IN (SELECT epoch FROM unchanged)
-          AND (SELECT count(*) FROM unchanged) = cardinality(CAST(:epochs AS bigint[]))
-        RETURNING p.epoch
-    ), seen AS (
-        SELECT checkpointed_epoch FROM sinks WHERE id = :sink_id
-    )
-    UPDATE sinks s SET committed_epoch = GREATEST(s.committed_epoch, LEAST((SELECT checkpointed_epoch FROM seen),
-            COALESCE((SELECT min(p.epoch) - 1 FROM pending_sink_state p
-                      WHERE p.sink_id = s.id AND p.status = 'PENDING' AND p.epoch NOT IN (SELECT epoch FROM marked)),
-                     (SELECT checkpointed_epoch FROM seen)))),
-        updated_at = now()
-    WHERE s.id = :sink_id AND EXISTS (SELECT 1 FROM marked)
-    RETURNING s.committed_epoch
-"""
-
-
-@dataclass(frozen=True)
-class Appended:
-    """What a commit pass did: the attempt of each epoch it appended (or found in its tables) with the snapshot of
-    the sink's own table that holds the epoch (None: none there), and the newest epoch each table it appended to
-    (or found holding its epochs) now holds."""
-
-    attempts: Mapping[int, int]
-    snapshots: Mapping[int, int | None]
-    tables: Mapping[str, int]
-
-
-async def mark_appended_epochs(connection: AsyncConnection, sink: Sink, appended: Appended) -> int | None:
-    """The common COMMITTED transaction in one autocommit statement (see _MARK_APPENDED_EPOCHS): the sink's new
-    committed epoch, or None when anything differs from what was appended (no epoch is marked then, and the
-    general transaction decides; the tables' records are kept)."""
-    epochs = list(appended.attempts)
-    row = (
-        await connection.execute(
-            text(_MARK_APPENDED_EPOCHS),
-            {
-                "epochs": epochs,
-                "attempts": [appended.attempts[epoch] for epoch in epochs],
-                "snapshot_ids": [appended.snapshots.get(epoch) for epoch in epochs],
-                **table_parameters(appended.tables),
-                **numbering_parameters(sink),
-            },
-        )
-    ).one_or_none()
-    return None if row is None else int(row.committed_epoch)
-
-
-_ADVANCE_COMMITTED_EPOCH = """
-    UPDATE sinks s SET committed_epoch = settled.epoch, updated_at = now()
-    FROM (SELECT LEAST(s2.checkpointed_epoch,
-                       COALESCE((SELECT min(p.epoch) - 1 FROM pending_sink_state p
-                                 WHERE p.sink_id = s2.id AND p.status = 'PENDING'), s2.checkpointed_epoch)) AS epoch
-          FROM sinks s2 WHERE s2.id = :sink_id) AS settled
-    WHERE s.id = :sink_id AND s.committed_epoch < settled.epoch
-    RETURNING s.committed_epoch
-"""
-
-
-_RECORD_CHECKPOINT_OVER_PENDING = """
-    UPDATE sinks s SET checkpointed_epoch = :epoch, updated_at = now()
-    WHERE s.name = :name AND s.writer_term = :term AND s.checkpointed_epoch < :epoch AND s.suspended_reason IS NULL
-      AND (SELECT count(*) FROM pending_sink_state p
-           WHERE p.sink_id = s.id AND p.epoch > s.checkpointed_epoch AND p.epoch <= :epoch
-             AND p.status = 'PENDING') = CAST(:epoch AS numeric) - s.checkpointed_epoch
-    RETURNING s.id, s.committed_epoch, s.checkpointed_epoch, s.incarnation, s.generation
-"""
-
-
-@dataclass(frozen=True)
-class RecordedCheckpoint:
-    sink_id: int
-    committed_epoch: int
-    checkpointed_epoch: int
-    incarnation: uuid.UUID
-    generation: int
-
-
-async def record_checkpoint_over_pending(
-    connection: AsyncConnection, name: str, writer_term: int, epoch: int
-) -> RecordedCheckpoint | None:
-    """The common checkpoint in one autocommit statement: the writer's term is current and every epoch the
-    checkpoint newly covers is PENDING. None when it is not so (or the sink is unknown): the general path
-    then decides, and explains a refusal.
-
-    Nothing else is needed: with every covered epoch PENDING the committed epoch cannot move, and a term
-    that changed meanwhile (RegisterWriter, a reset: each bumps it under the sink's row lock) is seen
-    here, because PostgreSQL evaluates the condition again on the newest version of the row it waited for.
-    An operator's abort of a covered epoch racing with it is what the general path accepts as well.
-    """
-    row = (
-        await connection.execute(
-            text(_RECORD_CHECKPOINT_OVER_PENDING), {"name": name, "term": writer_term, "epoch": epoch}
-        )
-    ).one_or_none()
-    if row is None:
-        return None
-    return RecordedCheckpoint(row.id, row.committed_epoch, row.checkpointed_epoch, row.incarnation, row.generation)
-
-
-async def advance_committed_epoch(session: AsyncSession, sink_id: int) -> int | None:
-    """committed_epoch := the newest checkpointed epoch with no PENDING epoch at or below it; the new value, None
-    when it did not move.
+    `sink` is the alias of the sinks row, `checkpointed` the expression of the checkpointed epoch to go by (the
+    sink's own, or as a statement's snapshot saw it, or a reconcile's restart point), `still_pending` a condition
+    on `p` for the PENDING rows a statement's snapshot holds that it is marking itself.
 
     Every epoch between the committed and the checkpointed one is in the log (a checkpoint covers only
     pre-committed epochs), and none of them can be aborted by recovery (a checkpoint never covers one):
-    what is not PENDING there is COMMITTED, or aborted by an operator on purpose.
+    what is not PENDING there is COMMITTED, or aborted by an operator on purpose. So the committed epoch is also the
+    least of the newest epochs the sink's tables hold (the trigger of migration 0006 keeps them at or above it).
     """
-    moved = (await session.execute(text(_ADVANCE_COMMITTED_EPOCH), {"sink_id": sink_id})).scalar_one_or_none()
+    return (
+        f"GREATEST({floor}, LEAST({checkpointed}, COALESCE((SELECT min(p.epoch) - 1 FROM pending_sink_state p "
+        f"WHERE p.sink_id = {sink}.id AND p.status = 'PENDING'{still_pending}), {checkpointed})))"
+    )
+
+
+_SETTLED = committed_epoch_rule(
+    "s2",
+    checkpointed="COALESCE(CAST(:at_most AS bigint), CAST(:checkpointed AS bigint), s2.checkpointed_epoch)",
+    floor="COALESCE(CAST(:floor AS bigint), s2.committed_epoch)",
+)
+_ADVANCE_COMMITTED_EPOCH = f"""
+    UPDATE sinks s SET committed_epoch = settled.epoch,
+        checkpointed_epoch = COALESCE(CAST(:checkpointed AS bigint), s.checkpointed_epoch), updated_at = now()
+    FROM (SELECT {_SETTLED} AS epoch FROM sinks s2 WHERE s2.id = :sink_id) AS settled
+    WHERE s.id = :sink_id
+      AND (s.committed_epoch <> settled.epoch OR s.checkpointed_epoch <> CAST(:checkpointed AS bigint))
+    RETURNING s.committed_epoch
+"""
+
+
+async def advance_committed_epoch(
+    session: AsyncSession,
+    sink_id: int,
+    *,
+    at_most: int | None = None,
+    checkpointed: int | None = None,
+    new_numbering: bool = False,
+) -> int | None:
+    """Move the sink's committed_epoch by the rule (committed_epoch_rule); the new value, None when the row did not
+    change.
+
+    `at_most`: the epoch to go by instead of the checkpointed one (a reconcile's restart point). `checkpointed`: the
+    sink's new checkpointed epoch, set in the same statement (a rebase: the two move together, never one past the
+    other). `new_numbering`: the rule starts from -1, not from the committed epoch of a numbering that ended (the first
+    writer after a reset). The caller has flushed what else it changed of the sink's row.
+    """
+    parameters = {
+        "sink_id": sink_id,
+        "at_most": at_most,
+        "checkpointed": checkpointed,
+        "floor": -1 if new_numbering else None,
+    }
+    moved = (await session.execute(text(_ADVANCE_COMMITTED_EPOCH), parameters)).scalar_one_or_none()
     return None if moved is None else int(moved)
 
 
@@ -351,70 +305,6 @@ async def prune_committed(
     below their sink's committed_epoch; the paths they held are released (path_claims)."""
     parameters = {"sink_ids": list(sink_ids), "retention": retention_epochs}
     return int((await session.execute(text(_PRUNE_COMMITTED), parameters)).scalar_one())
-
-
-@dataclass(frozen=True)
-class EmptyBacklog:
-    """A sink whose checkpointed PENDING epochs were all empty, marked COMMITTED in one statement."""
-
-    sink_id: int
-    sink: str
-    epochs: int
-    committed_epoch: int
-
-
-# Sinks whose PENDING epochs at or below the checkpoint exist and carry no file: nothing to append.
-_ONLY_EMPTY_BACKLOG = """
-    EXISTS (SELECT 1 FROM pending_sink_state p
-            WHERE p.sink_id = s.id AND p.status = 'PENDING' AND p.epoch <= s.checkpointed_epoch)
-    AND NOT EXISTS (SELECT 1 FROM pending_sink_state p
-                    WHERE p.sink_id = s.id AND p.status = 'PENDING' AND p.epoch <= s.checkpointed_epoch
-                      AND p.file_count > 0)
-"""
-
-
-# Transaction-level advisory locks conflict with the committer's session-level ones on the same keys: a sink
-# another committer is working on is skipped. MATERIALIZED keeps the lock function off sinks that do not qualify.
-_LOCK_EMPTY_BACKLOGS = f"""
-    WITH candidates AS MATERIALIZED (
-        SELECT s.id FROM sinks s WHERE s.suspended_reason IS NULL AND {_ONLY_EMPTY_BACKLOG} ORDER BY s.id
-    )
-    SELECT id FROM candidates WHERE pg_try_advisory_xact_lock(:class_id, id)
-"""
-
-
-# Under the locks, in a new snapshot: the conditions are checked again, then the epochs and the sinks move together.
-_MARK_EMPTY_BACKLOGS = f"""
-    WITH marked AS (
-        UPDATE pending_sink_state p SET status = 'COMMITTED', snapshot_id = NULL, updated_at = now()
-        FROM sinks s
-        WHERE s.id = p.sink_id AND s.id = ANY(:sink_ids) AND p.status = 'PENDING'
-          AND p.epoch <= s.checkpointed_epoch AND {_ONLY_EMPTY_BACKLOG}
-        RETURNING p.sink_id, p.epoch
-    ), per_sink AS (
-        SELECT sink_id, max(epoch) AS top, count(*) AS epochs FROM marked GROUP BY sink_id
-    ), moved AS (
-        UPDATE sinks s SET committed_epoch = per_sink.top FROM per_sink
-        WHERE s.id = per_sink.sink_id AND s.committed_epoch < per_sink.top
-        RETURNING s.id
-    )
-    SELECT per_sink.sink_id, s.name, per_sink.epochs, GREATEST(s.committed_epoch, per_sink.top)
-    FROM per_sink JOIN sinks s ON s.id = per_sink.sink_id
-    ORDER BY per_sink.sink_id
-"""
-
-
-async def commit_empty_backlogs(session: AsyncSession) -> list[EmptyBacklog]:
-    """Mark COMMITTED every sink's checkpointed PENDING epochs where none of them has a file, in one pass.
-
-    Empty epochs are never appended to a table, so they need no Iceberg commit; a sink with any file among them
-    is left to its committer, which keeps the epochs in order. The sinks stay locked until the transaction ends.
-    """
-    locked = (await session.execute(text(_LOCK_EMPTY_BACKLOGS), {"class_id": COMMIT_LOCK_CLASS})).scalars().all()
-    if not locked:
-        return []
-    rows = await session.execute(text(_MARK_EMPTY_BACKLOGS), {"sink_ids": list(locked)})
-    return [EmptyBacklog(sink_id=row[0], sink=row[1], epochs=row[2], committed_epoch=row[3]) for row in rows]
 
 
 _DELETE_EPOCHS_OF_SINK = f"""

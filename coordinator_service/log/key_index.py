@@ -1,4 +1,4 @@
-"""The key index's statements (key_index_tables, key_index_files, key_index; migration 0014): one index per keyed table,
+"""The key index's statements (key_index_tables, key_index_files, key_index; migration 0015): one index per keyed table,
 locked by its row while it changes, its files numbered within it, its rows loaded with COPY.
 
 Every function runs in the caller's transaction, which holds the index's row lock (lock_index) for anything that

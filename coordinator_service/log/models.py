@@ -79,7 +79,8 @@ class MaintenanceTrigger(enum.StrEnum):
 
     # The sink's maintenance interval came round.
     SCHEDULE = "schedule"
-    # A commit took a table past one of its bounds (coordinator_service.engine.committer, _check_thresholds).
+    # A commit took a table past one of its bounds: its snapshots, or small files to compact
+    # (coordinator_service.engine.maintenance, Maintainer.appended).
     THRESHOLD = "threshold"
     # An operator asked (admin API, console).
     OPERATOR = "operator"
@@ -180,7 +181,7 @@ class EpochRecord(Base):
     )
 
 
-class SinkTable(Base):
+class SinkTableRecord(Base):
     """One table a sink writes (fan-out), its own table among them, and the newest epoch that table holds.
 
     committed_epoch: the newest epoch whose files of this table the table holds, every epoch below it included
@@ -217,7 +218,8 @@ class EpochFile(Base):
     __tablename__ = "epoch_files"
 
     path: Mapped[str] = mapped_column(Text, primary_key=True)
-    sink_id: Mapped[int] = mapped_column(Integer, ForeignKey("sinks.id", ondelete="CASCADE"))
+    # NULL once its sink is deleted: only a deletion's mark stays then, until its grace is over.
+    sink_id: Mapped[int | None] = mapped_column(Integer, ForeignKey("sinks.id", ondelete="SET NULL"), nullable=True)
     epoch: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     attempt: Mapped[int | None] = mapped_column(Integer, nullable=True)
     discarded_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
@@ -240,8 +242,8 @@ class MaintenanceRun(Base):
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
     sink_id: Mapped[int] = mapped_column(Integer, ForeignKey("sinks.id", ondelete="CASCADE"))
-    # 'schedule' (the coordinator's own timing), 'threshold' (a commit took a table past a bound: SNAPSHOT_MAX_COUNT)
-    # or 'operator' (the admin API's run-now).
+    # 'schedule' (the coordinator's own timing), 'threshold' (a commit took a table past a bound: SNAPSHOT_MAX_COUNT,
+    # or small files to compact) or 'operator' (the admin API's run-now).
     trigger: Mapped[MaintenanceTrigger] = mapped_column(TextEnum(MaintenanceTrigger))
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
@@ -330,7 +332,7 @@ class KeyIndexFile(Base):
 class KeyIndexRow(Base):
     """A live row of an indexed table: its key's canonical bytes (coordinator_service.tables.key_encoding) and where
     it is (its file's number times 2**32 plus its position in the file). No foreign key to key_index_files: see
-    migration 0014."""
+    migration 0015."""
 
     __tablename__ = "key_index"
 

@@ -6,7 +6,7 @@ log, whatever process makes them (docs/architecture.md, "Deletion is proven, nev
 * a pre-commit claims its paths in the transaction that persists its epoch, and a multi-writer epoch's part in
   the transaction that stores it; a claim never takes a path a deletion has marked;
 * a deletion marks its paths in a transaction of its own before it deletes them, and marks none that anything
-  else claims; the mark stays ORPHAN_GRACE_SECONDS after the deletion;
+  else claims; the mark stays ORPHAN_GRACE_SECONDS after the deletion, even once the sink that made it is deleted;
 * a claim of a path no row held (a fresh insert) must be made before its file is ORPHAN_GRACE_SECONDS old
   (`deadline`, on the database's clock): a pre-commit that checked a file before a deletion marked it can then
   never claim it after the mark is gone, since a deletion of an unclaimed path keeps its mark that long.
@@ -230,9 +230,9 @@ async def holders(session: AsyncSession, sink_id: int, epoch: int, paths: Sequen
     rows = await session.execute(
         text(
             """
-            SELECT f.path, s.name, f.epoch, p.status, f.epoch IS NOT NULL AND f.attempt IS NULL,
-                   f.discarded_at IS NOT NULL, f.deleting_at IS NOT NULL
-            FROM epoch_files f JOIN sinks s ON s.id = f.sink_id
+            SELECT f.path, COALESCE(s.name, 'a deleted sink'), f.epoch, p.status,
+                   f.epoch IS NOT NULL AND f.attempt IS NULL, f.discarded_at IS NOT NULL, f.deleting_at IS NOT NULL
+            FROM epoch_files f LEFT JOIN sinks s ON s.id = f.sink_id
             LEFT JOIN pending_sink_state p ON p.sink_id = f.sink_id AND p.epoch = f.epoch
             WHERE f.path = ANY(CAST(:paths AS text[]))
               AND (f.deleting_at IS NOT NULL OR f.sink_id <> :sink_id OR f.epoch IS DISTINCT FROM :epoch)
@@ -277,7 +277,7 @@ async def sinks_with_cleanup_work(session: AsyncSession, delays: CleanupDelays) 
     """Sinks with discarded paths that are due, a deletion of theirs that did not finish, or an ABORTED epoch that
     holds nothing any more and is not marked cleaned yet."""
     statement = f"""
-        SELECT sink_id FROM epoch_files WHERE {_CLEANER_WORK}
+        SELECT sink_id FROM epoch_files WHERE sink_id IS NOT NULL AND {_CLEANER_WORK}
         UNION
         SELECT p.sink_id FROM pending_sink_state p
         WHERE p.status = 'ABORTED' AND NOT p.files_cleaned
@@ -338,6 +338,9 @@ class MarkRule(enum.StrEnum):
     # Paths nothing claims, and paths a COMMITTED epoch's attempt holds: files that only expired snapshots
     # referenced (they were in the table).
     EXPIRED = "expired"
+    # Paths nothing claims, and paths the deleting sink's own COMMITTED epochs hold: files of a table it dropped
+    # (never one another sink's epoch holds).
+    DROPPED = "dropped"
 
 
 _MARK_UNCLAIMED = """
@@ -353,11 +356,11 @@ _MARK_DISCARDED = f"""
     RETURNING path
 """
 
-_MARK_EXPIRED = """
+_MARK_COMMITTED_OR_UNCLAIMED = """
     WITH committed AS (
         UPDATE epoch_files f SET deleting_at = clock_timestamp()
         FROM pending_sink_state p
-        WHERE f.path = ANY(CAST(:paths AS text[])) AND p.sink_id = f.sink_id AND p.epoch = f.epoch
+        WHERE f.path = ANY(CAST(:paths AS text[])) AND p.sink_id = f.sink_id AND p.epoch = f.epoch {which_sinks}
           AND p.status = 'COMMITTED' AND f.attempt IS NOT NULL AND f.discarded_at IS NULL AND f.deleting_at IS NULL
         RETURNING f.path
     ), unclaimed AS (
@@ -369,7 +372,12 @@ _MARK_EXPIRED = """
     SELECT path FROM committed UNION SELECT path FROM unclaimed
 """
 
-_MARKS = {MarkRule.UNCLAIMED: _MARK_UNCLAIMED, MarkRule.DISCARDED: _MARK_DISCARDED, MarkRule.EXPIRED: _MARK_EXPIRED}
+_MARKS = {
+    MarkRule.UNCLAIMED: _MARK_UNCLAIMED,
+    MarkRule.DISCARDED: _MARK_DISCARDED,
+    MarkRule.EXPIRED: _MARK_COMMITTED_OR_UNCLAIMED.format(which_sinks=""),
+    MarkRule.DROPPED: _MARK_COMMITTED_OR_UNCLAIMED.format(which_sinks="AND f.sink_id = :sink_id"),
+}
 
 
 async def mark(
@@ -418,9 +426,13 @@ async def record_deleted(connection: AsyncConnection, paths: Sequence[str]) -> N
 
 
 async def expire_marks(connection: AsyncConnection, grace_seconds: float) -> int:
-    """Forget the marks of deletions done more than grace_seconds ago."""
+    """Forget the marks of deletions done more than grace_seconds ago, and any other row whose sink is gone (a
+    release before migration 0014 deleted the sink: nothing decides its paths any more)."""
     result = await connection.execute(
-        text("DELETE FROM epoch_files WHERE deleted_at < now() - make_interval(secs => :grace)"),
+        text(
+            "DELETE FROM epoch_files WHERE deleted_at < now() - make_interval(secs => :grace) "
+            "OR (sink_id IS NULL AND deleted_at IS NULL)"
+        ),
         {"grace": grace_seconds},
     )
     return int(getattr(result, "rowcount", 0) or 0)

@@ -17,7 +17,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, inspect, text
 
-from coordinator_service.contract.errors import SchemaNotCurrent
+from coordinator_service.contract.errors import SchemaNotCurrent, quote
 
 
 def _alembic_config(connection: Connection | None = None) -> Config:
@@ -38,6 +38,22 @@ def head_revision() -> str:
     head = _scripts().get_current_head()
     assert head is not None, "the migrations directory has no revision"
     return head
+
+
+@cache
+def known_revisions() -> frozenset[str]:
+    """Every revision this release's migrations know."""
+    return frozenset(script.revision for script in _scripts().walk_revisions())
+
+
+def check_target(revision: str) -> None:
+    """Refuse (ValueError, nothing touched) a revision to migrate to that is neither head nor one of this release's."""
+    if revision != "head" and revision not in known_revisions():
+        known = sorted(known_revisions())
+        raise ValueError(
+            f"this release knows no schema revision {quote(revision)}: give one from {known[0]} to {known[-1]} (a "
+            "rollback: the head of the release rolled back to), or head"
+        )
 
 
 def current_revision(connection: Connection) -> str | None:
@@ -97,8 +113,7 @@ def require_current_schema(connection: Connection) -> None:
             "the metastore has no sink-coordinator schema yet: run `sink-coordinator migrate` "
             "(with the same SINK_COORDINATOR_DATABASE_URL) before `serve`"
         )
-    known = {revision.revision for revision in _scripts().walk_revisions()}
-    if current not in known:
+    if current not in known_revisions():
         oldest = connection.execute(text("SELECT oldest_compatible_code FROM schema_compatibility")).scalar()
         if oldest is not None and str(oldest) <= head:
             return

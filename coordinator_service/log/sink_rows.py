@@ -16,7 +16,7 @@ from coordinator_service.contract.views import EpochStatus
 from coordinator_service.log.models import (
     EpochRecord,
     Sink,
-    SinkTable,
+    SinkTableRecord,
 )
 
 
@@ -59,7 +59,11 @@ _INSERT_SINK_IF_ABSENT = """
 
 
 async def delete_sink(session: AsyncSession, sink_id: int) -> None:
-    """The sink's row, and with it (cascades) its epochs, claims, parts, tables and maintenance runs."""
+    """The sink's row, and with it (cascades) its epochs, parts, tables and maintenance runs, and its claims; the marks
+    of the deletions it made stay, without a sink, until their grace is over (path_claims.expire_marks)."""
+    await session.execute(
+        text("DELETE FROM epoch_files WHERE sink_id = :sink_id AND deleted_at IS NULL"), {"sink_id": sink_id}
+    )
     await session.execute(delete(Sink).where(Sink.id == sink_id))
 
 
@@ -194,15 +198,15 @@ async def sinks_with_epoch_counts(session: AsyncSession, name: str | None = None
 async def shared_tables(session: AsyncSession) -> dict[str, list[str]]:
     """Every table more than one sink writes, with the names of those sinks, by name."""
     shared = (
-        select(SinkTable.table_identifier)
-        .group_by(SinkTable.table_identifier)
+        select(SinkTableRecord.table_identifier)
+        .group_by(SinkTableRecord.table_identifier)
         .having(func.count() > 1)
         .scalar_subquery()
     )
     statement = (
-        select(SinkTable.table_identifier, Sink.name)
-        .join(Sink, Sink.id == SinkTable.sink_id)
-        .where(SinkTable.table_identifier.in_(shared))
+        select(SinkTableRecord.table_identifier, Sink.name)
+        .join(Sink, Sink.id == SinkTableRecord.sink_id)
+        .where(SinkTableRecord.table_identifier.in_(shared))
         .order_by(Sink.name)
     )
     writers: dict[str, list[str]] = {}
@@ -215,9 +219,9 @@ async def sinks_of_table(session: AsyncSession, table: str) -> list[tuple[Sink, 
     """Every sink writing the table (usually one), whose markers its snapshots carry, with the newest epoch of the
     sink that the table holds."""
     statement = (
-        select(Sink, SinkTable.committed_epoch)
-        .join(SinkTable, SinkTable.sink_id == Sink.id)
-        .where(SinkTable.table_identifier == table)
+        select(Sink, SinkTableRecord.committed_epoch)
+        .join(SinkTableRecord, SinkTableRecord.sink_id == Sink.id)
+        .where(SinkTableRecord.table_identifier == table)
         .order_by(Sink.id)
     )
     return [(sink, committed_epoch) for sink, committed_epoch in (await session.execute(statement)).all()]
@@ -240,9 +244,9 @@ async def sinks_writing(session: AsyncSession, tables: Sequence[str], besides: s
     """The names of the sinks (but `besides`) writing each of these tables, by name; a table none writes is left
     out."""
     statement = (
-        select(SinkTable.table_identifier, Sink.name)
-        .join(Sink, Sink.id == SinkTable.sink_id)
-        .where(SinkTable.table_identifier.in_(tables), Sink.name != besides)
+        select(SinkTableRecord.table_identifier, Sink.name)
+        .join(Sink, Sink.id == SinkTableRecord.sink_id)
+        .where(SinkTableRecord.table_identifier.in_(tables), Sink.name != besides)
         .order_by(Sink.name)
     )
     writers: dict[str, list[str]] = {}

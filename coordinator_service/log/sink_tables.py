@@ -13,16 +13,16 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from coordinator_service.log.models import (
     Sink,
-    SinkTable,
+    SinkTableRecord,
 )
 
 
 @dataclass(frozen=True)
-class TableOfSink:
-    """One of a sink's tables and the newest epoch it holds (see models.SinkTable)."""
+class RecordedTable:
+    """One of a sink's tables and the newest epoch it holds (see models.SinkTableRecord)."""
 
     sink_id: int
-    table: str
+    identifier: str
     committed_epoch: int
     # The table's UUID as the first check of the sink found it (metastore_checks); None before.
     table_uuid: uuid.UUID | None = None
@@ -37,22 +37,22 @@ _TABLES_OF_SINKS = """
 """
 
 
-async def tables_of_sinks(session: AsyncSession, sink_ids: Sequence[int]) -> dict[int, list[TableOfSink]]:
+async def tables_of_sinks(session: AsyncSession, sink_ids: Sequence[int]) -> dict[int, list[RecordedTable]]:
     """The tables of each of these sinks, each sink's own first, then the others by name."""
     rows = await session.execute(text(_TABLES_OF_SINKS), {"sink_ids": list(sink_ids)})
-    tables: dict[int, list[TableOfSink]] = {sink_id: [] for sink_id in sink_ids}
+    tables: dict[int, list[RecordedTable]] = {sink_id: [] for sink_id in sink_ids}
     for sink_id, table, committed_epoch, table_uuid in rows.all():
-        tables[sink_id].append(TableOfSink(sink_id, table, committed_epoch, table_uuid))
+        tables[sink_id].append(RecordedTable(sink_id, table, committed_epoch, table_uuid))
     return tables
 
 
-async def tables_of_sink(session: AsyncSession, sink_id: int) -> list[TableOfSink]:
+async def tables_of_sink(session: AsyncSession, sink_id: int) -> list[RecordedTable]:
     return (await tables_of_sinks(session, [sink_id]))[sink_id]
 
 
 async def recorded_epochs(session: AsyncSession, sink_id: int) -> dict[str, int]:
     """The newest epoch each of the sink's tables holds, as the log records it."""
-    return {table.table: table.committed_epoch for table in await tables_of_sink(session, sink_id)}
+    return {table.identifier: table.committed_epoch for table in await tables_of_sink(session, sink_id)}
 
 
 async def add_tables(session: AsyncSession, sink: Sink, tables: Sequence[str]) -> None:
@@ -61,21 +61,21 @@ async def add_tables(session: AsyncSession, sink: Sink, tables: Sequence[str]) -
     if not tables:
         return
     await session.execute(
-        insert(SinkTable)
+        insert(SinkTableRecord)
         .values(
             [
                 {"sink_id": sink.id, "table_identifier": table, "committed_epoch": sink.committed_epoch}
                 for table in tables
             ]
         )
-        .on_conflict_do_nothing(index_elements=[SinkTable.sink_id, SinkTable.table_identifier])
+        .on_conflict_do_nothing(index_elements=[SinkTableRecord.sink_id, SinkTableRecord.table_identifier])
     )
 
 
 async def record_table_uuid(session: AsyncSession, sink_id: int, table: str, table_uuid: uuid.UUID) -> None:
     await session.execute(
-        update(SinkTable)
-        .where(SinkTable.sink_id == sink_id, SinkTable.table_identifier == table)
+        update(SinkTableRecord)
+        .where(SinkTableRecord.sink_id == sink_id, SinkTableRecord.table_identifier == table)
         .values(table_uuid=table_uuid)
     )
 
@@ -84,21 +84,25 @@ async def record_tables_at(session: AsyncSession, sink_id: int, held: Mapping[st
     """Set the newest epoch each of these tables holds, as found in the tables (a reconcile): forward or back."""
     for table, epoch in held.items():
         await session.execute(
-            update(SinkTable)
-            .where(SinkTable.sink_id == sink_id, SinkTable.table_identifier == table)
+            update(SinkTableRecord)
+            .where(SinkTableRecord.sink_id == sink_id, SinkTableRecord.table_identifier == table)
             .values(committed_epoch=epoch, updated_at=func.now())
         )
 
 
 async def remove_table(session: AsyncSession, sink_id: int, table: str) -> None:
     """The table stops being one of the sink's (an operator's way out of a table dropped for good)."""
-    await session.execute(delete(SinkTable).where(SinkTable.sink_id == sink_id, SinkTable.table_identifier == table))
+    await session.execute(
+        delete(SinkTableRecord).where(SinkTableRecord.sink_id == sink_id, SinkTableRecord.table_identifier == table)
+    )
 
 
 async def rebase_tables(session: AsyncSession, sink_id: int, epoch: int) -> None:
     """A new epoch numbering (the first writer after a reset): every table of the sink is at its first epoch."""
     await session.execute(
-        update(SinkTable).where(SinkTable.sink_id == sink_id).values(committed_epoch=epoch, updated_at=func.now())
+        update(SinkTableRecord)
+        .where(SinkTableRecord.sink_id == sink_id)
+        .values(committed_epoch=epoch, updated_at=func.now())
     )
 
 

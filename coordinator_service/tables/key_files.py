@@ -13,17 +13,20 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pyiceberg.table import Table
 
 from coordinator_service.contract.errors import InvalidArgument, quote
 from coordinator_service.log.precommit_metadata import KeyFileEntry
 from coordinator_service.tables.file_paths import check_inside_location
-from coordinator_service.tables.iceberg import IcebergGateway
 from coordinator_service.tables.key_resolution import key_columns, key_schema
 from coordinator_service.tables.precommit_files import CheckedFile, FileFacts
 from coordinator_service.tables.pyiceberg_internals import check_file_schema
 from coordinator_service.tables.schema_fit import flat_misfit
+
+if TYPE_CHECKING:
+    from coordinator_service.tables.iceberg import IcebergGateway
 
 SUBJECT = "key file"
 

@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 from pyiceberg.manifest import DataFile
-from pyiceberg.table import Table, TableProperties
+from pyiceberg.table import Table
 from pyiceberg.typedef import EMPTY_DICT
 
 from coordinator_service.log.precommit_metadata import DataFileEntry
 from coordinator_service.tables.data_file_entries import entry_data_file
-from coordinator_service.tables.iceberg import MetadataOnceTransaction, without_retries
+from coordinator_service.tables.iceberg import commit_transaction, without_retries
 from coordinator_service.tables.key_resolution import (
     EpochKeys,
     EpochRows,
@@ -169,13 +169,7 @@ def _commit(
     snapshot_properties: Mapping[str, str],
     table_properties: Mapping[str, str],
 ) -> Table:
-    transaction = MetadataOnceTransaction(table)
-    wanted = dict(table_properties)
-    if table.metadata.name_mapping() is None:
-        wanted[TableProperties.DEFAULT_NAME_MAPPING] = table.schema().name_mapping.model_dump_json()
-    changed = {key: value for key, value in wanted.items() if table.metadata.properties.get(key) != value}
-    if changed:
-        transaction.set_properties(changed)
+    transaction = commit_transaction(table, table_properties)
     delta = RowDelta(transaction, table.io, dict(snapshot_properties))
     for data_file in data_files:
         delta.append_data_file(data_file)

@@ -8,9 +8,10 @@ location that nothing references. What may be expired, rewritten or deleted is t
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import OrderedDict, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
@@ -24,12 +25,15 @@ from pyiceberg.table.update.snapshot import ExpireSnapshots
 
 from coordinator_service.tables.file_listing import listed_files
 from coordinator_service.tables.iceberg import without_retries
+from coordinator_service.tables.markers import MARKER_EPOCH, SinkIdentity
 from coordinator_service.tables.pyiceberg_internals import data_files_of, replace_files
 
 # Files smaller than this share of the target size are compacted (Iceberg's rewrite default, 75 %).
 SMALL_FILE_SHARE = 0.75
 # The summary property of the coordinator's compaction snapshots (they carry no sink marker).
 COMPACTION_MARKER = "sink-coordinator.maintenance"
+# A table's metadata file: a directory whose metadata/ holds one is a table's location.
+METADATA_FILE_SUFFIX = ".metadata.json"
 
 
 @dataclass
@@ -51,29 +55,61 @@ class Reachable:
         return self.manifest_lists | self.manifests | self.data_files
 
 
+@dataclass(frozen=True)
+class SmallFile:
+    """What compaction planning needs of a live data file."""
+
+    path: str
+    size: int
+    spec_id: int
+    partition: tuple[object, ...]
+
+
+def as_small_file(data_file: DataFile) -> SmallFile:
+    return SmallFile(
+        path=data_file.file_path,
+        size=data_file.file_size_in_bytes,
+        spec_id=data_file.spec_id,
+        partition=tuple(data_file.partition[index] for index in range(len(data_file.partition))),
+    )
+
+
+@dataclass(frozen=True)
+class ManifestFiles:
+    """A manifest's live entries: every file's path, and its data and delete files as compaction plans them."""
+
+    paths: frozenset[str]
+    data: tuple[SmallFile, ...]
+    deletes: tuple[SmallFile, ...]
+
+
 class _ManifestEntries:
-    """The live file paths of each manifest read, by manifest path: a manifest never changes once written, so a
-    table's reachable files are read again only where new manifests came (bounded, least recently used first)."""
+    """The live files of each manifest read, by manifest path: a manifest never changes once written, so a table's
+    reachable files (and the files compaction plans with) are read again only where new manifests came (bounded,
+    least recently used first)."""
 
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
-        self._paths: OrderedDict[str, frozenset[str]] = OrderedDict()
+        self._files: OrderedDict[str, ManifestFiles] = OrderedDict()
         self._lock = threading.Lock()
 
-    def of(self, io: FileIO, manifest: ManifestFile) -> frozenset[str]:
+    def of(self, io: FileIO, manifest: ManifestFile) -> ManifestFiles:
         with self._lock:
-            paths = self._paths.get(manifest.manifest_path)
-            if paths is not None:
-                self._paths.move_to_end(manifest.manifest_path)
-                return paths
-        paths = frozenset(
-            entry.data_file.file_path for entry in manifest.fetch_manifest_entry(io, discard_deleted=True)
+            files = self._files.get(manifest.manifest_path)
+            if files is not None:
+                self._files.move_to_end(manifest.manifest_path)
+                return files
+        entries = [entry.data_file for entry in manifest.fetch_manifest_entry(io, discard_deleted=True)]
+        files = ManifestFiles(
+            paths=frozenset(data_file.file_path for data_file in entries),
+            data=tuple(as_small_file(f) for f in entries if f.content == DataFileContent.DATA),
+            deletes=tuple(as_small_file(f) for f in entries if f.content != DataFileContent.DATA),
         )
         with self._lock:
-            self._paths[manifest.manifest_path] = paths
-            while len(self._paths) > self._capacity:
-                self._paths.popitem(last=False)
-        return paths
+            self._files[manifest.manifest_path] = files
+            while len(self._files) > self._capacity:
+                self._files.popitem(last=False)
+        return files
 
 
 _MANIFEST_ENTRIES = _ManifestEntries(capacity=20_000)
@@ -89,7 +125,7 @@ def reachable(io: FileIO, snapshots: Iterable[Snapshot]) -> Reachable:
             if manifest.manifest_path in found.manifests:
                 continue
             found.manifests.add(manifest.manifest_path)
-            found.data_files.update(_MANIFEST_ENTRIES.of(io, manifest))
+            found.data_files.update(_MANIFEST_ENTRIES.of(io, manifest).paths)
     return found
 
 
@@ -171,6 +207,30 @@ def protected_by_refs(table: Table) -> set[int]:
     return {ref.snapshot_id for ref in table.metadata.refs.values()}
 
 
+def protected_by_markers(table: Table, sinks: Sequence[tuple[SinkIdentity, int]]) -> set[int]:
+    """Snapshots whose marker the recovery walk may still need: a sink's own marker above the newest epoch of the
+    sink the log records this table holds (an append whose record has not happened yet); `sinks` are the sinks
+    writing the table, each with that epoch."""
+    protected = set()
+    for snapshot in table.metadata.snapshots:
+        if snapshot.summary is None:
+            continue
+        for identity, committed_epoch in sinks:
+            if identity.owns(snapshot.summary) and int(str(snapshot.summary.get(MARKER_EPOCH))) > committed_epoch:
+                protected.add(snapshot.snapshot_id)
+    return protected
+
+
+def snapshots_of(table: Table) -> Sequence[Snapshot]:
+    """The table's snapshots, for snapshots_to_expire."""
+    return table.metadata.snapshots
+
+
+def default_spec_id(table: Table) -> int:
+    """The partition spec new files are written with (a compaction's output)."""
+    return table.metadata.default_spec_id
+
+
 def expire(table: Table, snapshot_ids: Sequence[int]) -> tuple[Table, Reachable]:
     """Remove the snapshots from the table's metadata; return the committed table and the files that only
     they referenced (for the caller to delete once the commit stands)."""
@@ -181,16 +241,6 @@ def expire(table: Table, snapshot_ids: Sequence[int]) -> tuple[Table, Reachable]
     transaction = without_retries(table).transaction()
     ExpireSnapshots(transaction).by_ids(sorted(expired_ids)).commit()
     return transaction.commit_transaction(), gone
-
-
-@dataclass(frozen=True)
-class SmallFile:
-    """What compaction planning needs of a live data file."""
-
-    path: str
-    size: int
-    spec_id: int
-    partition: tuple[object, ...]
 
 
 def compaction_groups(
@@ -232,15 +282,61 @@ def compaction_groups(
 
 
 @dataclass(frozen=True)
+class CompactionInput:
+    """The current snapshot's live data files and delete files, as compaction plans them."""
+
+    data: list[SmallFile]
+    deletes: list[SmallFile]
+
+    def partitions_with_deletes(self) -> set[tuple[int, tuple[object, ...]]]:
+        """(spec id, partition) of every delete file; an unpartitioned spec's delete files apply to its whole table."""
+        return {(small.spec_id, small.partition) for small in self.deletes}
+
+
+def compaction_input(table: Table) -> CompactionInput:
+    """The table's live files as compaction plans them; only the manifests the process has not read yet are read
+    (after a commit: the one it wrote, or the one its merge wrote)."""
+    snapshot = table.current_snapshot()
+    if snapshot is None:
+        return CompactionInput([], [])
+    data: list[SmallFile] = []
+    deletes: list[SmallFile] = []
+    for manifest in snapshot.manifests(table.io):
+        files = _MANIFEST_ENTRIES.of(table.io, manifest)
+        data.extend(files.data)
+        deletes.extend(files.deletes)
+    return CompactionInput(data, deletes)
+
+
+def compaction_plan(
+    files: CompactionInput,
+    held: Collection[str],
+    *,
+    target_bytes: int,
+    min_files: int,
+    max_bytes: int,
+    spec_id: int,
+) -> list[list[SmallFile]]:
+    """What a compaction would merge (compaction_groups), never a file `held` (by an epoch that is not COMMITTED:
+    the log still has to settle it by that very file) nor a file of a partition with delete files (another engine's
+    position or equality deletes: the coordinator does not apply them yet, and a rewrite without them would bring
+    deleted rows back)."""
+    with_deletes = files.partitions_with_deletes()
+    return compaction_groups(
+        [file for file in files.data if file.path not in held and (file.spec_id, file.partition) not in with_deletes],
+        target_bytes=target_bytes,
+        min_files=min_files,
+        max_bytes=max_bytes,
+        spec_id=spec_id,
+    )
+
+
+@dataclass(frozen=True)
 class LiveFiles:
     """The current snapshot's live data files and delete files (position or equality)."""
 
     data: list[DataFile]
     deletes: list[DataFile]
-
-    def partitions_with_deletes(self) -> set[tuple[int, tuple[object, ...]]]:
-        """(spec id, partition) of every delete file; an unpartitioned spec's delete files apply to its whole table."""
-        return {(small.spec_id, small.partition) for small in map(as_small_file, self.deletes)}
 
 
 def live_files(table: Table) -> LiveFiles:
@@ -255,15 +351,6 @@ def live_files(table: Table) -> LiveFiles:
     return LiveFiles(
         data=[file for file in files if file.content == DataFileContent.DATA],
         deletes=[file for file in files if file.content != DataFileContent.DATA],
-    )
-
-
-def as_small_file(data_file: DataFile) -> SmallFile:
-    return SmallFile(
-        path=data_file.file_path,
-        size=data_file.file_size_in_bytes,
-        spec_id=data_file.spec_id,
-        partition=tuple(data_file.partition[index] for index in range(len(data_file.partition))),
     )
 
 
@@ -319,6 +406,19 @@ def metadata_files(table: Table) -> set[str]:
     files = {entry.metadata_file for entry in table.metadata.metadata_log}
     files.add(table.metadata_location)
     return files
+
+
+def holds_table_metadata(table: Table, directory: str) -> bool:
+    """Whether a directory of the table's storage is a table's location: its metadata/ holds a *.metadata.json."""
+    listed = listed_files(table.io, f"{directory}/metadata") or {}
+    return any(uri.endswith(METADATA_FILE_SUFFIX) for uri in listed)
+
+
+def delete_stored_file(table: Table, path: str) -> None:
+    """Delete one file through the table's own storage; gone already is deleted. Only
+    coordinator_service.engine.file_deletion calls it, once a deletion is proven (docs/architecture.md)."""
+    with contextlib.suppress(FileNotFoundError):
+        table.io.delete(path)
 
 
 def same_file(uri: str) -> str:

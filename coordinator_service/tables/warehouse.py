@@ -16,7 +16,8 @@ import os
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from coordinator_service.settings import ENV_PREFIX, Settings
+from coordinator_service.settings import Settings
+from coordinator_service.settings.bounds import ENV_PREFIX
 
 
 def local_warehouse(settings: Settings) -> Path | None:

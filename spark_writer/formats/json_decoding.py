@@ -75,6 +75,7 @@ from spark_writer.formats.decoded_batch import (
     UTC,
     DecodedBatch,
 )
+from spark_writer.formats.wall_clock import instants_of_wall_clock
 from spark_writer.formats.wire_format import TOMBSTONE
 
 RECORD_BY_RECORD_BELOW: Final = 16
@@ -137,18 +138,7 @@ def _timestamps_from_text(text: pa.Array, target: pa.TimestampType, time_zone: s
     zoned = pc.match_substring_regex(text, ZONED_TEXT)
     with_zone = pc.if_else(zoned, text, None).cast(target)
     local = pc.if_else(zoned, None, text).cast(pa.timestamp(target.unit))
-    return pc.if_else(zoned, with_zone, _instants_of_wall_clock(local, time_zone).cast(target))
-
-
-def _instants_of_wall_clock(local: pa.Array, time_zone: str) -> pa.Array:
-    """Wall-clock times in `time_zone` as instants, each read with the zone's offset at its earliest reading: a time
-    that happens twice (the clock set back) is its first instant, and one that never happens (in the gap of the
-    clock set forward) is read with the offset before the gap, that is shifted forward by the gap's length (as
-    java.time, so Spark, PostgreSQL and Python's zoneinfo read it)."""
-    earliest = pc.assume_timezone(local, time_zone, ambiguous="earliest", nonexistent="earliest")
-    naive = pa.timestamp(local.type.unit)
-    offsets = pc.subtract(pc.local_timestamp(earliest), earliest.cast(naive))
-    return pc.subtract(local, offsets).cast(pa.timestamp(local.type.unit, tz=UTC))
+    return pc.if_else(zoned, with_zone, instants_of_wall_clock(local, time_zone).cast(target))
 
 
 def _binary_from_base64(text: pa.Array, target: pa.DataType) -> pa.Array:

@@ -11,7 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from pyiceberg.catalog import Catalog
 from sqlalchemy import text
 
-from coordinator_service.engine.operations import Operations, SinkOverview
+from coordinator_service.engine.operations import Operations
+from coordinator_service.engine.operator.answers import SinkOverview
 from tests.fixtures.admin import (
     AdminApp,
     AdminFactory,

@@ -24,6 +24,7 @@ from tests.fixtures.postgres import query
 
 ADMIN_TOKEN = "schema-admin-token-Zq3vX9pL2mN8rT5wY7bC"
 METRICS = "schema-metrics-token-Hq7vX2pL9mN4rT1wY"
+GATE_REFUSALS = {401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 421: "INVALID_ARGUMENT"}
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
 
@@ -95,8 +96,10 @@ def test_without_a_token_no_route_does_work(
         response = case.call(base_url=process.http_url)
         slowest = max(slowest, time.monotonic() - started)
         if case.path.startswith("/api/"):
-            assert response.status_code == 401, (case.method, case.formatted_path, response.status_code)
-            assert response.json()["error"]["code"] == "UNAUTHENTICATED"
+            # The HTTP gate refuses a foreign Host (421) and a cross-site browser request (403) before it asks for
+            # a token: a refusal all the same, which does no work.
+            assert response.status_code in GATE_REFUSALS, (case.method, case.formatted_path, response.status_code)
+            assert response.json()["error"]["code"] == GATE_REFUSALS[response.status_code]
 
     call()
     for path, status in (("/metrics", 401), ("/healthz", 200), ("/readyz", 200), ("/openapi.json", 200)):

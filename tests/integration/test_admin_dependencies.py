@@ -7,7 +7,7 @@ from pydantic import SecretStr
 
 from coordinator_service.admin.auth import AdminAuth
 from coordinator_service.admin.deps import auth_of, operator
-from coordinator_service.engine.operations import Operator
+from coordinator_service.engine.operator.answers import Operator
 from tests.fixtures.admin import AdminApp
 
 TOKEN = "overridden-token"

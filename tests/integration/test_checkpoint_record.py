@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from coordinator_service.contract.errors import Fenced
-from coordinator_service.log import epoch_transitions, sink_rows
+from coordinator_service.log import checkpoint_record, epoch_transitions, sink_rows
 from coordinator_service.log.models import AbortCause
 from coordinator_service.log.sink_rows import RowLock
 from tests.fixtures.admin import AdminApp, commit_lock_held, sink_id_of, until_a_statement_waits_for_a_lock
@@ -20,14 +20,14 @@ async def test_a_checkpoint_is_recorded_in_one_statement_when_every_covered_epoc
     for epoch in range(3):
         await admin.pre_commit("orders", registration, epoch, epoch * 10)
     async with admin.runtime.database.connection(autocommit=True) as connection:
-        recorded = await epoch_transitions.record_checkpoint_over_pending(
+        recorded = await checkpoint_record.record_checkpoint_over_pending(
             connection, "orders", registration.writer_term, 2
         )
         assert recorded is not None
         assert (recorded.checkpointed_epoch, recorded.committed_epoch) == (2, -1)
         # Covered already, a term not current, an epoch never pre-committed: the general path decides those.
         for term, epoch in ((registration.writer_term, 2), (registration.writer_term + 1, 3), (1, 4)):
-            assert await epoch_transitions.record_checkpoint_over_pending(connection, "orders", term, epoch) is None
+            assert await checkpoint_record.record_checkpoint_over_pending(connection, "orders", term, epoch) is None
 
 
 async def test_a_checkpoint_waiting_behind_a_registration_is_fenced_by_it(admin: AdminApp) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 from pyiceberg.catalog import Catalog
 
 from coordinator_service.engine.file_deletion import Deletion
-from coordinator_service.engine.protocol import PreCommitRequest
+from coordinator_service.engine.writer_requests import PreCommitRequest
 from tests.fixtures.admin import AdminFactory, eventually
 from tests.fixtures.coordinator import orders, table_files, table_order_ids, write_parquet
 from tests.fixtures.postgres import query

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import text
 
 from coordinator_service.contract.views import EpochStatus
-from coordinator_service.log import epoch_reads, epoch_transitions, sink_rows, sink_tables
+from coordinator_service.log import commit_record, epoch_reads, epoch_transitions, sink_rows, sink_tables
 from coordinator_service.log.models import AbortCause, Sink
 from tests.fixtures.admin import AdminApp, commit_lock_held, sink_id_of, until_a_statement_waits_for_a_lock
 from tests.fixtures.postgres import query
@@ -39,8 +39,8 @@ async def checkpointed_without_a_committer(admin: AdminApp, database_url: str) -
         yield sink
 
 
-def _appended(attempts: dict[int, int]) -> epoch_transitions.Appended:
-    return epoch_transitions.Appended(attempts, dict.fromkeys(attempts, 42), {"db.orders": max(attempts)})
+def _appended(attempts: dict[int, int]) -> commit_record.Appended:
+    return commit_record.Appended(attempts, dict.fromkeys(attempts, 42), {"db.orders": max(attempts)})
 
 
 def _table_epochs(database_url: str) -> dict[str, int]:
@@ -51,7 +51,7 @@ def _table_epochs(database_url: str) -> dict[str, int]:
 async def test_every_appended_epoch_is_marked_and_the_committed_epoch_moves(admin: AdminApp, database_url: str) -> None:
     async with checkpointed_without_a_committer(admin, database_url) as sink:
         async with admin.runtime.database.connection(autocommit=True) as connection:
-            committed = await epoch_transitions.mark_appended_epochs(connection, sink, _appended({0: 1, 1: 1}))
+            committed = await commit_record.mark_appended_epochs(connection, sink, _appended({0: 1, 1: 1}))
         assert committed == 1
         after, statuses = await _sink_and_statuses(admin)
     assert after.committed_epoch == 1
@@ -76,7 +76,7 @@ async def test_anything_else_than_what_was_appended_changes_nothing(
             sink.incarnation = uuid.uuid4()
 
         async with admin.runtime.database.connection(autocommit=True) as connection:
-            assert await epoch_transitions.mark_appended_epochs(connection, sink, _appended(attempts)) is None
+            assert await commit_record.mark_appended_epochs(connection, sink, _appended(attempts)) is None
 
         after, statuses = await _sink_and_statuses(admin)
     assert after.committed_epoch == -1
@@ -99,7 +99,7 @@ async def test_an_epoch_pre_committed_and_checkpointed_while_the_record_waits_is
             await session.execute(text("SELECT 1 FROM sinks WHERE id = :id FOR UPDATE"), {"id": sink.id})
             async with database.connection(autocommit=True) as connection:
                 record = asyncio.create_task(
-                    epoch_transitions.mark_appended_epochs(connection, sink, _appended({0: 1, 1: 1, 2: 1}))
+                    commit_record.mark_appended_epochs(connection, sink, _appended({0: 1, 1: 1, 2: 1}))
                 )
                 await until_a_statement_waits_for_a_lock(database)
                 await session.execute(

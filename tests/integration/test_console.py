@@ -11,11 +11,12 @@ from collections.abc import AsyncIterator
 import httpx
 import pyarrow as pa
 import pytest
+from pyiceberg.catalog import Catalog
 
 from coordinator_service.admin import console_routes
 from coordinator_service.admin.console_session import COOKIE
-from coordinator_service.engine.protocol import PreCommitRequest, TableRequest
-from tests.fixtures.admin import CLIENT_ADDRESS, AdminApp, AdminFactory
+from coordinator_service.engine.writer_requests import PreCommitRequest, TableRequest
+from tests.fixtures.admin import CLIENT_ADDRESS, AdminApp, AdminFactory, eventually, sink_id_of
 from tests.fixtures.coordinator import ORDERS, orders, write_parquet
 from tests.fixtures.postgres import query
 
@@ -365,3 +366,75 @@ async def test_an_operator_deletes_a_sink_from_its_page(
     assert '<p class="flash ok" role="status">sink orders deleted: 2 epochs given up (20 records)' in listing.text
     assert 'data-sink="orders"' not in listing.text
     assert query(database_url, "SELECT count(*) FROM sinks") == [(0,)]
+
+
+async def test_a_fan_out_table_dropped_for_good_is_shown_and_removed_from_the_sinks_page(
+    admin_factory: AdminFactory, browser_of: list[httpx.AsyncClient], database_url: str, catalog: Catalog
+) -> None:
+    """A fan-out table dropped from its catalog wedges its sink: the page says so for that table and offers the way
+    out (the API's remove), typed confirmation, CSRF and sign-in as for the reset."""
+    admin = await admin_factory(admin_token=TOKEN, admin_read_requires_token=False)
+    registration = await admin.register("orders")
+    schema = ORDERS.serialize().to_pybytes()
+    ensured = await admin.runtime.coordinator.ensure_tables(
+        "orders", registration.writer_term, [TableRequest("db.eu", schema)]
+    )
+    own = write_parquet(registration.table_location, orders(0, 10))
+    routed = write_parquet(ensured.tables[0].location, orders(100, 10))
+    await admin.runtime.coordinator.pre_commit(
+        PreCommitRequest("orders", 0, registration.writer_term, (own, routed), file_tables={routed: "db.eu"})
+    )
+    catalog.drop_table("db.eu")
+    await admin.checkpoint("orders", registration, 0, wait=False)
+    sink_id = sink_id_of(database_url, "orders")
+
+    async def stuck_on_eu() -> bool:
+        health = admin.runtime.committer.health.get(sink_id)
+        return health is not None and health.stuck is not None and "db.eu" in health.failing_tables
+
+    await eventually(stuck_on_eu, "the committer stuck on the dropped table")
+    reader = browser(admin, browser_of)
+    shown = await reader.get("/console/sinks/orders")
+    row = re.search(r'<tr data-table="db\.eu">.*?</tr>', shown.text, re.S)
+    assert row is not None and "dropped from the catalog" in row.group(0)
+    assert 'id="remove-table-form-db.eu"' not in shown.text  # read-only: no way to act
+    refused = await reader.post(
+        "/console/sinks/orders/tables/db.eu/remove", data={"confirm": "db.eu", "reason": "gone"}
+    )
+    assert refused.status_code == 303 and refused.headers["location"].startswith("/console/login")
+
+    operator = browser(admin, browser_of)
+    await operator.post("/console/login", data={"token": TOKEN, "next": "/console/sinks/orders"})
+    page = await operator.get("/console/sinks/orders")
+    form = re.search(r'<form[^>]*id="remove-table-form-db.eu".*?</form>', page.text, re.S)
+    assert form is not None and 'action="/console/sinks/orders/tables/db.eu/remove"' in form.group(0)
+    remove = "/console/sinks/orders/tables/db.eu/remove"
+    forged = await operator.post(remove, data={"confirm": "db.eu", "reason": "gone", "csrf": "forged"})
+    assert forged.status_code == 403 and "CSRF" in forged.text
+    mistyped = await operator.post(remove, data={"confirm": "db.e", "reason": "gone", "csrf": csrf_of(page)})
+    assert mistyped.status_code == 422 and "confirm must repeat the table name" in mistyped.text
+    assert 'name="confirm" required autocomplete="off" value="db.e"' in mistyped.text
+    own_table = await operator.post(
+        "/console/sinks/orders/tables/db.orders/remove",
+        data={"confirm": "db.orders", "reason": "gone", "csrf": csrf_of(page)},
+    )
+    assert own_table.status_code == 409 and "cannot be removed from the sink" in own_table.text
+    for hostile, status in (("db.nope", 404), ("..%2Fdb.eu", 404), ("db." + "x" * 600, 422), ("db.eu%00", 422)):
+        answer = await operator.post(
+            f"/console/sinks/orders/tables/{hostile}/remove",
+            data={"confirm": hostile, "reason": "gone", "csrf": csrf_of(page)},
+        )
+        assert answer.status_code == status, (hostile, answer.text)
+    assert query(database_url, "SELECT table_identifier FROM sink_tables ORDER BY 1") == [("db.eu",), ("db.orders",)]
+
+    done = await operator.post(
+        remove, data={"confirm": "db.eu", "reason": "dropped by its owners", "csrf": csrf_of(page)}
+    )
+    assert done.status_code == 303
+    after = await operator.get(done.headers["location"])
+    assert (
+        '<p class="flash ok" role="status">table db.eu removed from sink orders: 1 epoch given up (10 records)'
+        in after.text
+    )
+    assert re.findall(r'data-table="([^"]+)"', after.text) == []  # its own table alone: no fan-out list
+    assert query(database_url, "SELECT table_identifier FROM sink_tables") == [("db.orders",)]

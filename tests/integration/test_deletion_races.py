@@ -20,11 +20,12 @@ import pytest
 from pyiceberg.catalog import Catalog
 from sqlalchemy import text
 
-from coordinator_service.engine import maintenance
-from coordinator_service.engine.protocol import PreCommitRequest
+from coordinator_service.engine.maintenance_steps import orphan_sweep
+from coordinator_service.engine.writer_requests import PreCommitRequest
 from coordinator_service.failpoints import Failpoint
 from tests.fixtures.admin import AdminFactory, Gate, eventually, sink_id_of, terminate_commit_lock_holder
 from tests.fixtures.coordinator import ORDERS, orders, table_files, table_order_ids, write_parquet
+from tests.fixtures.reachable_files import missing_reachable_files
 
 pytestmark = pytest.mark.every_postgres
 
@@ -38,10 +39,6 @@ def exists(uri: str) -> bool:
 def backdate(uri: str, seconds: float) -> None:
     then = time.time() - seconds
     os.utime(uri.removeprefix("file://"), (then, then))
-
-
-def missing_files(catalog: Catalog, table: str = "db.orders") -> list[str]:
-    return sorted(path for path in table_files(catalog.load_table(table)) if not exists(path))
 
 
 async def test_the_sweep_leaves_the_file_of_a_part_that_waits_for_its_other_writers(
@@ -72,7 +69,7 @@ async def test_the_sweep_leaves_the_file_of_a_part_that_waits_for_its_other_writ
     await coordinator.pre_commit(PreCommitRequest("orders", 0, registration.writer_term, (second,), writer_id=1))
     await part
     assert await admin.checkpoint("orders", registration, 0) == 0
-    assert missing_files(catalog) == []
+    assert missing_reachable_files(catalog.load_table("db.orders")) == []
     assert table_order_ids(catalog.load_table("db.orders")) == list(range(20))
 
 
@@ -85,7 +82,7 @@ async def test_a_path_claimed_while_the_sweep_runs_is_not_deleted(
 ) -> None:
     """Defect 4: the sweep looked up the held paths once; a writer then wrote a fresh file under the name of an
     old orphan (deterministic names are legal) and pre-committed it before the sweep's next batch."""
-    monkeypatch.setattr(maintenance, "ORPHAN_DELETE_BATCH", 1)
+    monkeypatch.setattr(orphan_sweep, "ORPHAN_DELETE_BATCH", 1)
     admin = await admin_factory(orphan_grace_seconds=3600, compaction_min_files=1_000_000)
     registration = await admin.register("orders")
     location = registration.table_location
@@ -105,7 +102,7 @@ async def test_a_path_claimed_while_the_sweep_runs_is_not_deleted(
     assert (await run).outcome == "ok"
 
     assert await admin.checkpoint("orders", registration, 0) == 0
-    assert missing_files(catalog) == []
+    assert missing_reachable_files(catalog.load_table("db.orders")) == []
     assert table_order_ids(catalog.load_table("db.orders")) == list(range(10))
 
 
@@ -144,6 +141,6 @@ async def test_an_append_in_flight_after_its_lock_was_lost_cannot_land_on_files_
 
     await admin.pre_commit("orders", registration, 1, 10)
     assert await admin.checkpoint("orders", registration, 1) == 1
-    assert missing_files(catalog) == []
+    assert missing_reachable_files(catalog.load_table("db.orders")) == []
     assert path not in table_files(catalog.load_table("db.orders"))
     assert table_order_ids(catalog.load_table("db.orders")) == list(range(10, 20))

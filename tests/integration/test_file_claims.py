@@ -6,7 +6,7 @@ import pytest
 from pyiceberg.catalog import Catalog
 
 from coordinator_service.contract.errors import InvalidArgument
-from coordinator_service.engine.protocol import PreCommitRequest
+from coordinator_service.engine.writer_requests import PreCommitRequest
 from tests.fixtures.admin import AdminApp
 from tests.fixtures.coordinator import table_order_ids
 from tests.fixtures.postgres import query

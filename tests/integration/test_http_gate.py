@@ -14,7 +14,8 @@ import pytest
 
 from coordinator_service.admin.deps import operations_of
 from coordinator_service.admin.http_gate import MAX_BODY_BYTES
-from coordinator_service.engine.operations import Operations, SinkOverview
+from coordinator_service.engine.operations import Operations
+from coordinator_service.engine.operator.answers import SinkOverview
 from tests.fixtures.admin import AdminApp, AdminFactory, CatalogDatabase
 from tests.fixtures.postgres import query
 

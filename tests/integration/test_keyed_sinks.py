@@ -21,7 +21,7 @@ from pyiceberg.catalog import Catalog
 from coordinator_service.contract.client import CoordinatorRpcError, PreCommitFile
 from coordinator_service.contract.errors import FailedPrecondition, InvalidArgument
 from coordinator_service.contract.views import EpochStatus, PreCommitOutcome, Registration
-from coordinator_service.engine.protocol import PreCommitRequest, TableRequest
+from coordinator_service.engine.writer_requests import PreCommitRequest, TableRequest
 from coordinator_service.log.precommit_metadata import KEYED_VERSION, VERSION, KeyFileEntry
 from spark_writer.sink.parquet_writer import serialize_footer
 from tests.fixtures.admin import AdminApp, epoch_metadata, eventually

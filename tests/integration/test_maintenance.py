@@ -17,7 +17,7 @@ from pyiceberg.table import Table, TableProperties
 from coordinator_service import metrics
 from coordinator_service.contract.errors import InvalidArgument
 from coordinator_service.contract.views import Registration
-from coordinator_service.engine.protocol import PreCommitRequest
+from coordinator_service.engine.writer_requests import PreCommitRequest
 from coordinator_service.log.precommit_metadata import DataFileEntry
 from coordinator_service.tables import table_maintenance as tm
 from tests.fixtures.admin import AdminApp, AdminFactory, epoch_metadata, eventually, sink_id_of, sink_identity
@@ -27,6 +27,13 @@ from tests.fixtures.duckdb_reader import duckdb_rows
 from tests.fixtures.postgres import query
 
 NO_COMPACTION = {"compaction_min_files": 1_000_000}
+
+
+def without_commit_triggers(admin: AdminApp) -> AdminApp:
+    """Commits ask for no run (Maintainer.appended), however many small files they leave: the test lays out the files
+    a run of the clock or an operator's then finds."""
+    admin.runtime.committer.after_append = lambda sink, table: None
+    return admin
 
 
 def rows_digest(table: Table) -> tuple[int, str]:
@@ -120,7 +127,7 @@ async def test_expiration_keeps_a_marker_the_recovery_walk_still_needs(
 async def test_compaction_rewrites_small_files_keeping_the_rows_and_the_markers(
     admin_factory: AdminFactory, catalog: Catalog, database_url: str
 ) -> None:
-    admin = await admin_factory(compaction_min_files=3)
+    admin = without_commit_triggers(await admin_factory(compaction_min_files=3))
     await commit_epochs(admin, "orders", 6)
     table = catalog.load_table("db.orders")
     before = rows_digest(table)
@@ -148,7 +155,7 @@ async def test_compaction_rewrites_small_files_keeping_the_rows_and_the_markers(
 async def test_compaction_works_partition_by_partition(
     admin_factory: AdminFactory, catalog: Catalog, database_url: str
 ) -> None:
-    admin = await admin_factory(compaction_min_files=2)
+    admin = without_commit_triggers(await admin_factory(compaction_min_files=2))
     registration = await admin.runtime.coordinator.register_writer(
         "orders", "db.orders", -1, arrow_schema=ORDERS.serialize().to_pybytes(), partition_by=("customer",)
     )
@@ -181,7 +188,7 @@ async def test_compaction_never_rewrites_a_file_of_an_epoch_that_is_not_committe
 ) -> None:
     """A PENDING epoch's file in the table (appended by a committer that died before marking it): the log
     still has to settle it, by that very file, so compaction leaves it as it is."""
-    admin = await admin_factory(compaction_min_files=2)
+    admin = without_commit_triggers(await admin_factory(compaction_min_files=2))
     await commit_epochs(admin, "orders", 3)
     registration = await admin.register("orders", checkpointed_epoch=2)
     pending = await admin.pre_commit("orders", registration, 3, 30)
@@ -286,7 +293,7 @@ async def test_operators_see_set_and_trigger_a_sinks_maintenance(admin_factory: 
 
 
 async def test_maintenance_runs_by_itself_when_due(admin_factory: AdminFactory, catalog: Catalog) -> None:
-    admin = await admin_factory(maintenance_interval_seconds=0.5, compaction_min_files=3)
+    admin = without_commit_triggers(await admin_factory(maintenance_interval_seconds=0.5, compaction_min_files=3))
     await commit_epochs(admin, "orders", 3)
 
     async def compacted() -> bool:
@@ -342,7 +349,7 @@ async def test_one_sinks_bad_maintenance_state_does_not_stop_the_others(
 ) -> None:
     """Defect: one sink's overrides that overflowed the due-check stopped the scheduled maintenance of every sink.
     Here the bad overrides reach the log behind the API's back (an older release, a hand edit)."""
-    admin = await admin_factory(maintenance_interval_seconds=0.5, compaction_min_files=3)
+    admin = without_commit_triggers(await admin_factory(maintenance_interval_seconds=0.5, compaction_min_files=3))
     await commit_epochs(admin, "broken", 1)
     query(
         database_url,
@@ -368,7 +375,7 @@ async def test_compaction_leaves_alone_a_partition_with_delete_files(
 ) -> None:
     """Another engine deleted a row with a position delete file: compaction rewriting the partition's files without
     applying it (and dropping it) would bring the row back."""
-    admin = await admin_factory(compaction_min_files=3)
+    admin = without_commit_triggers(await admin_factory(compaction_min_files=3))
     await commit_epochs(admin, "orders", 4)
     table = catalog.load_table("db.orders")
     [first, *_] = sorted(tm.live_files(table).data, key=lambda data_file: data_file.file_path)
@@ -425,6 +432,57 @@ async def test_a_commit_past_the_snapshot_bound_triggers_maintenance_whatever_th
 
     await eventually(bounded, "the table back within its bound by a run a commit triggered")
     assert table_order_ids(catalog.load_table("db.orders")) == list(range(160))
+
+
+async def test_a_commit_past_the_compaction_threshold_triggers_maintenance_whatever_the_clock(
+    admin_factory: AdminFactory, catalog: Catalog
+) -> None:
+    """Issue 27.7: only the snapshot bound asked for a run, so small files piled up between runs of the clock (at a
+    commit a second, 300 in a partition between two runs at the default interval). A commit after which a compaction
+    would merge files (COMPACTION_MIN_FILES small files of a partition, as the run counts them) asks for one."""
+    admin = await admin_factory(compaction_min_files=3, maintenance_interval_seconds=3600)
+    await commit_epochs(admin, "orders", 3)
+
+    async def compacted() -> bool:
+        runs = (await admin.get("/api/v1/sinks/orders/maintenance")).json()["runs"]
+        return any(run["trigger"] == "threshold" and run["files_compacted"] == 3 for run in runs)
+
+    await eventually(compacted, "the small files compacted by a run a commit triggered")
+    table = catalog.load_table("db.orders")
+    assert len(table_files(table)) == 1
+    assert table_order_ids(table) == list(range(30))
+
+
+async def test_a_commit_asks_for_a_run_only_when_a_compaction_would_merge_files(
+    admin_factory: AdminFactory, catalog: Catalog, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit's check counts the small files as the run does: below COMPACTION_MIN_FILES, or in a partition with
+    another engine's delete files (which compaction leaves alone), a commit asks for no run (it would compact
+    nothing, after every commit)."""
+    admin = await admin_factory(compaction_min_files=3, maintenance_interval_seconds=3600)
+    maintainer = admin.runtime.maintainer
+    wanted: list[int] = []
+    monkeypatch.setattr(maintainer, "want", wanted.append)
+
+    async def commits_checked() -> list[int]:
+        await asyncio.gather(*maintainer._compaction_checks.values())
+        return wanted
+
+    await commit_epochs(admin, "orders", 2)
+    assert await commits_checked() == []
+    registration = await admin.register("orders", checkpointed_epoch=1)
+    await admin.pre_commit("orders", registration, 2, 20)
+    assert await admin.checkpoint("orders", registration, 2) == 2
+    assert await commits_checked() == [sink_id_of(database_url, "orders")]
+
+    wanted.clear()
+    table = catalog.load_table("db.orders")
+    [first, *_] = sorted(tm.live_files(table).data, key=lambda data_file: data_file.file_path)
+    await asyncio.to_thread(commit_position_deletes, table, first, [0])
+    for epoch in (3, 4):
+        await admin.pre_commit("orders", registration, epoch, epoch * 10)
+        assert await admin.checkpoint("orders", registration, epoch) == epoch
+    assert await commits_checked() == []
 
 
 async def test_sinks_are_maintained_side_by_side_and_falling_behind_shows(

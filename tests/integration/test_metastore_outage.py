@@ -1,5 +1,5 @@
 """PostgreSQL trouble survived: a frozen metastore is answered UNAVAILABLE within seconds, probes and scrapes never
-hang on it, and everything goes on when it answers again."""
+hang on it, a restarted one costs a streaming writer nothing, and everything goes on when it answers again."""
 
 from __future__ import annotations
 
@@ -17,14 +17,16 @@ from pathlib import Path
 import grpc
 import psutil
 import pytest
+from pyiceberg.catalog import load_catalog
 
 from coordinator_service.contract.client import CoordinatorRpcError
 from coordinator_service.log.database import normalize_url
 from coordinator_service.log.embedded import start_embedded_postgres, stop_embedded_postgres
 from coordinator_service.runtime import migrate
-from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, orders, write_parquet
+from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, orders, table_order_ids, write_parquet
 from tests.fixtures.postgres import query
 from tests.fixtures.postgres_server import PostgresServer, wheel_binaries
+from tests.fixtures.streaming_writer import ROWS_PER_EPOCH, StreamingWriter
 
 SCHEMA = ORDERS.serialize().to_pybytes()
 
@@ -158,6 +160,50 @@ def test_a_metastore_down_at_start_is_waited_for_and_served_once_it_is_up(
     lines = coordinator.drain_logs()
     assert not [line for line in lines if "Traceback" in json.dumps(line)], lines
     assert [line["event"] for line in lines if line.get("level") in ("error", "critical")] == []
+
+
+def test_a_metastore_restarted_under_a_streaming_writer_costs_it_no_call_longer_than_5_s_and_no_epoch(
+    stopped_postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """Issue 27.2's goal, failover: PostgreSQL (the metastore, and the SQL catalog in it) stopped and started again on
+    the same port while a writer keeps calling through the real client: every call is answered, or refused
+    UNAVAILABLE within 5 s (which the writer makes again); the coordinator process never exits; every epoch the
+    writer wrote is committed once once PostgreSQL is back."""
+    stopped_postgres.start()
+    coordinator = CoordinatorProcess(database_url=stopped_postgres.url, data_dir=tmp_path / "coordinator").start()
+    pid = coordinator.process.pid if coordinator.process else None
+    try:
+        with coordinator.client(retry_seconds=0, timeout_seconds=30) as client:
+            writer = StreamingWriter(client).start()
+            writer.wait_for(lambda w: w.epochs >= 3, "epochs before the restart")
+            stopped_postgres.stop()
+            # Down long enough for the watch to say so: the calls are refused at once from then on.
+            coordinator.wait_for_log("the metastore does not answer")
+            refused = len(writer.unavailable())
+            writer.wait_for(lambda w: len(w.unavailable()) > refused, "a call refused while the metastore is down")
+            stopped_postgres.start()
+            back = writer.epochs
+            writer.wait_for(lambda w: w.epochs >= back + 3, "epochs once PostgreSQL is back")
+            epochs = writer.stop()
+        assert writer.failure is None, writer.failure
+        assert coordinator.process is not None and coordinator.process.poll() is None
+        assert coordinator.process.pid == pid
+        slowest = max(writer.calls, key=lambda call: call.seconds)
+        assert slowest.seconds < 5, slowest
+        assert {call.code for call in writer.calls} <= {None, grpc.StatusCode.UNAVAILABLE}, writer.calls
+        with coordinator.client() as client:
+            last = client.commit_checkpoint("orders", epochs - 1, writer.writer_term, wait=True)
+        assert last.committed_epoch == epochs - 1
+        catalog = load_catalog(
+            "default",
+            type="sql",
+            uri=stopped_postgres.url,
+            warehouse=(tmp_path / "coordinator" / "warehouse").as_uri(),
+        )
+        assert table_order_ids(catalog.load_table("db.orders")) == list(range(epochs * ROWS_PER_EPOCH))
+    finally:
+        coordinator.stop()
+    assert coordinator.process.returncode == 0
 
 
 def test_a_metastore_frozen_at_start_fails_each_attempt_in_seconds(

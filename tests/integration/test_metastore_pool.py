@@ -11,6 +11,7 @@ from sqlalchemy import text
 from coordinator_service import metrics
 from coordinator_service.contract.errors import Unavailable
 from coordinator_service.log.database import ConnectionOptions, Database, normalize_url
+from coordinator_service.metrics import scrape as metrics_scrape
 
 
 async def test_no_free_connection_is_unavailable_within_the_pool_timeout_and_counted(database_url: str) -> None:
@@ -22,7 +23,7 @@ async def test_no_free_connection_is_unavailable_within_the_pool_timeout_and_cou
         async with AsyncExitStack() as held:
             for _ in range(2):  # the pool's connection and its one overflow
                 await held.enter_async_context(database.connection())
-            assert database.pool_gauges() == metrics.PoolGauges(in_use=2, idle=0, most=2)
+            assert database.pool_gauges() == metrics_scrape.PoolGauges(in_use=2, idle=0, most=2)
             started = time.monotonic()
             with pytest.raises(Unavailable, match=r"no free metastore connection within 0\.2 s"):
                 async with database.transaction() as session:

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from coordinator_service import __version__
 from coordinator_service.admin.deps import operations_of
 from coordinator_service.admin.shared_answer import SharedAnswer
-from coordinator_service.engine.operations import SinkOverview
+from coordinator_service.engine.operator.answers import SinkOverview
 from coordinator_service.log.models import Sink
 from coordinator_service.log.reporter_lease import ReporterLease
 from coordinator_service.log.sink_rows import EpochCounts
@@ -251,8 +251,9 @@ async def test_one_replica_at_a_time_reports_the_gauges_read_from_the_log(admin_
     """On-call review: every replica exported every sink's pending epochs, so sum() counted each sink once per
     replica. The log's gauges come from the replica holding the reporter lease; what is a process's own (its
     committer retrying) from each."""
-    first = await admin_factory(metrics_cache_seconds=0.0)
-    second = await admin_factory(metrics_cache_seconds=0.0)
+    # The scrape's read of the log is not what this test is about: a loaded machine's slow read must not drop it.
+    first = await admin_factory(metrics_cache_seconds=0.0, metrics_read_timeout_seconds=120.0)
+    second = await admin_factory(metrics_cache_seconds=0.0, metrics_read_timeout_seconds=120.0)
     registration = await first.register("orders")
     await first.pre_commit("orders", registration, 0, 0)
 

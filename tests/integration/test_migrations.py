@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 
@@ -23,7 +24,7 @@ from coordinator_service.runtime import migrate
 from coordinator_service.tables.markers import MARKER_COMMIT_ID, MARKER_EPOCH, MARKER_GENERATION, MARKER_SINK
 from tests.fixtures.admin import AdminFactory
 from tests.fixtures.coordinator import ORDERS, orders, table_order_ids
-from tests.fixtures.postgres import new_database, query
+from tests.fixtures.postgres import columns_of, new_database, query
 
 pytestmark = pytest.mark.every_postgres
 
@@ -120,18 +121,6 @@ def test_a_sink_from_before_fan_out_gets_its_own_table_and_its_tables_follow_it(
     ]
 
 
-def columns_of(url: str) -> dict[str, list[str]]:
-    rows = query(
-        url,
-        "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = 'public' "
-        "ORDER BY table_name, column_name",
-    )
-    tables: dict[str, list[str]] = {}
-    for table, column in rows:
-        tables.setdefault(str(table), []).append(str(column))
-    return tables
-
-
 def require(url: str) -> None:
     engine = create_sync_engine(normalize_url(url))
     try:
@@ -175,6 +164,20 @@ def test_a_rolling_upgrade_keeps_the_replaced_release_ready_and_rolls_back(
     assert query(database_url, "SELECT name FROM sinks") == [("orders",)]
 
 
+# Targets `migrate --to` refuses: alembic took some of them as something else (an empty one failed inside alembic with
+# a bare AssertionError, -1 rolled the schema back a step, base answered the current revision as if it had gone there).
+UNKNOWN_TARGETS = ("", " ", "9999", "0000", "-1", "+1", "base", "heads", "0011; DROP TABLE sinks", "0011\x00", "١٢")
+
+
+def test_a_revision_this_release_does_not_know_is_refused_with_nothing_changed(database_url: str) -> None:
+    url = normalize_url(database_url)
+    migrate(url)
+    for target in UNKNOWN_TARGETS:
+        with pytest.raises(ValueError, match="this release knows no schema revision"):
+            migrate(url, target)
+        assert query(database_url, "SELECT version_num FROM alembic_version") == [(schema.head_revision(),)], target
+
+
 def test_a_migration_never_queues_behind_a_serving_pods_transaction_for_long(database_url: str) -> None:
     """0003 rewrote whole tables while old pods served: a migration waiting for a lock queues every later statement
     of theirs behind it. Each migration gives up after MIGRATION_LOCK_TIMEOUT_SECONDS instead."""
@@ -189,15 +192,37 @@ def test_a_migration_never_queues_behind_a_serving_pods_transaction_for_long(dat
     assert migrate(url) == schema.head_revision()
 
 
-def test_the_key_index_migration_only_adds_its_tables_and_rolls_back(database_url: str) -> None:
-    """0014 adds the key index's three tables and changes nothing else (code at 0013 runs on it); rolled back to 0013
-    the schema is 0013's exactly and the sinks stay; dropping an index's row takes its files with it."""
+def test_a_migration_that_gave_up_on_a_lock_is_tried_again_until_the_serving_transaction_ends(
+    database_url: str,
+) -> None:
+    """A migration that meets a serving pod's transaction gives up after MIGRATION_LOCK_TIMEOUT_SECONDS (above), or is
+    the victim of a deadlock with it (0014's foreign key against a pod locking a sink and then writing its files):
+    the whole run is rolled back, and `migrate` tries it again from the start for MIGRATION_RETRY_SECONDS, instead of
+    failing the upgrade's hook on a moment's contention."""
     url = normalize_url(database_url)
-    migrate(url, "0013")
+    migrate(url, "0006")
+    serving = psycopg.connect(libpq_url(database_url))
+    serving.execute("SELECT count(*) FROM sinks")  # an old pod's transaction, open for a while
+    ended = threading.Timer(1.5, serving.commit)
+    ended.start()
+    try:
+        started = time.monotonic()
+        assert migrate(url, "head", lock_timeout_seconds=0.3, retry_seconds=30) == schema.head_revision()
+        assert time.monotonic() - started >= 1.0, "the migration did not wait for the serving transaction"
+    finally:
+        ended.join()
+        serving.close()
+
+
+def test_the_key_index_migration_only_adds_its_tables_and_rolls_back(database_url: str) -> None:
+    """0015 adds the key index's three tables and changes nothing else (code at 0014 runs on it); rolled back to 0014
+    the schema is 0014's exactly and the sinks stay; dropping an index's row takes its files with it."""
+    url = normalize_url(database_url)
+    migrate(url, "0014")
     query(database_url, "INSERT INTO sinks (name, table_identifier, catalog) VALUES ('orders', 'db.orders', 'default')")
     before = columns_of(database_url)
 
-    assert migrate(url, "0014") == "0014"
+    assert migrate(url, "0015") == "0015"
     after = columns_of(database_url)
     assert set(after) - set(before) == {"key_index", "key_index_files", "key_index_tables"}
     assert {table: after[table] for table in before} == before
@@ -220,7 +245,7 @@ def test_the_key_index_migration_only_adds_its_tables_and_rolls_back(database_ur
     query(database_url, "DELETE FROM key_index_tables")
     assert query(database_url, "SELECT count(*) FROM key_index_files") == [(0,)]
 
-    assert migrate(url, "0013") == "0013"
+    assert migrate(url, "0014") == "0014"
     assert columns_of(database_url) == before
     assert query(database_url, "SELECT name FROM sinks") == [("orders",)]
     assert migrate(url) == schema.head_revision()

@@ -20,7 +20,7 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 
 from coordinator_service.contract.errors import InvalidArgument
 from coordinator_service.contract.views import Registration
-from coordinator_service.engine.protocol import PreCommitRequest, TableRequest
+from coordinator_service.engine.writer_requests import PreCommitRequest, TableRequest
 from coordinator_service.tables import table_maintenance as tm
 from coordinator_service.tables.file_listing import listed_files, written_by
 from coordinator_service.tables.precommit_files import FileChecks, FileFacts

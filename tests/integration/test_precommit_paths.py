@@ -25,7 +25,8 @@ from coordinator_service.contract.errors import (
     Fenced,
     InvalidArgument,
 )
-from coordinator_service.engine.protocol import PreCommitRequest, PreCommitResult, TableRequest
+from coordinator_service.contract.views import PreCommitResult
+from coordinator_service.engine.writer_requests import PreCommitRequest, TableRequest
 from coordinator_service.log import epoch_transitions, sink_rows, sink_tables
 from coordinator_service.log.sink_rows import RowLock
 from tests.fixtures.admin import AdminApp, commit_lock_held

@@ -9,7 +9,7 @@ import pytest
 from pyiceberg.catalog import Catalog
 
 from coordinator_service.contract.errors import CheckpointBehind, FailedPrecondition, InvalidArgument
-from coordinator_service.engine.protocol import TableRequest
+from coordinator_service.engine.writer_requests import TableRequest
 from coordinator_service.log import sink_rows
 from coordinator_service.tables.table_origin import CREATED, ORIGIN
 from tests.fixtures.admin import AdminApp

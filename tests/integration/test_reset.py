@@ -7,13 +7,15 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import psycopg
 import pytest
 from pyiceberg.catalog import Catalog
 
 from coordinator_service.contract.errors import CheckpointBehind, Fenced
 from coordinator_service.contract.views import PreCommitOutcome
-from coordinator_service.engine.protocol import PreCommitRequest
+from coordinator_service.engine.writer_requests import PreCommitRequest
 from coordinator_service.failpoints import Failpoint
+from coordinator_service.log.database import libpq_url
 from coordinator_service.tables.markers import FENCE_SINK, MARKER_EPOCH, MARKER_GENERATION, Marker
 from tests.fixtures.admin import (
     AdminApp,
@@ -29,6 +31,7 @@ from tests.fixtures.admin import (
     wait_for_commit_lock_waiter,
 )
 from tests.fixtures.coordinator import orders, table_order_ids, write_parquet
+from tests.torture.checks import AUDIT_SQL, sink_row_went_back
 
 pytestmark = pytest.mark.every_postgres
 
@@ -240,3 +243,28 @@ async def test_an_epoch_number_of_the_new_numbering_is_never_answered_by_the_old
     assert result.outcome == PreCommitOutcome.PERSISTED
     assert await admin.checkpoint("orders", new, 0) == 0
     assert table_order_ids(catalog.load_table("db.orders")) == [*range(10), *range(100, 110)]
+
+
+async def test_the_sink_row_never_goes_back_across_a_reset_and_the_writer_after_it(
+    admin: AdminApp, database_url: str
+) -> None:
+    """Every version of the sink's row, one per statement (the torture's audit trigger): its numbers go back to the
+    new numbering's only in a version that still awaits the writer after the reset. A rebase that marked the row no
+    longer awaiting before it set the new numbers wrote a version going back from (1, 2, 2, 2) to (1, 2, -1, -1)
+    (the torture's seed 5121 found it)."""
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as connection:
+        connection.execute(AUDIT_SQL)
+    old = await admin.register("orders")
+    for epoch in range(3):
+        await admin.pre_commit("orders", old, epoch, epoch * 10)
+    await admin.checkpoint("orders", old, 2)
+    response = await admin.post("/api/v1/sinks/orders/reset", json=RESET)
+    assert response.status_code == 200, response.text
+    new = await admin.register("orders", checkpointed_epoch=-1)
+    await admin.pre_commit("orders", new, 0, 100)
+    await admin.checkpoint("orders", new, 0)
+
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as connection:
+        assert sink_row_went_back(connection, sink_id_of(database_url, "orders")) == []
+        versions = connection.execute("SELECT count(*) FROM torture_sink_audit").fetchone()
+    assert versions is not None and versions[0] > 5  # the audit saw the statements

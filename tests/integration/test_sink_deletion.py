@@ -14,6 +14,9 @@ import pyarrow as pa
 import pytest
 from pyiceberg.catalog import Catalog
 
+from coordinator_service.contract.errors import InvalidArgument
+from coordinator_service.contract.views import PreCommitOutcome
+from coordinator_service.engine.writer_requests import PreCommitRequest
 from tests.fixtures.admin import AdminApp
 from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, orders, table_order_ids, write_parquet
 from tests.fixtures.postgres import query
@@ -22,11 +25,24 @@ LOG_TABLES = ("sinks", "pending_sink_state", "epoch_files", "sink_tables")
 
 
 def log_rows(database_url: str) -> dict[str, int]:
-    return {table: int(query(database_url, f"SELECT count(*) FROM {table}")[0][0]) for table in LOG_TABLES}  # type: ignore[call-overload]
+    """The rows of the log's tables, but the marks of deletions done (they outlive their sink for the grace)."""
+    counted = {table: f"SELECT count(*) FROM {table}" for table in LOG_TABLES}
+    counted["epoch_files"] += " WHERE deleted_at IS NULL"
+    return {table: int(query(database_url, statement)[0][0]) for table, statement in counted.items()}  # type: ignore[call-overload]
+
+
+def marks_without_a_sink(database_url: str) -> int:
+    return int(query(database_url, "SELECT count(*) FROM epoch_files WHERE sink_id IS NULL")[0][0])  # type: ignore[call-overload]
 
 
 def exists(uri: str) -> bool:
     return Path(uri.removeprefix("file://")).exists()
+
+
+def regular_files_under(location: str) -> set[str]:
+    """The files under a table's location that are not symbolic links."""
+    root = Path(location.removeprefix("file://"))
+    return {str(path) for path in root.rglob("*") if path.is_file() and not path.is_symlink()}
 
 
 def writer_silent(database_url: str, name: str, seconds: int) -> None:
@@ -66,6 +82,7 @@ async def test_deleting_a_sink_takes_its_log_and_its_uncommitted_files_and_keeps
         "tables_dropped": [],
     }
     assert before["sinks"] == 1 and log_rows(database_url) == dict.fromkeys(LOG_TABLES, 0)
+    assert marks_without_a_sink(database_url) == 1  # the deleted file's, until the grace is over
     assert not exists(pending_file)
     assert table_order_ids(catalog.load_table("db.orders")) == list(range(10))  # what was committed stays
     assert (await admin.get("/api/v1/sinks/orders")).status_code == 404
@@ -109,7 +126,7 @@ async def test_a_sink_is_not_deleted_under_a_live_writer_or_without_its_name(
     assert log_rows(database_url) == before and exists(pending_file)
 
 
-async def test_dropping_its_tables_purges_them_unless_another_sink_writes_one(
+async def test_dropping_its_tables_drops_them_unless_another_sink_writes_one(
     admin: AdminApp, database_url: str, catalog: Catalog
 ) -> None:
     await a_sink_with_a_pending_epoch(admin)
@@ -131,6 +148,63 @@ async def test_dropping_its_tables_purges_them_unless_another_sink_writes_one(
     assert dropped.json()["tables_dropped"] == ["db.orders"]
     assert not catalog.table_exists("db.orders")
     assert log_rows(database_url) == dict.fromkeys(LOG_TABLES, 0)
+
+
+async def test_dropping_a_table_deletes_only_files_under_its_own_directories(
+    admin: AdminApp, database_url: str, catalog: Catalog, tmp_path: Path
+) -> None:
+    """The sink's table also references a data file of another table (pyiceberg add_files, as a table an operator
+    adopted may) and a symbolic link under its own data directory to another of that table's files: dropping it
+    removes its catalog entry and deletes, through file_deletion, only the files under its own directories; the
+    other table stays whole and the files left are counted."""
+    registration = await admin.register("orders")
+    await admin.pre_commit("orders", registration, 0, 0)
+    await admin.checkpoint("orders", registration, 0)
+    own = catalog.load_table("db.orders")
+    other = catalog.create_table("db.other", schema=ORDERS)
+    shared, linked = (write_parquet(other.location(), orders(first, 5)) for first in (100, 200))
+    other.add_files([shared, linked])
+    link = Path(own.location().removeprefix("file://")) / "data" / "linked.parquet"
+    link.symlink_to(linked.removeprefix("file://"))
+    own.add_files([shared, link.as_uri()])
+    own_files = regular_files_under(own.location())
+    writer_silent(database_url, "orders", 3600)
+
+    dropped = await delete(admin, "orders", drop_tables=True)
+    assert dropped.status_code == 200, dropped.text
+    assert dropped.json()["tables_dropped"] == ["db.orders"]
+    assert not catalog.table_exists("db.orders")
+    assert table_order_ids(catalog.load_table("db.other")) == [*range(100, 105), *range(200, 205)]
+    assert exists(shared) and exists(linked) and link.is_symlink()
+    # Its own files (data, manifests, manifest lists, metadata files, and the metadata file and manifest list of the
+    # fence the deletion committed first) are gone; the link and the other table's file, which it reached too, are
+    # kept and counted.
+    assert regular_files_under(own.location()) == set()
+    assert (dropped.json()["files_deleted"], dropped.json()["files_kept"]) == (len(own_files) + 2, 2)
+
+
+async def test_the_marks_of_a_deleted_sinks_deletions_stay_for_the_grace(admin: AdminApp, database_url: str) -> None:
+    """A sink's deletion deleted a file it gave up, then its rows, whose cascade took the file's mark at once: a
+    pre-commit that had read a file of that name before could claim it right after, and its table would point at a
+    missing file. The mark stays ORPHAN_GRACE_SECONDS, without a sink, as every deletion's does."""
+    pending_file = await a_sink_with_a_pending_epoch(admin)
+    writer_silent(database_url, "orders", 3600)
+    assert (await delete(admin, "orders")).status_code == 200
+    mark = "SELECT sink_id, deleted_at IS NOT NULL FROM epoch_files WHERE path = %s"
+    assert query(database_url, mark, pending_file) == [(None, True)]
+
+    # A sink registered under the name again; its writer names a file as the deleted one was named.
+    registration = await admin.register("orders")
+    name = Path(pending_file.removeprefix("file://")).stem
+    assert write_parquet(registration.table_location, orders(0, 10), name=name) == pending_file
+    request = PreCommitRequest("orders", 0, registration.writer_term, (pending_file,))
+    with pytest.raises(InvalidArgument, match="is being deleted"):
+        await admin.runtime.coordinator.pre_commit(request)
+
+    query(database_url, "UPDATE epoch_files SET deleted_at = now() - interval '2 days' WHERE path = %s", pending_file)
+    await admin.runtime.cleaner.clean()
+    assert query(database_url, mark, pending_file) == []
+    assert (await admin.runtime.coordinator.pre_commit(request)).outcome == PreCommitOutcome.PERSISTED
 
 
 async def test_a_sink_whose_table_is_gone_is_deleted_all_the_same(

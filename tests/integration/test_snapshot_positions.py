@@ -18,7 +18,7 @@ from coordinator_service.contract.source_positions import (
     VALID_THROUGH_MS,
 )
 from coordinator_service.contract.views import Registration
-from coordinator_service.engine.protocol import PreCommitRequest
+from coordinator_service.engine.writer_requests import PreCommitRequest
 from coordinator_service.tables.markers import MARKER_EPOCH
 from tests.fixtures.admin import AdminApp
 from tests.fixtures.coordinator import orders, write_parquet

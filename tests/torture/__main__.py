@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.torture.faults import FAULTS
+from tests.torture.fault_kinds import FAULTS
 from tests.torture.report import replay_command, write
 from tests.torture.run import Run
 from tests.torture.session import Session

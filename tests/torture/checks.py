@@ -24,6 +24,7 @@ from pyiceberg.table.snapshots import ancestors_of
 
 from coordinator_service.log import precommit_metadata
 from coordinator_service.tables.markers import MARKER_EPOCH, MARKER_GENERATION, MARKER_SINK
+from tests.fixtures.reachable_files import missing_reachable_files
 
 AUDIT_SQL = """
 CREATE TABLE torture_epoch_audit (
@@ -66,6 +67,29 @@ CREATE TRIGGER torture_sink_audit AFTER INSERT OR UPDATE ON sinks
 """
 
 
+def sink_row_went_back(connection: psycopg.Connection[Any], sink_id: int) -> list[str]:
+    """Every version of the sink's row (torture_sink_audit, one a statement) whose numbers went back: its generation
+    and term never do, and its checkpointed and committed epochs only in a row awaiting its writer after a reset
+    (the new numbering starts at the new query's checkpoint)."""
+    went_back = []
+    previous: tuple[int, int, int, int] | None = None
+    rebasing = False
+    for row in connection.execute(
+        "SELECT generation, writer_term, checkpointed_epoch, committed_epoch, awaiting_writer_after_reset "
+        "FROM torture_sink_audit WHERE sink_id = %s ORDER BY id",
+        (sink_id,),
+    ):
+        now = (int(row[0]), int(row[1]), int(row[2]), int(row[3]))
+        if previous is not None and (
+            now[:2] < previous[:2]
+            or (not rebasing and now[0] == previous[0] and any(a < b for a, b in zip(now, previous, strict=True)))
+        ):
+            went_back.append(f"the sink row went back: (generation, term, checkpointed, committed) {previous} -> {now}")
+        rebasing = bool(row[4])
+        previous = now
+    return went_back
+
+
 @dataclass
 class Findings:
     anomalies: list[str] = field(default_factory=list)
@@ -83,7 +107,8 @@ def _sample(values: Any, limit: int = 10) -> str:
 
 
 def settled(connection: psycopg.Connection[Any], sink: str) -> tuple[int, int] | None:
-    """(checkpointed, committed) once everything checkpointed is committed and every aborted file cleaned."""
+    """(checkpointed, committed) once everything checkpointed is committed and every aborted file cleaned, those of
+    attempts that a later attempt replaced included (the harness's coordinators delete them without delay)."""
     row = connection.execute(
         "SELECT id, checkpointed_epoch, committed_epoch FROM sinks WHERE name = %s", (sink,)
     ).fetchone()
@@ -91,9 +116,11 @@ def settled(connection: psycopg.Connection[Any], sink: str) -> tuple[int, int] |
         return None
     sink_id, checkpointed, committed = row
     busy = connection.execute(
-        "SELECT count(*) FROM pending_sink_state WHERE sink_id = %s AND ("
-        " (status = 'PENDING' AND epoch <= %s) OR (status = 'ABORTED' AND NOT files_cleaned))",
-        (sink_id, checkpointed),
+        "SELECT (SELECT count(*) FROM pending_sink_state WHERE sink_id = %(sink)s AND ("
+        "  (status = 'PENDING' AND epoch <= %(checkpointed)s) OR (status = 'ABORTED' AND NOT files_cleaned)))"
+        " + (SELECT count(*) FROM epoch_files WHERE sink_id = %(sink)s AND discarded_at IS NOT NULL"
+        "    AND deleted_at IS NULL)",
+        {"sink": sink_id, "checkpointed": checkpointed},
     ).fetchone()
     if committed != checkpointed or (busy is not None and busy[0] > 0):
         return None
@@ -300,13 +327,10 @@ def check_run(
     if unexpected:
         found.anomaly(f"{len(unexpected)} records in the table that were never produced: {_sample(unexpected)}")
     table_files = set(loaded.inspect.data_files().column("file_path").to_pylist())
-    # No snapshot still in the table's metadata (time travel) references a file missing from storage.
-    referenced = set(loaded.inspect.all_files().column("file_path").to_pylist()) | {
-        manifest.manifest_path for snapshot in loaded.snapshots() for manifest in snapshot.manifests(loaded.io)
-    }
-    gone = {path for path in referenced if not Path(path.removeprefix("file://")).exists()}
+    # Nothing the table's metadata reaches (every snapshot kept for time travel included) is missing from storage.
+    gone = missing_reachable_files(loaded)
     if gone:
-        found.anomaly(f"the table's snapshots reference {len(gone)} files missing from storage: {_sample(gone, 3)}")
+        found.anomaly(f"the table's metadata reaches {len(gone)} files missing from storage: {_sample(gone, 3)}")
 
     # Invariant 5: an aborted attempt's files are not in the table and, once cleaned, not on storage.
     for gen, epoch, attempt in sorted(aborted):
@@ -358,22 +382,8 @@ def check_run(
 
     # The sink row's numbers move forward only; a reset starts a new generation, and its first registration
     # (the row awaiting a writer) starts the checkpoint again at the new query's.
-    previous: tuple[int, int, int, int] | None = None
-    rebasing = False
-    for row in connection.execute(
-        "SELECT generation, writer_term, checkpointed_epoch, committed_epoch, awaiting_writer_after_reset "
-        "FROM torture_sink_audit WHERE sink_id = %s ORDER BY id",
-        (sink_id,),
-    ):
-        now = (int(row[0]), int(row[1]), int(row[2]), int(row[3]))
-        went_back = previous is not None and (
-            now[:2] < previous[:2]
-            or (not rebasing and now[0] == previous[0] and any(a < b for a, b in zip(now, previous, strict=True)))
-        )
-        if went_back:
-            found.anomaly(f"the sink row went back: (generation, term, checkpointed, committed) {previous} -> {now}")
-        rebasing = bool(row[4])
-        previous = now
+    for went_back in sink_row_went_back(connection, sink_id):
+        found.anomaly(went_back)
 
     # Snapshot markers along the ancestry, oldest first, never go back (within a generation; generations rise).
     markers = [

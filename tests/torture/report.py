@@ -15,7 +15,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tests.torture.faults import FAULTS, FaultRecord
+from tests.torture.fault_kinds import FAULTS
+from tests.torture.faults import FaultRecord
 
 KEEP_MARKER = "<!-- everything below this line is kept when the report is rewritten -->"
 

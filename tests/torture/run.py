@@ -37,7 +37,7 @@ from tests.fixtures.coordinator import CoordinatorProcess, failpoints_env
 from tests.fixtures.kafka_broker import ProducedRecord, create_topic
 from tests.fixtures.pipeline import ORDER_SCHEMA_DDL, produce_orders
 from tests.torture import checks, fault_kinds, kafka_faults
-from tests.torture.faults import FaultRecord, plan_faults
+from tests.torture.faults import FaultRecord
 from tests.torture.idle import stop_when_recorded
 from tests.torture.infra import Board, DriverServer, Proxy, wait_for_change
 from tests.torture.report import RunResult
@@ -101,7 +101,9 @@ class Run:
         self.batches = self.rng.randint(6, 10)
         self.per_batch = math.ceil(self.records / self.batches)
         self.partition_by = self.rng.choice(((), ("country",)))
-        self.plans = plan_faults(self.rng, self.pool, self.batches, CALL_DEADLINE_SECONDS, self.faults_per_run)
+        self.plans = fault_kinds.plan_faults(
+            self.rng, self.pool, self.batches, CALL_DEADLINE_SECONDS, self.faults_per_run
+        )
         self.records_of = {plan.name: FaultRecord(plan) for plan in self.plans}
         self.database = f"torture_{self.seed}_{uuid.uuid4().hex[:6]}"
         self.checkpoint = self.work / "checkpoint"

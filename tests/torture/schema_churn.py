@@ -34,6 +34,7 @@ import signal
 import struct
 import sys
 import time
+import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -98,7 +99,11 @@ class Field:
 
     def avro(self) -> dict[str, Any]:
         avro_type = KINDS[self.kind][0]
-        return {"name": self.name, "type": avro_type, **({"default": None} if avro_type[0] == "null" else {})}
+        return {
+            "name": self.name,
+            "type": avro_type,
+            **({"default": None} if isinstance(avro_type, list) and avro_type[0] == "null" else {}),
+        }
 
 
 Version = tuple[Field, ...]
@@ -234,8 +239,11 @@ class ChurnRun:
         try:
             self._stream(producer, kill_epoch)
             self._check(producer)
-        except Exception as error:  # a step that fails is an anomaly of the run, with its seed
-            self.anomalies.append(f"{type(error).__name__}: {error}")
+        except Exception as error:  # a step that fails is an anomaly of the run, with its seed and where it failed
+            where = traceback.extract_tb(error.__traceback__)[-3:]
+            self.anomalies.append(
+                f"{type(error).__name__}: {error} (at {'; '.join(f'{f.name}:{f.lineno}' for f in where)})"
+            )
         self.facts.update(records=len(producer.records), exits=self.exits, seconds=round(time.monotonic() - started, 1))
         return {
             "kind": "schema_churn",

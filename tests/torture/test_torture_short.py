@@ -17,7 +17,7 @@ from pyiceberg.catalog import Catalog
 
 from tests.fixtures.coordinator import CoordinatorProcess
 from tests.fixtures.schema_registry import SchemaRegistryServer
-from tests.torture.faults import FAULTS
+from tests.torture.fault_kinds import FAULTS
 from tests.torture.report import replay_command
 from tests.torture.run import Run
 from tests.torture.schema_churn import ChurnRun, Services

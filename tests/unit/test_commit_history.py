@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from coordinator_service.admin.console_routes import CHART_HEIGHT, CHART_WIDTH, line_chart
+from coordinator_service.admin.console_charts import CHART_HEIGHT, CHART_WIDTH, line_chart
 from coordinator_service.engine.commit_history import CommitHistory
 
 

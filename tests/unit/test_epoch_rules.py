@@ -6,8 +6,9 @@ import pytest
 
 from coordinator_service.contract.errors import EpochAborted, FailedPrecondition, Fenced
 from coordinator_service.contract.views import EpochStatus, PreCommitOutcome, PreCommitResult
-from coordinator_service.engine.protocol import PreCommitRequest, answer_if_repeated, check_checkpoint_range, check_term
+from coordinator_service.engine.writer_requests import PreCommitRequest, answer_if_repeated
 from coordinator_service.log import precommit_metadata
+from coordinator_service.log.epoch_rules import check_checkpoint_range, check_term
 from coordinator_service.log.models import AbortCause, EpochRecord, Sink
 from coordinator_service.log.precommit_metadata import DataFileEntry, PreCommitMetadata
 

@@ -5,8 +5,8 @@ from pyiceberg.transforms import DayTransform, IdentityTransform, TruncateTransf
 from coordinator_service.contract.errors import InvalidArgument
 from coordinator_service.contract.table_identifiers import parse_table_identifier
 from coordinator_service.tables.file_paths import canonical_uri, check_inside_location
-from coordinator_service.tables.iceberg import parse_partition_field
 from coordinator_service.tables.schema_fit import decode_arrow_schema
+from coordinator_service.tables.table_creation import parse_partition_field
 
 
 @pytest.mark.parametrize(

@@ -272,6 +272,12 @@ EDGES: Final = [
     b'{"timestamp_2": "2025-11-02T01:30:00", "string_1": "2025-03-09 02:30"}',
     b'{"timestamp_2": "2025-03-09 02:30:00.000001", "decimal_0": 12345678901}',
     b'{"timestamp_2": "0001-01-02", "decimal_0": -0.0}',
+    # Past 2037, the last year tzdata's files list transitions for: the zones' rules go on (daylight saving time in
+    # April 2038 and July 2100, the gap and the doubled hour of 2040 in New York).
+    b'{"timestamp_2": "2038-04-01T00:00:00"}',
+    b'{"timestamp_2": "2100-07-01 12:00"}',
+    b'{"timestamp_2": "2040-03-11T02:30:00"}',
+    b'{"timestamp_2": "2040-11-04T01:30:00"}',
     b"not json",
 ]
 EDGE_COLUMNS: Final = [

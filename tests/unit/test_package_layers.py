@@ -68,19 +68,27 @@ def test_the_shared_modules_import_no_layer_above_their_users() -> None:
     wrong = {
         f"{shared}.py imports {name}"
         for shared, lowest in users.items()
-        for name in imported(PACKAGE / f"{shared}.py")
+        for source in sources_of(shared)
+        for name in imported(source)
         if name.split(".")[0] in LAYERS and LAYERS.index(name.split(".")[0]) > lowest
     }
     assert not wrong, sorted(wrong)
 
 
+def sources_of(shared: str) -> list[Path]:
+    """A shared module's source, or every module of a shared package (settings)."""
+    package = PACKAGE / shared
+    return sorted(package.rglob("*.py")) if package.is_dir() else [PACKAGE / f"{shared}.py"]
+
+
 def test_every_module_is_in_a_layer_or_the_process() -> None:
     """The top of the package holds the process (settings, wiring, serving, the command line): nothing else."""
-    top = {path.stem for path in PACKAGE.glob("*.py")} - {"__init__"}
+    packages = {path.name for path in PACKAGE.iterdir() if path.is_dir() and (path / "__init__.py").exists()}
+    top = ({path.stem for path in PACKAGE.glob("*.py")} | packages) - {"__init__"} - set(LAYERS)
     process = {"app", "cli", "runtime", "startup", "grpc_server", "grpc_gate", "grpc_requests", "listening"}
     process |= SHARED - {"__version__"}
     assert top == process
-    assert {path.name for path in PACKAGE.iterdir() if path.is_dir() and (path / "__init__.py").exists()} == set(LAYERS)
+    assert set(LAYERS) <= packages
 
 
 def third_party(source: Path) -> set[str]:
@@ -131,3 +139,34 @@ def test_a_writer_layer_imports_only_the_layers_below_it_and_the_shared_helpers(
             } & set(WRITER_LAYERS):
                 wrong.add(f"{path.relative_to(WRITER)} imports {name}, which imports a layer")
     assert not wrong, sorted(wrong)
+
+
+# What a pyiceberg table (and its metadata, storage and catalog) offers, and no type of the engine's own has.
+TABLE_INTERNALS: Final = frozenset({"io", "current_snapshot", "location_provider", "inspect", "scan"})
+METADATA_INTERNALS: Final = frozenset(
+    {"snapshots", "refs", "properties", "schemas", "partition_specs", "name_mapping", "table_uuid", "default_spec_id"}
+)
+
+
+def reaches_into_a_table(node: ast.AST) -> bool:
+    if not isinstance(node, ast.Attribute):
+        return False
+    if node.attr in TABLE_INTERNALS:
+        return True
+    inner = node.value
+    if node.attr in METADATA_INTERNALS and isinstance(inner, ast.Attribute) and inner.attr == "metadata":
+        return True
+    return node.attr == "catalog" and isinstance(inner, ast.Attribute) and inner.attr == "iceberg"
+
+
+def test_the_engine_holds_tables_only_as_handles_of_the_table_format() -> None:
+    """The engine reads a table only through coordinator_service.tables (TableFormat, table_maintenance), which
+    answers in neutral types: it never reads a LoadedTable's metadata, its storage or the catalog behind it, so that
+    another table format (or a row delta) changes tables/ alone."""
+    wrong = sorted(
+        f"{path.relative_to(PACKAGE)}:{node.lineno}"
+        for path in modules_of("engine")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if reaches_into_a_table(node)
+    )
+    assert not wrong

@@ -12,7 +12,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import IcebergType
 
-from coordinator_service.tables.iceberg import parse_partition_field
+from coordinator_service.tables.table_creation import parse_partition_field
 from spark_writer.sink.partitioning import parse_partition_fields, partition_values, split_by_partition
 
 SCHEMA = pa.schema(

@@ -18,7 +18,7 @@ from coordinator_service.contract.errors import (
     CommitLockLost,
     MetastoreUnavailable,
 )
-from coordinator_service.engine.committer import retry_cause
+from coordinator_service.engine.commit_retries import retry_cause
 
 
 def raised_from(error: Exception, cause: BaseException) -> Exception:

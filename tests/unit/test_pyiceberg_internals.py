@@ -16,7 +16,8 @@ from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
-from pyiceberg.table import Table
+from pyiceberg.table import Table, Transaction
+from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
 from pyiceberg.types import LongType, NestedField, StringType
@@ -197,3 +198,29 @@ def _position_deletes(table: Table, data_file: DataFile, positions: list[int]) -
     )
     delete_file.spec_id = data_file.spec_id
     return delete_file
+
+
+def test_the_metadata_once_transaction_computes_the_metadata_again_only_when_the_transaction_changes(
+    table: Table,
+) -> None:
+    """It reads pyiceberg's Transaction._table and ._updates: the metadata it stands for must stay what pyiceberg's
+    own transaction computes, read after read and change after change."""
+    transaction = internals.MetadataOnceTransaction(table)
+    plain = Transaction(table)
+
+    def comparable(metadata: TableMetadata) -> dict[str, object]:
+        return metadata.model_dump(exclude={"last_updated_ms"})  # when each was computed
+
+    first = transaction.table_metadata
+    assert transaction.table_metadata is first, "read twice without a change: computed twice"
+    assert comparable(first) == comparable(plain.table_metadata)
+
+    transaction.set_properties({"owner": "orders-team"})
+    plain.set_properties({"owner": "orders-team"})
+    changed = transaction.table_metadata
+    assert changed is not first
+    assert comparable(changed) == comparable(plain.table_metadata)
+    assert transaction.table_metadata is changed
+
+    committed = transaction.commit_transaction()
+    assert committed.properties["owner"] == "orders-team"

@@ -12,9 +12,11 @@ from pydantic import ValidationError
 from typer.testing import CliRunner, Result
 
 from coordinator_service import app, cli, failpoints
+from coordinator_service.cli import flags as cli_flags
 from coordinator_service.contract.logs import LogLevel
 from coordinator_service.failpoints import Action, Failpoint, FailpointError
-from coordinator_service.settings import MaintenancePolicy, Settings
+from coordinator_service.settings import Settings
+from coordinator_service.settings.maintenance import MaintenancePolicy
 
 
 def test_environment_names(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -56,7 +58,7 @@ def served() -> Iterator[Served]:
     run = Served()
     with (
         mock.patch.object(app, "serve", run.serve),
-        mock.patch.object(cli, "configure_logging"),  # the test process keeps its logging
+        mock.patch.object(cli_flags, "configure_logging"),  # the test process keeps its logging
     ):
         yield run
 

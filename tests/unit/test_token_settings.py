@@ -18,7 +18,8 @@ from coordinator_service.admin.auth import AdminAuth
 from coordinator_service.admin.console_session import ConsoleSessions
 from coordinator_service.contract.errors import Unauthenticated
 from coordinator_service.log.database import Database, normalize_url
-from coordinator_service.settings import MIN_TOKEN_CHARACTERS, Settings
+from coordinator_service.settings import Settings
+from coordinator_service.settings.access import MIN_TOKEN_CHARACTERS
 from coordinator_service.writer_scopes import Credentials
 
 GOOD = "Zq3vX9pL2mN8rT5wY7bC4dF6gH1jK0sA"  # 32 characters of the bearer-token alphabet

@@ -1,6 +1,6 @@
 """The torture harness's registry of fault kinds (tests/torture/fault_kinds/) against the faults a run can draw.
 
-A name in faults.FAULTS without a registered kind would be drawn and never
+A name in fault_kinds.FAULTS without a registered kind would be drawn and never
 injected; a kind registered twice would be injected by whichever came last.
 """
 
@@ -10,8 +10,8 @@ from collections import Counter
 
 import pytest
 
-from tests.torture.fault_kinds import KINDS, REGISTRY, FaultKind, Trigger, drawn
-from tests.torture.faults import FAULTS, FaultPlan, FaultRecord
+from tests.torture.fault_kinds import FAULTS, KINDS, REGISTRY, FaultKind, Trigger, drawn
+from tests.torture.faults import FaultPlan, FaultRecord
 
 
 def test_every_fault_has_exactly_one_registered_kind_and_every_kind_a_fault() -> None:

@@ -14,6 +14,7 @@ from pydantic import SecretStr, ValidationError
 from typer.testing import CliRunner
 
 from coordinator_service import app, cli
+from coordinator_service.cli import flags as cli_flags
 from coordinator_service.contract.errors import MESSAGE_BYTES, PermissionDenied
 from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.grpc_gate import SERVICE_NAME, TARGETS
@@ -168,7 +169,7 @@ def test_scopes_from_a_flag() -> None:
     async def serve(settings: Settings) -> None:  # the Settings serve's flags made, without serving
         taken.append(settings)
 
-    with mock.patch.object(app, "serve", serve), mock.patch.object(cli, "configure_logging"):
+    with mock.patch.object(app, "serve", serve), mock.patch.object(cli_flags, "configure_logging"):
         flag = json.dumps({"team-a": scope(["a-*"], ["team_a"])})
         result = CliRunner().invoke(cli.app, ["serve", "--writer-scopes", flag], env={"COLUMNS": "300"})
     assert result.exit_code == 0, result.output

@@ -15,12 +15,13 @@
 
 A new fault kind is one module (or one more function in its family's) with a
 `KINDS` tuple of FaultKind (tests/torture/fault_kinds/kind.py: its function,
-its trigger, its hooks), registered in KINDS below; its name goes in
-tests/torture/faults.py's FAULTS, with its parameters in plan_faults.
+its trigger, its hooks, its parameters' draw, the kinds it excludes), and its
+registration here: its module in KINDS, its name at the end of FAULTS.
 """
 
 from __future__ import annotations
 
+import random
 import traceback
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -35,23 +36,59 @@ from tests.torture.fault_kinds import (
     protocol_writers,
     spark,
 )
-from tests.torture.fault_kinds.kind import FaultKind, Trigger
-from tests.torture.faults import FAULTS
+from tests.torture.fault_kinds.kind import FaultKind, RunShape, Trigger
+from tests.torture.faults import FaultPlan
 from tests.torture.session import RUN_SECONDS
 
 if TYPE_CHECKING:
     from tests.torture.faults import FaultRecord
     from tests.torture.run import Run
 
-KINDS: tuple[FaultKind, ...] = (
-    *coordinator.KINDS,
-    *maintenance.KINDS,
-    *spark.KINDS,
-    *databases.KINDS,
-    *operators.KINDS,
-    *protocol_writers.KINDS,
-    *kafka_topic.KINDS,
-    *kafka_records.KINDS,
+# Every fault kind, in the order the run draws from (a seeded run's draws depend on it: a new kind goes at the end).
+FAULTS: tuple[str, ...] = (
+    "coordinator_kill",  # kill -9 of a serving coordinator, restarted on the same ports
+    "coordinator_failpoint",  # the coordinator kills itself exactly between two steps (name=kill@N)
+    "coordinator_stall",  # SIGSTOP longer than the writer's call deadline, then SIGCONT
+    "split_brain",  # a second coordinator on the same database; the writer's connections go to either
+    "driver_kill",  # kill -9 of the Spark driver's process group (driver, JVM, Python workers)
+    "driver_killpoint",  # the driver killed right after PreCommit(N) or right before CommitCheckpoint(N)
+    "executor_kill",  # kill -9 of one Python worker of the driver's JVM
+    "postgres_restart",  # the metastore's PostgreSQL: pg_ctl stop -m fast|immediate, then start
+    "catalog_outage",  # the catalog's PostgreSQL stopped for a while
+    "zombie_writer",  # after a driver restart, a late PreCommit/CommitCheckpoint with the old term
+    "operator_abort",  # an operator aborts the newest PENDING epoch through the admin API, with force or without
+    "operator_reset",  # the Spark checkpoint is lost: the writer stopped, the sink reset, a new query from the
+    #                    last committed epoch's offsets (docs/operations.md's procedure)
+    "lock_kill",  # pg_terminate_backend of the connection that holds a sink's commit lock (advisory lock)
+    "many_sinks",  # 4-7 more sinks written through the protocol; commit interval above 0, concurrency below sinks
+    "resend_aborted",  # a writer re-sends an epoch an operator aborted, naming the same files
+    "outage_then_idle",  # the coordinator down longer than the writer's retries as the last batch is
+    #                      pre-committed; the query stays up, idle: its failed report must land by itself
+    "maintenance_kill",  # table maintenance every 0.5-2 s; the coordinator kills itself inside one of its steps
+    "broker_restart",  # the Kafka broker stopped and started again on its port with its data, mid-read
+    "retention_before_rerun",  # the driver killed after PreCommit(N); records of batch N deleted before the re-run
+    "bad_records",  # records that do not fit the schema in the topic; the job's policy fail, null or dead-letter
+    "latest_under_load",  # startingOffsets=latest while a producer writes; the query stays up until all is read
+    "topic_recreated",  # the topic deleted mid-stream: the data-loss error, then (failOnDataLoss=false) a batch
+    #                     without it; the topic created again (1-4 partitions) and read from its start
+    "fan_out",  # 1-3 more sinks, each writing 3-5 tables through the protocol (one table added mid-stream);
+    #             in most runs the coordinator kills itself between two tables' appends of one epoch
+)
+
+KINDS: tuple[FaultKind, ...] = tuple(
+    sorted(
+        (
+            *coordinator.KINDS,
+            *maintenance.KINDS,
+            *spark.KINDS,
+            *databases.KINDS,
+            *operators.KINDS,
+            *protocol_writers.KINDS,
+            *kafka_topic.KINDS,
+            *kafka_records.KINDS,
+        ),
+        key=lambda kind: FAULTS.index(kind.name),
+    )
 )
 REGISTRY: dict[str, FaultKind] = {kind.name: kind for kind in KINDS}
 
@@ -88,3 +125,29 @@ def inject(run: Run, record: FaultRecord) -> None:
 
 
 __all__ = ["KINDS", "REGISTRY", "FaultKind", "Trigger", "drawn", "inject"]
+
+
+def plan_faults(
+    rng: random.Random, pool: tuple[str, ...], batches: int, call_deadline: float, exactly: int | None = None
+) -> list[FaultPlan]:
+    """One fault (two in about a third of the runs; `exactly` N if given), each with its trigger and the parameters
+    its kind draws."""
+    count = 2 if rng.random() < 0.35 and len(pool) > 1 else 1
+    count = min(exactly, len(pool)) if exactly is not None else count
+    names = rng.sample(pool, count)
+    for kind in KINDS:
+        if kind.name in names:
+            names = [name for name in names if name not in kind.excludes]
+    shape = RunShape(batches, call_deadline)
+    plans = []
+    for name in names:
+        plan = REGISTRY[name].plan
+        plans.append(
+            FaultPlan(
+                name=name,
+                params={} if plan is None else plan(rng, shape),
+                trigger_batch=rng.randint(1, max(1, batches // 2)),
+                delay_seconds=round(rng.uniform(0.0, 1.5), 3),
+            )
+        )
+    return plans

@@ -9,16 +9,17 @@ the job again only once it is back.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
 from coordinator_service.log.database import libpq_url
 from tests.torture import idle
-from tests.torture.fault_kinds.kind import FaultKind, Trigger, begin
+from tests.torture.fault_kinds.kind import FaultKind, RunShape, Trigger, begin
 from tests.torture.infra import wait_for_change
 from tests.torture.session import RUN_SECONDS, SINK
 
@@ -132,10 +133,53 @@ def outage_then_idle(run: Run, record: FaultRecord) -> None:
         run.board.set("up")
 
 
+FAILPOINTS: tuple[tuple[str, int], ...] = (
+    # (name, most hits before it fires); each is hit once per batch, commit pass or registration
+    ("register.before_recovery", 1),
+    ("register.after_recovery", 1),
+    ("precommit.before_persist", 4),
+    ("precommit.after_persist", 4),
+    ("checkpoint.after_record", 4),
+    ("commit.after_lock", 4),
+    ("commit.before_append", 4),
+    ("commit.after_append", 4),
+    ("commit.after_mark", 4),
+)
+
+
+def plan_kill(rng: random.Random, shape: RunShape) -> dict[str, Any]:
+    return {"downtime_seconds": round(rng.uniform(0.0, 2.0), 3)}
+
+
+def plan_failpoint(rng: random.Random, shape: RunShape) -> dict[str, Any]:
+    point, most = rng.choice(FAILPOINTS)
+    return {"failpoint": point, "hit": rng.randint(1, most), "downtime_seconds": round(rng.uniform(0, 1), 3)}
+
+
+def plan_stall(rng: random.Random, shape: RunShape) -> dict[str, Any]:
+    return {"stall_seconds": round(shape.call_deadline + rng.uniform(1.0, 4.0), 3)}
+
+
+def plan_split_brain(rng: random.Random, shape: RunShape) -> dict[str, Any]:
+    return {
+        "seconds": round(rng.uniform(2.0, 8.0), 3),
+        "survivor": rng.choice(("first", "second")),
+        "end_by": rng.choice(("kill", "stop")),
+        "proxy_seed": rng.randrange(2**31),
+    }
+
+
+def plan_outage_then_idle(rng: random.Random, shape: RunShape) -> dict[str, Any]:
+    # Beyond the call deadline only, or beyond the writer's whole retry window too.
+    return {"downtime_seconds": round(shape.call_deadline + rng.choice((rng.uniform(1, 5), rng.uniform(21, 26))), 3)}
+
+
 KINDS = (
-    FaultKind("coordinator_kill", Trigger.AT_BATCH, coordinator_kill),
-    FaultKind("coordinator_failpoint", Trigger.OWN_MOMENT, failpoint),
-    FaultKind("coordinator_stall", Trigger.AT_BATCH, coordinator_stall),
-    FaultKind("split_brain", Trigger.AT_BATCH, split_brain),
-    FaultKind("outage_then_idle", Trigger.OWN_MOMENT, outage_then_idle, configure=keep_query_up),
+    FaultKind("coordinator_kill", Trigger.AT_BATCH, coordinator_kill, plan=plan_kill),
+    FaultKind("coordinator_failpoint", Trigger.OWN_MOMENT, failpoint, plan=plan_failpoint),
+    FaultKind("coordinator_stall", Trigger.AT_BATCH, coordinator_stall, plan=plan_stall),
+    FaultKind("split_brain", Trigger.AT_BATCH, split_brain, plan=plan_split_brain),
+    FaultKind(
+        "outage_then_idle", Trigger.OWN_MOMENT, outage_then_idle, configure=keep_query_up, plan=plan_outage_then_idle
+    ),
 )

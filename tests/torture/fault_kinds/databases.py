@@ -8,13 +8,14 @@ terminating that backend is the lock lost mid-commit.
 
 from __future__ import annotations
 
+import random
 import time
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 
 from coordinator_service.log.database import libpq_url
-from tests.torture.fault_kinds.kind import FaultKind, Trigger, begin
+from tests.torture.fault_kinds.kind import FaultKind, RunShape, Trigger, begin
 from tests.torture.infra import wait_for_change
 
 if TYPE_CHECKING:
@@ -72,8 +73,20 @@ def lock_kill(run: Run, record: FaultRecord) -> None:
     record.ended_at = time.time()
 
 
+def plan_restart(rng: random.Random, shape: RunShape) -> dict[str, Any]:
+    return {"mode": rng.choice(("fast", "immediate")), "downtime_seconds": round(rng.uniform(0, 3), 3)}
+
+
+def plan_outage(rng: random.Random, shape: RunShape) -> dict[str, Any]:
+    return {"downtime_seconds": round(rng.uniform(2.0, 8.0), 3)}
+
+
+def plan_lock_kill(rng: random.Random, shape: RunShape) -> dict[str, Any]:
+    return {"attempts": rng.randint(1, 3)}
+
+
 KINDS = (
-    FaultKind("postgres_restart", Trigger.AT_BATCH, postgres_restart),
-    FaultKind("catalog_outage", Trigger.AT_BATCH, catalog_outage),
-    FaultKind("lock_kill", Trigger.AT_BATCH, lock_kill),
+    FaultKind("postgres_restart", Trigger.AT_BATCH, postgres_restart, plan=plan_restart),
+    FaultKind("catalog_outage", Trigger.AT_BATCH, catalog_outage, plan=plan_outage),
+    FaultKind("lock_kill", Trigger.AT_BATCH, lock_kill, plan=plan_lock_kill),
 )

@@ -29,7 +29,7 @@ from coordinator_service.log.database import libpq_url
 from spark_writer.sink.kafka_records import BAD_RECORDS_PROPERTY
 from tests.fixtures.kafka_broker import create_topic
 from tests.torture import checks, kafka_faults
-from tests.torture.fault_kinds.kind import FaultKind, Trigger, begin
+from tests.torture.fault_kinds.kind import FaultKind, RunShape, Trigger, begin
 from tests.torture.session import SINK
 
 if TYPE_CHECKING:
@@ -178,9 +178,27 @@ def check_bad_records(
             anomalies.append(f"the dead-letter topic holds {held}, the bad records were at {bad}")
 
 
+def plan_retention(rng: random.Random, shape: RunShape) -> dict[str, Any]:
+    return {"epoch": rng.randint(0, max(0, shape.batches - 2)), "fraction": round(rng.uniform(0.1, 1.0), 3)}
+
+
+def plan_bad_records(rng: random.Random, shape: RunShape) -> dict[str, Any]:
+    policy = rng.choice(("fail", "null", "dead-letter"))
+    return {
+        "policy": policy,
+        "then": rng.choice(("null", "dead-letter")) if policy == "fail" else policy,
+        "count": rng.randint(3, 10),
+        "seed": rng.randrange(2**31),
+    }
+
+
 KINDS = (
     FaultKind(
-        "retention_before_rerun", Trigger.SUPERVISOR, first_job=retention_first_job, after_failure=after_retention
+        "retention_before_rerun",
+        Trigger.SUPERVISOR,
+        first_job=retention_first_job,
+        after_failure=after_retention,
+        plan=plan_retention,
     ),
     FaultKind(
         "bad_records",
@@ -190,5 +208,6 @@ KINDS = (
         after_failure=after_bad,
         before_check=unread_bad_records,
         check=check_bad_records,
+        plan=plan_bad_records,
     ),
 )

@@ -14,6 +14,7 @@ the topic back and holds the table to what the broker keeps.
 from __future__ import annotations
 
 import json
+import random
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +24,7 @@ from coordinator_service.log import precommit_metadata
 from tests.fixtures.kafka_broker import create_topic
 from tests.fixtures.pipeline import produce_orders
 from tests.torture import checks, kafka_faults
-from tests.torture.fault_kinds.kind import FaultKind, Trigger, begin
+from tests.torture.fault_kinds.kind import FaultKind, RunShape, Trigger, begin
 from tests.torture.infra import wait_for_change
 from tests.torture.session import RUN_SECONDS, SINK
 
@@ -185,8 +186,24 @@ def after_recreated(run: Run, record: FaultRecord, error: str) -> bool:
     return True
 
 
+def plan_broker_restart(rng: random.Random, shape: RunShape) -> dict[str, Any]:
+    return {"downtime_seconds": round(rng.uniform(0.5, 5.0), 3)}
+
+
+def plan_latest(rng: random.Random, shape: RunShape) -> dict[str, Any]:
+    return {
+        "records": rng.randint(200, 800),
+        "per_second": rng.choice((50, 200, 1000)),
+        "delay_seconds": round(rng.uniform(0, 3), 3),
+    }
+
+
+def plan_recreated(rng: random.Random, shape: RunShape) -> dict[str, Any]:
+    return {"records": rng.randint(50, 300), "partitions": rng.randint(1, 4)}
+
+
 KINDS = (
-    FaultKind("broker_restart", Trigger.AT_BATCH, broker_restart),
+    FaultKind("broker_restart", Trigger.AT_BATCH, broker_restart, plan=plan_broker_restart),
     FaultKind(
         "latest_under_load",
         Trigger.OWN_MOMENT,
@@ -194,6 +211,7 @@ KINDS = (
         configure=configure_latest,
         prepare=plan_load,
         after_drive=load_failed,
+        plan=plan_latest,
     ),
     FaultKind(
         "topic_recreated",
@@ -202,5 +220,18 @@ KINDS = (
         locked=False,  # awaits the job's failure and re-run
         configure=configure_recreated,
         after_failure=after_recreated,
+        plan=plan_recreated,
+        # Faults whose checks assume one life of the topic, or the failOnDataLoss remedy of their own.
+        excludes=frozenset(
+            {
+                "operator_abort",
+                "operator_reset",
+                "retention_before_rerun",
+                "bad_records",
+                "latest_under_load",
+                "broker_restart",
+                "outage_then_idle",
+            }
+        ),
     ),
 )

@@ -23,6 +23,7 @@ the writers ended, `before_check` and `check` once the system settled.
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +42,14 @@ if TYPE_CHECKING:
     Act = Callable[[Run, FaultRecord], None]
 
 
+@dataclass(frozen=True)
+class RunShape:
+    """What a fault's parameters may depend on: the run's batches, and the writer's call deadline."""
+
+    batches: int
+    call_deadline: float
+
+
 class Trigger(Enum):
     AT_BATCH = "at a batch, then a delay"
     OWN_MOMENT = "awaits its own moment"
@@ -49,7 +58,7 @@ class Trigger(Enum):
 
 @dataclass(frozen=True)
 class FaultKind:
-    name: str  # as in faults.FAULTS
+    name: str  # as in fault_kinds.FAULTS
     trigger: Trigger
     act: Act | None = None  # None only with Trigger.SUPERVISOR
     locked: bool = True  # AT_BATCH: under the run's lock (topic_recreated awaits the job's re-run: not)
@@ -64,6 +73,10 @@ class FaultKind:
     after_drive: Act | None = None
     before_check: Callable[[Run, FaultRecord, psycopg.Connection[Any]], None] | None = None
     check: Callable[[Run, FaultRecord, psycopg.Connection[Any], Findings], None] | None = None
+    # Its parameters, drawn from the run's generator when the run is planned (None: it has none).
+    plan: Callable[[random.Random, RunShape], dict[str, Any]] | None = None
+    # Faults a run that draws this one drops (their checks assume what this one changes).
+    excludes: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if (self.act is None) != (self.trigger is Trigger.SUPERVISOR):

@@ -11,12 +11,13 @@ deleted the planted files.
 from __future__ import annotations
 
 import os
+import random
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
 from tests.torture.fault_kinds.coordinator import failpoint
-from tests.torture.fault_kinds.kind import FaultKind, Trigger
+from tests.torture.fault_kinds.kind import FaultKind, RunShape, Trigger
 from tests.torture.session import RUN_SECONDS
 
 if TYPE_CHECKING:
@@ -72,4 +73,36 @@ def check(run: Run, record: FaultRecord, connection: psycopg.Connection[Any], fo
         found.anomalies.append(f"orphan files the sweep should have deleted are still there: {left}")
 
 
-KINDS = (FaultKind("maintenance_kill", Trigger.OWN_MOMENT, maintenance_kill, configure=configure, check=check),)
+MAINTENANCE_FAILPOINTS: tuple[tuple[str, int], ...] = (
+    ("maintenance.after_expire", 2),
+    ("maintenance.before_compaction_commit", 2),
+    ("maintenance.after_compaction_commit", 2),
+    ("maintenance.during_sweep", 1),  # only once orphans are older than the grace: killed tasks, compactions
+)
+
+
+def plan_maintenance_kill(rng: random.Random, shape: RunShape) -> dict[str, Any]:
+    point, most = rng.choice(MAINTENANCE_FAILPOINTS)
+    return {
+        "failpoint": point,
+        "hit": rng.randint(1, most),
+        "downtime_seconds": round(rng.uniform(0, 1), 3),
+        "interval_seconds": round(rng.uniform(0.5, 2.0), 3),
+        "snapshot_max_count": rng.randint(2, 4),
+        "compaction_min_files": rng.randint(2, 4),
+        # Short, so that the sweep finds the files of killed tasks and compactions; a pre-commit of
+        # files older than this is refused (the batch runs again).
+        "orphan_grace_seconds": round(rng.uniform(5, 15), 3),
+    }
+
+
+KINDS = (
+    FaultKind(
+        "maintenance_kill",
+        Trigger.OWN_MOMENT,
+        maintenance_kill,
+        configure=configure,
+        check=check,
+        plan=plan_maintenance_kill,
+    ),
+)

@@ -9,10 +9,11 @@ where each generation's query started, which the checks read.
 from __future__ import annotations
 
 import json
+import random
 import time
 from typing import TYPE_CHECKING, Any
 
-from tests.torture.fault_kinds.kind import FaultKind, Trigger, begin
+from tests.torture.fault_kinds.kind import FaultKind, RunShape, Trigger, begin
 from tests.torture.infra import wait_for_change
 from tests.torture.session import SINK
 
@@ -81,7 +82,11 @@ def operator_reset(run: Run, record: FaultRecord) -> None:
     run.board.set("up")
 
 
+def plan_abort(rng: random.Random, shape: RunShape) -> dict[str, Any]:
+    return {"force": rng.random() < 0.7}
+
+
 KINDS = (
-    FaultKind("operator_abort", Trigger.AT_BATCH, operator_abort),
+    FaultKind("operator_abort", Trigger.AT_BATCH, operator_abort, plan=plan_abort),
     FaultKind("operator_reset", Trigger.AT_BATCH, operator_reset),
 )

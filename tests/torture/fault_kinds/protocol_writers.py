@@ -11,10 +11,10 @@ tables' appends of one epoch (commit.between_tables).
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tests.torture.fault_kinds.coordinator import failpoint
-from tests.torture.fault_kinds.kind import FaultKind, Trigger
+from tests.torture.fault_kinds.kind import FaultKind, RunShape, Trigger
 from tests.torture.writers import ProtocolWriter, plan_fan_out_writers, plan_writers
 
 if TYPE_CHECKING:
@@ -75,8 +75,33 @@ def fan_out_kill(run: Run, record: FaultRecord) -> None:
         failpoint(run, record)
 
 
+def plan_many(rng: random.Random, shape: RunShape) -> dict[str, Any]:
+    return {
+        "writers": rng.randint(4, 7),
+        "commit_interval_seconds": round(rng.uniform(0.2, 1.5), 3),
+        "commit_concurrency": rng.randint(1, 3),
+        "writers_seed": rng.randrange(2**31),
+    }
+
+
+def plan_resend(rng: random.Random, shape: RunShape) -> dict[str, Any]:
+    return {"writers_seed": rng.randrange(2**31)}
+
+
+def plan_fan_out_kill(rng: random.Random, shape: RunShape) -> dict[str, Any]:
+    return {
+        "writers": rng.randint(1, 3),
+        "routes": rng.randint(2, 4),
+        "writers_seed": rng.randrange(2**31),
+        # commit.between_tables=kill@hit (None: no kill); hit once per table after the first of a pass
+        "failpoint": "commit.between_tables" if rng.random() < 0.7 else None,
+        "hit": rng.randint(1, 8),
+        "downtime_seconds": round(rng.uniform(0, 1), 3),
+    }
+
+
 KINDS = (
-    FaultKind("many_sinks", Trigger.SUPERVISOR, configure=configure_many, plan_writers=plan_group),
-    FaultKind("resend_aborted", Trigger.SUPERVISOR, plan_writers=plan_group, after_drive=resent),
-    FaultKind("fan_out", Trigger.OWN_MOMENT, fan_out_kill, plan_writers=plan_fan_out),
+    FaultKind("many_sinks", Trigger.SUPERVISOR, configure=configure_many, plan_writers=plan_group, plan=plan_many),
+    FaultKind("resend_aborted", Trigger.SUPERVISOR, plan_writers=plan_group, after_drive=resent, plan=plan_resend),
+    FaultKind("fan_out", Trigger.OWN_MOMENT, fan_out_kill, plan_writers=plan_fan_out, plan=plan_fan_out_kill),
 )

@@ -12,19 +12,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import psycopg
 
 from coordinator_service.contract.client import CoordinatorClient, CoordinatorRpcError
 from coordinator_service.log.database import libpq_url
-from tests.torture.fault_kinds.kind import FaultKind, Trigger, begin
+from tests.torture.fault_kinds.kind import FaultKind, RunShape, Trigger, begin
 from tests.torture.session import RUN_SECONDS, SINK, TABLE
 
 if TYPE_CHECKING:
@@ -117,9 +118,22 @@ def zombie_writer(run: Run, record: FaultRecord) -> None:
     record.ended_at = time.time()
 
 
+DRIVER_KILL_POINTS = ("after-precommit", "before-checkpoint-report")
+
+
+def plan_killpoint(rng: random.Random, shape: RunShape) -> dict[str, Any]:
+    return {"kill_point": rng.choice(DRIVER_KILL_POINTS), "epoch": rng.randint(0, max(0, shape.batches - 2))}
+
+
+def plan_pick(rng: random.Random, shape: RunShape) -> dict[str, Any]:
+    return {"pick": rng.random()}
+
+
 KINDS = (
     FaultKind("driver_kill", Trigger.AT_BATCH, driver_kill),
-    FaultKind("driver_killpoint", Trigger.OWN_MOMENT, await_killpoint, first_job=killpoint_first_job),
-    FaultKind("executor_kill", Trigger.AT_BATCH, executor_kill),
-    FaultKind("zombie_writer", Trigger.AT_BATCH, zombie_writer),
+    FaultKind(
+        "driver_killpoint", Trigger.OWN_MOMENT, await_killpoint, first_job=killpoint_first_job, plan=plan_killpoint
+    ),
+    FaultKind("executor_kill", Trigger.AT_BATCH, executor_kill, plan=plan_pick),
+    FaultKind("zombie_writer", Trigger.AT_BATCH, zombie_writer, plan=plan_pick),
 )

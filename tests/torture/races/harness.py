@@ -32,12 +32,13 @@ from pyiceberg.catalog import Catalog, load_catalog
 from coordinator_service import metrics
 from coordinator_service.contract.errors import CoordinatorError
 from coordinator_service.contract.views import PreCommitOutcome
-from coordinator_service.engine.operations import Operations, Operator
-from coordinator_service.engine.protocol import PreCommitRequest, TableRequest
+from coordinator_service.engine.operations import Operations
+from coordinator_service.engine.operator.answers import Operator
+from coordinator_service.engine.writer_requests import PreCommitRequest, TableRequest
 from coordinator_service.log.database import libpq_url, normalize_url
 from coordinator_service.runtime import Runtime, migrate
 from coordinator_service.settings import Settings
-from coordinator_service.tables.table_maintenance import live_files
+from tests.fixtures.reachable_files import missing_reachable_files
 
 ORDERS = pa.schema(
     [
@@ -279,9 +280,10 @@ class RaceRun:
             twice = [row for row, count in counts.items() if count > 1]
             if twice:
                 self.anomalies.append(f"{table}: {len(twice)} records twice, e.g. {sorted(twice)[:5]}")
-            missing_files = await asyncio.to_thread(_missing_files, self.catalog, table)
+            loaded = await asyncio.to_thread(self.catalog.load_table, table)
+            missing_files = await asyncio.to_thread(missing_reachable_files, loaded)
             if missing_files:
-                self.anomalies.append(f"{table} references {len(missing_files)} missing files: {missing_files[:3]}")
+                self.anomalies.append(f"{table} reaches {len(missing_files)} missing files: {missing_files[:3]}")
             for key, each in self.epochs.items():
                 rows = set(each.rows.get(table, []))
                 present = rows & set(counts)
@@ -300,13 +302,6 @@ def age(uri: str, seconds: float) -> None:
     then = time.time() - seconds
     with contextlib.suppress(FileNotFoundError):
         os.utime(uri.removeprefix("file://"), (then, then))
-
-
-def _missing_files(catalog: Catalog, table: str) -> list[str]:
-    loaded = catalog.load_table(table)
-    return sorted(
-        f.file_path for f in live_files(loaded).data if not Path(f.file_path.removeprefix("file://")).exists()
-    )
 
 
 def _anomalies_counted() -> float:

@@ -6,7 +6,7 @@ import asyncio
 from typing import Any
 
 from coordinator_service.contract.errors import CoordinatorError
-from coordinator_service.engine.protocol import PreCommitRequest
+from coordinator_service.engine.writer_requests import PreCommitRequest
 from tests.torture.races.harness import OWN, SINK, RaceRun, age
 
 SETTINGS: dict[str, Any] = {"orphan_grace_seconds": 1.0, "orphan_sweep_interval_seconds": 1.0}

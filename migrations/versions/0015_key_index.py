@@ -1,9 +1,9 @@
 """The key index of keyed tables (issue 29): where each key lives among a table's live rows, so that a commit of row
 mutations resolves an epoch's keys in O(epoch), not by scanning the table.
 
-Revision ID: 0014
-Revises: 0013
-Create Date: 2026-12-02
+Revision ID: 0015
+Revises: 0014
+Create Date: 2026-11-28
 
 One index per table (its UUID: a table replaced under the same name is another table), shared by every sink that
 writes it (docs/architecture.md, "The key index"):
@@ -34,8 +34,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision = "0014"
-down_revision = "0013"
+revision = "0015"
+down_revision = "0014"
 branch_labels = None
 depends_on = None
 OLDEST_COMPATIBLE_CODE = "0006"  # it only adds: code at 0006 runs on it

@@ -1,0 +1,96 @@
+"""Compaction: the small files of each partition (smaller than 3/4 of COMPACTION_TARGET_FILE_BYTES, at least
+COMPACTION_MIN_FILES of them, at most COMPACTION_MAX_BYTES_PER_RUN in all) rewritten into a `replace` snapshot with
+the same rows; a file that an epoch not COMMITTED holds is never compacted, nor a partition with delete files."""
+
+from __future__ import annotations
+
+import functools
+
+import structlog
+
+from coordinator_service import failpoints
+from coordinator_service.contract.errors import CatalogConflict
+from coordinator_service.engine.maintenance_steps.step import MaintenanceStep, StepContext
+from coordinator_service.failpoints import Failpoint
+from coordinator_service.log import path_claims
+from coordinator_service.log.commit_lock import CommitLock
+from coordinator_service.log.database import Database
+from coordinator_service.log.models import MaintenanceRun, Sink
+from coordinator_service.log.path_claims import MarkRule
+from coordinator_service.settings.maintenance import MaintenancePolicy
+from coordinator_service.tables import table_maintenance as tm
+from coordinator_service.tables.catalog_calls import in_catalog
+from coordinator_service.tables.format import LoadedTable
+
+log = structlog.get_logger(__name__)
+
+
+async def compaction_plan(
+    database: Database, table: LoadedTable, policy: MaintenancePolicy
+) -> tuple[tm.CompactionInput, list[list[tm.SmallFile]]]:
+    """The table's live files, and the groups of small files a compaction of it would merge now (what a run
+    compacts, and what a commit's check counts); the log is asked which files are held only when there are any."""
+    files = await in_catalog(tm.compaction_input, table)
+    plan = functools.partial(
+        tm.compaction_plan,
+        files,
+        target_bytes=policy.compaction_target_file_bytes,
+        min_files=policy.compaction_min_files,
+        max_bytes=policy.compaction_max_bytes_per_run,
+        spec_id=tm.default_spec_id(table),
+    )
+    if not plan(set()):
+        return files, []  # holding files back only takes more away
+    async with database.transaction() as session:
+        held = await path_claims.unsettled(session, [file.path for file in files.data])
+    return files, plan(held)
+
+
+class Compaction(MaintenanceStep):
+    name = "compact"
+    policy_fields: tuple[str, ...] = (
+        "compaction_target_file_bytes",
+        "compaction_min_files",
+        "compaction_max_bytes_per_run",
+    )
+    counters: tuple[str, ...] = ("files_compacted", "files_written", "bytes_rewritten")
+
+    async def run(
+        self,
+        context: StepContext,
+        sink: Sink,
+        identifier: str,
+        policy: MaintenancePolicy,
+        lock: CommitLock,
+        run: MaintenanceRun,
+    ) -> None:
+        table = await in_catalog(context.tables.load, identifier)
+        files, groups = await compaction_plan(context.database, table, policy)
+        with_deletes = files.partitions_with_deletes()
+        if with_deletes:
+            log.info(
+                "compaction leaves alone the partitions that have delete files",
+                sink=sink.name,
+                table=identifier,
+                partitions=len(with_deletes),
+            )
+        if not groups:
+            return
+        replaced, written = await in_catalog(tm.write_compacted, table, groups, policy.compaction_target_file_bytes)
+        await failpoints.hit(Failpoint.MAINTENANCE_BEFORE_COMPACTION_COMMIT)
+        try:
+            committed = await in_catalog(tm.commit_compaction, table, replaced, written)
+        except CatalogConflict:
+            # The commit did not happen (a conflict): the files written are nobody's.
+            await context.deleter.delete(
+                sink.name, sink.id, lock, [identifier], [f.file_path for f in written], MarkRule.UNCLAIMED
+            )
+            raise
+        context.tables.remember(identifier, committed)
+        await failpoints.hit(Failpoint.MAINTENANCE_AFTER_COMPACTION_COMMIT)
+        run.files_compacted += len(replaced)
+        run.files_written += len(written)
+        run.bytes_rewritten += sum(data_file.file_size_in_bytes for data_file in replaced)
+
+
+STEP = Compaction()
