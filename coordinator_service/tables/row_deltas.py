@@ -19,11 +19,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyiceberg.manifest import DataFile
 from pyiceberg.table import Table
 from pyiceberg.typedef import EMPTY_DICT
 
-from coordinator_service.log.precommit_metadata import DataFileEntry
+from coordinator_service.log.precommit_metadata import DataFileEntry, KeyFileEntry
 from coordinator_service.tables.data_file_entries import entry_data_file
 from coordinator_service.tables.iceberg import commit_transaction, without_retries
 from coordinator_service.tables.key_resolution import (
@@ -33,6 +34,7 @@ from coordinator_service.tables.key_resolution import (
     LiveRows,
     RowPosition,
     epoch_keys,
+    key_schema,
     live_rows,
     resolve_epochs,
 )
@@ -49,6 +51,18 @@ class EpochChange:
 
     entries: Sequence[DataFileEntry]
     touched_keys: pa.Table
+
+
+def epoch_change(table: Table, entries: Sequence[DataFileEntry], key_files: Sequence[KeyFileEntry]) -> EpochChange:
+    """One epoch's change to `table` from its pre-commit record: its data files' entries, and the keys its key files
+    hold (each read: O(epoch); an epoch without key files touched only the keys of its rows)."""
+    key_arrow = key_schema(table.schema()).as_arrow()
+    touched = [key_arrow.empty_table()]
+    for key_file in key_files:
+        with table.io.new_input(key_file.path).open() as stream:
+            touched.append(pq.read_table(stream, columns=key_arrow.names))
+    # A writer's key file may hold a key column in a narrower type than the table's (an int of a long column).
+    return EpochChange(entries, pa.concat_tables(touched, promote_options="permissive"))
 
 
 @dataclass(frozen=True)
