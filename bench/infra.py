@@ -26,6 +26,7 @@ import numpy as np
 import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
+from psycopg import sql
 from sqlalchemy.engine import make_url
 
 from coordinator_service.contract.client import CoordinatorClient
@@ -53,8 +54,23 @@ class Postgres:
         self.data = root / "pgdata"
         self.url = start_embedded_postgres(self.data)
 
+    def restart_with(self, settings: dict[str, str]) -> None:
+        """Set these server settings (ALTER SYSTEM) and restart the server with them."""
+        with psycopg.connect(libpq_url(self.url), autocommit=True) as connection:
+            for name, value in settings.items():
+                connection.execute(sql.SQL("ALTER SYSTEM SET {} = {}").format(sql.Identifier(name), sql.Literal(value)))
+        stop_embedded_postgres(self.data)
+        self.url = start_embedded_postgres(self.data)
+
     def settings(self) -> dict[str, str]:
-        names = ("server_version", "fsync", "synchronous_commit", "wal_sync_method", "max_connections")
+        names = (
+            "server_version",
+            "fsync",
+            "synchronous_commit",
+            "wal_sync_method",
+            "max_connections",
+            "shared_buffers",
+        )
         with psycopg.connect(libpq_url(self.url), autocommit=True) as connection:
             return {name: str(connection.execute(f"SHOW {name}").fetchone()[0]) for name in names}  # type: ignore[index]
 

@@ -19,13 +19,13 @@ from coordinator_service.engine import settlement
 from coordinator_service.engine.commit_history import CommitHistory
 from coordinator_service.engine.commit_retries import cannot_succeed_by_retrying
 from coordinator_service.engine.commit_state import SinkCommitState, TableFailure, numbering_of
-from coordinator_service.engine.keyed_commit import refuse_keyed_epochs
+from coordinator_service.engine.keyed_commit import KeyedCommits, KeyedEpochFiles
 from coordinator_service.failpoints import Failpoint
 from coordinator_service.log import commit_record, epoch_reads, precommit_metadata, sink_tables
 from coordinator_service.log.commit_lock import CommitLock
 from coordinator_service.log.database import Database
 from coordinator_service.log.models import EpochRecord, Sink
-from coordinator_service.log.precommit_metadata import DataFileEntry, PreCommitMetadata
+from coordinator_service.log.precommit_metadata import DataFileEntry, KeyFileEntry, PreCommitMetadata
 from coordinator_service.settings import Settings
 from coordinator_service.tables.catalog_calls import in_catalog
 from coordinator_service.tables.format import TableFormat
@@ -42,6 +42,8 @@ class CommitPasses:
         self.database = database
         self.iceberg = iceberg
         self.settings = settings
+        # A keyed sink's epochs are committed as row deltas, their keys resolved through the key index.
+        self.keyed = KeyedCommits(database, iceberg)
         # Each sink's committer in this process, by sink id.
         self._sinks: defaultdict[int, SinkCommitState] = defaultdict(SinkCommitState)
         # The last hour of each sink's commits made here, for the console's charts.
@@ -91,14 +93,14 @@ class CommitPasses:
         structlog.contextvars.bind_contextvars(sink=sink.name)
         log_ = log.bind(table=sink.table_identifier, epochs=[row.epoch for row in pending])
         decoded = [precommit_metadata.decode(row.metadata_) for row in pending]
-        refuse_keyed_epochs(sink, pending, decoded)
         started = time.monotonic()
-        if not any(each.data_files for each in decoded):
+        if not any(each.data_files or each.key_files for each in decoded):
             # Empty epochs are never appended, so no marker can hold them: mark them without reading the tables.
             empty = _PassAppends()
             await self._record_commit(sink, pending, empty.of(pending, {}), empty, started, log_)
             return more
         files = _files_by_table(sink, recorded, pending, decoded)
+        keys = _key_files_by_table(pending, decoded)
         top = pending[-1].epoch
         # The newest epoch each table holds after the pass: a table without work holds the whole group.
         held = {table: max(epoch, top) if table not in files else epoch for table, epoch in recorded.items()}
@@ -109,7 +111,9 @@ class CommitPasses:
         health = state.healthy()
         for index, (table, work) in enumerate(files.items()):
             try:
-                outcome = await self._commit_table(sink, table, work, top, decoded[-1].properties, lock)
+                outcome = await self._commit_table(
+                    sink, table, work, keys.get(table, {}), top, decoded[-1].properties, lock
+                )
             except Exception as error:
                 health.failing_tables[table] = TableFailure(
                     f"{type(error).__name__}: {cause(error)}", not cannot_succeed_by_retrying(error)
@@ -130,12 +134,12 @@ class CommitPasses:
                 grown.append(table)
             held[table] = outcome.held
             appends.add(outcome, own=table == sink.table_identifier)
-            if not outcome.files:
+            if not outcome.committed:
                 found.extend(outcome.snapshots)
                 more = True
             if index < len(files) - 1:
                 await failpoints.hit(Failpoint.COMMIT_BETWEEN_TABLES)
-        if appends.files:
+        if appends.snapshots:
             await failpoints.hit(Failpoint.COMMIT_AFTER_APPEND)
         settled = min(held.values())
         done = [row for row in pending if row.epoch <= settled]
@@ -159,13 +163,15 @@ class CommitPasses:
         sink: Sink,
         table_name: str,
         work: Mapping[int, Sequence[DataFileEntry]],
+        keys: Mapping[int, Sequence[KeyFileEntry]],
         top: int,
         properties: Mapping[str, str],
         lock: CommitLock,
     ) -> _TableCommit | None:
         """Append the table's files of these epochs (by epoch, oldest first) as one snapshot with the sink's marker of
-        `top`, the group's newest epoch; or, when its markers show that it holds some already, only say which. None:
-        the cached table was stale, and the pass must walk the current one."""
+        `top`, the group's newest epoch, or, for a keyed sink, commit them with their key files (`keys`) as one row
+        delta with that marker (engine.keyed_commit); or, when its markers show that it holds some already, only say
+        which. None: the cached table was stale, and the pass must walk the current one."""
         identity = settlement.identity_of(sink)
         # The cached table (kept current by this process's own commits): the append asserts its branch head,
         # so a stale one fails the commit and the next round walks a freshly loaded table.
@@ -178,31 +184,43 @@ class CommitPasses:
                 return None
             # A crash hit after an append and before its record: those epochs are only marked, and the pass
             # after appends the rest (on a table walked again).
-            return _TableCommit(settlement.covering_snapshots(work, markers), files=0, held=markers[-1].epoch)
+            return _TableCommit(
+                settlement.covering_snapshots(work, markers), files=0, held=markers[-1].epoch, committed=False
+            )
         await failpoints.hit(Failpoint.COMMIT_BEFORE_APPEND)
         # The lock's connection may have died since the walk: then another committer, an operator or the
         # cleaner may be deciding about these epochs, and the append must not happen.
         await lock.verify()
-        entries = [entry for each in work.values() for entry in each]
+        # A coalesced snapshot says where its newest epoch ended.
+        summary = snapshot_positions(properties)
         try:
-            snapshot_id = await in_catalog(
-                self.iceberg.append,
-                table_name,
-                identity,
-                top,
-                uuid.uuid4().hex,
-                entries,
-                table,
-                self._table_properties(sink),
-                snapshot_positions(properties),  # a coalesced snapshot says where its newest epoch ended
-            )
+            if sink.key_columns:
+                epochs = {epoch: KeyedEpochFiles(entries, keys.get(epoch, ())) for epoch, entries in work.items()}
+                keyed = await self.keyed.commit(
+                    table_name, table, identity, top, epochs, lock, self._table_properties(sink), summary
+                )
+                snapshot_id, files = keyed.snapshot_id, keyed.files
+            else:
+                entries = [entry for each in work.values() for entry in each]
+                snapshot_id = await in_catalog(
+                    self.iceberg.append,
+                    table_name,
+                    identity,
+                    top,
+                    uuid.uuid4().hex,
+                    entries,
+                    table,
+                    self._table_properties(sink),
+                    summary,
+                )
+                files = len(entries)
         except CatalogConflict as error:
             if not from_cache:
                 raise
-            # The remembered table was behind the catalog (append forgot it): walk the current one now.
+            # The remembered table was behind the catalog (the commit forgot it): walk the current one now.
             log.debug("cached table was stale; walking the current table", stale_table=table_name, error=str(error))
             return None
-        return _TableCommit(dict.fromkeys(work, snapshot_id), files=len(entries), held=top)
+        return _TableCommit(dict.fromkeys(work, snapshot_id), files=files, held=top, committed=True)
 
     def _table_properties(self, sink: Sink) -> Mapping[str, str]:
         """What the sink's commits make sure its tables have: manifest merging and old metadata files removed
@@ -248,12 +266,15 @@ class CommitPasses:
 @dataclass(frozen=True)
 class _TableCommit:
     """One table's part of a pass: the snapshot that holds each of the table's epochs (found by its markers or
-    appended now) and the files appended."""
+    committed now) and the files it added."""
 
     snapshots: dict[int, int]
     files: int
     # The newest epoch the table holds now.
     held: int
+    # Whether the pass committed the snapshot (else its markers showed it holds the epochs already). A keyed group
+    # that only deleted keys the table does not hold is a snapshot of no file.
+    committed: bool
 
 
 @dataclass
@@ -269,7 +290,7 @@ class _PassAppends:
         if own:
             self.own_snapshots.update(outcome.snapshots)
         self.files += outcome.files
-        self.snapshots += 1 if outcome.files else 0
+        self.snapshots += 1 if outcome.committed else 0
 
     def of(self, done: Sequence[EpochRecord], tables: Mapping[str, int]) -> commit_record.Appended:
         """The COMMITTED record of the epochs all their tables hold, and of the tables that moved."""
@@ -283,13 +304,26 @@ class _PassAppends:
 def _files_by_table(
     sink: Sink, recorded: Mapping[str, int], pending: Sequence[EpochRecord], decoded: Sequence[PreCommitMetadata]
 ) -> dict[str, dict[int, list[DataFileEntry]]]:
-    """Each table's work in a pass: its files of each epoch above the newest it holds, by epoch (only epochs with
-    files there); the sink's own table first, then the others by name, each with work."""
+    """Each table's work in a pass: its data files of each epoch above the newest it holds, by epoch (only epochs with
+    files there, key files counted: an epoch that only deletes has none but them); the sink's own table first, then
+    the others by name, each with work."""
     work: dict[str, dict[int, list[DataFileEntry]]] = {}
     for row, metadata in zip(pending, decoded, strict=True):
-        for table, entries in metadata.by_table().items():
+        data_files = metadata.by_table()
+        for table in sorted(metadata.tables_with_files()):
             if table not in recorded:
                 raise AssertionError(f"epoch {row.epoch} has files in table {table}, which is not one of the sink's")
-            if entries and row.epoch > recorded[table]:
-                work.setdefault(table, {})[row.epoch] = entries
+            if row.epoch > recorded[table]:
+                work.setdefault(table, {})[row.epoch] = data_files.get(table, [])
     return dict(sorted(work.items(), key=lambda item: (item[0] != sink.table_identifier, item[0])))
+
+
+def _key_files_by_table(
+    pending: Sequence[EpochRecord], decoded: Sequence[PreCommitMetadata]
+) -> dict[str, dict[int, list[KeyFileEntry]]]:
+    """Each table's key files of each epoch (a keyed sink's), by epoch."""
+    keys: dict[str, dict[int, list[KeyFileEntry]]] = {}
+    for row, metadata in zip(pending, decoded, strict=True):
+        for table, entries in metadata.key_files_by_table().items():
+            keys.setdefault(table, {})[row.epoch] = entries
+    return keys

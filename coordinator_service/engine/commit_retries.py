@@ -15,7 +15,6 @@ from coordinator_service.contract.errors import (
     MetastoreUnavailable,
     SinkSuspended,
 )
-from coordinator_service.engine.keyed_commit import KeyedCommitNotBuilt
 from coordinator_service.log.precommit_metadata import MetadataDecodeError
 from coordinator_service.tables.catalog_calls import PERMANENT_FAILURES
 
@@ -23,12 +22,10 @@ log = structlog.get_logger(__name__)
 
 
 # Failures of a commit pass that retrying cannot fix: the log's record cannot be decoded, the table is gone or
-# refuses what the pass built, the catalog refuses the coordinator's credentials, a keyed epoch this release cannot
-# commit, or the code met a state it does not expect. Everything else (conflicts, outages, a lost lock, timeouts) is
-# retried.
+# refuses what the pass built, the catalog refuses the coordinator's credentials, or the code met a state it does not
+# expect. Everything else (conflicts, outages, a lost lock, timeouts) is retried.
 PERMANENT_COMMIT_FAILURES: tuple[type[BaseException], ...] = (
     MetadataDecodeError,
-    KeyedCommitNotBuilt,
     InvalidArgument,
     SinkSuspended,
     *PERMANENT_FAILURES,

@@ -73,10 +73,6 @@ class Holdings:
         return sorted([*self.epochs, *self.partial])
 
 
-def tables_with_files(metadata: precommit_metadata.PreCommitMetadata) -> set[str]:
-    return {table for table, entries in metadata.by_table().items() if entries}
-
-
 async def holdings(
     tables: TableFormat, sink: Sink, recorded: Mapping[str, int], rows: Sequence[EpochRecord]
 ) -> Holdings:
@@ -88,7 +84,7 @@ async def holdings(
     if not rows:
         return Holdings({}, {})
     identity = identity_of(sink)
-    files = {row.epoch: tables_with_files(precommit_metadata.decode(row.metadata_)) for row in rows}
+    files = {row.epoch: precommit_metadata.decode(row.metadata_).tables_with_files() for row in rows}
     walked: dict[str, dict[int, int]] = {}
     for table in sorted({table for each in files.values() for table in each} or {sink.table_identifier}):
         above = [

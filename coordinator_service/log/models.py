@@ -22,6 +22,7 @@ from sqlalchemy import (
     Table,
     Text,
     TypeDecorator,
+    UniqueConstraint,
     Uuid,
     func,
     text,
@@ -286,3 +287,57 @@ class ConsoleSignOut(Base):
 
     session_id: Mapped[str] = mapped_column(Text, primary_key=True)
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class KeyIndexTable(Base):
+    """The key index of one keyed table (its UUID), shared by every sink that writes it: the snapshot whose live rows
+    it holds (coordinator_service.log.key_index)."""
+
+    __tablename__ = "key_index_tables"
+
+    index_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    table_uuid: Mapped[uuid.UUID] = mapped_column(Uuid, unique=True)
+    # The table's name when the index was last built (for operators: the UUID is what identifies the table).
+    table_identifier: Mapped[str] = mapped_column(Text)
+    # The snapshot whose live rows the index holds; NULL: the table had no snapshot.
+    snapshot_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # The key's columns and their Iceberg types, in order, as the index's keys were encoded for.
+    key_columns: Mapped[list[str]] = mapped_column(ARRAY(Text))
+    key_types: Mapped[list[str]] = mapped_column(ARRAY(Text))
+    rows: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    # When it was last built from the table's live rows; NULL: never, or taken as wrong since (rebuilt at next use).
+    built_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class KeyIndexFile(Base):
+    """A data file the key index names: its number in the index, its path, and its manifest description."""
+
+    __tablename__ = "key_index_files"
+
+    index_id: Mapped[int] = mapped_column(
+        Integer, ForeignKey("key_index_tables.index_id", ondelete="CASCADE"), primary_key=True
+    )
+    file_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    path: Mapped[str] = mapped_column(Text)
+    # The partition type of its description is its spec's under this schema (a promoted column widens it).
+    spec_id: Mapped[int] = mapped_column(Integer)
+    schema_id: Mapped[int] = mapped_column(Integer)
+    # pyiceberg's Avro encoding of the manifest entry's data file (coordinator_service.tables.data_file_codec).
+    data_file: Mapped[bytes] = mapped_column(LargeBinary)
+
+    __table_args__ = (UniqueConstraint("index_id", "path", name="key_index_files_index_id_path_key"),)
+
+
+class KeyIndexRow(Base):
+    """A live row of an indexed table: its key's canonical bytes (coordinator_service.tables.key_encoding) and where
+    it is (its file's number times 2**32 plus its position in the file). No foreign key to key_index_files: see
+    migration 0015."""
+
+    __tablename__ = "key_index"
+
+    index_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[bytes] = mapped_column(LargeBinary)
+    file_row: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+
+    __table_args__ = (Index("ix_key_index_index_id_key", "index_id", "key"),)

@@ -110,6 +110,11 @@ class PreCommitMetadata:
             tables.setdefault(self.table_of(entry), []).append(entry)
         return tables
 
+    def tables_with_files(self) -> set[str]:
+        """The tables the epoch changes: those with data files, and those with key files (an epoch of a keyed sink
+        that only deleted has key files alone, and its commit a snapshot of delete files alone)."""
+        return {table for table, entries in self.by_table().items() if entries} | set(self.key_files_by_table())
+
     def key_files_by_table(self) -> dict[str, list[KeyFileEntry]]:
         """The key files by table, the sink's own first, then the others by name (only tables with key files)."""
         tables: dict[str, list[KeyFileEntry]] = {}

@@ -5,16 +5,17 @@ A keyed table's identifier fields (`identifier-field-ids`) are its key. The live
 table with pyiceberg: the files its current snapshot holds (pruned by the keys' values where the file statistics
 allow), their key columns read whole in file order, so that a row's index is its position, minus the positions the
 table's position delete files already delete. That costs as much as the table, not the epoch (docs/architecture.md,
-"Row mutations: position deletes resolved at commit"); a key index is what changes it, and is not built yet.
+"Row mutations: position deletes resolved at commit"); the key index (coordinator_service.engine.key_index) answers
+the same question in O(keys), and is built from this same scan of every live row (live_key_rows).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterable, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from collections import defaultdict, deque
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -40,6 +41,11 @@ from coordinator_service.tables.pyiceberg_internals import deleted_positions
 Key: TypeAlias = tuple[Any, ...]
 # A row of a data file: its path and its position in the file (0 first).
 RowPosition: TypeAlias = tuple[str, int]
+# The column of a file's rows that holds each row's position in the file, beside its key columns.
+POSITION = "pos"
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 # Up to this many distinct values of a key column, the scan's filter names them (pyiceberg and Java prune files by
 # IN lists up to 200 values); beyond it, their range.
@@ -70,6 +76,28 @@ class LiveRows:
 
     positions: dict[Key, list[RowPosition]] = field(default_factory=dict)
     data_files: dict[str, DataFile] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FileRows:
+    """Rows of one data file: its key columns (by name, in the key's order) and POSITION, each row's position."""
+
+    data_file: DataFile
+    rows: pa.Table
+
+
+@dataclass(frozen=True)
+class EpochKeys:
+    """What a sequence of epochs does by key: each epoch's new rows (key, where it is) and every key it touched (the
+    keys of its new rows included)."""
+
+    new_rows: tuple[tuple[tuple[Key, RowPosition], ...], ...]
+    touched: tuple[frozenset[Key], ...]
+
+    @property
+    def keys(self) -> set[Key]:
+        """Every key any of the epochs touched: the keys whose live rows the epochs' commit must know."""
+        return set().union(*self.touched)
 
 
 @dataclass(frozen=True)
@@ -131,22 +159,47 @@ def live_rows(table: Table, keys: Iterable[Key]) -> LiveRows:
         return found
     schema = table.schema()
     names = key_columns(schema)
-    tasks = list(table.scan(row_filter=_key_filter(schema, wanted), selected_fields=names).plan_files())
     wanted_table = pa.Table.from_pylist([dict(zip(names, key, strict=True)) for key in wanted])
-    scan = ArrowScan(table.metadata, table.io, key_schema(schema), AlwaysTrue())
+    for file_rows in live_key_rows(table, live_file_tasks(table, _key_filter(schema, wanted))):
+        for key, position in _wanted_rows(file_rows.rows, wanted_table, names):
+            found.positions.setdefault(key, []).append((file_rows.data_file.file_path, position))
+            found.data_files[file_rows.data_file.file_path] = file_rows.data_file
+    return found
+
+
+def live_file_tasks(table: Table, row_filter: BooleanExpression | None = None) -> list[FileScanTask]:
+    """The data files of the table's current snapshot with their delete files (none without a snapshot); with
+    `row_filter`, only those whose statistics may hold a row passing it."""
+    if table.current_snapshot() is None:
+        return []
+    names = key_columns(table.schema())
+    return list(table.scan(row_filter=row_filter or AlwaysTrue(), selected_fields=names).plan_files())
+
+
+def live_key_rows(table: Table, files: Sequence[FileScanTask]) -> Generator[FileRows]:
+    """The live rows of these files of the table (live_file_tasks), file by file in their order, a few files read at
+    once: each data file's key columns and positions, minus the positions its delete files delete."""
     # Threads of its own: each file's read runs on pyiceberg's pool, which a task waiting in that pool could starve.
     with ThreadPoolExecutor(max_workers=_READERS, thread_name_prefix="key-resolution") as readers:
-        deleted = _deleted_by_path(table, tasks, readers)
+        deleted = _deleted_by_path(table, files, readers)
 
-        def matches(task: FileScanTask) -> list[tuple[Key, int]]:
-            return _matching_rows(scan, task.file, deleted.get(task.file.file_path, []), wanted_table, names)
+        def read(task: FileScanTask) -> FileRows:
+            rows = _without_deleted(file_key_rows(table, task.file), deleted.get(task.file.file_path, []))
+            return FileRows(task.file, rows)
 
-        found_rows = list(readers.map(matches, tasks))
-    for task, rows in zip(tasks, found_rows, strict=True):
-        for key, position in rows:
-            found.positions.setdefault(key, []).append((task.file.file_path, position))
-            found.data_files[task.file.file_path] = task.file
-    return found
+        yield from _in_order(readers, read, files)
+
+
+def _in_order(readers: Executor, function: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:
+    """`function` of each item, in the items' order, computed on `readers` with at most twice their number pending
+    (a consumer slower than the reads holds a few files' rows, not the table's)."""
+    pending: deque[Future[R]] = deque()
+    for item in items:
+        pending.append(readers.submit(function, item))
+        if len(pending) >= 2 * _READERS:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
 
 
 def _key_filter(schema: Schema, keys: set[Key]) -> BooleanExpression:
@@ -183,19 +236,31 @@ def _deleted_by_path(
     return by_path
 
 
-def _matching_rows(
-    scan: ArrowScan,
-    data_file: DataFile,
-    deleted: Sequence[pa.ChunkedArray],
-    wanted: pa.Table,
-    names: Sequence[str],
-) -> list[tuple[Key, int]]:
-    """The live rows of one data file whose key is wanted: (key, position)."""
-    rows = _all_rows(scan, data_file)
-    rows = rows.select(list(names)).append_column("pos", pa.array(range(rows.num_rows), pa.int64()))
-    if deleted:
-        gone = pa.chunked_array([chunk for array in deleted for chunk in array.chunks], pa.int64())
-        rows = rows.filter(pc.invert(pc.is_in(rows.column("pos"), value_set=gone.combine_chunks())))
+def file_key_rows(table: Table, data_file: DataFile) -> pa.Table:
+    """Every row of one of the table's data files, in file order (no delete applied): its key columns and POSITION.
+
+    Raises ValueError when the file holds another number of rows than its manifest entry counts."""
+    schema = table.schema()
+    scan = ArrowScan(table.metadata, table.io, key_schema(schema), AlwaysTrue())
+    rows = scan.to_table([FileScanTask(data_file)])
+    if rows.num_rows != data_file.record_count:
+        raise ValueError(
+            f"data file {data_file.file_path} read {rows.num_rows} rows where its manifest entry counts "
+            f"{data_file.record_count}: row positions cannot be trusted"
+        )
+    rows = rows.select(list(key_columns(schema)))
+    return rows.append_column(POSITION, pa.array(range(rows.num_rows), pa.int64()))
+
+
+def _without_deleted(rows: pa.Table, deleted: Sequence[pa.ChunkedArray]) -> pa.Table:
+    if not deleted:
+        return rows
+    gone = pa.chunked_array([chunk for array in deleted for chunk in array.chunks], pa.int64())
+    return rows.filter(pc.invert(pc.is_in(rows.column(POSITION), value_set=gone.combine_chunks())))
+
+
+def _wanted_rows(rows: pa.Table, wanted: pa.Table, names: Sequence[str]) -> list[tuple[Key, int]]:
+    """The rows whose key is wanted: (key, position)."""
     if len(names) == 1:
         [name] = names
         column = rows.column(name)
@@ -204,61 +269,57 @@ def _matching_rows(
         typed = pa.table({name: wanted.column(name).cast(rows.column(name).type) for name in names})
         rows = rows.join(typed, keys=list(names), join_type="left semi")
     columns = [rows.column(name).to_pylist() for name in names]
-    return list(zip(zip(*columns, strict=True), rows.column("pos").to_pylist(), strict=True))
-
-
-def _all_rows(scan: ArrowScan, data_file: DataFile) -> pa.Table:
-    """Every row of a data file in file order (no filter, no delete applied): a row's index is its position."""
-    rows = scan.to_table([FileScanTask(data_file)])
-    if rows.num_rows != data_file.record_count:
-        raise ValueError(
-            f"data file {data_file.file_path} read {rows.num_rows} rows where its manifest entry counts "
-            f"{data_file.record_count}: row positions cannot be trusted"
-        )
-    return rows
+    return list(zip(zip(*columns, strict=True), rows.column(POSITION).to_pylist(), strict=True))
 
 
 def epoch_rows(table: Table, data_files: Sequence[DataFile]) -> list[tuple[Key, RowPosition]]:
     """The keys of an epoch's new rows, with where each is: (key, (path, position))."""
-    schema = table.schema()
-    names = key_columns(schema)
-    scan = ArrowScan(table.metadata, table.io, key_schema(schema), AlwaysTrue())
+    names = key_columns(table.schema())
     found: list[tuple[Key, RowPosition]] = []
     for data_file in data_files:
-        rows = _all_rows(scan, data_file)
+        rows = file_key_rows(table, data_file)
         columns = [rows.column(name).to_pylist() for name in names]
-        found.extend((key, (data_file.file_path, position)) for position, key in enumerate(zip(*columns, strict=True)))
+        found.extend(
+            (key, (data_file.file_path, position))
+            for key, position in zip(zip(*columns, strict=True), rows.column(POSITION).to_pylist(), strict=True)
+        )
     return found
 
 
-def resolve_epochs(table: Table, epochs: Sequence[EpochRows]) -> ResolvedDeletes:
-    """The positions that committing `epochs` (in order, as one snapshot) on the table as loaded deletes: each epoch
-    deletes the live rows of every key it touched, including rows an earlier epoch of the sequence added, and its own
-    rows become the live rows of their keys. The table is scanned once, for every key of every epoch.
+def epoch_keys(table: Table, epochs: Sequence[EpochRows]) -> EpochKeys:
+    """The epochs' new rows (their data files read: O(epoch)) and the keys each touched.
 
     Raises DuplicateKeys when an epoch's rows hold a key twice."""
     schema = table.schema()
     new_rows = [epoch_rows(table, epoch.data_files) for epoch in epochs]
-    touched: list[set[Key]] = []
+    touched: list[frozenset[Key]] = []
     for epoch, rows in zip(epochs, new_rows, strict=True):
         _refuse_duplicates(rows)
-        touched.append(set(keys_of(epoch.touched_keys, schema)) | {key for key, _ in rows})
-    live = live_rows(table, set().union(*touched))
+        touched.append(frozenset(keys_of(epoch.touched_keys, schema)) | {key for key, _ in rows})
+    return EpochKeys(tuple(tuple(rows) for rows in new_rows), tuple(touched))
+
+
+def resolve_epochs(table: Table, epochs: Sequence[EpochRows], keys: EpochKeys, live: LiveRows) -> ResolvedDeletes:
+    """The positions that committing `epochs` (in order, as one snapshot) on the table as loaded deletes, given their
+    `keys` (epoch_keys) and where those keys live among the table's live rows (`live`: live_rows of keys.keys, or the
+    key index's same answer): each epoch deletes the live rows of every key it touched, including rows an earlier
+    epoch of the sequence added, and its own rows become the live rows of their keys. Nothing is read."""
+    positions = dict(live.positions)
     data_files = dict(live.data_files)
     deleted: dict[str, set[int]] = defaultdict(set)
-    for epoch, rows, keys in zip(epochs, new_rows, touched, strict=True):
-        for key in keys:
-            for path, position in live.positions.pop(key, ()):
+    for epoch, rows, touched in zip(epochs, keys.new_rows, keys.touched, strict=True):
+        for key in touched:
+            for path, position in positions.pop(key, ()):
                 deleted[path].add(position)
         for key, row in rows:
-            live.positions[key] = [row]
+            positions[key] = [row]
         data_files.update((data_file.file_path, data_file) for data_file in epoch.data_files)
     snapshot = table.current_snapshot()
     return ResolvedDeletes(
         base_snapshot_id=None if snapshot is None else snapshot.snapshot_id,
         positions={path: sorted(rows) for path, rows in sorted(deleted.items())},
         data_files={path: data_files[path] for path in deleted},
-        keys_resolved=sum(len(keys) for keys in touched),
+        keys_resolved=sum(len(touched) for touched in keys.touched),
     )
 
 

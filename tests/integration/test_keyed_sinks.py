@@ -1,8 +1,6 @@
 """Keyed sinks at the coordinator (issue 29's contract): a sink's key is recorded when it is created and never
 changes, its tables are keyed by it, an epoch's key files are checked, recorded (pre-commit metadata version 2) and
-claimed like its data files, and the committer, which cannot commit them yet, never appends them as plain rows.
-
-The keyed commit path itself (row deltas) is not built: nothing here expects an epoch with rows to be committed.
+claimed like its data files. Their commit as row deltas is tests/integration/test_keyed_commit.py's.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from pyiceberg.catalog import Catalog
 
 from coordinator_service.contract.client import CoordinatorRpcError, PreCommitFile
 from coordinator_service.contract.errors import FailedPrecondition, InvalidArgument
-from coordinator_service.contract.views import EpochStatus, PreCommitOutcome, Registration
+from coordinator_service.contract.views import PreCommitOutcome, Registration
 from coordinator_service.engine.writer_requests import PreCommitRequest, TableRequest
 from coordinator_service.log.precommit_metadata import KEYED_VERSION, VERSION, KeyFileEntry
 from spark_writer.sink.parquet_writer import serialize_footer
@@ -211,28 +209,6 @@ async def test_key_files_are_refused_for_a_sink_without_a_key(admin: AdminApp, d
             PreCommitRequest(SINK, 0, registration.writer_term, (), key_paths=(keys,))
         )
     assert claims(database_url) == {}
-
-
-async def test_the_committer_never_appends_a_keyed_epoch(admin: AdminApp, catalog: Catalog) -> None:
-    registration = await keyed_sink(admin)
-    data = write_parquet(registration.table_location, rows([1, 2]), KEYED)
-    keys = write_keys(registration.table_location, [1, 2])
-    coordinator = admin.runtime.coordinator
-    await coordinator.pre_commit(PreCommitRequest(SINK, 0, registration.writer_term, (data,), key_paths=(keys,)))
-    await admin.checkpoint(SINK, registration, 0, wait=False)
-
-    async def stuck() -> bool:
-        committer = (await admin.get(f"/api/v1/sinks/{SINK}")).json()["committer"]
-        return bool(committer["state"] == "stuck")
-
-    await eventually(stuck, "the keyed epoch's commit refused")
-    committer = (await admin.get(f"/api/v1/sinks/{SINK}")).json()["committer"]
-    assert "KeyedCommitNotBuilt" in committer["last_error"]
-    assert "the keyed commit path is not built" in committer["last_error"]
-    assert "characters)" not in committer["last_error"]  # the whole reason, not cut
-    state = await coordinator.sink_state(SINK)
-    assert [(epoch.epoch, epoch.status) for epoch in state.epochs] == [(0, EpochStatus.PENDING)]
-    assert catalog.load_table(TABLE).current_snapshot() is None
 
 
 async def test_an_aborted_keyed_epochs_key_files_are_deleted_by_the_cleaner(admin: AdminApp) -> None:

@@ -212,3 +212,40 @@ def test_a_migration_that_gave_up_on_a_lock_is_tried_again_until_the_serving_tra
     finally:
         ended.join()
         serving.close()
+
+
+def test_the_key_index_migration_only_adds_its_tables_and_rolls_back(database_url: str) -> None:
+    """0015 adds the key index's three tables and changes nothing else (code at 0014 runs on it); rolled back to 0014
+    the schema is 0014's exactly and the sinks stay; dropping an index's row takes its files with it."""
+    url = normalize_url(database_url)
+    migrate(url, "0014")
+    query(database_url, "INSERT INTO sinks (name, table_identifier, catalog) VALUES ('orders', 'db.orders', 'default')")
+    before = columns_of(database_url)
+
+    assert migrate(url, "0015") == "0015"
+    after = columns_of(database_url)
+    assert set(after) - set(before) == {"key_index", "key_index_files", "key_index_tables"}
+    assert {table: after[table] for table in before} == before
+    assert query(database_url, "SELECT oldest_compatible_code FROM schema_compatibility") == [("0006",)]
+    [(index_id,)] = query(
+        database_url,
+        "INSERT INTO key_index_tables (table_uuid, table_identifier, key_columns, key_types) "
+        "VALUES (gen_random_uuid(), 'db.orders', '{id}', '{long}') RETURNING index_id",
+    )
+    query(
+        database_url,
+        "INSERT INTO key_index_files (index_id, file_id, path, spec_id, schema_id, data_file) "
+        "VALUES (%s, 1, 'file:///a.parquet', 0, 0, '\\x00')",
+        index_id,
+    )
+    place = "INSERT INTO key_index (index_id, file_row, key) VALUES (%s, 4294967296, %s)"
+    query(database_url, place, index_id, b"\x01")
+    with pytest.raises(psycopg.errors.UniqueViolation):  # one row at a place
+        query(database_url, place, index_id, b"\x02")
+    query(database_url, "DELETE FROM key_index_tables")
+    assert query(database_url, "SELECT count(*) FROM key_index_files") == [(0,)]
+
+    assert migrate(url, "0014") == "0014"
+    assert columns_of(database_url) == before
+    assert query(database_url, "SELECT name FROM sinks") == [("orders",)]
+    assert migrate(url) == schema.head_revision()
