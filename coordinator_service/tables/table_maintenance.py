@@ -1,9 +1,11 @@
 """Keeping an Iceberg table healthy, on pyiceberg; blocking (the caller runs it in worker threads).
 
-Snapshot expiration that also deletes the files only the expired snapshots referenced, small-file
-compaction as a `replace` snapshot (the rows stay exactly the same), and the files under the table's
-location that nothing references. What may be expired, rewritten or deleted is the caller's decision
-(coordinator_service.engine.maintenance): it knows the commit log, the table does not.
+Snapshot expiration that also deletes the files only the expired snapshots referenced (data and delete files),
+compaction of small files and of files with position deletes as a `replace` snapshot (the rows read stay exactly the
+same: the files are rewritten with their position deletes applied, and a delete file no live data file is left to
+refer to is dropped in the same snapshot), and the files under the table's location that nothing references. What may be
+expired, rewritten or deleted is the caller's decision (coordinator_service.engine.maintenance): it knows the commit
+log, the table does not.
 """
 
 from __future__ import annotations
@@ -26,7 +28,12 @@ from pyiceberg.table.update.snapshot import ExpireSnapshots
 from coordinator_service.tables.file_listing import listed_files
 from coordinator_service.tables.iceberg import without_retries
 from coordinator_service.tables.markers import MARKER_EPOCH, SinkIdentity
-from coordinator_service.tables.pyiceberg_internals import data_files_of, replace_files
+from coordinator_service.tables.pyiceberg_internals import (
+    data_files_of,
+    deleted_positions,
+    partition_values,
+    replace_files,
+)
 
 # Files smaller than this share of the target size are compacted (Iceberg's rewrite default, 75 %).
 SMALL_FILE_SHARE = 0.75
@@ -57,12 +64,15 @@ class Reachable:
 
 @dataclass(frozen=True)
 class SmallFile:
-    """What compaction planning needs of a live data file."""
+    """What compaction planning needs of a live data or delete file (rows: a position delete file's rows are the
+    rows it deletes)."""
 
     path: str
     size: int
     spec_id: int
     partition: tuple[object, ...]
+    rows: int = 0
+    content: DataFileContent = DataFileContent.DATA
 
 
 def as_small_file(data_file: DataFile) -> SmallFile:
@@ -71,6 +81,8 @@ def as_small_file(data_file: DataFile) -> SmallFile:
         size=data_file.file_size_in_bytes,
         spec_id=data_file.spec_id,
         partition=tuple(data_file.partition[index] for index in range(len(data_file.partition))),
+        rows=data_file.record_count,
+        content=data_file.content,
     )
 
 
@@ -244,25 +256,37 @@ def expire(table: Table, snapshot_ids: Sequence[int]) -> tuple[Table, Reachable]
 
 
 def compaction_groups(
-    files: Sequence[SmallFile], *, target_bytes: int, min_files: int, max_bytes: int, spec_id: int
+    files: Sequence[SmallFile],
+    *,
+    target_bytes: int,
+    min_files: int,
+    max_bytes: int,
+    spec_id: int,
+    rewrite_whole: Collection[tuple[object, ...]] = frozenset(),
 ) -> list[list[SmallFile]]:
-    """Groups of small files of one partition of the current spec, each about target_bytes in all.
+    """Groups of files of one partition of the current spec, each about target_bytes in all.
 
-    A partition is compacted only when it has at least min_files small files; groups of one file are
-    left alone; the groups together rewrite at most max_bytes (the largest partitions first).
+    A partition's small files are compacted only when it has at least min_files of them, and groups of one file are
+    left alone; a partition of `rewrite_whole` (its position deletes are due to be applied) has every file rewritten,
+    whatever its size, a group of one included. The groups together rewrite at most max_bytes (the partitions to
+    rewrite whole first, then the largest).
     """
     limit = target_bytes * SMALL_FILE_SHARE
     by_partition: dict[tuple[object, ...], list[SmallFile]] = defaultdict(list)
     for small in files:
-        if small.spec_id == spec_id and small.size < limit:
+        if small.spec_id == spec_id and (small.size < limit or small.partition in rewrite_whole):
             by_partition[small.partition].append(small)
     groups: list[list[SmallFile]] = []
     budget = max_bytes
     candidates = sorted(
-        (files for files in by_partition.values() if len(files) >= min_files),
-        key=lambda files: -sum(small.size for small in files),
+        (
+            (partition, files)
+            for partition, files in by_partition.items()
+            if len(files) >= min_files or partition in rewrite_whole
+        ),
+        key=lambda item: (item[0] not in rewrite_whole, -sum(small.size for small in item[1])),
     )
-    for partition_files in candidates:
+    for partition, partition_files in candidates:
         group: list[SmallFile] = []
         size = 0
         for small in sorted(partition_files, key=lambda small: (small.size, small.path)):
@@ -274,7 +298,7 @@ def compaction_groups(
             if size >= target_bytes:
                 groups.append(group)
                 group, size = [], 0
-        if len(group) > 1:
+        if len(group) > 1 or (group and partition in rewrite_whole):
             groups.append(group)
         if budget <= 0:
             break
@@ -288,9 +312,34 @@ class CompactionInput:
     data: list[SmallFile]
     deletes: list[SmallFile]
 
-    def partitions_with_deletes(self) -> set[tuple[int, tuple[object, ...]]]:
-        """(spec id, partition) of every delete file; an unpartitioned spec's delete files apply to its whole table."""
-        return {(small.spec_id, small.partition) for small in self.deletes}
+    def partitions_with_equality_deletes(self) -> set[tuple[int, tuple[object, ...]]]:
+        """(spec id, partition) of every equality delete file (another engine's); an unpartitioned spec's delete files
+        apply to its whole table."""
+        return {
+            (small.spec_id, small.partition)
+            for small in self.deletes
+            if small.content == DataFileContent.EQUALITY_DELETES
+        }
+
+    def partitions_due_for_deletes(
+        self, *, delete_files: int, deleted_rows_ratio: float
+    ) -> set[tuple[int, tuple[object, ...]]]:
+        """(spec id, partition) of every partition with no equality delete file whose position delete files are at
+        least `delete_files`, or delete at least `deleted_rows_ratio` of its data files' rows."""
+        delete_counts: dict[tuple[int, tuple[object, ...]], int] = defaultdict(int)
+        deleted: dict[tuple[int, tuple[object, ...]], int] = defaultdict(int)
+        for small in self.deletes:
+            if small.content == DataFileContent.POSITION_DELETES:
+                delete_counts[(small.spec_id, small.partition)] += 1
+                deleted[(small.spec_id, small.partition)] += small.rows
+        rows: dict[tuple[int, tuple[object, ...]], int] = defaultdict(int)
+        for small in self.data:
+            rows[(small.spec_id, small.partition)] += small.rows
+        return {
+            partition
+            for partition, count in delete_counts.items()
+            if count >= delete_files or deleted[partition] >= deleted_rows_ratio * rows[partition]
+        } - self.partitions_with_equality_deletes()
 
 
 def compaction_input(table: Table) -> CompactionInput:
@@ -316,18 +365,27 @@ def compaction_plan(
     min_files: int,
     max_bytes: int,
     spec_id: int,
+    delete_files: int,
+    deleted_rows_ratio: float,
 ) -> list[list[SmallFile]]:
-    """What a compaction would merge (compaction_groups), never a file `held` (by an epoch that is not COMMITTED:
-    the log still has to settle it by that very file) nor a file of a partition with delete files (another engine's
-    position or equality deletes: the coordinator does not apply them yet, and a rewrite without them would bring
-    deleted rows back)."""
-    with_deletes = files.partitions_with_deletes()
+    """What a compaction would rewrite (compaction_groups): the small files of each partition, and every file of a
+    partition whose position deletes are due (partitions_due_for_deletes); never a file `held` (by an epoch that is
+    not COMMITTED: the log still has to settle it by that very file) nor a file of a partition with equality deletes
+    (another engine's: the coordinator does not apply them, and a rewrite without them would bring deleted rows
+    back). Position deletes are applied by the rewrite (write_compacted)."""
+    with_equality_deletes = files.partitions_with_equality_deletes()
+    due = files.partitions_due_for_deletes(delete_files=delete_files, deleted_rows_ratio=deleted_rows_ratio)
     return compaction_groups(
-        [file for file in files.data if file.path not in held and (file.spec_id, file.partition) not in with_deletes],
+        [
+            file
+            for file in files.data
+            if file.path not in held and (file.spec_id, file.partition) not in with_equality_deletes
+        ],
         target_bytes=target_bytes,
         min_files=min_files,
         max_bytes=max_bytes,
         spec_id=spec_id,
+        rewrite_whole={partition for due_spec, partition in due if due_spec == spec_id},
     )
 
 
@@ -354,13 +412,27 @@ def live_files(table: Table) -> LiveFiles:
     )
 
 
-def write_compacted(
-    table: Table, groups: Sequence[Sequence[SmallFile]], target_bytes: int
-) -> tuple[list[DataFile], list[DataFile]]:
+@dataclass(frozen=True)
+class Rewrite:
+    """A compaction's change of the table: the data files `replaced` by those `written` (the same rows, their position
+    deletes applied), and the position delete files dropped (no data file left live that they refer to)."""
+
+    replaced: list[DataFile]
+    written: list[DataFile]
+    deletes_dropped: list[DataFile] = field(default_factory=list)
+
+
+def write_compacted(table: Table, groups: Sequence[Sequence[SmallFile]], target_bytes: int) -> Rewrite:
     """Rewrite each group into files of about target_bytes with pyiceberg's own writer (the table's schema with
-    its field ids, the partition, the statistics); return the files replaced and those written. Nothing is
-    committed: the files written are unreferenced until commit_compaction."""
-    by_path = {data_file.file_path: data_file for data_file in live_files(table).data}
+    its field ids, the partition, the statistics), the position delete files of the group's partition applied by
+    pyiceberg's reader as its scans apply them; return the rewrite. Nothing is committed: the files written are
+    unreferenced until commit_compaction."""
+    live = live_files(table)
+    by_path = {data_file.file_path: data_file for data_file in live.data}
+    deletes_of: dict[tuple[int, tuple[object, ...]], set[DataFile]] = defaultdict(set)
+    for delete_file in live.deletes:
+        if delete_file.content == DataFileContent.POSITION_DELETES:
+            deletes_of[(delete_file.spec_id, partition_values(delete_file.partition))].add(delete_file)
     table = without_retries(table)
     table.metadata = table.metadata.model_copy(
         update={
@@ -371,15 +443,32 @@ def write_compacted(
     written: list[DataFile] = []
     scan = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue())
     for group in groups:
-        rows = scan.to_table([FileScanTask(by_path[small.path]) for small in group])
-        written.extend(data_files_of(table.metadata, rows, table.io))
-    return replaced, written
+        tasks = [
+            FileScanTask(data_file, delete_files=deletes_of[(data_file.spec_id, partition_values(data_file.partition))])
+            for data_file in (by_path[small.path] for small in group)
+        ]
+        written.extend(data_files_of(table.metadata, scan.to_table(tasks), table.io))
+    still_live = by_path.keys() - {data_file.file_path for data_file in replaced}
+    touched = {(data_file.spec_id, partition_values(data_file.partition)) for data_file in replaced}
+    dropped = [
+        delete_file
+        for partition in touched
+        for delete_file in deletes_of[partition]
+        if still_live.isdisjoint(deleted_positions(table.io, delete_file))
+    ]
+    return Rewrite(replaced, written, dropped)
 
 
-def commit_compaction(table: Table, replaced: Sequence[DataFile], written: Sequence[DataFile]) -> Table:
-    """One `replace` snapshot: the replaced files out, the written ones in (on the table they were planned on:
-    a commit in between fails this one, and the next run plans again)."""
-    return replace_files(without_retries(table), replaced, written, {COMPACTION_MARKER: "compaction"})
+def commit_compaction(table: Table, rewrite: Rewrite) -> Table:
+    """One `replace` snapshot: the replaced data files and the dropped delete files out, the written ones in (on the
+    table they were planned on: a commit in between fails this one, and the next run plans again)."""
+    return replace_files(
+        without_retries(table),
+        rewrite.replaced,
+        rewrite.written,
+        {COMPACTION_MARKER: "compaction"},
+        deletes_dropped=rewrite.deletes_dropped,
+    )
 
 
 @dataclass(frozen=True)

@@ -177,7 +177,7 @@ class KeyIndexFollowsItsTable(RuleBasedStateMachine):
             return
         if replace:
             written = list(data_files_of(table.metadata, rows, table.io))
-            tm.commit_compaction(table, tm.live_files(table).data, written)
+            tm.commit_compaction(table, tm.Rewrite(tm.live_files(table).data, written))
         else:
             table.overwrite(rows)
 

@@ -164,8 +164,8 @@ def test_maintenance_under_a_resolution_is_a_conflict_too(gateway: IcebergGatewa
     stale = gateway.load(identifier)
     table = catalog.load_table(identifier)
     groups = [[tm.as_small_file(data_file) for data_file in tm.live_files(table).data]]
-    replaced, written = tm.write_compacted(table, groups, target_bytes=1 << 20)
-    tm.commit_compaction(table, replaced, written)  # the positions in the stale table's files are gone
+    # The positions in the stale table's files are gone.
+    tm.commit_compaction(table, tm.write_compacted(table, groups, target_bytes=1 << 20))
 
     with pytest.raises(CommitFailedException):
         commit_epochs(gateway, identifier, [[Delete(1)]], table=stale)
