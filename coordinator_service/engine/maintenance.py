@@ -16,8 +16,9 @@ the next run plans again on a fresh load). A run takes the registered steps
    the files only the expired snapshots referenced;
 2. compacts the small files of each partition (smaller than 3/4 of
    COMPACTION_TARGET_FILE_BYTES, at least COMPACTION_MIN_FILES of them), and
-   every file of a partition with COMPACTION_DELETE_FILES_MIN position delete
-   files or COMPACTION_DELETED_ROWS_RATIO of its rows deleted (at most
+   every file that the position delete files of a partition delete rows of,
+   once it has COMPACTION_DELETE_FILES_MIN of them or
+   COMPACTION_DELETED_ROWS_RATIO of its rows deleted (at most
    COMPACTION_MAX_BYTES_PER_RUN in all), their position deletes applied, into
    a `replace` snapshot with the same rows that drops the delete files no live
    data file is left to refer to; a file that a non-COMMITTED epoch holds is

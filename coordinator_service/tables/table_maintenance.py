@@ -11,6 +11,7 @@ log, the table does not.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections import OrderedDict, defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -93,6 +94,8 @@ class ManifestFiles:
     paths: frozenset[str]
     data: tuple[SmallFile, ...]
     deletes: tuple[SmallFile, ...]
+    # Its position delete files whole, to be read when compaction plans with them (deleted_from).
+    position_deletes: tuple[DataFile, ...]
 
 
 class _ManifestEntries:
@@ -116,6 +119,7 @@ class _ManifestEntries:
             paths=frozenset(data_file.file_path for data_file in entries),
             data=tuple(as_small_file(f) for f in entries if f.content == DataFileContent.DATA),
             deletes=tuple(as_small_file(f) for f in entries if f.content != DataFileContent.DATA),
+            position_deletes=tuple(f for f in entries if f.content == DataFileContent.POSITION_DELETES),
         )
         with self._lock:
             self._files[manifest.manifest_path] = files
@@ -125,6 +129,32 @@ class _ManifestEntries:
 
 
 _MANIFEST_ENTRIES = _ManifestEntries(capacity=20_000)
+
+
+class _DeletedFrom:
+    """The data files each position delete file read deletes rows of, by its path: a delete file never changes once
+    written, so each is read once per process (bounded, least recently used first)."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._paths: OrderedDict[str, frozenset[str]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def of(self, io: FileIO, delete_file: DataFile) -> frozenset[str]:
+        with self._lock:
+            paths = self._paths.get(delete_file.file_path)
+            if paths is not None:
+                self._paths.move_to_end(delete_file.file_path)
+                return paths
+        paths = frozenset(deleted_positions(io, delete_file))
+        with self._lock:
+            self._paths[delete_file.file_path] = paths
+            while len(self._paths) > self._capacity:
+                self._paths.popitem(last=False)
+        return paths
+
+
+_DELETED_FROM = _DeletedFrom(capacity=20_000)
 
 
 def reachable(io: FileIO, snapshots: Iterable[Snapshot]) -> Reachable:
@@ -262,34 +292,42 @@ def compaction_groups(
     min_files: int,
     max_bytes: int,
     spec_id: int,
-    rewrite_whole: Collection[tuple[object, ...]] = frozenset(),
+    with_deletes: Collection[str] = frozenset(),
 ) -> list[list[SmallFile]]:
     """Groups of files of one partition of the current spec, each about target_bytes in all.
 
-    A partition's small files are compacted only when it has at least min_files of them, and groups of one file are
-    left alone; a partition of `rewrite_whole` (its position deletes are due to be applied) has every file rewritten,
-    whatever its size, a group of one included. The groups together rewrite at most max_bytes (the partitions to
-    rewrite whole first, then the largest).
+    A file is rewritten when it is small (under 3/4 of target_bytes) in a partition with at least min_files small
+    files, or when it is one of `with_deletes` (its position deletes are due to be applied), whatever its size; then
+    its partition's small files are merged too. A partition's files with deletes come first, then its small files,
+    smallest first; a group of one file is left alone unless it has deletes. The groups together rewrite at most
+    max_bytes (the partitions with deletes to apply first, then the largest): a run short of bytes still rewrites
+    files its delete files delete from, so that the next can drop them.
     """
     limit = target_bytes * SMALL_FILE_SHARE
-    by_partition: dict[tuple[object, ...], list[SmallFile]] = defaultdict(list)
-    for small in files:
-        if small.spec_id == spec_id and (small.size < limit or small.partition in rewrite_whole):
-            by_partition[small.partition].append(small)
-    groups: list[list[SmallFile]] = []
-    budget = max_bytes
+    small_files: dict[tuple[object, ...], list[SmallFile]] = defaultdict(list)
+    deleted_from: dict[tuple[object, ...], list[SmallFile]] = defaultdict(list)
+    for file in files:
+        if file.spec_id != spec_id:
+            continue
+        if file.path in with_deletes:
+            deleted_from[file.partition].append(file)
+        elif file.size < limit:
+            small_files[file.partition].append(file)
+    by_size = functools.partial(sorted, key=lambda small: (small.size, small.path))
     candidates = sorted(
         (
-            (partition, files)
-            for partition, files in by_partition.items()
-            if len(files) >= min_files or partition in rewrite_whole
+            (bool(deleted_from[partition]), [*by_size(deleted_from[partition]), *by_size(small_files[partition])])
+            for partition in small_files.keys() | deleted_from.keys()
+            if deleted_from[partition] or len(small_files[partition]) >= min_files
         ),
-        key=lambda item: (item[0] not in rewrite_whole, -sum(small.size for small in item[1])),
+        key=lambda candidate: (not candidate[0], -sum(small.size for small in candidate[1])),
     )
-    for partition, partition_files in candidates:
+    groups: list[list[SmallFile]] = []
+    budget = max_bytes
+    for _, partition_files in candidates:
         group: list[SmallFile] = []
         size = 0
-        for small in sorted(partition_files, key=lambda small: (small.size, small.path)):
+        for small in partition_files:
             if small.size > budget:
                 break
             group.append(small)
@@ -298,7 +336,7 @@ def compaction_groups(
             if size >= target_bytes:
                 groups.append(group)
                 group, size = [], 0
-        if len(group) > 1 or (group and partition in rewrite_whole):
+        if len(group) > 1 or any(small.path in with_deletes for small in group):
             groups.append(group)
         if budget <= 0:
             break
@@ -311,6 +349,8 @@ class CompactionInput:
 
     data: list[SmallFile]
     deletes: list[SmallFile]
+    # The data files each position delete file deletes rows of, by its path.
+    deleted_from: dict[str, frozenset[str]] = field(default_factory=dict)
 
     def partitions_with_equality_deletes(self) -> set[tuple[int, tuple[object, ...]]]:
         """(spec id, partition) of every equality delete file (another engine's); an unpartitioned spec's delete files
@@ -343,18 +383,21 @@ class CompactionInput:
 
 
 def compaction_input(table: Table) -> CompactionInput:
-    """The table's live files as compaction plans them; only the manifests the process has not read yet are read
-    (after a commit: the one it wrote, or the one its merge wrote)."""
+    """The table's live files as compaction plans them; only the manifests and position delete files the process has
+    not read yet are read (after a commit: the manifest it wrote, or the one its merge wrote, and its delete files)."""
     snapshot = table.current_snapshot()
     if snapshot is None:
         return CompactionInput([], [])
     data: list[SmallFile] = []
     deletes: list[SmallFile] = []
+    deleted_from: dict[str, frozenset[str]] = {}
     for manifest in snapshot.manifests(table.io):
         files = _MANIFEST_ENTRIES.of(table.io, manifest)
         data.extend(files.data)
         deletes.extend(files.deletes)
-    return CompactionInput(data, deletes)
+        for delete_file in files.position_deletes:
+            deleted_from[delete_file.file_path] = _DELETED_FROM.of(table.io, delete_file)
+    return CompactionInput(data, deletes, deleted_from)
 
 
 def compaction_plan(
@@ -368,13 +411,19 @@ def compaction_plan(
     delete_files: int,
     deleted_rows_ratio: float,
 ) -> list[list[SmallFile]]:
-    """What a compaction would rewrite (compaction_groups): the small files of each partition, and every file of a
-    partition whose position deletes are due (partitions_due_for_deletes); never a file `held` (by an epoch that is
-    not COMMITTED: the log still has to settle it by that very file) nor a file of a partition with equality deletes
-    (another engine's: the coordinator does not apply them, and a rewrite without them would bring deleted rows
-    back). Position deletes are applied by the rewrite (write_compacted)."""
+    """What a compaction would rewrite (compaction_groups): the small files of each partition, and every file that
+    the position delete files of a partition due for them (partitions_due_for_deletes) delete rows of; never a file
+    `held` (by an epoch that is not COMMITTED: the log still has to settle it by that very file) nor a file of a
+    partition with equality deletes (another engine's: the coordinator does not apply them, and a rewrite without them
+    would bring deleted rows back). Position deletes are applied by the rewrite (write_compacted)."""
     with_equality_deletes = files.partitions_with_equality_deletes()
     due = files.partitions_due_for_deletes(delete_files=delete_files, deleted_rows_ratio=deleted_rows_ratio)
+    with_deletes = {
+        path
+        for delete_file in files.deletes
+        if (delete_file.spec_id, delete_file.partition) in due
+        for path in files.deleted_from.get(delete_file.path, ())
+    }
     return compaction_groups(
         [
             file
@@ -385,7 +434,7 @@ def compaction_plan(
         min_files=min_files,
         max_bytes=max_bytes,
         spec_id=spec_id,
-        rewrite_whole={partition for due_spec, partition in due if due_spec == spec_id},
+        with_deletes=with_deletes,
     )
 
 
@@ -454,7 +503,7 @@ def write_compacted(table: Table, groups: Sequence[Sequence[SmallFile]], target_
         delete_file
         for partition in touched
         for delete_file in deletes_of[partition]
-        if still_live.isdisjoint(deleted_positions(table.io, delete_file))
+        if still_live.isdisjoint(_DELETED_FROM.of(table.io, delete_file))
     ]
     return Rewrite(replaced, written, dropped)
 

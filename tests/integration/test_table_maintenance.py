@@ -73,3 +73,40 @@ def test_a_delete_file_stays_while_a_data_file_it_deletes_from_stays_live(
     assert tm.live_files(compacted).deletes == []
     assert len(tm.live_files(compacted).data) == 1
     assert_table_holds(compacted, model)
+
+
+def test_runs_short_of_bytes_rewrite_the_files_delete_files_refer_to_first(
+    gateway: IcebergGateway, catalog: Catalog
+) -> None:
+    """A partition due for its deletes that one run cannot rewrite whole (COMPACTION_MAX_BYTES_PER_RUN): each run
+    rewrites files its delete files delete from, not the smallest ones (the rewritten clean files, again and again,
+    while the delete files stayed), so the runs get the delete files dropped."""
+    model: dict[int, Row] = {}
+    epochs: list[list[Operation]] = [
+        [Upsert(key, "eu", "a") for key in range(10)],
+        [Upsert(key, "eu", "b") for key in range(10, 20)],
+        [Upsert(1, "us", "c"), Upsert(11, "us", "c")],  # one delete file, deleting from the first two files
+    ]
+    commits = []
+    for operations in epochs:
+        commits.append(commit_epochs(gateway, TABLE, [operations]))
+        apply(model, operations)
+    table = catalog.load_table(TABLE)
+    one_file = max(data_file.file_size_in_bytes for data_file in tm.live_files(table).data)
+    runs = 0
+    while tm.live_files(table).deletes and runs < 6:
+        groups = tm.compaction_plan(
+            tm.compaction_input(table),
+            set(),
+            target_bytes=1 << 20,
+            min_files=1_000,
+            max_bytes=one_file,  # one file a run
+            spec_id=tm.default_spec_id(table),
+            delete_files=1,
+            deleted_rows_ratio=1.0,
+        )
+        table = tm.commit_compaction(table, tm.write_compacted(table, groups, target_bytes=1 << 20))
+        runs += 1
+        assert_table_holds(table, model)
+
+    assert (runs, tm.live_files(table).deletes) == (2, [])

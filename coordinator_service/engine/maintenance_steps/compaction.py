@@ -1,6 +1,7 @@
 """Compaction: the small files of each partition (smaller than 3/4 of COMPACTION_TARGET_FILE_BYTES, at least
-COMPACTION_MIN_FILES of them), and every file of a partition with COMPACTION_DELETE_FILES_MIN position delete files or
-whose delete files delete COMPACTION_DELETED_ROWS_RATIO of its rows, at most COMPACTION_MAX_BYTES_PER_RUN in all,
+COMPACTION_MIN_FILES of them), and every file that the position delete files of a partition delete rows of, once it
+has COMPACTION_DELETE_FILES_MIN of them or COMPACTION_DELETED_ROWS_RATIO of its rows deleted, at most
+COMPACTION_MAX_BYTES_PER_RUN in all,
 rewritten with their position deletes applied into a `replace` snapshot that drops the delete files no live data file
 is left to refer to (the rows read stay the same); a file that an epoch not COMMITTED holds is never compacted, nor a
 partition with equality delete files (another engine's)."""
