@@ -2,10 +2,10 @@
 
 A sink's tables (its own and, with fan-out, the others it writes) are
 maintained every MAINTENANCE_INTERVAL_SECONDS, at once when a commit takes one
-past a bound (a tenth past its snapshot bound, or small files a compaction
-would merge), and when an operator asks; one after the other, under the sink's
-commit lock, so never while the sink's own append runs; against any other
-writer of the table the commits are optimistic (a conflict fails the run, and
+past a bound (a tenth past its snapshot bound, or small files or position
+delete files a compaction would rewrite), and when an operator asks; one
+after the other, under the sink's commit lock, so never while the sink's own
+append runs; against any other writer of the table the commits are optimistic (a conflict fails the run, and
 the next run plans again on a fresh load). A run takes the registered steps
 (coordinator_service.engine.maintenance_steps, one module each) on each table:
 
@@ -15,9 +15,14 @@ the next run plans again on a fresh load). A run takes the registered steps
    newest epoch of that sink the log records the table holds), then deletes
    the files only the expired snapshots referenced;
 2. compacts the small files of each partition (smaller than 3/4 of
-   COMPACTION_TARGET_FILE_BYTES, at least COMPACTION_MIN_FILES of them, at most
-   COMPACTION_MAX_BYTES_PER_RUN in all) into a `replace` snapshot with the same
-   rows; a file that a non-COMMITTED epoch holds is never compacted;
+   COMPACTION_TARGET_FILE_BYTES, at least COMPACTION_MIN_FILES of them), and
+   every file that the position delete files of a partition delete rows of,
+   once it has COMPACTION_DELETE_FILES_MIN of them or
+   COMPACTION_DELETED_ROWS_RATIO of its rows deleted (at most
+   COMPACTION_MAX_BYTES_PER_RUN in all), their position deletes applied, into
+   a `replace` snapshot with the same rows that drops the delete files no live
+   data file is left to refer to; a file that a non-COMMITTED epoch holds is
+   never compacted, nor a partition with equality delete files;
 3. every ORPHAN_SWEEP_INTERVAL_SECONDS, deletes the files under the table's
    data and metadata directories that no snapshot references and no log row
    holds, once they are older than ORPHAN_GRACE_SECONDS (at most
@@ -110,10 +115,11 @@ class Maintainer:
     def appended(self, sink: Sink, table_name: str) -> None:
         """A commit appended files to one of the sink's tables, and is recorded (the committer calls it). The sink's run
         is wanted at once when the commit took the table a tenth past its snapshot bound (SNAPSHOT_MAX_COUNT, or the
-        table's own min-snapshots-to-keep), or when a compaction would now merge files of it (COMPACTION_MIN_FILES
-        small files of a partition, counted as the run counts them; checked off the commit path, reading only the
-        manifests the process has not read yet). So every bound of the policy holds whatever the commit rate, not
-        only on the maintenance clock."""
+        table's own min-snapshots-to-keep), or when a compaction would now rewrite files of it
+        (COMPACTION_MIN_FILES small files of a partition, or COMPACTION_DELETE_FILES_MIN position delete files, or
+        COMPACTION_DELETED_ROWS_RATIO of its rows deleted, counted as the run counts them; checked off the commit path,
+        reading only the manifests the process has not read yet). So every bound of the policy holds whatever the
+        commit rate, not only on the maintenance clock."""
         try:
             policy = policy_of(self.settings, sink)
         except ValidationError:

@@ -70,6 +70,21 @@ class MaintenancePolicy(BaseModel):
         description="Most bytes of data files one maintenance run rewrites (the rest waits for the next run; "
         "bytes, or 1GiB, 500MB, ...).",
     )
+    compaction_delete_files_min: int = Field(
+        default=5,
+        ge=1,
+        le=INT32_MAX,
+        description="A partition with at least this many position delete files (a keyed table's updates and "
+        "deletes) has all its data files rewritten with the deletes applied, and the delete files dropped.",
+    )
+    compaction_deleted_rows_ratio: float = Field(
+        default=0.1,
+        gt=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="A partition whose position delete files delete at least this share of its data files' rows "
+        "is rewritten the same way, however few its delete files.",
+    )
     orphan_sweep_interval_seconds: float = Field(
         default=3600.0,
         ge=1.0,

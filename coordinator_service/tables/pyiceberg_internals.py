@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 from pyarrow.fs import FileInfo
 from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import ValidationException
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import PyArrowFile, _check_pyarrow_schema_compatible, _dataframe_to_data_files, _read_deletes
 from pyiceberg.manifest import (
@@ -37,7 +38,7 @@ from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summary, update_snapshot_summaries
 from pyiceberg.table.update import update_table_metadata
 from pyiceberg.table.update.schema import UpdateSchema
-from pyiceberg.table.update.snapshot import _MergeAppendFiles, _OverwriteFiles
+from pyiceberg.table.update.snapshot import _MergeAppendFiles, _OverwriteFiles, _SnapshotProducer
 from pyiceberg.typedef import EMPTY_DICT, Record
 
 
@@ -75,9 +76,68 @@ def data_files_of(metadata: TableMetadata, rows: pa.Table, io: FileIO) -> Iterab
 
 
 class ReplaceFiles(_OverwriteFiles):
-    """A snapshot with Iceberg's `replace` operation (no row changed, so incremental readers skip it). pyiceberg
-    writes overwrites of files and its summaries do not know `replace`: the summary is computed as for the
-    overwrite of the same files (the same figures) and then labelled `replace`."""
+    """A snapshot with Iceberg's `replace` operation (no row changed, so incremental readers skip it): data files and
+    position delete files removed (delete_data_file takes both), data files added. pyiceberg writes overwrites of data
+    files only and its summaries do not know `replace`: each manifest of the parent that holds a removed file is
+    written again with the same content (data or deletes), its removed entries DELETED by this snapshot and the rest
+    EXISTING, as Java's rewrite does (a follower of the table's snapshots, like the key index, reads what the snapshot
+    removed from the manifests it wrote); the summary is computed as for the overwrite of the same files (the same
+    figures, removed delete files counted) and then labelled `replace`."""
+
+    def _manifests(self) -> list[ManifestFile]:
+        added: list[ManifestFile] = []
+        if self._added_data_files:
+            with self.new_manifest_writer(self._transaction.table_metadata.spec()) as writer:
+                for data_file in self._added_data_files:
+                    writer.add(
+                        ManifestEntry.from_args(
+                            status=ManifestEntryStatus.ADDED,
+                            snapshot_id=self._snapshot_id,
+                            sequence_number=None,
+                            file_sequence_number=None,
+                            data_file=data_file,
+                        )
+                    )
+            added.append(writer.to_manifest_file())
+        return added + self._parent_manifests_without_removed()
+
+    def _parent_manifests_without_removed(self) -> list[ManifestFile]:
+        parent = (
+            None
+            if self._parent_snapshot_id is None
+            else self._transaction.table_metadata.snapshot_by_id(self._parent_snapshot_id)
+        )
+        manifests: list[ManifestFile] = []
+        found: set[str] = set()
+        removed = {data_file.file_path for data_file in self._deleted_data_files}
+        for manifest in [] if parent is None else parent.manifests(self._io):
+            entries = manifest.fetch_manifest_entry(self._io, discard_deleted=True)
+            if not any(entry.data_file.file_path in removed for entry in entries):
+                manifests.append(manifest)
+                continue
+            spec = self.spec(manifest.partition_spec_id)
+            writer_for = self.new_manifest_writer if manifest.content == ManifestContent.DATA else self._deletes_writer
+            with writer_for(spec) as writer:
+                for entry in entries:
+                    gone = entry.data_file.file_path in removed
+                    if gone:
+                        found.add(entry.data_file.file_path)
+                    writer.add_entry(
+                        ManifestEntry.from_args(
+                            status=ManifestEntryStatus.DELETED if gone else ManifestEntryStatus.EXISTING,
+                            snapshot_id=self._snapshot_id if gone else entry.snapshot_id,
+                            sequence_number=entry.sequence_number,
+                            file_sequence_number=entry.file_sequence_number,
+                            data_file=entry.data_file,
+                        )
+                    )
+            manifests.append(writer.to_manifest_file())
+        if missing := sorted(removed - found):
+            raise ValidationException(f"Missing required files to delete: {', '.join(missing)}")
+        return manifests
+
+    def _deletes_writer(self, spec: PartitionSpec) -> ManifestWriter:
+        return position_delete_manifest_writer(self, spec)
 
     def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
         summary = super()._summary(snapshot_properties)
@@ -85,14 +145,19 @@ class ReplaceFiles(_OverwriteFiles):
 
 
 def replace_files(
-    table: Table, replaced: Sequence[DataFile], written: Sequence[DataFile], marker: dict[str, str]
+    table: Table,
+    replaced: Sequence[DataFile],
+    written: Sequence[DataFile],
+    marker: dict[str, str],
+    deletes_dropped: Sequence[DataFile] = (),
 ) -> Table:
-    """Commit one `replace` snapshot on `table` as loaded: `replaced` out, `written` in, `marker` in its summary."""
+    """Commit one `replace` snapshot on `table` as loaded: `replaced` data files and `deletes_dropped` position delete
+    files out, `written` in, `marker` in its summary."""
     transaction = coordinator_transaction(table)
     with ReplaceFiles(
         operation=Operation.OVERWRITE, transaction=transaction, io=table.io, snapshot_properties=marker
     ) as rewrite:
-        for data_file in replaced:
+        for data_file in (*replaced, *deletes_dropped):
             rewrite.delete_data_file(data_file)
         for data_file in written:
             rewrite.append_data_file(data_file)
@@ -114,6 +179,13 @@ class _PositionDeleteManifestWriter(ManifestWriterV2):
     @property
     def _meta(self) -> dict[str, str]:
         return {**super()._meta, "content": "deletes"}
+
+
+def position_delete_manifest_writer(producer: _SnapshotProducer[Any], spec: PartitionSpec) -> ManifestWriter:
+    """A writer of one of the producer's new manifests of position delete files, of partition spec `spec`."""
+    return _PositionDeleteManifestWriter(
+        spec, producer.schema(), producer.new_manifest_output(), producer._snapshot_id, producer._compression
+    )
 
 
 class RowDelta(_MergeAppendFiles):
@@ -142,9 +214,7 @@ class RowDelta(_MergeAppendFiles):
         return self._process_manifests(added + self._existing_manifests())
 
     def _new_delete_manifest_writer(self, spec: PartitionSpec) -> ManifestWriter:
-        return _PositionDeleteManifestWriter(
-            spec, self.schema(), self.new_manifest_output(), self._snapshot_id, self._compression
-        )
+        return position_delete_manifest_writer(self, spec)
 
     def _added_manifests(
         self, files: Sequence[DataFile], writer_for: Callable[[PartitionSpec], ManifestWriter]

@@ -1,8 +1,8 @@
 """Keeping an Iceberg table healthy, on pyiceberg; blocking (the caller runs it in worker threads).
 
-Snapshot expiration that also deletes the files only the expired snapshots referenced, small-file
-compaction as a `replace` snapshot (the rows stay exactly the same), and the files under the table's
-location that nothing references. What may be expired, rewritten or deleted is the caller's decision
+Snapshot expiration that also deletes the files only the expired snapshots referenced (data and delete files), the
+files under the table's location that nothing references, and the reading of manifests they share with compaction
+(tables/compaction_plans.py). What may be expired or deleted is the caller's decision
 (coordinator_service.engine.maintenance): it knows the commit log, the table does not.
 """
 
@@ -10,28 +10,24 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections import OrderedDict, defaultdict
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
-from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io import FileIO
-from pyiceberg.io.pyarrow import ArrowScan
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestFile
-from pyiceberg.table import FileScanTask, Table, TableProperties
+from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.update.snapshot import ExpireSnapshots
 
 from coordinator_service.tables.file_listing import listed_files
 from coordinator_service.tables.iceberg import without_retries
 from coordinator_service.tables.markers import MARKER_EPOCH, SinkIdentity
-from coordinator_service.tables.pyiceberg_internals import coordinator_transaction, data_files_of, replace_files
+from coordinator_service.tables.pyiceberg_internals import (
+    coordinator_transaction,
+)
 
-# Files smaller than this share of the target size are compacted (Iceberg's rewrite default, 75 %).
-SMALL_FILE_SHARE = 0.75
-# The summary property of the coordinator's compaction snapshots (they carry no sink marker).
-COMPACTION_MARKER = "sink-coordinator.maintenance"
 # A table's metadata file: a directory whose metadata/ holds one is a table's location.
 METADATA_FILE_SUFFIX = ".metadata.json"
 
@@ -57,12 +53,15 @@ class Reachable:
 
 @dataclass(frozen=True)
 class SmallFile:
-    """What compaction planning needs of a live data file."""
+    """What compaction planning needs of a live data or delete file (rows: a position delete file's rows are the
+    rows it deletes)."""
 
     path: str
     size: int
     spec_id: int
     partition: tuple[object, ...]
+    rows: int = 0
+    content: DataFileContent = DataFileContent.DATA
 
 
 def as_small_file(data_file: DataFile) -> SmallFile:
@@ -71,6 +70,8 @@ def as_small_file(data_file: DataFile) -> SmallFile:
         size=data_file.file_size_in_bytes,
         spec_id=data_file.spec_id,
         partition=tuple(data_file.partition[index] for index in range(len(data_file.partition))),
+        rows=data_file.record_count,
+        content=data_file.content,
     )
 
 
@@ -81,6 +82,8 @@ class ManifestFiles:
     paths: frozenset[str]
     data: tuple[SmallFile, ...]
     deletes: tuple[SmallFile, ...]
+    # Its position delete files whole, to be read when compaction plans with them (deleted_from).
+    position_deletes: tuple[DataFile, ...]
 
 
 class _ManifestEntries:
@@ -104,6 +107,7 @@ class _ManifestEntries:
             paths=frozenset(data_file.file_path for data_file in entries),
             data=tuple(as_small_file(f) for f in entries if f.content == DataFileContent.DATA),
             deletes=tuple(as_small_file(f) for f in entries if f.content != DataFileContent.DATA),
+            position_deletes=tuple(f for f in entries if f.content == DataFileContent.POSITION_DELETES),
         )
         with self._lock:
             self._files[manifest.manifest_path] = files
@@ -113,6 +117,11 @@ class _ManifestEntries:
 
 
 _MANIFEST_ENTRIES = _ManifestEntries(capacity=20_000)
+
+
+def manifest_files(io: FileIO, manifest: ManifestFile) -> ManifestFiles:
+    """A manifest's live entries, read once per process (the reads of expiry, the sweep and compaction share them)."""
+    return _MANIFEST_ENTRIES.of(io, manifest)
 
 
 def reachable(io: FileIO, snapshots: Iterable[Snapshot]) -> Reachable:
@@ -241,145 +250,6 @@ def expire(table: Table, snapshot_ids: Sequence[int]) -> tuple[Table, Reachable]
     transaction = coordinator_transaction(without_retries(table))
     ExpireSnapshots(transaction).by_ids(sorted(expired_ids)).commit()
     return transaction.commit_transaction(), gone
-
-
-def compaction_groups(
-    files: Sequence[SmallFile], *, target_bytes: int, min_files: int, max_bytes: int, spec_id: int
-) -> list[list[SmallFile]]:
-    """Groups of small files of one partition of the current spec, each about target_bytes in all.
-
-    A partition is compacted only when it has at least min_files small files; groups of one file are
-    left alone; the groups together rewrite at most max_bytes (the largest partitions first).
-    """
-    limit = target_bytes * SMALL_FILE_SHARE
-    by_partition: dict[tuple[object, ...], list[SmallFile]] = defaultdict(list)
-    for small in files:
-        if small.spec_id == spec_id and small.size < limit:
-            by_partition[small.partition].append(small)
-    groups: list[list[SmallFile]] = []
-    budget = max_bytes
-    candidates = sorted(
-        (files for files in by_partition.values() if len(files) >= min_files),
-        key=lambda files: -sum(small.size for small in files),
-    )
-    for partition_files in candidates:
-        group: list[SmallFile] = []
-        size = 0
-        for small in sorted(partition_files, key=lambda small: (small.size, small.path)):
-            if small.size > budget:
-                break
-            group.append(small)
-            size += small.size
-            budget -= small.size
-            if size >= target_bytes:
-                groups.append(group)
-                group, size = [], 0
-        if len(group) > 1:
-            groups.append(group)
-        if budget <= 0:
-            break
-    return groups
-
-
-@dataclass(frozen=True)
-class CompactionInput:
-    """The current snapshot's live data files and delete files, as compaction plans them."""
-
-    data: list[SmallFile]
-    deletes: list[SmallFile]
-
-    def partitions_with_deletes(self) -> set[tuple[int, tuple[object, ...]]]:
-        """(spec id, partition) of every delete file; an unpartitioned spec's delete files apply to its whole table."""
-        return {(small.spec_id, small.partition) for small in self.deletes}
-
-
-def compaction_input(table: Table) -> CompactionInput:
-    """The table's live files as compaction plans them; only the manifests the process has not read yet are read
-    (after a commit: the one it wrote, or the one its merge wrote)."""
-    snapshot = table.current_snapshot()
-    if snapshot is None:
-        return CompactionInput([], [])
-    data: list[SmallFile] = []
-    deletes: list[SmallFile] = []
-    for manifest in snapshot.manifests(table.io):
-        files = _MANIFEST_ENTRIES.of(table.io, manifest)
-        data.extend(files.data)
-        deletes.extend(files.deletes)
-    return CompactionInput(data, deletes)
-
-
-def compaction_plan(
-    files: CompactionInput,
-    held: Collection[str],
-    *,
-    target_bytes: int,
-    min_files: int,
-    max_bytes: int,
-    spec_id: int,
-) -> list[list[SmallFile]]:
-    """What a compaction would merge (compaction_groups), never a file `held` (by an epoch that is not COMMITTED:
-    the log still has to settle it by that very file) nor a file of a partition with delete files (another engine's
-    position or equality deletes: the coordinator does not apply them yet, and a rewrite without them would bring
-    deleted rows back)."""
-    with_deletes = files.partitions_with_deletes()
-    return compaction_groups(
-        [file for file in files.data if file.path not in held and (file.spec_id, file.partition) not in with_deletes],
-        target_bytes=target_bytes,
-        min_files=min_files,
-        max_bytes=max_bytes,
-        spec_id=spec_id,
-    )
-
-
-@dataclass(frozen=True)
-class LiveFiles:
-    """The current snapshot's live data files and delete files (position or equality)."""
-
-    data: list[DataFile]
-    deletes: list[DataFile]
-
-
-def live_files(table: Table) -> LiveFiles:
-    snapshot = table.current_snapshot()
-    if snapshot is None:
-        return LiveFiles([], [])
-    files = [
-        entry.data_file
-        for manifest in snapshot.manifests(table.io)
-        for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
-    ]
-    return LiveFiles(
-        data=[file for file in files if file.content == DataFileContent.DATA],
-        deletes=[file for file in files if file.content != DataFileContent.DATA],
-    )
-
-
-def write_compacted(
-    table: Table, groups: Sequence[Sequence[SmallFile]], target_bytes: int
-) -> tuple[list[DataFile], list[DataFile]]:
-    """Rewrite each group into files of about target_bytes with pyiceberg's own writer (the table's schema with
-    its field ids, the partition, the statistics); return the files replaced and those written. Nothing is
-    committed: the files written are unreferenced until commit_compaction."""
-    by_path = {data_file.file_path: data_file for data_file in live_files(table).data}
-    table = without_retries(table)
-    table.metadata = table.metadata.model_copy(
-        update={
-            "properties": {**table.metadata.properties, TableProperties.WRITE_TARGET_FILE_SIZE_BYTES: str(target_bytes)}
-        }
-    )
-    replaced = [by_path[small.path] for group in groups for small in group]
-    written: list[DataFile] = []
-    scan = ArrowScan(table.metadata, table.io, table.schema(), AlwaysTrue())
-    for group in groups:
-        rows = scan.to_table([FileScanTask(by_path[small.path]) for small in group])
-        written.extend(data_files_of(table.metadata, rows, table.io))
-    return replaced, written
-
-
-def commit_compaction(table: Table, replaced: Sequence[DataFile], written: Sequence[DataFile]) -> Table:
-    """One `replace` snapshot: the replaced files out, the written ones in (on the table they were planned on:
-    a commit in between fails this one, and the next run plans again)."""
-    return replace_files(without_retries(table), replaced, written, {COMPACTION_MARKER: "compaction"})
 
 
 @dataclass(frozen=True)

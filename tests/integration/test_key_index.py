@@ -27,6 +27,7 @@ from coordinator_service.contract.errors import CatalogConflict
 from coordinator_service.engine.key_index import KeyIndex
 from coordinator_service.log.database import Database, normalize_url
 from coordinator_service.runtime import migrate
+from coordinator_service.tables import compaction_plans as cp
 from coordinator_service.tables import table_maintenance as tm
 from coordinator_service.tables.iceberg import IcebergGateway
 from coordinator_service.tables.key_resolution import live_rows
@@ -177,7 +178,7 @@ class KeyIndexFollowsItsTable(RuleBasedStateMachine):
             return
         if replace:
             written = list(data_files_of(table.metadata, rows, table.io))
-            tm.commit_compaction(table, tm.live_files(table).data, written)
+            cp.commit_compaction(table, cp.Rewrite(cp.live_files(table).data, written))
         else:
             table.overwrite(rows)
 
@@ -391,7 +392,7 @@ async def test_rows_another_engine_deletes_and_a_key_held_twice_are_followed(
 ) -> None:
     await commit_through_index(key_index, gateway, TABLE, [[Upsert(key, "eu", "a") for key in range(5)]])
     table = catalog.load_table(TABLE)
-    [data_file] = tm.live_files(table).data
+    [data_file] = cp.live_files(table).data
     commit_position_deletes(table, data_file, [1, 2])  # keys 1 and 2, by another engine
     catalog.load_table(TABLE).append(pa.Table.from_pylist([{"id": 3, "region": "eu", "value": "twice"}], KEYED))
 
@@ -399,7 +400,7 @@ async def test_rows_another_engine_deletes_and_a_key_held_twice_are_followed(
     answered = await key_index.positions(gateway.load(TABLE), [(3,)])
     assert len(answered.positions[(3,)]) == 2
     deletes = [
-        file for file in tm.live_files(gateway.load(TABLE)).deletes if file.content == DataFileContent.POSITION_DELETES
+        file for file in cp.live_files(gateway.load(TABLE)).deletes if file.content == DataFileContent.POSITION_DELETES
     ]
     assert len(deletes) == 1
 

@@ -23,7 +23,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 from pydantic import SecretStr
 from pyiceberg.catalog import Catalog, load_catalog
-from pyiceberg.manifest import DataFileContent
 from pyiceberg.table import Table
 
 from coordinator_service import failpoints
@@ -35,26 +34,24 @@ from coordinator_service.engine.writer_requests import PreCommitRequest, TableRe
 from coordinator_service.log.database import normalize_url
 from coordinator_service.runtime import Runtime, migrate
 from coordinator_service.settings import Settings
-from coordinator_service.tables import table_maintenance as tm
+from coordinator_service.tables import compaction_plans as cp
 from coordinator_service.tables.iceberg import IcebergGateway
 from coordinator_service.tables.key_resolution import LiveRows
 from coordinator_service.tables.markers import MARKER_EPOCH, MARKER_SINK
 from coordinator_service.tables.pyiceberg_internals import data_files_of
 from tests.fixtures.admin import CLIENT_ADDRESS, AdminApp, eventually
-from tests.fixtures.coordinator import failpoints_env, write_parquet
+from tests.fixtures.coordinator import failpoints_env
 from tests.fixtures.keyed_tables import (
-    KEY_SCHEMA,
     KEYED,
     Delete,
     Operation,
     Row,
     Upsert,
     apply,
+    assert_table_holds,
     commit_epochs,
-    duckdb_table_rows,
-    model_rows,
+    epoch_files,
     pyiceberg_rows,
-    surviving_rows,
 )
 from tests.fixtures.postgres import new_database, query
 
@@ -66,26 +63,6 @@ KEY = ("id",)
 # How long a test waits for a commit: a committer that cannot commit keyed epochs (a release before the keyed commit
 # path) leaves them PENDING, and the wait fails instead of hanging.
 COMMIT_SECONDS = 60.0
-
-
-def epoch_files(location: str, operations: Sequence[Operation]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """An epoch as the keyed writer leaves it (spark_writer/mutations): the last row of each key it upserted in a data
-    file (none when it only deleted), and every key it touched in a key file."""
-    rows, touched = surviving_rows(operations)
-    data = [{"id": key, "region": region, "value": value} for key, region, value in rows]
-    paths = (write_parquet(location, data, KEYED),) if data else ()
-    keys = (write_parquet(location, [{"id": key} for key in touched], KEY_SCHEMA),) if touched else ()
-    return paths, keys
-
-
-def assert_table_holds(table: Table, model: dict[int, Row]) -> None:
-    """Both readers see the model: the last value of each key, deleted keys absent; no equality delete anywhere."""
-    expected = model_rows(model)
-    assert pyiceberg_rows(table) == expected
-    if table.current_snapshot() is not None:
-        assert duckdb_table_rows(table) == expected
-        contents = {entry.content for entry in tm.live_files(table).deletes}
-        assert DataFileContent.EQUALITY_DELETES not in contents
 
 
 def sink_snapshots(table: Table) -> list[tuple[int, str]]:
@@ -364,7 +341,7 @@ class KeyedSinkCommits(RuleBasedStateMachine):
         rows = table.scan().to_arrow()
         if rows.num_rows:
             written = list(data_files_of(table.metadata, rows, table.io))
-            tm.commit_compaction(table, tm.live_files(table).data, written)
+            cp.commit_compaction(table, cp.Rewrite(cp.live_files(table).data, written))
 
     @invariant()
     def the_table_is_the_model(self) -> None:

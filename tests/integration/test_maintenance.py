@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import os
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +17,28 @@ from pyiceberg.table import Table, TableProperties
 
 from coordinator_service import metrics
 from coordinator_service.contract.errors import InvalidArgument
-from coordinator_service.contract.views import Registration
+from coordinator_service.contract.views import PreCommitOutcome, Registration
 from coordinator_service.engine.writer_requests import PreCommitRequest
 from coordinator_service.log.precommit_metadata import DataFileEntry
+from coordinator_service.tables import compaction_plans as cp
 from coordinator_service.tables import table_maintenance as tm
 from tests.fixtures.admin import AdminApp, AdminFactory, epoch_metadata, eventually, sink_id_of, sink_identity
 from tests.fixtures.coordinator import ORDERS, orders, table_files, table_order_ids, write_parquet
-from tests.fixtures.delete_files import commit_position_deletes
+from tests.fixtures.delete_files import commit_equality_deletes, commit_position_deletes
 from tests.fixtures.duckdb_reader import duckdb_rows
+from tests.fixtures.key_index import assert_answers_as_the_scan
+from tests.fixtures.keyed_tables import (
+    KEYED,
+    Delete,
+    Operation,
+    Row,
+    Upsert,
+    apply,
+    assert_table_holds,
+    epoch_files,
+)
 from tests.fixtures.postgres import query
+from tests.fixtures.reachable_files import missing_reachable_files
 
 NO_COMPACTION = {"compaction_min_files": 1_000_000}
 
@@ -414,24 +428,44 @@ async def test_one_sinks_bad_maintenance_state_does_not_stop_the_others(
     await eventually(compacted, "the healthy sink's scheduled run")
 
 
-async def test_compaction_leaves_alone_a_partition_with_delete_files(
+async def test_compaction_leaves_alone_a_partition_with_equality_delete_files(
     admin_factory: AdminFactory, catalog: Catalog, database_url: str
 ) -> None:
-    """Another engine deleted a row with a position delete file: compaction rewriting the partition's files without
-    applying it (and dropping it) would bring the row back."""
+    """Another engine deleted a row with an equality delete file: compaction, which does not apply them (pyiceberg
+    cannot read them), rewriting the partition's files without it would bring the row back."""
+    admin = without_commit_triggers(await admin_factory(compaction_min_files=3, compaction_delete_files_min=1))
+    await commit_epochs(admin, "orders", 4)
+    await asyncio.to_thread(commit_equality_deletes, catalog.load_table("db.orders"), "order_id", [0])
+    files = table_files(catalog.load_table("db.orders"))
+    assert len(duckdb_rows(catalog.load_table("db.orders").metadata_location, "order_id")) == 39
+
+    run = await admin.runtime.maintainer.run_now(sink_id_of(database_url, "orders"))
+
+    assert (run.outcome, run.files_compacted) == ("ok", 0), run.error
+    assert table_files(catalog.load_table("db.orders")) == files
+    assert len(duckdb_rows(catalog.load_table("db.orders").metadata_location, "order_id")) == 39
+
+
+async def test_compaction_rewrites_small_files_with_another_engines_position_deletes_applied(
+    admin_factory: AdminFactory, catalog: Catalog, database_url: str
+) -> None:
+    """Another engine deleted a row with a position delete file: the small files are compacted with it applied (the
+    row stays deleted), and the delete file, whose data file is rewritten, is dropped in the same snapshot."""
     admin = without_commit_triggers(await admin_factory(compaction_min_files=3))
     await commit_epochs(admin, "orders", 4)
     table = catalog.load_table("db.orders")
-    [first, *_] = sorted(tm.live_files(table).data, key=lambda data_file: data_file.file_path)
+    [first, *_] = sorted(cp.live_files(table).data, key=lambda data_file: data_file.file_path)
     await asyncio.to_thread(commit_position_deletes, table, first, [0])
     before = rows_digest(catalog.load_table("db.orders"))
     assert before[0] == 39
 
     run = await admin.runtime.maintainer.run_now(sink_id_of(database_url, "orders"))
 
-    assert (run.outcome, run.files_compacted) == ("ok", 0), run.error
-    assert rows_digest(catalog.load_table("db.orders")) == before
-    assert len(duckdb_rows(catalog.load_table("db.orders").metadata_location, "order_id")) == 39
+    assert (run.outcome, run.files_compacted) == ("ok", 4), run.error
+    table = catalog.load_table("db.orders")
+    assert cp.live_files(table).deletes == []
+    assert rows_digest(table) == before
+    assert len(duckdb_rows(table.metadata_location, "order_id")) == 39
 
 
 async def test_a_tables_own_retention_properties_win_over_the_coordinators(
@@ -501,7 +535,7 @@ async def test_a_commit_asks_for_a_run_only_when_a_compaction_would_merge_files(
     admin_factory: AdminFactory, catalog: Catalog, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The commit's check counts the small files as the run does: below COMPACTION_MIN_FILES, or in a partition with
-    another engine's delete files (which compaction leaves alone), a commit asks for no run (it would compact
+    another engine's equality delete files (which compaction leaves alone), a commit asks for no run (it would compact
     nothing, after every commit)."""
     admin = await admin_factory(compaction_min_files=3, maintenance_interval_seconds=3600)
     maintainer = admin.runtime.maintainer
@@ -520,9 +554,7 @@ async def test_a_commit_asks_for_a_run_only_when_a_compaction_would_merge_files(
     assert await commits_checked() == [sink_id_of(database_url, "orders")]
 
     wanted.clear()
-    table = catalog.load_table("db.orders")
-    [first, *_] = sorted(tm.live_files(table).data, key=lambda data_file: data_file.file_path)
-    await asyncio.to_thread(commit_position_deletes, table, first, [0])
+    await asyncio.to_thread(commit_equality_deletes, catalog.load_table("db.orders"), "order_id", [0])
     for epoch in (3, 4):
         await admin.pre_commit("orders", registration, epoch, epoch * 10)
         assert await admin.checkpoint("orders", registration, epoch) == epoch
@@ -596,3 +628,204 @@ async def test_a_hung_maintenance_run_holds_back_its_own_sink_alone_and_shows_as
 
     await eventually(others_maintained_again_and_behind_shows, "the other sinks maintained run after run")
     assert hung not in finished
+
+
+# A keyed sink (issue 29): its epochs are committed as row deltas, each update or delete a position delete file.
+KEYED_SINK = "keyed"
+KEYED_TABLE = "db.keyed"
+# Every snapshot kept (the tests that expire set their own bounds).
+KEYED_NO_EXPIRY: dict[str, Any] = {"snapshot_max_count": 1_000_000}
+# Four epochs of upserts, updates and deletes of overlapping keys: the last three each add a position delete file.
+KEYED_EPOCHS: list[list[Operation]] = [
+    [Upsert(key, "eu", "a") for key in range(20)],
+    [*(Upsert(key, "us", "b") for key in range(5)), Delete(5), Delete(6), Delete(7)],
+    [Upsert(3, "eu", "c"), *(Upsert(key, "us", "c") for key in range(10, 13)), Delete(0), Delete(99)],
+    [Upsert(30, "eu", "d"), Upsert(4, "us", "d"), Delete(19)],
+]
+
+
+async def register_keyed(admin: AdminApp) -> Registration:
+    return await admin.runtime.coordinator.register_writer(
+        KEYED_SINK, KEYED_TABLE, -1, arrow_schema=KEYED.serialize().to_pybytes(), key_columns=("id",)
+    )
+
+
+async def commit_keyed(
+    admin: AdminApp, registration: Registration, epoch: int, operations: list[Operation], model: dict[int, Row]
+) -> None:
+    """One keyed epoch pre-committed and committed through the coordinator, and applied to the model."""
+    paths, keys = epoch_files(registration.table_location, operations)
+    answer = await admin.runtime.coordinator.pre_commit(
+        PreCommitRequest(KEYED_SINK, epoch, registration.writer_term, paths, key_paths=keys)
+    )
+    assert answer.outcome is PreCommitOutcome.PERSISTED, answer
+    assert await admin.checkpoint(KEYED_SINK, registration, epoch) == epoch
+    apply(model, operations)
+
+
+def backdate_tree(location: str, seconds: float) -> None:
+    """Every file under the location modified `seconds` ago (older than an orphan sweep's grace)."""
+    then = time.time() - seconds
+    for path in Path(location.removeprefix("file://")).rglob("*"):
+        os.utime(path, (then, then))
+
+
+def delete_file_paths(table: Table) -> set[str]:
+    return {delete_file.file_path for delete_file in cp.live_files(table).deletes}
+
+
+async def test_compaction_applies_a_keyed_tables_position_deletes_and_the_key_index_follows_it(
+    admin_factory: AdminFactory, catalog: Catalog, database_url: str
+) -> None:
+    """Issue 29.5: a keyed table's data files are rewritten with their position deletes applied and the delete files
+    dropped in the same `replace` snapshot; both readers see the model, the key index catches up with the compaction
+    (not rebuilt) and answers as the scan, and the next epoch's updates land on the rewritten files."""
+    admin = without_commit_triggers(
+        await admin_factory(compaction_min_files=1_000_000, compaction_delete_files_min=3, **KEYED_NO_EXPIRY)
+    )
+    registration = await register_keyed(admin)
+    model: dict[int, Row] = {}
+    for epoch, operations in enumerate(KEYED_EPOCHS):
+        await commit_keyed(admin, registration, epoch, operations, model)
+    table = catalog.load_table(KEYED_TABLE)
+    assert len(delete_file_paths(table)) == 3
+    data_files = len(cp.live_files(table).data)
+    [(built_at,)] = query(database_url, "SELECT built_at FROM key_index_tables")
+
+    run = await admin.runtime.maintainer.run_now(sink_id_of(database_url, KEYED_SINK))
+
+    assert (run.outcome, run.files_compacted, run.files_written) == ("ok", data_files, 1), run.error
+    table = catalog.load_table(KEYED_TABLE)
+    assert delete_file_paths(table) == set()
+    assert_table_holds(table, model)
+    snapshot = table.current_snapshot()
+    assert snapshot is not None and snapshot.summary is not None
+    assert (snapshot.summary.operation.value, snapshot.summary[cp.COMPACTION_MARKER]) == ("replace", "compaction")
+    assert snapshot.summary["total-position-deletes"] == "0"
+    await assert_answers_as_the_scan(admin.runtime.committer.keyed.key_index, table, [(key,) for key in range(40)])
+    assert query(database_url, "SELECT snapshot_id, built_at FROM key_index_tables") == [
+        (snapshot.snapshot_id, built_at)
+    ]
+
+    await commit_keyed(admin, registration, 4, [Upsert(1, "eu", "e"), Delete(2), Upsert(40, "us", "e")], model)
+    assert_table_holds(catalog.load_table(KEYED_TABLE), model)
+
+
+async def test_a_commit_that_leaves_as_many_delete_files_as_the_bound_asks_for_a_run(
+    admin_factory: AdminFactory, catalog: Catalog, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 29.5: a keyed commit's position delete files slow every reader down until compaction applies them; a
+    commit that leaves COMPACTION_DELETE_FILES_MIN of them in a partition asks for a run, whatever the clock and
+    however few small files there are."""
+    admin = await admin_factory(
+        compaction_min_files=1_000_000,
+        compaction_delete_files_min=3,
+        compaction_deleted_rows_ratio=1.0,
+        maintenance_interval_seconds=3600,
+    )
+    wanted = await commits_wanted(admin, monkeypatch)
+    registration = await register_keyed(admin)
+    model: dict[int, Row] = {}
+    asked = []
+    for epoch, operations in enumerate(KEYED_EPOCHS):
+        await commit_keyed(admin, registration, epoch, operations, model)
+        asked.append(len(await wanted()))
+    assert asked == [0, 0, 0, 1]
+    assert len(delete_file_paths(catalog.load_table(KEYED_TABLE))) == 3
+
+
+async def test_a_commit_that_deletes_the_bounds_share_of_the_rows_asks_for_a_run(
+    admin_factory: AdminFactory, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 29.5: a partition whose delete files delete COMPACTION_DELETED_ROWS_RATIO of its data files' rows is
+    read at that much waste; the commit that takes it there asks for a run, however few its delete files."""
+    admin = await admin_factory(
+        compaction_min_files=1_000_000,
+        compaction_delete_files_min=1_000_000,
+        compaction_deleted_rows_ratio=0.5,
+        maintenance_interval_seconds=3600,
+    )
+    wanted = await commits_wanted(admin, monkeypatch)
+    registration = await register_keyed(admin)
+    model: dict[int, Row] = {}
+    epochs: list[list[Operation]] = [
+        [Upsert(key, "eu", "a") for key in range(10)],
+        [Delete(0), Delete(1)],  # 2 of 10 rows deleted
+        [Delete(2), Delete(3), Delete(4)],  # 5 of 10
+    ]
+    asked = []
+    for epoch, operations in enumerate(epochs):
+        await commit_keyed(admin, registration, epoch, operations, model)
+        asked.append(len(await wanted()))
+    assert asked == [0, 0, 1]
+
+
+async def commits_wanted(admin: AdminApp, monkeypatch: pytest.MonkeyPatch) -> Callable[[], Awaitable[list[int]]]:
+    """The sinks whose runs the commits asked for (Maintainer.want), once the checks of the commits so far are done."""
+    maintainer = admin.runtime.maintainer
+    wanted: list[int] = []
+    monkeypatch.setattr(maintainer, "want", wanted.append)
+
+    async def checked() -> list[int]:
+        await asyncio.gather(*maintainer._compaction_checks.values())
+        return wanted
+
+    return checked
+
+
+async def test_the_sweep_keeps_a_keyed_tables_delete_files_and_expiry_deletes_them_once_nothing_reaches_them(
+    admin_factory: AdminFactory, catalog: Catalog, database_url: str
+) -> None:
+    """Issue 29.5: a delete file a snapshot references is never an orphan, however old; expiring the snapshot that
+    added it leaves it while a snapshot kept still reaches it, and deletes it once none does (after the compaction
+    that dropped it)."""
+    token = "keyed-maintenance-token-Zq3vX9pL2mN8"
+    admin = without_commit_triggers(
+        await admin_factory(
+            admin_token=token,
+            orphan_grace_seconds=3600,
+            orphan_sweep_interval_seconds=1,
+            compaction_min_files=1_000_000,
+            compaction_delete_files_min=1_000_000,
+            compaction_deleted_rows_ratio=1.0,
+            **KEYED_NO_EXPIRY,
+        )
+    )
+    registration = await register_keyed(admin)
+    model: dict[int, Row] = {}
+    for epoch, operations in enumerate(KEYED_EPOCHS):
+        await commit_keyed(admin, registration, epoch, operations, model)
+    table = catalog.load_table(KEYED_TABLE)
+    deletes = delete_file_paths(table)
+    assert len(deletes) == 3
+    await asyncio.to_thread(backdate_tree, registration.table_location, 7200)
+    sink_id = sink_id_of(database_url, KEYED_SINK)
+
+    swept = await admin.runtime.maintainer.run_now(sink_id)
+
+    assert (swept.outcome, swept.swept, swept.orphans_deleted) == ("ok", True, 0), swept.error
+    assert await asyncio.to_thread(existing, deletes) == deletes
+    assert missing_reachable_files(catalog.load_table(KEYED_TABLE)) == []
+    assert_table_holds(catalog.load_table(KEYED_TABLE), model)
+
+    # Every snapshot but the newest expired (each added a delete file but the first); then compaction drops them.
+    auth = {"Authorization": f"Bearer {token}"}
+    overrides = {"snapshot_max_count": 1, "compaction_delete_files_min": 1}
+    changed = await admin.put(f"/api/v1/sinks/{KEYED_SINK}/maintenance", json={"overrides": overrides}, headers=auth)
+    assert changed.status_code == 200, changed.text
+    compacted = await admin.runtime.maintainer.run_now(sink_id)
+
+    assert (compacted.outcome, compacted.snapshots_expired) == ("ok", 3), compacted.error
+    assert compacted.files_compacted > 0
+    table = catalog.load_table(KEYED_TABLE)
+    assert delete_file_paths(table) == set()
+    assert await asyncio.to_thread(existing, deletes) == deletes  # the snapshot kept before the compaction has them
+    assert missing_reachable_files(table) == []
+
+    expired = await admin.runtime.maintainer.run_now(sink_id)
+
+    assert (expired.outcome, expired.snapshots_expired) == ("ok", 1), expired.error
+    assert await asyncio.to_thread(existing, deletes) == set()
+    table = catalog.load_table(KEYED_TABLE)
+    assert missing_reachable_files(table) == []
+    assert_table_holds(table, model)

@@ -13,7 +13,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import DoubleType, FloatType, IntegerType, LongType, NestedField, StringType
 
-from coordinator_service.tables import table_maintenance as tm
+from coordinator_service.tables import compaction_plans as cp
 from coordinator_service.tables.data_file_codec import DescriptionOutdated, decode_data_file, encode_data_file
 from tests.fixtures.key_index import described
 
@@ -46,7 +46,7 @@ def test_a_data_file_comes_back_whole_even_after_its_partition_columns_were_wide
         )
     )
     table = catalog.load_table("db.t")
-    files = tm.live_files(table).data
+    files = cp.live_files(table).data
     encoded = {data_file.file_path: encode_data_file(table.metadata, data_file) for data_file in files}
     schema_id = table.metadata.current_schema_id
 

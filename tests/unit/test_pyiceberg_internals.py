@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.io.pyarrow import PyArrowFileIO
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestContent, ManifestEntryStatus
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table, Transaction
@@ -23,6 +23,7 @@ from pyiceberg.typedef import Record
 from pyiceberg.types import LongType, NestedField, StringType
 
 from coordinator_service.tables import pyiceberg_internals as internals
+from tests.fixtures.delete_files import commit_position_deletes
 
 SCHEMA = Schema(
     NestedField(1, "order_id", LongType(), required=True),
@@ -96,6 +97,39 @@ def test_data_files_of_writes_files_nothing_references_and_replace_files_swaps_t
     assert snapshot.summary["marker"] == "test"
     assert {task.file.file_path for task in committed.scan().plan_files()} == {f.file_path for f in written}
     assert sorted(committed.scan().to_arrow().column("order_id").to_pylist()) == list(range(10))
+
+
+def test_replace_files_removes_a_position_delete_file_recording_it_deleted_in_a_delete_manifest(table: Table) -> None:
+    """pyiceberg's overwrite refuses to remove a delete file and would write a delete manifest back as a data one."""
+    table.append(ROWS)
+    table = table.refresh()
+    [germany] = [task.file for task in table.scan().plan_files() if task.file.partition[0] == "DE"]
+    delete_path = commit_position_deletes(table, germany, [0])
+    table = table.refresh()
+    [delete_file] = [task_delete for task in table.scan().plan_files() for task_delete in task.delete_files]
+    kept = table.scan(row_filter="country == 'DE'").to_arrow()
+    written = list(internals.data_files_of(table.metadata, kept, table.io))
+
+    committed = internals.replace_files(table, [germany], written, {"marker": "test"}, deletes_dropped=[delete_file])
+
+    snapshot = committed.current_snapshot()
+    assert snapshot is not None and snapshot.summary is not None
+    assert (snapshot.summary.operation.value, snapshot.summary["total-delete-files"]) == ("replace", "0")
+    assert [task.delete_files for task in committed.scan().plan_files()] == [set(), set()]
+    removed = [
+        (manifest.content, entry.status, entry.data_file.file_path)
+        for manifest in snapshot.manifests(committed.io)
+        if manifest.added_snapshot_id == snapshot.snapshot_id
+        for entry in manifest.fetch_manifest_entry(committed.io, discard_deleted=False)
+        if entry.status == ManifestEntryStatus.DELETED
+    ]
+    assert sorted(removed) == sorted(
+        [
+            (ManifestContent.DATA, ManifestEntryStatus.DELETED, germany.file_path),
+            (ManifestContent.DELETES, ManifestEntryStatus.DELETED, delete_path),
+        ]
+    )
+    assert sorted(committed.scan().to_arrow().column("order_id").to_pylist()) == [0, *range(2, 10)]  # 1: deleted
 
 
 def test_iceberg_schema_numbers_an_arrow_schemas_fields_and_keeps_their_nullability() -> None:

@@ -19,6 +19,7 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.manifest import DataFileContent, ManifestContent
 from pyiceberg.table import Table
 
+from coordinator_service.tables import compaction_plans as cp
 from coordinator_service.tables import table_maintenance as tm
 from coordinator_service.tables.iceberg import IcebergGateway
 from coordinator_service.tables.key_resolution import DuplicateKeys, live_rows
@@ -163,9 +164,9 @@ def test_maintenance_under_a_resolution_is_a_conflict_too(gateway: IcebergGatewa
         commit_epochs(gateway, identifier, [[Upsert(key, "eu", value)]])
     stale = gateway.load(identifier)
     table = catalog.load_table(identifier)
-    groups = [[tm.as_small_file(data_file) for data_file in tm.live_files(table).data]]
-    replaced, written = tm.write_compacted(table, groups, target_bytes=1 << 20)
-    tm.commit_compaction(table, replaced, written)  # the positions in the stale table's files are gone
+    groups = [[tm.as_small_file(data_file) for data_file in cp.live_files(table).data]]
+    # The positions in the stale table's files are gone.
+    cp.commit_compaction(table, cp.write_compacted(table, groups, target_bytes=1 << 20))
 
     with pytest.raises(CommitFailedException):
         commit_epochs(gateway, identifier, [[Delete(1)]], table=stale)
@@ -181,7 +182,7 @@ def test_existing_position_deletes_are_honoured_and_a_duplicated_key_is_made_who
     identifier = keyed_table(gateway)
     commit_epochs(gateway, identifier, [[Upsert(key, "eu", "old") for key in range(5)]])
     table = catalog.load_table(identifier)
-    [data_file] = tm.live_files(table).data
+    [data_file] = cp.live_files(table).data
     commit_position_deletes(table, data_file, [1])  # key 1, by another engine
     table = catalog.load_table(identifier)
     table.add_files([_parquet(table, [(3, "eu", "twice")])])  # a plain append: key 3 twice

@@ -1,6 +1,10 @@
 """Compaction: the small files of each partition (smaller than 3/4 of COMPACTION_TARGET_FILE_BYTES, at least
-COMPACTION_MIN_FILES of them, at most COMPACTION_MAX_BYTES_PER_RUN in all) rewritten into a `replace` snapshot with
-the same rows; a file that an epoch not COMMITTED holds is never compacted, nor a partition with delete files."""
+COMPACTION_MIN_FILES of them), and every file that the position delete files of a partition delete rows of, once it
+has COMPACTION_DELETE_FILES_MIN of them or COMPACTION_DELETED_ROWS_RATIO of its rows deleted, at most
+COMPACTION_MAX_BYTES_PER_RUN in all,
+rewritten with their position deletes applied into a `replace` snapshot that drops the delete files no live data file
+is left to refer to (the rows read stay the same); a file that an epoch not COMMITTED holds is never compacted, nor a
+partition with equality delete files (another engine's)."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from coordinator_service.log.database import Database
 from coordinator_service.log.models import MaintenanceRun, Sink
 from coordinator_service.log.path_claims import MarkRule
 from coordinator_service.settings.maintenance import MaintenancePolicy
+from coordinator_service.tables import compaction_plans as cp
 from coordinator_service.tables import table_maintenance as tm
 from coordinator_service.tables.catalog_calls import in_catalog
 from coordinator_service.tables.format import LoadedTable
@@ -27,17 +32,19 @@ log = structlog.get_logger(__name__)
 
 async def compaction_plan(
     database: Database, table: LoadedTable, policy: MaintenancePolicy
-) -> tuple[tm.CompactionInput, list[list[tm.SmallFile]]]:
+) -> tuple[cp.CompactionInput, list[list[tm.SmallFile]]]:
     """The table's live files, and the groups of small files a compaction of it would merge now (what a run
     compacts, and what a commit's check counts); the log is asked which files are held only when there are any."""
-    files = await in_catalog(tm.compaction_input, table)
+    files = await in_catalog(cp.compaction_input, table)
     plan = functools.partial(
-        tm.compaction_plan,
+        cp.compaction_plan,
         files,
         target_bytes=policy.compaction_target_file_bytes,
         min_files=policy.compaction_min_files,
         max_bytes=policy.compaction_max_bytes_per_run,
         spec_id=tm.default_spec_id(table),
+        delete_files=policy.compaction_delete_files_min,
+        deleted_rows_ratio=policy.compaction_deleted_rows_ratio,
     )
     if not plan(set()):
         return files, []  # holding files back only takes more away
@@ -52,6 +59,8 @@ class Compaction(MaintenanceStep):
         "compaction_target_file_bytes",
         "compaction_min_files",
         "compaction_max_bytes_per_run",
+        "compaction_delete_files_min",
+        "compaction_deleted_rows_ratio",
     )
     counters: tuple[str, ...] = ("files_compacted", "files_written", "bytes_rewritten")
 
@@ -66,31 +75,38 @@ class Compaction(MaintenanceStep):
     ) -> None:
         table = await in_catalog(context.tables.load, identifier)
         files, groups = await compaction_plan(context.database, table, policy)
-        with_deletes = files.partitions_with_deletes()
-        if with_deletes:
+        with_equality_deletes = files.partitions_with_equality_deletes()
+        if with_equality_deletes:
             log.info(
-                "compaction leaves alone the partitions that have delete files",
+                "compaction leaves alone the partitions that have equality delete files",
                 sink=sink.name,
                 table=identifier,
-                partitions=len(with_deletes),
+                partitions=len(with_equality_deletes),
             )
         if not groups:
             return
-        replaced, written = await in_catalog(tm.write_compacted, table, groups, policy.compaction_target_file_bytes)
+        rewrite = await in_catalog(cp.write_compacted, table, groups, policy.compaction_target_file_bytes)
         await failpoints.hit(Failpoint.MAINTENANCE_BEFORE_COMPACTION_COMMIT)
         try:
-            committed = await in_catalog(tm.commit_compaction, table, replaced, written)
+            committed = await in_catalog(cp.commit_compaction, table, rewrite)
         except CatalogConflict:
             # The commit did not happen (a conflict): the files written are nobody's.
             await context.deleter.delete(
-                sink.name, sink.id, lock, [identifier], [f.file_path for f in written], MarkRule.UNCLAIMED
+                sink.name, sink.id, lock, [identifier], [f.file_path for f in rewrite.written], MarkRule.UNCLAIMED
             )
             raise
         context.tables.remember(identifier, committed)
         await failpoints.hit(Failpoint.MAINTENANCE_AFTER_COMPACTION_COMMIT)
-        run.files_compacted += len(replaced)
-        run.files_written += len(written)
-        run.bytes_rewritten += sum(data_file.file_size_in_bytes for data_file in replaced)
+        run.files_compacted += len(rewrite.replaced)
+        run.files_written += len(rewrite.written)
+        run.bytes_rewritten += sum(data_file.file_size_in_bytes for data_file in rewrite.replaced)
+        if rewrite.deletes_dropped:
+            log.info(
+                "compaction applied and dropped position delete files",
+                sink=sink.name,
+                table=identifier,
+                delete_files=len(rewrite.deletes_dropped),
+            )
 
 
 STEP = Compaction()

@@ -1,0 +1,217 @@
+"""`python -m bench.keyed_compaction [--quick]`: what a keyed table's position delete files cost a full scan, and what
+compaction gives back (issue 29's goal: a full scan of an upsert table before compaction at most 1.5 x the same
+after compaction).
+
+A keyed table of 1,000,000 rows (ids 0.., files of 50,000 rows, as bench.key_resolution builds it), then epochs of
+10,000 upserts each, keys spread uniformly over the table, each committed as a row delta (its rows in a new data file,
+the keys' old rows deleted by one position delete file: what a keyed sink's commit does), until the commit after which
+maintenance's plan with the default policy (COMPACTION_TARGET_FILE_BYTES: the table's file size, so that its files
+are not small) would compact the table (the commit that asks for a run: the most delete
+files a maintained table reads between runs, at a commit rate above the maintenance clock's). A full scan of every
+live row (pyiceberg's `scan().to_arrow()`, position deletes applied) is timed there; the table is compacted as
+maintenance compacts it (coordinator_service.tables.table_maintenance: that plan, the files rewritten with their
+deletes applied, the delete files dropped, one `replace` snapshot), and the same scan timed again. The rows are
+checked equal both times.
+
+Writes bench/results/keyed_compaction.md and keyed_compaction.json. A pyiceberg SQL catalog on SQLite and local files:
+the catalog is not what is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import duckdb
+from pydantic import ByteSize
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.table import Table
+
+from bench.infra import machine_facts, spread, temp_root
+from bench.key_resolution import RESULTS, build_table, timed, upsert_epoch
+from coordinator_service.settings.maintenance import MaintenancePolicy
+from coordinator_service.tables import compaction_plans as cp
+from coordinator_service.tables import table_maintenance as tm
+from coordinator_service.tables.iceberg import IcebergGateway
+from coordinator_service.tables.row_deltas import commit_row_delta
+from tests.fixtures.duckdb_reader import iceberg_connection
+
+TABLE = "bench.keyed_compaction"
+KEYS_PER_EPOCH = 10_000
+# Epochs committed at most before the plan must have asked for a compaction.
+MAX_EPOCHS = 50
+# The goal: a full scan before compaction at most this many times the same after it.
+GOAL = 1.5
+
+
+def full_scan(table: Table) -> int:
+    rows: int = table.scan().to_arrow().num_rows
+    return rows
+
+
+def duckdb_full_scan(connection: duckdb.DuckDBPyConnection, table: Table) -> int:
+    """Every live row as DuckDB's Iceberg extension reads it (the second reader of the tests), into Arrow."""
+    path = table.metadata_location.removeprefix("file://")
+    rows: int = connection.execute(f"SELECT * FROM iceberg_scan('{path}')").fetch_arrow_table().num_rows
+    return rows
+
+
+def files_of(table: Table) -> dict[str, int]:
+    live = cp.live_files(table)
+    return {"data_files": len(live.data), "delete_files": len(live.deletes)}
+
+
+def plan(table: Table, policy: MaintenancePolicy) -> list[list[tm.SmallFile]]:
+    """What a maintenance run with `policy` would compact (nothing held)."""
+    return cp.compaction_plan(
+        cp.compaction_input(table),
+        set(),
+        target_bytes=policy.compaction_target_file_bytes,
+        min_files=policy.compaction_min_files,
+        max_bytes=policy.compaction_max_bytes_per_run,
+        spec_id=tm.default_spec_id(table),
+        delete_files=policy.compaction_delete_files_min,
+        deleted_rows_ratio=policy.compaction_deleted_rows_ratio,
+    )
+
+
+def compact(table: Table, policy: MaintenancePolicy) -> tuple[Table, float, cp.Rewrite]:
+    """Compact the table as a maintenance run with `policy` would; the seconds it took."""
+    started = time.perf_counter()
+    rewrite = cp.write_compacted(table, plan(table, policy), policy.compaction_target_file_bytes)
+    committed = cp.commit_compaction(table, rewrite)
+    return committed, time.perf_counter() - started, rewrite
+
+
+def measure(gateway: IcebergGateway, rows: int, repetitions: int, seed: int) -> dict[str, Any]:
+    chooser = random.Random(seed)
+    built = build_table(gateway, TABLE, rows)
+    # The built files are the target size (not small): what is compacted is what the epochs added.
+    target = int(statistics.median(data_file.file_size_in_bytes for data_file in cp.live_files(built).data))
+    policy = MaintenancePolicy(compaction_target_file_bytes=ByteSize(target))
+    commits: list[float] = []
+    while not plan(gateway.load(TABLE), policy):
+        assert len(commits) < MAX_EPOCHS, "the default policy never asked for a compaction"
+        keys = chooser.sample(range(rows), KEYS_PER_EPOCH)
+        change = upsert_epoch(gateway, TABLE, keys, f"v{len(commits) + 1}")
+        started = time.perf_counter()
+        commit_row_delta(gateway.load(TABLE), [change], {"bench.epoch": str(len(commits))})
+        commits.append(time.perf_counter() - started)
+    before_table = gateway.load(TABLE)
+    before_rows = before_table.scan().to_arrow().sort_by("id")
+    before = timed(lambda: full_scan(before_table), repetitions)
+    before_files = files_of(before_table)
+    after_table, compaction_seconds, rewrite = compact(before_table, policy)
+    after = timed(lambda: full_scan(after_table), repetitions)
+    with iceberg_connection() as connection:  # the extension loaded once, not in what is timed
+        before_duckdb = timed(lambda: duckdb_full_scan(connection, before_table), repetitions)
+        after_duckdb = timed(lambda: duckdb_full_scan(connection, after_table), repetitions)
+        assert duckdb_full_scan(connection, before_table) == rows, "DuckDB reads another table"
+    assert after_table.scan().to_arrow().sort_by("id").equals(before_rows), "compaction changed the rows"
+    assert before_rows.num_rows == rows, "an upsert table keeps one row per key"
+    before_scan, after_scan = spread(before), spread(after)
+    before_duckdb_scan, after_duckdb_scan = spread(before_duckdb), spread(after_duckdb)
+    return {
+        "rows": rows,
+        "epochs": len(commits),
+        "keys_per_epoch": KEYS_PER_EPOCH,
+        "target_file_bytes": target,
+        "commit_seconds": spread(commits),
+        "before": {**before_files, "scan_seconds": before_scan, "duckdb_scan_seconds": before_duckdb_scan},
+        "compaction": {
+            "seconds": compaction_seconds,
+            "data_files_replaced": len(rewrite.replaced),
+            "data_files_written": len(rewrite.written),
+            "delete_files_dropped": len(rewrite.deletes_dropped),
+        },
+        "after": {**files_of(after_table), "scan_seconds": after_scan, "duckdb_scan_seconds": after_duckdb_scan},
+        "ratio": before_scan["median"] / after_scan["median"],
+        "duckdb_ratio": before_duckdb_scan["median"] / after_duckdb_scan["median"],
+    }
+
+
+def render(results: dict[str, Any]) -> str:
+    table = results["table"]
+    before, after, compaction = table["before"], table["after"], table["compaction"]
+    ratio, duckdb_ratio = table["ratio"], table["duckdb_ratio"]
+    return "\n".join(
+        [
+            "# A keyed table's full scan before and after compaction",
+            "",
+            f"`python -m bench.keyed_compaction{' --quick' if results['quick'] else ''}`, {results['date']}, "
+            f"{results['machine']['cores']} cores, median of {results['repetitions']} full scans into Arrow by each "
+            "reader (pyiceberg `scan().to_arrow()`, DuckDB's Iceberg extension `SELECT * FROM iceberg_scan(...)`), "
+            "position deletes applied.",
+            "",
+            f"{table['rows']:,} rows, then {table['epochs']} epochs of {table['keys_per_epoch']:,} upserts of keys "
+            "spread uniformly, each committed as a row delta (a data file and a position delete file), up to the "
+            "commit after which the default maintenance policy asks for a compaction (COMPACTION_DELETE_FILES_MIN=5, "
+            "COMPACTION_DELETED_ROWS_RATIO=0.1, COMPACTION_MIN_FILES=5; COMPACTION_TARGET_FILE_BYTES="
+            f"{table['target_file_bytes']:,}, the size of the table's files, so that they are not small); then "
+            "compacted as a run does (every data file rewritten with its deletes applied, the delete files dropped, "
+            "one `replace` snapshot).",
+            "",
+            "| | data files | delete files | pyiceberg full scan (median, min-max) | DuckDB full scan |",
+            "| --- | ---: | ---: | ---: | ---: |",
+            *(
+                f"| {name} | {state['data_files']} | {state['delete_files']} | {_cell(state['scan_seconds'])} "
+                f"| {_cell(state['duckdb_scan_seconds'])} |"
+                for name, state in (("before compaction", before), ("after compaction", after))
+            ),
+            "",
+            f"Compaction: {compaction['data_files_replaced']} data files rewritten into "
+            f"{compaction['data_files_written']}, {compaction['delete_files_dropped']} delete files dropped, "
+            f"{compaction['seconds']:.2f} s. A commit of an epoch (resolved by the scan): "
+            f"{_cell(table['commit_seconds'])}.",
+            "",
+            f"**Before / after: {ratio:.2f} x with pyiceberg ({_verdict(ratio)}), {duckdb_ratio:.2f} x with DuckDB "
+            f"({_verdict(duckdb_ratio)})** (goal: at most {GOAL} x).",
+            "",
+        ]
+    )
+
+
+def _verdict(ratio: float) -> str:
+    return "met" if ratio <= GOAL else "not met"
+
+
+def _cell(seconds: dict[str, float]) -> str:
+    return f"{seconds['median']:.3f} s ({seconds['min']:.3f}-{seconds['max']:.3f})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.keyed_compaction", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="a table of 100,000 rows, 2 repetitions")
+    parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--output", type=Path, default=RESULTS, help="directory of keyed_compaction.md and .json")
+    args = parser.parse_args(argv)
+    rows = 100_000 if args.quick else 1_000_000
+    repetitions = 2 if args.quick else args.repetitions
+    root = temp_root()
+    try:
+        catalog = SqlCatalog("bench", uri=f"sqlite:///{root / 'catalog.db'}", warehouse=(root / "warehouse").as_uri())
+        results = {
+            "date": time.strftime("%Y-%m-%d"),
+            "quick": args.quick,
+            "repetitions": repetitions,
+            "machine": machine_facts(None),
+            "table": measure(IcebergGateway(catalog), rows, repetitions, seed=rows),
+        }
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    report = render(results)
+    args.output.mkdir(parents=True, exist_ok=True)
+    (args.output / "keyed_compaction.md").write_text(report)
+    (args.output / "keyed_compaction.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
