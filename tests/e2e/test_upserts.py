@@ -1,0 +1,217 @@
+"""Row mutations end to end: an upsert stream and a Debezium change stream (random inserts, updates and deletes of
+overlapping keys across many micro-batches) through the real job, a real broker and the real coordinator process;
+the table, read by pyiceberg and by DuckDB's Iceberg extension, holds the last value of each key and no deleted key.
+Also through a driver killed mid-stream and re-run, and a coordinator killed mid-commit."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from pyiceberg.catalog import Catalog
+from pyspark.sql import SparkSession
+
+from spark_writer.job import start_job
+from spark_writer.job_settings import KafkaSettings, ParseSettings, SinkSettings
+from spark_writer.mutations.modes import Envelope, MutationMode, Mutations
+from tests.fixtures.coordinator import CoordinatorProcess, failpoints_env
+from tests.fixtures.pipeline import QUERY_TIMEOUT_SECONDS
+from tests.fixtures.sink_writer_process import killable_driver_command
+from tests.fixtures.upsert_streams import (
+    ROW_DDL,
+    assert_table_is_model,
+    changes,
+    produce_debezium,
+    produce_upserts,
+)
+
+pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+
+TopicFactory = Callable[..., str]
+Factory = Callable[..., CoordinatorProcess]
+
+RECORDS = 2400
+KEYS = 300
+PARTITIONS = 3
+PER_BATCH = 300  # 8 batches
+UPSERT = Mutations(MutationMode.UPSERT, ("id",))
+KILLED_EPOCH = 3
+
+
+def keyed_settings(
+    bootstrap: str, topic: str, coordinator: str, checkpoint: Path, sink: str, mutations: Mutations = UPSERT
+) -> tuple[KafkaSettings, ParseSettings, SinkSettings]:
+    return (
+        KafkaSettings(bootstrap, (topic,), max_offsets_per_trigger=PER_BATCH),
+        ParseSettings(schema_ddl=ROW_DDL, evolve_schema=False, mutations=mutations),
+        SinkSettings(
+            sink=sink,
+            table=f"crm.{sink}",
+            coordinator=coordinator,
+            checkpoint_location=str(checkpoint),
+            available_now=True,
+        ),
+    )
+
+
+def test_an_upsert_stream_leaves_the_last_value_of_each_key(
+    spark: SparkSession,
+    kafka_bootstrap: str,
+    kafka_topic: TopicFactory,
+    coordinator: CoordinatorProcess,
+    catalog: Catalog,
+    tmp_path: Path,
+) -> None:
+    topic = kafka_topic(partitions=PARTITIONS)
+    produced = changes(RECORDS, KEYS, seed=29)
+    produce_upserts(kafka_bootstrap, topic, produced, PARTITIONS)
+    running = start_job(
+        spark, *keyed_settings(kafka_bootstrap, topic, coordinator.target, tmp_path / "checkpoint", "customers")
+    )
+    assert running.await_termination(QUERY_TIMEOUT_SECONDS)
+
+    assert_table_is_model(catalog, "crm.customers", produced)
+    with coordinator.client() as client:
+        state = client.sink_state("customers")
+    assert state.committed_epoch == state.checkpointed_epoch == RECORDS // PER_BATCH - 1
+
+
+def writer_flags(kafka: KafkaSettings, parse: ParseSettings, sink: SinkSettings, work: Path) -> list[str]:
+    """The `sink-writer` command line of these settings (an upsert stream keyed by `id`)."""
+    assert kafka.max_offsets_per_trigger is not None and parse.schema_ddl is not None
+    return [
+        "--bootstrap-servers", kafka.bootstrap_servers,
+        *[flag for topic in kafka.topics for flag in ("--topic", topic)],
+        "--schema", parse.schema_ddl,
+        "--no-evolve-schema",
+        "--mode", "upsert",
+        "--key", ",".join(parse.mutations.key),
+        "--max-offsets-per-trigger", str(kafka.max_offsets_per_trigger),
+        "--sink", sink.sink,
+        "--table", sink.table,
+        "--coordinator", sink.coordinator,
+        "--checkpoint-location", sink.checkpoint_location,
+        "--available-now",
+        "--master", "local[2]",
+        "--spark-log-file", str(work / "spark.log"),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("point", ["after-precommit", "before-checkpoint-report"])
+def test_an_upsert_stream_through_a_driver_killed_mid_stream_and_rerun(
+    point: str,
+    spark: SparkSession,
+    kafka_bootstrap: str,
+    kafka_topic: TopicFactory,
+    coordinator: CoordinatorProcess,
+    catalog: Catalog,
+    tmp_path: Path,
+) -> None:
+    """kill -9 of the driver's process group after a batch's pre-commit (the epoch is re-run: its rows once) or
+    after its Spark checkpoint (the restart commits it): the re-run leaves the model."""
+    topic = kafka_topic(partitions=PARTITIONS)
+    produced = changes(RECORDS, KEYS, seed=31)
+    produce_upserts(kafka_bootstrap, topic, produced, PARTITIONS)
+    settings = keyed_settings(kafka_bootstrap, topic, coordinator.target, tmp_path / "checkpoint", "customers_crash")
+    log_path = tmp_path / "driver.log"
+    with log_path.open("w") as log_file:
+        completed = subprocess.run(
+            [*killable_driver_command(point, KILLED_EPOCH), *writer_flags(*settings, tmp_path)],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # the kill point takes the driver's whole process group, and only it
+            timeout=QUERY_TIMEOUT_SECONDS,
+            check=False,
+        )
+    assert completed.returncode == -signal.SIGKILL, log_path.read_text()[-5000:]
+    with coordinator.client() as client:
+        assert (KILLED_EPOCH, "PENDING") in {(e.epoch, e.status) for e in client.sink_state("customers_crash").epochs}
+
+    assert start_job(spark, *settings).await_termination(QUERY_TIMEOUT_SECONDS)
+
+    assert_table_is_model(catalog, "crm.customers_crash", produced)
+    with coordinator.client() as client:
+        state = client.sink_state("customers_crash")
+    assert state.committed_epoch == state.checkpointed_epoch == RECORDS // PER_BATCH - 1
+
+
+@pytest.fixture
+def successor() -> Iterator[list[CoordinatorProcess]]:
+    """Coordinators started by the test itself (on the ports of a killed one); stopped at the end."""
+    started: list[CoordinatorProcess] = []
+    yield started
+    for process in started:
+        process.stop()
+
+
+@pytest.mark.parametrize("failpoint", ["commit.before_append=kill@3", "commit.after_append=kill@3"])
+def test_an_upsert_stream_through_a_coordinator_killed_mid_commit(
+    failpoint: str,
+    spark: SparkSession,
+    kafka_bootstrap: str,
+    kafka_topic: TopicFactory,
+    coordinator_factory: Factory,
+    successor: list[CoordinatorProcess],
+    database_url: str,
+    catalog: Catalog,
+    tmp_path: Path,
+) -> None:
+    """kill -9 of the coordinator at its third commit, before or after the row delta is in the table (its epochs
+    not yet marked COMMITTED); a new coordinator on the same database and ports resolves again or finds the
+    snapshot: every key's old row deleted once, its new row once."""
+    topic = kafka_topic(partitions=PARTITIONS)
+    produced = changes(RECORDS, KEYS, seed=37)
+    produce_upserts(kafka_bootstrap, topic, produced, PARTITIONS)
+    first = coordinator_factory(**failpoints_env(failpoint))
+    running = start_job(
+        spark, *keyed_settings(kafka_bootstrap, topic, first.target, tmp_path / "checkpoint", "customers_commit")
+    )
+    outcome: list[object] = []
+
+    def await_query() -> None:  # in a thread: the query can only end once the successor answers
+        try:
+            outcome.append(running.await_termination(QUERY_TIMEOUT_SECONDS))
+        except Exception as error:
+            outcome.append(error)
+
+    waiter = threading.Thread(target=await_query)
+    waiter.start()
+    assert first.wait_killed(timeout=QUERY_TIMEOUT_SECONDS) == -signal.SIGKILL
+    second = CoordinatorProcess(
+        database_url=database_url, data_dir=first.data_dir, grpc_port=first.grpc_port, http_port=first.http_port
+    )
+    successor.append(second)
+    second.start()
+    waiter.join(QUERY_TIMEOUT_SECONDS)
+
+    assert outcome == [True], "the query did not finish after the coordinator came back"
+    assert_table_is_model(catalog, "crm.customers_commit", produced)
+    with second.client() as client:
+        state = client.sink_state("customers_commit")
+    assert state.committed_epoch == state.checkpointed_epoch == RECORDS // PER_BATCH - 1
+
+
+def test_a_debezium_change_stream_leaves_the_last_value_of_each_key(
+    spark: SparkSession,
+    kafka_bootstrap: str,
+    kafka_topic: TopicFactory,
+    coordinator: CoordinatorProcess,
+    catalog: Catalog,
+    tmp_path: Path,
+) -> None:
+    """Debezium's JSON envelopes (snapshot reads, creates, updates, deletes each followed by its tombstone)."""
+    topic = kafka_topic(partitions=PARTITIONS)
+    produced = changes(RECORDS, KEYS, seed=41)
+    produce_debezium(kafka_bootstrap, topic, produced, PARTITIONS)
+    cdc = Mutations(MutationMode.CDC, ("id",), envelope=Envelope.DEBEZIUM)
+    running = start_job(
+        spark,
+        *keyed_settings(kafka_bootstrap, topic, coordinator.target, tmp_path / "checkpoint", "customers_cdc", cdc),
+    )
+    assert running.await_termination(QUERY_TIMEOUT_SECONDS)
+
+    assert_table_is_model(catalog, "crm.customers_cdc", produced)
