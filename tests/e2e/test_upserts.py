@@ -9,6 +9,7 @@ import signal
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,13 +19,18 @@ from pyspark.sql import SparkSession
 from spark_writer.job import start_job
 from spark_writer.job_settings import KafkaSettings, ParseSettings, SinkSettings
 from spark_writer.mutations.modes import Envelope, MutationMode, Mutations
+from spark_writer.routing.routes import Routes, Unrouted
 from tests.fixtures.coordinator import CoordinatorProcess, failpoints_env
+from tests.fixtures.duckdb_reader import duckdb_rows
 from tests.fixtures.pipeline import QUERY_TIMEOUT_SECONDS
 from tests.fixtures.sink_writer_process import killable_driver_command
 from tests.fixtures.upsert_streams import (
     ROW_DDL,
+    Row,
+    as_record,
     assert_table_is_model,
     changes,
+    model,
     produce_debezium,
     produce_upserts,
 )
@@ -215,3 +221,120 @@ def test_a_debezium_change_stream_leaves_the_last_value_of_each_key(
     assert running.await_termination(QUERY_TIMEOUT_SECONDS)
 
     assert_table_is_model(catalog, "crm.customers_cdc", produced)
+
+
+REGIONS = ("eu", "us")
+
+
+def region_of(key: int) -> str:
+    return REGIONS[key % len(REGIONS)]
+
+
+def test_an_upsert_stream_fanned_out_by_a_key_column_leaves_each_table_its_keys(
+    spark: SparkSession,
+    kafka_bootstrap: str,
+    kafka_topic: TopicFactory,
+    coordinator: CoordinatorProcess,
+    catalog: Catalog,
+    tmp_path: Path,
+) -> None:
+    """Keyed by (region, id) and routed by region into two tables: each table holds the model of its region's keys."""
+    topic = kafka_topic(partitions=PARTITIONS)
+    produced = changes(RECORDS, KEYS, seed=43)
+    produce_upserts(
+        kafka_bootstrap,
+        topic,
+        produced,
+        PARTITIONS,
+        record_of=lambda row: {"region": region_of(row[0]), **as_record(row)},
+        key_of=lambda key: {"region": region_of(key), "id": key},
+    )
+    tables = {region: f"crm.customers_{region}" for region in REGIONS}
+    kafka, _, sink = keyed_settings(kafka_bootstrap, topic, coordinator.target, tmp_path / "checkpoint", "fan")
+    running = start_job(
+        spark,
+        kafka,
+        ParseSettings(
+            schema_ddl=f"region STRING NOT NULL, {ROW_DDL}",
+            evolve_schema=False,
+            mutations=Mutations(MutationMode.UPSERT, ("region", "id")),
+        ),
+        replace(sink, routes=Routes.static("region", tables.items(), Unrouted.FAIL)),
+    )
+    assert running.await_termination(QUERY_TIMEOUT_SECONDS)
+
+    for region, table in tables.items():
+        assert_table_is_model(catalog, table, produced, keys=lambda key, region=region: region_of(key) == region)
+    with coordinator.client() as client:
+        state = client.sink_state("fan")
+    assert {table.table: table.committed_epoch for table in state.tables if table.table in tables.values()} == (
+        dict.fromkeys(tables.values(), RECORDS // PER_BATCH - 1)
+    )
+
+
+def test_a_column_added_mid_stream_to_an_upsert_table_holds_each_keys_last_value(
+    spark: SparkSession,
+    kafka_bootstrap: str,
+    kafka_topic: TopicFactory,
+    coordinator: CoordinatorProcess,
+    catalog: Catalog,
+    tmp_path: Path,
+) -> None:
+    """A field the records start to carry halfway becomes a column; a key last written before it holds null there."""
+    topic = kafka_topic(partitions=PARTITIONS)
+    produced = changes(RECORDS, KEYS, seed=47)
+    half = RECORDS // 2
+
+    def with_tier(row: Row) -> dict[str, object]:
+        return {**as_record(row), "tier": f"t{row[2] % 3}"}
+
+    produce_upserts(kafka_bootstrap, topic, produced[:half], PARTITIONS)
+    kafka, parse, sink = keyed_settings(kafka_bootstrap, topic, coordinator.target, tmp_path / "checkpoint", "grow")
+    running = start_job(spark, kafka, replace(parse, evolve_schema=True), replace(sink, available_now=False))
+    running.query.processAllAvailable()
+    assert "tier" not in catalog.load_table("crm.grow").schema().column_names
+
+    produce_upserts(kafka_bootstrap, topic, produced[half:], PARTITIONS, record_of=with_tier)
+    running.query.processAllAvailable()
+    running.stop()
+
+    assert_table_is_model(catalog, "crm.grow", produced)
+    tiers = {row[0]: with_tier(row)["tier"] if row[2] >= half else None for row in model(produced)}
+    read = catalog.load_table("crm.grow").scan(selected_fields=("id", "tier")).to_arrow().to_pylist()
+    assert {row["id"]: row["tier"] for row in read} == tiers
+    duckdb = duckdb_rows(catalog.load_table("crm.grow").metadata_location, "id", "id, tier")
+    assert dict(duckdb) == tiers
+
+
+def test_an_upsert_stream_whose_keys_move_between_partitions_leaves_the_last_value_of_each_key(
+    spark: SparkSession,
+    kafka_bootstrap: str,
+    kafka_topic: TopicFactory,
+    coordinator: CoordinatorProcess,
+    catalog: Catalog,
+    tmp_path: Path,
+) -> None:
+    """The table is partitioned by a column that is not the key, and a key's region changes from record to record:
+    its old row is deleted in the partition it was in."""
+    topic = kafka_topic(partitions=PARTITIONS)
+    produced = changes(RECORDS, KEYS, seed=53)
+    produce_upserts(
+        kafka_bootstrap,
+        topic,
+        produced,
+        PARTITIONS,
+        record_of=lambda row: {**as_record(row), "region": REGIONS[row[2] % len(REGIONS)]},
+    )
+    kafka, parse, sink = keyed_settings(kafka_bootstrap, topic, coordinator.target, tmp_path / "checkpoint", "moving")
+    running = start_job(
+        spark,
+        kafka,
+        replace(parse, schema_ddl=f"{ROW_DDL}, region STRING"),
+        replace(sink, partition_by=("region",)),
+    )
+    assert running.await_termination(QUERY_TIMEOUT_SECONDS)
+
+    assert [field.name for field in catalog.load_table("crm.moving").spec().fields] == ["region"]
+    assert_table_is_model(catalog, "crm.moving", produced)
+    read = catalog.load_table("crm.moving").scan(selected_fields=("id", "seq", "region")).to_arrow().to_pylist()
+    assert all(row["region"] == REGIONS[row["seq"] % len(REGIONS)] for row in read)
