@@ -9,7 +9,10 @@ it at a real Kafka, PostgreSQL or catalog instead, keep the table on a local S3 
 with its Iceberg REST catalog (--s3; --glue: Glue on an emulator instead), run Spark on
 a standalone cluster started here (--cluster), or
 route the orders by country into a table per country (--fan-out), each checked to
-hold its country's orders only, and all of them every order exactly once.
+hold its country's orders only, and all of them every order exactly once. With --cdc the
+stream is a database's changes of orders in Debezium's envelope instead
+(sink_coordinator_demo/order_changes.py), mirrored into a keyed table checked against
+the model: each existing order once, at its last change, and no deleted order.
 """
 
 from __future__ import annotations
@@ -55,6 +58,14 @@ from coordinator_service.tables.catalog_access import CatalogAccess
 from coordinator_service.tables.markers import MARKER_SINK
 from sink_coordinator_demo.local_services import CoordinatorService, LocalProcess, NoidaKafkaBroker, ServiceError
 from sink_coordinator_demo.object_store import emulated_object_store, local_object_store
+from sink_coordinator_demo.order_changes import (
+    MUTATIONS,
+    ORDER_ROW_DDL,
+    OrderModel,
+    change_results,
+    check_changes,
+    produce_order_changes,
+)
 from sink_coordinator_demo.orders import COUNTRY_CURRENCIES, ORDER_SCHEMA_DDL, create_topic, produce_orders
 from sink_coordinator_demo.ports import free_port, port_is_free
 from sink_coordinator_demo.spark_cluster import SparkCluster, start_spark_cluster
@@ -223,7 +234,7 @@ def reset_data_dir(data_dir: Path) -> None:
 
 
 def stream_orders(
-    spark: SparkSession, kafka: KafkaSettings, sink: SinkSettings, events: int, stop: StopRequest
+    spark: SparkSession, kafka: KafkaSettings, parse: ParseSettings, sink: SinkSettings, events: int, stop: StopRequest
 ) -> None:
     """Run the writer until the topic is drained, with a progress bar fed by the query's progress events."""
     with _bar("stream") as progress:
@@ -231,7 +242,7 @@ def stream_orders(
         listener = BatchProgress(sink.sink, progress, task)
         spark.streams.addListener(listener)
         try:
-            running = start_job(spark, kafka, ParseSettings(schema_ddl=ORDER_SCHEMA_DDL, evolve_schema=False), sink)
+            running = start_job(spark, kafka, parse, sink)
             if not run_until_done(running, stop):
                 raise KeyboardInterrupt
         finally:
@@ -240,17 +251,10 @@ def stream_orders(
         progress.update(task, completed=events, description="drained")
 
 
-def print_summary(
-    events: int,
-    check: TableCheck,
-    committed_epochs: int,
-    settings: Settings,
-    phases: Phases,
-    where: dict[str, str],
-    reading: str,
-    routes: Sequence[RouteCheck] = (),
-) -> None:
-    """The results, the time of each phase, where things are, and (whole lines, to paste) how to read the table."""
+def exactly_once_results(
+    events: int, check: TableCheck, committed_epochs: int, routes: Sequence[RouteCheck] = ()
+) -> tuple[Table, bool]:
+    """The check of an append stream's table (every order exactly once), and whether it passed."""
     misrouted = sum(route.misrouted for route in routes)
     ok = check.duplicates == 0 and check.missing == 0 and check.rows == events and misrouted == 0
     results = Table(title="exactly once?" + (" [green]yes[/green]" if ok else " [red]NO[/red]"), show_header=False)
@@ -267,6 +271,21 @@ def print_summary(
     ]:
         style = "red" if label.startswith(("duplicates", "missing")) and value else ""
         results.add_row(label, f"[{style}]{value:,}[/{style}]" if style else f"{value:,}")
+    if routes:
+        results.add_row("misrouted (rows in a table not routed their country)", f"{misrouted:,}")
+    return results, ok
+
+
+def print_summary(
+    results: Table,
+    ok: bool,
+    settings: Settings,
+    phases: Phases,
+    where: dict[str, str],
+    reading: str,
+    routes: Sequence[RouteCheck] = (),
+) -> None:
+    """The results, the time of each phase, where things are, and (whole lines, to paste) how to read the table."""
     # The defaults at work: epochs checkpointed within one interval share a snapshot; maintenance keeps the
     # table's metadata and files bounded however long it streams (docs/operations.md).
     results.add_row("commit interval (epochs meanwhile: one snapshot)", f"{settings.commit_interval_seconds:g} s")
@@ -274,8 +293,6 @@ def print_summary(
         "table maintenance (expiry, merge, compaction, sweep)",
         f"every {settings.maintenance_interval_seconds:g} s" if settings.maintenance_enabled else "off",
     )
-    if routes:
-        results.add_row("misrouted (rows in a table not routed their country)", f"{misrouted:,}")
     tables = Table(title="fan-out: the orders by country")
     for column in ("table", "countries routed to it", "rows", "misrouted"):
         tables.add_column(column, justify="right" if column in ("rows", "misrouted") else "left")
@@ -386,6 +403,15 @@ def main(
             "the others into the sink's own table; every table is checked to hold its countries' orders only."
         ),
     ] = False,
+    cdc: Annotated[
+        bool,
+        typer.Option(
+            help="A change stream instead: Debezium's JSON envelopes of orders created, then paid, shipped and "
+            "delivered, or cancelled and some deleted, mirrored into a table keyed by order_id (--mode cdc); the "
+            "table is checked to hold each existing order once, at its last change, and no deleted one. --events "
+            "counts the changes."
+        ),
+    ] = False,
     reset: Annotated[bool, typer.Option(help="Delete DATA_DIR first (its PostgreSQL, warehouse, broker).")] = False,
     keep_serving: Annotated[
         bool, typer.Option(help="After the summary, keep the coordinator up (admin API) until Ctrl-C.")
@@ -404,12 +430,15 @@ def main(
         raise typer.BadParameter("--s3 brings its own catalog (its REST catalog, or Glue): leave out --catalog")
     if glue and not s3:
         raise typer.BadParameter("--glue is where --s3 keeps the table: give --s3 with it")
+    if cdc and fan_out:
+        raise typer.BadParameter("--cdc and --fan-out are two demos: give one of them")
     # With --s3 the metastore's sinks name tables that live only as long as the emulator: a data dir of its own.
     data_dir = data_dir.resolve() / ("s3" if s3 else "")
     if reset or s3:
         reset_data_dir(data_dir)
     run = datetime.now().strftime("%Y%m%d_%H%M%S")
-    topic, sink_name, table = f"demo-orders-{run}", f"demo-orders-{run}", f"demo.orders_{run}"
+    kind = "order-changes" if cdc else "orders"
+    topic, sink_name, table = f"demo-{kind}-{run}", f"demo-{kind}-{run}", f"demo.{kind.replace('-', '_')}_{run}"
     phases = Phases()
     services: list[LocalProcess] = []
     spark: SparkSession | None = None
@@ -458,10 +487,17 @@ def main(
                     f"{topic} on {bootstrap_servers} (the demo's broker: stopped, and its data deleted, when the demo "
                     "ends; `python -m sink_coordinator_demo broker` runs one for your own topics)"
                 )
-        with phases.phase(f"produce {events:,} orders"), _bar("produce") as progress:
+        model: OrderModel | None = None
+        with (
+            phases.phase(f"produce {events:,} {'changes of orders' if cdc else 'orders'}"),
+            _bar("produce") as progress,
+        ):
             create_topic(bootstrap_servers, topic, partitions, replication_factor)
             task = progress.add_task(topic, total=events)
-            produce_orders(bootstrap_servers, topic, events, lambda n: progress.advance(task, n))
+            if cdc:
+                model = produce_order_changes(bootstrap_servers, topic, events, lambda n: progress.advance(task, n))
+            else:
+                produce_orders(bootstrap_servers, topic, events, lambda n: progress.advance(task, n))
         if cluster:
             with phases.phase("start a Spark standalone cluster"):
                 spark_cluster = start_spark_cluster(data_dir / "spark-cluster")
@@ -486,25 +522,37 @@ def main(
                 stop.install()  # the SparkContext replaced SIGINT's handler
                 spark.sparkContext.setLogLevel("ERROR")
             with phases.phase("stream into Iceberg"):
-                stream_orders(spark, kafka, sink, events, stop)
+                parse = (
+                    ParseSettings(schema_ddl=ORDER_ROW_DDL, evolve_schema=False, mutations=MUTATIONS)
+                    if cdc
+                    else ParseSettings(schema_ddl=ORDER_SCHEMA_DDL, evolve_schema=False)
+                )
+                # Debezium's tombstones are records too: the bar counts every record the query reads.
+                stream_orders(spark, kafka, parse, sink, events + (model.deleted if model else 0), stop)
         with phases.phase("read the table back"):
             url, _ = metastore_url(settings)
             tables = route_tables(table, sink.routes)
             opened = open_catalog(settings, url)
-            check = check_table(opened, list(tables), sink_name, events)
+            with CoordinatorClient(coordinator.target) as client:
+                committed_epochs = client.sink_state(sink_name).committed_epoch + 1
+            if model is None:
+                check = check_table(opened, list(tables), sink_name, events)
+                routes = check_routes(opened, tables) if sink.routes is not None else []
+                results, ok = exactly_once_results(events, check, committed_epochs, routes)
+                location = check.location
+            else:
+                changes = check_changes(opened, table, sink_name, model)
+                results, ok, routes = change_results(events, changes, committed_epochs), changes.ok, []
+                location = changes.location
             access = CatalogAccess(
                 settings.catalog_name,
                 catalog_properties(settings, url),
                 table,
                 opened.load_table(table).metadata_location,
             )
-            routes = check_routes(opened, tables) if sink.routes is not None else []
-            with CoordinatorClient(coordinator.target) as client:
-                committed_epochs = client.sink_state(sink_name).committed_epoch + 1
         print_summary(
-            events,
-            check,
-            committed_epochs,
+            results,
+            ok,
             settings,
             phases,
             {
@@ -519,7 +567,7 @@ def main(
                     if configured_catalog
                     else "(SQL catalog in the coordinator's PostgreSQL)"
                 ),
-                "table location": check.location,
+                "table location": location,
                 "read the table": "the lines below",
                 "Spark checkpoint": sink.checkpoint_location,
                 "console and admin API": f"{coordinator.admin_url}/console, {coordinator.admin_url}/api/v1/sinks "
