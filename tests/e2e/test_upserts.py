@@ -338,3 +338,33 @@ def test_an_upsert_stream_whose_keys_move_between_partitions_leaves_the_last_val
     assert_table_is_model(catalog, "crm.moving", produced)
     read = catalog.load_table("crm.moving").scan(selected_fields=("id", "seq", "region")).to_arrow().to_pylist()
     assert all(row["region"] == REGIONS[row["seq"] % len(REGIONS)] for row in read)
+
+
+def test_an_upsert_stream_while_maintenance_expires_snapshots_and_compacts(
+    spark: SparkSession,
+    kafka_bootstrap: str,
+    kafka_topic: TopicFactory,
+    coordinator_factory: Factory,
+    catalog: Catalog,
+    tmp_path: Path,
+) -> None:
+    """A snapshot per epoch, and maintenance every half second keeping two snapshots and compacting what it may:
+    the commits resolve keys on a table that changes under them, and the table still is the model."""
+    topic = kafka_topic(partitions=PARTITIONS)
+    produced = changes(RECORDS, KEYS, seed=59)
+    produce_upserts(kafka_bootstrap, topic, produced, PARTITIONS)
+    coordinator = coordinator_factory(
+        SINK_COORDINATOR_COMMIT_INTERVAL_SECONDS="0",
+        SINK_COORDINATOR_MAINTENANCE_INTERVAL_SECONDS="0.5",
+        SINK_COORDINATOR_SNAPSHOT_MAX_COUNT="2",
+        SINK_COORDINATOR_SNAPSHOT_MAX_AGE_SECONDS="1",
+        SINK_COORDINATOR_COMPACTION_MIN_FILES="2",
+    )
+    running = start_job(
+        spark, *keyed_settings(kafka_bootstrap, topic, coordinator.target, tmp_path / "checkpoint", "maintained")
+    )
+    assert running.await_termination(QUERY_TIMEOUT_SECONDS)
+
+    coordinator.wait_for_log("table maintained", sink="maintained")
+    assert_table_is_model(catalog, "crm.maintained", produced)
+    assert len(catalog.load_table("crm.maintained").snapshots()) <= 3
