@@ -5,6 +5,7 @@ Also through a driver killed mid-stream and re-run, and a coordinator killed mid
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import threading
@@ -18,7 +19,7 @@ from pyspark.sql import SparkSession
 
 from spark_writer.job import start_job
 from spark_writer.job_settings import KafkaSettings, ParseSettings, SinkSettings
-from spark_writer.mutations.modes import Envelope, MutationMode, Mutations
+from spark_writer.mutations.modes import Envelope, MutationMode, Mutations, parse_op_map
 from spark_writer.routing.routes import Routes, Unrouted
 from tests.fixtures.coordinator import CoordinatorProcess, failpoints_env
 from tests.fixtures.duckdb_reader import duckdb_rows
@@ -26,6 +27,7 @@ from tests.fixtures.pipeline import QUERY_TIMEOUT_SECONDS
 from tests.fixtures.sink_writer_process import killable_driver_command
 from tests.fixtures.upsert_streams import (
     ROW_DDL,
+    Change,
     Row,
     as_record,
     assert_table_is_model,
@@ -154,7 +156,9 @@ def successor() -> Iterator[list[CoordinatorProcess]]:
         process.stop()
 
 
-@pytest.mark.parametrize("failpoint", ["commit.before_append=kill@3", "commit.after_append=kill@3"])
+@pytest.mark.parametrize(
+    "failpoint", ["precommit.after_persist=kill@3", "commit.before_append=kill@3", "commit.after_append=kill@3"]
+)
 def test_an_upsert_stream_through_a_coordinator_killed_mid_commit(
     failpoint: str,
     spark: SparkSession,
@@ -368,3 +372,42 @@ def test_an_upsert_stream_while_maintenance_expires_snapshots_and_compacts(
     coordinator.wait_for_log("table maintained", sink="maintained")
     assert_table_is_model(catalog, "crm.maintained", produced)
     assert len(catalog.load_table("crm.maintained").snapshots()) <= 3
+
+
+def test_an_op_field_change_stream_with_kafka_metadata_leaves_the_last_value_of_each_key(
+    spark: SparkSession,
+    kafka_bootstrap: str,
+    kafka_topic: TopicFactory,
+    coordinator: CoordinatorProcess,
+    catalog: Catalog,
+    tmp_path: Path,
+) -> None:
+    """`--mode cdc --op-field op --op-map I=upsert,U=upsert,D=delete` and `--kafka-metadata`: a delete is a record
+    (no tombstone) whose op says so, its row only its key; each row keeps the Kafka position of its key's last
+    record."""
+    topic = kafka_topic(partitions=PARTITIONS)
+    produced = changes(RECORDS, KEYS, seed=61)
+    records = produce_upserts(
+        kafka_bootstrap,
+        topic,
+        [Change(change.key, change.row or (change.key, "", -1), change.created) for change in produced],
+        PARTITIONS,
+        record_of=lambda row: {"id": row[0], "op": "D"} if row[2] < 0 else {**as_record(row), "op": "IU"[row[2] % 2]},
+    )
+    kafka, parse, sink = keyed_settings(
+        kafka_bootstrap,
+        topic,
+        coordinator.target,
+        tmp_path / "checkpoint",
+        "ops",
+        Mutations(MutationMode.CDC, ("id",), op_field="op", op_map=parse_op_map("I=upsert,U=upsert,D=delete")),
+    )
+    running = start_job(spark, kafka, replace(parse, schema_ddl=f"{ROW_DDL}, op STRING", kafka_metadata=True), sink)
+    assert running.await_termination(QUERY_TIMEOUT_SECONDS)
+
+    assert_table_is_model(catalog, "crm.ops", produced)
+    # Each row's position is its key's last record in Kafka (produced in order, one partition per key).
+    last = {int(json.loads(record.key)["id"]): (record.partition, record.offset) for record in records}
+    read = catalog.load_table("crm.ops").scan(selected_fields=("id", "kafka_partition", "kafka_offset"))
+    positions = {row["id"]: (row["kafka_partition"], row["kafka_offset"]) for row in read.to_arrow().to_pylist()}
+    assert positions == {row[0]: last[row[0]] for row in model(produced)}
