@@ -14,15 +14,19 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
 from pyiceberg.catalog import Catalog
 from pyspark.sql import SparkSession
 
+from spark_writer.formats.schema_registry import RegistrySettings, registry_client
 from spark_writer.job import start_job
-from spark_writer.job_settings import KafkaSettings, ParseSettings, SinkSettings
+from spark_writer.job_settings import KafkaSettings, ParseSettings, RecordFormat, SinkSettings
 from spark_writer.mutations.modes import Envelope, MutationMode, Mutations, parse_op_map
 from spark_writer.routing.routes import Routes, Unrouted
 from tests.fixtures.coordinator import CoordinatorProcess, failpoints_env
 from tests.fixtures.duckdb_reader import duckdb_rows
+from tests.fixtures.kafka_broker import produce_records
 from tests.fixtures.pipeline import QUERY_TIMEOUT_SECONDS
 from tests.fixtures.sink_writer_process import killable_driver_command
 from tests.fixtures.upsert_streams import (
@@ -32,7 +36,9 @@ from tests.fixtures.upsert_streams import (
     as_record,
     assert_table_is_model,
     changes,
+    debezium_envelopes,
     model,
+    partition_of,
     produce_debezium,
     produce_upserts,
 )
@@ -411,3 +417,74 @@ def test_an_op_field_change_stream_with_kafka_metadata_leaves_the_last_value_of_
     read = catalog.load_table("crm.ops").scan(selected_fields=("id", "kafka_partition", "kafka_offset"))
     positions = {row["id"]: (row["kafka_partition"], row["kafka_offset"]) for row in read.to_arrow().to_pylist()}
     assert positions == {row[0]: last[row[0]] for row in model(produced)}
+
+
+AVRO_ROW: dict[str, object] = {
+    "type": "record",
+    "name": "Value",
+    "namespace": "dbserver.crm.customers",
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "name", "type": ["null", "string"], "default": None},
+        {"name": "seq", "type": ["null", "long"], "default": None},
+    ],
+}
+AVRO_ENVELOPE: dict[str, object] = {
+    "type": "record",
+    "name": "Envelope",
+    "namespace": "dbserver.crm.customers",
+    "fields": [
+        {"name": "before", "type": ["null", AVRO_ROW], "default": None},
+        {"name": "after", "type": ["null", "Value"], "default": None},
+        {
+            "name": "source",
+            "type": {
+                "type": "record",
+                "name": "Source",
+                "fields": [{"name": "db", "type": "string"}, {"name": "lsn", "type": "long"}],
+            },
+        },
+        {"name": "op", "type": "string"},
+        {"name": "ts_ms", "type": ["null", "long"], "default": None},
+    ],
+}
+AVRO_KEY: dict[str, object] = {"type": "record", "name": "Key", "fields": [{"name": "id", "type": "long"}]}
+
+
+def test_a_debezium_avro_change_stream_through_a_schema_registry_leaves_the_last_value_of_each_key(
+    spark: SparkSession,
+    kafka_bootstrap: str,
+    kafka_topic: TopicFactory,
+    coordinator: CoordinatorProcess,
+    catalog: Catalog,
+    registry_url: str,
+    tmp_path: Path,
+) -> None:
+    """Debezium's envelope in Avro (the subject's schema its Envelope record, the keys' subject `<topic>-key`), each
+    delete followed by its tombstone, whose key is decoded with the key subject's schema."""
+    topic = kafka_topic(partitions=PARTITIONS)
+    produced = changes(RECORDS, KEYS, seed=67)
+    client = registry_client(RegistrySettings.of(registry_url))
+    write_value = AvroSerializer(client, json.dumps(AVRO_ENVELOPE))
+    write_key = AvroSerializer(client, json.dumps(AVRO_KEY))
+    keys, values = SerializationContext(topic, MessageField.KEY), SerializationContext(topic, MessageField.VALUE)
+
+    def records() -> Iterator[tuple[int, bytes, bytes | None]]:
+        for index, (change, envelope) in enumerate(debezium_envelopes(produced)):
+            key = write_key({"id": change.key}, keys)
+            envelope = {**envelope, "source": {"db": "crm", "lsn": index}}
+            yield partition_of(change.key, PARTITIONS), key, write_value(envelope, values)
+            if change.row is None:
+                yield partition_of(change.key, PARTITIONS), key, None
+
+    produce_records(kafka_bootstrap, topic, records())
+    kafka, _, sink = keyed_settings(kafka_bootstrap, topic, coordinator.target, tmp_path / "checkpoint", "avro_cdc")
+    parse = ParseSettings(
+        RecordFormat.AVRO,
+        schema_registry_url=registry_url,
+        evolve_schema=False,
+        mutations=Mutations(MutationMode.CDC, ("id",), envelope=Envelope.DEBEZIUM),
+    )
+    assert start_job(spark, kafka, parse, sink).await_termination(QUERY_TIMEOUT_SECONDS)
+
+    assert_table_is_model(catalog, "crm.avro_cdc", produced)
