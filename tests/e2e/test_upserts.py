@@ -83,15 +83,19 @@ def test_an_upsert_stream_leaves_the_last_value_of_each_key(
     topic = kafka_topic(partitions=PARTITIONS)
     produced = changes(RECORDS, KEYS, seed=29)
     produce_upserts(kafka_bootstrap, topic, produced, PARTITIONS)
-    running = start_job(
-        spark, *keyed_settings(kafka_bootstrap, topic, coordinator.target, tmp_path / "checkpoint", "customers")
-    )
-    assert running.await_termination(QUERY_TIMEOUT_SECONDS)
+    settings = keyed_settings(kafka_bootstrap, topic, coordinator.target, tmp_path / "checkpoint", "customers")
+    assert start_job(spark, *settings).await_termination(QUERY_TIMEOUT_SECONDS)
 
     assert_table_is_model(catalog, "crm.customers", produced)
     with coordinator.client() as client:
         state = client.sink_state("customers")
     assert state.committed_epoch == state.checkpointed_epoch == RECORDS // PER_BATCH - 1
+
+    # A re-run on the drained topic changes nothing.
+    snapshot = catalog.load_table("crm.customers").current_snapshot()
+    assert start_job(spark, *settings).await_termination(QUERY_TIMEOUT_SECONDS)
+    assert_table_is_model(catalog, "crm.customers", produced)
+    assert catalog.load_table("crm.customers").current_snapshot() == snapshot
 
 
 def writer_flags(kafka: KafkaSettings, parse: ParseSettings, sink: SinkSettings, work: Path) -> list[str]:
