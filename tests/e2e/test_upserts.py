@@ -13,17 +13,22 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from pyiceberg.catalog import Catalog
-from pyspark.sql import SparkSession
+from pyspark import TaskContext
+from pyspark.sql import DataFrame, SparkSession
 
+from spark_writer import job
 from spark_writer.formats.schema_registry import RegistrySettings, registry_client
 from spark_writer.job import start_job
 from spark_writer.job_settings import KafkaSettings, ParseSettings, RecordFormat, SinkSettings
 from spark_writer.mutations.modes import Envelope, MutationMode, Mutations, parse_op_map
+from spark_writer.mutations.tasks import keyed_tasks
 from spark_writer.routing.routes import Routes, Unrouted
+from spark_writer.sink.parquet_writer import DataFileTarget
 from tests.fixtures.coordinator import CoordinatorProcess, failpoints_env
 from tests.fixtures.duckdb_reader import duckdb_rows
 from tests.fixtures.kafka_broker import produce_records
@@ -492,3 +497,47 @@ def test_a_debezium_avro_change_stream_through_a_schema_registry_leaves_the_last
     assert start_job(spark, kafka, parse, sink).await_termination(QUERY_TIMEOUT_SECONDS)
 
     assert_table_is_model(catalog, "crm.avro_cdc", produced)
+
+
+def test_an_upsert_stream_whose_tasks_fail_once_after_writing_leaves_the_last_value_of_each_key(
+    spark: SparkSession,
+    kafka_bootstrap: str,
+    kafka_topic: TopicFactory,
+    coordinator: CoordinatorProcess,
+    catalog: Catalog,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every batch's first task fails once after it wrote its data and key files (as an executor lost after its
+    work): Spark runs it again, and only the files of the attempt that succeeded reach the commit."""
+
+    def failing_once(frame: DataFrame, target: DataFileTarget) -> DataFrame:
+        def fail_first_attempt(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            # Defined here, so that it is shipped to the Python workers by value.
+            written = list(batches)
+            context = TaskContext.get()
+            assert context is not None
+            if context.partitionId() == 0 and context.attemptNumber() == 0:
+                raise RuntimeError("injected failure of a task after it wrote its files")
+            yield from written
+
+        written = keyed_tasks(frame, target)
+        return written.mapInArrow(fail_first_attempt, written.schema)
+
+    monkeypatch.setattr(job, "keyed_tasks", failing_once)
+    topic = kafka_topic(partitions=PARTITIONS)
+    produced = changes(RECORDS, KEYS, seed=71)
+    produce_upserts(kafka_bootstrap, topic, produced, PARTITIONS)
+    settings = keyed_settings(kafka_bootstrap, topic, coordinator.target, tmp_path / "checkpoint", "retried")
+    assert start_job(spark, *settings).await_termination(QUERY_TIMEOUT_SECONDS)
+
+    assert_table_is_model(catalog, "crm.retried", produced)
+    table = catalog.load_table("crm.retried")
+    live = {path.removeprefix("file://") for path in table.inspect.files().column("file_path").to_pylist()}
+    data = Path(table.location().removeprefix("file://")) / "data"
+    # <batch>-<task's partition>-<attempt id>-...: the first attempts of task 0, which failed, left their files.
+    given_up = {path.name for path in data.rglob("*.parquet") if "-keys-" not in path.name} - {
+        Path(path).name for path in live
+    }
+    assert given_up, "no task failed after writing its files"
+    assert {name.split("-")[1] for name in given_up} == {"00000"}, given_up
