@@ -384,9 +384,14 @@ def test_an_upsert_stream_while_maintenance_expires_snapshots_and_compacts(
     )
     assert running.await_termination(QUERY_TIMEOUT_SECONDS)
 
-    coordinator.wait_for_log("table maintained", sink="maintained")
     assert_table_is_model(catalog, "crm.maintained", produced)
-    assert len(catalog.load_table("crm.maintained").snapshots()) <= 3
+    # The second maintenance run from now began after the last commit (the first may have read the table before it).
+    coordinator.drain_logs()
+    for _ in range(2):
+        coordinator.logs.clear()
+        coordinator.wait_for_log("table maintained", sink="maintained")
+    assert len(catalog.load_table("crm.maintained").snapshots()) <= 2
+    assert_table_is_model(catalog, "crm.maintained", produced)
 
 
 def test_an_op_field_change_stream_with_kafka_metadata_leaves_the_last_value_of_each_key(
