@@ -36,7 +36,6 @@ from tests.fixtures.pipeline import QUERY_TIMEOUT_SECONDS
 from tests.fixtures.sink_writer_process import killable_driver_command
 from tests.fixtures.upsert_streams import (
     ROW_DDL,
-    Change,
     Row,
     as_record,
     assert_table_is_model,
@@ -410,9 +409,10 @@ def test_an_op_field_change_stream_with_kafka_metadata_leaves_the_last_value_of_
     records = produce_upserts(
         kafka_bootstrap,
         topic,
-        [Change(change.key, change.row or (change.key, "", -1), change.created) for change in produced],
+        produced,
         PARTITIONS,
-        record_of=lambda row: {"id": row[0], "op": "D"} if row[2] < 0 else {**as_record(row), "op": "IU"[row[2] % 2]},
+        record_of=lambda row: {**as_record(row), "op": "IU"[row[2] % 2]},
+        deleted_of=lambda key: {"id": key, "op": "D"},
     )
     kafka, parse, sink = keyed_settings(
         kafka_bootstrap,
