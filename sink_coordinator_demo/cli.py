@@ -9,7 +9,10 @@ it at a real Kafka, PostgreSQL or catalog instead, keep the table on a local S3 
 with its Iceberg REST catalog (--s3; --glue: Glue on an emulator instead), run Spark on
 a standalone cluster started here (--cluster), or
 route the orders by country into a table per country (--fan-out), each checked to
-hold its country's orders only, and all of them every order exactly once.
+hold its country's orders only, and all of them every order exactly once. With --cdc the
+stream is a database's changes of orders in Debezium's envelope instead
+(sink_coordinator_demo/order_changes.py), mirrored into a keyed table checked against
+the model: each existing order once, at its last change, and no deleted order.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from coordinator_service.tables.catalog_access import CatalogAccess
 from sink_coordinator_demo.console_output import (
     Phases,
     console,
+    exactly_once_results,
     print_summary,
     progress_bar,
     read_the_table,
@@ -53,6 +57,14 @@ from sink_coordinator_demo.console_output import (
 )
 from sink_coordinator_demo.local_services import CoordinatorService, LocalProcess, NoidaKafkaBroker, ServiceError
 from sink_coordinator_demo.object_store import emulated_object_store, local_object_store
+from sink_coordinator_demo.order_changes import (
+    MUTATIONS,
+    ORDER_ROW_DDL,
+    OrderModel,
+    change_results,
+    check_changes,
+    produce_order_changes,
+)
 from sink_coordinator_demo.orders import ORDER_SCHEMA_DDL, create_topic, produce_orders
 from sink_coordinator_demo.ports import free_port, port_is_free
 from sink_coordinator_demo.spark_cluster import SparkCluster, start_spark_cluster
@@ -122,7 +134,7 @@ def reset_data_dir(data_dir: Path) -> None:
 
 
 def stream_orders(
-    spark: SparkSession, kafka: KafkaSettings, sink: SinkSettings, events: int, stop: StopRequest
+    spark: SparkSession, kafka: KafkaSettings, parse: ParseSettings, sink: SinkSettings, events: int, stop: StopRequest
 ) -> None:
     """Run the writer until the topic is drained, with a progress bar fed by the query's progress events."""
     with progress_bar("stream") as progress:
@@ -130,7 +142,7 @@ def stream_orders(
         listener = BatchProgress(sink.sink, progress, task)
         spark.streams.addListener(listener)
         try:
-            running = start_job(spark, kafka, ParseSettings(schema_ddl=ORDER_SCHEMA_DDL, evolve_schema=False), sink)
+            running = start_job(spark, kafka, parse, sink)
             if not run_until_done(running, stop):
                 raise KeyboardInterrupt
         finally:
@@ -201,6 +213,15 @@ def main(
             "the others into the sink's own table; every table is checked to hold its countries' orders only."
         ),
     ] = False,
+    cdc: Annotated[
+        bool,
+        typer.Option(
+            help="A change stream instead: Debezium's JSON envelopes of orders created, then paid, shipped and "
+            "delivered, or cancelled and some deleted, mirrored into a table keyed by order_id (--mode cdc); the "
+            "table is checked to hold each existing order once, at its last change, and no deleted one. --events "
+            "counts the changes."
+        ),
+    ] = False,
     reset: Annotated[bool, typer.Option(help="Delete DATA_DIR first (its PostgreSQL, warehouse, broker).")] = False,
     keep_serving: Annotated[
         bool, typer.Option(help="After the summary, keep the coordinator up (admin API) until Ctrl-C.")
@@ -219,12 +240,15 @@ def main(
         raise typer.BadParameter("--s3 brings its own catalog (its REST catalog, or Glue): leave out --catalog")
     if glue and not s3:
         raise typer.BadParameter("--glue is where --s3 keeps the table: give --s3 with it")
+    if cdc and fan_out:
+        raise typer.BadParameter("--cdc and --fan-out are two demos: give one of them")
     # With --s3 the metastore's sinks name tables that live only as long as the emulator: a data dir of its own.
     data_dir = data_dir.resolve() / ("s3" if s3 else "")
     if reset or s3:
         reset_data_dir(data_dir)
     run = datetime.now().strftime("%Y%m%d_%H%M%S")
-    topic, sink_name, table = f"demo-orders-{run}", f"demo-orders-{run}", f"demo.orders_{run}"
+    kind = "order-changes" if cdc else "orders"
+    topic, sink_name, table = f"demo-{kind}-{run}", f"demo-{kind}-{run}", f"demo.{kind.replace('-', '_')}_{run}"
     phases = Phases()
     services: list[LocalProcess] = []
     spark: SparkSession | None = None
@@ -273,10 +297,17 @@ def main(
                     f"{topic} on {bootstrap_servers} (the demo's broker: stopped, and its data deleted, when the demo "
                     "ends; `python -m sink_coordinator_demo broker` runs one for your own topics)"
                 )
-        with phases.phase(f"produce {events:,} orders"), progress_bar("produce") as progress:
+        model: OrderModel | None = None
+        with (
+            phases.phase(f"produce {events:,} {'changes of orders' if cdc else 'orders'}"),
+            progress_bar("produce") as progress,
+        ):
             create_topic(bootstrap_servers, topic, partitions, replication_factor)
             task = progress.add_task(topic, total=events)
-            produce_orders(bootstrap_servers, topic, events, lambda n: progress.advance(task, n))
+            if cdc:
+                model = produce_order_changes(bootstrap_servers, topic, events, lambda n: progress.advance(task, n))
+            else:
+                produce_orders(bootstrap_servers, topic, events, lambda n: progress.advance(task, n))
         if cluster:
             with phases.phase("start a Spark standalone cluster"):
                 spark_cluster = start_spark_cluster(data_dir / "spark-cluster")
@@ -301,25 +332,37 @@ def main(
                 stop.install()  # the SparkContext replaced SIGINT's handler
                 spark.sparkContext.setLogLevel("ERROR")
             with phases.phase("stream into Iceberg"):
-                stream_orders(spark, kafka, sink, events, stop)
+                parse = (
+                    ParseSettings(schema_ddl=ORDER_ROW_DDL, evolve_schema=False, mutations=MUTATIONS)
+                    if cdc
+                    else ParseSettings(schema_ddl=ORDER_SCHEMA_DDL, evolve_schema=False)
+                )
+                # Debezium's tombstones are records too: the bar counts every record the query reads.
+                stream_orders(spark, kafka, parse, sink, events + (model.deleted if model else 0), stop)
         with phases.phase("read the table back"):
             url, _ = metastore_url(settings)
             tables = route_tables(table, sink.routes)
             opened = open_catalog(settings, url)
-            check = check_table(opened, list(tables), sink_name, events)
+            with CoordinatorClient(coordinator.target) as client:
+                committed_epochs = client.sink_state(sink_name).committed_epoch + 1
+            if model is None:
+                check = check_table(opened, list(tables), sink_name, events)
+                routes = check_routes(opened, tables) if sink.routes is not None else []
+                results, ok = exactly_once_results(events, check, committed_epochs, routes)
+                location = check.location
+            else:
+                changes = check_changes(opened, table, sink_name, model)
+                results, ok, routes = change_results(events, changes, committed_epochs), changes.ok, []
+                location = changes.location
             access = CatalogAccess(
                 settings.catalog_name,
                 catalog_properties(settings, url),
                 table,
                 opened.load_table(table).metadata_location,
             )
-            routes = check_routes(opened, tables) if sink.routes is not None else []
-            with CoordinatorClient(coordinator.target) as client:
-                committed_epochs = client.sink_state(sink_name).committed_epoch + 1
         print_summary(
-            events,
-            check,
-            committed_epochs,
+            results,
+            ok,
             settings,
             phases,
             {
@@ -334,7 +377,7 @@ def main(
                     if configured_catalog
                     else "(SQL catalog in the coordinator's PostgreSQL)"
                 ),
-                "table location": check.location,
+                "table location": location,
                 "read the table": "the lines below",
                 "Spark checkpoint": sink.checkpoint_location,
                 "console and admin API": f"{coordinator.admin_url}/console, {coordinator.admin_url}/api/v1/sinks "

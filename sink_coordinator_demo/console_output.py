@@ -49,17 +49,10 @@ def progress_bar(description: str) -> Progress:
     )
 
 
-def print_summary(
-    events: int,
-    check: TableCheck,
-    committed_epochs: int,
-    settings: Settings,
-    phases: Phases,
-    where: dict[str, str],
-    reading: str,
-    routes: Sequence[RouteCheck] = (),
-) -> None:
-    """The results, the time of each phase, where things are, and (whole lines, to paste) how to read the table."""
+def exactly_once_results(
+    events: int, check: TableCheck, committed_epochs: int, routes: Sequence[RouteCheck] = ()
+) -> tuple[Table, bool]:
+    """The check of an append stream's table (every order exactly once), and whether it passed."""
     misrouted = sum(route.misrouted for route in routes)
     ok = check.duplicates == 0 and check.missing == 0 and check.rows == events and misrouted == 0
     results = Table(title="exactly once?" + (" [green]yes[/green]" if ok else " [red]NO[/red]"), show_header=False)
@@ -76,6 +69,21 @@ def print_summary(
     ]:
         style = "red" if label.startswith(("duplicates", "missing")) and value else ""
         results.add_row(label, f"[{style}]{value:,}[/{style}]" if style else f"{value:,}")
+    if routes:
+        results.add_row("misrouted (rows in a table not routed their country)", f"{misrouted:,}")
+    return results, ok
+
+
+def print_summary(
+    results: Table,
+    ok: bool,
+    settings: Settings,
+    phases: Phases,
+    where: dict[str, str],
+    reading: str,
+    routes: Sequence[RouteCheck] = (),
+) -> None:
+    """The results, the time of each phase, where things are, and (whole lines, to paste) how to read the table."""
     # The defaults at work: epochs checkpointed within one interval share a snapshot; maintenance keeps the
     # table's metadata and files bounded however long it streams (docs/operations.md).
     results.add_row("commit interval (epochs meanwhile: one snapshot)", f"{settings.commit_interval_seconds:g} s")
@@ -83,8 +91,6 @@ def print_summary(
         "table maintenance (expiry, merge, compaction, sweep)",
         f"every {settings.maintenance_interval_seconds:g} s" if settings.maintenance_enabled else "off",
     )
-    if routes:
-        results.add_row("misrouted (rows in a table not routed their country)", f"{misrouted:,}")
     tables = Table(title="fan-out: the orders by country")
     for column in ("table", "countries routed to it", "rows", "misrouted"):
         tables.add_column(column, justify="right" if column in ("rows", "misrouted") else "left")

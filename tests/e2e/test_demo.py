@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,46 @@ def test_the_demo_says_how_to_read_its_table_and_leaves_no_broker_data(tmp_path:
     assert "its data deleted, when the demo ends" in said
     assert not (data_dir / "kafka").exists()  # the demo's broker data: 1.4 GB after a few runs, before
     assert (data_dir / "kafka.log").exists()
+
+
+def test_the_cdc_demo_mirrors_the_orders_change_stream_and_checks_it_against_the_model(tmp_path: Path) -> None:
+    """`make demo DEMO_ARGS=--cdc` (issue 29.6): Debezium's changes of orders whose status moves through its life;
+    the keyed table holds each existing order once at its last change, as the demo's check and DuckDB read it."""
+    data_dir = tmp_path / "demo"
+    result = subprocess.run(
+        [sys.executable, "-m", "sink_coordinator_demo", "--cdc", "--events", "2000", "--partitions", "2",
+         "--data-dir", data_dir],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "COLUMNS": "300"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    said = result.stdout
+    assert "the table mirrors the orders? yes" in said
+
+    def shown(label: str) -> int:
+        [value] = re.findall(rf"│ {re.escape(label)}\s+│\s+([\d,]+) │", said)
+        return int(value.replace(",", ""))
+
+    existing = shown("orders that exist (the model: each order's last change)")
+    assert shown("rows in the Iceberg table") == existing > 0
+    for difference in (
+        "duplicates (orders in more than one row)",
+        "missing (existing orders not in the table)",
+        "deleted orders still in the table",
+        "rows not at their order's last change",
+    ):
+        assert shown(difference) == 0, difference
+    statuses = ("created", "paid", "shipped", "delivered", "cancelled")
+    assert sum(shown(f"orders {status}") for status in statuses) == existing
+    assert all(shown(f"orders {status}") > 0 for status in statuses)
+    [metadata] = re.findall(r"iceberg_scan\('([^']+)'\)", said)
+    rows = duckdb_rows(metadata, "order_id", "order_id, status")
+    assert len(rows) == existing == len({order_id for order_id, _ in rows})
+    assert sorted(Counter(status for _, status in rows).items()) == sorted(
+        (status, shown(f"orders {status}")) for status in statuses
+    )
 
 
 def test_the_s3_demo_does_not_send_you_to_make_serve() -> None:

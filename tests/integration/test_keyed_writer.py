@@ -2,7 +2,7 @@
 so that one task owns each key, the winners (the last record of each key in Kafka order) written as data files and
 every key touched as key files; the same batch again gives the same rows. Then the whole job against a real broker
 and a real coordinator: the epoch's data and key files pre-committed, the log holding them in version 2 of the
-pre-commit metadata (the keyed commit path is not built: nothing here expects a commit)."""
+pre-commit metadata, and the epoch committed: the table holds the winners."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Producer
+from pyiceberg.catalog import Catalog
 from pyspark.sql import Row, SparkSession
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
@@ -30,6 +31,7 @@ from spark_writer.sink.kafka_records import JsonBatchParser
 from spark_writer.sink.parquet_writer import DataFileTarget
 from tests.fixtures.coordinator import CoordinatorProcess
 from tests.fixtures.kafka_broker import client_config
+from tests.fixtures.keyed_tables import duckdb_table_rows, pyiceberg_rows
 from tests.fixtures.postgres import query
 
 pytestmark = [pytest.mark.spark]
@@ -176,6 +178,7 @@ def test_a_keyed_stream_pre_commits_its_data_and_key_files(
     kafka_topic: Callable[..., str],
     coordinator: CoordinatorProcess,
     database_url: str,
+    catalog: Catalog,
     tmp_path: Path,
 ) -> None:
     from spark_writer.job import start_job
@@ -202,13 +205,13 @@ def test_a_keyed_stream_pre_commits_its_data_and_key_files(
         running.query.processAllAvailable()
     finally:
         running.query.stop()
-        running.finish(wait_for_commit=False)  # the keyed commit path is not built: nothing would commit
+        running.finish()
     records = query(database_url, "SELECT status, metadata FROM pending_sink_state ORDER BY epoch")
     documents = [(status, json.loads(bytes(metadata))) for status, metadata in records]  # type: ignore[arg-type]
     keyed = [(status, document) for status, document in documents if document["version"] == KEYED_VERSION]
-    # Every record was there at the start: one batch held them all, and it stays PENDING (its commit is refused).
+    # Every record was there at the start: one batch held them all, committed once the job finished.
     [(status, document)] = keyed
-    assert status == "PENDING"
+    assert status == "COMMITTED"
     assert all(not document["tables"][0]["data_files"] for _, document in documents if document["version"] != 2)
     [table] = document["tables"]
     data = [entry["path"] for entry in table["data_files"]]
@@ -221,3 +224,6 @@ def test_a_keyed_stream_pre_commits_its_data_and_key_files(
     assert set(data) | set(keys) <= claimed
     [(key_columns,)] = query(database_url, "SELECT key_columns FROM sinks")
     assert key_columns == ["id"]
+    table = catalog.load_table("shop.changes")
+    winners = sorted((key, "eu", value) for key, value in rows.items())
+    assert pyiceberg_rows(table) == duckdb_table_rows(table) == winners
