@@ -1,0 +1,240 @@
+"""The verifier on real sinks (PostgreSQL log, SQL catalog): a correct sink verifies, each kind of fault is found and
+named (table, epoch, first offsets or keys), and an incremental verification reads only what came after."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pytest
+
+from coordinator_service.contract.errors import InvalidArgument, NotFound
+from coordinator_service.contract.source_positions import END_OFFSETS
+from coordinator_service.engine.verification.findings import FaultKind, Verification
+from coordinator_service.engine.verification.topic_offsets import KafkaAccess
+from coordinator_service.engine.verification.verifier import VerifiedTable, Verifier
+from coordinator_service.engine.writer_requests import PreCommitRequest
+from tests.fixtures.admin import AdminApp
+from tests.fixtures.coordinator import write_parquet
+from tests.fixtures.kafka_broker import produce_keyed
+
+POSITIONED = pa.schema(
+    [
+        pa.field("order_id", pa.int64(), nullable=False),
+        pa.field("kafka_topic", pa.string()),
+        pa.field("kafka_partition", pa.int32()),
+        pa.field("kafka_offset", pa.int64()),
+    ]
+)
+TOPIC = "orders"
+
+
+def rows(topic: str, offsets: Sequence[int]) -> list[dict[str, object]]:
+    return [{"order_id": o, "kafka_topic": topic, "kafka_partition": 0, "kafka_offset": o} for o in offsets]
+
+
+@dataclass
+class PositionedSink:
+    """A sink whose table has the writer's Kafka position columns, its epochs' ranges in their properties."""
+
+    admin: AdminApp
+    name: str
+    topic: str = TOPIC
+    epoch: int = -1
+    end: int = 0
+
+    @property
+    def table(self) -> str:
+        return f"db.{self.name}"
+
+    async def register(self) -> None:
+        self.registration = await self.admin.runtime.coordinator.register_writer(
+            self.name, self.table, -1, arrow_schema=POSITIONED.serialize().to_pybytes()
+        )
+
+    async def epoch_of(self, count: int, start: int | None = None, offsets: Sequence[int] | None = None) -> str:
+        """Commit the next epoch, reading `count` offsets from `start` (its declared start; by default where the
+        previous one ended), its rows at `offsets` (by default each offset of its range once); its file's URI."""
+        self.epoch += 1
+        first = self.end if start is None else start
+        end = first + count
+        path = write_parquet(
+            self.registration.table_location,
+            rows(self.topic, range(first, end) if offsets is None else offsets),
+            POSITIONED,
+        )
+        properties = {END_OFFSETS: json.dumps({self.topic: {"0": end}})}
+        if self.epoch == 0 or start is not None:
+            spark = [{"$start": {self.topic: {"0": first}}, self.topic: {"0": end}}]
+            properties["spark.end_offsets"] = json.dumps(spark)
+        await self.admin.runtime.coordinator.pre_commit(
+            PreCommitRequest(
+                sink=self.name,
+                epoch=self.epoch,
+                writer_term=self.registration.writer_term,
+                paths=(path,),
+                properties=properties,
+            )
+        )
+        await self.admin.checkpoint(self.name, self.registration, self.epoch)
+        self.end = end
+        return path
+
+    async def verify(self, **kwargs: object) -> Verification:
+        verifier = Verifier(self.admin.runtime.database, self.admin.runtime.iceberg)
+        return await verifier.verify(self.name, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def positioned(admin: AdminApp) -> Callable[..., PositionedSink]:
+    def make(name: str = "verified", topic: str = TOPIC) -> PositionedSink:
+        return PositionedSink(admin, name, topic)
+
+    return make
+
+
+def kinds(verification: Verification) -> list[tuple[FaultKind, int | None]]:
+    return [(fault.kind, fault.epoch) for fault in verification.faults]
+
+
+async def test_a_correct_sink_verifies(positioned: Callable[..., PositionedSink]) -> None:
+    sink = positioned()
+    await sink.register()
+    for _ in range(3):
+        await sink.epoch_of(10)
+    verification = await sink.verify()
+    assert verification.ok, verification.faults
+    [table] = verification.tables
+    assert table.deep and table.verified_epoch == 2 and table.rows_read == 30
+    assert verification.end_offsets == {(TOPIC, 0): 30}
+
+
+async def test_an_epoch_overlapping_the_one_before_is_named(positioned: Callable[..., PositionedSink]) -> None:
+    sink = positioned()
+    await sink.register()
+    await sink.epoch_of(10)
+    await sink.epoch_of(10, start=5)
+    verification = await sink.verify()
+    assert (FaultKind.OVERLAP, 1) in kinds(verification)
+    overlap = next(fault for fault in verification.faults if fault.kind is FaultKind.OVERLAP)
+    assert overlap.table == "db.verified" and "offsets 5 to 9 read twice" in overlap.detail
+    duplicate = next(fault for fault in verification.faults if fault.kind is FaultKind.DUPLICATE_POSITION)
+    assert f"{TOPIC}-0@5 is in 2 live rows" in duplicate.detail
+
+
+async def test_a_gap_between_epochs_is_named(positioned: Callable[..., PositionedSink]) -> None:
+    sink = positioned()
+    await sink.register()
+    await sink.epoch_of(10)
+    await sink.epoch_of(10, start=12)
+    verification = await sink.verify()
+    assert kinds(verification) == [(FaultKind.GAP, 1)]
+    assert "offsets 10 to 11 never read" in verification.faults[0].detail
+
+
+async def test_a_file_added_twice_by_hand_is_found(positioned: Callable[..., PositionedSink]) -> None:
+    sink = positioned()
+    await sink.register()
+    path = await sink.epoch_of(10)
+    await sink.epoch_of(10)
+    table = sink.admin.runtime.iceberg.load(sink.table)
+    table.add_files([path], check_duplicate_files=False)
+    verification = await sink.verify()
+    found = kinds(verification)
+    assert (FaultKind.FOREIGN_CHANGE, None) in found and (FaultKind.DUPLICATE_POSITION, 0) in found
+    foreign = next(fault for fault in verification.faults if fault.kind is FaultKind.FOREIGN_CHANGE)
+    assert path in foreign.detail and "added 1 files (10 rows)" in foreign.detail
+
+
+async def test_a_row_appended_outside_the_coordinator_is_found(positioned: Callable[..., PositionedSink]) -> None:
+    sink = positioned()
+    await sink.register()
+    await sink.epoch_of(10)
+    table = sink.admin.runtime.iceberg.load(sink.table)
+    table.append(pa.Table.from_pylist(rows(TOPIC, [3]), schema=POSITIONED))
+    verification = await sink.verify()
+    duplicate = next(fault for fault in verification.faults if fault.kind is FaultKind.DUPLICATE_POSITION)
+    assert duplicate.epoch == 0 and f"{TOPIC}-0@3 is in 2 live rows" in duplicate.detail
+    assert (FaultKind.FOREIGN_CHANGE, None) in kinds(verification)
+
+
+async def test_rows_from_outside_the_committed_range_are_found(positioned: Callable[..., PositionedSink]) -> None:
+    sink = positioned()
+    await sink.register()
+    await sink.epoch_of(10, offsets=[*range(9), 12])
+    verification = await sink.verify()
+    outside = next(fault for fault in verification.faults if fault.kind is FaultKind.OUTSIDE_RANGE)
+    assert f"{TOPIC}-0@12" in outside.detail
+
+
+async def test_a_key_twice_in_an_upsert_table_is_found(admin: AdminApp) -> None:
+    keyed = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("value", pa.string())])
+    await admin.runtime.coordinator.register_writer(
+        "keyed", "db.keyed", -1, arrow_schema=keyed.serialize().to_pybytes(), key_columns=("id",)
+    )
+    table = admin.runtime.iceberg.load("db.keyed")
+    table.append(pa.Table.from_pylist([{"id": 1, "value": "a"}, {"id": 2, "value": "b"}], schema=keyed))
+    table.append(pa.Table.from_pylist([{"id": 2, "value": "c"}], schema=keyed))
+    verification = await Verifier(admin.runtime.database, admin.runtime.iceberg).verify("keyed")
+    duplicate = next(fault for fault in verification.faults if fault.kind is FaultKind.DUPLICATE_KEY)
+    assert duplicate.table == "db.keyed" and "{'id': 2}" in duplicate.detail
+
+
+async def test_a_record_missing_from_the_table_against_the_topic(
+    positioned: Callable[..., PositionedSink], kafka_bootstrap: str, kafka_topic: Callable[..., str]
+) -> None:
+    topic = kafka_topic(partitions=1)
+    produce_keyed(kafka_bootstrap, topic, [(0, b"k%d" % i) for i in range(30)])
+    sink = positioned(topic=topic)
+    await sink.register()
+    await sink.epoch_of(10)
+    await sink.epoch_of(10, offsets=[o for o in range(10, 20) if o != 17])
+    await sink.epoch_of(10)
+    access = KafkaAccess(kafka_bootstrap)
+    assert (await sink.verify()).ok, "without Kafka access the shallow and deep checks cannot see it"
+    verification = await sink.verify(kafka=access)
+    [missing] = verification.faults
+    assert missing.kind is FaultKind.MISSING_RECORD and missing.epoch == 1
+    assert f"{topic}-0@17" in missing.detail and verification.tables[0].kafka
+
+
+async def test_an_incremental_verification_reads_only_the_new_snapshots(
+    positioned: Callable[..., PositionedSink],
+) -> None:
+    sink = positioned()
+    await sink.register()
+    for _ in range(3):
+        await sink.epoch_of(10)
+    whole = await sink.verify()
+    [table] = whole.tables
+    assert table.files_read == 3
+    since = {table.table: VerifiedTable(table.snapshot_id, table.verified_epoch, whole.end_offsets)}
+    await sink.epoch_of(10)
+    await sink.epoch_of(10)
+    later = await sink.verify(since=since)
+    [newer] = later.tables
+    assert later.ok, later.faults
+    assert (newer.files_read, newer.manifests_read, newer.rows_read) == (2, 2, 20)
+    assert newer.verified_epoch == 4 and later.end_offsets == {(TOPIC, 0): 50}
+    # A duplicate of a verified record in a new epoch is still found: it lies below where verification stood.
+    await sink.epoch_of(10, start=45)
+    since = {newer.table: VerifiedTable(newer.snapshot_id, newer.verified_epoch, later.end_offsets)}
+    assert (FaultKind.OVERLAP, 5) in kinds(await sink.verify(since=since))
+
+
+async def test_hostile_input_is_refused(admin: AdminApp) -> None:
+    verifier = Verifier(admin.runtime.database, admin.runtime.iceberg)
+    for name in ("", "no such sink", "x" * 5000, "a\x00b"):
+        with pytest.raises(NotFound):
+            await verifier.verify(name)
+    for servers, options in [
+        ("", {}),
+        ("host:9092\nother", {}),
+        ("host:9092", {"group.id": "mine"}),
+        ("host:9092", {"Bad Name": "x"}),
+        ("host:9092", {"security.protocol": "a\x00"}),
+    ]:
+        with pytest.raises(InvalidArgument):
+            KafkaAccess(servers, options)
