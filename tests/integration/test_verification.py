@@ -3,9 +3,14 @@ named (table, epoch, first offsets or keys), and an incremental verification rea
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -238,3 +243,83 @@ async def test_hostile_input_is_refused(admin: AdminApp) -> None:
     ]:
         with pytest.raises(InvalidArgument):
             KafkaAccess(servers, options)
+
+
+def verify_command(database_url: str, data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "coordinator_service.cli", "verify", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(Path.home()),
+            "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+            "SINK_COORDINATOR_DATABASE_URL": database_url,
+            "SINK_COORDINATOR_DATA_DIR": str(data_dir),
+        },
+    )
+
+
+async def test_the_command_line_and_the_api_answer_alike(
+    positioned: Callable[..., PositionedSink], database_url: str, tmp_path: Path
+) -> None:
+    sink = positioned()
+    await sink.register()
+    await sink.epoch_of(10)
+    await sink.epoch_of(10)
+    api = await sink.admin.post("/api/v1/sinks/verified/verify", json={})
+    assert api.status_code == 200 and api.json()["ok"], api.text
+    cli = await asyncio.to_thread(verify_command, database_url, tmp_path / "coordinator", "verified", "--json")
+    assert cli.returncode == 0, cli.stderr
+    assert json.loads(cli.stdout) == api.json()
+
+    await sink.epoch_of(10, start=25)
+    api = await sink.admin.post("/api/v1/sinks/verified/verify", json={"incremental": True})
+    cli = await asyncio.to_thread(
+        verify_command, database_url, tmp_path / "coordinator", "verified", "--incremental", "--json"
+    )
+    assert cli.returncode == 1 and json.loads(cli.stdout) == api.json()
+    [fault] = api.json()["tables"][0]["faults"]
+    assert (fault["kind"], fault["epoch"], fault["table"]) == ("gap", 2, "db.verified")
+    plain = await asyncio.to_thread(verify_command, database_url, tmp_path / "coordinator", "verified")
+    assert plain.returncode == 1 and "gap epoch 2: starts at orders-0@25" in plain.stdout
+
+    state = (await sink.admin.get("/api/v1/sinks/verified/verification")).json()
+    [table] = state["tables"]
+    # The failed verification keeps where the proof stood: epoch 1, so the next one finds the gap again.
+    assert (table["outcome"], table["verified_epoch"], table["faults"][0]["kind"]) == ("failed", 1, "gap")
+    assert table["end_offsets"] == {TOPIC: {"0": 20}}
+
+
+async def test_hostile_verify_requests_are_refused_with_nothing_recorded(
+    positioned: Callable[..., PositionedSink], database_url: str, tmp_path: Path
+) -> None:
+    sink = positioned()
+    await sink.register()
+    await sink.epoch_of(10)
+    for body in [
+        {"incremental": "yes"},
+        {"unknown": 1},
+        {"bootstrap_servers": ""},
+        {"bootstrap_servers": "a:1\nb:2"},
+        {"kafka_options": {"security.protocol": "SSL"}},
+        {"bootstrap_servers": "a:1", "kafka_options": {"group.id": "theirs"}},
+        {"bootstrap_servers": "a:1", "kafka_options": {"x" * 3000: "y"}},
+        {"bootstrap_servers": "a:1", "kafka_options": {f"k{i}": "v" for i in range(51)}},
+    ]:
+        answer = await sink.admin.post("/api/v1/sinks/verified/verify", json=body)
+        assert answer.status_code == 422, (body, answer.text)
+    assert (await sink.admin.post("/api/v1/sinks/nope/verify", json={})).status_code == 404
+    assert (await sink.admin.get("/api/v1/sinks/verified/verification")).json()["tables"] == []
+    for args in [
+        ("verified", "--kafka-option", "security.protocol=SSL"),
+        ("verified", "--bootstrap-servers", "a:1", "--kafka-option", "group.id=x"),
+        ("verified", "--bootstrap-servers", "a:1", "--kafka-option", "novalue"),
+    ]:
+        refused = await asyncio.to_thread(verify_command, database_url, tmp_path / "coordinator", *args)
+        assert refused.returncode == 2, (args, refused.stderr)
+        assert refused.stderr.strip(), args
+    unknown = await asyncio.to_thread(verify_command, database_url, tmp_path / "coordinator", "no such sink")
+    assert unknown.returncode == 1 and "cannot verify: sink 'no such sink' is not registered" in unknown.stderr
+    assert (await sink.admin.get("/api/v1/sinks/verified/verification")).json()["tables"] == []
