@@ -1,4 +1,4 @@
-"""The `sink-coordinator` command: serve, migrate, status, catalog, delete, reconcile.
+"""The `sink-coordinator` command: serve, migrate, status, catalog, delete, reconcile, verify (verify.py).
 
 Every setting is a flag of the same name (--grpc-port for
 SINK_COORDINATOR_GRPC_PORT), of the setting's type and with its default

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -21,7 +22,7 @@ from coordinator_service.engine.verification.findings import FaultKind, Verifica
 from coordinator_service.engine.verification.topic_offsets import KafkaAccess
 from coordinator_service.engine.verification.verifier import VerifiedTable, Verifier
 from coordinator_service.engine.writer_requests import PreCommitRequest
-from tests.fixtures.admin import AdminApp
+from tests.fixtures.admin import AdminApp, AdminFactory
 from tests.fixtures.coordinator import write_parquet
 from tests.fixtures.kafka_broker import produce_keyed
 
@@ -323,3 +324,43 @@ async def test_hostile_verify_requests_are_refused_with_nothing_recorded(
     unknown = await asyncio.to_thread(verify_command, database_url, tmp_path / "coordinator", "no such sink")
     assert unknown.returncode == 1 and "cannot verify: sink 'no such sink' is not registered" in unknown.stderr
     assert (await sink.admin.get("/api/v1/sinks/verified/verification")).json()["tables"] == []
+
+
+def gauge(exposition: str, name: str, sink: str) -> float | None:
+    found = re.search(rf'^{name}\{{sink="{sink}"\}} (\S+)$', exposition, flags=re.MULTILINE)
+    return None if found is None else float(found.group(1))
+
+
+async def test_the_maintenance_step_verifies_from_where_it_stood_and_the_gauges_say_how_far(
+    admin_factory: AdminFactory,
+) -> None:
+    # Its own name: the counter is the process's, which other tests' sinks of another name leave alone.
+    admin = await admin_factory(metrics_cache_seconds=0)
+    sink = PositionedSink(admin, "continuous")
+    await sink.register()
+    await sink.epoch_of(10)
+    await sink.epoch_of(10)
+    run = await admin.post("/api/v1/sinks/continuous/maintenance/run")
+    assert run.json()["outcome"] == "ok"
+    assert (await admin.get("/api/v1/sinks/continuous/verification")).json()["tables"] == [], "off by default"
+
+    overrides = {"overrides": {"verification_enabled": True, "verification_interval_seconds": 3600}}
+    assert (await admin.put("/api/v1/sinks/continuous/maintenance", json=overrides)).status_code == 200
+    assert (await admin.post("/api/v1/sinks/continuous/maintenance/run")).json()["outcome"] == "ok"
+    [table] = (await admin.get("/api/v1/sinks/continuous/verification")).json()["tables"]
+    assert (table["outcome"], table["verified_epoch"], table["deep"]) == ("ok", 1, True)
+    metrics = (await admin.get("/metrics")).text
+    assert gauge(metrics, "sink_coordinator_verified_epoch", "continuous") == 1
+    assert gauge(metrics, "sink_coordinator_verification_failed", "continuous") == 0
+    assert gauge(metrics, "sink_coordinator_verification_failures_total", "continuous") == 0
+
+    await sink.epoch_of(10)
+    await sink.epoch_of(10, start=35)
+    assert (await admin.post("/api/v1/sinks/continuous/maintenance/run")).json()["outcome"] == "ok"
+    [table] = (await admin.get("/api/v1/sinks/continuous/verification")).json()["tables"]
+    assert (table["outcome"], table["verified_epoch"]) == ("failed", 1)
+    assert [(fault["kind"], fault["epoch"]) for fault in table["faults"]] == [("gap", 3)]
+    metrics = (await admin.get("/metrics")).text
+    assert gauge(metrics, "sink_coordinator_verified_epoch", "continuous") == 1
+    assert gauge(metrics, "sink_coordinator_verification_failed", "continuous") == 1
+    assert gauge(metrics, "sink_coordinator_verification_failures_total", "continuous") == 1

@@ -6,18 +6,15 @@ gone: neither is a record the table misses."""
 
 from __future__ import annotations
 
-import re
 import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from coordinator_service.contract.errors import FailedPrecondition, InvalidArgument, Unavailable, quote
+from coordinator_service.contract.errors import FailedPrecondition, InvalidArgument, Unavailable
 from coordinator_service.engine.verification.findings import TopicPartition
+from coordinator_service.settings.verification import kafka_access_problem
 
-# The consumer settings the verifier sets itself (a --kafka-option may not change them).
-OWN_SETTINGS = frozenset({"bootstrap.servers", "group.id", "enable.auto.commit", "enable.partition.eof"})
-_OPTION_NAME = re.compile(r"[a-z][a-z0-9._-]{0,99}")
 BATCH = 10_000
 
 
@@ -30,16 +27,9 @@ class KafkaAccess:
     timeout_seconds: float = 30.0
 
     def __post_init__(self) -> None:
-        servers = self.bootstrap_servers
-        if not servers.strip() or any(ch.isspace() or ord(ch) < 32 for ch in servers) or len(servers) > 2000:
-            raise InvalidArgument(f"bootstrap servers must be host:port[,host:port...], got {quote(servers)}")
-        for name, value in self.options.items():
-            if not _OPTION_NAME.fullmatch(name):
-                raise InvalidArgument(f"Kafka option {quote(name)} is not a librdkafka setting name")
-            if name in OWN_SETTINGS:
-                raise InvalidArgument(f"Kafka option {name} is the verifier's own: it cannot be set")
-            if "\x00" in value or len(value) > 4000:
-                raise InvalidArgument(f"Kafka option {name}'s value {quote(value)} is not a setting's value")
+        problem = kafka_access_problem(self.bootstrap_servers, self.options)
+        if problem is not None:
+            raise InvalidArgument(problem)
         if not 0 < self.timeout_seconds <= 3600:
             raise InvalidArgument(f"the Kafka timeout must be in (0, 3600] seconds, got {self.timeout_seconds}")
 
