@@ -364,3 +364,25 @@ async def test_the_maintenance_step_verifies_from_where_it_stood_and_the_gauges_
     assert gauge(metrics, "sink_coordinator_verified_epoch", "continuous") == 1
     assert gauge(metrics, "sink_coordinator_verification_failed", "continuous") == 1
     assert gauge(metrics, "sink_coordinator_verification_failures_total", "continuous") == 1
+
+
+async def test_the_consoles_sink_page_shows_the_verification_badge_and_report(
+    positioned: Callable[..., PositionedSink],
+) -> None:
+    sink = positioned()
+    await sink.register()
+    await sink.epoch_of(10)
+    await sink.epoch_of(10)
+    page = (await sink.admin.get("/console/sinks/verified")).text
+    assert '<span class="badge">never verified</span>' in page and "verification-report" not in page
+
+    await sink.admin.post("/api/v1/sinks/verified/verify", json={})
+    page = (await sink.admin.get("/console/sinks/verified")).text
+    assert re.search(r'<span class="badge healthy">verified</span>\s*up to epoch 1', page)
+    assert re.search(r'data-table="db.verified"><td>db.verified</td>\s*<td><span class="badge healthy">ok', page)
+
+    await sink.epoch_of(10, start=25)
+    await sink.admin.post("/api/v1/sinks/verified/verify", json={"incremental": True})
+    page = (await sink.admin.get("/console/sinks/verified")).text
+    assert re.search(r'<span class="badge stuck">fault found</span>\s*up to epoch 1', page)
+    assert "gap in epoch 2: starts at orders-0@25, the previous epoch ended at 20: offsets 20 to 24 never read" in page
