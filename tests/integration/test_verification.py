@@ -9,7 +9,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,18 +60,21 @@ class PositionedSink:
             self.name, self.table, -1, arrow_schema=POSITIONED.serialize().to_pybytes()
         )
 
-    async def epoch_of(self, count: int, start: int | None = None, offsets: Sequence[int] | None = None) -> str:
+    async def epoch_of(
+        self,
+        count: int,
+        start: int | None = None,
+        offsets: Sequence[int] | None = None,
+        properties: Mapping[str, str] | None = None,
+    ) -> str:
         """Commit the next epoch, reading `count` offsets from `start` (its declared start; by default where the
         previous one ended), its rows at `offsets` (by default each offset of its range once); its file's URI."""
         self.epoch += 1
         first = self.end if start is None else start
         end = first + count
-        path = write_parquet(
-            self.registration.table_location,
-            rows(self.topic, range(first, end) if offsets is None else offsets),
-            POSITIONED,
-        )
-        properties = {END_OFFSETS: json.dumps({self.topic: {"0": end}})}
+        written = rows(self.topic, range(first, end) if offsets is None else offsets)
+        path = write_parquet(self.registration.table_location, written, POSITIONED) if written else ""
+        properties = {**(properties or {}), END_OFFSETS: json.dumps({self.topic: {"0": end}})}
         if self.epoch == 0 or start is not None:
             spark = [{"$start": {self.topic: {"0": first}}, self.topic: {"0": end}}]
             properties["spark.end_offsets"] = json.dumps(spark)
@@ -80,7 +83,7 @@ class PositionedSink:
                 sink=self.name,
                 epoch=self.epoch,
                 writer_term=self.registration.writer_term,
-                paths=(path,),
+                paths=(path,) if path else (),
                 properties=properties,
             )
         )
@@ -386,3 +389,22 @@ async def test_the_consoles_sink_page_shows_the_verification_badge_and_report(
     page = (await sink.admin.get("/console/sinks/verified")).text
     assert re.search(r'<span class="badge stuck">fault found</span>\s*up to epoch 1', page)
     assert "gap in epoch 2: starts at orders-0@25, the previous epoch ended at 20: offsets 20 to 24 never read" in page
+
+
+async def test_epochs_without_files_in_the_table_verify_whole_and_incrementally(
+    positioned: Callable[..., PositionedSink],
+) -> None:
+    """An epoch whose records all went elsewhere (a dead-letter topic) commits no snapshot: the newest snapshot's end
+    offsets are its epoch's, not the newest epoch's, and the incremental verification goes on from the newest."""
+    sink = positioned()
+    await sink.register()
+    await sink.epoch_of(10)
+    await sink.epoch_of(10, offsets=[], properties={"sink-coordinator.bad-records": "10"})
+    whole = await sink.verify()
+    assert whole.ok, whole.faults
+    [table] = whole.tables
+    assert table.verified_epoch == 1 and whole.end_offsets == {(TOPIC, 0): 20}
+    since = {table.table: VerifiedTable(table.snapshot_id, table.verified_epoch, whole.end_offsets)}
+    await sink.epoch_of(10)
+    later = await sink.verify(since=since)
+    assert later.ok and later.tables[0].verified_epoch == 2, later.faults

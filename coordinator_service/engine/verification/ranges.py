@@ -105,11 +105,16 @@ class RangeWalk:
 
 
 def check_ranges(
-    sink_table: TableVerification, epochs: Sequence[EpochFacts], begin: Offsets | None, newest_end: Offsets | None
+    sink_table: TableVerification,
+    epochs: Sequence[EpochFacts],
+    begin: Offsets | None,
+    newest_end: tuple[int, Offsets] | None,
 ) -> RangeWalk:
     """Check the epochs' ranges (ascending epochs, all committed) from `begin` (where verification starts: the
-    sink's declared start, or where it was verified last); the sink's own table carries the faults."""
+    sink's declared start, or where it was verified last) against the newest snapshot's (epoch, end offsets); the
+    sink's own table carries the faults."""
     walk = RangeWalk(begin, [])
+    ends: dict[int, Offsets] = {}
     unsaid = [epoch.epoch for epoch in epochs if epoch.end is None]
     if unsaid:
         sink_table.notes.append(
@@ -151,14 +156,17 @@ def check_ranges(
                 )
         walk.ranges.append((epoch.epoch, start, epoch.end))
         walk.end = {**start, **epoch.end}
-    if newest_end is not None and walk.end is not None:
-        differing = {tp: offset for tp, offset in newest_end.items() if walk.end.get(tp) != offset}
+        ends[epoch.epoch] = walk.end
+    # The newest snapshot marks the newest epoch with files in the table: epochs after it may have had none.
+    if newest_end is not None and newest_end[0] in ends:
+        marked, snapshot_end = newest_end
+        differing = {tp: offset for tp, offset in snapshot_end.items() if ends[marked].get(tp) != offset}
         if differing:
             sink_table.fault(
                 FaultKind.END_MISMATCH,
-                epochs[-1].epoch if epochs else None,
-                f"the newest snapshot ends at {describe_offsets(differing)}, the committed epochs at "
-                f"{describe_offsets({tp: walk.end.get(tp, 0) for tp in differing})}",
+                marked,
+                f"the newest snapshot ends at {describe_offsets(differing)}, its epoch at "
+                f"{describe_offsets({tp: ends[marked].get(tp, 0) for tp in differing})}",
             )
     return walk
 
@@ -183,11 +191,11 @@ def _check_follows(sink_table: TableVerification, epoch: int, previous: Offsets,
             )
 
 
-def newest_end_offsets(snapshots: Sequence[SnapshotFacts], sink: SinkIdentity) -> Offsets | None:
-    """The end offsets the newest of the sink's snapshots carries."""
+def newest_end_offsets(snapshots: Sequence[SnapshotFacts], sink: SinkIdentity) -> tuple[int, Offsets] | None:
+    """The newest of the sink's snapshots' epoch and the end offsets it carries."""
     for snapshot in reversed(snapshots):
         if sink.owns(snapshot.summary) and SNAPSHOT_END_OFFSETS in snapshot.summary:
-            return parse_offsets(snapshot.summary[SNAPSHOT_END_OFFSETS])
+            return int(snapshot.summary[MARKER_EPOCH]), parse_offsets(snapshot.summary[SNAPSHOT_END_OFFSETS])
     return None
 
 

@@ -69,7 +69,8 @@ class Verifier:
         sink = await self._read_sink(name, since)
         own = sink.tables[0]
         verification = Verification(sink=name, incremental=bool(since))
-        begin = since[own].end_offsets if own in since else None
+        # Nothing recorded (an epoch without end offsets stopped the walk): where it stood is unknown.
+        begin = (since[own].end_offsets or None) if own in since else None
         results = [await in_catalog(self._table_facts, sink, table, since.get(table)) for table in sink.tables]
         own_table, own_snapshots, _ = results[0]
         walk = check_ranges(own_table, sink.epochs, begin, newest_end_offsets(own_snapshots, sink.identity))
@@ -77,6 +78,8 @@ class Verifier:
         positions: list[pa.Table] = []
         for (table, snapshots, loaded), identifier in zip(results, sink.tables, strict=True):
             check_snapshots(table, snapshots, sink.identity, sink.epochs)
+            if sink.epochs:  # committed: the table holds them, those without files in it trivially
+                table.verified_epoch = max(table.verified_epoch, sink.epochs[-1].epoch)
             rows = await in_catalog(self._deep, table, loaded, snapshots, walk, low, identifier in since)
             if rows is not None:
                 positions.append(rows)
