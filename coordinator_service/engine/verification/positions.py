@@ -1,45 +1,76 @@
 """The deep check, over the live rows' columns (read by tables/table_audit.py): no Kafka position twice, none outside
-the committed range, no key twice in a keyed table, and, with the topic's offsets, none of them missing."""
+the committed range, no key twice in a keyed table, and, with the topic's offsets, none of them missing.
+
+The positions are checked per topic-partition as sorted NumPy arrays of offsets: a hash aggregation over the three
+columns took ten times as long on ten million rows."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from coordinator_service.engine.verification.findings import FaultKind, Offsets, TableVerification, first
+from coordinator_service.engine.verification.findings import (
+    FaultKind,
+    Offsets,
+    TableVerification,
+    TopicPartition,
+    first,
+)
 from coordinator_service.engine.verification.ranges import RangeWalk
 from coordinator_service.engine.verification.topic_offsets import TopicOffsets
 
 SHOWN = 5
+SortedOffsets = npt.NDArray[np.int64]
 
 
-def check_positions(table: TableVerification, rows: pa.Table, walk: RangeWalk, low: Offsets | None) -> None:
-    """`rows`: kafka_topic, kafka_partition, kafka_offset of the live rows checked; `low`, `walk.end`: the range they
-    must lie in (None: not known, unchecked)."""
-    duplicates = (
-        rows.group_by(["kafka_topic", "kafka_partition", "kafka_offset"], use_threads=True)
-        .aggregate([("kafka_offset", "count")])
-        .filter(pc.field("kafka_offset_count") > 1)
-        .sort_by([("kafka_topic", "ascending"), ("kafka_partition", "ascending"), ("kafka_offset", "ascending")])
-    )
-    for row in duplicates.slice(0, SHOWN).to_pylist():
-        topic, partition, offset = row["kafka_topic"], row["kafka_partition"], row["kafka_offset"]
+def sorted_offsets(table: TableVerification, rows: pa.Table) -> dict[TopicPartition, SortedOffsets]:
+    """Each topic-partition's offsets among `rows` (kafka_topic, kafka_partition, kafka_offset), sorted; rows without
+    a position (a null) are noted and left out."""
+    complete = rows.drop_null()
+    if complete.num_rows < rows.num_rows:
+        table.notes.append(f"{rows.num_rows - complete.num_rows} live rows have no Kafka position (a null)")
+    if not complete.num_rows:
+        return {}
+    topics = pc.dictionary_encode(complete.column("kafka_topic")).combine_chunks()
+    names = topics.dictionary.to_pylist()
+    partitions = complete.column("kafka_partition").to_numpy().astype(np.int64)
+    keys = (topics.indices.to_numpy().astype(np.int64) << 32) | (partitions & 0xFFFFFFFF)
+    offsets = complete.column("kafka_offset").to_numpy()
+    found: dict[TopicPartition, SortedOffsets] = {}
+    for key in np.unique(keys):
+        topic, partition = names[int(key) >> 32], int(np.int32(int(key) & 0xFFFFFFFF))
+        found[(str(topic), partition)] = np.sort(offsets[keys == key])
+    return found
+
+
+def check_positions(
+    table: TableVerification, positions: Mapping[TopicPartition, SortedOffsets], walk: RangeWalk, low: Offsets | None
+) -> None:
+    """No position twice; with `low` and `walk.end` known, none outside the range they bound."""
+    duplicates: list[tuple[str, int, int, int]] = []
+    outside: list[str] = []
+    for (topic, partition), offsets in sorted(positions.items()):
+        repeated = offsets[1:][offsets[1:] == offsets[:-1]]
+        if repeated.size:
+            values, counts = np.unique(repeated, return_counts=True)
+            duplicates.extend((topic, partition, int(v), int(c) + 1) for v, c in zip(values, counts, strict=True))
+        if walk.end is None or low is None or not offsets.size:
+            continue
+        floor, ceiling = low.get((topic, partition), 0), walk.end.get((topic, partition), 0)
+        if offsets[0] < floor or offsets[-1] >= ceiling:
+            wrong = offsets[(offsets < floor) | (offsets >= ceiling)]
+            outside.extend(f"{topic}-{partition}@{offset}" for offset in wrong[: SHOWN + 1].tolist())
+    for topic, partition, offset, count in duplicates[:SHOWN]:
+        more = f" (+{len(duplicates) - SHOWN} more positions)" if len(duplicates) > SHOWN else ""
         table.fault(
             FaultKind.DUPLICATE_POSITION,
             walk.epoch_of(topic, partition, offset),
-            f"{topic}-{partition}@{offset} is in {row['kafka_offset_count']} live rows"
-            + (f" (+{duplicates.num_rows - SHOWN} more positions)" if duplicates.num_rows > SHOWN else ""),
+            f"{topic}-{partition}@{offset} is in {count} live rows{more}",
         )
-    if walk.end is None or low is None:
-        return
-    outside: list[str] = []
-    for (topic, partition), part in _by_partition(rows).items():
-        floor, ceiling = low.get((topic, partition), 0), walk.end.get((topic, partition), 0)
-        offsets = part.column("kafka_offset")
-        wrong = part.filter(pc.or_(pc.less(offsets, floor), pc.greater_equal(offsets, ceiling)))
-        outside.extend(f"{topic}-{partition}@{offset}" for offset in sorted(wrong.column("kafka_offset").to_pylist()))
     if outside:
         table.fault(
             FaultKind.OUTSIDE_RANGE, None, f"live rows from offsets outside the committed range: {first(outside)}"
@@ -57,38 +88,25 @@ def check_keys(table: TableVerification, rows: pa.Table, key: Sequence[str]) -> 
 
 def check_missing(
     table: TableVerification,
-    rows: pa.Table,
+    positions: Mapping[TopicPartition, SortedOffsets],
     walk: RangeWalk,
     topic: Mapping[str, TopicOffsets],
     bad_records: Mapping[int, int],
 ) -> None:
     """Every offset the topics still hold in the committed range is in a live row (`topic`: by "topic-partition"),
     but as many of an epoch's as its writer counted records that did not fit (sent to a dead-letter topic)."""
-    present = _by_partition(rows)
     missing: dict[int | None, list[str]] = {}
     for name, held in sorted(topic.items()):
-        in_table = present.get((held.topic, held.partition))
-        seen = set() if in_table is None else set(in_table.column("kafka_offset").to_pylist())
+        present = positions.get((held.topic, held.partition), np.empty(0, np.int64))
         if held.before_log_start:
             table.notes.append(f"{name}: {held.before_log_start} offsets of the range are before the log start (gone)")
-        for offset in sorted(set(held.offsets) - seen):
+        absent = np.setdiff1d(np.asarray(held.offsets, np.int64), present, assume_unique=False)
+        for offset in absent.tolist():
             missing.setdefault(walk.epoch_of(held.topic, held.partition, offset), []).append(f"{name}@{offset}")
-    for epoch, positions in sorted(missing.items(), key=lambda item: (item[0] is None, item[0] or 0)):
-        if epoch is not None and len(positions) <= bad_records.get(epoch, 0):
-            table.notes.append(f"epoch {epoch}: {len(positions)} records in no row, counted as not fitting the schema")
+    for epoch, found in sorted(missing.items(), key=lambda item: (item[0] is None, item[0] or 0)):
+        if epoch is not None and len(found) <= bad_records.get(epoch, 0):
+            table.notes.append(f"epoch {epoch}: {len(found)} records in no row, counted as not fitting the schema")
             continue
         table.fault(
-            FaultKind.MISSING_RECORD,
-            epoch,
-            f"{len(positions)} records in the topic and in no live row: {first(positions)}",
+            FaultKind.MISSING_RECORD, epoch, f"{len(found)} records in the topic and in no live row: {first(found)}"
         )
-
-
-def _by_partition(rows: pa.Table) -> dict[tuple[str, int], pa.Table]:
-    parts: dict[tuple[str, int], pa.Table] = {}
-    keys = rows.select(["kafka_topic", "kafka_partition"]).group_by(["kafka_topic", "kafka_partition"]).aggregate([])
-    for key in keys.to_pylist():
-        topic, partition = key["kafka_topic"], key["kafka_partition"]
-        mask = pc.and_(pc.equal(rows.column("kafka_topic"), topic), pc.equal(rows.column("kafka_partition"), partition))
-        parts[(str(topic), int(partition))] = rows.filter(mask)
-    return parts

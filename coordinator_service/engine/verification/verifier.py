@@ -15,7 +15,12 @@ from coordinator_service.contract.table_identifiers import sink_name_problem
 from coordinator_service.contract.views import EpochStatus
 from coordinator_service.engine.settlement import identity_of
 from coordinator_service.engine.verification.findings import Offsets, TableVerification, Verification
-from coordinator_service.engine.verification.positions import check_keys, check_missing, check_positions
+from coordinator_service.engine.verification.positions import (
+    check_keys,
+    check_missing,
+    check_positions,
+    sorted_offsets,
+)
 from coordinator_service.engine.verification.ranges import (
     REWRITE,
     EpochFacts,
@@ -89,7 +94,7 @@ class Verifier:
             held = await in_catalog(read_offsets, kafka, ranges)
             union = pa.concat_tables(positions, promote_options="permissive")
             bad = {epoch.epoch: epoch.bad_records for epoch in sink.epochs}
-            check_missing(own_table, union, walk, held, bad)
+            check_missing(own_table, sorted_offsets(own_table, union), walk, held, bad)
             own_table.kafka = True
         verification.end_offsets = walk.end or {}
         log.info(
@@ -164,7 +169,7 @@ class Verifier:
                     path for snapshot in snapshots if snapshot.operation != REWRITE for path, _ in snapshot.added_files
                 }
             rows = table_audit.live_columns(loaded, POSITION_COLUMNS, count, files)
-            check_positions(table, rows, walk, low)
+            check_positions(table, sorted_offsets(table, rows), walk, low)
             table.deep = True
         elif not key:
             table.notes.append(
