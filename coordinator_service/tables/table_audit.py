@@ -46,11 +46,6 @@ class ReadCount:
     files: list[str] = field(default_factory=list)
 
 
-def current_snapshot_id(table: LoadedTable) -> int | None:
-    snapshot = table.current_snapshot()
-    return None if snapshot is None else snapshot.snapshot_id
-
-
 def snapshots_after(table: LoadedTable, after: int | None, count: ReadCount) -> list[SnapshotFacts] | None:
     """The snapshots of the current branch after `after` (None: all of them), oldest first, each with the data
     files it added; None when `after` is not an ancestor of the current snapshot any more (a rollback, expiry
@@ -101,11 +96,15 @@ def identifier_columns(table: LoadedTable) -> tuple[str, ...]:
 
 
 def live_columns(
-    table: LoadedTable, columns: Sequence[str], count: ReadCount, files: Collection[str] | None = None
+    table: LoadedTable,
+    columns: Sequence[str],
+    count: ReadCount,
+    snapshot_id: int,
+    files: Collection[str] | None = None,
 ) -> pa.Table:
-    """The live rows' `columns` (deleted rows left out), of every live data file or only of `files`; only those
-    columns are read."""
-    scan = table.scan(selected_fields=tuple(columns))
+    """The `columns` of the rows live at `snapshot_id` (deleted rows left out), of every data file live then or only
+    of `files`; only those columns are read."""
+    scan = table.scan(selected_fields=tuple(columns), snapshot_id=snapshot_id)
     tasks = [task for task in scan.plan_files() if files is None or task.file.file_path in files]
     count.data_files += len(tasks)
     count.files.extend(task.file.file_path for task in tasks)

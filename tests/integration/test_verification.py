@@ -22,7 +22,8 @@ from coordinator_service.engine.verification.findings import FaultKind, Verifica
 from coordinator_service.engine.verification.topic_offsets import KafkaAccess
 from coordinator_service.engine.verification.verifier import VerifiedTable, Verifier
 from coordinator_service.engine.writer_requests import PreCommitRequest
-from tests.fixtures.admin import AdminApp, AdminFactory
+from coordinator_service.failpoints import Failpoint
+from tests.fixtures.admin import AdminApp, AdminFactory, Gate
 from tests.fixtures.coordinator import write_parquet
 from tests.fixtures.kafka_broker import produce_keyed
 
@@ -175,7 +176,7 @@ async def test_rows_from_outside_the_committed_range_are_found(positioned: Calla
     await sink.epoch_of(10, offsets=[*range(9), 12])
     verification = await sink.verify()
     outside = next(fault for fault in verification.faults if fault.kind is FaultKind.OUTSIDE_RANGE)
-    assert f"{TOPIC}-0@12" in outside.detail
+    assert outside.detail == f"1 live rows from offsets outside the committed range: {TOPIC}-0@12"
 
 
 async def test_a_key_twice_in_an_upsert_table_is_found(admin: AdminApp) -> None:
@@ -408,3 +409,35 @@ async def test_epochs_without_files_in_the_table_verify_whole_and_incrementally(
     await sink.epoch_of(10)
     later = await sink.verify(since=since)
     assert later.ok and later.tables[0].verified_epoch == 2, later.faults
+
+
+async def test_a_commit_landing_between_the_log_and_the_table_reads_is_not_a_fault(
+    positioned: Callable[..., PositionedSink], gates: Callable[[Failpoint], Gate]
+) -> None:
+    """The committer appends before the log says COMMITTED: a verification then reads the table as of the newest
+    snapshot at or below the log's committed epoch, not the newer append's rows as outside the range."""
+    sink = positioned()
+    await sink.register()
+    await sink.epoch_of(10)
+    await sink.epoch_of(10)
+    appended = gates(Failpoint.COMMIT_AFTER_APPEND)
+    path = write_parquet(sink.registration.table_location, rows(TOPIC, range(20, 30)), POSITIONED)
+    await sink.admin.runtime.coordinator.pre_commit(
+        PreCommitRequest(
+            sink=sink.name,
+            epoch=2,
+            writer_term=sink.registration.writer_term,
+            paths=(path,),
+            properties={END_OFFSETS: json.dumps({TOPIC: {"0": 30}})},
+        )
+    )
+    await sink.admin.checkpoint(sink.name, sink.registration, 2, wait=False)
+    await appended.wait_reached()
+    try:
+        verification = await sink.verify()
+    finally:
+        appended.open()
+    assert verification.ok, verification.faults
+    [table] = verification.tables
+    assert (table.verified_epoch, table.rows_read) == (1, 20)
+    assert verification.end_offsets == {(TOPIC, 0): 20}

@@ -53,6 +53,7 @@ def check_positions(
     """No position twice; with `low` and `walk.end` known, none outside the range they bound."""
     duplicates: list[tuple[str, int, int, int]] = []
     outside: list[str] = []
+    outside_count = 0
     for (topic, partition), offsets in sorted(positions.items()):
         repeated = offsets[1:][offsets[1:] == offsets[:-1]]
         if repeated.size:
@@ -63,7 +64,8 @@ def check_positions(
         floor, ceiling = low.get((topic, partition), 0), walk.end.get((topic, partition), 0)
         if offsets[0] < floor or offsets[-1] >= ceiling:
             wrong = offsets[(offsets < floor) | (offsets >= ceiling)]
-            outside.extend(f"{topic}-{partition}@{offset}" for offset in wrong[: SHOWN + 1].tolist())
+            outside_count += wrong.size
+            outside.extend(f"{topic}-{partition}@{offset}" for offset in wrong[:SHOWN].tolist())
     for topic, partition, offset, count in duplicates[:SHOWN]:
         more = f" (+{len(duplicates) - SHOWN} more positions)" if len(duplicates) > SHOWN else ""
         table.fault(
@@ -73,7 +75,9 @@ def check_positions(
         )
     if outside:
         table.fault(
-            FaultKind.OUTSIDE_RANGE, None, f"live rows from offsets outside the committed range: {first(outside)}"
+            FaultKind.OUTSIDE_RANGE,
+            None,
+            f"{outside_count} live rows from offsets outside the committed range: {', '.join(outside[:SHOWN])}",
         )
 
 

@@ -36,7 +36,7 @@ from coordinator_service.log.precommit_metadata import decode
 from coordinator_service.tables import table_audit
 from coordinator_service.tables.catalog_calls import in_catalog
 from coordinator_service.tables.format import LoadedTable, TableFormat
-from coordinator_service.tables.markers import SinkIdentity
+from coordinator_service.tables.markers import MARKER_EPOCH, SinkIdentity
 from coordinator_service.tables.table_audit import POSITION_COLUMNS, ReadCount, SnapshotFacts
 
 log = structlog.get_logger(__name__)
@@ -57,6 +57,9 @@ class _Sink:
     identity: SinkIdentity
     tables: list[str]
     epochs: list[EpochFacts]
+    # The committed epoch the log said: the tables are verified as of their newest snapshot at or below it (a commit
+    # appends before the log says COMMITTED, and may land between the two reads).
+    committed: int
 
 
 class Verifier:
@@ -127,7 +130,7 @@ class Verifier:
                 for table, entries in metadata.by_table().items()
             }
             epochs.append(EpochFacts.of(record.epoch, metadata.properties, files, record.snapshot_id))
-        return _Sink(identity, tables, epochs)
+        return _Sink(identity, tables, epochs, row.committed_epoch)
 
     def _table_facts(
         self, sink: _Sink, identifier: str, since: VerifiedTable | None
@@ -139,10 +142,19 @@ class Verifier:
         snapshots = table_audit.snapshots_after(loaded, after, count)
         if snapshots is None:
             table.notes.append(f"snapshot {after} verified last is no longer in the table's history: all read again")
-            snapshots = table_audit.snapshots_after(loaded, None, count) or []
+            after, snapshots = None, table_audit.snapshots_after(loaded, None, count) or []
         elif since is not None:
             table.verified_epoch = since.verified_epoch
-        table.snapshot_id = table_audit.current_snapshot_id(loaded)
+        newer = next(
+            (
+                index
+                for index, snapshot in enumerate(snapshots)
+                if sink.identity.owns(snapshot.summary) and int(snapshot.summary[MARKER_EPOCH]) > sink.committed
+            ),
+            len(snapshots),
+        )
+        snapshots = snapshots[:newer]
+        table.snapshot_id = snapshots[-1].snapshot_id if snapshots else after
         table.manifests_read = count.manifests
         return table, snapshots, loaded
 
@@ -158,8 +170,10 @@ class Verifier:
         """The deep check of one table; its live rows' positions (None: it has no position columns)."""
         count = ReadCount()
         key = table_audit.identifier_columns(loaded)
+        if table.snapshot_id is None:
+            return None  # nothing as of the committed epoch
         if key:
-            check_keys(table, table_audit.live_columns(loaded, key, count), key)
+            check_keys(table, table_audit.live_columns(loaded, key, count, table.snapshot_id), key)
             table.deep = True
         rows = None
         if set(POSITION_COLUMNS) <= table_audit.column_names(loaded):
@@ -168,7 +182,7 @@ class Verifier:
                 files = {
                     path for snapshot in snapshots if snapshot.operation != REWRITE for path, _ in snapshot.added_files
                 }
-            rows = table_audit.live_columns(loaded, POSITION_COLUMNS, count, files)
+            rows = table_audit.live_columns(loaded, POSITION_COLUMNS, count, table.snapshot_id, files)
             check_positions(table, sorted_offsets(table, rows), walk, low)
             table.deep = True
         elif not key:
