@@ -60,8 +60,10 @@ def epoch_file(location: str, epoch: int, rows: int, first: int) -> tuple[str, d
     """One Parquet file of an epoch's `rows` records, spread over the partitions from offset `first` of each (where
     the epoch before ended); its URI and the epoch's end offsets."""
     per_partition = rows // PARTITIONS
-    partition = np.repeat(np.arange(PARTITIONS, dtype=np.int32), per_partition)
-    offset = np.tile(np.arange(first, first + per_partition, dtype=np.int64), PARTITIONS)
+    # In no order: the check sorts each partition's offsets, and sorted input would flatter it.
+    shuffled = np.random.default_rng(epoch).permutation(per_partition * PARTITIONS)
+    partition = np.repeat(np.arange(PARTITIONS, dtype=np.int32), per_partition)[shuffled]
+    offset = np.tile(np.arange(first, first + per_partition, dtype=np.int64), PARTITIONS)[shuffled]
     order_id = partition.astype(np.int64) * 10**12 + offset
     table = pa.table(
         {
@@ -148,6 +150,7 @@ async def measure(root: Path, rows: int, incremental_epochs: int, repetitions: i
                     full.append(time.monotonic() - started)
                     assert whole.ok, whole.faults
                 [table] = whole.tables
+                assert table.rows_read == epochs * EPOCH_ROWS, table.rows_read
                 since = {table.table: VerifiedTable(table.snapshot_id, table.verified_epoch, whole.end_offsets)}
                 # After every epoch (the step's interval as short as the commits'), then once per INTERVAL_EPOCHS
                 # epochs (the step's default interval covers 60 commits at the default commit interval).
@@ -177,6 +180,7 @@ async def measure(root: Path, rows: int, incremental_epochs: int, repetitions: i
             "build_seconds": round(built, 1),
             "full_s": spread(full),
             "full_rows_per_s": epochs * EPOCH_ROWS / float(np.median(full)),
+            "rows_read": table.rows_read,
             "incremental_epoch_rows": EPOCH_ROWS // 10,
             "commit_s": spread(commits),
             "incremental_s": spread(increments),

@@ -177,12 +177,18 @@ class Verifier:
             table.deep = True
         rows = None
         if set(POSITION_COLUMNS) <= table_audit.column_names(loaded):
-            files = None
-            if incremental:
-                files = {
-                    path for snapshot in snapshots if snapshot.operation != REWRITE for path, _ in snapshot.added_files
-                }
-            rows = table_audit.live_columns(loaded, POSITION_COLUMNS, count, table.snapshot_id, files)
+            # Incrementally, the rows the new snapshots appended, read without planning a scan of the whole table.
+            rows = table_audit.appended_columns(loaded, snapshots, POSITION_COLUMNS, count) if incremental else None
+            if rows is None:
+                files = None
+                if incremental:
+                    files = {
+                        path
+                        for snapshot in snapshots
+                        if snapshot.operation != REWRITE
+                        for path, _ in snapshot.added_files
+                    }
+                rows = table_audit.live_columns(loaded, POSITION_COLUMNS, count, table.snapshot_id, files)
             check_positions(table, sorted_offsets(table, rows), walk, low)
             table.deep = True
         elif not key:
