@@ -67,6 +67,7 @@ class PositionedSink:
         start: int | None = None,
         offsets: Sequence[int] | None = None,
         properties: Mapping[str, str] | None = None,
+        checkpoint: bool = True,
     ) -> str:
         """Commit the next epoch, reading `count` offsets from `start` (its declared start; by default where the
         previous one ended), its rows at `offsets` (by default each offset of its range once); its file's URI."""
@@ -88,7 +89,8 @@ class PositionedSink:
                 properties=properties,
             )
         )
-        await self.admin.checkpoint(self.name, self.registration, self.epoch)
+        if checkpoint:
+            await self.admin.checkpoint(self.name, self.registration, self.epoch)
         self.end = end
         return path
 
@@ -464,3 +466,27 @@ async def test_an_incremental_verification_after_a_compaction_reads_only_the_new
     assert later.ok, later.faults
     [newer] = later.tables
     assert (newer.rows_read, newer.files_read, newer.verified_epoch) == (10, 1, 3)
+
+
+async def test_an_epoch_an_operator_aborted_is_lost_by_design_not_a_fault(
+    positioned: Callable[..., PositionedSink], kafka_bootstrap: str, kafka_topic: Callable[..., str]
+) -> None:
+    """Its records are in no table on purpose (docs/operations.md, "Abort an epoch"): a note names its range, the
+    next epoch starts where it ended, and the topic's records of it are not missing records of another epoch."""
+    topic = kafka_topic(partitions=1)
+    produce_keyed(kafka_bootstrap, topic, [(0, b"k%d" % i) for i in range(30)])
+    sink = positioned(topic=topic)
+    await sink.register()
+    await sink.epoch_of(10)
+    await sink.epoch_of(10, checkpoint=False)
+    aborted = await sink.admin.post(
+        "/api/v1/sinks/verified/epochs/1/abort", json={"reason": "a poison batch", "force": True}
+    )
+    assert aborted.status_code == 200, aborted.text
+    await sink.epoch_of(10)
+    verification = await sink.verify(kafka=KafkaAccess(kafka_bootstrap))
+    assert verification.ok, verification.faults
+    [table] = verification.tables
+    assert table.kafka and table.verified_epoch == 2
+    assert any(f"epoch 1 was aborted by an operator: its range {topic}-0@10 to {topic}-0@20" in n for n in table.notes)
+    assert any("10 records of epochs an operator aborted are in no row" in note for note in table.notes)

@@ -105,8 +105,14 @@ def check_missing(
         if held.before_log_start:
             table.notes.append(f"{name}: {held.before_log_start} offsets of the range are before the log start (gone)")
         absent = np.setdiff1d(np.asarray(held.offsets, np.int64), present, assume_unique=False)
+        lost = 0
         for offset in absent.tolist():
+            if walk.lost_by_abort(held.topic, held.partition, offset):
+                lost += 1
+                continue
             missing.setdefault(walk.epoch_of(held.topic, held.partition, offset), []).append(f"{name}@{offset}")
+        if lost:
+            table.notes.append(f"{name}: {lost} records of epochs an operator aborted are in no row (lost by design)")
     for epoch, found in sorted(missing.items(), key=lambda item: (item[0] is None, item[0] or 0)):
         if epoch is not None and len(found) <= bad_records.get(epoch, 0):
             table.notes.append(f"epoch {epoch}: {len(found)} records in no row, counted as not fitting the schema")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from coordinator_service.contract.source_positions import END_OFFSETS, SNAPSHOT_END_OFFSETS
 from coordinator_service.engine.verification.findings import (
@@ -43,6 +43,9 @@ class EpochFacts:
     paths: Mapping[str, frozenset[str]]  # its data files, by table
     snapshot_id: int | None
     bad_records: int = 0
+    # An operator aborted it (with force, its batch checkpointed): its records are lost by design, and the next
+    # epoch starts where it ended.
+    aborted: bool = False
 
     @classmethod
     def of(
@@ -51,6 +54,7 @@ class EpochFacts:
         properties: Mapping[str, str],
         files: Mapping[str, Sequence[tuple[str, int]]],
         snapshot_id: int | None,
+        aborted: bool = False,
     ) -> EpochFacts:
         bad = properties.get(BAD_RECORDS, "0")
         return cls(
@@ -61,6 +65,7 @@ class EpochFacts:
             paths={table: frozenset(path for path, _ in entries) for table, entries in files.items()},
             snapshot_id=snapshot_id,
             bad_records=int(bad) if bad.isdigit() else 0,
+            aborted=aborted,
         )
 
 
@@ -96,12 +101,21 @@ class RangeWalk:
 
     end: Offsets | None
     ranges: list[tuple[int, Offsets, Offsets]]
+    # The ranges of epochs an operator aborted: in no table by design.
+    lost: list[tuple[int, Offsets, Offsets]] = field(default_factory=list)
 
     def epoch_of(self, topic: str, partition: int, offset: int) -> int | None:
-        for epoch, start, end in self.ranges:
-            if start.get((topic, partition), 0) <= offset < end.get((topic, partition), -1):
-                return epoch
-        return None
+        return _epoch_in(self.ranges, topic, partition, offset)
+
+    def lost_by_abort(self, topic: str, partition: int, offset: int) -> bool:
+        return _epoch_in(self.lost, topic, partition, offset) is not None
+
+
+def _epoch_in(ranges: Sequence[tuple[int, Offsets, Offsets]], topic: str, partition: int, offset: int) -> int | None:
+    for epoch, start, end in ranges:
+        if start.get((topic, partition), 0) <= offset < end.get((topic, partition), -1):
+            return epoch
+    return None
 
 
 def check_ranges(
@@ -131,6 +145,14 @@ def check_ranges(
         elif epoch.start is not None and previous is not None:
             _check_follows(sink_table, epoch.epoch, previous, epoch.start)
         start = {**(previous or {}), **(start or {})}
+        if epoch.aborted:
+            sink_table.notes.append(
+                f"epoch {epoch.epoch} was aborted by an operator: its range {describe_offsets(start)} to "
+                f"{describe_offsets(epoch.end)} is in no table (lost by design)"
+            )
+            walk.lost.append((epoch.epoch, start, epoch.end))
+            walk.end = ends[epoch.epoch] = {**start, **epoch.end}
+            continue
         backwards = {tp: offset for tp, offset in epoch.end.items() if offset < start.get(tp, 0)}
         if backwards:
             sink_table.fault(

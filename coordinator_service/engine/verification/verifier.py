@@ -32,6 +32,7 @@ from coordinator_service.engine.verification.ranges import (
 from coordinator_service.engine.verification.topic_offsets import KafkaAccess, read_offsets
 from coordinator_service.log import epoch_reads, sink_rows, sink_tables
 from coordinator_service.log.database import Database
+from coordinator_service.log.models import AbortCause
 from coordinator_service.log.precommit_metadata import decode
 from coordinator_service.tables import table_audit
 from coordinator_service.tables.catalog_calls import in_catalog
@@ -122,14 +123,16 @@ class Verifier:
             identity = identity_of(row)
         epochs = []
         for record in records:
-            if record.status is not EpochStatus.COMMITTED:
+            # At or below the committed epoch: COMMITTED, or aborted by an operator for good.
+            aborted = record.status is EpochStatus.ABORTED and record.abort_cause is AbortCause.OPERATOR
+            if record.status is not EpochStatus.COMMITTED and not aborted:
                 continue
             metadata = decode(record.metadata_)
             files = {
                 table: [(entry.path, entry.record_count) for entry in entries]
                 for table, entries in metadata.by_table().items()
             }
-            epochs.append(EpochFacts.of(record.epoch, metadata.properties, files, record.snapshot_id))
+            epochs.append(EpochFacts.of(record.epoch, metadata.properties, files, record.snapshot_id, aborted))
         return _Sink(identity, tables, epochs, row.committed_epoch)
 
     def _table_facts(
