@@ -30,6 +30,7 @@ from coordinator_service.admin.console_charts import line_chart
 from coordinator_service.admin.console_session import ConsoleSessions, Role, Session
 from coordinator_service.admin.deps import OperationsDep
 from coordinator_service.admin.schemas import EpochResponse, SinkResponse
+from coordinator_service.admin.verification_schemas import VerificationStateResponse
 from coordinator_service.contract.errors import CoordinatorError
 from coordinator_service.contract.source_positions import VALID_THROUGH_MS
 
@@ -289,6 +290,7 @@ async def render_sink_page(
     shown = SinkResponse.of(overview)
     # A table whose commits fail may be gone from the catalog: then it waits for an operator to remove it.
     dropped = await operations.missing_from_catalog([table.table for table in shown.tables if table.retrying])
+    verification = VerificationStateResponse.of(sink, await operations.verification(sink))
     return render_page(
         request,
         sessions,
@@ -298,6 +300,7 @@ async def render_sink_page(
         sink=shown,
         state=shown_state(shown),
         dropped=dropped,
+        verification=verification,
         epochs=[EpochResponse.of(row) for row in epochs],
         latency_chart=line_chart([(sample.at, sample.seconds * 1000) for sample in samples], "ms", window),
         lag_chart=line_chart([(sample.at, float(sample.lag_epochs)) for sample in samples], "epochs", window),

@@ -94,6 +94,8 @@ def _gauges(overview: SinkOverview) -> metrics_scrape.SinkGauges:
         committed_epoch=overview.sink.committed_epoch,
         last_commit_at=overview.counts.last_commit_at,
         last_precommit_at=overview.counts.last_precommit_at,
+        verified_epoch=overview.counts.verified_epoch,
+        verification_failed=overview.counts.verification_failed,
     )
 
 

@@ -1,4 +1,4 @@
-"""The versioned admin API (/api/v1): sinks, epochs, abort, reset, reconcile, delete, resume, maintenance.
+"""The versioned admin API (/api/v1): sinks, epochs, abort, reset, reconcile, delete, resume, maintenance, verify.
 
 Routes only translate: the rules live in coordinator_service.engine.operations, and
 every dependency comes from coordinator_service.admin.deps. Read routes take
@@ -44,6 +44,11 @@ from coordinator_service.admin.schemas import (
     SinkResponse,
     decode_cursor,
     encode_cursor,
+)
+from coordinator_service.admin.verification_schemas import (
+    VerificationResponse,
+    VerificationStateResponse,
+    VerifyRequest,
 )
 
 API_PREFIX = "/api/v1"
@@ -238,3 +243,28 @@ async def run_maintenance(operations: OperationsDep, sink: SinkName, caller: Cal
     answers when the run is over, with what it did (its outcome says whether it failed, and why). 503 when
     the sink's committer holds the lock past ADMIN_LOCK_TIMEOUT_SECONDS, nothing done."""
     return MaintenanceRunResponse.model_validate(await operations.run_maintenance(sink, caller))
+
+
+@router.post(
+    "/sinks/{sink}/verify",
+    response_model=VerificationResponse,
+    responses=error_responses(HTTPStatus.NOT_FOUND),
+)
+async def verify_sink(
+    operations: OperationsDep, sink: SinkName, body: VerifyRequest, _: Caller
+) -> VerificationResponse:
+    """Prove that the sink's tables hold exactly what its topics held in the committed range (docs/operations.md,
+    "Verification"): its epochs' offset ranges and its tables' snapshots, the live rows' Kafka positions and keys,
+    and with bootstrap_servers the topics' offsets; records the outcome (GET .../verification). Reads only: no
+    table or epoch changes. Answers when done (a deep verification of a large table takes seconds)."""
+    return VerificationResponse.of(await operations.verify_sink(sink, body.kafka(), body.incremental))
+
+
+@router.get(
+    "/sinks/{sink}/verification",
+    response_model=VerificationStateResponse,
+    responses=error_responses(HTTPStatus.NOT_FOUND),
+)
+async def get_verification(operations: OperationsDep, sink: SinkName, _: Reader) -> VerificationStateResponse:
+    """Where verification of each of the sink's tables stands: how far it was proven, and the last outcome."""
+    return VerificationStateResponse.of(sink, await operations.verification(sink))

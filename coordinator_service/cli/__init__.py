@@ -1,4 +1,4 @@
-"""The `sink-coordinator` command: serve, migrate, status, catalog, delete, reconcile.
+"""The `sink-coordinator` command: serve, migrate, status, catalog, delete, reconcile, verify (verify.py).
 
 Every setting is a flag of the same name (--grpc-port for
 SINK_COORDINATOR_GRPC_PORT), of the setting's type and with its default
@@ -309,3 +309,6 @@ async def _print_status(database: Database, stalled_after_seconds: float) -> Non
             out.print(f"{overview.sink.name} is stalled: {overview.stalled}")
     if epochs_table.row_count:
         out.print(epochs_table)
+
+
+from coordinator_service.cli import verify as _verify_command  # noqa: E402,F401  (registers `verify` on app)

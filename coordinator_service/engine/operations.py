@@ -1,11 +1,11 @@
 """What operators may see and do to sinks: list them, read their epochs, abort an epoch, reset, reconcile or resume a
-sink, remove a table from it, delete it, set and run its maintenance.
+sink, remove a table from it, delete it, set and run its maintenance, verify it.
 
 Like coordinator_service.engine.protocol, this knows no transport: the admin API
 (admin.routes_sinks, admin.api) and the command line map its results and errors.
 Operations is made of one part per concern in coordinator_service.engine.operator
 (epochs.py: reads, abort, reset; tables.py: a table removed, a sink deleted;
-reconcile.py: reconcile, resume; answers.py: what they answer); the lists and the
+reconcile.py: reconcile, resume; verification.py: verify; answers.py: what they answer); the lists and the
 maintenance settings are here.
 """
 
@@ -21,6 +21,7 @@ from coordinator_service.engine.operator.base import check_known_name, sink_name
 from coordinator_service.engine.operator.epochs import EpochActions
 from coordinator_service.engine.operator.reconcile import ReconcileActions
 from coordinator_service.engine.operator.tables import TableActions
+from coordinator_service.engine.operator.verification import VerificationActions
 from coordinator_service.log import maintenance_log
 from coordinator_service.log.models import MaintenanceRun
 from coordinator_service.log.sink_rows import RowLock
@@ -28,7 +29,7 @@ from coordinator_service.log.sink_rows import RowLock
 log = structlog.get_logger(__name__)
 
 
-class Operations(EpochActions, TableActions, ReconcileActions):
+class Operations(EpochActions, TableActions, ReconcileActions, VerificationActions):
     """Every operator action (the admin API's and the command line's), made of one part per concern."""
 
     async def sinks(self) -> list[SinkOverview]:

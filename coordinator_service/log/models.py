@@ -341,3 +341,31 @@ class KeyIndexRow(Base):
     file_row: Mapped[int] = mapped_column(BigInteger, primary_key=True)
 
     __table_args__ = (Index("ix_key_index_index_id_key", "index_id", "key"),)
+
+
+class VerificationRecord(Base):
+    """Where verification of one of a sink's tables stands (coordinator_service.engine.verification): the newest
+    snapshot, the sink's newest epoch and the sink's end offsets it proved (an incremental verification starts
+    there; a failed one does not move them), and the last verification's outcome, faults and notes."""
+
+    __tablename__ = "sink_verifications"
+
+    sink_id: Mapped[int] = mapped_column(Integer, ForeignKey("sinks.id", ondelete="CASCADE"), primary_key=True)
+    table_identifier: Mapped[str] = mapped_column(Text, primary_key=True)
+    snapshot_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    verified_epoch: Mapped[int] = mapped_column(BigInteger)
+    # {"topic": {"partition": offset}}, as kafka.end-offsets spells them.
+    end_offsets: Mapped[dict[str, dict[str, int]]] = mapped_column(JSONB)
+    outcome: Mapped[str] = mapped_column(Text)
+    # The last verification's: [{"kind", "epoch", "detail"}], and its notes (what it could not prove).
+    faults: Mapped[list[dict[str, object]]] = mapped_column(JSONB)
+    notes: Mapped[list[str]] = mapped_column(JSONB)
+    deep: Mapped[bool] = mapped_column(Boolean)
+    kafka: Mapped[bool] = mapped_column(Boolean)
+    checked_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
+    )
+
+    __table_args__ = (CheckConstraint("outcome IN ('ok', 'failed')", name="verification_outcome_known"),)

@@ -17,6 +17,7 @@ from coordinator_service.log.models import (
     EpochRecord,
     Sink,
     SinkTableRecord,
+    VerificationRecord,
 )
 
 
@@ -117,6 +118,10 @@ class EpochCounts:
     # When its newest epoch was (last) pre-committed: a PENDING one's latest attempt, another's first; None: the
     # log holds no epoch of it.
     last_precommit_at: datetime | None = None
+    # How far verification proved its tables (the least over them; None: never verified), and whether the last
+    # verification of one of them failed (sink_verifications).
+    verified_epoch: int | None = None
+    verification_failed: bool = False
 
 
 async def sink_names(session: AsyncSession) -> list[str]:
@@ -160,6 +165,9 @@ async def sinks_with_epoch_counts(session: AsyncSession, name: str | None = None
         .limit(1)
         .scalar_subquery()
     )
+    of_sink = VerificationRecord.sink_id == Sink.id
+    verified_epoch = select(func.min(VerificationRecord.verified_epoch)).where(of_sink).scalar_subquery()
+    verification_failed = select(func.bool_or(VerificationRecord.outcome == "failed")).where(of_sink).scalar_subquery()
     statement = (
         select(
             Sink,
@@ -170,12 +178,15 @@ async def sinks_with_epoch_counts(session: AsyncSession, name: str | None = None
             last_commit,
             writer_age,
             last_precommit,
+            verified_epoch,
+            verification_failed,
         )
         .outerjoin(counts, counts.c.sink_id == Sink.id)
         .order_by(Sink.name)
     )
     if name is not None:
         statement = statement.where(Sink.name == name)
+    rows = (await session.execute(statement)).all()
     return [
         (
             sink,
@@ -187,11 +198,12 @@ async def sinks_with_epoch_counts(session: AsyncSession, name: str | None = None
                 last_commit_at=committed_at,
                 writer_last_call_age_seconds=None if call_age is None else float(call_age),
                 last_precommit_at=precommitted_at,
+                verified_epoch=verified_to,
+                verification_failed=bool(failed),
             ),
         )
-        for sink, pending_count, aborted_count, age, oldest, committed_at, call_age, precommitted_at in (
-            await session.execute(statement)
-        ).all()
+        for sink, pending_count, aborted_count, age, oldest, committed_at, call_age, precommitted_at, *verified in rows
+        for verified_to, failed in [verified]
     ]
 
 

@@ -112,6 +112,12 @@ DELETIONS_REFUSED = Counter(
     "or metadata directory, through a symbolic link, inside another table's location). Alert on any increase.",
     ["sink"],
 )
+VERIFICATION_FAILURES = Counter(
+    "sink_coordinator_verification_failures_total",
+    "Verifications of one of the sink's tables (the CLI's, the admin API's, the maintenance step's) that found a "
+    "fault in this process.",
+    ["sink"],
+)
 MAINTENANCE_OUTCOMES: Final = ("ok", "failed")
 MAINTENANCE_RUNS = Counter(
     "sink_coordinator_maintenance_runs_total", "Table maintenance runs, by outcome (ok, failed).", ["sink", "outcome"]
@@ -210,6 +216,7 @@ class SinkSeries:
         (MAINTENANCE_RUNS, ("failed",)),
         (DELETIONS_REFUSED, ()),
         (COMMITTER_STUCK_EVENTS, ()),
+        (VERIFICATION_FAILURES, ()),
     )
     # What loses its sink label above max_sinks sinks: the latency histograms and the counters of maintenance work.
     DETAIL: Final[Sequence[Counter | Histogram]] = (
@@ -278,6 +285,7 @@ _PER_SINK: Final[Sequence[Counter | Histogram]] = (
     MAINTENANCE_SECONDS,
     *MAINTENANCE_WORK.values(),
     COMMITTER_STUCK_EVENTS,
+    VERIFICATION_FAILURES,
 )
 
 

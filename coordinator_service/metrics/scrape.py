@@ -54,6 +54,9 @@ class SinkGauges:
     # None: not in the log (no series).
     last_commit_at: datetime | None = None
     last_precommit_at: datetime | None = None
+    # How far verification proved its tables (None: never verified, no series), and whether its last failed.
+    verified_epoch: int | None = None
+    verification_failed: bool = False
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,18 @@ LOG_GAUGES: Final[Sequence[tuple[str, str, GaugeOf]]] = (
         "When the sink's newest epoch was (last) pre-committed (Unix time, the metastore's clock; no series before "
         "the first).",
         lambda s: None if s.last_precommit_at is None else s.last_precommit_at.timestamp(),
+    ),
+    (
+        "sink_coordinator_verified_epoch",
+        "The newest epoch of the sink verification proved its tables hold exactly what its topics held (the least "
+        "over its tables; no series before its first verification). Behind committed_epoch: verification lags.",
+        lambda s: s.verified_epoch,
+    ),
+    (
+        "sink_coordinator_verification_failed",
+        "1 while the last verification of one of the sink's tables found a fault (GET "
+        "/api/v1/sinks/{sink}/verification names it); 0 otherwise, or never verified.",
+        lambda s: 1 if s.verification_failed else 0,
     ),
 )
 

@@ -1,6 +1,6 @@
 """Every knob of the coordinator, read from SINK_COORDINATOR_* variables and the matching flags: one group a module
-(serving, access, storage, commits, maintenance; bounds they share), put together here with the checks that span
-groups."""
+(serving, access, storage, commits, maintenance, verification; bounds they share), put together here with the checks
+that span groups."""
 
 from __future__ import annotations
 
@@ -15,9 +15,18 @@ from coordinator_service.settings.commits import CommitSettings
 from coordinator_service.settings.maintenance import MaintenancePolicy
 from coordinator_service.settings.serving import ServingSettings
 from coordinator_service.settings.storage import StorageSettings
+from coordinator_service.settings.verification import VerificationSettings
 
 
-class Settings(BaseSettings, ServingSettings, AccessSettings, StorageSettings, CommitSettings, MaintenancePolicy):
+class Settings(
+    BaseSettings,
+    ServingSettings,
+    AccessSettings,
+    StorageSettings,
+    CommitSettings,
+    MaintenancePolicy,
+    VerificationSettings,
+):
     """The coordinator's configuration.
 
     Values come from (highest first) command-line flags, environment variables

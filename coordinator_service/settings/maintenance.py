@@ -105,6 +105,19 @@ class MaintenancePolicy(BaseModel):
     orphan_max_files_per_run: int = Field(
         default=10_000, ge=1, le=1_000_000, description="Most orphan files one maintenance run deletes."
     )
+    verification_enabled: bool = Field(
+        default=False,
+        description="Verify the sink's tables as part of its maintenance, each time from where the last verification "
+        "stood (docs/operations.md, Verification): its sink_coordinator_verified_epoch and "
+        "sink_coordinator_verification_failed gauges say how far, and whether it found a fault.",
+    )
+    verification_interval_seconds: float = Field(
+        default=600.0,
+        ge=1.0,
+        le=THIRTY_DAYS,
+        allow_inf_nan=False,
+        description="How often the verification step runs (at the first maintenance run after this long).",
+    )
 
     def with_overrides(self, overrides: Mapping[str, object] | None) -> MaintenancePolicy:
         """This policy with a sink's overrides; ValidationError for an unknown name or a value out of range."""

@@ -25,6 +25,7 @@ from tests.fixtures.pipeline import (
     produce_orders,
     produced_positions,
 )
+from tests.fixtures.verification import assert_verified
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -96,6 +97,7 @@ def test_coordinator_killed_mid_query(
 
     assert outcome == [True], "the query did not finish after the coordinator came back"
     assert kafka_positions(catalog, "shop.orders") == produced_positions(produced)
+    assert_verified(database_url, catalog, "orders", kafka_bootstrap)
     with second.client() as client:
         state = client.sink_state("orders")
     assert state.committed_epoch == state.checkpointed_epoch == 4

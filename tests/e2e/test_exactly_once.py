@@ -31,6 +31,7 @@ from tests.fixtures.pipeline import (
     produced_positions,
     table_arrow,
 )
+from tests.fixtures.verification import assert_verified
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -59,6 +60,9 @@ def test_every_record_once_over_several_batches(
     assert running.await_termination(QUERY_TIMEOUT_SECONDS)
 
     assert kafka_positions(catalog, "shop.orders") == produced_positions(produced)
+    assert coordinator.database_url is not None
+    verified = assert_verified(coordinator.database_url, catalog, "orders", kafka_bootstrap)
+    assert verified.tables[0].kafka and verified.end_offsets
     assert order_ids(catalog, "shop.orders") == Counter(range(3000))
     with coordinator.client() as client:
         state = client.sink_state("orders")
@@ -104,6 +108,8 @@ def test_partitioned_table_one_partition_per_file(
     assert running.await_termination(QUERY_TIMEOUT_SECONDS)
 
     assert kafka_positions(catalog, "shop.orders_by_country_day") == produced_positions(produced)
+    assert coordinator.database_url is not None
+    assert_verified(coordinator.database_url, catalog, "orders-by-country-day", kafka_bootstrap)
     table = catalog.load_table("shop.orders_by_country_day")
     assert [str(field) for field in table.spec().fields] == [
         "1000: country: identity(4)",
@@ -236,4 +242,6 @@ def test_every_record_once_through_sparks_own_kafka_source(
     assert running.await_termination(QUERY_TIMEOUT_SECONDS)
 
     assert kafka_positions(catalog, "shop.orders_spark_kafka") == produced_positions(produced)
+    assert coordinator.database_url is not None
+    assert_verified(coordinator.database_url, catalog, "orders-spark-kafka", kafka_bootstrap)
     assert order_ids(catalog, "shop.orders_spark_kafka") == Counter(range(3000))

@@ -22,6 +22,7 @@ import psycopg
 from pyiceberg.catalog import Catalog
 from pyiceberg.table.snapshots import ancestors_of
 
+from coordinator_service.engine.verification.findings import Verification
 from coordinator_service.log import precommit_metadata
 from coordinator_service.tables.markers import MARKER_EPOCH, MARKER_GENERATION, MARKER_SINK
 from tests.fixtures.reachable_files import missing_reachable_files
@@ -427,3 +428,18 @@ def check_sink_tables(connection: psycopg.Connection[Any], sink: str, tables: se
         if behind:
             problems.append(f"tables not at the checkpointed epoch {checkpointed}: {behind}")
     return problems
+
+
+def check_verifier_agrees(found: Findings, verification: Verification) -> None:
+    """The verifier (shallow, and deep where the table has Kafka positions) over the run's table agrees with the run's
+    own exactly-once check: a fault it finds in a run whose checks found none is a disagreement (an anomaly). One it
+    does not find where the checks found one is counted (`verifier_missed`): the run's anomaly fails it anyway, and
+    the shallow check cannot see a record twice inside an epoch's range."""
+    found.facts["verifier_faults"] = len(verification.faults)
+    found.facts["verifier_deep"] = all(table.deep for table in verification.tables)
+    found.facts["verifier_missed"] = int(bool(found.anomalies) and verification.ok)
+    if verification.faults and not found.anomalies:
+        found.anomaly(
+            "the verifier disagrees with the run's exactly-once checks, which found nothing: "
+            + "; ".join(str(fault) for fault in verification.faults[:5])
+        )

@@ -36,6 +36,7 @@ from coordinator_service.runtime import migrate
 from tests.fixtures.coordinator import CoordinatorProcess, failpoints_env
 from tests.fixtures.kafka_broker import ProducedRecord, create_topic
 from tests.fixtures.pipeline import ORDER_SCHEMA_DDL, produce_orders
+from tests.fixtures.verification import verify_sink
 from tests.torture import checks, fault_kinds, kafka_faults
 from tests.torture.faults import FaultRecord
 from tests.torture.idle import stop_when_recorded
@@ -409,6 +410,7 @@ class Run:
                     kind.check(self, record, connection, found)
             for writer in self.writers:
                 writer.check(connection, catalog, found)
+        checks.check_verifier_agrees(found, verify_sink(self.metastore_url, catalog, SINK))
         return found
 
     def _teardown(self) -> None:

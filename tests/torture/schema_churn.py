@@ -52,6 +52,7 @@ from tests.fixtures.coordinator import CoordinatorProcess
 from tests.fixtures.kafka_broker import create_topic, produce_records
 from tests.fixtures.schema_registry import SchemaRegistryServer
 from tests.fixtures.sink_writer_process import WriterProcess, killable_driver_command, sink_writer_command
+from tests.fixtures.verification import verify_sink
 
 PARTITIONS: Final = 2
 PER_BATCH: Final = 40  # --max-offsets-per-trigger
@@ -195,6 +196,7 @@ class Services:
     registry_url: str
     coordinator: str  # its gRPC address
     catalog: Catalog  # the coordinator's
+    metastore_url: str  # the coordinator's (the verifier reads its log)
 
 
 @dataclass
@@ -322,6 +324,18 @@ class ChurnRun:
         if wrong:
             self.anomalies.append(f"{len(wrong)} row(s) not what their writer schema says: " + "; ".join(wrong[:SHOWN]))
         self.facts.update(rows=len(rows), columns=len(columns))
+        # The verifier, deep and against the topic, agrees with the checks above.
+        verification = verify_sink(
+            self.services.metastore_url, self.services.catalog, f"churn-{self.seed}", self.services.bootstrap
+        )
+        self.facts.update(
+            verifier_faults=len(verification.faults), verifier_missed=int(bool(self.anomalies) and verification.ok)
+        )
+        if verification.faults and not self.anomalies:
+            self.anomalies.append(
+                "the verifier disagrees with the run's exactly-once checks, which found nothing: "
+                + "; ".join(str(fault) for fault in verification.faults[:5])
+            )
 
 
 @contextlib.contextmanager
@@ -337,7 +351,7 @@ def services(work: Path) -> Iterator[Services]:
         warehouse = work / "coordinator" / "warehouse"
         try:
             catalog = load_catalog("default", type="sql", uri=url, warehouse=warehouse.as_uri())
-            yield Services(session.bootstrap, registry.url, coordinator.target, catalog)
+            yield Services(session.bootstrap, registry.url, coordinator.target, catalog, url)
         finally:
             coordinator.stop()
             registry.stop()

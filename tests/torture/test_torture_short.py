@@ -68,7 +68,10 @@ def test_schema_churn(
     catalog: Catalog,
     tmp_path: Path,
 ) -> None:
-    services = Services(kafka_bootstrap, local_registry_server.url, coordinator.target, catalog)
+    assert coordinator.database_url is not None
+    services = Services(
+        kafka_bootstrap, local_registry_server.url, coordinator.target, catalog, coordinator.database_url
+    )
     result = ChurnRun(SCHEMA_CHURN_SEED, services, tmp_path).execute()
     assert not result["anomalies"], f"replay with `{result['replay']}`; files in {tmp_path}\n" + "\n".join(
         result["anomalies"]

@@ -4,7 +4,7 @@ counter in coordinator_service.log.maintenance_counters, when it counts somethin
 
 from __future__ import annotations
 
-from coordinator_service.engine.maintenance_steps import compaction, expiry, orphan_sweep
+from coordinator_service.engine.maintenance_steps import compaction, expiry, orphan_sweep, verification
 from coordinator_service.engine.maintenance_steps.step import MaintenanceStep
 
-STEPS: tuple[MaintenanceStep, ...] = (expiry.STEP, compaction.STEP, orphan_sweep.STEP)
+STEPS: tuple[MaintenanceStep, ...] = (expiry.STEP, compaction.STEP, orphan_sweep.STEP, verification.STEP)

@@ -1,0 +1,137 @@
+"""What a verification reads of a table, in neutral types: its snapshots along the current branch with the data files
+each added (from the manifests, counted as they are read), and some columns of its live rows (only those columns, of
+every live file or of some files only).
+
+The verifier (coordinator_service.engine.verification) decides; this layer only reads."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
+import pyarrow as pa
+from pyiceberg.expressions import AlwaysTrue
+from pyiceberg.io.pyarrow import ArrowScan
+from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntryStatus
+from pyiceberg.table import FileScanTask
+from pyiceberg.table.snapshots import ancestors_of
+
+from coordinator_service.tables.format import LoadedTable
+
+# The columns a writer's --kafka-metadata adds: where each row's record was in Kafka.
+POSITION_COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset")
+# A data file a snapshot added, as the table format describes it: opaque to the engine, which hands it back.
+AddedDataFile: TypeAlias = DataFile
+APPEND = "append"
+
+
+@dataclass(frozen=True)
+class SnapshotFacts:
+    """One snapshot of a table's current branch: its change, its summary's properties and the data files it added
+    (path, record count)."""
+
+    snapshot_id: int
+    operation: str
+    summary: dict[str, str]
+    added_files: tuple[tuple[str, int], ...]
+    data_files: tuple[AddedDataFile, ...] = ()
+
+    @property
+    def added_records(self) -> int:
+        return sum(records for _, records in self.added_files)
+
+
+@dataclass
+class ReadCount:
+    """How much of a table's metadata and data a verification read (the incremental step reads only what is new)."""
+
+    manifests: int = 0
+    data_files: int = 0
+    rows: int = 0
+    files: list[str] = field(default_factory=list)
+
+
+def snapshots_after(table: LoadedTable, after: int | None, count: ReadCount) -> list[SnapshotFacts] | None:
+    """The snapshots of the current branch after `after` (None: all of them), oldest first, each with the data
+    files it added; None when `after` is not an ancestor of the current snapshot any more (a rollback, expiry
+    of the snapshots in between: start again from the whole table)."""
+    current = table.current_snapshot()
+    if current is None:
+        return [] if after is None else None
+    chain = []
+    for snapshot in ancestors_of(current, table.metadata):
+        if snapshot.snapshot_id == after:
+            break
+        chain.append(snapshot)
+    else:
+        if after is not None:
+            return None
+    facts = []
+    for snapshot in reversed(chain):
+        added: list[DataFile] = []
+        for manifest in snapshot.manifests(table.io):
+            if manifest.content != ManifestContent.DATA or manifest.added_snapshot_id != snapshot.snapshot_id:
+                continue
+            count.manifests += 1
+            added.extend(
+                entry.data_file
+                for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
+                if entry.status == ManifestEntryStatus.ADDED and entry.snapshot_id == snapshot.snapshot_id
+            )
+        summary = snapshot.summary
+        facts.append(
+            SnapshotFacts(
+                snapshot_id=snapshot.snapshot_id,
+                operation="" if summary is None else str(summary.operation.value),
+                summary={} if summary is None else {str(k): str(v) for k, v in summary.additional_properties.items()},
+                added_files=tuple((data_file.file_path, data_file.record_count) for data_file in added),
+                data_files=tuple(added),
+            )
+        )
+    return facts
+
+
+def column_names(table: LoadedTable) -> frozenset[str]:
+    return frozenset(field.name for field in table.schema().fields)
+
+
+def identifier_columns(table: LoadedTable) -> tuple[str, ...]:
+    """A keyed table's key: its identifier fields, by name (none: not keyed)."""
+    schema = table.schema()
+    return tuple(schema.find_column_name(field_id) or "" for field_id in schema.identifier_field_ids)
+
+
+def live_columns(
+    table: LoadedTable,
+    columns: Sequence[str],
+    count: ReadCount,
+    snapshot_id: int,
+    files: Collection[str] | None = None,
+) -> pa.Table:
+    """The `columns` of the rows live at `snapshot_id` (deleted rows left out), of every data file live then or only
+    of `files`; only those columns are read."""
+    scan = table.scan(selected_fields=tuple(columns), snapshot_id=snapshot_id)
+    tasks = [task for task in scan.plan_files() if files is None or task.file.file_path in files]
+    count.data_files += len(tasks)
+    count.files.extend(task.file.file_path for task in tasks)
+    rows = ArrowScan(table.metadata, table.io, scan.projection(), AlwaysTrue()).to_table(tasks)
+    count.rows += rows.num_rows
+    return rows
+
+
+def appended_columns(
+    table: LoadedTable, snapshots: Sequence[SnapshotFacts], columns: Sequence[str], count: ReadCount
+) -> pa.Table | None:
+    """The `columns` of the rows `snapshots` appended, read from their files without planning a scan of the whole
+    table; None unless every one of them is a plain append (then each of those rows is live at the newest of them:
+    no later one removed any, and deletes written before a file apply to files written before them)."""
+    if any(snapshot.operation != APPEND for snapshot in snapshots):
+        return None
+    tasks = [FileScanTask(data_file) for snapshot in snapshots for data_file in snapshot.data_files]
+    count.data_files += len(tasks)
+    count.files.extend(task.file.file_path for task in tasks)
+    projected = table.schema().select(*columns)
+    rows = ArrowScan(table.metadata, table.io, projected, AlwaysTrue()).to_table(tasks)
+    count.rows += rows.num_rows
+    return rows
