@@ -134,7 +134,9 @@ def plan_catch_up(table: Table, index: IndexState) -> IndexPlan:
         if snapshot.snapshot_id == index.snapshot_id:
             return _caught_up_or_rebuilt(table, after)
         after.append(snapshot)
-    if index.snapshot_id is None and after and after[-1].parent_snapshot_id is None:
+    # The index of the empty table catches up along a history that reaches the table's first snapshot (sequence
+    # number 1): expiry leaves the oldest snapshot it keeps without a parent, which looks like a first one.
+    if index.snapshot_id is None and after and after[-1].parent_snapshot_id is None and after[-1].sequence_number == 1:
         return _caught_up_or_rebuilt(table, after)
     if index.snapshot_id is not None and table.metadata.snapshot_by_id(index.snapshot_id) is None:
         fresh = table.catalog.load_table(table.name())
