@@ -53,6 +53,17 @@ def normalize_url(url: str) -> URL:
     return parsed.set(drivername="postgresql+psycopg")
 
 
+def _unreachable(error: BaseException) -> BaseException:
+    """What a connectivity error means to the caller: the metastore unreachable (a retry), unless the task is being
+    cancelled. A statement cut short by the cancellation leaves its connection busy, so the rollback that follows
+    fails ("another command is already in progress"); taken for an outage, which callers may tolerate, the
+    cancellation would be swallowed and the task would go on after its owner stopped it."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        return asyncio.CancelledError()
+    return MetastoreUnavailable(f"the PostgreSQL metastore is unreachable: {cause(error)}")
+
+
 def libpq_url(url: str | URL) -> str:
     """The URL as libpq (a plain psycopg connection) takes it: no SQLAlchemy driver name, the password kept."""
     return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
@@ -207,7 +218,7 @@ class Database:
         except exc.TimeoutError as error:
             raise self._no_free_connection() from error
         except _CONNECTIVITY_ERRORS as error:
-            raise MetastoreUnavailable(f"the PostgreSQL metastore is unreachable: {cause(error)}") from error
+            raise _unreachable(error) from error
 
     @asynccontextmanager
     async def reading(self) -> AsyncIterator[AsyncSession]:
@@ -228,7 +239,7 @@ class Database:
         except exc.TimeoutError as error:
             raise self._no_free_connection() from error
         except _CONNECTIVITY_ERRORS as error:
-            raise MetastoreUnavailable(f"the PostgreSQL metastore is unreachable: {cause(error)}") from error
+            raise _unreachable(error) from error
 
     def _no_free_connection(self) -> MetastoreUnavailable:
         """The pool had no connection free within DATABASE_POOL_TIMEOUT_SECONDS: counted, and retryable."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from contextlib import AsyncExitStack
 
@@ -32,5 +33,35 @@ async def test_no_free_connection_is_unavailable_within_the_pool_timeout_and_cou
         assert metrics.METASTORE_POOL_TIMEOUTS._value.get() == timeouts + 1  # type: ignore[attr-defined]
         async with database.transaction() as session:  # free again
             await session.execute(text("SELECT 1"))
+    finally:
+        await database.dispose()
+
+
+async def test_a_transaction_cancelled_with_its_connection_busy_ends_cancelled(database_url: str) -> None:
+    """A task cancelled while its connection is busy (the key index's COPY started when the coordinator closed
+    under a commit pass) ends cancelled. The rollback then fails ("another command is already in progress"), and
+    was taken for a metastore outage, which the key index's record tolerates: the pass swallowed its cancellation
+    and went on to the next step, where the closing coordinator waited for it forever. The pool's next caller gets
+    a working connection."""
+    database = Database(normalize_url(database_url), ConnectionOptions(pool_size=1, pool_timeout_seconds=5))
+    busy = asyncio.Event()
+
+    async def copy_never_ended() -> None:
+        async with database.transaction() as session:
+            await session.execute(text("CREATE TEMPORARY TABLE copied (value integer)"))
+            connection = await session.connection()
+            driver = (await connection.get_raw_connection()).driver_connection
+            driver.pgconn.send_query(b"COPY copied FROM STDIN")  # the COPY is started, never ended
+            busy.set()
+            await asyncio.Event().wait()
+
+    try:
+        task = asyncio.create_task(copy_never_ended())
+        await busy.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        async with database.transaction() as session:
+            assert (await session.execute(text("SELECT 1"))).scalar() == 1
     finally:
         await database.dispose()
