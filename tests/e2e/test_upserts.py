@@ -23,7 +23,7 @@ from pyiceberg.catalog import Catalog
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 
-from spark_writer import job
+from spark_writer import job_run
 from spark_writer.formats.schema_registry import RegistrySettings, registry_client
 from spark_writer.job import start_job
 from spark_writer.job_settings import KafkaSettings, ParseSettings, RecordFormat, SinkSettings
@@ -532,7 +532,7 @@ def test_an_upsert_stream_whose_tasks_fail_once_after_writing_leaves_the_last_va
         written = keyed_tasks(frame, target)
         return written.mapInArrow(fail_first_attempt, written.schema)
 
-    monkeypatch.setattr(job, "keyed_tasks", failing_once)
+    monkeypatch.setattr(job_run, "keyed_tasks", failing_once)
     topic = kafka_topic(partitions=PARTITIONS)
     produced = changes(RECORDS, KEYS, seed=71)
     produce_upserts(kafka_bootstrap, topic, produced, PARTITIONS)
