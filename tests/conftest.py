@@ -9,4 +9,5 @@ pytest_plugins = [
     "tests.fixtures.schema_registry",
     "tests.fixtures.writer_cli",
     "tests.fixtures.hang_report",
+    "tests.fixtures.logging_state",
 ]
