@@ -25,7 +25,7 @@ from pyiceberg.table import Table
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 
-from coordinator_service.tables.markers import MARKER_SINK
+from coordinator_service.tables.markers import MARKER_EPOCH, MARKER_SINK
 from spark_writer import job_run
 from spark_writer.formats.schema_registry import RegistrySettings, registry_client
 from spark_writer.job import start_job
@@ -108,9 +108,14 @@ def test_an_upsert_stream_leaves_the_last_value_of_each_key(
     assert sink_snapshot_ids(catalog.load_table("crm.customers")) == written
 
 
-def sink_snapshot_ids(table: Table) -> list[int]:
-    """The table's snapshots that carry a sink's marker (its commits), oldest first."""
-    return [snapshot.snapshot_id for snapshot in table.snapshots() if MARKER_SINK in (snapshot.summary or {})]
+def sink_snapshot_ids(table: Table) -> list[tuple[int, str, str]]:
+    """The table's snapshots that carry a sink's marker (its commits), oldest first: id, epoch and operation (what
+    a failure needs to tell a replayed epoch from a new one)."""
+    return [
+        (snapshot.snapshot_id, (snapshot.summary or {}).get(MARKER_EPOCH, "?"), str(snapshot.summary.operation))
+        for snapshot in table.snapshots()
+        if snapshot.summary is not None and MARKER_SINK in snapshot.summary
+    ]
 
 
 def writer_flags(kafka: KafkaSettings, parse: ParseSettings, sink: SinkSettings, work: Path) -> list[str]:
