@@ -32,10 +32,10 @@ from bench.infra import (
     timed_epoch,
     write_orders_file,
 )
+from coordinator_service.contract.markers import MARKER_EPOCH, MARKER_SINK
 from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.contract.rpc import sink_coordinator_pb2_grpc as pb_grpc
 from coordinator_service.tables.iceberg import IcebergGateway
-from coordinator_service.tables.markers import MARKER_EPOCH, MARKER_SINK
 
 
 def _catalog(database_url: str, warehouse: Path) -> Any:

@@ -20,9 +20,9 @@ import numpy as np
 from pyiceberg.catalog import load_catalog
 
 from bench.infra import Coordinator, Postgres, latency_stats, linked_copy, register_orders_sink, write_orders_file
+from coordinator_service.contract.markers import MARKER_EPOCH, MARKER_SINK
 from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.contract.rpc import sink_coordinator_pb2_grpc as pb_grpc
-from coordinator_service.tables.markers import MARKER_EPOCH, MARKER_SINK
 
 
 async def _stream(

@@ -19,7 +19,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.manifest import DataFileContent
 from rich.table import Table
 
-from coordinator_service.tables.markers import MARKER_SINK
+from coordinator_service.contract.markers import MARKER_SINK
 from sink_coordinator_demo.orders import ADMIN_TIMEOUT_SECONDS, COUNTRY_CURRENCIES
 from spark_writer.mutations.modes import Envelope, MutationMode, Mutations
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
 
-from coordinator_service.tables.markers import MARKER_SINK
+from coordinator_service.contract.markers import MARKER_SINK
 from sink_coordinator_demo.orders import COUNTRY_CURRENCIES
 from spark_writer.routing.routes import Routes
 

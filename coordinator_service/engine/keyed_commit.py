@@ -4,7 +4,7 @@ never appended (docs/architecture.md, "The keyed commit path").
 
 The commit pass (coordinator_service.engine.commit_pass) calls it per table, under the sink's commit lock, after the
 table's markers showed that it does not hold the epochs yet; the snapshot carries the sink's marker of the group's
-newest epoch exactly as an append's does (tables.markers), so that a crash between this commit and the COMMITTED
+newest epoch exactly as an append's does (contract.markers), so that a crash between this commit and the COMMITTED
 record is found by the same marker walk (the epochs are only marked: nothing deleted or inserted twice).
 
 The keys are resolved against the table as the pass loaded it, through the key index (where the keys live, brought
@@ -22,13 +22,13 @@ from dataclasses import dataclass
 import structlog
 
 from coordinator_service.contract.errors import MetastoreUnavailable
+from coordinator_service.contract.markers import SinkIdentity
 from coordinator_service.engine.key_index import KeyIndex
 from coordinator_service.log.commit_lock import CommitLock
 from coordinator_service.log.database import Database
 from coordinator_service.log.precommit_metadata import DataFileEntry, KeyFileEntry
 from coordinator_service.tables.catalog_calls import in_catalog
 from coordinator_service.tables.format import LoadedTable, TableFormat
-from coordinator_service.tables.markers import SinkIdentity
 from coordinator_service.tables.row_deltas import (
     RowDeltaCommit,
     commit_planned_row_delta,

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import structlog
 
 from coordinator_service.contract.errors import InvalidArgument, cause
+from coordinator_service.contract.markers import SinkIdentity
 from coordinator_service.engine import settlement
 from coordinator_service.engine.committer import Committer
 from coordinator_service.log import sink_rows, sink_tables
@@ -33,7 +34,6 @@ from coordinator_service.log.sink_tables import RecordedTable
 from coordinator_service.settings import Settings
 from coordinator_service.tables.catalog_calls import in_catalog
 from coordinator_service.tables.format import TableFormat
-from coordinator_service.tables.markers import SinkIdentity
 
 log = structlog.get_logger(__name__)
 

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 import structlog
 
+from coordinator_service.contract.markers import Marker, SinkIdentity
 from coordinator_service.log import precommit_metadata
 from coordinator_service.log.models import EpochRecord, Sink
 from coordinator_service.tables.catalog_calls import in_catalog
 from coordinator_service.tables.format import TableFormat
-from coordinator_service.tables.markers import Marker, SinkIdentity
 
 log = structlog.get_logger(__name__)
 

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Protocol, TypeAlias
 import pyarrow as pa
 from pyiceberg.table import Table
 
+from coordinator_service.contract.markers import Marker, SinkIdentity
 from coordinator_service.log.precommit_metadata import DataFileEntry
-from coordinator_service.tables.markers import Marker, SinkIdentity
 from coordinator_service.tables.precommit_files import FileFacts
 
 if TYPE_CHECKING:

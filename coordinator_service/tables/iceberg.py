@@ -18,14 +18,7 @@ from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.snapshots import ancestors_of
 from pyiceberg.typedef import EMPTY_DICT
 
-from coordinator_service.contract.table_identifiers import parse_table_identifier
-from coordinator_service.log.precommit_metadata import DataFileEntry
-from coordinator_service.tables import key_files, table_origin
-from coordinator_service.tables.data_file_entries import entry_data_file
-from coordinator_service.tables.file_descriptions import FileDescriptions
-from coordinator_service.tables.format import TableIdentity
-from coordinator_service.tables.key_files import DescribedKeyFiles
-from coordinator_service.tables.markers import (
+from coordinator_service.contract.markers import (
     FENCE_REASON,
     FENCE_SINK,
     FENCE_SINK_ID,
@@ -34,6 +27,13 @@ from coordinator_service.tables.markers import (
     Marker,
     SinkIdentity,
 )
+from coordinator_service.contract.table_identifiers import parse_table_identifier
+from coordinator_service.log.precommit_metadata import DataFileEntry
+from coordinator_service.tables import key_files, table_origin
+from coordinator_service.tables.data_file_entries import entry_data_file
+from coordinator_service.tables.file_descriptions import FileDescriptions
+from coordinator_service.tables.format import TableIdentity
+from coordinator_service.tables.key_files import DescribedKeyFiles
 from coordinator_service.tables.precommit_files import FileFacts
 from coordinator_service.tables.pyiceberg_internals import MetadataOnceTransaction, coordinator_transaction
 

@@ -21,9 +21,9 @@ from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.update.snapshot import ExpireSnapshots
 
+from coordinator_service.contract.markers import MARKER_EPOCH, SinkIdentity
 from coordinator_service.tables.file_listing import listed_files
 from coordinator_service.tables.iceberg import without_retries
-from coordinator_service.tables.markers import MARKER_EPOCH, SinkIdentity
 from coordinator_service.tables.pyiceberg_internals import (
     coordinator_transaction,
 )

@@ -25,7 +25,7 @@ from pyiceberg.table import Table
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 
-from coordinator_service.tables.markers import MARKER_EPOCH, MARKER_SINK
+from coordinator_service.contract.markers import MARKER_EPOCH, MARKER_SINK
 from spark_writer import job_run
 from spark_writer.formats.schema_registry import RegistrySettings, registry_client
 from spark_writer.job import start_job

@@ -7,8 +7,8 @@ import asyncio
 
 from pyiceberg.catalog import load_catalog
 
+from coordinator_service.contract.markers import MARKER_EPOCH
 from coordinator_service.runtime import catalog_properties, metastore_url
-from coordinator_service.tables.markers import MARKER_EPOCH
 from tests.fixtures.admin import AdminFactory
 
 INTERVAL_SECONDS = 600.0  # far longer than the test may take: a commit that waits it out times the test out

@@ -22,10 +22,10 @@ from pyiceberg.catalog import Catalog
 
 from coordinator_service.contract.client import CoordinatorRpcError, PreCommitFile, TableSpec
 from coordinator_service.contract.errors import CheckpointBehind, FailedPrecondition, Fenced, InvalidArgument, NotFound
+from coordinator_service.contract.markers import MARKER_EPOCH, MARKER_SINK
 from coordinator_service.contract.source_positions import END_OFFSETS, SNAPSHOT_END_OFFSETS
 from coordinator_service.contract.views import Registration
 from coordinator_service.engine.writer_requests import PreCommitRequest, TableRequest
-from coordinator_service.tables.markers import MARKER_EPOCH, MARKER_SINK
 from tests.fixtures.admin import (
     AdminApp,
     AdminFactory,

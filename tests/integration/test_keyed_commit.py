@@ -28,6 +28,7 @@ from pyiceberg.table import Table
 from coordinator_service import failpoints
 from coordinator_service.admin.api import create_app
 from coordinator_service.contract.client import CoordinatorRpcError
+from coordinator_service.contract.markers import MARKER_EPOCH, MARKER_SINK
 from coordinator_service.contract.views import PreCommitOutcome, Registration
 from coordinator_service.engine.key_index import KeyIndex
 from coordinator_service.engine.writer_requests import PreCommitRequest, TableRequest
@@ -37,7 +38,6 @@ from coordinator_service.settings import Settings
 from coordinator_service.tables import compaction_plans as cp
 from coordinator_service.tables.iceberg import IcebergGateway
 from coordinator_service.tables.key_resolution import LiveRows
-from coordinator_service.tables.markers import MARKER_EPOCH, MARKER_SINK
 from coordinator_service.tables.pyiceberg_internals import data_files_of
 from tests.fixtures.admin import CLIENT_ADDRESS, AdminApp, eventually
 from tests.fixtures.coordinator import failpoints_env

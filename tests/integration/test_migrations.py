@@ -16,12 +16,12 @@ from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
 from coordinator_service.contract.errors import SchemaNotCurrent
+from coordinator_service.contract.markers import MARKER_COMMIT_ID, MARKER_EPOCH, MARKER_GENERATION, MARKER_SINK
 from coordinator_service.log import precommit_metadata, schema
 from coordinator_service.log.database import create_sync_engine, libpq_url, normalize_url
 from coordinator_service.log.models import Base
 from coordinator_service.log.precommit_metadata import DataFileEntry, PreCommitMetadata
 from coordinator_service.runtime import migrate
-from coordinator_service.tables.markers import MARKER_COMMIT_ID, MARKER_EPOCH, MARKER_GENERATION, MARKER_SINK
 from tests.fixtures.admin import AdminFactory
 from tests.fixtures.coordinator import ORDERS, orders, table_order_ids
 from tests.fixtures.postgres import columns_of, new_database, query

@@ -12,11 +12,11 @@ import pytest
 from pyiceberg.catalog import Catalog
 
 from coordinator_service.contract.errors import CheckpointBehind, Fenced
+from coordinator_service.contract.markers import FENCE_SINK, MARKER_EPOCH, MARKER_GENERATION, Marker
 from coordinator_service.contract.views import PreCommitOutcome
 from coordinator_service.engine.writer_requests import PreCommitRequest
 from coordinator_service.failpoints import Failpoint
 from coordinator_service.log.database import libpq_url
-from coordinator_service.tables.markers import FENCE_SINK, MARKER_EPOCH, MARKER_GENERATION, Marker
 from tests.fixtures.admin import (
     AdminApp,
     AdminFactory,

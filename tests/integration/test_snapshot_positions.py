@@ -11,6 +11,7 @@ import pytest
 from pyiceberg.catalog import Catalog
 
 from coordinator_service.contract.errors import InvalidArgument
+from coordinator_service.contract.markers import MARKER_EPOCH
 from coordinator_service.contract.source_positions import (
     END_OFFSETS,
     SNAPSHOT_END_OFFSETS,
@@ -19,7 +20,6 @@ from coordinator_service.contract.source_positions import (
 )
 from coordinator_service.contract.views import Registration
 from coordinator_service.engine.writer_requests import PreCommitRequest
-from coordinator_service.tables.markers import MARKER_EPOCH
 from tests.fixtures.admin import AdminApp
 from tests.fixtures.coordinator import orders, write_parquet
 from tests.fixtures.postgres import query

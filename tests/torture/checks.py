@@ -22,9 +22,9 @@ import psycopg
 from pyiceberg.catalog import Catalog
 from pyiceberg.table.snapshots import ancestors_of
 
+from coordinator_service.contract.markers import MARKER_EPOCH, MARKER_GENERATION, MARKER_SINK
 from coordinator_service.engine.verification.findings import Verification
 from coordinator_service.log import precommit_metadata
-from coordinator_service.tables.markers import MARKER_EPOCH, MARKER_GENERATION, MARKER_SINK
 from tests.fixtures.reachable_files import missing_reachable_files
 
 AUDIT_SQL = """

@@ -14,8 +14,8 @@ from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import CommitFailedException
 
 from coordinator_service.contract.errors import InvalidArgument
+from coordinator_service.contract.markers import MARKER_EPOCH, MARKER_SINK, Marker, SinkIdentity
 from coordinator_service.tables.iceberg import IcebergGateway
-from coordinator_service.tables.markers import MARKER_EPOCH, MARKER_SINK, Marker, SinkIdentity
 from tests.fixtures.coordinator import ORDERS, orders, table_order_ids, write_parquet
 
 SINK = SinkIdentity(name="orders-sink", incarnation=str(uuid.uuid4()), generation=0)

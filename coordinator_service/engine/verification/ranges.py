@@ -13,6 +13,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from coordinator_service.contract.markers import FENCE_SINK, MARKER_EPOCH, MARKER_SINK, SinkIdentity
 from coordinator_service.contract.source_positions import END_OFFSETS, SNAPSHOT_END_OFFSETS
 from coordinator_service.engine.verification.findings import (
     FaultKind,
@@ -21,7 +22,6 @@ from coordinator_service.engine.verification.findings import (
     describe_offsets,
     first,
 )
-from coordinator_service.tables.markers import FENCE_SINK, MARKER_EPOCH, MARKER_SINK, SinkIdentity
 from coordinator_service.tables.table_audit import SnapshotFacts
 
 SPARK_END_OFFSETS = "spark.end_offsets"

@@ -11,6 +11,7 @@ import pyarrow as pa
 import structlog
 
 from coordinator_service.contract.errors import NotFound, quote
+from coordinator_service.contract.markers import MARKER_EPOCH, SinkIdentity
 from coordinator_service.contract.table_identifiers import sink_name_problem
 from coordinator_service.contract.views import EpochStatus
 from coordinator_service.engine.settlement import identity_of
@@ -37,7 +38,6 @@ from coordinator_service.log.precommit_metadata import decode
 from coordinator_service.tables import table_audit
 from coordinator_service.tables.catalog_calls import in_catalog
 from coordinator_service.tables.format import LoadedTable, TableFormat
-from coordinator_service.tables.markers import MARKER_EPOCH, SinkIdentity
 from coordinator_service.tables.table_audit import POSITION_COLUMNS, ReadCount, SnapshotFacts
 
 log = structlog.get_logger(__name__)

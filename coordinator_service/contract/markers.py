@@ -1,5 +1,6 @@
 """What the coordinator writes into a table's snapshots, and how it reads them back: the marker of a sink's epoch
-(sink, incarnation, generation, epoch, commit id) and the fence of a destructive operator action."""
+(sink, incarnation, generation, epoch, commit id) and the fence of a destructive operator action. In the contract:
+a reader of the tables outside the coordinator (spark_writer.fresh) tells a sink's snapshots by them too."""
 
 from __future__ import annotations
 
