@@ -101,6 +101,11 @@ class SinkState(SinkView):
     """A sink and its epochs that are not COMMITTED, in epoch order (GetSinkState)."""
 
     epochs: tuple[EpochView, ...]
+    # The sink's key, as recorded; () for an append stream, and from an older coordinator.
+    key_columns: tuple[str, ...] = ()
+    # What its snapshots' markers carry (contract.markers.SinkIdentity); None from an older coordinator.
+    incarnation: str | None = None
+    generation: int = 0
 
 
 @dataclass(frozen=True)

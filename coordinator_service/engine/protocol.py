@@ -62,4 +62,6 @@ class Coordinator(WriterRegistration, PreCommits):
                 table=row.table_identifier,
                 tables=tuple(SinkTable(table.identifier, table.committed_epoch) for table in tables),
                 epochs=tuple(from_attributes(EpochView, epoch) for epoch in epochs),
+                key_columns=tuple(row.key_columns),
+                incarnation=str(row.incarnation),
             )

@@ -23,7 +23,7 @@ from coordinator_service.engine.writer_requests import PreCommitRequest, TableRe
 from coordinator_service.log.precommit_metadata import KEYED_VERSION, VERSION, KeyFileEntry
 from spark_writer.sink.parquet_writer import serialize_footer
 from tests.fixtures.admin import AdminApp, epoch_metadata, eventually
-from tests.fixtures.coordinator import CoordinatorProcess, write_parquet
+from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, write_parquet
 from tests.fixtures.keyed_tables import KEY_SCHEMA, KEYED
 from tests.fixtures.postgres import query
 
@@ -293,3 +293,17 @@ async def test_a_removed_table_takes_its_key_files_out_of_the_epochs_not_committ
     assert response.status_code == 200, response.text
     assert [entry.path for entry in epoch_metadata(database_url, 0).key_files] == [own_keys]
     assert set(claims(database_url)) == {own_keys}
+
+
+def test_the_sink_state_says_the_key_and_what_the_snapshots_markers_carry(
+    coordinator: CoordinatorProcess, database_url: str
+) -> None:
+    """GetSinkState, through the real server: what a reader of the tables (spark_writer.fresh) checks its flags
+    against and tells the sink's snapshots by."""
+    with coordinator.client() as client:
+        client.register_writer(SINK, TABLE, -1, arrow_schema=KEYED.serialize().to_pybytes(), key_columns=KEY)
+        client.register_writer("plain", "db.plain", -1, arrow_schema=ORDERS.serialize().to_pybytes())
+        keyed, plain = client.sink_state(SINK), client.sink_state("plain")
+    incarnations = dict(query(database_url, "SELECT name, incarnation::text FROM sinks"))
+    assert (keyed.key_columns, keyed.incarnation, keyed.generation) == (KEY, incarnations[SINK], 0)
+    assert (plain.key_columns, plain.incarnation, plain.generation) == ((), incarnations["plain"], 0)

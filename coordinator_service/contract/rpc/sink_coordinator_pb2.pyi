@@ -457,6 +457,9 @@ class GetSinkStateResponse(_message.Message):
     WRITER_COUNT_FIELD_NUMBER: _builtins.int
     EPOCHS_FIELD_NUMBER: _builtins.int
     TABLES_FIELD_NUMBER: _builtins.int
+    KEY_COLUMNS_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    GENERATION_FIELD_NUMBER: _builtins.int
     sink: _builtins.str
     table: _builtins.str
     catalog: _builtins.str
@@ -464,6 +467,13 @@ class GetSinkStateResponse(_message.Message):
     committed_epoch: _builtins.int
     writer_term: _builtins.int
     writer_count: _builtins.int
+    incarnation: _builtins.str
+    """The sink's incarnation and generation, as its snapshots' markers carry
+    them (sink-coordinator.sink-id, sink-coordinator.generation): a reader of
+    the tables tells the sink's own snapshots by them. Empty from an older
+    coordinator.
+    """
+    generation: _builtins.int
     @_builtins.property
     def epochs(self) -> _containers.RepeatedCompositeFieldContainer[Global___EpochState]:
         """Epochs that are PENDING or ABORTED, in epoch order."""
@@ -471,6 +481,12 @@ class GetSinkStateResponse(_message.Message):
     @_builtins.property
     def tables(self) -> _containers.RepeatedCompositeFieldContainer[Global___SinkTable]:
         """Every table of the sink, its own first, then the others by name."""
+
+    @_builtins.property
+    def key_columns(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The sink's key (an upsert or change stream), as recorded; empty for an
+        append stream (and from an older coordinator).
+        """
 
     def __init__(
         self,
@@ -484,10 +500,13 @@ class GetSinkStateResponse(_message.Message):
         writer_count: _builtins.int = ...,
         epochs: _abc.Iterable[Global___EpochState] | None = ...,
         tables: _abc.Iterable[Global___SinkTable] | None = ...,
+        key_columns: _abc.Iterable[_builtins.str] | None = ...,
+        incarnation: _builtins.str = ...,
+        generation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["catalog", b"catalog", "checkpointed_epoch", b"checkpointed_epoch", "committed_epoch", b"committed_epoch", "epochs", b"epochs", "sink", b"sink", "table", b"table", "tables", b"tables", "writer_count", b"writer_count", "writer_term", b"writer_term"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["catalog", b"catalog", "checkpointed_epoch", b"checkpointed_epoch", "committed_epoch", b"committed_epoch", "epochs", b"epochs", "generation", b"generation", "incarnation", b"incarnation", "key_columns", b"key_columns", "sink", b"sink", "table", b"table", "tables", b"tables", "writer_count", b"writer_count", "writer_term", b"writer_term"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
