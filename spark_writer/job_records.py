@@ -106,9 +106,17 @@ def table_records(
     log.info("json schema", schema=schema.simpleString(), source="given" if parse.schema_ddl else "sampled")
     if not parse.evolve_schema and not schema.fields:
         raise ValueError("the topics are empty, so no schema could be inferred: pass --schema or --evolve-schema")
+    return stream, json_parser(kafka, parse, sink, schema)
+
+
+def json_parser(
+    kafka: KafkaSettings, parse: ParseSettings, sink: str, schema: StructType
+) -> JsonBatchParser | MutationParser:
+    """The per-batch decoding of JSON values whose rows have the fields of `schema` (given, sampled, or a table's
+    columns), as an upsert or change stream's when it is one (needs no Spark session)."""
     mutations = parse.mutations
     if not mutations.keyed:
-        return stream, JsonBatchParser(
+        return JsonBatchParser(
             schema,
             evolve=parse.evolve_schema,
             kafka_metadata=parse.kafka_metadata,
@@ -125,4 +133,4 @@ def table_records(
         dead_letters=dead_letter_target(kafka, parse, sink),
         read_keys=True,
     )
-    return stream, MutationParser(inner, mutations, keep_positions=parse.kafka_metadata)
+    return MutationParser(inner, mutations, keep_positions=parse.kafka_metadata)

@@ -166,16 +166,22 @@ class RecordDecoding:
         if (self.policy is BadRecordPolicy.DEAD_LETTER) != (self.dead_letters is not None):
             raise ValueError("a dead-letter topic is needed with on_bad_record=dead-letter, and only then")
 
-    def start(self) -> RecordDecodingTask:
-        return RecordDecodingTask(self)
+    def start(self, *, send_dead_letters: bool = True) -> RecordDecodingTask:
+        """A task's decoding; without `send_dead_letters` (a reader's, not the sink's: spark_writer.fresh) the records
+        the dead-letter policy takes are left out of the rows and sent nowhere."""
+        return RecordDecodingTask(self, send_dead_letters=send_dead_letters)
 
 
 class RecordDecodingTask:
     """One task's decoding: rows batch by batch, then `finish` (dead letters acknowledged, records counted)."""
 
-    def __init__(self, decoding: RecordDecoding) -> None:
+    def __init__(self, decoding: RecordDecoding, *, send_dead_letters: bool = True) -> None:
         self._decoding = decoding
-        self._dead_letters = None if decoding.dead_letters is None else DeadLetterProducer(decoding.dead_letters)
+        self._dead_letters = (
+            DeadLetterProducer(decoding.dead_letters)
+            if decoding.dead_letters is not None and send_dead_letters
+            else None
+        )
         self.bad_records = 0
         self._latest: list[dict[TopicPartition, int]] = []
 
@@ -196,8 +202,8 @@ class RecordDecodingTask:
             )
         if policy is BadRecordPolicy.NULL:
             return pa.concat_tables([decoded.rows, decoded.misfit_rows])
-        assert self._dead_letters is not None
-        self._dead_letters.send(decoded.misfits, REASON_COLUMN)
+        if self._dead_letters is not None:
+            self._dead_letters.send(decoded.misfits, REASON_COLUMN)
         return decoded.rows
 
     def finish(self) -> DecodingSummary:

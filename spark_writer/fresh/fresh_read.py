@@ -1,0 +1,162 @@
+"""A fresh read: a sink's table at its newest snapshot plus the topic's records the table does not hold yet.
+
+Steps, in this order:
+
+1. the sink as the coordinator knows it (GetSinkState): its tables, its key, its incarnation and generation; the read's
+   table and the key its flags give are checked against them;
+2. the topics' latest (last stable) offsets: the read's start. Every record the broker acknowledged before it is in
+   the result (staleness 0);
+3. the table's current snapshot, and the end offsets of the newest of the sink's epochs it holds (table_head);
+4. the tail: per partition, the records from those end offsets up to the latest (tail), read as the Kafka source
+   reads a range, decoded, reduced and routed as the sink does (tail_rows), and merged with the table's rows.
+
+The table may have committed past the latest offsets in between (2 and 3): its end offsets then win, and nothing is
+read twice. The result's Arrow schema metadata says where it ends in every partition (`sink-coordinator.kafka.
+end-offsets`, as snapshots say it) and the snapshot it read the table at. Everything runs here, in this process:
+pyiceberg reads the table, confluent-kafka the tail.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+
+import pyarrow as pa
+import structlog
+import typer
+from pyiceberg.catalog import Catalog
+from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.types import StructType
+
+from coordinator_service.contract.client import CoordinatorClient
+from coordinator_service.contract.markers import SinkIdentity
+from coordinator_service.contract.source_positions import SNAPSHOT_END_OFFSETS
+from coordinator_service.contract.table_identifiers import sink_name_problem, table_identifier_problem
+from coordinator_service.contract.views import SinkState
+from spark_writer.formats.decoded_batch import KAFKA_METADATA_FIELDS
+from spark_writer.fresh.sink_flags import SinkSource
+from spark_writer.fresh.table_head import SNAPSHOT_ID_METADATA, table_head
+from spark_writer.fresh.tail import check_topics, read_end_offsets, tail_ranges
+from spark_writer.fresh.tail_rows import TailDecoding, fresh_rows
+from spark_writer.job_flags import coordinator_address
+from spark_writer.job_records import json_parser, registry_parser
+from spark_writer.job_settings import RecordFormat
+from spark_writer.kafka.arrow import KAFKA_ARROW_SCHEMA
+from spark_writer.kafka.metadata import KafkaMetadata
+from spark_writer.kafka.offsets import Offsets, offsets_to_json, resolve_starting_offsets
+from spark_writer.kafka.options import KafkaSourceOptions, parse_options
+from spark_writer.kafka.range_reader import read_range
+from spark_writer.mutations.decoding import MutationParser
+from spark_writer.routing.split import TaskRouting
+from spark_writer.sink.kafka_records import RAW_COLUMNS, JsonBatchParser
+from spark_writer.sink.registry_records import RegistryBatchParser
+
+log = structlog.get_logger(__name__)
+
+
+class SinkMismatchError(ValueError):
+    """The flags given are not the sink's as the coordinator knows it (its tables, its key)."""
+
+
+def checked_names(sink: str, coordinator: str, table: str | None) -> str:
+    """The coordinator's address, once the names and it pass their policies (ValueError otherwise)."""
+    for problem in (sink_name_problem(sink), None if table is None else table_identifier_problem(table)):
+        if problem is not None:
+            raise ValueError(problem)
+    try:
+        return coordinator_address(coordinator)
+    except typer.BadParameter as error:
+        raise ValueError(f"coordinator: {error.message}") from None
+
+
+def checked_sink(state: SinkState, table: str, key: Sequence[str]) -> SinkIdentity:
+    """Whose markers the sink's snapshots carry, once the table and key are the sink's (SinkMismatchError)."""
+    if state.incarnation is None:
+        raise SinkMismatchError(
+            f"the coordinator does not say sink {state.sink}'s incarnation, which its snapshots carry: it predates "
+            "fresh reads. Upgrade it"
+        )
+    tables = [each.table for each in state.tables] or [state.table]
+    if table not in tables:
+        raise SinkMismatchError(f"sink {state.sink} writes the table(s) {tables}, not {table!r}")
+    if tuple(key) != state.key_columns:
+        raise SinkMismatchError(
+            f"the coordinator recorded sink {state.sink} with the key {list(state.key_columns)}, the flags give "
+            f"{list(key)} (--mode and --key): give the sink's own"
+        )
+    return SinkIdentity(state.sink, state.incarnation, state.generation)
+
+
+def json_row_schema(table_schema: pa.Schema, kafka_metadata: bool) -> StructType:
+    """The JSON values' fields as the sink decodes them now: the table's columns but the kafka_* ones it adds."""
+    added = {each.name for each in KAFKA_METADATA_FIELDS} if kafka_metadata else set()
+    kept = pa.schema([each.remove_metadata() for each in table_schema if each.name not in added])
+    return from_arrow_schema(kept)
+
+
+def tail_decoding(source: SinkSource, state: SinkState, table: str, table_schema: pa.Schema) -> TailDecoding:
+    """How the sink turns the tail's records into the rows of `table`."""
+    kafka, parse = source.kafka, source.parse
+    routing = None
+    if source.routes is not None:
+        # Only the table read has a location here: the rows routed to any other table are left out.
+        routing = TaskRouting(source.routes, state.table, {table: ""})
+    if parse.record_format is RecordFormat.RAW:
+        written = pa.schema([KAFKA_ARROW_SCHEMA.field(name) for name in RAW_COLUMNS])
+        return TailDecoding(None, written, routing, table)
+    parser: RegistryBatchParser | JsonBatchParser | MutationParser
+    if parse.record_format.registry_format is not None:
+        parser = registry_parser(kafka, parse, state.sink)
+    else:
+        parser = json_parser(kafka, parse, state.sink, json_row_schema(table_schema, parse.kafka_metadata))
+    return TailDecoding(parser.decoding, parser.table_schema, routing, table)
+
+
+def start_offsets(options: KafkaSourceOptions, metadata: KafkaMetadata, latest: Offsets, sink: str) -> Offsets:
+    """Where the sink started, for a table that holds none of its epochs yet: its --starting-offsets."""
+    if options.starting_offsets == "latest":
+        raise ValueError(
+            f"sink {sink} has committed nothing to the table yet and started at --starting-offsets latest: where it "
+            "started is in its checkpoint, not in the table. Read again once its first epoch is committed"
+        )
+    return resolve_starting_offsets(options.starting_offsets, metadata.earliest(latest), latest)
+
+
+def fresh_table(
+    source: SinkSource, catalog: Catalog, client: CoordinatorClient, sink: str, table: str | None
+) -> pa.Table:
+    """The module's steps; the rows with the read's end offsets and snapshot in their schema's metadata."""
+    began = time.monotonic()
+    state = client.sink_state(sink)
+    read_table = table or state.table
+    identity = checked_sink(state, read_table, source.parse.mutations.key)
+    options = parse_options(source.kafka.source_options())
+    metadata = KafkaMetadata(options)
+    latest = metadata.latest(metadata.partitions(options.topics))
+    head = table_head(catalog.load_table(read_table), identity)
+    if head.end_offsets is None:
+        start = start_offsets(options, metadata, latest, sink)
+    else:
+        check_topics(head.end_offsets, options.topics)
+        start = head.end_offsets
+    ranges = tail_ranges(start, metadata.earliest(latest), latest, options.fail_on_data_loss)
+    table_rows = head.rows()
+    decoding = tail_decoding(source, state, read_table, table_rows.schema)
+    rows = fresh_rows(table_rows, (batch for each in ranges for batch in read_range(each, options)), decoding)
+    ends = offsets_to_json(read_end_offsets(start, latest))
+    log.info(
+        "fresh read",
+        sink=sink,
+        table=read_table,
+        snapshot_id=head.snapshot_id,
+        epoch=head.epoch,
+        table_rows=table_rows.num_rows,
+        tail_records=sum(each.size for each in ranges),
+        rows=rows.num_rows,
+        seconds=round(time.monotonic() - began, 3),
+    )
+    described = {SNAPSHOT_END_OFFSETS: json.dumps(ends, separators=(",", ":"), sort_keys=True)}
+    if head.snapshot_id is not None:
+        described[SNAPSHOT_ID_METADATA] = str(head.snapshot_id)
+    return rows.replace_schema_metadata(described)
