@@ -13,7 +13,7 @@ Steps, in this order:
 The table may have committed past the latest offsets in between (2 and 3): its end offsets then win, and nothing is
 read twice. The result's Arrow schema metadata says where it ends in every partition (`sink-coordinator.kafka.
 end-offsets`, as snapshots say it) and the snapshot it read the table at. Everything runs here, in this process:
-pyiceberg reads the table, confluent-kafka the tail.
+pyiceberg reads the table while confluent-kafka reads the tail's partitions, each in a thread of its own.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Final
 
 import pyarrow as pa
 import structlog
@@ -36,7 +38,7 @@ from coordinator_service.contract.table_identifiers import sink_name_problem, ta
 from coordinator_service.contract.views import SinkState
 from spark_writer.formats.decoded_batch import KAFKA_METADATA_FIELDS
 from spark_writer.fresh.sink_flags import SinkSource
-from spark_writer.fresh.table_head import SNAPSHOT_ID_METADATA, table_head
+from spark_writer.fresh.table_head import SNAPSHOT_ID_METADATA, TableHead, table_head
 from spark_writer.fresh.tail import check_topics, read_end_offsets, tail_ranges
 from spark_writer.fresh.tail_rows import TailDecoding, fresh_rows
 from spark_writer.job_flags import coordinator_address
@@ -44,7 +46,7 @@ from spark_writer.job_records import json_parser, registry_parser
 from spark_writer.job_settings import RecordFormat
 from spark_writer.kafka.arrow import KAFKA_ARROW_SCHEMA
 from spark_writer.kafka.metadata import KafkaMetadata
-from spark_writer.kafka.offsets import Offsets, offsets_to_json, resolve_starting_offsets
+from spark_writer.kafka.offsets import OffsetRange, Offsets, offsets_to_json, resolve_starting_offsets
 from spark_writer.kafka.options import KafkaSourceOptions, parse_options
 from spark_writer.kafka.range_reader import read_range
 from spark_writer.mutations.decoding import MutationParser
@@ -53,6 +55,9 @@ from spark_writer.sink.kafka_records import RAW_COLUMNS, JsonBatchParser
 from spark_writer.sink.registry_records import RegistryBatchParser
 
 log = structlog.get_logger(__name__)
+
+# Threads reading the table and the tail's partitions at once.
+MAX_READERS: Final = 8
 
 
 class SinkMismatchError(ValueError):
@@ -113,14 +118,25 @@ def tail_decoding(source: SinkSource, state: SinkState, table: str, table_schema
     return TailDecoding(parser.decoding, parser.table_schema, routing, table)
 
 
-def start_offsets(options: KafkaSourceOptions, metadata: KafkaMetadata, latest: Offsets, sink: str) -> Offsets:
+def start_offsets(options: KafkaSourceOptions, earliest: Offsets, latest: Offsets, sink: str) -> Offsets:
     """Where the sink started, for a table that holds none of its epochs yet: its --starting-offsets."""
     if options.starting_offsets == "latest":
         raise ValueError(
             f"sink {sink} has committed nothing to the table yet and started at --starting-offsets latest: where it "
             "started is in its checkpoint, not in the table. Read again once its first epoch is committed"
         )
-    return resolve_starting_offsets(options.starting_offsets, metadata.earliest(latest), latest)
+    return resolve_starting_offsets(options.starting_offsets, earliest, latest)
+
+
+def read_both(
+    head: TableHead, ranges: Sequence[OffsetRange], options: KafkaSourceOptions
+) -> tuple[pa.Table, list[pa.RecordBatch]]:
+    """The table's rows and the tail's records, read at once: pyiceberg's scan and each partition's consumer wait
+    on storage and the broker, not on this interpreter."""
+    with ThreadPoolExecutor(max_workers=min(MAX_READERS, 1 + len(ranges)), thread_name_prefix="fresh-read") as pool:
+        table_rows = pool.submit(head.rows)
+        tails = [pool.submit(lambda each: list(read_range(each, options)), each) for each in ranges]
+        return table_rows.result(), [batch for tail in tails for batch in tail.result()]
 
 
 def fresh_table(
@@ -133,17 +149,17 @@ def fresh_table(
     identity = checked_sink(state, read_table, source.parse.mutations.key)
     options = parse_options(source.kafka.source_options())
     metadata = KafkaMetadata(options)
-    latest = metadata.latest(metadata.partitions(options.topics))
+    earliest, latest = metadata.log_bounds(options.topics)
     head = table_head(catalog.load_table(read_table), identity)
     if head.end_offsets is None:
-        start = start_offsets(options, metadata, latest, sink)
+        start = start_offsets(options, earliest, latest, sink)
     else:
         check_topics(head.end_offsets, options.topics)
         start = head.end_offsets
-    ranges = tail_ranges(start, metadata.earliest(latest), latest, options.fail_on_data_loss)
-    table_rows = head.rows()
+    ranges = tail_ranges(start, earliest, latest, options.fail_on_data_loss)
+    table_rows, records = read_both(head, ranges, options)
     decoding = tail_decoding(source, state, read_table, table_rows.schema)
-    rows = fresh_rows(table_rows, (batch for each in ranges for batch in read_range(each, options)), decoding)
+    rows = fresh_rows(table_rows, records, decoding)
     ends = offsets_to_json(read_end_offsets(start, latest))
     log.info(
         "fresh read",

@@ -151,10 +151,19 @@ class KafkaMetadata:
         """Last stable offsets (what a read_committed consumer can read up to) of those that exist."""
         return self._list_offsets(keys, OffsetSpec.latest())  # type: ignore[no-untyped-call]
 
+    def log_bounds(self, topics: Iterable[str]) -> tuple[Offsets, Offsets]:
+        """Earliest and last stable offsets of every partition of the topics that exist, from one look-up of their
+        partitions (a fresh read's, spark_writer.fresh: the latest are its start)."""
+        keys = self.partitions(topics)
+        earliest, latest = OffsetSpec.earliest(), OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        return self._offsets_of(keys, earliest), self._offsets_of(keys, latest)
+
     def _list_offsets(self, keys: Iterable[PartitionKey], spec: OffsetSpec) -> Offsets:
         wanted = frozenset(keys)
         topics = {key.topic for key in wanted}
-        existing = wanted.intersection(self.partitions(topics, known=topics))
+        return self._offsets_of(wanted.intersection(self.partitions(topics, known=topics)), spec)
+
+    def _offsets_of(self, existing: Collection[PartitionKey], spec: OffsetSpec) -> Offsets:
         if not existing:
             return {}
         request = {TopicPartition(key.topic, key.partition): spec for key in existing}
