@@ -10,10 +10,11 @@ Steps, in this order:
 4. the tail: per partition, the records from those end offsets up to the latest (tail), read as the Kafka source
    reads a range, decoded, reduced and routed as the sink does (tail_rows), and merged with the table's rows.
 
-The table may have committed past the latest offsets in between (2 and 3): its end offsets then win, and nothing is
-read twice. The result's Arrow schema metadata says where it ends in every partition (`sink-coordinator.kafka.
-end-offsets`, as snapshots say it) and the snapshot it read the table at. Everything runs here, in this process:
-pyiceberg reads the table while confluent-kafka reads the tail's partitions, each in a thread of its own.
+The table may have committed past the latest offsets in between (2 and 3): where a second look-up shows the log
+reaching the table's end, the table's end offsets win (nothing is read twice, nothing taken for lost). The result's
+Arrow schema metadata says where it ends in every partition (`sink-coordinator.kafka.end-offsets`, as snapshots say
+it) and the snapshot it read the table at. Everything runs here, in this process: pyiceberg reads the table while
+confluent-kafka reads the tail's partitions, each in a thread of its own.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from coordinator_service.contract.views import SinkState
 from spark_writer.formats.decoded_batch import KAFKA_METADATA_FIELDS
 from spark_writer.fresh.sink_flags import SinkSource
 from spark_writer.fresh.table_head import SNAPSHOT_ID_METADATA, TableHead, table_head
-from spark_writer.fresh.tail import check_topics, read_end_offsets, tail_ranges
+from spark_writer.fresh.tail import check_topics, read_end_offsets, tail_ranges, with_table_ahead
 from spark_writer.fresh.tail_rows import TailDecoding, fresh_rows
 from spark_writer.job_flags import coordinator_address
 from spark_writer.job_records import json_parser, registry_parser
@@ -156,6 +157,7 @@ def fresh_table(
     else:
         check_topics(head.end_offsets, options.topics)
         start = head.end_offsets
+    latest = with_table_ahead(start, latest, lambda: metadata.log_bounds(options.topics)[1])
     ranges = tail_ranges(start, earliest, latest, options.fail_on_data_loss)
     table_rows, records = read_both(head, ranges, options)
     decoding = tail_decoding(source, state, read_table, table_rows.schema)

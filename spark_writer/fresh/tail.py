@@ -16,7 +16,7 @@ Every record is in the table or in the tail, never both: the tail starts where t
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from spark_writer.kafka.data_loss import LogBounds, apply_data_loss_policy, find_lost_partitions, report_data_loss
 from spark_writer.kafka.offsets import OffsetRange, Offsets, PartitionKey, plan_end_offsets, plan_ranges
@@ -38,6 +38,25 @@ def tail_ranges(
         for each in ranges
     )
     return [each for each in kept if each is not None]
+
+
+def with_table_ahead(
+    start: Mapping[PartitionKey, int],
+    latest: Mapping[PartitionKey, int],
+    look_again: Callable[[], Mapping[PartitionKey, int]],
+) -> Offsets:
+    """`latest` (taken before the table was loaded), raised to the table's end offsets where the table went past them:
+    a commit between the two holds records beyond the read's start, and a look-up made now shows the log reaching
+    that far. Where even the later look-up ends below the table, the log was truncated, which tail_ranges reports."""
+    ahead = [key for key, offset in start.items() if key in latest and latest[key] < offset]
+    if not ahead:
+        return dict(latest)
+    later = look_again()
+    raised = dict(latest)
+    for key in ahead:
+        if later.get(key, -1) >= start[key]:
+            raised[key] = start[key]
+    return raised
 
 
 def read_end_offsets(start: Mapping[PartitionKey, int], latest: Mapping[PartitionKey, int]) -> Offsets:

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from spark_writer.fresh.tail import check_topics, read_end_offsets, tail_ranges
+from spark_writer.fresh.tail import check_topics, read_end_offsets, tail_ranges, with_table_ahead
 from spark_writer.kafka.data_loss import DataLossError
 from spark_writer.kafka.offsets import OffsetRange, PartitionKey
 
@@ -94,3 +94,25 @@ def test_skipping_what_is_lost_the_tail_is_every_record_after_the_table_once(
     ends = read_end_offsets(start, latest)
     assert all(offset < ends[key] for key, offset in read)
     assert all(ends[key] >= offset for key, offset in start.items()), "nothing the table holds is left outside"
+
+
+def test_a_table_that_committed_past_the_reads_start_is_no_data_loss() -> None:
+    """The read takes the latest offsets before it loads the table; a commit in between can end the table past them.
+    A later look-up shows the log reaching the table's end: that partition's tail is empty, the read ends there."""
+    latest = with_table_ahead({A0: 10, A1: 3}, {A0: 8, A1: 5}, lambda: {A0: 12, A1: 6})
+    assert latest == {A0: 10, A1: 5}
+    assert tail_ranges({A0: 10, A1: 3}, {A0: 0, A1: 0}, latest, True) == [OffsetRange("a", 1, 3, 5)]
+    assert read_end_offsets({A0: 10, A1: 3}, latest) == {A0: 10, A1: 5}
+
+
+def test_a_log_that_still_ends_below_the_table_after_a_second_look_was_truncated() -> None:
+    latest = with_table_ahead({A0: 10}, {A0: 8}, lambda: {A0: 8})
+    with pytest.raises(DataLossError, match="latest offset 8 is below the start offset 10"):
+        tail_ranges({A0: 10}, {A0: 0}, latest, True)
+
+
+def test_the_log_is_looked_up_again_only_where_the_table_is_ahead() -> None:
+    def never() -> dict[PartitionKey, int]:
+        raise AssertionError("looked up again for nothing")
+
+    assert with_table_ahead({A0: 5}, {A0: 5, A1: 2}, never) == {A0: 5, A1: 2}
