@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Unpack
 
 from coordinator_service.contract.client import CoordinatorClient
-from spark_writer.fresh.fresh_read import checked_names, fresh_table
+from spark_writer.fresh.fresh_read import checked_arguments, fresh_table
 from spark_writer.fresh.sink_flags import SinkFlags, sink_source
 from spark_writer.sink.iceberg_sink import DEFAULT_COORDINATOR_RETRY_SECONDS
 
@@ -55,11 +55,7 @@ def read_arrow(
     records deleted before the sink read them (unless fail_on_data_loss=False), BadRecordError and
     UnroutedRecordsError where the sink's batch would fail, and CoordinatorRpcError when the coordinator refuses.
     """
-    if not isinstance(coordinator_retry_seconds, int | float) or not 0 < coordinator_retry_seconds <= 86_400:
-        raise ValueError(
-            f"coordinator_retry_seconds must be from 0 to 86400 seconds, got {coordinator_retry_seconds!r}"
-        )
-    address = checked_names(sink, coordinator, table)
+    address = checked_arguments(sink, coordinator, catalog, table, writer_token, coordinator_retry_seconds)
     source = sink_source(flags)
     with CoordinatorClient(address, token=writer_token, retry_seconds=coordinator_retry_seconds) as client:
         return fresh_table(source, catalog, client, sink, table)

@@ -65,11 +65,27 @@ class SinkMismatchError(ValueError):
     """The flags given are not the sink's as the coordinator knows it (its tables, its key)."""
 
 
-def checked_names(sink: str, coordinator: str, table: str | None) -> str:
-    """The coordinator's address, once the names and it pass their policies (ValueError otherwise)."""
+def checked_arguments(
+    sink: object, coordinator: object, catalog: object, table: object, writer_token: object, retry_seconds: object
+) -> str:
+    """The coordinator's address, once every argument but the writer's flags passes its check (ValueError naming
+    it otherwise): the names their policies, the address its form, the catalog a pyiceberg one."""
+    for name, value, optional in (
+        ("sink", sink, False),
+        ("coordinator", coordinator, False),
+        ("table", table, True),
+        ("writer_token", writer_token, True),
+    ):
+        if not (isinstance(value, str) or (optional and value is None)):
+            raise ValueError(f"{name}: {value!r} is not a text")
+    assert isinstance(sink, str) and isinstance(coordinator, str) and (table is None or isinstance(table, str))
     for problem in (sink_name_problem(sink), None if table is None else table_identifier_problem(table)):
         if problem is not None:
             raise ValueError(problem)
+    if isinstance(retry_seconds, bool) or not isinstance(retry_seconds, int | float) or not 0 < retry_seconds <= 86_400:
+        raise ValueError(f"coordinator_retry_seconds must be above 0 and at most 86400 seconds, got {retry_seconds!r}")
+    if not isinstance(catalog, Catalog):
+        raise ValueError(f"catalog: {type(catalog).__name__} is not a pyiceberg catalog (pyiceberg.catalog.Catalog)")
     try:
         return coordinator_address(coordinator)
     except typer.BadParameter as error:

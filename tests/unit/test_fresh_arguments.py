@@ -1,5 +1,5 @@
 """Hostile arguments of a fresh read (spark_writer.fresh): each is refused with a ValueError naming it, before any
-call to the coordinator, Kafka or the catalog (nothing listens at the addresses given, and the catalog is None)."""
+call to the coordinator, Kafka or the catalog (nothing listens at the addresses given, and the catalog is empty)."""
 
 from __future__ import annotations
 
@@ -10,20 +10,29 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pyiceberg.catalog.sql import SqlCatalog
 
 from coordinator_service.contract.table_identifiers import sink_name_problem, table_identifier_problem
 from spark_writer import fresh
-from spark_writer.fresh.fresh_read import checked_names
+from spark_writer.fresh.fresh_read import checked_arguments
 from spark_writer.fresh.sink_flags import SinkFlags, sink_source
 
 FLAGS: dict[str, Any] = {"bootstrap_servers": "127.0.0.1:1", "topic": "orders"}
-CALL: dict[str, Any] = {"sink": "orders", "coordinator": "127.0.0.1:1", "catalog": None}
+CATALOG = SqlCatalog("fresh", uri="sqlite:///:memory:", warehouse="file:///nonexistent")
+CALL: dict[str, Any] = {"sink": "orders", "coordinator": "127.0.0.1:1", "catalog": CATALOG}
 
 
 @pytest.mark.parametrize(
     ("changed", "message"),
     [
         ({"sink": "../etc"}, "sink"),
+        ({"sink": 5}, "sink: 5 is not a text"),
+        ({"table": 7}, "table: 7 is not a text"),
+        ({"writer_token": b"t"}, "writer_token: b't' is not a text"),
+        ({"catalog": None}, "catalog: NoneType is not a pyiceberg catalog"),
+        ({"catalog": {"type": "sql"}}, "catalog: dict is not a pyiceberg catalog"),
+        ({"coordinator_retry_seconds": True}, "coordinator_retry_seconds"),
+        ({"coordinator_retry_seconds": 86_401}, "coordinator_retry_seconds"),
         ({"sink": ""}, "sink"),
         ({"table": "no_namespace"}, "namespace"),
         ({"table": "shop..orders"}, "shop..orders"),
@@ -89,7 +98,7 @@ def test_every_flag_a_fresh_read_takes_is_the_writers() -> None:
 def test_names_are_refused_exactly_where_the_name_policy_refuses_them(sink: str, table: str | None) -> None:
     problem = sink_name_problem(sink) or (None if table is None else table_identifier_problem(table))
     if problem is None:
-        assert checked_names(sink, "127.0.0.1:50051", table) == "127.0.0.1:50051"
+        assert checked_arguments(sink, "127.0.0.1:50051", CATALOG, table, None, 60.0) == "127.0.0.1:50051"
     else:
         with pytest.raises(ValueError, match=re.escape(problem)):
-            checked_names(sink, "127.0.0.1:50051", table)
+            checked_arguments(sink, "127.0.0.1:50051", CATALOG, table, None, 60.0)
