@@ -132,7 +132,11 @@ def tail_decoding(source: SinkSource, state: SinkState, table: str, table_schema
         parser = registry_parser(kafka, parse, state.sink)
     else:
         parser = json_parser(kafka, parse, state.sink, json_row_schema(table_schema, parse.kafka_metadata))
-    return TailDecoding(parser.decoding, parser.table_schema, routing, table)
+    written = parser.table_schema
+    if not parse.evolve_schema:
+        # The sink keeps the columns it started with, which the table has: a newer version's fields are not written.
+        written = pa.schema([each for each in written if each.name in table_schema.names])
+    return TailDecoding(parser.decoding, written, routing, table)
 
 
 def start_offsets(options: KafkaSourceOptions, earliest: Offsets, latest: Offsets, sink: str) -> Offsets:

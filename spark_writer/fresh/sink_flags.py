@@ -36,7 +36,9 @@ TEXT_FLAGS: Final = frozenset(
         "route_by",
     }
 )
-BOOLEAN_FLAGS: Final = frozenset({"fail_on_data_loss", "decode_key", "kafka_metadata", "dynamic_routes"})
+BOOLEAN_FLAGS: Final = frozenset(
+    {"fail_on_data_loss", "decode_key", "kafka_metadata", "evolve_schema", "dynamic_routes"}
+)
 MAPPING_FLAGS: Final = frozenset({"kafka_option", "schema_registry_option", "op_map"})
 Choice = TypeVar("Choice", RecordFormat, MutationMode, Envelope, BadRecordPolicy, Unrouted)
 
@@ -66,6 +68,7 @@ class SinkFlags(TypedDict, total=False):
     op_map: str | Mapping[str, Op]
     cdc_envelope: Envelope | str
     kafka_metadata: bool
+    evolve_schema: bool
     json_time_zone: str
     on_bad_record: BadRecordPolicy | str
     dead_letter_topic: str
@@ -121,6 +124,7 @@ def sink_source(flags: Mapping[str, object]) -> SinkSource:
         record_format,
         TABLE_COLUMNS if record_format is RecordFormat.JSON and mutations.keyed else None,
         kafka_metadata=typed.get("kafka_metadata", False),
+        evolve_schema=typed.get("evolve_schema", True),
         json_time_zone=check_time_zone(typed.get("json_time_zone", DEFAULT_JSON_TIME_ZONE)),
         on_bad_record=_choice(BadRecordPolicy, typed.get("on_bad_record", BadRecordPolicy.FAIL), "on_bad_record"),
         dead_letter_topic=typed.get("dead_letter_topic"),

@@ -12,8 +12,12 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from confluent_kafka.schema_registry import Schema
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
 
 from coordinator_service.contract.views import SinkState, SinkTable
+from spark_writer.formats.schema_registry import RegistrySettings, registry_client
 from spark_writer.fresh.fresh_read import SinkMismatchError, checked_sink, tail_decoding
 from spark_writer.fresh.sink_flags import sink_source
 from spark_writer.fresh.tail_rows import fresh_rows
@@ -199,3 +203,34 @@ def test_a_coordinator_that_does_not_say_the_incarnation_is_refused() -> None:
     older = SinkState(**{**state().__dict__, "incarnation": None})
     with pytest.raises(SinkMismatchError, match="predates fresh reads"):
         checked_sink(older, "shop.orders", ())
+
+
+def test_an_avro_tail_is_decoded_each_record_by_its_writer_schema_as_the_table_follows_the_latest_version() -> None:
+    registry = RegistrySettings.of("mock://fresh-avro")
+    client = registry_client(registry)
+    fields = [{"name": "id", "type": "long"}, {"name": "country", "type": "string"}]
+    first: dict[str, Any] = {"type": "record", "name": "Order", "fields": fields}
+    amount = {"name": "amount", "type": ["null", "double"], "default": None}
+    second = {**first, "fields": [*first["fields"], amount]}
+    values = SerializationContext("orders", MessageField.VALUE)
+    client.register_schema("orders-value", Schema(json.dumps(first), "AVRO"))
+    old = AvroSerializer(client, json.dumps(first), conf={"auto.register.schemas": False})(
+        {"id": 2, "country": "FR"}, values
+    )
+    client.register_schema("orders-value", Schema(json.dumps(second), "AVRO"))
+    new = AvroSerializer(client, json.dumps(second), conf={"auto.register.schemas": False})(
+        {"id": 3, "country": "US", "amount": 1.5}, values
+    )
+    table_rows = pa.Table.from_pylist([{"id": 1, "country": "DE"}], schema=PLAIN)
+    tail = [kafka([(None, old), (None, new)])]
+    flags = {"record_format": "avro", "schema_registry_url": "mock://fresh-avro"}
+    assert read(table_rows, tail, state(), **flags) == [
+        {"id": 1, "country": "DE", "amount": None},
+        {"id": 2, "country": "FR", "amount": None},
+        {"id": 3, "country": "US", "amount": 1.5},
+    ], "the column the sink adds when it commits the tail is there, null in the table's rows"
+    assert read(table_rows, tail, state(), evolve_schema=False, **flags) == [
+        {"id": 1, "country": "DE"},
+        {"id": 2, "country": "FR"},
+        {"id": 3, "country": "US"},
+    ], "without --evolve-schema the sink writes the table's columns only"
