@@ -29,6 +29,7 @@ from coordinator_service.tables.key_encoding import encode_key_values, encode_ke
 from coordinator_service.tables.key_resolution import (
     POSITION,
     Key,
+    KeysUnresolvable,
     LiveRows,
     file_key_rows,
     key_columns,
@@ -66,9 +67,9 @@ class IndexedTable:
 def indexed_table(table: Table) -> IndexedTable:
     """The table as the key index knows it.
 
-    Raises ValueError when it is not a keyed format v2 table (no identifier fields, a nested one)."""
+    Raises KeysUnresolvable when it is not a keyed format v2 table (no identifier fields, a nested one)."""
     if table.format_version != KEYED_FORMAT_VERSION:
-        raise ValueError(
+        raise KeysUnresolvable(
             f"table {'.'.join(table.name())} is format v{table.format_version}: only keyed format "
             f"v{KEYED_FORMAT_VERSION} tables have a key index"
         )
