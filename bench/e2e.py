@@ -116,7 +116,7 @@ def run_plain(
     spark: Any, catalog: Any, bootstrap: str, topic: str, max_offsets: int, root: Path, place: Place
 ) -> float:
     from coordinator_service.tables.iceberg import IcebergGateway
-    from spark_writer.sink.parquet_writer import WRITTEN_FILES_DDL, DataFileTarget, task_writer
+    from spark_writer.sink.parquet_writer import WRITTEN_FILES_STRUCT, DataFileTarget, task_writer
     from spark_writer.sink.storage import Storage
 
     name = f"plain_{topic.replace('-', '_')}"
@@ -135,7 +135,7 @@ def run_plain(
             storage=Storage(place.storage),
             decoding=prepared.decoding,
         )
-        written = prepared.frame.mapInArrow(task_writer(target), WRITTEN_FILES_DDL).collect()
+        written = prepared.frame.mapInArrow(task_writer(target), WRITTEN_FILES_STRUCT).collect()
         paths = [row.path for row in written if row.path is not None]
         if paths:
             catalog.load_table(f"bench.{name}").add_files(paths, check_duplicate_files=False)
