@@ -29,6 +29,7 @@ from typing import Any
 
 from bench.infra import Coordinator, Postgres, latency_stats, spread
 from bench.source_limit import raw_read_rate
+from coordinator_service.tables.markers import snapshot_properties
 
 ORDER_DDL = "order_id BIGINT, customer STRING, amount DOUBLE, country STRING"
 
@@ -213,7 +214,7 @@ def measure_freshness(
 def _row_count(table: Any) -> int:
     table.refresh()
     snapshot = table.current_snapshot()
-    return 0 if snapshot is None else int(snapshot.summary.get("total-records", 0))
+    return 0 if snapshot is None else int(snapshot_properties(snapshot).get("total-records", "0"))
 
 
 def local_place(database_url: str, coordinator_data: Path) -> Place:

@@ -37,6 +37,7 @@ from coordinator_service.tables.key_resolution import (
     live_key_rows,
 )
 from coordinator_service.tables.keyed_tables import KEYED_FORMAT_VERSION
+from coordinator_service.tables.markers import snapshot_properties
 from coordinator_service.tables.pyiceberg_internals import deleted_positions
 from coordinator_service.tables.row_deltas import RowDeltaCommit
 
@@ -162,9 +163,9 @@ def _caught_up_or_rebuilt(table: Table, after: list[Snapshot]) -> CatchUp | Rebu
 
 
 def _summary_figure(snapshot: Snapshot | None, name: str) -> int | None:
-    if snapshot is None or snapshot.summary is None:
+    if snapshot is None:
         return None
-    value = snapshot.summary.get(name)
+    value = snapshot_properties(snapshot).get(name)
     return int(value) if value is not None and value.isdigit() else None
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pyiceberg.table.snapshots import Snapshot
+
 MARKER_SINK = "sink-coordinator.sink"
 
 
@@ -31,6 +33,13 @@ FENCE_SINK_ID = "sink-coordinator.fence.sink-id"
 
 
 FENCE_REASON = "sink-coordinator.fence.reason"
+
+
+def snapshot_properties(snapshot: Snapshot) -> dict[str, str]:
+    """The snapshot's summary properties (its operation aside) as a plain mapping, the one way the coordinator reads
+    them: pyiceberg's Summary answers None for a key it lacks, so `key in summary` is always true and
+    `summary.get(key, default)` never gives the default."""
+    return {} if snapshot.summary is None else dict(snapshot.summary.additional_properties)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from coordinator_service.settings import Settings
 from coordinator_service.tables import compaction_plans as cp
 from coordinator_service.tables.iceberg import IcebergGateway
 from coordinator_service.tables.key_resolution import LiveRows
-from coordinator_service.tables.markers import MARKER_EPOCH, MARKER_SINK
+from coordinator_service.tables.markers import MARKER_EPOCH, MARKER_SINK, snapshot_properties
 from coordinator_service.tables.pyiceberg_internals import data_files_of
 from tests.fixtures.admin import CLIENT_ADDRESS, AdminApp, eventually
 from tests.fixtures.coordinator import failpoints_env, write_parquet
@@ -69,9 +69,9 @@ COMMIT_SECONDS = 60.0
 def sink_snapshots(table: Table) -> list[tuple[int, str]]:
     """The epoch each of the sink's snapshots carries, and its operation, oldest first."""
     return [
-        (int(str(snapshot.summary[MARKER_EPOCH])), snapshot.summary.operation.value)
+        (int(properties[MARKER_EPOCH]), str(snapshot.summary.operation.value) if snapshot.summary else "")
         for snapshot in table.snapshots()
-        if snapshot.summary is not None and snapshot.summary.get(MARKER_SINK) == SINK
+        if (properties := snapshot_properties(snapshot)).get(MARKER_SINK) == SINK
     ]
 
 

@@ -23,6 +23,7 @@ from coordinator_service.tables import compaction_plans as cp
 from coordinator_service.tables import table_maintenance as tm
 from coordinator_service.tables.iceberg import IcebergGateway
 from coordinator_service.tables.key_resolution import DuplicateKeys, live_rows
+from coordinator_service.tables.markers import snapshot_properties
 from coordinator_service.tables.row_deltas import EpochChange, commit_row_delta
 from tests.fixtures.coordinator import write_parquet
 from tests.fixtures.delete_files import commit_position_deletes
@@ -137,7 +138,7 @@ def test_coalesced_epochs_are_resolved_each_after_the_one_before(gateway: Iceber
     assert snapshot is not None and snapshot.summary is not None
     assert snapshot.summary.operation.value == "overwrite"
     assert snapshot.summary["added-position-deletes"] == "4"
-    assert MARKER in snapshot.summary
+    assert MARKER in snapshot_properties(snapshot)
 
 
 def test_a_commit_on_a_stale_head_is_refused_and_changes_nothing(gateway: IcebergGateway, catalog: Catalog) -> None:
