@@ -32,7 +32,7 @@ from bench.infra import (
     timed_epoch,
     write_orders_file,
 )
-from coordinator_service.contract.markers import MARKER_EPOCH, MARKER_SINK
+from coordinator_service.contract.markers import MARKER_EPOCH, MARKER_SINK, snapshot_properties
 from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.contract.rpc import sink_coordinator_pb2_grpc as pb_grpc
 from coordinator_service.tables.iceberg import IcebergGateway
@@ -151,9 +151,8 @@ async def coalescing(
                 snapshots = [
                     s
                     for s in table.snapshots()
-                    if s.summary is not None
-                    and s.summary.get(MARKER_SINK) == "coalesce"
-                    and first_epoch <= int(str(s.summary.get(MARKER_EPOCH))) < epoch
+                    if snapshot_properties(s).get(MARKER_SINK) == "coalesce"
+                    and first_epoch <= int(snapshot_properties(s)[MARKER_EPOCH]) < epoch
                 ]
                 epochs = epoch - first_epoch
                 rows_out.append(

@@ -29,6 +29,7 @@ from typing import Any
 
 from bench.infra import Coordinator, Postgres, latency_stats, spread
 from bench.source_limit import raw_read_rate
+from coordinator_service.contract.markers import snapshot_properties
 
 ORDER_DDL = "order_id BIGINT, customer STRING, amount DOUBLE, country STRING"
 
@@ -116,7 +117,7 @@ def run_plain(
     spark: Any, catalog: Any, bootstrap: str, topic: str, max_offsets: int, root: Path, place: Place
 ) -> float:
     from coordinator_service.tables.iceberg import IcebergGateway
-    from spark_writer.sink.parquet_writer import WRITTEN_FILES_DDL, DataFileTarget, task_writer
+    from spark_writer.sink.parquet_writer import WRITTEN_FILES_STRUCT, DataFileTarget, task_writer
     from spark_writer.sink.storage import Storage
 
     name = f"plain_{topic.replace('-', '_')}"
@@ -135,7 +136,7 @@ def run_plain(
             storage=Storage(place.storage),
             decoding=prepared.decoding,
         )
-        written = prepared.frame.mapInArrow(task_writer(target), WRITTEN_FILES_DDL).collect()
+        written = prepared.frame.mapInArrow(task_writer(target), WRITTEN_FILES_STRUCT).collect()
         paths = [row.path for row in written if row.path is not None]
         if paths:
             catalog.load_table(f"bench.{name}").add_files(paths, check_duplicate_files=False)
@@ -213,7 +214,7 @@ def measure_freshness(
 def _row_count(table: Any) -> int:
     table.refresh()
     snapshot = table.current_snapshot()
-    return 0 if snapshot is None else int(snapshot.summary.get("total-records", 0))
+    return 0 if snapshot is None else int(snapshot_properties(snapshot).get("total-records", "0"))
 
 
 def local_place(database_url: str, coordinator_data: Path) -> Place:

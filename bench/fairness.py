@@ -20,7 +20,7 @@ import numpy as np
 from pyiceberg.catalog import load_catalog
 
 from bench.infra import Coordinator, Postgres, latency_stats, linked_copy, register_orders_sink, write_orders_file
-from coordinator_service.contract.markers import MARKER_EPOCH, MARKER_SINK
+from coordinator_service.contract.markers import MARKER_EPOCH, MARKER_SINK, snapshot_properties
 from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.contract.rpc import sink_coordinator_pb2_grpc as pb_grpc
 
@@ -60,9 +60,9 @@ def _latencies(catalog: Any, sink: str, checkpoints: dict[int, float]) -> list[f
     """Seconds from each epoch's checkpoint to the commit of the snapshot that holds it."""
     table = catalog.load_table(f"bench.{sink.replace('-', '_')}")
     committed = sorted(
-        (int(str(snapshot.summary.get(MARKER_EPOCH))), snapshot.timestamp_ms / 1000.0)
+        (int(snapshot_properties(snapshot)[MARKER_EPOCH]), snapshot.timestamp_ms / 1000.0)
         for snapshot in table.snapshots()
-        if snapshot.summary is not None and snapshot.summary.get(MARKER_SINK) == sink
+        if snapshot_properties(snapshot).get(MARKER_SINK) == sink
     )
     latencies = []
     for epoch, checkpointed_at in checkpoints.items():

@@ -87,13 +87,14 @@ def table_end(catalog: Any, snapshot_id: int | None) -> Offsets:
     """The end offsets of the newest snapshot of the sink's at or below `snapshot_id`."""
     from pyiceberg.table.snapshots import ancestors_of
 
+    from coordinator_service.contract.markers import snapshot_properties
     from coordinator_service.contract.source_positions import SNAPSHOT_END_OFFSETS
 
     if snapshot_id is None:
         return {}
     table = catalog.load_table(TABLE)
     for snapshot in ancestors_of(table.snapshot_by_id(snapshot_id), table.metadata):
-        properties = {} if snapshot.summary is None else snapshot.summary.additional_properties
+        properties = snapshot_properties(snapshot)
         if SNAPSHOT_END_OFFSETS in properties:
             return offsets_from_json(json.loads(properties[SNAPSHOT_END_OFFSETS]))
     return {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -27,6 +28,24 @@ from coordinator_service.tables.iceberg import IcebergGateway
 from coordinator_service.tables.warehouse import local_warehouse
 
 log = structlog.get_logger(__name__)
+
+# How long a part of the background work may take to end once cancelled, before the close goes on without it: a
+# task whose clean-up waits on something that never comes (a connection's lock, a server that does not answer) must
+# not hold a shutdown until the orchestrator's kill.
+STOP_SECONDS: Final = 10.0
+
+
+async def _stop_within(name: str, stop: Callable[[], Awaitable[None]]) -> None:
+    try:
+        async with asyncio.timeout(STOP_SECONDS):
+            await stop()
+    except TimeoutError:
+        # The timeout cancelled the wait, and with it the task once more: what it waited on is interrupted.
+        log.error(
+            "a part of the background work did not stop in time; closing without waiting for it",
+            part=name,
+            seconds=STOP_SECONDS,
+        )
 
 
 def metastore_url(settings: Settings) -> tuple[URL, bool]:
@@ -189,11 +208,15 @@ class Runtime:
         self.lease.start()
 
     async def close(self) -> None:
-        await self.lease.stop()
-        await self.checks.stop()
-        await self.maintainer.stop()
-        await self.cleaner.stop()
-        await self.committer.stop()
-        await self.coordinator.close()
-        await self.database.stop_watch()
+        """Stop the background work, each part within STOP_SECONDS, then let the metastore's connections go."""
+        for name, stop in (
+            ("reporter lease", self.lease.stop),
+            ("checks", self.checks.stop),
+            ("maintenance", self.maintainer.stop),
+            ("cleaner", self.cleaner.stop),
+            ("committer", self.committer.stop),
+            ("writer requests", self.coordinator.close),
+            ("metastore watch", self.database.stop_watch),
+        ):
+            await _stop_within(name, stop)
         await self.database.dispose()

@@ -774,6 +774,11 @@ check_rejected insecure-with-scopes "auth.insecure" --set "database.url=$DB_URL"
 check_rejected scope-token-with-existing-secret "existingSecret is set" --set existingSecret=s \
   --set "auth.writerScopes.team_a.sinks[0]=a-*" --set "auth.writerScopes.team_a.namespaces[0]=a" \
   --set "auth.writerScopes.team_a.token=$WRITER_FROM_VALUES"
+check_rejected verification-options-without-servers "without config.verification.bootstrapServers" --set "database.url=$DB_URL" \
+  "${CATALOG[@]}" "${SEED[@]}" --set "config.verification.kafkaOptions.security\.protocol=SSL"
+check_rejected verification-password-in-configmap "would put a secret in a ConfigMap" --set "database.url=$DB_URL" \
+  "${CATALOG[@]}" "${SEED[@]}" --set config.verification.bootstrapServers=kafka:9092 \
+  --set "config.verification.kafkaOptions.sasl\.password=hunter2"
 # helm template (Argo CD) cannot read the cluster: tokens it would generate are refused, naming the way out.
 check_rejected offline-generated-tokens "Set auth.tokenSeed" --set "database.url=$DB_URL" "${CATALOG[@]}"
 check_rejected offline-generated-metrics-token "SINK_COORDINATOR_METRICS_TOKEN is left empty" --set "database.url=$DB_URL" \

@@ -19,7 +19,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.manifest import DataFileContent
 from rich.table import Table
 
-from coordinator_service.contract.markers import MARKER_SINK
+from coordinator_service.contract.markers import MARKER_SINK, snapshot_properties
 from sink_coordinator_demo.orders import ADMIN_TIMEOUT_SECONDS, COUNTRY_CURRENCIES
 from spark_writer.mutations.modes import Envelope, MutationMode, Mutations
 
@@ -199,7 +199,7 @@ def check_changes(catalog: Catalog, table: str, sink: str, model: OrderModel) ->
         stale=sum(1 for order_id, order in model.rows.items() if order_id in read and read[order_id] != order),
         by_status=Counter(status for status, _ in read.values()),
         model_by_status=Counter(status for status, _ in model.rows.values()),
-        snapshots=sum(1 for s in loaded.snapshots() if s.summary is not None and s.summary.get(MARKER_SINK) == sink),
+        snapshots=sum(1 for s in loaded.snapshots() if snapshot_properties(s).get(MARKER_SINK) == sink),
         delete_files=sum(
             1
             for content in loaded.inspect.files().column("content").to_pylist()

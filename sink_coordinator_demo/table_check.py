@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog import Catalog
 
-from coordinator_service.contract.markers import MARKER_SINK
+from coordinator_service.contract.markers import MARKER_SINK, snapshot_properties
 from sink_coordinator_demo.orders import COUNTRY_CURRENCIES
 from spark_writer.routing.routes import Routes
 
@@ -68,10 +68,7 @@ def check_table(catalog: Catalog, tables: Sequence[str], sink: str, events: int)
         duplicates=int(duplicates),
         missing=events - int(pc.sum(expected).as_py() or 0),
         snapshots=sum(
-            1
-            for each in loaded
-            for s in each.snapshots()
-            if s.summary is not None and s.summary.get(MARKER_SINK) == sink
+            1 for each in loaded for s in each.snapshots() if snapshot_properties(s).get(MARKER_SINK) == sink
         ),
         location=str(loaded[0].location()),
     )

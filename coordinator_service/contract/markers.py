@@ -6,6 +6,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
+
+
+class Summary(Protocol):
+    """A snapshot's summary as pyiceberg gives it (the contract names no table library)."""
+
+    @property
+    def additional_properties(self) -> Mapping[str, str]: ...
+
+
+class Snapshot(Protocol):
+    """A snapshot as pyiceberg gives it: what snapshot_properties reads of it."""
+
+    @property
+    def summary(self) -> Summary | None: ...
+
 
 MARKER_SINK = "sink-coordinator.sink"
 
@@ -32,6 +48,13 @@ FENCE_SINK_ID = "sink-coordinator.fence.sink-id"
 
 
 FENCE_REASON = "sink-coordinator.fence.reason"
+
+
+def snapshot_properties(snapshot: Snapshot) -> dict[str, str]:
+    """The snapshot's summary properties (its operation aside) as a plain mapping, the one way the coordinator reads
+    them: pyiceberg's Summary answers None for a key it lacks, so `key in summary` is always true and
+    `summary.get(key, default)` never gives the default."""
+    return {} if snapshot.summary is None else dict(snapshot.summary.additional_properties)
 
 
 @dataclass(frozen=True)

@@ -17,17 +17,20 @@ from coordinator_service.contract.errors import (
 )
 from coordinator_service.log.precommit_metadata import MetadataDecodeError
 from coordinator_service.tables.catalog_calls import PERMANENT_FAILURES
+from coordinator_service.tables.key_resolution import KeysUnresolvable
 
 log = structlog.get_logger(__name__)
 
 
 # Failures of a commit pass that retrying cannot fix: the log's record cannot be decoded, the table is gone or
-# refuses what the pass built, the catalog refuses the coordinator's credentials, or the code met a state it does not
-# expect. Everything else (conflicts, outages, a lost lock, timeouts) is retried.
+# refuses what the pass built, a keyed commit cannot resolve the epochs' keys (a key twice in an epoch), the catalog
+# refuses the coordinator's credentials, or the code met a state it does not expect. Everything else (conflicts,
+# outages, a lost lock, timeouts) is retried.
 PERMANENT_COMMIT_FAILURES: tuple[type[BaseException], ...] = (
     MetadataDecodeError,
     InvalidArgument,
     SinkSuspended,
+    KeysUnresolvable,
     *PERMANENT_FAILURES,
     pydantic.ValidationError,
     AssertionError,

@@ -26,6 +26,7 @@ from coordinator_service.contract.markers import (
     MARKER_EPOCH,
     Marker,
     SinkIdentity,
+    snapshot_properties,
 )
 from coordinator_service.contract.table_identifiers import parse_table_identifier
 from coordinator_service.log.precommit_metadata import DataFileEntry
@@ -88,13 +89,13 @@ class IcebergGateway(FileDescriptions):
         table = table if table is not None else self.load(identifier)
         markers: list[Marker] = []
         for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
-            owned = None if snapshot.summary is None else sink.owns(snapshot.summary)
+            properties = snapshot_properties(snapshot)
+            owned = sink.owns(properties)
             if owned is None:
                 continue
             if not owned:
                 break
-            assert snapshot.summary is not None
-            epoch = int(str(snapshot.summary.get(MARKER_EPOCH)))
+            epoch = int(properties[MARKER_EPOCH])
             markers.append(Marker(epoch=epoch, snapshot_id=snapshot.snapshot_id))
             if epoch < down_to_epoch:
                 break
@@ -156,8 +157,7 @@ class IcebergGateway(FileDescriptions):
         committed = transaction.commit_transaction()
         snapshot = committed.current_snapshot()
         assert snapshot is not None
-        assert snapshot.summary is not None
-        assert snapshot.summary.get(MARKER_COMMIT_ID) == markers[MARKER_COMMIT_ID]
+        assert snapshot_properties(snapshot).get(MARKER_COMMIT_ID) == markers[MARKER_COMMIT_ID]
         return int(snapshot.snapshot_id), committed
 
     def fence(self, identifier: str, sink: SinkIdentity, reason: str) -> int:

@@ -23,12 +23,14 @@ from pyiceberg.manifest import DataFile, DataFileContent, ManifestEntryStatus
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.table.snapshots import Snapshot, ancestors_of
 
+from coordinator_service.contract.markers import snapshot_properties
 from coordinator_service.log.key_index import IndexedFile, IndexState, NewFile, copy_rows
 from coordinator_service.tables.data_file_codec import decode_data_file, encode_data_file
 from coordinator_service.tables.key_encoding import encode_key_values, encode_keys, key_types
 from coordinator_service.tables.key_resolution import (
     POSITION,
     Key,
+    KeysUnresolvable,
     LiveRows,
     file_key_rows,
     key_columns,
@@ -66,9 +68,9 @@ class IndexedTable:
 def indexed_table(table: Table) -> IndexedTable:
     """The table as the key index knows it.
 
-    Raises ValueError when it is not a keyed format v2 table (no identifier fields, a nested one)."""
+    Raises KeysUnresolvable when it is not a keyed format v2 table (no identifier fields, a nested one)."""
     if table.format_version != KEYED_FORMAT_VERSION:
-        raise ValueError(
+        raise KeysUnresolvable(
             f"table {'.'.join(table.name())} is format v{table.format_version}: only keyed format "
             f"v{KEYED_FORMAT_VERSION} tables have a key index"
         )
@@ -161,9 +163,9 @@ def _caught_up_or_rebuilt(table: Table, after: list[Snapshot]) -> CatchUp | Rebu
 
 
 def _summary_figure(snapshot: Snapshot | None, name: str) -> int | None:
-    if snapshot is None or snapshot.summary is None:
+    if snapshot is None:
         return None
-    value = snapshot.summary.get(name)
+    value = snapshot_properties(snapshot).get(name)
     return int(value) if value is not None and value.isdigit() else None
 
 

@@ -56,7 +56,13 @@ _READERS = 4
 _PRUNABLE = (IntegerType, LongType, StringType)
 
 
-class DuplicateKeys(ValueError):
+class KeysUnresolvable(ValueError):
+    """What no retry of a keyed commit can resolve: the table is not a keyed format v2 table (no key, a nested one),
+    a data file holds another number of rows than its manifest entry counts, or an epoch's rows hold a key twice. The
+    committer stops on it (the sink is stuck, and says why) instead of retrying the same epochs forever."""
+
+
+class DuplicateKeys(KeysUnresolvable):
     """An epoch's new rows hold a key more than once: committing them would make the key appear twice."""
 
 
@@ -116,16 +122,18 @@ class ResolvedDeletes:
 
 
 def key_columns(schema: Schema) -> tuple[str, ...]:
-    """The names of the schema's identifier fields (its key), in their order. Raises ValueError when it has none, or a
-    key column that is not a top-level column."""
+    """The names of the schema's identifier fields (its key), in their order. Raises KeysUnresolvable when it has
+    none, or a key column that is not a top-level column."""
     if not schema.identifier_field_ids:
-        raise ValueError("the table has no identifier fields (identifier-field-ids): it has no key to resolve")
+        raise KeysUnresolvable("the table has no identifier fields (identifier-field-ids): it has no key to resolve")
     top_level = {column.field_id for column in schema.fields}
     names = []
     for field_id in schema.identifier_field_ids:
         name = schema.find_column_name(field_id)
         if name is None or field_id not in top_level:
-            raise ValueError(f"the key column {name or field_id} is nested: only top-level key columns are resolved")
+            raise KeysUnresolvable(
+                f"the key column {name or field_id} is nested: only top-level key columns are resolved"
+            )
         names.append(name)
     return tuple(names)
 
@@ -137,15 +145,17 @@ def key_schema(schema: Schema) -> Schema:
 
 def keys_of(rows: pa.Table, schema: Schema) -> list[Key]:
     """The keys of `rows` (a table holding the key columns by name, in any type that casts to theirs), in row order.
-    Raises ValueError when a key column is missing or holds a null: a key is never null."""
+    Raises KeysUnresolvable when a key column is missing or holds a null: a key is never null."""
     arrow = key_schema(schema).as_arrow()
     columns = []
     for name in key_columns(schema):
         if name not in rows.column_names:
-            raise ValueError(f"the keys have no column {name}: the table's key is {', '.join(key_columns(schema))}")
+            raise KeysUnresolvable(
+                f"the keys have no column {name}: the table's key is {', '.join(key_columns(schema))}"
+            )
         column = rows.column(name)
         if column.null_count:
-            raise ValueError(f"the keys hold {column.null_count} null {name}: a key is never null")
+            raise KeysUnresolvable(f"the keys hold {column.null_count} null {name}: a key is never null")
         columns.append(column.cast(arrow.field(name).type).to_pylist())
     return list(zip(*columns, strict=True))
 
@@ -239,12 +249,12 @@ def _deleted_by_path(
 def file_key_rows(table: Table, data_file: DataFile) -> pa.Table:
     """Every row of one of the table's data files, in file order (no delete applied): its key columns and POSITION.
 
-    Raises ValueError when the file holds another number of rows than its manifest entry counts."""
+    Raises KeysUnresolvable when the file holds another number of rows than its manifest entry counts."""
     schema = table.schema()
     scan = ArrowScan(table.metadata, table.io, key_schema(schema), AlwaysTrue())
     rows = scan.to_table([FileScanTask(data_file)])
     if rows.num_rows != data_file.record_count:
-        raise ValueError(
+        raise KeysUnresolvable(
             f"data file {data_file.file_path} read {rows.num_rows} rows where its manifest entry counts "
             f"{data_file.record_count}: row positions cannot be trusted"
         )

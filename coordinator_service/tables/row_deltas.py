@@ -31,6 +31,7 @@ from coordinator_service.tables.key_resolution import (
     EpochKeys,
     EpochRows,
     Key,
+    KeysUnresolvable,
     LiveRows,
     RowPosition,
     epoch_keys,
@@ -101,10 +102,10 @@ def plan_row_delta(table: Table, changes: Sequence[EpochChange]) -> PlannedRowDe
     a manifest and their rows' keys read (O(epoch): the table's own files are not read).
 
     Raises:
-        ValueError: the table is not a keyed format v2 table; an epoch's rows hold a key twice (DuplicateKeys).
+        KeysUnresolvable: the table is not a keyed format v2 table; an epoch's rows hold a key twice (DuplicateKeys).
     """
     if table.format_version != KEYED_FORMAT_VERSION:
-        raise ValueError(
+        raise KeysUnresolvable(
             f"table {'.'.join(table.name())} is format v{table.format_version}: row mutations are committed as "
             f"position delete files, which need format v{KEYED_FORMAT_VERSION}"
         )
@@ -169,7 +170,7 @@ def commit_row_delta(
     Raises:
         CommitFailedException (CatalogConflict through in_catalog): the branch head is no longer the one resolved
             against; nothing changed: load the table and commit again.
-        ValueError: the table is not a keyed format v2 table; an epoch's rows hold a key twice (DuplicateKeys).
+        KeysUnresolvable: the table is not a keyed format v2 table; an epoch's rows hold a key twice (DuplicateKeys).
     """
     planned = plan_row_delta(table, changes)
     live = live_rows(planned.table, planned.keys.keys)

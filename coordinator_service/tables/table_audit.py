@@ -17,6 +17,7 @@ from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntryStatus
 from pyiceberg.table import FileScanTask
 from pyiceberg.table.snapshots import ancestors_of
 
+from coordinator_service.contract.markers import snapshot_properties
 from coordinator_service.tables.format import LoadedTable
 
 # The columns a writer's --kafka-metadata adds: where each row's record was in Kafka.
@@ -84,7 +85,7 @@ def snapshots_after(table: LoadedTable, after: int | None, count: ReadCount) -> 
             SnapshotFacts(
                 snapshot_id=snapshot.snapshot_id,
                 operation="" if summary is None else str(summary.operation.value),
-                summary={} if summary is None else {str(k): str(v) for k, v in summary.additional_properties.items()},
+                summary=snapshot_properties(snapshot),
                 added_files=tuple((data_file.file_path, data_file.record_count) for data_file in added),
                 data_files=tuple(added),
             )

@@ -21,7 +21,7 @@ from pyiceberg.table import Table, TableProperties
 from pyiceberg.table.snapshots import Snapshot
 from pyiceberg.table.update.snapshot import ExpireSnapshots
 
-from coordinator_service.contract.markers import MARKER_EPOCH, SinkIdentity
+from coordinator_service.contract.markers import MARKER_EPOCH, SinkIdentity, snapshot_properties
 from coordinator_service.tables.file_listing import listed_files
 from coordinator_service.tables.iceberg import without_retries
 from coordinator_service.tables.pyiceberg_internals import (
@@ -222,10 +222,9 @@ def protected_by_markers(table: Table, sinks: Sequence[tuple[SinkIdentity, int]]
     writing the table, each with that epoch."""
     protected = set()
     for snapshot in table.metadata.snapshots:
-        if snapshot.summary is None:
-            continue
+        properties = snapshot_properties(snapshot)
         for identity, committed_epoch in sinks:
-            if identity.owns(snapshot.summary) and int(str(snapshot.summary.get(MARKER_EPOCH))) > committed_epoch:
+            if identity.owns(properties) and int(properties[MARKER_EPOCH]) > committed_epoch:
                 protected.add(snapshot.snapshot_id)
     return protected
 

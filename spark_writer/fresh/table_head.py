@@ -18,7 +18,7 @@ import pyarrow as pa
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import ancestors_of
 
-from coordinator_service.contract.markers import MARKER_EPOCH, SinkIdentity
+from coordinator_service.contract.markers import MARKER_EPOCH, SinkIdentity, snapshot_properties
 from coordinator_service.contract.source_positions import SNAPSHOT_END_OFFSETS
 from spark_writer.kafka.offsets import Offsets, offsets_from_json
 
@@ -53,7 +53,7 @@ def table_head(table: Table, sink: SinkIdentity) -> TableHead:
     if current is None:
         return TableHead(table, None, None, None)
     for snapshot in ancestors_of(current, table.metadata):
-        summary = {} if snapshot.summary is None else snapshot.summary.additional_properties
+        summary = snapshot_properties(snapshot)
         owned = sink.owns(summary)
         if owned is None:
             continue  # maintenance's, a fence, another sink's

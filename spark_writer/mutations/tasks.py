@@ -31,7 +31,7 @@ from spark_writer.mutations.decoding import MutationDecoder
 from spark_writer.mutations.reduction import LastWins
 from spark_writer.sink.kafka_records import RecordDecoding
 from spark_writer.sink.parquet_writer import (
-    WRITTEN_FILES_DDL,
+    WRITTEN_FILES_STRUCT,
     DataFileTarget,
     TaskFiles,
     TaskWriter,
@@ -94,4 +94,4 @@ def keyed_tasks(frame: DataFrame, target: DataFileTarget) -> DataFrame:
     key_udf = arrow_udf(key_texts, StringType())  # type: ignore[call-overload]
     tagged = frame.withColumn(SHUFFLE_KEY, key_udf(frame["value"], frame["key"]))
     owned = tagged.repartition(frame.sparkSession.sparkContext.defaultParallelism, SHUFFLE_KEY)
-    return owned.mapInArrow(keyed_task_writer(target, decoder), WRITTEN_FILES_DDL)
+    return owned.mapInArrow(keyed_task_writer(target, decoder), WRITTEN_FILES_STRUCT)

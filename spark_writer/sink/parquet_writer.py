@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 import structlog
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, Row
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from coordinator_service.contract.client import PreCommitFile
 from spark_writer.routing.split import TaskRouting, UnroutedTally, record_origin, split_by_route
@@ -54,12 +55,8 @@ PARQUET_COMPRESSION: Final = "zstd"
 # Kafka topic-partition read with its latest record timestamp, and with routes one per table it had rows for but
 # no location (`table`, its records in `record_count`) and one per value no route took (`unrouted`: the value as a
 # message describes it, its records and where the first came from). A key file's row (an upsert or change stream)
-# has `key_file` set and its keys in `record_count`. The DDL form is mapInArrow's output schema.
-WRITTEN_FILES_DDL: Final = (
-    "path string, record_count bigint, size_bytes bigint, parquet_footer binary, bad_records bigint, "
-    "topic string, partition int, latest_timestamp_ms bigint, table string, unrouted string, "
-    "unrouted_records bigint, unrouted_origin string, key_file boolean"
-)
+# has `key_file` set and its keys in `record_count`. WRITTEN_FILES_STRUCT, its Spark form, is mapInArrow's output
+# schema.
 WRITTEN_FILES_SCHEMA: Final = pa.schema(
     [
         pa.field("path", pa.string()),
@@ -77,6 +74,8 @@ WRITTEN_FILES_SCHEMA: Final = pa.schema(
         pa.field("key_file", pa.bool_()),
     ]
 )
+
+WRITTEN_FILES_STRUCT: Final = from_arrow_schema(WRITTEN_FILES_SCHEMA)
 
 TaskWriter = Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 
@@ -349,7 +348,7 @@ def precommit_files(written: Sequence[Row]) -> tuple[list[PreCommitFile], list[P
 
 def append_tasks(frame: DataFrame, target: DataFileTarget) -> DataFrame:
     """An append stream's: each task writes the rows of its input (spark_writer.mutations.tasks has the others)."""
-    return frame.mapInArrow(task_writer(target), WRITTEN_FILES_DDL)
+    return frame.mapInArrow(task_writer(target), WRITTEN_FILES_STRUCT)
 
 
 def serialize_footer(footer: pq.FileMetaData) -> bytes:

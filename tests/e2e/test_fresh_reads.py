@@ -31,6 +31,7 @@ from pyiceberg.catalog import Catalog
 from pyiceberg.table.snapshots import ancestors_of
 from pyspark.sql import SparkSession
 
+from coordinator_service.contract.markers import snapshot_properties
 from coordinator_service.contract.source_positions import SNAPSHOT_END_OFFSETS
 from spark_writer import fresh
 from spark_writer.fresh.table_head import SNAPSHOT_ID_METADATA
@@ -248,9 +249,9 @@ class FreshReads:
             table = self.catalog.load_table(self.table)
             in_table = table.scan(snapshot_id=int(snapshot)).to_arrow().num_rows
             for each in ancestors_of(table.snapshot_by_id(int(snapshot)), table.metadata):
-                if each.summary is not None and SNAPSHOT_END_OFFSETS in each.summary.additional_properties:
-                    offsets = json.loads(each.summary.additional_properties[SNAPSHOT_END_OFFSETS])
-                    table_to = sum(offsets_from_json(offsets).values())
+                properties = snapshot_properties(each)
+                if SNAPSHOT_END_OFFSETS in properties:
+                    table_to = sum(offsets_from_json(json.loads(properties[SNAPSHOT_END_OFFSETS])).values())
                     break
         self.table_rows_read.append(in_table)
         self.tail_records_read.append(read_to - table_to)

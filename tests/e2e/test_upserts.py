@@ -25,7 +25,7 @@ from pyiceberg.table import Table
 from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 
-from coordinator_service.contract.markers import MARKER_EPOCH, MARKER_SINK
+from coordinator_service.contract.markers import MARKER_EPOCH, MARKER_SINK, snapshot_properties
 from spark_writer import job_run
 from spark_writer.formats.schema_registry import RegistrySettings, registry_client
 from spark_writer.job import start_job
@@ -112,9 +112,9 @@ def sink_snapshot_ids(table: Table) -> list[tuple[int, str, str]]:
     """The table's snapshots that carry a sink's marker (its commits), oldest first: id, epoch and operation (what
     a failure needs to tell a replayed epoch from a new one)."""
     return [
-        (snapshot.snapshot_id, (snapshot.summary or {}).get(MARKER_EPOCH, "?"), str(snapshot.summary.operation))
+        (snapshot.snapshot_id, properties[MARKER_EPOCH], str(snapshot.summary.operation) if snapshot.summary else "")
         for snapshot in table.snapshots()
-        if snapshot.summary is not None and MARKER_SINK in snapshot.summary
+        if MARKER_SINK in (properties := snapshot_properties(snapshot))
     ]
 
 

@@ -7,7 +7,7 @@ import asyncio
 
 from pyiceberg.catalog import load_catalog
 
-from coordinator_service.contract.markers import MARKER_EPOCH
+from coordinator_service.contract.markers import MARKER_EPOCH, snapshot_properties
 from coordinator_service.runtime import catalog_properties, metastore_url
 from tests.fixtures.admin import AdminFactory
 
@@ -31,6 +31,6 @@ async def test_a_waiting_checkpoint_commits_at_once_and_takes_the_coalesced_epoc
     settings = admin.runtime.settings
     url, _ = metastore_url(settings)
     table = load_catalog(settings.catalog_name, **catalog_properties(settings, url)).load_table("db.orders")
-    markers = [snapshot.summary.get(MARKER_EPOCH) for snapshot in table.snapshots()]
+    markers = [snapshot_properties(snapshot).get(MARKER_EPOCH) for snapshot in table.snapshots()]
     assert markers == ["0", "3"]  # epochs 1 to 3 in one snapshot
     assert table.scan().to_arrow().num_rows == 40

@@ -6,8 +6,11 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from pyiceberg.catalog import Catalog
+from structlog.testing import capture_logs
 
+from coordinator_service import runtime as runtime_module
 from coordinator_service.failpoints import Failpoint
 from tests.fixtures.admin import AdminApp, Gate, eventually
 from tests.fixtures.postgres import query
@@ -72,3 +75,31 @@ async def test_the_committer_stops_while_a_pass_is_under_way(
     await locked.wait_reached()
     async with asyncio.timeout(15):
         await admin.runtime.committer.stop()
+
+
+async def test_a_part_whose_clean_up_never_ends_does_not_hold_the_close(
+    admin: AdminApp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A background task whose clean-up after the cancellation waits on something that never comes (CI's console
+    tests saw the cleaner wait on a connection's lock at the runtime's close until the test's timeout): the close goes
+    on without it once STOP_SECONDS have passed, says which part, and ends the wait by cancelling it again. On the old
+    code the close waited forever (this test's own timeout)."""
+    monkeypatch.setattr(runtime_module, "STOP_SECONDS", 0.5)
+    await admin.runtime.cleaner.stop()
+    cleaning_up = asyncio.Event()
+
+    async def clean_up_that_waits_forever() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cleaning_up.set()
+            await asyncio.Event().wait()  # interrupted only by a second cancellation
+            raise
+
+    admin.runtime.cleaner._task = asyncio.create_task(clean_up_that_waits_forever())
+    with capture_logs() as logs:
+        async with asyncio.timeout(15):
+            await admin.runtime.close()
+    assert cleaning_up.is_set() and admin.runtime.cleaner._task.done()
+    [stuck] = [line for line in logs if line["event"].startswith("a part of the background work did not stop")]
+    assert stuck["part"] == "cleaner" and stuck["log_level"] == "error"

@@ -17,6 +17,7 @@ import pytest
 from pyiceberg.catalog import Catalog
 
 from coordinator_service.contract.client import CoordinatorRpcError
+from coordinator_service.contract.markers import MARKER_EPOCH, MARKER_SINK, snapshot_properties
 from coordinator_service.contract.views import PreCommitOutcome
 from coordinator_service.log.commit_lock import COMMIT_LOCK_CLASS
 from coordinator_service.log.database import libpq_url
@@ -52,9 +53,9 @@ def statuses(database_url: str) -> dict[int, str]:
 def sink_snapshots(catalog: Catalog, sink: str = SINK) -> list[int]:
     table = catalog.load_table(TABLE)
     return [
-        int(snapshot.summary["sink-coordinator.epoch"])
+        int(properties[MARKER_EPOCH])
         for snapshot in table.snapshots()
-        if snapshot.summary is not None and snapshot.summary.get("sink-coordinator.sink") == sink
+        if (properties := snapshot_properties(snapshot)).get(MARKER_SINK) == sink
     ]
 
 

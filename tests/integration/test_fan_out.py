@@ -22,7 +22,7 @@ from pyiceberg.catalog import Catalog
 
 from coordinator_service.contract.client import CoordinatorRpcError, PreCommitFile, TableSpec
 from coordinator_service.contract.errors import CheckpointBehind, FailedPrecondition, Fenced, InvalidArgument, NotFound
-from coordinator_service.contract.markers import MARKER_EPOCH, MARKER_SINK
+from coordinator_service.contract.markers import MARKER_EPOCH, MARKER_SINK, snapshot_properties
 from coordinator_service.contract.source_positions import END_OFFSETS, SNAPSHOT_END_OFFSETS
 from coordinator_service.contract.views import Registration
 from coordinator_service.engine.writer_requests import PreCommitRequest, TableRequest
@@ -102,9 +102,9 @@ def expected_orders(epochs: range, table: str) -> Counter[int]:
 
 def markers(catalog: Catalog, table: str, sink: str = "orders") -> list[int]:
     return [
-        int(snapshot.summary[MARKER_EPOCH])
+        int(properties[MARKER_EPOCH])
         for snapshot in catalog.load_table(table).snapshots()
-        if snapshot.summary is not None and snapshot.summary.get(MARKER_SINK) == sink
+        if (properties := snapshot_properties(snapshot)).get(MARKER_SINK) == sink
     ]
 
 

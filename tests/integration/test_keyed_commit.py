@@ -28,7 +28,7 @@ from pyiceberg.table import Table
 from coordinator_service import failpoints
 from coordinator_service.admin.api import create_app
 from coordinator_service.contract.client import CoordinatorRpcError
-from coordinator_service.contract.markers import MARKER_EPOCH, MARKER_SINK
+from coordinator_service.contract.markers import MARKER_EPOCH, MARKER_SINK, snapshot_properties
 from coordinator_service.contract.views import PreCommitOutcome, Registration
 from coordinator_service.engine.key_index import KeyIndex
 from coordinator_service.engine.writer_requests import PreCommitRequest, TableRequest
@@ -40,8 +40,9 @@ from coordinator_service.tables.iceberg import IcebergGateway
 from coordinator_service.tables.key_resolution import LiveRows
 from coordinator_service.tables.pyiceberg_internals import data_files_of
 from tests.fixtures.admin import CLIENT_ADDRESS, AdminApp, eventually
-from tests.fixtures.coordinator import failpoints_env
+from tests.fixtures.coordinator import failpoints_env, write_parquet
 from tests.fixtures.keyed_tables import (
+    KEY_SCHEMA,
     KEYED,
     Delete,
     Operation,
@@ -68,9 +69,9 @@ COMMIT_SECONDS = 60.0
 def sink_snapshots(table: Table) -> list[tuple[int, str]]:
     """The epoch each of the sink's snapshots carries, and its operation, oldest first."""
     return [
-        (int(str(snapshot.summary[MARKER_EPOCH])), snapshot.summary.operation.value)
+        (int(properties[MARKER_EPOCH]), str(snapshot.summary.operation.value) if snapshot.summary else "")
         for snapshot in table.snapshots()
-        if snapshot.summary is not None and snapshot.summary.get(MARKER_SINK) == SINK
+        if (properties := snapshot_properties(snapshot)).get(MARKER_SINK) == SINK
     ]
 
 
@@ -418,3 +419,32 @@ async def test_a_table_holding_only_the_deletes_of_an_epoch_holds_the_epoch(
     ]
     assert pyiceberg_rows(catalog.load_table("db.eu")) == [(2, "eu", "b")]
     assert pyiceberg_rows(catalog.load_table(TABLE)) == []
+
+
+async def test_an_epoch_holding_a_key_twice_sticks_the_sink_instead_of_retrying_forever(
+    admin: AdminApp, catalog: Catalog
+) -> None:
+    """A writer's defect (or a hand-written writer) sends an epoch whose rows hold a key twice: no retry can commit it
+    (the key would appear twice), so the sink is stuck, saying which key and files, and the table is left as it was."""
+    registration = await register_keyed(admin)
+    await pre_commit(admin, registration, 0, [Upsert(1, "eu", "a")])
+    async with asyncio.timeout(COMMIT_SECONDS):
+        assert await admin.checkpoint(SINK, registration, 0) == 0
+    twice = [{"id": 2, "region": "eu", "value": "b"}, {"id": 2, "region": "us", "value": "c"}]
+    paths = (write_parquet(registration.table_location, twice, KEYED),)
+    keys = (write_parquet(registration.table_location, [{"id": 2}], KEY_SCHEMA),)
+    answer = await admin.runtime.coordinator.pre_commit(
+        PreCommitRequest(SINK, 1, registration.writer_term, paths, key_paths=keys)
+    )
+    assert answer.outcome is PreCommitOutcome.PERSISTED
+    await admin.checkpoint(SINK, registration, 1, wait=False)
+
+    async def stuck() -> bool:
+        committer = (await admin.get(f"/api/v1/sinks/{SINK}")).json()["committer"]
+        return isinstance(committer, dict) and committer["state"] == "stuck"
+
+    await eventually(stuck, "the sink stuck on the epoch holding a key twice")
+    committer = (await admin.get(f"/api/v1/sinks/{SINK}")).json()["committer"]
+    assert "DuplicateKeys" in committer["last_error"] and "(2,)" in committer["last_error"], committer
+    assert committer["failed_attempts"] == 0  # not retried as if it were an outage
+    assert_table_holds(catalog.load_table(TABLE), {1: (1, "eu", "a")})

@@ -12,7 +12,13 @@ import pytest
 from pyiceberg.catalog import Catalog
 
 from coordinator_service.contract.errors import CheckpointBehind, Fenced
-from coordinator_service.contract.markers import FENCE_SINK, MARKER_EPOCH, MARKER_GENERATION, Marker
+from coordinator_service.contract.markers import (
+    FENCE_SINK,
+    MARKER_EPOCH,
+    MARKER_GENERATION,
+    Marker,
+    snapshot_properties,
+)
 from coordinator_service.contract.views import PreCommitOutcome
 from coordinator_service.engine.writer_requests import PreCommitRequest
 from coordinator_service.failpoints import Failpoint
@@ -179,10 +185,10 @@ async def test_reset_marks_committed_an_epoch_the_table_already_holds(
     assert reset["aborted_epochs"] == []
     assert (reset["sink"]["checkpointed_epoch"], reset["sink"]["committed_epoch"]) == (1, 1)
     table = catalog.load_table("db.orders")
-    [holding] = [s for s in table.snapshots() if s.summary is not None and s.summary.get(MARKER_EPOCH) == "1"]
+    [holding] = [s for s in table.snapshots() if snapshot_properties(s).get(MARKER_EPOCH) == "1"]
     fence = table.current_snapshot()
-    assert fence is not None and fence.summary is not None
-    assert (fence.parent_snapshot_id, fence.summary.get(FENCE_SINK)) == (holding.snapshot_id, "orders")
+    assert fence is not None
+    assert (fence.parent_snapshot_id, snapshot_properties(fence).get(FENCE_SINK)) == (holding.snapshot_id, "orders")
     epoch = (await admin.get("/api/v1/sinks/orders/epochs/1")).json()
     assert (epoch["status"], epoch["snapshot_id"]) == ("COMMITTED", holding.snapshot_id)
     appended.open()  # the old committer's COMMITTED transaction finds the reset already recorded its snapshot

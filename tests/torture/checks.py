@@ -22,7 +22,7 @@ import psycopg
 from pyiceberg.catalog import Catalog
 from pyiceberg.table.snapshots import ancestors_of
 
-from coordinator_service.contract.markers import MARKER_EPOCH, MARKER_GENERATION, MARKER_SINK
+from coordinator_service.contract.markers import MARKER_EPOCH, MARKER_GENERATION, MARKER_SINK, snapshot_properties
 from coordinator_service.engine.verification.findings import Verification
 from coordinator_service.log import precommit_metadata
 from tests.fixtures.reachable_files import missing_reachable_files
@@ -388,9 +388,9 @@ def check_run(
 
     # Snapshot markers along the ancestry, oldest first, never go back (within a generation; generations rise).
     markers = [
-        (int(str(snapshot.summary.get(MARKER_GENERATION, "0"))), int(str(snapshot.summary.get(MARKER_EPOCH))))
+        (int(properties.get(MARKER_GENERATION, "0")), int(properties[MARKER_EPOCH]))
         for snapshot in reversed(list(ancestors_of(loaded.current_snapshot(), loaded.metadata)))
-        if snapshot.summary is not None and snapshot.summary.get(MARKER_SINK) == sink
+        if (properties := snapshot_properties(snapshot)).get(MARKER_SINK) == sink
     ]
     found.facts["snapshots"] = len(markers)
     if any(later < earlier for earlier, later in itertools.pairwise(markers)):

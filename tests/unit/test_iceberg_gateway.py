@@ -132,6 +132,24 @@ def test_the_walk_stops_at_an_earlier_incarnation_of_the_sinks_name(tables: Iceb
     assert [marker.epoch for marker in tables.sink_markers("db.orders", SINK, down_to_epoch=0)] == [1]
 
 
+def test_the_walk_finds_markers_written_before_generations_and_incarnations(
+    tables: IcebergGateway, catalog: Catalog
+) -> None:
+    """A table written by a release before generations and incarnations: its markers carry the sink's name and epoch
+    alone, and count as the legacy sink's (generation 0). On the old code the walk raised ValueError (int('None')):
+    pyiceberg's Summary answered None, not the default "0", for the missing generation."""
+    tables.ensure_table("db.orders", ORDERS, ())
+    table = catalog.load_table("db.orders")
+    for epoch in range(2):
+        table.append(
+            pa.Table.from_pylist(orders(epoch * 10, 10), schema=ORDERS),
+            {MARKER_SINK: SINK.name, MARKER_EPOCH: str(epoch)},
+        )
+    legacy = SinkIdentity(SINK.name, SINK.incarnation, 0, legacy_markers=True)
+    assert [marker.epoch for marker in tables.sink_markers("db.orders", legacy, down_to_epoch=0)] == [0, 1]
+    assert tables.sink_markers("db.orders", SINK, down_to_epoch=0) == []  # not a sink created since
+
+
 def test_an_append_on_a_stale_table_fails_and_appends_nothing(tables: IcebergGateway, catalog: Catalog) -> None:
     location = tables.ensure_table("db.orders", ORDERS, ())
     stale = catalog.load_table("db.orders")

@@ -243,6 +243,15 @@ failures only) from the templates that depend on them.
 {{- if and .Values.auth.insecure (or .Values.auth.adminToken .Values.auth.writerToken .Values.auth.metricsToken .Values.auth.tokenSeed .Values.auth.previousTokenSeed .Values.auth.writerScopes) }}
 {{- fail "auth.insecure is true, which serves both APIs without tokens: leave auth.adminToken, auth.writerToken, auth.metricsToken, auth.tokenSeed, auth.previousTokenSeed and auth.writerScopes empty, or drop auth.insecure" }}
 {{- end }}
+{{- $verification := .Values.config.verification | default dict }}
+{{- if and $verification.kafkaOptions (not $verification.bootstrapServers) }}
+{{- fail "config.verification.kafkaOptions are set without config.verification.bootstrapServers: set the servers too, or drop the options" }}
+{{- end }}
+{{- range $name, $value := $verification.kafkaOptions }}
+{{- if or (contains "password" $name) (contains "secret" $name) }}
+{{- fail (printf "config.verification.kafkaOptions.%s would put a secret in a ConfigMap: set SINK_COORDINATOR_VERIFICATION_KAFKA_OPTIONS__%s through extraEnv from a Secret (valueFrom.secretKeyRef)" $name $name) }}
+{{- end }}
+{{- end }}
 {{- if and .Values.auth.previousTokenSeed (not .Values.auth.tokenSeed) }}
 {{- fail "auth.previousTokenSeed is set without auth.tokenSeed: a rotation replaces a seed by a new one; set the new one in auth.tokenSeed" }}
 {{- end }}
