@@ -15,6 +15,8 @@ import pytest
 from confluent_kafka.schema_registry import Schema
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from coordinator_service.contract.views import SinkState, SinkTable
 from spark_writer.formats.schema_registry import RegistrySettings, registry_client
@@ -234,3 +236,29 @@ def test_an_avro_tail_is_decoded_each_record_by_its_writer_schema_as_the_table_f
         {"id": 2, "country": "FR"},
         {"id": 3, "country": "US"},
     ], "without --evolve-schema the sink writes the table's columns only"
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    table=st.dictionaries(st.integers(0, 30), st.text(max_size=3)),
+    tail=st.lists(
+        st.tuples(st.integers(0, 2), st.integers(0, 30), st.one_of(st.none(), st.text(max_size=3))), max_size=40
+    ),
+)
+def test_an_upsert_read_is_the_table_with_the_tails_changes_applied_in_kafka_order(
+    table: dict[int, str], tail: list[tuple[int, int, str | None]]
+) -> None:
+    """Against a reference that applies each change to the table's rows one by one: a key's records in one partition
+    (its own: id % 3), in any interleaving of the partitions' batches."""
+    table_rows = pa.Table.from_pylist([{"id": key, "name": name} for key, name in table.items()], schema=KEYED)
+    expected = dict(table)
+    by_partition: dict[int, list[tuple[Any, Any]]] = {}
+    for _, key, name in tail:
+        if name is None:
+            expected.pop(key, None)
+        else:
+            expected[key] = name
+        by_partition.setdefault(key % 3, []).append(({"id": key}, None if name is None else {"id": key, "name": name}))
+    batches = [kafka(records, partition) for partition, records in sorted(by_partition.items(), reverse=True)]
+    rows = read(table_rows, batches, state(key=("id",)), mode="upsert", key="id")
+    assert rows == [{"id": key, "name": expected[key]} for key in sorted(expected)]
