@@ -7,7 +7,8 @@ order id; upsert: the model, the last value of each key, deleted keys absent), a
 the read began (staleness 0). On two rounds the producer pauses, and Spark's DataFrame must equal the pyarrow read.
 The coordinator is killed -9 once and a read made while it is down finishes once its successor serves; a partition
 added mid-stream is read from its start before the writer ever commits it. Each test checks that its reads took
-rows from both the table and the tail, so that the seam between them was crossed.
+rows from both the table and the tail, so that the seam between them was crossed, and ends with the producer paused:
+once the writer committed what the last read saw, the table holds exactly that read's rows.
 """
 
 from __future__ import annotations
@@ -186,7 +187,7 @@ class FreshReads:
         rows = self._read_through_a_kill() if round_number == KILL_ROUND else self._read()
         acknowledged = self.producer.acknowledged_before(began)
         if round_number in SPARK_ROUNDS:
-            frame = fresh.read(self.spark, **self._arguments())
+            frame = fresh.read(self.spark, **self.arguments())
             assert frame.columns == rows.column_names
             assert sorted_rows(frame.toArrow(), rows.column_names) == sorted_rows(rows, rows.column_names)
             self.producer.resume()
@@ -196,7 +197,7 @@ class FreshReads:
         below = self.producer.below({key.partition: offset for key, offset in ends.items()})
         return rows, acknowledged, below
 
-    def _arguments(self) -> dict[str, Any]:
+    def arguments(self) -> dict[str, Any]:
         return {
             "sink": self.sink,
             "coordinator": self.coordinator.target,
@@ -206,7 +207,7 @@ class FreshReads:
         }
 
     def _read(self) -> pa.Table:
-        return fresh.read_arrow(**self._arguments())
+        return fresh.read_arrow(**self.arguments())
 
     def _read_through_a_kill(self) -> pa.Table:
         killed = self.coordinator
@@ -260,6 +261,32 @@ class FreshReads:
         """Some read found both rows in the table and records in the tail."""
         both = list(zip(self.table_rows_read, self.tail_records_read, strict=True))
         assert any(rows and tail for rows, tail in both), f"no read met both (table rows, tail records): {both}"
+
+
+def ends_of(rows: pa.Table) -> dict[tuple[str, int], int]:
+    """Where a fresh read ends, per topic-partition (its schema's metadata)."""
+    metadata = rows.schema.metadata or {}
+    return dict(offsets_from_json(json.loads(metadata[SNAPSHOT_END_OFFSETS.encode()])))
+
+
+def table_once_it_holds(catalog: Catalog, table: str, ends: dict[tuple[str, int], int]) -> pa.Table:
+    """The table's rows once its newest snapshot of the sink reaches `ends` (the writer commits what the read saw)."""
+    deadline = time.monotonic() + QUERY_TIMEOUT_SECONDS
+    while True:
+        loaded = catalog.load_table(table)
+        current = loaded.current_snapshot()
+        reached: dict[tuple[str, int], int] = {}
+        for each in [] if current is None else ancestors_of(current, loaded.metadata):
+            properties = snapshot_properties(each)
+            if SNAPSHOT_END_OFFSETS in properties:
+                reached = dict(offsets_from_json(json.loads(properties[SNAPSHOT_END_OFFSETS])))
+                break
+        if current is not None and all(reached.get(key, 0) >= end for key, end in ends.items()):
+            assert reached == ends, "the table went past the read's ends though the producer was paused"
+            return loaded.scan(snapshot_id=current.snapshot_id).to_arrow()
+        assert time.monotonic() < deadline, f"the table did not reach {ends}: {reached}"
+        # The writer's commits come from another process: nothing to await but their result.
+        threading.Event().wait(0.2)
 
 
 def sorted_rows(rows: pa.Table, columns: list[str]) -> list[tuple[Any, ...]]:
@@ -317,6 +344,11 @@ def test_fresh_reads_of_an_append_stream_hold_every_record_produced_once(
         assert acknowledged <= set(positions), f"round {round_number}: records acknowledged before it are missing"
         assert sorted(rows["order_id"].to_pylist()) == sorted(below.values())
     reads.assert_the_seam_was_crossed()
+    # What the table holds once the writer committed what the last read saw is that read.
+    producer.pause()
+    last = fresh.read_arrow(**reads.arguments())
+    held = table_once_it_holds(catalog, "shop.orders", ends_of(last))
+    assert sorted_rows(held, last.column_names) == sorted_rows(last, last.column_names)
     assert query.query.isActive, "the writer ran through every read and the coordinator's kill"
 
 
@@ -361,4 +393,9 @@ def test_fresh_reads_of_an_upsert_stream_are_the_last_value_of_each_key(
         assert read == expected, f"round {round_number}: not the model of the records below its end offsets"
         assert acknowledged <= set(below), f"round {round_number}: records acknowledged before it are missing"
     reads.assert_the_seam_was_crossed()
+    # What the table holds once the writer committed what the last read saw is that read.
+    producer.pause()
+    last = fresh.read_arrow(**reads.arguments())
+    held = table_once_it_holds(catalog, "crm.customers", ends_of(last))
+    assert sorted_rows(held, last.column_names) == sorted_rows(last, last.column_names)
     assert query.query.isActive, "the writer ran through every read and the coordinator's kill"
