@@ -44,7 +44,7 @@ class VerifyRequest(BaseModel):
 class FaultResponse(BaseModel):
     kind: str = Field(
         description="overlap, gap, end-mismatch, too-many-rows, foreign-change, snapshot-rows, "
-        "duplicate-position, outside-range, duplicate-key, missing-record."
+        "duplicate-position, outside-range, duplicate-key, missing-record, rows-not-read."
     )
     table: str
     epoch: int | None = Field(description="The epoch at fault (none: a change outside the coordinator, a key).")

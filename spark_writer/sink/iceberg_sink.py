@@ -46,6 +46,7 @@ from spark_writer.kafka.positions import TopicPartition, merge_latest, position_
 from spark_writer.routing.routes import Routes
 from spark_writer.sink.checkpoint import NO_OFFSET, SparkCheckpoint
 from spark_writer.sink.fan_out import FanOut
+from spark_writer.sink.kafka_records import RECORDS_READ_PROPERTY
 from spark_writer.sink.listener import CheckpointListener, CheckpointReporter
 from spark_writer.sink.parquet_writer import BatchTasks, DataFileTarget, append_tasks, delete_files, precommit_files
 from spark_writer.sink.partitioning import parse_partition_fields
@@ -189,6 +190,7 @@ class MicroBatchWriter:
         properties = self._properties(batch_id, latest if decodes else None)
         if isinstance(self._transform, DecodesInTasks):
             properties.update(self._transform.batch_properties(sum(row.bad_records for row in results)))
+            properties[RECORDS_READ_PROPERTY] = str(sum(row.records_read or 0 for row in results))
         try:
             answer = self._client.pre_commit(
                 self._options.sink,

@@ -62,8 +62,12 @@ class BadRecordError(ValueError):
     """A record does not fit the schema and the policy is to fail."""
 
 
-# The epoch property (PreCommit) with the number of records of the batch that did not fit the schema.
+# The epoch properties (PreCommit) with the number of records of the batch that did not fit the schema, what
+# became of them (the policy: null, dead-letter), and the Kafka records the batch read: the verifier holds the rows
+# of an epoch's files to the records read less those sent to the dead-letter topic.
 BAD_RECORDS_PROPERTY: Final = "sink-coordinator.bad-records"
+ON_BAD_RECORD_PROPERTY: Final = "sink-coordinator.on-bad-record"
+RECORDS_READ_PROPERTY: Final = "sink-coordinator.records-read"
 ON_BAD_RECORD_HINT: Final = (
     "Fix the record or the schema, or run with --on-bad-record null (written as nulls, counted) "
     "or --on-bad-record dead-letter --dead-letter-topic T"
@@ -183,11 +187,13 @@ class RecordDecodingTask:
             else None
         )
         self.bad_records = 0
+        self.records_read = 0
         self._latest: list[dict[TopicPartition, int]] = []
 
     def rows(self, batch: pa.RecordBatch) -> pa.Table:
         """The table rows of one batch of Kafka records; BadRecordError for a record that does not fit under FAIL."""
         self._latest.append(latest_timestamps(batch))
+        self.records_read += batch.num_rows
         decoded = self._decoding.decoder.decode(batch)
         misfits = decoded.misfits.num_rows
         if not misfits:
@@ -211,7 +217,7 @@ class RecordDecodingTask:
         latest timestamps read."""
         if self._dead_letters is not None:
             self._dead_letters.flush()
-        return DecodingSummary(self.bad_records, merge_latest(self._latest))
+        return DecodingSummary(self.bad_records, merge_latest(self._latest), self.records_read)
 
 
 @dataclass(frozen=True)
@@ -280,10 +286,11 @@ def sampled_json_schema(spark: SparkSession, kafka_options: Mapping[str, str], s
 
 
 def bad_record_properties(bad_records: int, policy: BadRecordPolicy, schema_name: str) -> dict[str, str]:
-    """A batch's epoch properties: the count of its records that did not fit (logged when there were some)."""
+    """A batch's epoch properties: the count of its records that did not fit (logged when there were some), and the
+    policy that decided what became of them."""
     if bad_records:
         log.warning(f"records that do not fit {schema_name}", bad_records=bad_records, on_bad_record=policy.value)
-    return {BAD_RECORDS_PROPERTY: str(bad_records)}
+    return {BAD_RECORDS_PROPERTY: str(bad_records), ON_BAD_RECORD_PROPERTY: policy.value}
 
 
 def task_columns(*, key: bool, dead_letters: bool) -> list[str]:

@@ -55,7 +55,8 @@ PARQUET_COMPRESSION: Final = "zstd"
 # Kafka topic-partition read with its latest record timestamp, and with routes one per table it had rows for but
 # no location (`table`, its records in `record_count`) and one per value no route took (`unrouted`: the value as a
 # message describes it, its records and where the first came from). A key file's row (an upsert or change stream)
-# has `key_file` set and its keys in `record_count`. WRITTEN_FILES_STRUCT, its Spark form, is mapInArrow's output
+# has `key_file` set and its keys in `record_count`. The row of the records that did not fit also carries the Kafka
+# records the task read (`records_read`). WRITTEN_FILES_STRUCT, its Spark form, is mapInArrow's output
 # schema.
 WRITTEN_FILES_SCHEMA: Final = pa.schema(
     [
@@ -72,6 +73,7 @@ WRITTEN_FILES_SCHEMA: Final = pa.schema(
         pa.field("unrouted_records", pa.int64()),
         pa.field("unrouted_origin", pa.string()),
         pa.field("key_file", pa.bool_()),
+        pa.field("records_read", pa.int64()),
     ]
 )
 
@@ -93,11 +95,12 @@ class TaskDecoder(Protocol):
 
 @dataclass(frozen=True)
 class DecodingSummary:
-    """What a task's decoding saw besides the rows: records that did not fit, and the latest record timestamp (ms)
-    of each Kafka topic-partition it read."""
+    """What a task's decoding saw besides the rows: records that did not fit, the latest record timestamp (ms)
+    of each Kafka topic-partition it read, and how many Kafka records it read."""
 
     bad_records: int = 0
     latest_timestamps: Mapping[tuple[str, int], int] = field(default_factory=dict)
+    records_read: int = 0
 
 
 class TaskDecoding(Protocol):
@@ -296,8 +299,8 @@ def task_results(
     nothing = {"record_count": 0, "size_bytes": 0, "bad_records": 0}
     results: list[dict[str, object]] = [{**asdict(file), "bad_records": 0, "table": table} for table, file in written]
     results.extend({**asdict(file), "bad_records": 0, "table": table, "key_file": True} for table, file in key_files)
-    if summary.bad_records:
-        results.append({**nothing, "bad_records": summary.bad_records})
+    if summary.bad_records or summary.records_read:
+        results.append({**nothing, "bad_records": summary.bad_records, "records_read": summary.records_read})
     results.extend(
         {**nothing, "topic": topic, "partition": partition, "latest_timestamp_ms": latest}
         for (topic, partition), latest in summary.latest_timestamps.items()

@@ -18,10 +18,16 @@ from spark_writer.job_settings import KafkaSettings, ParseSettings, SinkSettings
 from spark_writer.kafka.offsets import OffsetRange
 from spark_writer.kafka.options import parse_options
 from spark_writer.kafka.range_reader import read_range
-from spark_writer.sink.kafka_records import BAD_RECORDS_PROPERTY, BadRecordPolicy
+from spark_writer.sink.kafka_records import (
+    BAD_RECORDS_PROPERTY,
+    ON_BAD_RECORD_PROPERTY,
+    RECORDS_READ_PROPERTY,
+    BadRecordPolicy,
+)
 from tests.fixtures.coordinator import CoordinatorProcess
 from tests.fixtures.kafka_broker import produce_records
 from tests.fixtures.pipeline import QUERY_TIMEOUT_SECONDS, table_arrow
+from tests.fixtures.verification import assert_verified
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -109,7 +115,10 @@ def test_bad_records_as_nulls_are_counted(
 
     rows = table_arrow(catalog, "shop.orders_bad_null", ("kafka_offset", "order_id")).to_pylist()
     assert sorted(row["kafka_offset"] for row in rows) == list(range(8))
-    assert epoch_properties(coordinator, "orders-bad-null", 0)[BAD_RECORDS_PROPERTY] == str(len(BAD))
+    properties = epoch_properties(coordinator, "orders-bad-null", 0)
+    assert (properties[BAD_RECORDS_PROPERTY], properties[RECORDS_READ_PROPERTY]) == (str(len(BAD)), "8")
+    # The verifier holds the epoch's rows to the records read: under the null policy, every one of them.
+    assert_verified(coordinator.database_url, catalog, "orders-bad-null", kafka_bootstrap)
 
 
 def test_bad_records_go_to_the_dead_letter_topic_with_where_and_why(
@@ -133,7 +142,10 @@ def test_bad_records_go_to_the_dead_letter_topic_with_where_and_why(
 
     rows = table_arrow(catalog, "shop.orders_bad_dlq", ("kafka_offset", "order_id")).to_pylist()
     assert sorted((row["kafka_offset"], row["order_id"]) for row in rows) == [(0, 0), (1, 1), (2, 2)]
-    assert epoch_properties(coordinator, "orders-bad-dlq", 0)[BAD_RECORDS_PROPERTY] == str(len(BAD))
+    properties = epoch_properties(coordinator, "orders-bad-dlq", 0)
+    assert (properties[BAD_RECORDS_PROPERTY], properties[ON_BAD_RECORD_PROPERTY]) == (str(len(BAD)), "dead-letter")
+    # The records sent to the dead-letter topic are the only ones of those read that are in no row.
+    assert_verified(coordinator.database_url, catalog, "orders-bad-dlq", kafka_bootstrap)
     options = parse_options({"kafka.bootstrap.servers": kafka_bootstrap, "subscribe": dead_letter_topic})
     letters = [
         row

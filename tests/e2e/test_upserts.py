@@ -52,6 +52,7 @@ from tests.fixtures.upsert_streams import (
     produce_debezium,
     produce_upserts,
 )
+from tests.fixtures.verification import assert_verified
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -100,6 +101,8 @@ def test_an_upsert_stream_leaves_the_last_value_of_each_key(
     with coordinator.client() as client:
         state = client.sink_state("customers")
     assert state.committed_epoch == state.checkpointed_epoch == RECORDS // PER_BATCH - 1
+    # Ranges, no key twice, and each epoch at most a row per record its writer read.
+    assert_verified(coordinator.database_url, catalog, "customers")
 
     # A re-run on the drained topic changes nothing: no snapshot of the sink's (maintenance may add its own).
     written = sink_snapshot_ids(catalog.load_table("crm.customers"))

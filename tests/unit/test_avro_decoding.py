@@ -267,8 +267,12 @@ def test_the_null_policy_writes_bad_records_as_nulls_and_counts_them(registry: R
     rows = task.rows(kafka_batch([good, good[:-4], None]))
 
     assert [(row["kafka_offset"], row["order_id"]) for row in rows.to_pylist()] == [(100, 1), (101, None), (102, None)]
-    assert task.finish().bad_records == 2
-    assert evolving.batch_properties(2) == {"sink-coordinator.bad-records": "2"}
+    summary = task.finish()
+    assert (summary.bad_records, summary.records_read) == (2, 3)
+    assert evolving.batch_properties(2) == {
+        "sink-coordinator.bad-records": "2",
+        "sink-coordinator.on-bad-record": "null",
+    }
 
 
 def test_keys_decode_into_a_key_column_and_an_absent_key_is_null(registry: RegistrySettings) -> None:

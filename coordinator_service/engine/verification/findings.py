@@ -21,6 +21,7 @@ class FaultKind(StrEnum):
     OUTSIDE_RANGE = "outside-range"  # a live row from an offset outside the committed range
     DUPLICATE_KEY = "duplicate-key"  # one key among a keyed table's live rows twice
     MISSING_RECORD = "missing-record"  # an offset the topic has in the committed range is in no live row
+    ROWS_NOT_READ = "rows-not-read"  # an epoch's files hold other rows than the records its writer read
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,18 @@ from coordinator_service.engine.verification.findings import (
     describe_offsets,
     first,
 )
+from coordinator_service.tables.compaction_plans import COMPACTION_MARKER
 from coordinator_service.tables.table_audit import SnapshotFacts
 
 SPARK_END_OFFSETS = "spark.end_offsets"
 START_KEY = "$start"
-# The Spark writer's count of a batch's records that did not fit the schema (spark_writer/sink/kafka_records.py).
+# The Spark writer's count of a batch's records that did not fit the schema, what its policy made of them, and the
+# Kafka records the batch read (spark_writer/sink/kafka_records.py).
 BAD_RECORDS = "sink-coordinator.bad-records"
+ON_BAD_RECORD = "sink-coordinator.on-bad-record"
+RECORDS_READ = "sink-coordinator.records-read"
+# The policy that sends a record that does not fit to the dead-letter topic instead of a row.
+DEAD_LETTER = "dead-letter"
 # Maintenance's rewrite of files (compaction): the same rows in other files.
 REWRITE = "replace"
 
@@ -46,6 +52,10 @@ class EpochFacts:
     # An operator aborted it (with force, its batch checkpointed): its records are lost by design, and the next
     # epoch starts where it ended.
     aborted: bool = False
+    # The Kafka records its writer read (None: the writer did not say), and how many of them became no row (sent to
+    # the dead-letter topic).
+    records_read: int | None = None
+    dead_lettered: int = 0
 
     @classmethod
     def of(
@@ -57,6 +67,8 @@ class EpochFacts:
         aborted: bool = False,
     ) -> EpochFacts:
         bad = properties.get(BAD_RECORDS, "0")
+        bad_records = int(bad) if bad.isdigit() else 0
+        read = properties.get(RECORDS_READ, "")
         return cls(
             epoch=epoch,
             start=declared_start(properties),
@@ -64,8 +76,10 @@ class EpochFacts:
             rows={table: sum(records for _, records in entries) for table, entries in files.items()},
             paths={table: frozenset(path for path, _ in entries) for table, entries in files.items()},
             snapshot_id=snapshot_id,
-            bad_records=int(bad) if bad.isdigit() else 0,
+            bad_records=bad_records,
             aborted=aborted,
+            records_read=int(read) if read.isdigit() else None,
+            dead_lettered=bad_records if properties.get(ON_BAD_RECORD) == DEAD_LETTER else 0,
         )
 
 
@@ -123,9 +137,11 @@ def check_ranges(
     epochs: Sequence[EpochFacts],
     begin: Offsets | None,
     newest_end: tuple[int, Offsets] | None,
+    keyed: bool = False,
 ) -> RangeWalk:
     """Check the epochs' ranges (ascending epochs, all committed) from `begin` (where verification starts: the
-    sink's declared start, or where it was verified last) against the newest snapshot's (epoch, end offsets); the
+    sink's declared start, or where it was verified last) against the newest snapshot's (epoch, end offsets), and
+    each epoch's rows against the records its writer read (`keyed`: a row per key it left, so at most as many); the
     sink's own table carries the faults."""
     walk = RangeWalk(begin, [])
     ends: dict[int, Offsets] = {}
@@ -135,6 +151,8 @@ def check_ranges(
             f"epochs without end offsets (their writer did not say where they ended): {first([str(e) for e in unsaid])}"
         )
     for epoch in epochs:
+        if not epoch.aborted:
+            _check_rows_read(sink_table, epoch, keyed)
         if epoch.end is None:
             walk.end = None  # the next epoch's start is unknown unless it declares it
             continue
@@ -213,6 +231,24 @@ def _check_follows(sink_table: TableVerification, epoch: int, previous: Offsets,
             )
 
 
+def _check_rows_read(sink_table: TableVerification, epoch: EpochFacts, keyed: bool) -> None:
+    """The rows of the epoch's files (in every table) are the records its writer read, less those it sent to the
+    dead-letter topic; for a keyed sink at most as many (the last version of each key it touched, none for a
+    delete)."""
+    if epoch.records_read is None:
+        return
+    rows = sum(epoch.rows.values())
+    expected = epoch.records_read - epoch.dead_lettered
+    if rows > expected or (rows < expected and not keyed):
+        dead_lettered = f", {epoch.dead_lettered} of them sent to the dead-letter topic" if epoch.dead_lettered else ""
+        sink_table.fault(
+            FaultKind.ROWS_NOT_READ,
+            epoch.epoch,
+            f"its files hold {rows} rows, its writer read {epoch.records_read} records{dead_lettered}: "
+            f"{'at most ' if keyed else ''}{expected} rows expected",
+        )
+
+
 def newest_end_offsets(snapshots: Sequence[SnapshotFacts], sink: SinkIdentity) -> tuple[int, Offsets] | None:
     """The newest of the sink's snapshots' epoch and the end offsets it carries."""
     for snapshot in reversed(snapshots):
@@ -266,5 +302,17 @@ def check_snapshots(
 
 
 def _keeps_rows(snapshot: SnapshotFacts, summary: Mapping[str, str], added: int, deleted: int) -> bool:
-    """A rewrite of the same rows (compaction), a fence, or a change of no row."""
+    """A rewrite of the same rows (compaction), a fence, or a change of no row. The coordinator's compaction of a
+    keyed table also applies the position deletes of the files it rewrites: it leaves out at least the positions of
+    the delete files it drops (they point only into the files it rewrites) and at most those and the positions the
+    table's remaining delete files hold; that the rows it left out were dead, the deep check proves (no key, no Kafka
+    position lost). Without position deletes in the table, the same number of rows."""
+    if snapshot.operation == REWRITE and summary.get(COMPACTION_MARKER):
+        dropped, remaining = _figure(summary, "removed-position-deletes"), _figure(summary, "total-position-deletes")
+        return deleted - dropped - remaining <= added <= deleted - dropped
     return (snapshot.operation == REWRITE and added == deleted) or FENCE_SINK in summary or not (added or deleted)
+
+
+def _figure(summary: Mapping[str, str], name: str) -> int:
+    value = summary.get(name, "0")
+    return int(value) if value.isdigit() else 0

@@ -61,6 +61,8 @@ class _Sink:
     # The committed epoch the log said: the tables are verified as of their newest snapshot at or below it (a commit
     # appends before the log says COMMITTED, and may land between the two reads).
     committed: int
+    # Whether it is an upsert or change stream's (its epochs' rows are at most their records).
+    keyed: bool = False
 
 
 class Verifier:
@@ -82,7 +84,9 @@ class Verifier:
         begin = (since[own].end_offsets or None) if own in since else None
         results = [await in_catalog(self._table_facts, sink, table, since.get(table)) for table in sink.tables]
         own_table, own_snapshots, _ = results[0]
-        walk = check_ranges(own_table, sink.epochs, begin, newest_end_offsets(own_snapshots, sink.identity))
+        walk = check_ranges(
+            own_table, sink.epochs, begin, newest_end_offsets(own_snapshots, sink.identity), keyed=sink.keyed
+        )
         low = walk.ranges[0][1] if walk.ranges else begin
         positions: list[pa.Table] = []
         for (table, snapshots, loaded), identifier in zip(results, sink.tables, strict=True):
@@ -133,7 +137,7 @@ class Verifier:
                 for table, entries in metadata.by_table().items()
             }
             epochs.append(EpochFacts.of(record.epoch, metadata.properties, files, record.snapshot_id, aborted))
-        return _Sink(identity, tables, epochs, row.committed_epoch)
+        return _Sink(identity, tables, epochs, row.committed_epoch, keyed=bool(row.key_columns))
 
     def _table_facts(
         self, sink: _Sink, identifier: str, since: VerifiedTable | None
