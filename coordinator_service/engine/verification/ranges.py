@@ -266,5 +266,10 @@ def check_snapshots(
 
 
 def _keeps_rows(snapshot: SnapshotFacts, summary: Mapping[str, str], added: int, deleted: int) -> bool:
-    """A rewrite of the same rows (compaction), a fence, or a change of no row."""
-    return (snapshot.operation == REWRITE and added == deleted) or FENCE_SINK in summary or not (added or deleted)
+    """A rewrite of the same live rows (compaction, which leaves out the rows position deletes deleted), a fence, or a
+    change of no row."""
+    return (
+        (snapshot.operation == REWRITE and added == deleted - snapshot.deleted_rows_removed)
+        or FENCE_SINK in summary
+        or not (added or deleted)
+    )
