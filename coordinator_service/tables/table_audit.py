@@ -39,8 +39,8 @@ class SnapshotFacts:
     added_files: tuple[tuple[str, int], ...]
     data_files: tuple[AddedDataFile, ...] = ()
     # A rewrite's: the rows of the data files it removed that position deletes had deleted (a compaction that applies
-    # them leaves those rows out).
-    deleted_rows_removed: int = 0
+    # them leaves those rows out); None when delete files it read are gone (the snapshots expiry removed held them).
+    deleted_rows_removed: int | None = 0
 
     @property
     def added_records(self) -> int:
@@ -100,9 +100,10 @@ def snapshots_after(table: LoadedTable, after: int | None, count: ReadCount) -> 
     return facts
 
 
-def deleted_rows_removed(table: LoadedTable, snapshot: Snapshot, count: ReadCount) -> int:
+def deleted_rows_removed(table: LoadedTable, snapshot: Snapshot, count: ReadCount) -> int | None:
     """The rows of the data files `snapshot` removed that the position delete files live before it deleted (those
-    live after it, and those it removed), each row once."""
+    live after it, and those it removed), each row once; None when one of those files is gone from storage (it went
+    with the snapshots before this one, expired since)."""
     changes = snapshot_changes(table, snapshot.snapshot_id)
     if not isinstance(changes, SnapshotChanges) or not changes.removed_data:
         return 0  # an equality delete file: no count of the rows it deletes (the rewrite is not the coordinator's)
@@ -118,6 +119,8 @@ def deleted_rows_removed(table: LoadedTable, snapshot: Snapshot, count: ReadCoun
             )
     rows: set[tuple[str, int]] = set()
     for delete_file in deletes:
+        if not table.io.new_input(delete_file.file_path).exists():
+            return None
         for path, positions in deleted_positions(table.io, delete_file).items():
             if path in removed:
                 rows.update((path, position) for position in positions.to_pylist())

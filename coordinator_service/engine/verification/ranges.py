@@ -248,6 +248,11 @@ def check_snapshots(
                     f"snapshot {snapshot.snapshot_id} added {len(paths)} files, its epochs hold {len(expected)}: "
                     f"{first(sorted(paths ^ expected))}",
                 )
+        elif snapshot.operation == REWRITE and snapshot.deleted_rows_removed is None:
+            table.notes.append(
+                f"snapshot {snapshot.snapshot_id} ({snapshot.operation}) applied position deletes that went with "
+                "the snapshots expiry removed: how many rows it left out is not known"
+            )
         elif _keeps_rows(snapshot, summary, added, deleted):
             continue
         elif MARKER_SINK in summary:
@@ -269,7 +274,7 @@ def _keeps_rows(snapshot: SnapshotFacts, summary: Mapping[str, str], added: int,
     """A rewrite of the same live rows (compaction, which leaves out the rows position deletes deleted), a fence, or a
     change of no row."""
     return (
-        (snapshot.operation == REWRITE and added == deleted - snapshot.deleted_rows_removed)
+        (snapshot.operation == REWRITE and added == deleted - (snapshot.deleted_rows_removed or 0))
         or FENCE_SINK in summary
         or not (added or deleted)
     )
