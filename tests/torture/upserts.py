@@ -92,11 +92,15 @@ class UpsertStream:
             record = by_partition[partition].pop(0)
             if record.key != key:
                 raise AssertionError(f"the producer reordered partition {partition}: {record} is not {key!r}")
-            self.changes[label], self.order[label] = change, len(self.order)
-            self.positions[label] = (record.partition, record.offset)
-            self.identities.setdefault((key, value), []).append(label)
+            self.record(label, change, (record.partition, record.offset), (key, value))
             labelled.append(ProducedRecord(record.partition, record.offset, str(label).encode()))
         return sorted(labelled)
+
+    def record(self, label: int, change: Change, position: Position, identity: Identity) -> None:
+        """A change of the stream landed at `position` (the next in production order), as Kafka holds it."""
+        self.changes[label], self.order[label] = change, len(self.order)
+        self.positions[label] = position
+        self.identities.setdefault(identity, []).append(label)
 
     def labels(self, held: dict[Position, Identity]) -> dict[Position, bytes | None]:
         """What the broker holds (position -> message key and value) by label; None for a record the stream never
