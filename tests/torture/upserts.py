@@ -143,8 +143,8 @@ class UpsertStream:
 
     def _read(self, expected: Expected, rows: list[Row], found: Findings) -> list[int]:
         """The records read, in the order they were produced. Of a deleted topic's records a batch may have read
-        (`expected.maybe`), each partition's were read up to some offset: the one whose model the table's rows of
-        that partition's keys match is taken (the first, else the closest), and noted."""
+        (`expected.maybe`), each partition's were read up to some offset: the first whose model the table's rows of
+        that partition's keys match is taken (else the closest), and the offsets that fit are noted."""
         certain = expected.read - expected.maybe
         maybe: dict[int, list[int]] = {}
         for label in sorted(expected.maybe, key=self.positions.__getitem__):
@@ -154,10 +154,12 @@ class UpsertStream:
         for partition, labels in maybe.items():
             keys = {self.changes[label].key for label in labels}
             of_keys = [label for label in certain if self.changes[label].key in keys]
-            counted = [(self._mismatches([*of_keys, *labels[:cut]], keys, held), cut) for cut in range(len(labels) + 1)]
-            cut = min(counted, key=lambda each: each[0])[1]  # the first of the fewest
-            certain |= set(labels[:cut])
-            cuts[partition] = f"{cut} of {len(labels)}"
+            counted = [self._mismatches([*of_keys, *labels[:cut]], keys, held) for cut in range(len(labels) + 1)]
+            fewest = [cut for cut, mismatches in enumerate(counted) if mismatches == min(counted)]
+            certain |= set(labels[: fewest[0]])
+            # Several cuts fit when the records between them were overwritten by later ones (or by the second life).
+            span = f"{fewest[0]}" if len(fewest) == 1 else f"{fewest[0]}-{fewest[-1]}"
+            cuts[partition] = f"{span} of {len(labels)}" + (f" ({min(counted)} keys off)" if min(counted) else "")
         if cuts:
             found.notes.append(f"records of the deleted topic read (of those a batch may have read): {cuts}")
             found.facts["deleted_topic_read"] = cuts
