@@ -145,7 +145,9 @@ def upsert_section(results: Sequence[dict[str, Any]], command: str, wall_seconds
         "and the table read by pyiceberg and by DuckDB is the model (the last value of each key among the records "
         "of the committed ranges the topic still held, deleted keys absent), no key twice, no equality delete in "
         "any snapshot or metadata file the table has. Every fault kind is drawn; `bad_records` draws its `fail` and "
-        "`dead-letter` policies only (a keyed stream refuses `null`, which would write a row without its key).",
+        "`dead-letter` policies only (a keyed stream refuses `null`, which would write a row without its key). In the "
+        'faults\' details below, a record "missing" or "read once" is one left out of, or taken into, the model the '
+        "table equals.",
         "",
         f"In all: {facts['upsert_records']} records produced ({facts['upsert_deletes']} deletes), "
         f"{facts['read']} read in committed ranges, {facts['model_keys']} live keys in the models; {equal} of "
