@@ -116,16 +116,7 @@ class Run:
         self.proxy = Proxy(seed=self.rng.randrange(2**31))
         self.dead_letter_topic = f"torture-{self.seed}-dead-letters"
         self.first_key = self.seed % 1000 * 10_000  # of the Spark sink's records; faults' own records above it
-        # An upsert run: its keys (each updated about 3-20 times) and the share of deletes.
-        self.upserts = (
-            UpsertStream.of(
-                self.rng.randint(self.records // 20, self.records // 3),
-                self.rng.randrange(2**31),
-                round(self.rng.uniform(0.05, 0.35), 3),
-            )
-            if self.upsert
-            else None
-        )
+        self.upserts = UpsertStream.drawn(self.rng, self.records) if self.upsert else None
         if self.upsert:
             self.partition_by = partition_column(self.partition_by)
         for kind, record in fault_kinds.drawn(self.records_of):

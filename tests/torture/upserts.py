@@ -19,6 +19,7 @@ verifier) are the plain runs'.
 from __future__ import annotations
 
 import json
+import random
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -77,6 +78,12 @@ class UpsertStream:
     @classmethod
     def of(cls, keys: int, seed: int, delete_share: float) -> UpsertStream:
         return cls(ChangeStream(keys, seed, delete_share))
+
+    @classmethod
+    def drawn(cls, rng: random.Random, records: int) -> UpsertStream:
+        """A run's stream of about `records` records: its keys (each written about 3 to 20 times) and the share of
+        deletes drawn from the run's generator."""
+        return cls.of(rng.randint(records // 20, records // 3), rng.randrange(2**31), round(rng.uniform(0.05, 0.35), 3))
 
     def produce(self, bootstrap: str, topic: str, labels: Sequence[int], partitions: int) -> list[ProducedRecord]:
         """The stream's next changes, one for each label, into the topic; where each landed, under its label (a
