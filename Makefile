@@ -72,7 +72,7 @@ bench: $(INSTALLED)
 torture-short: $(INSTALLED)
 	$(BIN)/pytest tests/torture $(PYTEST_ARGS)
 
-## torture: RUNS randomized fault runs (kills, outages, split brain, zombie writers, operators, many sinks, Kafka faults, maintenance kills); writes bench/results/torture.md
+## torture: RUNS randomized fault runs (kills, outages, split brain, zombie writers, operators, many sinks, Kafka faults, maintenance kills); writes bench/results/torture.md (TORTURE_ARGS="--mode upsert": the job streams an upsert stream, in its own section)
 RUNS ?= 20
 torture: $(INSTALLED)
 	$(BIN)/python -m tests.torture --runs $(RUNS) --report bench/results/torture.md $(TORTURE_ARGS)

@@ -13,12 +13,14 @@ from typing import TypeAlias
 import pyarrow as pa
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io.pyarrow import ArrowScan
-from pyiceberg.manifest import DataFile, ManifestContent, ManifestEntryStatus
+from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, ManifestEntryStatus
 from pyiceberg.table import FileScanTask
-from pyiceberg.table.snapshots import ancestors_of
+from pyiceberg.table.snapshots import Operation, Snapshot, ancestors_of
 
 from coordinator_service.contract.markers import snapshot_properties
 from coordinator_service.tables.format import LoadedTable
+from coordinator_service.tables.key_index_reads import SnapshotChanges, snapshot_changes
+from coordinator_service.tables.pyiceberg_internals import deleted_positions
 
 # The columns a writer's --kafka-metadata adds: where each row's record was in Kafka.
 POSITION_COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset")
@@ -37,6 +39,9 @@ class SnapshotFacts:
     summary: dict[str, str]
     added_files: tuple[tuple[str, int], ...]
     data_files: tuple[AddedDataFile, ...] = ()
+    # A rewrite's: the rows of the data files it removed that position deletes had deleted (a compaction that applies
+    # them leaves those rows out); None when delete files it read are gone (the snapshots expiry removed held them).
+    deleted_rows_removed: int | None = 0
 
     @property
     def added_records(self) -> int:
@@ -88,9 +93,39 @@ def snapshots_after(table: LoadedTable, after: int | None, count: ReadCount) -> 
                 summary=snapshot_properties(snapshot),
                 added_files=tuple((data_file.file_path, data_file.record_count) for data_file in added),
                 data_files=tuple(added),
+                deleted_rows_removed=deleted_rows_removed(table, snapshot, count)
+                if summary is not None and summary.operation == Operation.REPLACE
+                else 0,
             )
         )
     return facts
+
+
+def deleted_rows_removed(table: LoadedTable, snapshot: Snapshot, count: ReadCount) -> int | None:
+    """The rows of the data files `snapshot` removed that the position delete files live before it deleted (those
+    live after it, and those it removed), each row once; None when one of those files is gone from storage (it went
+    with the snapshots before this one, expired since)."""
+    changes = snapshot_changes(table, snapshot.snapshot_id)
+    if not isinstance(changes, SnapshotChanges) or not changes.removed_data:
+        return 0  # an equality delete file: no count of the rows it deletes (the rewrite is not the coordinator's)
+    removed = set(changes.removed_paths)
+    deletes = list(changes.removed_deletes)
+    for manifest in snapshot.manifests(table.io):
+        if manifest.content == ManifestContent.DELETES:
+            count.manifests += 1
+            deletes.extend(
+                entry.data_file
+                for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
+                if entry.data_file.content == DataFileContent.POSITION_DELETES
+            )
+    rows: set[tuple[str, int]] = set()
+    for delete_file in deletes:
+        if not table.io.new_input(delete_file.file_path).exists():
+            return None
+        for path, positions in deleted_positions(table.io, delete_file).items():
+            if path in removed:
+                rows.update((path, position) for position in positions.to_pylist())
+    return len(rows)
 
 
 def column_names(table: LoadedTable) -> frozenset[str]:

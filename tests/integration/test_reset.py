@@ -37,7 +37,7 @@ from tests.fixtures.admin import (
     wait_for_commit_lock_waiter,
 )
 from tests.fixtures.coordinator import orders, table_order_ids, write_parquet
-from tests.torture.checks import AUDIT_SQL, sink_row_went_back
+from tests.torture.audit import AUDIT_SQL, sink_row_went_back
 
 pytestmark = pytest.mark.every_postgres
 

@@ -1,7 +1,7 @@
 """What a torture run must find once the system settled: exactly once, against what was produced to Kafka.
 
-The metastore of each run carries audit triggers (AUDIT_SQL, test-only, installed
-by the harness after the migration): every version of every `pending_sink_state`
+The metastore of each run carries audit triggers (tests/torture/audit.py, test-only,
+installed by the harness after the migration): every version of every `pending_sink_state`
 row (with the sink's checkpoint as that transaction saw it) and of every `sinks`
 row is kept, and each change NOTIFYs the harness. So the files of an attempt that
 was ABORTED and later overwritten by a new attempt are still known, and the
@@ -13,82 +13,20 @@ from __future__ import annotations
 import itertools
 import json
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psycopg
 from pyiceberg.catalog import Catalog
+from pyiceberg.table import Table
 from pyiceberg.table.snapshots import ancestors_of
 
 from coordinator_service.contract.markers import MARKER_EPOCH, MARKER_GENERATION, MARKER_SINK, snapshot_properties
 from coordinator_service.engine.verification.findings import Verification
-from coordinator_service.log import precommit_metadata
 from tests.fixtures.reachable_files import missing_reachable_files
-
-AUDIT_SQL = """
-CREATE TABLE torture_epoch_audit (
-    id bigserial PRIMARY KEY, at timestamptz NOT NULL DEFAULT clock_timestamp(), op text NOT NULL,
-    sink_id int NOT NULL, epoch bigint NOT NULL, status text NOT NULL, attempt int, metadata bytea,
-    files_cleaned bool, checkpointed_epoch bigint, generation int, abort_cause text
-);
-CREATE TABLE torture_sink_audit (
-    id bigserial PRIMARY KEY, at timestamptz NOT NULL DEFAULT clock_timestamp(), sink_id int NOT NULL,
-    checkpointed_epoch bigint NOT NULL, committed_epoch bigint NOT NULL, writer_term bigint NOT NULL,
-    generation int NOT NULL, awaiting_writer_after_reset bool NOT NULL
-);
-CREATE FUNCTION torture_epoch_audit() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    IF TG_OP = 'DELETE' THEN
-        INSERT INTO torture_epoch_audit (op, sink_id, epoch, status, generation)
-        SELECT 'DELETE', OLD.sink_id, OLD.epoch, OLD.status::text, s.generation FROM sinks s WHERE s.id = OLD.sink_id;
-    ELSE
-        INSERT INTO torture_epoch_audit (op, sink_id, epoch, status, attempt, metadata, files_cleaned,
-            checkpointed_epoch, generation, abort_cause)
-        SELECT TG_OP, NEW.sink_id, NEW.epoch, NEW.status::text, NEW.attempt, NEW.metadata, NEW.files_cleaned,
-            s.checkpointed_epoch, s.generation, NEW.abort_cause::text FROM sinks s WHERE s.id = NEW.sink_id;
-    END IF;
-    PERFORM pg_notify('torture', 'epoch');
-    RETURN NULL;
-END $$;
-CREATE FUNCTION torture_sink_audit() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO torture_sink_audit (sink_id, checkpointed_epoch, committed_epoch, writer_term, generation,
-        awaiting_writer_after_reset)
-    VALUES (NEW.id, NEW.checkpointed_epoch, NEW.committed_epoch, NEW.writer_term, NEW.generation,
-        NEW.rebase_on_register);
-    PERFORM pg_notify('torture', 'sink');
-    RETURN NULL;
-END $$;
-CREATE TRIGGER torture_epoch_audit AFTER INSERT OR UPDATE OR DELETE ON pending_sink_state
-    FOR EACH ROW EXECUTE FUNCTION torture_epoch_audit();
-CREATE TRIGGER torture_sink_audit AFTER INSERT OR UPDATE ON sinks
-    FOR EACH ROW EXECUTE FUNCTION torture_sink_audit();
-"""
-
-
-def sink_row_went_back(connection: psycopg.Connection[Any], sink_id: int) -> list[str]:
-    """Every version of the sink's row (torture_sink_audit, one a statement) whose numbers went back: its generation
-    and term never do, and its checkpointed and committed epochs only in a row awaiting its writer after a reset
-    (the new numbering starts at the new query's checkpoint)."""
-    went_back = []
-    previous: tuple[int, int, int, int] | None = None
-    rebasing = False
-    for row in connection.execute(
-        "SELECT generation, writer_term, checkpointed_epoch, committed_epoch, awaiting_writer_after_reset "
-        "FROM torture_sink_audit WHERE sink_id = %s ORDER BY id",
-        (sink_id,),
-    ):
-        now = (int(row[0]), int(row[1]), int(row[2]), int(row[3]))
-        if previous is not None and (
-            now[:2] < previous[:2]
-            or (not rebasing and now[0] == previous[0] and any(a < b for a, b in zip(now, previous, strict=True)))
-        ):
-            went_back.append(f"the sink row went back: (generation, term, checkpointed, committed) {previous} -> {now}")
-        rebasing = bool(row[4])
-        previous = now
-    return went_back
+from tests.torture.audit import read_history, sink_row_went_back
 
 
 @dataclass
@@ -128,6 +66,9 @@ def settled(connection: psycopg.Connection[Any], sink: str) -> tuple[int, int] |
     return int(checkpointed), int(committed)
 
 
+SECOND_LIFE_OFFSET = 1_000_000_000  # topic_recreated: the second life's positions, apart from the first's
+
+
 @dataclass(frozen=True)
 class Produced:
     """What a sink's writer was given to write: each key with its Kafka position (partition, offset)."""
@@ -135,13 +76,39 @@ class Produced:
     keys: dict[tuple[int, int], int]  # (partition, offset) -> key
     # Where each generation's query started reading (partition -> offset); generation 0 from the start.
     starts: dict[int, dict[int, int]] = field(default_factory=dict)
+    # topic_recreated: the batch that ran without the deleted topic; the later ones read its second life, whose
+    # positions are SECOND_LIFE_OFFSET above the Kafka offsets their batches name.
+    second_life_after: int | None = None
 
-    def keys_between(self, start: dict[int, int], end: dict[int, int]) -> set[int]:
+    def keys_between(self, start: dict[int, int], end: dict[int, int], base: int = 0) -> set[int]:
         return {
             key
             for (partition, offset), key in self.keys.items()
-            if start.get(partition, 0) <= offset < end.get(partition, start.get(partition, 0))
+            if start.get(partition, 0) + base <= offset < end.get(partition, start.get(partition, 0)) + base
         }
+
+    def keys_of_batch(self, epoch: int, start: dict[int, int], end: dict[int, int]) -> set[int]:
+        """The keys a Spark batch read, from its offsets (a batch of the topic's second life reads that)."""
+        second = self.second_life_after is not None and epoch > self.second_life_after
+        return self.keys_between(start, end, SECOND_LIFE_OFFSET if second else 0)
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What a sink's table must reflect (by key of Produced): every record of `must` and of `read` but `maybe`, none
+    of `lost`.
+
+    `read`: the records of the committed batches' ranges the topic still held when they were read, but for `maybe`:
+    those of a deleted topic that a batch planned before the deletion may have read or found gone (each partition's
+    read up to some offset); `lost`: those lost by design (an operator's forced abort, retention)."""
+
+    must: set[int]
+    read: set[int]
+    lost: set[int]
+    maybe: set[int]
+
+
+RowsCheck = Callable[[Findings, Table, Expected], None]
 
 
 def partitions_of(offsets: dict[str, Any]) -> dict[int, int]:
@@ -161,50 +128,6 @@ def start_offsets(properties: dict[str, str]) -> dict[int, int] | None:
     return {p: o for start in starts for p, o in partitions_of(start).items()} if starts else None
 
 
-@dataclass
-class History:
-    """A sink's epochs over its whole log history, keyed by (generation, epoch)."""
-
-    latest: dict[tuple[int, int], tuple[str, str | None]] = field(default_factory=dict)  # status (PRUNED), cause
-    properties: dict[tuple[int, int], dict[str, str]] = field(default_factory=dict)
-    paths_by_attempt: dict[tuple[int, int, int], frozenset[str]] = field(default_factory=dict)
-    properties_by_attempt: dict[tuple[int, int, int], dict[str, str]] = field(default_factory=dict)
-    aborted: set[tuple[int, int, int]] = field(default_factory=set)
-    anomalies: list[str] = field(default_factory=list)
-
-
-def read_history(rows: Iterable[Sequence[Any]]) -> History:
-    """The audit's rows (op, epoch, status, attempt, metadata, checkpoint then, generation then, abort cause).
-
-    A row belongs to the generation in which its attempt was pre-committed (the audit records the sink's
-    generation at each change: the cleaner may mark, and the first registration after a reset deletes, an old
-    generation's row after the reset). A deleted COMMITTED row is PRUNED (its records are in the table); a deleted
-    ABORTED row stays what it was (an operator's abort stays lost by design after the reset deleted its row).
-    """
-    history = History()
-    row_generation: dict[int, int] = {}
-    for op, epoch, status, attempt, metadata, checkpoint_then, sink_generation, cause in rows:
-        if op == "INSERT" or (op == "UPDATE" and status == "PENDING"):
-            row_generation[epoch] = sink_generation
-        gen = row_generation.get(epoch, sink_generation)
-        if op == "DELETE":
-            if status == "COMMITTED":
-                history.latest[(gen, epoch)] = ("PRUNED", None)
-            continue
-        history.latest[(gen, epoch)] = (status, cause)
-        decoded = precommit_metadata.decode(bytes(metadata))
-        history.paths_by_attempt[(gen, epoch, attempt)] = decoded.paths
-        history.properties[(gen, epoch)] = decoded.properties
-        history.properties_by_attempt[(gen, epoch, attempt)] = decoded.properties
-        if status == "ABORTED":
-            history.aborted.add((gen, epoch, attempt))
-        if status == "COMMITTED" and checkpoint_then is not None and epoch > checkpoint_then:
-            history.anomalies.append(
-                f"epoch {epoch} was marked COMMITTED while the recorded checkpoint was {checkpoint_then} (invariant 3)"
-            )
-    return history
-
-
 def check_run(
     *,
     connection: psycopg.Connection[Any],
@@ -219,6 +142,7 @@ def check_run(
     may_be_missing: frozenset[int] = frozenset(),
     bad_rows: Counter[int | None] | None = None,
     from_first_start: bool = False,
+    rows_check: RowsCheck | None = None,
 ) -> Findings:
     """Exactly once for one sink, from its whole log history, its table and what its writer was given.
 
@@ -229,7 +153,8 @@ def check_run(
     first query's resolved start with `from_first_start`: startingOffsets=latest). `bad_rows`: the rows records
     that do not fit the schema leave in the table (their order_id, or None for an all-null row).
     `spark_checkpoint` is the Spark query's current checkpoint (None: a writer without one, whose last
-    checkpointed epoch is `writer_checkpoint`).
+    checkpointed epoch is `writer_checkpoint`). `rows_check` compares the table's rows with what was produced instead
+    (an upsert table's keys hold the last value of what was read: tests/torture/upserts.py).
     """
     found = Findings()
     sink_row = connection.execute(
@@ -274,12 +199,12 @@ def check_run(
         end = end_offsets(properties.get((gen, epoch), {}))
         if end is None:  # not a Spark writer's batch: the writer knows its keys (it writes them again or not)
             continue
-        lost |= produced.keys_between(_start_of(gen, epoch), end)
+        lost |= produced.keys_of_batch(epoch, _start_of(gen, epoch), end)
     committed_keys: set[int] = set()
     for (gen, epoch), (status, _) in latest.items():
         end = end_offsets(properties.get((gen, epoch), {}))
         if status in ("COMMITTED", "PRUNED") and end is not None:
-            committed_keys |= produced.keys_between(_start_of(gen, epoch), end)
+            committed_keys |= produced.keys_of_batch(epoch, _start_of(gen, epoch), end)
     lost -= committed_keys  # read again by a later batch (after a reset) and committed there
     found.facts["lost_by_operator_abort"] = len(lost)
 
@@ -295,14 +220,6 @@ def check_run(
 
     # What is in the table, by key, against what was produced.
     loaded = catalog.load_table(table)
-    keys: Counter[int | None] = Counter(
-        loaded.scan(selected_fields=("order_id",)).to_arrow().column("order_id").to_pylist()
-    )
-    if bad_rows:
-        absent = bad_rows - keys
-        if absent:
-            found.anomaly(f"rows of records that do not fit the schema missing from the table: {dict(absent)}")
-        keys -= bad_rows
     positions = produced.keys
     if from_first_start:
         first = start_offsets(properties.get((0, 0), {}))
@@ -313,20 +230,13 @@ def check_run(
         found.facts["before_start"] = len(produced.keys) - len(positions)
     expected = set(positions.values())
     lost |= set(lost_by_retention)
-    found.facts["lost_by_retention"] = len(lost_by_retention)
-    missing = expected - set(keys) - lost - may_be_missing
-    found.facts["lost_with_topic"] = len(may_be_missing - set(keys))
-    duplicated = {key for key, count in keys.items() if count > 1}
-    unexpected = set(keys) - expected
-    found.facts.update(produced=len(produced.keys), rows=sum(keys.values()))
-    if missing:
-        found.anomaly(f"{len(missing)} produced records missing from the table: keys {_sample(missing)}")
-    if lost & set(keys):
-        found.anomaly(f"records lost by design (aborted, deleted) are in the table: keys {_sample(lost & set(keys))}")
-    if duplicated:
-        found.anomaly(f"{len(duplicated)} records in the table more than once: keys {_sample(duplicated)}")
-    if unexpected:
-        found.anomaly(f"{len(unexpected)} records in the table that were never produced: {_sample(unexpected)}")
+    found.facts.update(lost_by_retention=len(lost_by_retention), produced=len(produced.keys))
+    if rows_check is not None:
+        read = committed_keys - set(lost_by_retention)
+        found.facts["lost_with_topic"] = len(may_be_missing - read)
+        rows_check(found, loaded, Expected(expected - lost - may_be_missing, read, lost, read & may_be_missing))
+    else:
+        _check_rows_once(found, loaded, expected, lost, may_be_missing, bad_rows)
     table_files = set(loaded.inspect.data_files().column("file_path").to_pylist())
     # Nothing the table's metadata reaches (every snapshot kept for time travel included) is missing from storage.
     gone = missing_reachable_files(loaded)
@@ -406,6 +316,38 @@ def check_run(
         if zombie_paths & table_files:
             found.anomaly(f"a fenced writer's files are in the table: {_sample(zombie_paths & table_files, 3)}")
     return found
+
+
+def _check_rows_once(
+    found: Findings,
+    loaded: Table,
+    expected: set[int],
+    lost: set[int],
+    may_be_missing: frozenset[int],
+    bad_rows: Counter[int | None] | None,
+) -> None:
+    """An append table: every expected record's row once (by its order_id), none of those lost by design."""
+    keys: Counter[int | None] = Counter(
+        loaded.scan(selected_fields=("order_id",)).to_arrow().column("order_id").to_pylist()
+    )
+    if bad_rows:
+        absent = bad_rows - keys
+        if absent:
+            found.anomaly(f"rows of records that do not fit the schema missing from the table: {dict(absent)}")
+        keys -= bad_rows
+    missing = expected - set(keys) - lost - may_be_missing
+    found.facts["lost_with_topic"] = len(may_be_missing - set(keys))
+    duplicated = {key for key, count in keys.items() if count > 1}
+    unexpected = set(keys) - expected
+    found.facts["rows"] = sum(keys.values())
+    if missing:
+        found.anomaly(f"{len(missing)} produced records missing from the table: keys {_sample(missing)}")
+    if lost & set(keys):
+        found.anomaly(f"records lost by design (aborted, deleted) are in the table: keys {_sample(lost & set(keys))}")
+    if duplicated:
+        found.anomaly(f"{len(duplicated)} records in the table more than once: keys {_sample(duplicated)}")
+    if unexpected:
+        found.anomaly(f"{len(unexpected)} records in the table that were never produced: {_sample(unexpected)}")
 
 
 def check_sink_tables(connection: psycopg.Connection[Any], sink: str, tables: set[str]) -> list[str]:

@@ -3,9 +3,10 @@
     python -m tests.torture.driver TIMEOUT RETRY
 
 It starts one local Spark (the JVM start is the slow part), then reads one JSON
-request per line on stdin: the job's settings and an optional kill point
-(tests/e2e/driver_process.py's). For each it runs the job (availableNow: until
-the topic is drained and the last batch is committed) and prints
+request per line on stdin: the job's settings (`mutations`: an upsert stream's
+mode and key) and an optional kill point (tests/e2e/driver_process.py's). For
+each it runs the job (availableNow: until the topic is drained and the last
+batch is committed) and prints
 ``{"event": "torture query finished", "id": ..., "code": 0|1}``. A fault kills
 it with its process group (JVM and Python workers); the harness starts another.
 A request with ``"idle": true`` runs the query on a processing-time trigger
@@ -34,6 +35,7 @@ import structlog
 from coordinator_service.contract.client import CoordinatorClient
 from coordinator_service.contract.logs import LogFormat, LogLevel, configure_logging
 from spark_writer import job
+from spark_writer.mutations.modes import MutationMode, Mutations
 from spark_writer.sink.kafka_records import BadRecordPolicy
 from spark_writer.worker_logging import set_worker_log_level
 from tests.e2e.driver_process import arm
@@ -68,11 +70,13 @@ def run_query(spark: Any, request: dict[str, Any], lines: queue.Queue[str | None
         max_offsets_per_trigger=request["max_offsets_per_trigger"],
         fail_on_data_loss=bool(request.get("fail_on_data_loss", True)),
     )
+    keyed = request.get("mutations")
     parse = job.ParseSettings(
         schema_ddl=request["schema"],
         evolve_schema=False,
         on_bad_record=BadRecordPolicy(request.get("on_bad_record", "fail")),
         dead_letter_topic=request.get("dead_letter_topic"),
+        mutations=Mutations() if keyed is None else Mutations(MutationMode(keyed["mode"]), tuple(keyed["key"])),
     )
     sink = job.SinkSettings(
         sink=request["sink"],

@@ -93,7 +93,7 @@ def connect_when_up(url: str, timeout: float) -> psycopg.Connection[Any]:
 def wait_for_change(url: str, check: Callable[[psycopg.Connection[Any]], T | None], timeout: float) -> T:
     """Evaluate `check` now and after every NOTIFY of the torture triggers until it returns a value.
 
-    The triggers (see checks.AUDIT_SQL) notify on every change of `sinks` and
+    The triggers (see audit.AUDIT_SQL) notify on every change of `sinks` and
     `pending_sink_state`, so this awaits the metastore's own events. A lost
     connection (a PostgreSQL restart) reconnects, listens again and re-checks.
     """

@@ -12,13 +12,13 @@ import math
 import random
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
 from tests.fixtures.kafka_broker import ProducedRecord, admin_client, client_config, produce_records
-from tests.fixtures.pipeline import order, produce_orders
+from tests.fixtures.pipeline import order
 
 ADMIN_TIMEOUT_SECONDS = 30.0
 SOURCE_HEADER = "sink-coordinator.source-"
@@ -51,16 +51,20 @@ def bad_records(rng: random.Random, count: int, first_key: int) -> list[BadRecor
     return made
 
 
+# The run's good records of these keys (orders, or its upsert stream's next changes), where each landed.
+Produce = Callable[[Sequence[int]], list[ProducedRecord]]
+
+
 def produce_with_bad(
-    bootstrap: str, topic: str, keys: list[int], partitions: int, bad: list[BadRecord]
+    produce: Produce, bootstrap: str, topic: str, keys: list[int], partitions: int, bad: list[BadRecord]
 ) -> tuple[list[ProducedRecord], dict[tuple[int, int], BadRecord]]:
-    """The good orders in two halves with the bad records between them; where each landed."""
+    """The good records in two halves with the bad records between them; where each landed."""
     half = len(keys) // 2
-    good = produce_orders(bootstrap, topic, keys[:half], partitions=partitions)
+    good = produce(keys[:half])
     landed = produce_records(
         bootstrap, topic, ((index % partitions, f"bad-{index}".encode(), r.value) for index, r in enumerate(bad))
     )
-    good += produce_orders(bootstrap, topic, keys[half:], partitions=partitions)
+    good += produce(keys[half:])
     by_key = {f"bad-{index}".encode(): record for index, record in enumerate(bad)}
     return good, {(r.partition, r.offset): by_key[r.key] for r in landed}
 
@@ -99,7 +103,12 @@ def dead_letters(bootstrap: str, topic: str) -> Counter[tuple[int, int]]:
 
 def held_keys(bootstrap: str, topic: str) -> dict[tuple[int, int], bytes | None]:
     """What the broker holds: the key at each (partition, offset) of the topic."""
-    return {(m.partition(), m.offset()): m.key() for m in _read_all(bootstrap, topic)}  # type: ignore[misc]
+    return {position: key for position, (key, _) in held_records(bootstrap, topic).items()}
+
+
+def held_records(bootstrap: str, topic: str) -> dict[tuple[int, int], tuple[bytes, bytes | None]]:
+    """What the broker holds: the key and value at each (partition, offset) of the topic."""
+    return {(m.partition(), m.offset()): (m.key(), m.value()) for m in _read_all(bootstrap, topic)}  # type: ignore[misc]
 
 
 def log_starts(bootstrap: str, topic: str) -> dict[int, int]:
@@ -152,11 +161,9 @@ def delete_topic(bootstrap: str, topic: str) -> None:
 
 @dataclass
 class LoadProducer:
-    """Orders produced at a steady rate while the job starts (`latest` resolves its start meanwhile)."""
+    """The run's records produced at a steady rate while the job starts (`latest` resolves its start meanwhile)."""
 
-    bootstrap: str
-    topic: str
-    partitions: int
+    produce: Produce
     keys: list[int]
     per_second: float
     produced: list[ProducedRecord] = field(default_factory=list)
@@ -174,7 +181,7 @@ class LoadProducer:
         try:
             for first in range(0, len(self.keys), chunk):
                 batch = self.keys[first : first + chunk]
-                self.produced += produce_orders(self.bootstrap, self.topic, batch, partitions=self.partitions)
+                self.produced += self.produce(batch)
                 pace.wait(0.1)  # the producer's rate: chunk records every 100 ms
         except Exception as error:  # reported as an anomaly by the run
             self.error = f"{type(error).__name__}: {error}"

@@ -19,6 +19,8 @@ from tests.torture.fault_kinds import FAULTS
 from tests.torture.faults import FaultRecord
 
 KEEP_MARKER = "<!-- everything below this line is kept when the report is rewritten -->"
+UPSERT_BEGIN = "<!-- upsert: rewritten by python -m tests.torture --mode upsert -->"
+UPSERT_END = "<!-- /upsert -->"
 
 
 @dataclass
@@ -43,10 +45,10 @@ class RunResult:
         }
 
 
-def replay_command(seed: int, pool: tuple[str, ...], faults_per_run: int | None = None) -> str:
+def replay_command(seed: int, pool: tuple[str, ...], faults_per_run: int | None = None, upsert: bool = False) -> str:
     faults = "" if set(pool) == set(FAULTS) else f" --faults {','.join(pool)}"
     faults += "" if faults_per_run is None else f" --faults-per-run {faults_per_run}"
-    return f"python -m tests.torture --seed {seed}{faults}"
+    return f"python -m tests.torture{' --mode upsert' if upsert else ''} --seed {seed}{faults}"
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -83,16 +85,21 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def markdown(results: Sequence[dict[str, Any]], command: str, wall_seconds: float) -> str:
-    rows = summarize(results)
+def _batch_line(results: Sequence[dict[str, Any]], command: str, wall_seconds: float) -> str:
     failed = [r for r in results if r["anomalies"]]
-    lines = [
-        "# Torture runs: exactly-once under faults",
-        "",
+    return (
         f"`{command}`: {len(results)} runs in {wall_seconds / 60:.1f} min "
         f"({datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node() or 'host'}, "
         f"{platform.python_version()}), {len(failed)} with anomalies, "
-        f"{sum(len(r['anomalies']) for r in results)} anomalies in all.",
+        f"{sum(len(r['anomalies']) for r in results)} anomalies in all."
+    )
+
+
+def markdown(results: Sequence[dict[str, Any]], command: str, wall_seconds: float) -> str:
+    lines = [
+        "# Torture runs: exactly-once under faults",
+        "",
+        _batch_line(results, command, wall_seconds),
         "",
         "Each run: a real coordinator process, PostgreSQL (embedded; the metastore and the SQL catalog in two "
         "servers), a Kafka-protocol broker and a Spark streaming job (`sink-writer --available-now`, "
@@ -106,6 +113,58 @@ def markdown(results: Sequence[dict[str, Any]], command: str, wall_seconds: floa
         "end of the outage) to the next commit progress (`sinks.committed_epoch` moving), or, when nothing "
         "was left to commit, to the settled state.",
         "",
+        *_summary(results, "##"),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def upsert_section(results: Sequence[dict[str, Any]], command: str, wall_seconds: float) -> str:
+    """The upsert runs' section (tests/torture/upserts.py), between its markers."""
+    facts = Counter[str]()
+    for result in results:
+        facts.update({k: v for k, v in result["facts"].items() if k.startswith(("upsert_", "read", "model_keys"))})
+        facts["position_delete_files"] += int(result["facts"].get("position_delete_files", 0))
+    equal = sum(
+        1
+        for result in results
+        if "model_keys" in result["facts"]
+        and not any(anomaly.startswith(("pyiceberg reads", "DuckDB reads")) for anomaly in result["anomalies"])
+    )
+    lines = [
+        UPSERT_BEGIN,
+        "## Upsert streams under every fault (issue 29)",
+        "",
+        _batch_line(results, command, wall_seconds),
+        "",
+        "Each run as above, but its stream an upsert stream (`sink-writer --mode upsert --key id`, tests/torture/"
+        "upserts.py): 300-1,000 random inserts, updates and deletes (tombstones) of 15-333 overlapping keys, 5-35 % "
+        "of them deletes, every record of a key in one partition, the table partitioned by a column keys move "
+        "across in half of the runs; the records a fault produces (a load at `latest`, a topic's second life, the "
+        "good records around bad ones) are the stream's next changes. Checked, beside the plain runs' checks of "
+        "the log, the files and the verifier: every record that had to be read lies in a committed batch's range, "
+        "and the table read by pyiceberg and by DuckDB is the model (the last value of each key among the records "
+        "of the committed ranges the topic still held, deleted keys absent), no key twice, no equality delete in "
+        "any snapshot or metadata file the table has. Every fault kind is drawn; `bad_records` draws its `fail` and "
+        "`dead-letter` policies only (a keyed stream refuses `null`, which would write a row without its key). In the "
+        'faults\' details below, a record "missing" or "read once" is one left out of, or taken into, the model the '
+        "table equals.",
+        "",
+        f"In all: {facts['upsert_records']} records produced ({facts['upsert_deletes']} deletes), "
+        f"{facts['read']} read in committed ranges, {facts['model_keys']} live keys in the models; {equal} of "
+        f"{len(results)} tables equal to their model by both readers; {facts['position_delete_files']} live "
+        "position delete files at the end.",
+        "",
+        *_summary(results, "###"),
+        UPSERT_END,
+    ]
+    return "\n".join(lines)
+
+
+def _summary(results: Sequence[dict[str, Any]], heading: str) -> list[str]:
+    """The table per fault, the failpoints, the faults' details, the run times and the runs with anomalies."""
+    rows = summarize(results)
+    failed = [r for r in results if r["anomalies"]]
+    lines = [
         "| fault | runs | fired | anomalies | recovery p50 (s) | recovery p99 (s) |",
         "|---|---:|---:|---:|---:|---:|",
     ]
@@ -140,11 +199,11 @@ def markdown(results: Sequence[dict[str, Any]], command: str, wall_seconds: floa
             f"max {max(r['facts'].get('driver_starts', 0) for r in results)}.",
         ]
     if failed:
-        lines += ["", "## Runs with anomalies", ""]
+        lines += ["", f"{heading} Runs with anomalies", ""]
         for result in failed:
             lines.append(f"* seed {result['seed']} (`{result['replay']}`):")
             lines += [f"  * {anomaly.splitlines()[0][:400]}" for anomaly in result["anomalies"]]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _details(results: Sequence[dict[str, Any]]) -> list[str]:
@@ -233,6 +292,17 @@ def _details(results: Sequence[dict[str, Any]]) -> list[str]:
             f"deleted topic unread; all {second} records of the topics' second lives were read from their start, once."
         )
     return lines
+
+
+def write_section(path: Path, begin: str, end: str, section: str) -> None:
+    """Replace the report's section between `begin` and `end` (the lines `section` starts and ends with), or add it
+    at the end; the rest of the report stays as it is."""
+    text = path.read_text() if path.exists() else ""
+    if begin in text and end in text:
+        text = text[: text.index(begin)] + section + text[text.index(end) + len(end) :]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    path.write_text(text)
 
 
 def write(path: Path, results: Sequence[dict[str, Any]], command: str, wall_seconds: float) -> None:

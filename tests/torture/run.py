@@ -6,7 +6,8 @@ kill) while the faults strike from their threads, awaits the system's settle,
 checks it, and tears down. The faults themselves are in tests/torture/fault_kinds/
 (one module per family, each kind registered with how it is triggered and its
 hooks into this life cycle); the checks are in tests/torture/checks.py; what
-the runs share (servers, broker, the warm driver) is the Session's.
+the runs share (servers, broker, the warm driver) is the Session's. With `upsert`,
+the run's stream is an upsert stream (tests/torture/upserts.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import time
 import traceback
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,16 +39,16 @@ from tests.fixtures.coordinator import CoordinatorProcess, failpoints_env
 from tests.fixtures.kafka_broker import ProducedRecord, create_topic
 from tests.fixtures.pipeline import ORDER_SCHEMA_DDL, produce_orders
 from tests.fixtures.verification import verify_sink
-from tests.torture import checks, fault_kinds, kafka_faults
+from tests.torture import audit, checks, fault_kinds, kafka_faults
 from tests.torture.faults import FaultRecord
 from tests.torture.idle import stop_when_recorded
 from tests.torture.infra import Board, DriverServer, Proxy, wait_for_change
 from tests.torture.report import RunResult
 from tests.torture.session import CALL_DEADLINE_SECONDS, RUN_SECONDS, SINK, TABLE, Session
+from tests.torture.upserts import KEY, UPSERT_DDL, UpsertStream, partition_column
 from tests.torture.writers import ADMIN_TOKEN, Operator, ProtocolWriter
 
 DRIVER_SECONDS = 150.0  # one driver that runs longer than this is hung
-SECOND_LIFE_OFFSET = 1_000_000_000  # topic_recreated: the second life's positions, apart from the first's
 MAX_DRIVER_STARTS = 8
 SETTLE_SECONDS = 90.0
 
@@ -59,6 +61,7 @@ class Run:
     session: Session
     pool: tuple[str, ...]
     faults_per_run: int | None = None  # None: one, two in about a third of the runs
+    upsert: bool = False  # the stream is an upsert stream (tests/torture/upserts.py)
     rng: random.Random = field(init=False)
     board: Board = field(default_factory=Board)
     lock: threading.RLock = field(default_factory=threading.RLock)  # faults act one at a time
@@ -103,7 +106,7 @@ class Run:
         self.per_batch = math.ceil(self.records / self.batches)
         self.partition_by = self.rng.choice(((), ("country",)))
         self.plans = fault_kinds.plan_faults(
-            self.rng, self.pool, self.batches, CALL_DEADLINE_SECONDS, self.faults_per_run
+            self.rng, self.pool, self.batches, CALL_DEADLINE_SECONDS, self.faults_per_run, keyed=self.upsert
         )
         self.records_of = {plan.name: FaultRecord(plan) for plan in self.plans}
         self.database = f"torture_{self.seed}_{uuid.uuid4().hex[:6]}"
@@ -113,6 +116,9 @@ class Run:
         self.proxy = Proxy(seed=self.rng.randrange(2**31))
         self.dead_letter_topic = f"torture-{self.seed}-dead-letters"
         self.first_key = self.seed % 1000 * 10_000  # of the Spark sink's records; faults' own records above it
+        self.upserts = UpsertStream.drawn(self.rng, self.records) if self.upsert else None
+        if self.upsert:
+            self.partition_by = partition_column(self.partition_by)
         for kind, record in fault_kinds.drawn(self.records_of):
             if kind.configure is not None:
                 kind.configure(self, record)
@@ -170,7 +176,8 @@ class Run:
         return {
             "bootstrap_servers": self.session.bootstrap,
             "topic": self.topic,
-            "schema": ORDER_SCHEMA_DDL,
+            "schema": UPSERT_DDL if self.upsert else ORDER_SCHEMA_DDL,
+            "mutations": {"mode": "upsert", "key": list(KEY)} if self.upsert else None,
             "max_offsets_per_trigger": self.per_batch,
             "sink": SINK,
             "table": TABLE,
@@ -199,6 +206,7 @@ class Run:
     def execute(self) -> RunResult:
         started = time.monotonic()
         facts: dict[str, Any] = {
+            "mode": "upsert" if self.upsert else "append",
             "records": self.records,
             "partitions": self.partitions,
             "max_offsets_per_trigger": self.per_batch,
@@ -240,7 +248,7 @@ class Run:
         self.session.catalog.create_database(self.database)
         migrate(normalize_url(self.metastore_url))
         with psycopg.connect(libpq_url(self.metastore_url), autocommit=True) as connection:
-            connection.execute(checks.AUDIT_SQL.encode())
+            connection.execute(audit.AUDIT_SQL.encode())
         self.topic = create_topic(self.session.bootstrap, self.partitions, prefix=f"torture-{self.seed}")
         self.produced_keys = list(range(self.first_key, self.first_key + self.records))
         records: list[ProducedRecord] | None = None  # produced by a fault (bad records between the orders)
@@ -248,11 +256,25 @@ class Run:
             if kind.prepare is not None and (produced := kind.prepare(self, record)) is not None:
                 records = produced
         if records is None:
-            records = produce_orders(self.session.bootstrap, self.topic, self.produced_keys, partitions=self.partitions)
+            records = self.produce(self.produced_keys)
         self.acknowledged = records
         self.positions = kafka_faults.positions(records)
         self.update_topic_end()
         self.board.set("up")
+
+    def produce(self, keys: Sequence[int], partitions: int | None = None) -> list[ProducedRecord]:
+        """The run's records of these keys into its topic: orders, or (labelled by them) the upsert stream's next
+        changes; where each landed."""
+        partitions = self.partitions if partitions is None else partitions
+        if self.upserts is None:
+            return produce_orders(self.session.bootstrap, self.topic, keys, partitions=partitions)
+        return self.upserts.produce(self.session.bootstrap, self.topic, keys, partitions)
+
+    def held_labels(self) -> dict[tuple[int, int], bytes | None]:
+        """What the broker holds: at each position the key of the record there (an upsert record's label)."""
+        if self.upserts is None:
+            return kafka_faults.held_keys(self.session.bootstrap, self.topic)
+        return self.upserts.labels(kafka_faults.held_records(self.session.bootstrap, self.topic))
 
     def update_topic_end(self) -> None:
         """Where the topic ends once everything is produced (good and bad records; topic_recreated: the second
@@ -397,13 +419,18 @@ class Run:
                 catalog=catalog,
                 sink=SINK,
                 table=TABLE,
-                produced=checks.Produced({**self.positions, **self._second_life_positions()}, self.starts),
+                produced=checks.Produced(
+                    {**self.positions, **self._second_life_positions()},
+                    self.starts,
+                    self.batch_without_topic if self.second_life else None,
+                ),
                 spark_checkpoint=self.checkpoint,
                 zombie_paths=self.zombie_paths,
                 lost_by_retention=frozenset(self.lost_by_retention),
                 may_be_missing=frozenset(self.lost_with_topic),
                 bad_rows=Counter(r.key for r in self.bad_positions.values()) if self.on_bad_record == "null" else None,
                 from_first_start=self.from_first_start,
+                rows_check=None if self.upserts is None else self.upserts.check_rows,
             )
             for kind, record in fault_kinds.drawn(self.records_of):
                 if kind.check is not None:
@@ -434,7 +461,7 @@ class Run:
 
     def _second_life_positions(self) -> dict[tuple[int, int], int]:
         """The second life's records, at positions apart from the first's (the checks compare keys)."""
-        return {(p, SECOND_LIFE_OFFSET + o): key for (p, o), key in self.second_life.items()}
+        return {(p, checks.SECOND_LIFE_OFFSET + o): key for (p, o), key in self.second_life.items()}
 
 
 def _render(url: str) -> str:

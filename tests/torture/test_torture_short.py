@@ -1,7 +1,8 @@
 """The short torture run for CI: a few seeded runs of the real pipeline under faults, no anomaly allowed.
 
 Every fault kind is in the pool; the seeds are fixed, so a failure here replays
-with the command in the assertion message. The long version is
+with the command in the assertion message. One run streams an upsert stream
+(tests/torture/upserts.py). The long version is
 `python -m tests.torture --runs N` (make torture RUNS=N).
 """
 
@@ -36,6 +37,18 @@ POOL = tuple(fault for fault in FAULTS if fault != "fan_out")
 FAN_OUT_SEED = 2
 # schema_churn (tests/torture/schema_churn.py): its own seeded run, three driver starts, about two minutes.
 SCHEMA_CHURN_SEED = 26
+# An upsert run (tests/torture/upserts.py): 543 inserts, updates and deletes of overlapping keys in 8 batches, the
+# table partitioned by a column keys move across; the coordinator killed right after its third row delta is in the
+# table, and the driver killed after a pre-commit, part of that batch deleted by retention before its re-run (about
+# 70 s).
+UPSERT_SEED = 3
+UPSERT_POOL = (
+    "coordinator_failpoint",
+    "driver_killpoint",
+    "maintenance_kill",
+    "operator_abort",
+    "retention_before_rerun",
+)
 
 
 @pytest.fixture(scope="module")
@@ -45,13 +58,19 @@ def session() -> Iterator[Session]:
 
 
 @pytest.mark.parametrize(
-    ("seed", "pool", "faults_per_run"),
-    [*((seed, POOL, FAULTS_PER_RUN) for seed in SEEDS), (FAN_OUT_SEED, ("fan_out",), 1)],
-    ids=[*(str(seed) for seed in SEEDS), f"fan_out-{FAN_OUT_SEED}"],
+    ("seed", "pool", "faults_per_run", "upsert"),
+    [
+        *((seed, POOL, FAULTS_PER_RUN, False) for seed in SEEDS),
+        (FAN_OUT_SEED, ("fan_out",), 1, False),
+        (UPSERT_SEED, UPSERT_POOL, 2, True),
+    ],
+    ids=[*(str(seed) for seed in SEEDS), f"fan_out-{FAN_OUT_SEED}", f"upsert-{UPSERT_SEED}"],
 )
-def test_exactly_once_under_faults(session: Session, seed: int, pool: tuple[str, ...], faults_per_run: int) -> None:
-    result = Run(seed, session, pool, faults_per_run).execute()
-    replay = replay_command(seed, pool, faults_per_run)
+def test_exactly_once_under_faults(
+    session: Session, seed: int, pool: tuple[str, ...], faults_per_run: int, upsert: bool
+) -> None:
+    result = Run(seed, session, pool, faults_per_run, upsert).execute()
+    replay = replay_command(seed, pool, faults_per_run, upsert)
     if results := os.environ.get("TORTURE_RESULTS"):  # JSON lines for `python -m tests.torture --from-results`
         with Path(results).open("a") as out:
             out.write(json.dumps({**result.as_json(), "replay": replay}) + "\n")

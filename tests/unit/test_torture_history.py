@@ -1,4 +1,4 @@
-"""The torture harness's reading of a sink's log history (tests.torture.checks.read_history).
+"""The torture harness's reading of a sink's log history (tests.torture.audit.read_history).
 
 The rows are those of a run (seed 9001, operator_abort then operator_reset) in which the harness
 reported the records of an epoch an operator had aborted with force as missing from the table: the
@@ -12,7 +12,7 @@ import json
 
 from coordinator_service.log import precommit_metadata
 from coordinator_service.log.precommit_metadata import DataFileEntry, PreCommitMetadata
-from tests.torture.checks import read_history
+from tests.torture.audit import read_history
 
 
 def _metadata(epoch: int, generation: int) -> bytes:

@@ -22,7 +22,6 @@ from coordinator_service.engine.verification.findings import (
     describe_offsets,
     first,
 )
-from coordinator_service.tables.compaction_plans import COMPACTION_MARKER
 from coordinator_service.tables.table_audit import SnapshotFacts
 
 SPARK_END_OFFSETS = "spark.end_offsets"
@@ -284,6 +283,11 @@ def check_snapshots(
                     f"snapshot {snapshot.snapshot_id} added {len(paths)} files, its epochs hold {len(expected)}: "
                     f"{first(sorted(paths ^ expected))}",
                 )
+        elif snapshot.operation == REWRITE and snapshot.deleted_rows_removed is None:
+            table.notes.append(
+                f"snapshot {snapshot.snapshot_id} ({snapshot.operation}) applied position deletes that went with "
+                "the snapshots expiry removed: how many rows it left out is not known"
+            )
         elif _keeps_rows(snapshot, summary, added, deleted):
             continue
         elif MARKER_SINK in summary:
@@ -302,17 +306,10 @@ def check_snapshots(
 
 
 def _keeps_rows(snapshot: SnapshotFacts, summary: Mapping[str, str], added: int, deleted: int) -> bool:
-    """A rewrite of the same rows (compaction), a fence, or a change of no row. The coordinator's compaction of a
-    keyed table also applies the position deletes of the files it rewrites: it leaves out at least the positions of
-    the delete files it drops (they point only into the files it rewrites) and at most those and the positions the
-    table's remaining delete files hold; that the rows it left out were dead, the deep check proves (no key, no Kafka
-    position lost). Without position deletes in the table, the same number of rows."""
-    if snapshot.operation == REWRITE and summary.get(COMPACTION_MARKER):
-        dropped, remaining = _figure(summary, "removed-position-deletes"), _figure(summary, "total-position-deletes")
-        return deleted - dropped - remaining <= added <= deleted - dropped
-    return (snapshot.operation == REWRITE and added == deleted) or FENCE_SINK in summary or not (added or deleted)
-
-
-def _figure(summary: Mapping[str, str], name: str) -> int:
-    value = summary.get(name, "0")
-    return int(value) if value.isdigit() else 0
+    """A rewrite of the same live rows (compaction, which leaves out the rows position deletes deleted), a fence, or a
+    change of no row."""
+    return (
+        (snapshot.operation == REWRITE and added == deleted - (snapshot.deleted_rows_removed or 0))
+        or FENCE_SINK in summary
+        or not (added or deleted)
+    )

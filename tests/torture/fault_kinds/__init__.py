@@ -128,17 +128,22 @@ __all__ = ["KINDS", "REGISTRY", "FaultKind", "Trigger", "drawn", "inject"]
 
 
 def plan_faults(
-    rng: random.Random, pool: tuple[str, ...], batches: int, call_deadline: float, exactly: int | None = None
+    rng: random.Random,
+    pool: tuple[str, ...],
+    batches: int,
+    call_deadline: float,
+    exactly: int | None = None,
+    keyed: bool = False,
 ) -> list[FaultPlan]:
     """One fault (two in about a third of the runs; `exactly` N if given), each with its trigger and the parameters
-    its kind draws."""
+    its kind draws (for a `keyed` stream's run: tests/torture/upserts.py)."""
     count = 2 if rng.random() < 0.35 and len(pool) > 1 else 1
     count = min(exactly, len(pool)) if exactly is not None else count
     names = rng.sample(pool, count)
     for kind in KINDS:
         if kind.name in names:
             names = [name for name in names if name not in kind.excludes]
-    shape = RunShape(batches, call_deadline)
+    shape = RunShape(batches, call_deadline, keyed)
     plans = []
     for name in names:
         plan = REGISTRY[name].plan

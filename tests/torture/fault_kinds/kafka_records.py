@@ -112,7 +112,7 @@ def produce_with_bad(run: Run, record: FaultRecord) -> list[ProducedRecord]:
     params = record.plan.params
     made = kafka_faults.bad_records(random.Random(params["seed"]), params["count"], run.first_key + 5000)
     records, run.bad_positions = kafka_faults.produce_with_bad(
-        run.session.bootstrap, run.topic, run.produced_keys, run.partitions, made
+        run.produce, run.session.bootstrap, run.topic, run.produced_keys, run.partitions, made
     )
     create_topic(run.session.bootstrap, 1, name=run.dead_letter_topic)
     record.triggered = True
@@ -183,10 +183,12 @@ def plan_retention(rng: random.Random, shape: RunShape) -> dict[str, Any]:
 
 
 def plan_bad_records(rng: random.Random, shape: RunShape) -> dict[str, Any]:
-    policy = rng.choice(("fail", "null", "dead-letter"))
+    # A keyed stream refuses `null`: a record that does not fit would leave a row without its key.
+    policies = ("fail", "dead-letter") if shape.keyed else ("fail", "null", "dead-letter")
+    policy = rng.choice(policies)
     return {
         "policy": policy,
-        "then": rng.choice(("null", "dead-letter")) if policy == "fail" else policy,
+        "then": rng.choice(policies[1:]) if policy == "fail" else policy,
         "count": rng.randint(3, 10),
         "seed": rng.randrange(2**31),
     }

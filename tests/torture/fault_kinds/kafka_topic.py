@@ -22,7 +22,6 @@ import psycopg
 
 from coordinator_service.log import precommit_metadata
 from tests.fixtures.kafka_broker import create_topic
-from tests.fixtures.pipeline import produce_orders
 from tests.torture import checks, kafka_faults
 from tests.torture.fault_kinds.kind import FaultKind, RunShape, Trigger, begin
 from tests.torture.infra import wait_for_change
@@ -60,7 +59,7 @@ def settle_topic(run: Run) -> None:
         return
     with run.lock:
         starts = kafka_faults.log_starts(run.session.bootstrap, run.topic)
-        held = kafka_faults.held_keys(run.session.bootstrap, run.topic)
+        held = run.held_labels()
         lost = kafka_faults.lost_by_broker(run.acknowledged, held, starts)
         restart.detail["broker_lost"] = len(lost)
         if not lost:
@@ -83,9 +82,7 @@ def configure_latest(run: Run, record: FaultRecord) -> None:
 def plan_load(run: Run, record: FaultRecord) -> None:
     params = record.plan.params
     run.load = kafka_faults.LoadProducer(
-        run.session.bootstrap,
-        run.topic,
-        run.partitions,
+        run.produce,
         list(range(run.first_key + 6000, run.first_key + 6000 + params["records"])),
         params["per_second"],
     )
@@ -140,9 +137,7 @@ def topic_recreated(run: Run, record: FaultRecord) -> None:
             create_topic(run.session.bootstrap, partitions, name=run.topic)
             first_key = run.first_key + 8000
             keys = range(first_key, first_key + int(record.plan.params["records"]))
-            run.second_life = kafka_faults.positions(
-                produce_orders(run.session.bootstrap, run.topic, keys, partitions=partitions)
-            )
+            run.second_life = kafka_faults.positions(run.produce(keys, partitions))
             run.update_topic_end()
             record.detail.update(batch_without_topic=epoch, second_life=len(run.second_life))
             record.ended_at = time.time()

@@ -44,10 +44,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class RunShape:
-    """What a fault's parameters may depend on: the run's batches, and the writer's call deadline."""
+    """What a fault's parameters may depend on: the run's batches, the writer's call deadline, and whether its
+    stream is keyed (an upsert stream: tests/torture/upserts.py)."""
 
     batches: int
     call_deadline: float
+    keyed: bool = False
 
 
 class Trigger(Enum):

@@ -34,7 +34,8 @@ def configure(run: Run, record: FaultRecord) -> None:
         SINK_COORDINATOR_MAINTENANCE_INTERVAL_SECONDS=str(params["interval_seconds"]),
         SINK_COORDINATOR_SNAPSHOT_MAX_COUNT=str(params["snapshot_max_count"]),
         SINK_COORDINATOR_COMPACTION_MIN_FILES=str(params["compaction_min_files"]),
-        SINK_COORDINATOR_ORPHAN_SWEEP_INTERVAL_SECONDS=str(params["interval_seconds"]),
+        # The sweep's interval is at least a second (the setting's least; the coordinator refuses to start below it).
+        SINK_COORDINATOR_ORPHAN_SWEEP_INTERVAL_SECONDS=str(max(1.0, params["interval_seconds"])),
         SINK_COORDINATOR_ORPHAN_GRACE_SECONDS=str(params["orphan_grace_seconds"]),
     )
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from coordinator_service.log.embedded import start_embedded_postgres, stop_embedded_postgres
 from tests.torture.races import KINDS
-from tests.torture.races.report import write_section
+from tests.torture.races.report import write_races
 from tests.torture.races.run import race
 
 DEFAULT_REPORT = Path("bench/results/torture.md")
@@ -51,7 +51,7 @@ def main(argv: list[str]) -> int:
             stop_embedded_postgres(Path(work) / "postgres")
     wall = time.monotonic() - started
     if str(args.report) != "-":
-        write_section(args.report, results, "python -m tests.torture.races " + " ".join(argv), wall)
+        write_races(args.report, results, "python -m tests.torture.races " + " ".join(argv), wall)
     failed = sum(1 for result in results if result["anomalies"])
     print(f"{len(results)} runs in {wall:.0f} s, {failed} with anomalies", file=sys.stderr)
     return 1 if failed else 0

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.torture.races import KINDS
+from tests.torture.report import write_section
 
 BEGIN, END = "<!-- races: rewritten by python -m tests.torture.races -->", "<!-- /races -->"
 
@@ -47,11 +48,5 @@ def section(results: Sequence[dict[str, Any]], command: str, wall_seconds: float
     return "\n".join([*lines, END])
 
 
-def write_section(path: Path, results: Sequence[dict[str, Any]], command: str, wall_seconds: float) -> None:
-    text = path.read_text() if path.exists() else ""
-    new = section(results, command, wall_seconds)
-    if BEGIN in text and END in text:
-        text = text[: text.index(BEGIN)] + new + text[text.index(END) + len(END) :]
-    else:
-        text = text.rstrip("\n") + "\n\n" + new + "\n"
-    path.write_text(text)
+def write_races(path: Path, results: Sequence[dict[str, Any]], command: str, wall_seconds: float) -> None:
+    write_section(path, BEGIN, END, section(results, command, wall_seconds))
