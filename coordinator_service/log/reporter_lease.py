@@ -39,6 +39,8 @@ _TAKE: Final = """
     ) OR pg_try_advisory_lock(%(class_id)s, %(key)s)
 """
 
+_GIVE_UP: Final = "SELECT pg_advisory_unlock(%(class_id)s, %(key)s)"
+
 
 class ReporterLease:
     def __init__(self, database: Database, idle_seconds: float) -> None:
@@ -82,7 +84,7 @@ class ReporterLease:
             cursor = await self._connection.execute(_TAKE, {"class_id": REPORTER_LOCK_CLASS, "key": REPORTER_LOCK_KEY})
             row = await cursor.fetchone()
         except BaseException:
-            await self.release()
+            await self.release(unlock=False)
             raise
         held = bool(row and row[0])
         if held != self._held:
@@ -97,10 +99,17 @@ class ReporterLease:
                 log.info("not scraped for a while: another replica may report the log's gauges")
                 await self.release()
 
-    async def release(self) -> None:
-        """Close the lease's connection (the lease goes with it)."""
-        self._held = False
+    async def release(self, unlock: bool = True) -> None:
+        """Give the lease up and close its connection. `unlock`: say so to the server first, so that the next replica
+        scraped takes it at once (a closed connection's lock goes only when its server process has ended, a moment
+        later); not after a failure on that connection."""
+        held, self._held = self._held, False
         connection, self._connection = self._connection, None
-        if connection is not None:
+        if connection is None:
+            return
+        if unlock and held and not connection.closed:
             with contextlib.suppress(Exception):
-                await connection.close()
+                async with asyncio.timeout(self._database.options.stall_seconds):
+                    await connection.execute(_GIVE_UP, {"class_id": REPORTER_LOCK_CLASS, "key": REPORTER_LOCK_KEY})
+        with contextlib.suppress(Exception):
+            await connection.close()
