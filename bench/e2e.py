@@ -217,6 +217,40 @@ def _row_count(table: Any) -> int:
     return 0 if snapshot is None else int(snapshot_properties(snapshot).get("total-records", "0"))
 
 
+@dataclass(frozen=True)
+class Pipeline:
+    """What a Spark bench streams through: a broker, the coordinator process, its catalog and a Spark session."""
+
+    bootstrap: str
+    coordinator: Coordinator
+    catalog: Any
+    spark: Any
+
+
+def start_pipeline(stack: ExitStack, root: Path, database_url: str, place: Place, data_dir: Path, app: str) -> Pipeline:
+    """The broker, the coordinator process on `place`'s catalog (its data in `data_dir`), that catalog with a `bench`
+    namespace and a Spark session at `place`'s master, each stopped when `stack` closes."""
+    from pyiceberg.catalog import load_catalog
+
+    from spark_writer.session import local_spark_session
+
+    broker, bootstrap = start_broker(root)
+    stack.callback(shutil.rmtree, root / "noida-db", ignore_errors=True)
+    stack.callback(stop_broker, broker)
+    coordinator = Coordinator(
+        database_url,
+        data_dir,
+        env={f"SINK_COORDINATOR_CATALOG__{key}": value for key, value in place.catalog.items()},
+    ).start()
+    stack.callback(coordinator.stop)
+    catalog = load_catalog("default", **place.catalog)
+    catalog.create_namespace_if_not_exists("bench")
+    spark = local_spark_session(app, place.master)
+    stack.callback(spark.stop)
+    spark.sparkContext.setLogLevel("ERROR")
+    return Pipeline(bootstrap, coordinator, catalog, spark)
+
+
 def local_place(database_url: str, coordinator_data: Path) -> Place:
     warehouse = coordinator_data / "warehouse"
     warehouse.mkdir(parents=True, exist_ok=True)
@@ -234,11 +268,8 @@ def run(
     cluster_s3: bool = False,
 ) -> dict[str, Any]:
     """Both jobs on a local session and warehouse (with the freshness run), or on a standalone cluster and S3."""
-    from pyiceberg.catalog import load_catalog
-
     from sink_coordinator_demo.object_store import local_object_store
     from sink_coordinator_demo.spark_cluster import start_spark_cluster
-    from spark_writer.session import local_spark_session
 
     database_url = postgres.new_database("e2e_s3" if cluster_s3 else "e2e")
     with ExitStack() as stack:
@@ -250,20 +281,13 @@ def run(
             place = Place(cluster.master_url, catalog_properties, store.properties)
         else:
             place = local_place(database_url, root / "e2e")
-        broker, bootstrap = start_broker(root)
-        stack.callback(shutil.rmtree, root / "noida-db", ignore_errors=True)
-        stack.callback(stop_broker, broker)
-        coordinator = Coordinator(
-            database_url,
-            root / "e2e",
-            env={f"SINK_COORDINATOR_CATALOG__{key}": value for key, value in place.catalog.items()},
-        ).start()
-        stack.callback(coordinator.stop)
-        catalog = load_catalog("default", **place.catalog)
-        catalog.create_namespace_if_not_exists("bench")
-        spark = local_spark_session("sink-coordinator-bench", place.master)
-        stack.callback(spark.stop)
-        spark.sparkContext.setLogLevel("ERROR")
+        pipeline = start_pipeline(stack, root, database_url, place, root / "e2e", "sink-coordinator-bench")
+        bootstrap, coordinator, catalog, spark = (
+            pipeline.bootstrap,
+            pipeline.coordinator,
+            pipeline.catalog,
+            pipeline.spark,
+        )
         rows: list[dict[str, Any]] = []
         # Warm-up: JVM, Python workers, the source and both sinks once on a small topic.
         warm = produce(bootstrap, 1, 1000)

@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.e2e import ORDER_DDL, local_place, start_broker, stop_broker
-from bench.infra import Coordinator, Postgres, machine_facts, spread, temp_root
+from bench.e2e import ORDER_DDL, local_place, start_pipeline
+from bench.infra import Postgres, machine_facts, spread, temp_root
 from spark_writer.kafka.offsets import OffsetRange, Offsets, PartitionKey, offsets_from_json
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -129,14 +129,11 @@ def baseline_seconds(catalog: Any, bootstrap: str, topic: str, snapshot_id: int 
 
 
 def measure(root: Path, table_records: int, reads: int) -> dict[str, Any]:
-    from pyiceberg.catalog import load_catalog
-
     from coordinator_service.contract.source_positions import SNAPSHOT_END_OFFSETS
     from spark_writer import fresh
     from spark_writer.fresh.table_head import SNAPSHOT_ID_METADATA
     from spark_writer.job import start_job
     from spark_writer.job_settings import KafkaSettings, ParseSettings, SinkSettings
-    from spark_writer.session import local_spark_session
     from tests.fixtures.kafka_broker import create_topic, produce_records
 
     postgres = Postgres(root)
@@ -144,20 +141,18 @@ def measure(root: Path, table_records: int, reads: int) -> dict[str, Any]:
     with ExitStack() as stack:
         stack.callback(postgres.stop)
         database_url = postgres.new_database("fresh")
-        broker, bootstrap = start_broker(root)
-        stack.callback(shutil.rmtree, root / "noida-db", ignore_errors=True)
-        stack.callback(stop_broker, broker)
         place = local_place(database_url, root / "coordinator")
-        coordinator = Coordinator(database_url, root / "coordinator").start()
-        stack.callback(coordinator.stop)
-        catalog = load_catalog("default", **place.catalog)
+        pipeline = start_pipeline(stack, root, database_url, place, root / "coordinator", "sink-coordinator-bench")
+        bootstrap, coordinator, catalog, spark = (
+            pipeline.bootstrap,
+            pipeline.coordinator,
+            pipeline.catalog,
+            pipeline.spark,
+        )
         topic = create_topic(bootstrap, PARTITIONS, prefix="bench")
         produce_records(
             bootstrap, topic, ((i % PARTITIONS, str(i).encode(), order_value(i)) for i in range(table_records))
         )
-        spark = local_spark_session("sink-coordinator-bench", place.master)
-        stack.callback(spark.stop)
-        spark.sparkContext.setLogLevel("ERROR")
         query = start_job(
             spark,
             KafkaSettings(bootstrap, (topic,)),

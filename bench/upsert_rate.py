@@ -26,7 +26,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from bench.e2e import local_place, start_broker, stop_broker
+from bench.e2e import local_place, start_pipeline
 from bench.infra import Coordinator, Postgres, machine_facts, spread, temp_root
 
 RESULTS = Path(__file__).parent / "results"
@@ -102,28 +102,18 @@ def check_tables(catalog: Any, append: str, upsert: str, orders: list[tuple[int,
 
 
 def measure(root: Path, records: int, repetitions: int) -> dict[str, Any]:
-    from pyiceberg.catalog import load_catalog
-
-    from spark_writer.session import local_spark_session
-
     postgres = Postgres(root)
     with ExitStack() as stack:
         stack.callback(postgres.stop)
         database_url = postgres.new_database("upsert_rate")
         place = local_place(database_url, root / "coordinator")
-        broker, bootstrap = start_broker(root)
-        stack.callback(stop_broker, broker)
-        coordinator = Coordinator(
-            database_url,
-            root / "coordinator",
-            env={f"SINK_COORDINATOR_CATALOG__{key}": value for key, value in place.catalog.items()},
-        ).start()
-        stack.callback(coordinator.stop)
-        catalog = load_catalog("default", **place.catalog)
-        catalog.create_namespace_if_not_exists("bench")
-        spark = local_spark_session("sink-coordinator-bench-upserts", place.master)
-        stack.callback(spark.stop)
-        spark.sparkContext.setLogLevel("ERROR")
+        pipeline = start_pipeline(stack, root, database_url, place, root / "coordinator", "sink-coordinator-bench")
+        bootstrap, coordinator, catalog, spark = (
+            pipeline.bootstrap,
+            pipeline.coordinator,
+            pipeline.catalog,
+            pipeline.spark,
+        )
         # Warm-up: the JVM, the Python workers, both kinds of sink once.
         warm = stream(2_000, seed=0)
         warm_topic = produce(bootstrap, warm)

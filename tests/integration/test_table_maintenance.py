@@ -11,7 +11,17 @@ from coordinator_service.tables import compaction_plans as cp
 from coordinator_service.tables import table_maintenance as tm
 from coordinator_service.tables.iceberg import IcebergGateway
 from coordinator_service.tables.key_index_reads import SnapshotChanges, snapshot_changes
-from tests.fixtures.keyed_tables import KEYED, Operation, Row, Upsert, apply, assert_table_holds, commit_epochs
+from tests.fixtures.keyed_tables import (
+    KEYED,
+    TWO_FILES_AND_THEIR_DELETES,
+    Operation,
+    Row,
+    Upsert,
+    apply,
+    assert_table_holds,
+    commit_each,
+    commit_epochs,
+)
 
 TABLE = "db.keyed"
 
@@ -29,17 +39,7 @@ def test_a_delete_file_stays_while_a_data_file_it_deletes_from_stays_live(
     """A rewrite that leaves a data file out (held by an epoch, or beyond the run's bytes) keeps every delete file that
     deletes rows of it: dropping one would bring its deleted rows back. A delete file of rewritten files only goes,
     recorded DELETED in the snapshot's own manifests (what the key index's catch-up reads)."""
-    model: dict[int, Row] = {}
-    epochs: list[list[Operation]] = [
-        [Upsert(key, "eu", "a") for key in range(10)],
-        [Upsert(key, "eu", "b") for key in range(10, 20)],
-        [Upsert(1, "us", "c"), Upsert(11, "us", "c")],  # deletes from the first two files
-        [Upsert(12, "us", "d")],  # deletes from the second only
-    ]
-    commits = []
-    for operations in epochs:
-        commits.append(commit_epochs(gateway, TABLE, [operations]))
-        apply(model, operations)
+    commits, model = commit_each(gateway, TABLE, TWO_FILES_AND_THEIR_DELETES)
     table = catalog.load_table(TABLE)
     [first] = commits[0].new_data_files
     others = [data_file for data_file in cp.live_files(table).data if data_file.file_path != first.file_path]

@@ -16,7 +16,12 @@ from coordinator_service.tables import compaction_plans as cp
 from coordinator_service.tables import table_audit
 from coordinator_service.tables import table_maintenance as tm
 from coordinator_service.tables.iceberg import IcebergGateway
-from tests.fixtures.keyed_tables import KEYED, Operation, Row, Upsert, apply, assert_table_holds, commit_epochs
+from tests.fixtures.keyed_tables import (
+    KEYED,
+    TWO_FILES_AND_THEIR_DELETES,
+    assert_table_holds,
+    commit_each,
+)
 
 TABLE = "db.rewritten"
 SINK = SinkIdentity("rewritten", "incarnation", 0)
@@ -35,17 +40,7 @@ def test_compactions_that_apply_position_deletes_keep_the_rows(gateway: IcebergG
     files applied, not removed), the second rewrites everything and drops the rest. Each leaves out the rows position
     deletes had deleted (fewer rows added than its removed files hold): maintenance keeping the rows, not a foreign
     change (the verifier called both foreign changes, and the torture's upsert runs after every compaction)."""
-    model: dict[int, Row] = {}
-    epochs: list[list[Operation]] = [
-        [Upsert(key, "eu", "a") for key in range(10)],
-        [Upsert(key, "eu", "b") for key in range(10, 20)],
-        [Upsert(1, "us", "c"), Upsert(11, "us", "c")],  # deletes from the first two files
-        [Upsert(12, "us", "d")],  # deletes from the second only
-    ]
-    commits = []
-    for operations in epochs:
-        commits.append(commit_epochs(gateway, TABLE, [operations]))
-        apply(model, operations)
+    commits, model = commit_each(gateway, TABLE, TWO_FILES_AND_THEIR_DELETES)
     table = catalog.load_table(TABLE)
     written = table.current_snapshot()
     assert written is not None
