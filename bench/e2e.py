@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench.infra import Coordinator, Postgres, latency_stats, spread
 from bench.source_limit import raw_read_rate
@@ -217,8 +217,7 @@ def _row_count(table: Any) -> int:
     return 0 if snapshot is None else int(snapshot_properties(snapshot).get("total-records", "0"))
 
 
-@dataclass(frozen=True)
-class Pipeline:
+class Pipeline(NamedTuple):
     """What a Spark bench streams through: a broker, the coordinator process, its catalog and a Spark session."""
 
     bootstrap: str
@@ -251,6 +250,13 @@ def start_pipeline(stack: ExitStack, root: Path, database_url: str, place: Place
     return Pipeline(bootstrap, coordinator, catalog, spark)
 
 
+def local_pipeline(stack: ExitStack, root: Path, postgres: Postgres, database: str) -> Pipeline:
+    """start_pipeline on a new database of `postgres`, with a local warehouse and Spark session."""
+    database_url = postgres.new_database(database)
+    place = local_place(database_url, root / "coordinator")
+    return start_pipeline(stack, root, database_url, place, root / "coordinator", "sink-coordinator-bench")
+
+
 def local_place(database_url: str, coordinator_data: Path) -> Place:
     warehouse = coordinator_data / "warehouse"
     warehouse.mkdir(parents=True, exist_ok=True)
@@ -281,12 +287,8 @@ def run(
             place = Place(cluster.master_url, catalog_properties, store.properties)
         else:
             place = local_place(database_url, root / "e2e")
-        pipeline = start_pipeline(stack, root, database_url, place, root / "e2e", "sink-coordinator-bench")
-        bootstrap, coordinator, catalog, spark = (
-            pipeline.bootstrap,
-            pipeline.coordinator,
-            pipeline.catalog,
-            pipeline.spark,
+        bootstrap, coordinator, catalog, spark = start_pipeline(
+            stack, root, database_url, place, root / "e2e", "sink-coordinator-bench"
         )
         rows: list[dict[str, Any]] = []
         # Warm-up: JVM, Python workers, the source and both sinks once on a small topic.

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.e2e import ORDER_DDL, local_place, start_pipeline
+from bench.e2e import ORDER_DDL, local_pipeline
 from bench.infra import Postgres, machine_facts, spread, temp_root
 from spark_writer.kafka.offsets import OffsetRange, Offsets, PartitionKey, offsets_from_json
 
@@ -140,15 +140,7 @@ def measure(root: Path, table_records: int, reads: int) -> dict[str, Any]:
     results: dict[str, Any] = {"machine": machine_facts(postgres)}
     with ExitStack() as stack:
         stack.callback(postgres.stop)
-        database_url = postgres.new_database("fresh")
-        place = local_place(database_url, root / "coordinator")
-        pipeline = start_pipeline(stack, root, database_url, place, root / "coordinator", "sink-coordinator-bench")
-        bootstrap, coordinator, catalog, spark = (
-            pipeline.bootstrap,
-            pipeline.coordinator,
-            pipeline.catalog,
-            pipeline.spark,
-        )
+        bootstrap, coordinator, catalog, spark = local_pipeline(stack, root, postgres, "fresh")
         topic = create_topic(bootstrap, PARTITIONS, prefix="bench")
         produce_records(
             bootstrap, topic, ((i % PARTITIONS, str(i).encode(), order_value(i)) for i in range(table_records))

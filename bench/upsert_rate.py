@@ -26,7 +26,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from bench.e2e import local_place, start_pipeline
+from bench.e2e import local_pipeline
 from bench.infra import Coordinator, Postgres, machine_facts, spread, temp_root
 
 RESULTS = Path(__file__).parent / "results"
@@ -105,15 +105,7 @@ def measure(root: Path, records: int, repetitions: int) -> dict[str, Any]:
     postgres = Postgres(root)
     with ExitStack() as stack:
         stack.callback(postgres.stop)
-        database_url = postgres.new_database("upsert_rate")
-        place = local_place(database_url, root / "coordinator")
-        pipeline = start_pipeline(stack, root, database_url, place, root / "coordinator", "sink-coordinator-bench")
-        bootstrap, coordinator, catalog, spark = (
-            pipeline.bootstrap,
-            pipeline.coordinator,
-            pipeline.catalog,
-            pipeline.spark,
-        )
+        bootstrap, coordinator, catalog, spark = local_pipeline(stack, root, postgres, "upsert_rate")
         # Warm-up: the JVM, the Python workers, both kinds of sink once.
         warm = stream(2_000, seed=0)
         warm_topic = produce(bootstrap, warm)
