@@ -52,23 +52,23 @@ def holding(paths: list[str]) -> list[bool]:
 
 
 def commit_before_the_newest_migration() -> tuple[str, str]:
-    """The commit just before the newest migration was added (the parent of the first commit holding it that ends at
-    the revision before), and that revision; skips the test when the checkout has no such history (an export, a
-    shallow clone)."""
+    """The newest commit of the checkout's history that holds the revision before the newest migration and not the
+    newest (the code of the release before: it runs on that revision), and that revision; skips the test when the
+    checkout has no such history (an export, a shallow clone).
+
+    The first commit holding the newest migration is no guide: it may have been written on a branch that started
+    before the revision before it existed (0016 was, beside 0015, and chained after it at the merge), so its parent
+    holds neither."""
     names = sorted(path.name for path in (ROOT / MIGRATIONS).glob("[0-9]*.py"))
     newest, previous = str(MIGRATIONS / names[-1]), str(MIGRATIONS / names[-2])
-    listed = git("rev-list", "--topo-order", "--reverse", "--parents", "HEAD")
+    listed = git("rev-list", "--topo-order", "HEAD")
     if listed.returncode != 0:
         pytest.skip(f"git history of the checkout is unavailable: {listed.stderr.decode().strip()}")
-    lines = [line.split() for line in listed.stdout.decode().splitlines()]
-    with_newest = holding([f"{commit}:{newest}" for commit, *_ in lines])
-    first = next((line for line, held in zip(lines, with_newest, strict=True) if held), None)
-    if first is not None:
-        parents = first[1:]
-        held = holding([f"{parent}:{path}" for parent in parents for path in (previous, newest)])
-        for index, parent in enumerate(parents):
-            if held[2 * index] and not held[2 * index + 1]:
-                return parent, Path(previous).name[:4]
+    commits = listed.stdout.decode().split()
+    held = holding([f"{commit}:{path}" for commit in commits for path in (previous, newest)])
+    for index, commit in enumerate(commits):
+        if held[2 * index] and not held[2 * index + 1]:
+            return commit, Path(previous).name[:4]
     pytest.skip(f"git history of the checkout does not reach the commit before {newest} (a shallow clone?)")
 
 
