@@ -35,6 +35,7 @@ from pyiceberg.table import Table
 
 from bench.infra import machine_facts, spread, temp_root
 from bench.key_resolution import RESULTS, build_table, timed, upsert_epoch
+from coordinator_service.engine.maintenance_steps.compaction import policy_plan
 from coordinator_service.settings.maintenance import MaintenancePolicy
 from coordinator_service.tables import compaction_plans as cp
 from coordinator_service.tables import table_maintenance as tm
@@ -69,16 +70,7 @@ def files_of(table: Table) -> dict[str, int]:
 
 def plan(table: Table, policy: MaintenancePolicy) -> list[list[tm.SmallFile]]:
     """What a maintenance run with `policy` would compact (nothing held)."""
-    return cp.compaction_plan(
-        cp.compaction_input(table),
-        set(),
-        target_bytes=policy.compaction_target_file_bytes,
-        min_files=policy.compaction_min_files,
-        max_bytes=policy.compaction_max_bytes_per_run,
-        spec_id=tm.default_spec_id(table),
-        delete_files=policy.compaction_delete_files_min,
-        deleted_rows_ratio=policy.compaction_deleted_rows_ratio,
-    )
+    return policy_plan(table, cp.compaction_input(table), policy, set())
 
 
 def compact(table: Table, policy: MaintenancePolicy) -> tuple[Table, float, cp.Rewrite]:

@@ -9,6 +9,7 @@ partition with equality delete files (another engine's)."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Collection
 
 import structlog
 
@@ -30,15 +31,13 @@ from coordinator_service.tables.format import LoadedTable
 log = structlog.get_logger(__name__)
 
 
-async def compaction_plan(
-    database: Database, table: LoadedTable, policy: MaintenancePolicy
-) -> tuple[cp.CompactionInput, list[list[tm.SmallFile]]]:
-    """The table's live files, and the groups of small files a compaction of it would merge now (what a run
-    compacts, and what a commit's check counts); the log is asked which files are held only when there are any."""
-    files = await in_catalog(cp.compaction_input, table)
-    plan = functools.partial(
-        cp.compaction_plan,
+def policy_plan(
+    table: LoadedTable, files: cp.CompactionInput, policy: MaintenancePolicy, held: Collection[str]
+) -> list[list[tm.SmallFile]]:
+    """The groups of small files `policy` compacts among the table's live `files`, those in `held` left alone."""
+    return cp.compaction_plan(
         files,
+        held,
         target_bytes=policy.compaction_target_file_bytes,
         min_files=policy.compaction_min_files,
         max_bytes=policy.compaction_max_bytes_per_run,
@@ -46,6 +45,15 @@ async def compaction_plan(
         delete_files=policy.compaction_delete_files_min,
         deleted_rows_ratio=policy.compaction_deleted_rows_ratio,
     )
+
+
+async def compaction_plan(
+    database: Database, table: LoadedTable, policy: MaintenancePolicy
+) -> tuple[cp.CompactionInput, list[list[tm.SmallFile]]]:
+    """The table's live files, and the groups of small files a compaction of it would merge now (what a run
+    compacts, and what a commit's check counts); the log is asked which files are held only when there are any."""
+    files = await in_catalog(cp.compaction_input, table)
+    plan = functools.partial(policy_plan, table, files, policy)
     if not plan(set()):
         return files, []  # holding files back only takes more away
     async with database.transaction() as session:
