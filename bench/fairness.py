@@ -1,10 +1,10 @@
 """Part 6, fairness: many busy sinks and few commit slots; every sink's checkpoint -> COMMITTED stays bounded.
 
 `sinks` sinks (a table each) each pre-commit a one-file epoch every `batch_seconds` and report its checkpoint
-(CommitCheckpoint without waiting), as a Spark writer does. The coordinator runs with COMMIT_CONCURRENCY and
-COMMIT_INTERVAL_SECONDS as the chart's production values set them. An epoch's latency runs from its
-CommitCheckpoint call to the commit time of the snapshot that holds it (the snapshot's own timestamp: same
-machine, same clock), so measuring adds no load. The baseline, in the same run: one sink alone on the same
+(CommitCheckpoint without waiting), as a Spark writer does (`stream_epochs`, which part 16, capacity, shares).
+The coordinator runs with COMMIT_CONCURRENCY and COMMIT_INTERVAL_SECONDS as the chart's production values set
+them. An epoch's latency runs from its CommitCheckpoint call to the commit time of the snapshot that holds it
+(`checkpoint_to_commit`). The baseline, in the same run: one sink alone on the same
 settings. Reported: each sink's p50/p99, the worst sink's p99 against the baseline's p99, and the interval.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +26,30 @@ from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.contract.rpc import sink_coordinator_pb2_grpc as pb_grpc
 
 
-async def _stream(
-    stub: pb_grpc.SinkCoordinatorAsyncStub, sink: str, seconds: float, batch_seconds: float, offset: float
-) -> dict[int, float]:
-    """One writer: an epoch per batch for `seconds`; returns each epoch's checkpoint time (wall clock)."""
-    registration = await register_orders_sink(stub, sink, f"bench.{sink.replace('-', '_')}")
+@dataclass
+class EpochStream:
+    """What one writer did: when it reported each epoch's checkpoint (wall clock), and how late each epoch
+    started against its schedule (a writer whose calls take longer than its trigger falls behind)."""
+
+    checkpoints: dict[int, float] = field(default_factory=dict)
+    lags: list[float] = field(default_factory=list)
+
+
+async def stream_epochs(
+    stub: pb_grpc.SinkCoordinatorAsyncStub,
+    sink: str,
+    registration: pb.RegisterWriterResponse,
+    *,
+    seconds: float,
+    batch_seconds: float,
+    offset: float,
+) -> EpochStream:
+    """One registered writer at a fixed trigger: a one-file epoch pre-committed and its checkpoint reported (without
+    waiting) every `batch_seconds` for `seconds`, starting `offset` seconds in; the last epoch is then waited for,
+    so the run ends with every epoch in the table."""
     term = registration.writer_term
     sample = write_orders_file(registration.table_location, 10)
-    checkpoints: dict[int, float] = {}
+    stream = EpochStream()
     await asyncio.sleep(offset)  # the writers' batches are spread over the batch interval, as real streams are
     started = time.monotonic()
     epoch = 0
@@ -40,25 +57,26 @@ async def _stream(
         due = started + epoch * batch_seconds
         if due > time.monotonic():
             await asyncio.sleep(due - time.monotonic())
+        stream.lags.append(time.monotonic() - due)
         await stub.PreCommit(
             pb.PreCommitRequest(
                 sink=sink, epoch=epoch, writer_term=term, data_files=[pb.DataFile(path=linked_copy(sample))]
             ),
             timeout=60,
         )
-        checkpoints[epoch] = time.time()
+        stream.checkpoints[epoch] = time.time()
         await stub.CommitCheckpoint(pb.CommitCheckpointRequest(sink=sink, epoch=epoch, writer_term=term), timeout=60)
         epoch += 1
-    # The last epoch in the table: the run ends once every sink is drained.
     await stub.CommitCheckpoint(
-        pb.CommitCheckpointRequest(sink=sink, epoch=epoch - 1, writer_term=term, wait=True), timeout=300
+        pb.CommitCheckpointRequest(sink=sink, epoch=epoch - 1, writer_term=term, wait=True), timeout=600
     )
-    return checkpoints
+    return stream
 
 
-def _latencies(catalog: Any, sink: str, checkpoints: dict[int, float]) -> list[float]:
-    """Seconds from each epoch's checkpoint to the commit of the snapshot that holds it."""
-    table = catalog.load_table(f"bench.{sink.replace('-', '_')}")
+def checkpoint_to_commit(catalog: Any, sink: str, checkpoints: dict[int, float]) -> list[float]:
+    """Seconds from each epoch's checkpoint to the commit of the snapshot that holds it (the snapshot's own
+    timestamp: same machine, same clock, so measuring adds no load)."""
+    table = catalog.load_table(sink_table(sink))
     committed = sorted(
         (int(snapshot_properties(snapshot)[MARKER_EPOCH]), snapshot.timestamp_ms / 1000.0)
         for snapshot in table.snapshots()
@@ -69,6 +87,10 @@ def _latencies(catalog: Any, sink: str, checkpoints: dict[int, float]) -> list[f
         holder = next(at for marker, at in committed if marker >= epoch)
         latencies.append(max(0.0, holder - checkpointed_at))
     return latencies
+
+
+def sink_table(sink: str) -> str:
+    return f"bench.{sink.replace('-', '_')}"
 
 
 async def _measure(
@@ -88,16 +110,27 @@ async def _measure(
         async with grpc.aio.insecure_channel(coordinator.target) as channel:
             stub = pb_grpc.SinkCoordinatorStub(channel)
             names = [f"{name}-{index}" for index in range(sinks)]
+            registrations = [await register_orders_sink(stub, sink, sink_table(sink)) for sink in names]
             runs = await asyncio.gather(
                 *(
-                    _stream(stub, sink, seconds, batch_seconds, offset=batch_seconds * index / sinks)
-                    for index, sink in enumerate(names)
+                    stream_epochs(
+                        stub,
+                        sink,
+                        registration,
+                        seconds=seconds,
+                        batch_seconds=batch_seconds,
+                        offset=batch_seconds * index / sinks,
+                    )
+                    for index, (sink, registration) in enumerate(zip(names, registrations, strict=True))
                 )
             )
     finally:
         coordinator.stop()
     catalog = load_catalog("default", type="sql", uri=database_url, warehouse=coordinator.warehouse.as_uri())
-    per_sink = {sink: latency_stats(_latencies(catalog, sink, run)) for sink, run in zip(names, runs, strict=True)}
+    per_sink = {
+        sink: latency_stats(checkpoint_to_commit(catalog, sink, run.checkpoints))
+        for sink, run in zip(names, runs, strict=True)
+    }
     p99s = [stats["p99_ms"] for stats in per_sink.values()]
     return {
         "sinks": sinks,
