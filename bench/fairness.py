@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,17 @@ class EpochStream:
 
     checkpoints: dict[int, float] = field(default_factory=dict)
     lags: list[float] = field(default_factory=list)
+    # Calls answered UNAVAILABLE (an overloaded server refuses new streams) and sent again, as a writer does.
+    refused: int = 0
+
+    async def call(self, method: Callable[..., Awaitable[Any]], request: Any, deadline_seconds: float) -> Any:
+        while True:
+            try:
+                return await method(request, timeout=deadline_seconds)
+            except grpc.aio.AioRpcError as error:
+                if error.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                self.refused += 1
 
 
 async def stream_epochs(
@@ -58,17 +70,19 @@ async def stream_epochs(
         if due > time.monotonic():
             await asyncio.sleep(due - time.monotonic())
         stream.lags.append(time.monotonic() - due)
-        await stub.PreCommit(
-            pb.PreCommitRequest(
-                sink=sink, epoch=epoch, writer_term=term, data_files=[pb.DataFile(path=linked_copy(sample))]
-            ),
-            timeout=60,
+        files = [pb.DataFile(path=linked_copy(sample))]
+        await stream.call(
+            stub.PreCommit, pb.PreCommitRequest(sink=sink, epoch=epoch, writer_term=term, data_files=files), 60
         )
         stream.checkpoints[epoch] = time.time()
-        await stub.CommitCheckpoint(pb.CommitCheckpointRequest(sink=sink, epoch=epoch, writer_term=term), timeout=60)
+        await stream.call(
+            stub.CommitCheckpoint, pb.CommitCheckpointRequest(sink=sink, epoch=epoch, writer_term=term), 60
+        )
         epoch += 1
-    await stub.CommitCheckpoint(
-        pb.CommitCheckpointRequest(sink=sink, epoch=epoch - 1, writer_term=term, wait=True), timeout=600
+    await stream.call(
+        stub.CommitCheckpoint,
+        pb.CommitCheckpointRequest(sink=sink, epoch=epoch - 1, writer_term=term, wait=True),
+        600,
     )
     return stream
 

@@ -55,6 +55,7 @@ def _step(sinks: int, passed: bool) -> dict[str, Any]:
         "epochs": sinks * 40,
         "checkpoint_to_commit": latency_stats([5.0, 12.0]),
         "writer_lag": latency_stats([0.01, 0.2]),
+        "refused_calls": 0,
         "coordinator_cpu_ms_per_sink_second": 4.0,
         "database_cpu_ms_per_sink_second": 1.0,
         "writers_cpu_ms_per_sink_second": 1.5,
