@@ -8,13 +8,17 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pyiceberg.catalog import Catalog
 
+from coordinator_service.contract.client import CoordinatorRpcError
+from coordinator_service.contract.views import PreCommitOutcome
 from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, orders, table_order_ids, write_parquet
 
 SCHEMA = ORDERS.serialize().to_pybytes()
@@ -35,6 +39,15 @@ def serving_pids(coordinator: CoordinatorProcess) -> dict[int, int]:
         record["process"]: record["pid"]
         for record in coordinator.drain_logs()
         if record.get("event") == "serving process started"
+    }
+
+
+def logged_by(coordinator: CoordinatorProcess, event: str, sink: str) -> set[int]:
+    """The processes that logged `event` of `sink`."""
+    return {
+        record["process"]
+        for record in coordinator.drain_logs()
+        if record.get("event") == event and record.get("sink") == sink
     }
 
 
@@ -64,10 +77,7 @@ def test_processes_serve_one_writer_through_one_port(
     with coordinator.client() as client:
         assert client.commit_checkpoint("spread", 19, term, wait=True).committed_epoch == 19
     assert table_order_ids(catalog.load_table("shop.spread")) == list(range(200))
-    persisted_by = {
-        record.get("process") for record in coordinator.drain_logs() if record.get("event") == "pre-commit persisted"
-    }
-    assert persisted_by == set(range(PROCESSES))
+    assert logged_by(coordinator, "pre-commit persisted", "spread") == set(range(PROCESSES))
 
 
 def test_a_stream_stays_exactly_once_when_a_process_is_killed(
@@ -91,6 +101,55 @@ def test_a_stream_stays_exactly_once_when_a_process_is_killed(
         assert client.commit_checkpoint("killed", 29, term, wait=True).committed_epoch == 29
     assert table_order_ids(catalog.load_table("shop.killed")) == list(range(300))
     assert coordinator.process is not None and coordinator.process.poll() is None
+
+
+def test_a_writer_restarted_through_another_process_fences_its_old_term(
+    coordinator_factory: Callable[..., CoordinatorProcess], catalog: Catalog
+) -> None:
+    """Each call over a connection of its own: a writer's restart registered by one process fences the old term on
+    every other (what a process read of the sink before is not trusted)."""
+    coordinator = start_processes(coordinator_factory)
+    term, location = register(coordinator, "restarted")
+    for epoch in range(8):
+        stream(coordinator, "restarted", range(epoch, epoch + 1), term, location)
+        with coordinator.client() as client:
+            new_term = client.register_writer("restarted", "shop.restarted", epoch, arrow_schema=SCHEMA).writer_term
+        assert new_term > term
+        with coordinator.client() as client, pytest.raises(CoordinatorRpcError) as fenced:
+            client.pre_commit("restarted", epoch + 1, term, [write_parquet(location, orders(0, 1))])
+        assert fenced.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        term = new_term
+    with coordinator.client() as client:
+        assert client.commit_checkpoint("restarted", 7, term, wait=True).committed_epoch == 7
+    assert table_order_ids(catalog.load_table("shop.restarted")) == list(range(80))
+    assert logged_by(coordinator, "checkpoint recorded", "restarted") == set(range(PROCESSES))
+
+
+def test_a_multi_writer_epoch_completes_across_processes(
+    coordinator_factory: Callable[..., CoordinatorProcess], catalog: Catalog
+) -> None:
+    """Two writers of one epoch, each over its own connection: wherever their parts land, both calls answer
+    PERSISTED and the epoch is committed once with both parts."""
+    coordinator = start_processes(coordinator_factory)
+    with coordinator.client() as client:
+        writer = client.register_writer("pair", "shop.pair", -1, writer_count=2, arrow_schema=SCHEMA)
+
+    def part(epoch: int, writer_id: int) -> PreCommitOutcome:
+        rows = orders(epoch * 10 + writer_id * 5, 5)
+        with coordinator.client() as client:
+            files = [write_parquet(writer.table_location, rows)]
+            return client.pre_commit("pair", epoch, writer.writer_term, files, writer_id=writer_id).outcome
+
+    with ThreadPoolExecutor(2) as pool:
+        for epoch in range(10):
+            outcomes = list(pool.map(part, [epoch, epoch], [0, 1]))
+            assert outcomes == [PreCommitOutcome.PERSISTED] * 2
+            with coordinator.client() as client:
+                client.commit_checkpoint("pair", epoch, writer.writer_term)
+    with coordinator.client() as client:
+        assert client.commit_checkpoint("pair", 9, writer.writer_term, wait=True).committed_epoch == 9
+    assert table_order_ids(catalog.load_table("shop.pair")) == list(range(100))
+    assert logged_by(coordinator, "checkpoint recorded", "pair") == set(range(PROCESSES))
 
 
 def serve_beside(
