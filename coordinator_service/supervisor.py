@@ -39,6 +39,7 @@ import structlog
 from pydantic import SecretStr
 
 from coordinator_service import listening
+from coordinator_service.metrics.scrape import METRICS_DIRECTORY_VARIABLE
 from coordinator_service.settings import Settings
 
 log = structlog.get_logger(__name__)
@@ -46,8 +47,6 @@ log = structlog.get_logger(__name__)
 # The variable that makes `serve` a serving process of a supervisor (JSON of ServingProcess). Not a setting: the
 # supervisor sets it.
 PROCESS_VARIABLE: Final = "_SINK_COORDINATOR_PROCESS"
-# prometheus_client's multiprocess mode: the directory of every process's metric files.
-METRICS_DIRECTORY_VARIABLE: Final = "PROMETHEUS_MULTIPROC_DIR"
 
 # The wait before a process that died is started again, doubling up to the longest while it keeps dying; a process
 # that served STEADY_SECONDS before it died waits the first again.

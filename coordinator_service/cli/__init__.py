@@ -35,7 +35,6 @@ from coordinator_service.contract.errors import (
 )
 from coordinator_service.contract.logs import configure_logging
 from coordinator_service.settings import Settings
-from coordinator_service.supervisor import ServingProcess, supervise
 from coordinator_service.tables.warehouse import serving_refusal
 
 if TYPE_CHECKING:  # the service's modules load in the commands that use them (see the module)
@@ -64,6 +63,8 @@ def serve(settings: Settings) -> None:
     refusal = serving_refusal(settings)
     if refusal is not None:
         refuse("invalid configuration", ValueError(refusal), code=2)
+    from coordinator_service.supervisor import ServingProcess, supervise
+
     process = ServingProcess.from_environment()
     try:
         if process is not None:  # one of a supervisor's serving processes: its ports are the supervisor's

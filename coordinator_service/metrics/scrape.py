@@ -21,10 +21,14 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from coordinator_service import metrics
-from coordinator_service.supervisor import METRICS_DIRECTORY_VARIABLE
 
 if TYPE_CHECKING:
     pass
+
+
+# prometheus_client's multiprocess mode: the directory of every serving process's metric files
+# (coordinator_service.supervisor sets it).
+METRICS_DIRECTORY_VARIABLE: Final = "PROMETHEUS_MULTIPROC_DIR"
 
 
 @dataclass(frozen=True)

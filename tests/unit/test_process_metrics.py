@@ -25,7 +25,7 @@ from coordinator_service.contract.errors import (
     MetastoreUnavailable,
 )
 from coordinator_service.engine.commit_retries import retry_cause
-from coordinator_service.supervisor import METRICS_DIRECTORY_VARIABLE
+from coordinator_service.metrics.scrape import METRICS_DIRECTORY_VARIABLE
 
 
 def raised_from(error: Exception, cause: BaseException) -> Exception:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from typer.testing import CliRunner, Result
 
-from coordinator_service import app, cli, failpoints
+from coordinator_service import app, cli, failpoints, supervisor
 from coordinator_service.cli import flags as cli_flags
 from coordinator_service.contract.logs import LogLevel
 from coordinator_service.failpoints import Action, Failpoint, FailpointError
@@ -68,7 +68,7 @@ def served() -> Iterator[Served]:
     run = Served()
     with (
         mock.patch.object(app, "serve", run.serve),
-        mock.patch.object(cli, "supervise", run.supervise),
+        mock.patch.object(supervisor, "supervise", run.supervise),
         mock.patch.object(cli_flags, "configure_logging"),  # the test process keeps its logging
     ):
         yield run
