@@ -46,7 +46,8 @@ def configure_logging(level: LogLevel, log_format: LogFormat, *, process: int | 
     structlog.configure(
         processors=[*shared, structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(numeric_level),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        # One write a line (message and newline): the lines of processes sharing stderr never mix.
+        logger_factory=structlog.WriteLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
     # Libraries log through the standard library; render them the same way.
