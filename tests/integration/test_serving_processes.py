@@ -257,3 +257,20 @@ def test_a_process_that_cannot_start_ends_the_supervisor(database_url: str, tmp_
     assert result.returncode == 1, result.stderr
     assert "run `sink-coordinator migrate`" in " ".join(result.stderr.split())
     assert "starting it again" not in result.stderr
+
+
+def test_the_embedded_metastore_serves_every_process(tmp_path: Path) -> None:
+    """No database URL: the supervisor starts and migrates the embedded PostgreSQL once, and its processes use it."""
+    coordinator = CoordinatorProcess(database_url=None, data_dir=tmp_path / ".sink-coordinator")
+    coordinator.start(cwd=tmp_path, SINK_COORDINATOR_PROCESSES=str(PROCESSES))
+    try:
+        for index in range(PROCESSES):
+            coordinator.wait_for_log("sink-coordinator serving", timeout=60, process=index)
+        assert [record["event"] for record in coordinator.logs].count("embedded metastore migrated") == 1
+        term, location = register(coordinator, "local")
+        stream(coordinator, "local", range(4), term, location)
+        with coordinator.client() as client:
+            assert client.commit_checkpoint("local", 3, term, wait=True).committed_epoch == 3
+    finally:
+        coordinator.stop()
+    assert coordinator.process is not None and coordinator.process.returncode == 0
