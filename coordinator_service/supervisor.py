@@ -13,8 +13,8 @@ verification spread over them by the per-sink commit lock and the leases, and th
   coordinator's counters and histograms (coordinator_service.metrics.scrape).
 - The embedded metastore is started and migrated here, once, and the processes are given its URL.
 - A process that dies (a signal, or an exit after it served) is started again after a back-off; one that exits by
-  itself before it served could not start (its own line says why: a port, the configuration, the schema), and the
-  supervisor stops the others and exits with its status instead of starting it again and again.
+  itself before it served could not start (a port, the configuration, the schema: it writes why to its pipe), and
+  the supervisor stops the others and ends with that refusal, one line, instead of starting it again and again.
 - SIGTERM or SIGINT: each process is told SIGTERM and stops as a single coordinator does (drain, bounded close);
   the supervisor exits 0 once all have.
 """
@@ -39,6 +39,7 @@ import structlog
 from pydantic import SecretStr
 
 from coordinator_service import listening
+from coordinator_service.contract.errors import CannotServe
 from coordinator_service.metrics.scrape import METRICS_DIRECTORY_VARIABLE
 from coordinator_service.settings import Settings
 
@@ -91,23 +92,32 @@ class ServingProcess:
             os.kill(os.getpid(), signal.SIGTERM)
 
     def tell_serving(self) -> None:
+        self._tell(_SERVING)
+
+    def tell_refusal(self, error: BaseException) -> None:
+        """Why this process cannot serve: the supervisor ends with it."""
+        self._tell(str(error))
+
+    def _tell(self, told: str) -> None:
         with contextlib.suppress(OSError):  # the supervisor is gone: it will not ask
-            os.write(self.serving_fd, b"serving\n")
+            os.write(self.serving_fd, told.encode())
             os.close(self.serving_fd)
+
+
+# What a serving process writes to its pipe once it serves (anything else: why it cannot).
+_SERVING: Final = "serving"
 
 
 class StartFailed(Exception):
     """A serving process exited by itself before it served: starting it again would fail again."""
 
-    def __init__(self, index: int, status: int) -> None:
-        super().__init__(f"serving process {index} could not start (exit status {status}): its line above says why")
-        self.index = index
-        self.status = status
+    def __init__(self, index: int, status: int, told: str) -> None:
+        super().__init__(told or f"serving process {index} exited with status {status} before it served: see its log")
 
 
-async def supervise(settings: Settings, arguments: list[str]) -> int:
+async def supervise(settings: Settings, arguments: list[str]) -> None:
     """Run settings.processes serving processes of `arguments` (the command line after the program) until SIGTERM or
-    SIGINT; the exit status: 0, or that of a process that could not start."""
+    SIGINT. CannotServe: a port is taken, or a process could not start (its refusal)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -126,7 +136,7 @@ async def supervise(settings: Settings, arguments: list[str]) -> int:
             grpc=f"{settings.bind_host}:{grpc_port}",
             http=f"{settings.bind_host}:{http_port}",
         )
-        return await supervisor.run(settings.processes)
+        await supervisor.run(settings.processes)
     finally:
         for sock in reserved:
             sock.close()
@@ -163,18 +173,16 @@ class _Supervisor:
         self._stop = stop
         self._running: dict[int, asyncio.subprocess.Process] = {}
 
-    async def run(self, processes: int) -> int:
+    async def run(self, processes: int) -> None:
         keepers = [asyncio.create_task(self._keep(index), name=f"process-{index}") for index in range(processes)]
         stopped = asyncio.create_task(self._stop.wait())
-        status = 0
         try:
             done, _ = await asyncio.wait({stopped, *keepers}, return_when=asyncio.FIRST_COMPLETED)
             for task in done - {stopped}:
                 error = task.exception()
                 if isinstance(error, StartFailed):
-                    log.error("a serving process could not start; stopping the others", error=str(error))
-                    status = error.status
-                elif error is not None:
+                    raise CannotServe(str(error)) from None  # said last, once the others stopped
+                if error is not None:
                     raise error
         finally:
             self._stop.set()
@@ -185,18 +193,18 @@ class _Supervisor:
             await asyncio.gather(*keepers, return_exceptions=True)
             stopped.cancel()
             log.info("sink-coordinator stopped")
-        return status
 
     async def _keep(self, index: int) -> None:
         """Keep serving process `index` running until the stop; StartFailed when it cannot start."""
         wait = FIRST_RESTART_SECONDS
         while not self._stop.is_set():
             started = time.monotonic()
-            status, served = await self._run(index)
+            status, told = await self._run(index)
+            served = told == _SERVING
             if self._stop.is_set():
                 return
             if status > 0 and not served:
-                raise StartFailed(index, status)
+                raise StartFailed(index, status, told)
             if time.monotonic() - started >= STEADY_SECONDS:
                 wait = FIRST_RESTART_SECONDS
             log.error(
@@ -210,10 +218,13 @@ class _Supervisor:
                 await asyncio.wait_for(self._stop.wait(), wait)
             wait = min(wait * 2, LONGEST_RESTART_SECONDS)
 
-    async def _run(self, index: int) -> tuple[int, bool]:
-        """Run process `index` once: its exit status (negative: the signal that ended it), and whether it served."""
+    async def _run(self, index: int) -> tuple[int, str]:
+        """Run process `index` once: its exit status (negative: the signal that ended it), and what it told (serving,
+        or why it cannot)."""
         serving_read, serving_write = os.pipe()
-        told = ServingProcess(index, self._grpc_port, self._http_port, serving_write, os.getpid(), self._database_url)
+        serving = ServingProcess(
+            index, self._grpc_port, self._http_port, serving_write, os.getpid(), self._database_url
+        )
         try:
             process = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -222,7 +233,7 @@ class _Supervisor:
                 *self._arguments,
                 env={
                     **os.environ,
-                    PROCESS_VARIABLE: json.dumps(asdict(told)),
+                    PROCESS_VARIABLE: json.dumps(asdict(serving)),
                     METRICS_DIRECTORY_VARIABLE: self._metrics_directory,
                 },
                 pass_fds=(serving_write,),
@@ -239,11 +250,11 @@ class _Supervisor:
             try:
                 status = await _exit_after_stop(process, self._stop)
             finally:
-                served = bool(await reading)
+                told = (await reading).decode(errors="replace")
         finally:
             del self._running[index]
             _forget_process(self._metrics_directory, process.pid)
-        return status, served
+        return status, told
 
 
 async def _exit_after_stop(process: asyncio.subprocess.Process, stop: asyncio.Event) -> int:

@@ -72,7 +72,8 @@ def serve(settings: Settings) -> None:
             configure_logging(settings.log_level, settings.log_format, process=process.index)
             settings = process.settings(settings)
         elif settings.processes > 1:
-            raise typer.Exit(asyncio.run(supervise(settings, sys.argv[1:])))
+            asyncio.run(supervise(settings, sys.argv[1:]))
+            return
         else:
             # Said before the service loads (seconds): the service binds them for good (coordinator_service.app).
             listening.check_free(settings.bind_host, settings.http_port, "HTTP")
@@ -81,6 +82,9 @@ def serve(settings: Settings) -> None:
 
         asyncio.run(serve_forever(settings, process=process))
     except (SchemaNotCurrent, CannotServe) as error:
+        if process is not None:  # its supervisor says it, once
+            process.tell_refusal(error)
+            raise typer.Exit(1) from None
         refuse("cannot serve", error)
 
 

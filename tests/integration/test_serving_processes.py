@@ -3,6 +3,7 @@ the test's PostgreSQL, writers reaching them through one port."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -239,8 +240,8 @@ def test_a_scrape_of_any_process_has_the_whole_coordinators_counts(
 
 
 def test_a_process_that_cannot_start_ends_the_supervisor(database_url: str, tmp_path: Path) -> None:
-    """An unmigrated metastore: each process refuses it, and the supervisor exits with the refusal instead of
-    starting them again."""
+    """An unmigrated metastore: each process refuses it, and the supervisor ends with the refusal, its last line,
+    instead of starting them again."""
     result = subprocess.run(
         [sys.executable, "-m", "coordinator_service.cli", "serve", "--grpc-port", "0", "--http-port", "0"],
         capture_output=True,
@@ -251,12 +252,15 @@ def test_a_process_that_cannot_start_ends_the_supervisor(database_url: str, tmp_
             "HOME": str(Path.home()),
             "SINK_COORDINATOR_DATABASE_URL": database_url,
             "SINK_COORDINATOR_PROCESSES": str(PROCESSES),
-            "SINK_COORDINATOR_LOG_FORMAT": "console",
+            "SINK_COORDINATOR_LOG_FORMAT": "json",
         },
     )
     assert result.returncode == 1, result.stderr
-    assert "run `sink-coordinator migrate`" in " ".join(result.stderr.split())
-    assert "starting it again" not in result.stderr
+    lines = [json.loads(line) for line in result.stderr.splitlines()]  # every line JSON: no traceback
+    refusals = [line for line in lines if line["event"] == "cannot serve"]
+    assert refusals == [lines[-1]] and lines[-1]["level"] == "error", lines
+    assert "run `sink-coordinator migrate`" in lines[-1]["error"]
+    assert not [line for line in lines if "starting it again" in line["event"]]
 
 
 def test_the_embedded_metastore_serves_every_process(tmp_path: Path) -> None:

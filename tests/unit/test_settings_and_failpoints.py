@@ -57,10 +57,9 @@ class Served:
     async def serve(self, settings: Settings, *, process: object = None) -> None:
         self.settings.append(settings)
 
-    async def supervise(self, settings: Settings, arguments: list[str]) -> int:
+    async def supervise(self, settings: Settings, arguments: list[str]) -> None:
         self.supervised.append(settings)
         self.settings.append(settings)
-        return 0
 
 
 @pytest.fixture
