@@ -124,6 +124,8 @@ class Coordinator:
             # measures coalescing or maintenance sets its own).
             "SINK_COORDINATOR_COMMIT_INTERVAL_SECONDS": "0",
             "SINK_COORDINATOR_MAINTENANCE_ENABLED": "false",
+            # One serving process: the figures of a part do not depend on the machine's cores unless it says so.
+            "SINK_COORDINATOR_PROCESSES": "1",
             **self.env,
         }
         with self.log_path.open("ab") as log_file:

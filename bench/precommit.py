@@ -9,8 +9,10 @@ pending_sink_state (same server, same durability settings), with a row of the sa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,8 @@ from coordinator_service.contract.rpc import sink_coordinator_pb2_grpc as pb_grp
 from coordinator_service.log.database import libpq_url
 
 FILES_PER_SINK = 8
+# The writers' connections to the coordinator (writer w on connection w mod this).
+WRITER_CONNECTIONS = 8
 
 
 @dataclass
@@ -68,9 +72,14 @@ def _precommit_request(sinks: SinkSet, sink: str, with_file: bool) -> pb.PreComm
 
 
 async def drive_precommits(
-    stub: pb_grpc.SinkCoordinatorAsyncStub, sinks: SinkSet, concurrency: int, seconds: float, with_file: bool
+    stubs: Sequence[pb_grpc.SinkCoordinatorAsyncStub],
+    sinks: SinkSet,
+    concurrency: int,
+    seconds: float,
+    with_file: bool,
 ) -> dict[str, Any]:
-    """`concurrency` writers, writer w on sink w mod len(sinks), each pre-committing its next epoch in a loop."""
+    """`concurrency` writers, writer w on sink w mod len(sinks) and connection w mod len(stubs), each
+    pre-committing its next epoch in a loop."""
     latencies: list[float] = []
     errors: list[str] = []
     warmup_end = time.monotonic() + min(0.5, seconds / 4)
@@ -78,6 +87,7 @@ async def drive_precommits(
 
     async def writer(index: int) -> None:
         sink = sinks.names[index % len(sinks.names)]
+        stub = stubs[index % len(stubs)]
         while True:
             request = _precommit_request(sinks, sink, with_file)
             started = time.monotonic()
@@ -175,13 +185,22 @@ async def run(
 ) -> dict[str, Any]:
     database_url = postgres.new_database("precommit")
     coordinator = Coordinator(database_url, root / "precommit", env=coordinator_env or {}).start()
+    # Connections of their own (no shared subchannel), which the kernel spreads over the coordinator's serving
+    # processes when it has several.
+    channels = [
+        grpc.aio.insecure_channel(coordinator.target, options=[("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(WRITER_CONNECTIONS)
+    ]
     try:
-        async with grpc.aio.insecure_channel(coordinator.target) as channel:
-            stub = pb_grpc.SinkCoordinatorStub(channel)
+        async with contextlib.AsyncExitStack() as stack:
+            for channel in channels:
+                await stack.enter_async_context(channel)
+            stubs = [pb_grpc.SinkCoordinatorStub(channel) for channel in channels]
+            stub = stubs[0]
             sink_sets = {count: await register_sinks(stub, f"pc{count}", count) for count in sink_counts}
             # One pre-commit per sink set before measuring, so that the raw rows can copy a real metadata row.
             for sinks in sink_sets.values():
-                await drive_precommits(stub, sinks, 1, 0.2, True)
+                await drive_precommits(stubs, sinks, 1, 0.2, True)
             prepare_raw_table(database_url)
             metadata = sample_metadata(database_url)
             raw_ids = sink_ids(database_url, sink_sets[max(sink_counts)].names)
@@ -208,7 +227,7 @@ async def run(
                             with py_spy(coordinator.pid, profile or Path("unused"), profiled):
                                 cells[(mode, count, concurrency)].append(
                                     await drive_precommits(
-                                        stub, sink_sets[count], concurrency, seconds, mode == "one_file"
+                                        stubs, sink_sets[count], concurrency, seconds, mode == "one_file"
                                     )
                                 )
     finally:

@@ -76,10 +76,10 @@ async def precommit_on_big_log(database_url: str, data_dir: Path, *, seconds: fl
         async with grpc.aio.insecure_channel(coordinator.target) as channel:
             stub = pb_grpc.SinkCoordinatorStub(channel)
             sinks = await register_sinks(stub, "biglog", 1)
-            await drive_precommits(stub, sinks, 1, 0.3, True)
+            await drive_precommits([stub], sinks, 1, 0.3, True)
             return {
-                "c1": await drive_precommits(stub, sinks, 1, seconds, True),
-                "c8": await drive_precommits(stub, sinks, 8, seconds, True),
+                "c1": await drive_precommits([stub], sinks, 1, seconds, True),
+                "c8": await drive_precommits([stub], sinks, 8, seconds, True),
             }
     finally:
         coordinator.stop()

@@ -19,15 +19,19 @@ from coordinator_service.grpc_server import build_server
 from coordinator_service.runtime import Runtime
 from coordinator_service.settings import Settings
 from coordinator_service.startup import Startup
+from coordinator_service.supervisor import ServingProcess
 
 log = structlog.get_logger(__name__)
 
 GRACE_SECONDS = 5.0
 
 
-async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
+async def serve(
+    settings: Settings, stop: asyncio.Event | None = None, *, process: ServingProcess | None = None
+) -> None:
     """Listen, open the runtime once the metastore answers (answering probes and writers meanwhile), serve until
-    SIGTERM/SIGINT (or `stop` is set), then drain and close."""
+    SIGTERM/SIGINT (or `stop` is set), then drain and close. As one of a supervisor's serving `process`es, on the
+    ports it reserved (shared with its other processes), telling it once it serves."""
     failpoints.configure(settings.failpoints)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -35,16 +39,18 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         loop.add_signal_handler(signum, stop.set)
 
     tls_credentials = _grpc_tls_credentials(settings)
-    http_socket = listening.bind(settings.bind_host, settings.http_port, "HTTP")
+    shared = process is not None
+    http_socket = listening.bind(settings.bind_host, settings.http_port, "HTTP", shared=shared)
     try:
-        listening.check_free(settings.bind_host, settings.grpc_port, "gRPC")
+        if not shared:
+            listening.check_free(settings.bind_host, settings.grpc_port, "gRPC")
     except BaseException:
         http_socket.close()
         raise
     serving = Serving()
     startup = Startup(settings, told=serving.starting)
     grpc_server, health, grpc_port = build_server(
-        serving, f"{settings.bind_host}:{settings.grpc_port}", settings, tls_credentials
+        serving, f"{settings.bind_host}:{settings.grpc_port}", settings, tls_credentials, shared_port=shared
     )
     http_port = http_socket.getsockname()[1]
     switch = AppSwitch(create_starting_app(settings, lambda: startup.waiting))
@@ -99,6 +105,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
                 admin_auth=settings.admin_token is not None,
                 admin_read_auth=settings.admin_read_requires_token,
             )
+            if process is not None:
+                process.tell_serving()
             stopped = asyncio.create_task(stop.wait())
             await asyncio.wait({stopped, http_task}, return_when=asyncio.FIRST_COMPLETED)
             stopped.cancel()

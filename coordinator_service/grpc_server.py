@@ -20,7 +20,7 @@ from coordinator_service.contract.wire import to_message
 from coordinator_service.engine.protocol import Coordinator
 from coordinator_service.engine.writer_requests import PreCommitRequest, TableRequest
 from coordinator_service.grpc_gate import SERVICE_NAME, Serving, WriterGate
-from coordinator_service.listening import GRPC_EXCLUSIVE_PORT
+from coordinator_service.listening import grpc_port_option
 from coordinator_service.log.database import DATA_ERRORS, Database, unstorable
 from coordinator_service.settings import Settings
 from coordinator_service.settings.bounds import ENV_PREFIX
@@ -205,9 +205,12 @@ def build_server(
     bind_address: str,
     settings: Settings,
     tls_credentials: grpc.ServerCredentials | None = None,
+    *,
+    shared_port: bool = False,
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
     """The gRPC server with the coordinator, health and reflection services behind the writer gate; returns the
-    bound port, bound exclusively (coordinator_service.listening). Given a Serving still without its coordinator
+    bound port, bound exclusively, or `shared_port` with the supervisor's other serving processes
+    (coordinator_service.listening). Given a Serving still without its coordinator
     (the process starting), it answers every call but the health check UNAVAILABLE until Serving.open.
 
     With tls_credentials it serves TLS only (there is no plaintext port beside it). Calls beyond
@@ -236,7 +239,7 @@ def build_server(
             # A stream's window stays at its initial 64 KiB instead of growing with the link's bandwidth-delay
             # product: a body the gate refuses unread costs at most that much, whatever its size.
             ("grpc.http2.bdp_probe", 0),
-            GRPC_EXCLUSIVE_PORT,
+            grpc_port_option(shared_port),
         ],
     )
     pb_grpc.add_SinkCoordinatorServicer_to_server(SinkCoordinatorServicer(serving), server)

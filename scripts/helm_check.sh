@@ -475,6 +475,15 @@ local_warehouse_checked() {
   fi
 }
 
+# The serving processes a render gives each pod: config.processes, or its CPU request rounded up.
+processes_checked() {
+  local name=$1 want=$2
+  [[ -f "$WORK/$name.yaml" ]] || return 0
+  if ! grep -q "SINK_COORDINATOR_PROCESSES: \"$want\"" "$WORK/$name.yaml"; then
+    fail "$name: SINK_COORDINATOR_PROCESSES rendered: $(grep -o 'SINK_COORDINATOR_PROCESSES: .*' "$WORK/$name.yaml" || echo none), want \"$want\""
+  fi
+}
+
 auth_checked() {
   local name=$1; shift
   [[ -f "$WORK/$name.yaml" ]] || return 0  # not rendered: check_value_set reported why
@@ -725,6 +734,18 @@ scheduling_checked replicas-bare no-pdb none
 # One replica that asks for the budget anyway (NOTES.txt warns).
 check_value_set one-with-pdb --set "database.url=$DB_URL" "${CATALOG[@]}" "${SEED[@]}" --set podDisruptionBudget.enabled=true
 scheduling_checked one-with-pdb pdb none
+# Serving processes: one per CPU requested, rounded up, unless config.processes (or config.extra) says.
+processes_checked default 1
+check_value_set cpu-1500m --set "database.url=$DB_URL" "${CATALOG[@]}" "${SEED[@]}" --set resources.requests.cpu=1500m
+processes_checked cpu-1500m 2
+check_value_set cpu-3 --set "database.url=$DB_URL" "${CATALOG[@]}" "${SEED[@]}" --set resources.requests.cpu=3
+processes_checked cpu-3 3
+check_value_set processes-set --set "database.url=$DB_URL" "${CATALOG[@]}" "${SEED[@]}" \
+  --set resources.requests.cpu=3 --set config.processes=2
+processes_checked processes-set 2
+check_value_set processes-extra --set "database.url=$DB_URL" "${CATALOG[@]}" "${SEED[@]}" \
+  --set-string config.extra.SINK_COORDINATOR_PROCESSES=4
+processes_checked processes-extra 4
 check_shipped_rules_fire
 check_in_cluster
 
@@ -741,6 +762,9 @@ check_rejected warehouse-as-a-path "is a path on the pod's file system" --set "d
   --set catalog.properties.warehouse=/tmp/warehouse
 check_rejected allow-local-warehouse-not-a-boolean "allowLocalWarehouse" --set "database.url=$DB_URL" "${CATALOG[@]}" \
   --set-string catalog.allowLocalWarehouse=yes
+check_rejected no-processes "config.processes" --set "database.url=$DB_URL" "${CATALOG[@]}" --set config.processes=0
+check_rejected too-many-processes "config.processes" --set "database.url=$DB_URL" "${CATALOG[@]}" \
+  --set config.processes=1000
 check_rejected bad-log-format "logFormat" --set "database.url=$DB_URL" "${CATALOG[@]}" --set config.logFormat=xml
 check_rejected url-and-existing-secret "leave database.url" --set "database.url=$DB_URL" "${CATALOG[@]}" --set existingSecret=s
 check_rejected non-psycopg-url "database.url" --set database.url=postgres://u:p@h/db

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import getpass
 import socket
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -32,6 +33,7 @@ from coordinator_service.contract.errors import (
     SchemaNotCurrent,
     quote,
 )
+from coordinator_service.contract.logs import configure_logging
 from coordinator_service.settings import Settings
 from coordinator_service.tables.warehouse import serving_refusal
 
@@ -61,14 +63,28 @@ def serve(settings: Settings) -> None:
     refusal = serving_refusal(settings)
     if refusal is not None:
         refuse("invalid configuration", ValueError(refusal), code=2)
+    from coordinator_service.supervisor import ServingProcess, supervise
+
+    process = ServingProcess.from_environment()
     try:
-        # Said before the service loads (seconds): the service binds them for good (coordinator_service.app).
-        listening.check_free(settings.bind_host, settings.http_port, "HTTP")
-        listening.check_free(settings.bind_host, settings.grpc_port, "gRPC")
+        if process is not None:  # one of a supervisor's serving processes: its ports are the supervisor's
+            process.follow_supervisor()
+            configure_logging(settings.log_level, settings.log_format, process=process.index)
+            settings = process.settings(settings)
+        elif settings.processes > 1:
+            asyncio.run(supervise(settings, sys.argv[1:]))
+            return
+        else:
+            # Said before the service loads (seconds): the service binds them for good (coordinator_service.app).
+            listening.check_free(settings.bind_host, settings.http_port, "HTTP")
+            listening.check_free(settings.bind_host, settings.grpc_port, "gRPC")
         from coordinator_service.app import serve as serve_forever
 
-        asyncio.run(serve_forever(settings))
+        asyncio.run(serve_forever(settings, process=process))
     except (SchemaNotCurrent, CannotServe) as error:
+        if process is not None:  # its supervisor says it, once
+            process.tell_refusal(error)
+            raise typer.Exit(1) from None
         refuse("cannot serve", error)
 
 

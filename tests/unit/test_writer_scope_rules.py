@@ -166,12 +166,14 @@ def test_a_bad_scope_flag_is_refused_without_showing_its_token(flags: list[str],
 def test_scopes_from_a_flag() -> None:
     taken: list[Settings] = []
 
-    async def serve(settings: Settings) -> None:  # the Settings serve's flags made, without serving
+    async def serve(settings: Settings, *, process: object) -> None:  # the Settings serve's flags made, not serving
         taken.append(settings)
 
     with mock.patch.object(app, "serve", serve), mock.patch.object(cli_flags, "configure_logging"):
         flag = json.dumps({"team-a": scope(["a-*"], ["team_a"])})
-        result = CliRunner().invoke(cli.app, ["serve", "--writer-scopes", flag], env={"COLUMNS": "300"})
+        result = CliRunner().invoke(
+            cli.app, ["serve", "--processes", "1", "--writer-scopes", flag], env={"COLUMNS": "300"}
+        )
     assert result.exit_code == 0, result.output
     (settings,) = taken
     assert settings.writer_scopes["team-a"].sinks == ["a-*"]

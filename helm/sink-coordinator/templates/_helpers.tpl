@@ -208,6 +208,25 @@ is only created after the pre-install hooks have run.
 {{- end }}
 {{- end }}
 
+{{/*
+Serving processes per pod (SINK_COORDINATOR_PROCESSES): config.processes, or the container's CPU request rounded
+up ("100m" and "1" are 1, "1500m" and "1.5" are 2), at least 1; none requested: 1.
+*/}}
+{{- define "sink-coordinator.processes" -}}
+{{- if not (kindIs "invalid" .Values.config.processes) }}
+{{- .Values.config.processes | int64 }}
+{{- else }}
+{{- $cpu := toString ((.Values.resources.requests | default dict).cpu | default "1") }}
+{{- $cores := 1.0 }}
+{{- if hasSuffix "m" $cpu }}
+{{- $cores = divf (trimSuffix "m" $cpu | float64) 1000 }}
+{{- else }}
+{{- $cores = $cpu | float64 }}
+{{- end }}
+{{- max 1 (ceil $cores | int64) }}
+{{- end }}
+{{- end }}
+
 {{- define "sink-coordinator.httpScheme" -}}
 {{- if .Values.tls.enabled }}HTTPS{{ else }}HTTP{{ end }}
 {{- end }}

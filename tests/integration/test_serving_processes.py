@@ -1,0 +1,280 @@
+"""Several serving processes behind one pair of ports (PROCESSES > 1, coordinator_service.supervisor): real processes on
+the test's PostgreSQL, writers reaching them through one port."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from pyiceberg.catalog import Catalog
+
+from coordinator_service.contract.client import CoordinatorRpcError
+from coordinator_service.contract.views import PreCommitOutcome
+from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, orders, table_order_ids, write_parquet
+
+SCHEMA = ORDERS.serialize().to_pybytes()
+PROCESSES = 2
+
+
+def start_processes(factory: Callable[..., CoordinatorProcess], **env: str) -> CoordinatorProcess:
+    """A coordinator of PROCESSES serving processes, each of them serving."""
+    coordinator = factory(SINK_COORDINATOR_PROCESSES=str(PROCESSES), **env)
+    for index in range(PROCESSES):
+        coordinator.wait_for_log("sink-coordinator serving", timeout=60, process=index)
+    return coordinator
+
+
+def serving_pids(coordinator: CoordinatorProcess) -> dict[int, int]:
+    """The pid of each serving process, as the supervisor last started it."""
+    return {
+        record["process"]: record["pid"]
+        for record in coordinator.drain_logs()
+        if record.get("event") == "serving process started"
+    }
+
+
+def logged_by(coordinator: CoordinatorProcess, event: str, sink: str) -> set[int]:
+    """The processes that logged `event` of `sink`."""
+    return {
+        record["process"]
+        for record in coordinator.drain_logs()
+        if record.get("event") == event and record.get("sink") == sink
+    }
+
+
+def stream(coordinator: CoordinatorProcess, sink: str, epochs: range, term: int, location: str) -> None:
+    """Each epoch's pre-commit and checkpoint over a connection of their own: the kernel hands each connection to
+    one of the processes, so one writer's consecutive calls land on any of them."""
+    for epoch in epochs:
+        with coordinator.client() as client:
+            client.pre_commit(sink, epoch, term, [write_parquet(location, orders(epoch * 10, 10))])
+        with coordinator.client() as client:
+            client.commit_checkpoint(sink, epoch, term, wait=epoch % 5 == 4)
+
+
+def register(coordinator: CoordinatorProcess, sink: str) -> tuple[int, str]:
+    with coordinator.client() as client:
+        writer = client.register_writer(sink, f"shop.{sink}", -1, arrow_schema=SCHEMA)
+    return writer.writer_term, writer.table_location
+
+
+def test_processes_serve_one_writer_through_one_port(
+    coordinator_factory: Callable[..., CoordinatorProcess], catalog: Catalog
+) -> None:
+    """Both processes take connections, and a writer whose calls alternate between them streams exactly once."""
+    coordinator = start_processes(coordinator_factory)
+    term, location = register(coordinator, "spread")
+    stream(coordinator, "spread", range(20), term, location)
+    with coordinator.client() as client:
+        assert client.commit_checkpoint("spread", 19, term, wait=True).committed_epoch == 19
+    assert table_order_ids(catalog.load_table("shop.spread")) == list(range(200))
+    assert logged_by(coordinator, "pre-commit persisted", "spread") == set(range(PROCESSES))
+
+
+def test_a_stream_stays_exactly_once_when_a_process_is_killed(
+    coordinator_factory: Callable[..., CoordinatorProcess], catalog: Catalog
+) -> None:
+    """kill -9 of a serving process mid-stream: the writer's calls go on (to the other process, retried), the
+    supervisor starts the killed one again, and every epoch is in the table once."""
+    coordinator = start_processes(coordinator_factory)
+    term, location = register(coordinator, "killed")
+    stream(coordinator, "killed", range(10), term, location)
+    killed = serving_pids(coordinator)[1]
+    os.kill(killed, signal.SIGKILL)
+    stream(coordinator, "killed", range(10, 20), term, location)
+    ended = coordinator.wait_for_log("a serving process ended unexpectedly; starting it again", process=1)
+    assert ended["exit_status"] == -signal.SIGKILL
+    restarted = coordinator.wait_for_log("serving process started", timeout=60, since=coordinator.logs.index(ended))
+    assert restarted["process"] == 1 and restarted["pid"] != killed
+    coordinator.wait_for_log("sink-coordinator serving", timeout=60, since=coordinator.logs.index(restarted), process=1)
+    stream(coordinator, "killed", range(20, 30), term, location)
+    with coordinator.client() as client:
+        assert client.commit_checkpoint("killed", 29, term, wait=True).committed_epoch == 29
+    assert table_order_ids(catalog.load_table("shop.killed")) == list(range(300))
+    assert coordinator.process is not None and coordinator.process.poll() is None
+
+
+def test_a_writer_restarted_through_another_process_fences_its_old_term(
+    coordinator_factory: Callable[..., CoordinatorProcess], catalog: Catalog
+) -> None:
+    """Each call over a connection of its own: a writer's restart registered by one process fences the old term on
+    every other (what a process read of the sink before is not trusted)."""
+    coordinator = start_processes(coordinator_factory)
+    term, location = register(coordinator, "restarted")
+    for epoch in range(8):
+        stream(coordinator, "restarted", range(epoch, epoch + 1), term, location)
+        with coordinator.client() as client:
+            new_term = client.register_writer("restarted", "shop.restarted", epoch, arrow_schema=SCHEMA).writer_term
+        assert new_term > term
+        with coordinator.client() as client, pytest.raises(CoordinatorRpcError) as fenced:
+            client.pre_commit("restarted", epoch + 1, term, [write_parquet(location, orders(0, 1))])
+        assert fenced.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        term = new_term
+    with coordinator.client() as client:
+        assert client.commit_checkpoint("restarted", 7, term, wait=True).committed_epoch == 7
+    assert table_order_ids(catalog.load_table("shop.restarted")) == list(range(80))
+    assert logged_by(coordinator, "checkpoint recorded", "restarted") == set(range(PROCESSES))
+
+
+def test_a_multi_writer_epoch_completes_across_processes(
+    coordinator_factory: Callable[..., CoordinatorProcess], catalog: Catalog
+) -> None:
+    """Two writers of one epoch, each over its own connection: wherever their parts land, both calls answer
+    PERSISTED and the epoch is committed once with both parts."""
+    coordinator = start_processes(coordinator_factory)
+    with coordinator.client() as client:
+        writer = client.register_writer("pair", "shop.pair", -1, writer_count=2, arrow_schema=SCHEMA)
+
+    def part(epoch: int, writer_id: int) -> PreCommitOutcome:
+        rows = orders(epoch * 10 + writer_id * 5, 5)
+        with coordinator.client() as client:
+            files = [write_parquet(writer.table_location, rows)]
+            return client.pre_commit("pair", epoch, writer.writer_term, files, writer_id=writer_id).outcome
+
+    with ThreadPoolExecutor(2) as pool:
+        for epoch in range(10):
+            outcomes = list(pool.map(part, [epoch, epoch], [0, 1]))
+            assert outcomes == [PreCommitOutcome.PERSISTED] * 2
+            with coordinator.client() as client:
+                client.commit_checkpoint("pair", epoch, writer.writer_term)
+    with coordinator.client() as client:
+        assert client.commit_checkpoint("pair", 9, writer.writer_term, wait=True).committed_epoch == 9
+    assert table_order_ids(catalog.load_table("shop.pair")) == list(range(100))
+    assert logged_by(coordinator, "checkpoint recorded", "pair") == set(range(PROCESSES))
+
+
+def serve_beside(
+    coordinator: CoordinatorProcess, database_url: str, processes: int
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "coordinator_service.cli", "serve"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("SINK_COORDINATOR_")},
+            "SINK_COORDINATOR_DATABASE_URL": database_url,
+            "SINK_COORDINATOR_GRPC_PORT": str(coordinator.grpc_port),
+            "SINK_COORDINATOR_HTTP_PORT": str(coordinator.http_port),
+            "SINK_COORDINATOR_PROCESSES": str(processes),
+        },
+    )
+
+
+@pytest.mark.parametrize("processes", [1, PROCESSES])
+def test_a_second_coordinator_on_the_ports_is_refused(
+    coordinator_factory: Callable[..., CoordinatorProcess], database_url: str, processes: int
+) -> None:
+    coordinator = start_processes(coordinator_factory)
+    second = serve_beside(coordinator, database_url, processes)
+    assert second.returncode == 1, second.stderr
+    assert f"the HTTP port 127.0.0.1:{coordinator.http_port} is in use" in second.stderr
+    # Nothing of the second one listens: every connection still reaches the first's processes.
+    assert "sink-coordinator serving" not in second.stderr
+    for _ in range(10):
+        with coordinator.client() as client:
+            client.wait_serving(5)
+
+
+def test_the_grpc_port_alone_taken_is_refused_too(
+    coordinator_factory: Callable[..., CoordinatorProcess], database_url: str
+) -> None:
+    coordinator = start_processes(coordinator_factory)
+    taken = coordinator.grpc_port
+    coordinator.http_port = 0
+    second = serve_beside(coordinator, database_url, PROCESSES)
+    assert second.returncode == 1, second.stderr
+    assert f"the gRPC port 127.0.0.1:{taken} is in use" in second.stderr
+
+
+def test_sigterm_stops_every_process(coordinator_factory: Callable[..., CoordinatorProcess]) -> None:
+    coordinator = start_processes(coordinator_factory)
+    pids = serving_pids(coordinator)
+    assert len(pids) == PROCESSES
+    coordinator.stop()
+    assert coordinator.process is not None and coordinator.process.returncode == 0
+    for index in range(PROCESSES):
+        coordinator.wait_for_log("sink-coordinator stopped", process=index)
+    for pid in pids.values():
+        assert not Path(f"/proc/{pid}").exists()
+
+
+def counted(text: str, family: str, **labels: str) -> float:
+    return sum(
+        sample.value
+        for metric in text_string_to_metric_families(text)
+        for sample in metric.samples
+        if sample.name == family and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def test_a_scrape_of_any_process_has_the_whole_coordinators_counts(
+    coordinator_factory: Callable[..., CoordinatorProcess],
+) -> None:
+    coordinator = start_processes(coordinator_factory)
+    register(coordinator, "counted")
+    calls = 30
+    for _ in range(calls):
+        with coordinator.client() as client:
+            client.sink_state("counted")
+    scrapes = [httpx.get(f"{coordinator.http_url}/metrics", timeout=10).text for _ in range(6)]
+    totals = {
+        counted(text, "sink_coordinator_grpc_requests_total", method="GetSinkState", code="OK") for text in scrapes
+    }
+    assert totals == {calls}
+    registered = {counted(text, "sink_coordinator_grpc_requests_total", method="RegisterWriter") for text in scrapes}
+    assert registered == {1}
+    for text in scrapes:
+        assert counted(text, "sink_coordinator_build_info") == 1
+        assert counted(text, "sink_coordinator_log_reporter") in (0, 1)
+
+
+def test_a_process_that_cannot_start_ends_the_supervisor(database_url: str, tmp_path: Path) -> None:
+    """An unmigrated metastore: each process refuses it, and the supervisor ends with the refusal, its last line,
+    instead of starting them again."""
+    result = subprocess.run(
+        [sys.executable, "-m", "coordinator_service.cli", "serve", "--grpc-port", "0", "--http-port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(Path.home()),
+            "SINK_COORDINATOR_DATABASE_URL": database_url,
+            "SINK_COORDINATOR_PROCESSES": str(PROCESSES),
+            "SINK_COORDINATOR_LOG_FORMAT": "json",
+        },
+    )
+    assert result.returncode == 1, result.stderr
+    lines = [json.loads(line) for line in result.stderr.splitlines()]  # every line JSON: no traceback
+    refusals = [line for line in lines if line["event"] == "cannot serve"]
+    assert refusals == [lines[-1]] and lines[-1]["level"] == "error", lines
+    assert "run `sink-coordinator migrate`" in lines[-1]["error"]
+    assert not [line for line in lines if "starting it again" in line["event"]]
+
+
+def test_the_embedded_metastore_serves_every_process(tmp_path: Path) -> None:
+    """No database URL: the supervisor starts and migrates the embedded PostgreSQL once, and its processes use it."""
+    coordinator = CoordinatorProcess(database_url=None, data_dir=tmp_path / ".sink-coordinator")
+    coordinator.start(cwd=tmp_path, SINK_COORDINATOR_PROCESSES=str(PROCESSES))
+    try:
+        for index in range(PROCESSES):
+            coordinator.wait_for_log("sink-coordinator serving", timeout=60, process=index)
+        assert [record["event"] for record in coordinator.logs].count("embedded metastore migrated") == 1
+        term, location = register(coordinator, "local")
+        stream(coordinator, "local", range(4), term, location)
+        with coordinator.client() as client:
+            assert client.commit_checkpoint("local", 3, term, wait=True).committed_epoch == 3
+    finally:
+        coordinator.stop()
+    assert coordinator.process is not None and coordinator.process.returncode == 0

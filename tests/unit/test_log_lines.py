@@ -1,0 +1,32 @@
+"""Log lines of processes that share one stderr (a supervisor's serving processes) stay whole lines."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+# A serving process's logging: many lines, as fast as it can.
+_LOGGING = """
+import structlog
+from coordinator_service.contract.logs import LogFormat, LogLevel, configure_logging
+configure_logging(LogLevel.INFO, LogFormat.JSON, process={index})
+for line in range({lines}):
+    structlog.get_logger().info("a line of the process", line=line, padding="x" * 200)
+"""
+LINES = 3000
+
+
+def test_lines_of_processes_sharing_stderr_never_mix() -> None:
+    # Two processes writing to the one pipe they inherited, as a supervisor's serving processes do.
+    codes = [_LOGGING.format(index=index, lines=LINES) for index in range(2)]
+    parent = "\n".join(
+        [
+            "import subprocess, sys",
+            f"children = [subprocess.Popen([sys.executable, '-c', code]) for code in {codes!r}]",
+            "sys.exit(max(child.wait() for child in children))",
+        ]
+    )
+    shared = subprocess.run([sys.executable, "-c", parent], stderr=subprocess.PIPE, text=True, check=True).stderr
+    records = [json.loads(line) for line in shared.splitlines()]
+    assert sorted(record["process"] for record in records) == [0] * LINES + [1] * LINES
