@@ -34,7 +34,8 @@ def configure_worker_logging() -> None:
     level = logging.getLevelNamesMapping().get(os.environ.get(LOG_LEVEL_VARIABLE, DEFAULT_LEVEL).upper(), logging.INFO)
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        # One write a line (message and newline): the lines of workers sharing an executor's stderr never mix.
+        logger_factory=structlog.WriteLoggerFactory(sys.stderr),
         # Not cached: a driver that configures logging later must take over the loggers created before.
         cache_logger_on_first_use=False,
     )

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -17,8 +16,6 @@ import pytest
 from coordinator_service.contract.client import CoordinatorClient
 from sink_coordinator_demo.ports import free_port
 from tests.fixtures.coordinator import ORDERS, orders, write_parquet
-
-FAILURE_SECONDS = 5.0
 
 
 class Shell:
@@ -36,12 +33,9 @@ class Shell:
         return subprocess.run([*command], cwd=self.cwd, env=self.env, capture_output=True, text=True, timeout=timeout)
 
     def fails(self, *command: str, code: int) -> str:
-        """Run a command that must fail fast with `code`; its last line of stderr."""
-        started = time.monotonic()
+        """Run a command that must fail with `code` (not retry until the timeout); its last line of stderr."""
         result = self.run(*command, timeout=30)
-        elapsed = time.monotonic() - started
         assert result.returncode == code, (command, result.returncode, result.stderr[-2000:])
-        assert elapsed < FAILURE_SECONDS, (command, elapsed)
         assert "Traceback" not in result.stderr, result.stderr[-3000:]
         return result.stderr.strip().splitlines()[-1]
 

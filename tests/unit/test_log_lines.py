@@ -30,3 +30,29 @@ def test_lines_of_processes_sharing_stderr_never_mix() -> None:
     shared = subprocess.run([sys.executable, "-c", parent], stderr=subprocess.PIPE, text=True, check=True).stderr
     records = [json.loads(line) for line in shared.splitlines()]
     assert sorted(record["process"] for record in records) == [0] * LINES + [1] * LINES
+
+
+# A Spark Python worker's logging (the writer's tasks): the workers of an executor share its stderr too.
+_WORKER_LOGGING = """
+import structlog
+from spark_writer.worker_logging import configure_worker_logging
+configure_worker_logging()
+for line in range({lines}):
+    structlog.get_logger().info("a line of worker {index}", line=line, padding="x" * 200)
+"""
+
+
+def test_lines_of_the_writers_workers_sharing_stderr_never_mix() -> None:
+    codes = [_WORKER_LOGGING.format(index=index, lines=LINES) for index in range(2)]
+    parent = "\n".join(
+        [
+            "import subprocess, sys",
+            f"children = [subprocess.Popen([sys.executable, '-c', code]) for code in {codes!r}]",
+            "sys.exit(max(child.wait() for child in children))",
+        ]
+    )
+    shared = subprocess.run([sys.executable, "-c", parent], stderr=subprocess.PIPE, text=True, check=True).stderr
+    lines = shared.splitlines()
+    # Each line is one whole line of one worker: its event once, its padding whole.
+    assert all(line.count("a line of worker") == 1 and line.count("x" * 200) == 1 for line in lines)
+    assert sorted(line.split("a line of worker ")[1][0] for line in lines) == ["0"] * LINES + ["1"] * LINES
