@@ -23,6 +23,7 @@ import structlog
 
 from coordinator_service.contract.errors import MetastoreUnavailable
 from coordinator_service.contract.markers import SinkIdentity
+from coordinator_service.engine.collector_pause import collector_paused
 from coordinator_service.engine.key_index import KeyIndex
 from coordinator_service.log.commit_lock import CommitLock
 from coordinator_service.log.database import Database
@@ -77,7 +78,8 @@ class KeyedCommits:
     ) -> KeyedTableCommit:
         """Commit the epochs (by epoch, oldest first: each resolved after the one before) on `table` as loaded, as one
         snapshot carrying the sink's marker of `top`, the group's newest epoch, and `summary`; then record the commit
-        in the key index. The committed table replaces the cached one; any failure drops it.
+        in the key index. The committed table replaces the cached one; any failure drops it. Python's cyclic
+        collector is paused meanwhile (collector_pause: the commit's objects per key hold no cycle).
 
         Raises:
             CatalogConflict: the table moved since it was loaded (the commit, or the key index, saw a newer head);
@@ -85,7 +87,8 @@ class KeyedCommits:
             CommitLockLost: the lock's connection died before the commit; nothing changed.
         """
         try:
-            return await self._commit(table_name, table, sink, top, epochs, lock, table_properties, summary)
+            with collector_paused():
+                return await self._commit(table_name, table, sink, top, epochs, lock, table_properties, summary)
         except BaseException:
             self.tables.forget(table_name)
             raise

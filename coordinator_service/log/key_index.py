@@ -182,7 +182,7 @@ async def find_keys(session: AsyncSession, index_id: int, keys: Sequence[bytes])
     if not keys:
         return []
     cursor = await (await _driver(session)).execute(
-        "SELECT key, file_row FROM key_index WHERE index_id = %s AND key = ANY(%s)", (index_id, list(keys)), binary=True
+        "SELECT key, file_row FROM key_index WHERE index_id = %s AND key = ANY(%b)", (index_id, list(keys)), binary=True
     )
     return [(bytes(key), place >> _POSITION_BITS, place & (_POSITIONS - 1)) for key, place in await cursor.fetchall()]
 
@@ -265,7 +265,7 @@ async def remove_keys(session: AsyncSession, index_id: int, keys: Sequence[bytes
     if not keys:
         return 0
     cursor = await (await _driver(session)).execute(
-        "DELETE FROM key_index WHERE index_id = %s AND key = ANY(%s)", (index_id, list(keys)), binary=True
+        "DELETE FROM key_index WHERE index_id = %s AND key = ANY(%b)", (index_id, list(keys)), binary=True
     )
     return cursor.rowcount
 
@@ -275,7 +275,7 @@ async def remove_rows(session: AsyncSession, index_id: int, file_rows: Sequence[
     if not file_rows:
         return 0
     cursor = await (await _driver(session)).execute(
-        "DELETE FROM key_index WHERE index_id = %s AND file_row = ANY(%s)", (index_id, list(file_rows))
+        "DELETE FROM key_index WHERE index_id = %s AND file_row = ANY(%b)", (index_id, list(file_rows))
     )
     return cursor.rowcount
 
@@ -323,7 +323,9 @@ async def copy_in(session: AsyncSession, chunks: AsyncIterable[bytes]) -> None:
 
 async def _driver(session: AsyncSession) -> psycopg.AsyncConnection[Any]:
     """The session's psycopg connection, in its transaction: for COPY, and for the statements that send or return
-    thousands of rows (SQLAlchemy's rows cost more than the statement)."""
+    thousands of rows (SQLAlchemy's rows cost more than the statement). Such statements send their arrays in binary
+    (`%b`): psycopg's text dumper escapes each element with a regular expression, 0.3 s for 35,000 keys in the event
+    loop, against 6 ms."""
     connection = await session.connection()
     raw = await connection.get_raw_connection()
     driver = raw.driver_connection

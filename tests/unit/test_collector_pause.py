@@ -1,0 +1,74 @@
+"""Python's cyclic collector paused for keyed commits (coordinator_service.engine.collector_pause): off while any
+pause is open, across threads and however they overlap, then as it was before the first."""
+
+from __future__ import annotations
+
+import gc
+import threading
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from coordinator_service.engine.collector_pause import collector_paused
+
+
+@pytest.fixture(autouse=True)
+def collector_restored() -> Iterator[None]:
+    enabled = gc.isenabled()
+    yield
+    (gc.enable if enabled else gc.disable)()
+
+
+def test_the_collector_is_off_in_a_pause_and_back_after_it_even_when_the_block_raises() -> None:
+    gc.enable()
+    with collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), collector_paused():
+        raise RuntimeError("a commit failed")
+    assert gc.isenabled()
+
+
+def test_a_collector_off_before_the_pause_stays_off() -> None:
+    gc.disable()
+    with collector_paused():
+        pass
+    assert not gc.isenabled()
+
+
+# Each pause opens and closes in an order the test draws: pauses that end before or after those opened later, as two
+# commits of other sinks overlap.
+@given(st.permutations(list(range(6))), st.booleans())
+def test_overlapping_pauses_keep_the_collector_off_until_the_last_closes(closing: list[int], enabled: bool) -> None:
+    (gc.enable if enabled else gc.disable)()
+    pauses = [collector_paused() for _ in closing]
+    for pause in pauses:
+        pause.__enter__()
+    for count, number in enumerate(closing, start=1):
+        assert not gc.isenabled()
+        pauses[number].__exit__(None, None, None)
+        if count < len(closing):
+            assert not gc.isenabled()
+    assert gc.isenabled() is enabled
+
+
+def test_pauses_in_threads_leave_the_collector_as_it_was() -> None:
+    gc.enable()
+    inside = threading.Barrier(4)
+    seen: list[bool] = []
+
+    def commit() -> None:
+        with collector_paused():
+            inside.wait(10)
+            seen.append(gc.isenabled())
+            inside.wait(10)
+
+    threads = [threading.Thread(target=commit) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert seen == [False] * 4
+    assert gc.isenabled()
