@@ -18,13 +18,13 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from pyiceberg.catalog import Catalog
 from pyspark.sql import SparkSession
 
+from spark_writer.formats.record_decoding import BadRecordPolicy
 from spark_writer.formats.schema_registry import RegistrySettings, registry_client
 from spark_writer.job import start_job
 from spark_writer.job_settings import KafkaSettings, ParseSettings, RecordFormat, SinkSettings
 from spark_writer.kafka.offsets import OffsetRange
 from spark_writer.kafka.options import parse_options
 from spark_writer.kafka.range_reader import read_range
-from spark_writer.sink.kafka_records import BadRecordPolicy
 from spark_writer.sink.sink_query import IcebergSinkQuery
 from tests.fixtures.coordinator import CoordinatorProcess
 from tests.fixtures.kafka_broker import produce_records
