@@ -415,6 +415,20 @@ async def test_epochs_without_files_in_the_table_verify_whole_and_incrementally(
     assert later.ok and later.tables[0].verified_epoch == 2, later.faults
 
 
+async def test_a_table_that_holds_no_row_yet_is_verified_deep(positioned: Callable[..., PositionedSink]) -> None:
+    """A table without a snapshot as of the committed epoch (its epochs' records all went elsewhere: other tables of a
+    fan-out, the dead-letter topic) holds no row, so no row of it is at fault: with the position columns its deep
+    checks hold, and the report says deep (it said shallow, as of a table without the columns)."""
+    sink = positioned()
+    await sink.register()
+    await sink.epoch_of(10, offsets=[], properties={"sink-coordinator.bad-records": "10"})
+    verification = await sink.verify()
+    assert verification.ok, verification.faults
+    [table] = verification.tables
+    assert table.snapshot_id is None and table.rows_read == 0
+    assert table.deep, "a table without rows, with the position columns, reported shallow"
+
+
 async def test_a_commit_landing_between_the_log_and_the_table_reads_is_not_a_fault(
     positioned: Callable[..., PositionedSink], gates: Callable[[Failpoint], Gate]
 ) -> None:

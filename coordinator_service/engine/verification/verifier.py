@@ -177,13 +177,17 @@ class Verifier:
         """The deep check of one table; its live rows' positions (None: it has no position columns)."""
         count = ReadCount()
         key = table_audit.identifier_columns(loaded)
+        positioned = set(POSITION_COLUMNS) <= table_audit.column_names(loaded)
         if table.snapshot_id is None:
-            return None  # nothing as of the committed epoch
+            # Nothing as of the committed epoch: no row, so none twice or outside the range; deep where the table's
+            # columns would let a row be checked.
+            table.deep = bool(key) or positioned
+            return None
         if key:
             check_keys(table, table_audit.live_columns(loaded, key, count, table.snapshot_id), key)
             table.deep = True
         rows = None
-        if set(POSITION_COLUMNS) <= table_audit.column_names(loaded):
+        if positioned:
             # Incrementally, the rows the new snapshots appended, read without planning a scan of the whole table.
             rows = table_audit.appended_columns(loaded, snapshots, POSITION_COLUMNS, count) if incremental else None
             if rows is None:
