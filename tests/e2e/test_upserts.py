@@ -341,6 +341,7 @@ def test_a_column_added_mid_stream_to_an_upsert_table_holds_each_keys_last_value
     assert {row["id"]: row["tier"] for row in read} == tiers
     duckdb = duckdb_rows(catalog.load_table("crm.grow").metadata_location, "id", "id, tier")
     assert dict(duckdb) == tiers
+    assert_verified(coordinator.database_url, catalog, "grow")
 
 
 def test_an_upsert_stream_whose_keys_move_between_partitions_leaves_the_last_value_of_each_key(
