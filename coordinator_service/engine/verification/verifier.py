@@ -97,7 +97,12 @@ class Verifier:
             if rows is not None:
                 positions.append(rows)
             verification.tables.append(table)
-        if kafka is not None and walk.end is not None and low is not None and positions:
+        if kafka is not None and sink.keyed and positions:
+            # A live row holds its key's last record: the records it replaced, and deletes, are in none by design.
+            own_table.notes.append(
+                "no check against Kafka: an upsert or change stream's live rows carry each key's last record only"
+            )
+        elif kafka is not None and walk.end is not None and low is not None and positions:
             ranges = {tp: (low.get(tp, 0), end) for tp, end in walk.end.items()}
             held = await in_catalog(read_offsets, kafka, ranges)
             union = pa.concat_tables(positions, promote_options="permissive")
