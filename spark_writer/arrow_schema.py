@@ -13,7 +13,7 @@ import pyarrow as pa
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-ICEBERG_TIME_ZONE = "UTC"
+from spark_writer.spark_arrow_types import ICEBERG_TIME_ZONE
 
 
 def arrow_schema_of(schema: StructType) -> pa.Schema:

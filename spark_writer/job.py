@@ -37,6 +37,8 @@ from coordinator_service.contract.flag_values import KEY_VALUE, SIZE, KeyValue, 
 from coordinator_service.contract.logs import LogFormat, LogLevel, configure_logging
 from coordinator_service.contract.table_identifiers import sink_name_problem, table_identifier_problem
 from spark_writer.driver_jvm import SparkLog
+from spark_writer.formats.json_decoding import DEFAULT_JSON_TIME_ZONE, check_time_zone
+from spark_writer.formats.record_decoding import BadRecordPolicy
 from spark_writer.job_failures import ExitCode, failure_of, one_line
 from spark_writer.job_flags import (
     MAX_WAIT_SECONDS,
@@ -67,8 +69,7 @@ from spark_writer.kafka.options import DEFAULT_STARTING_OFFSETS
 from spark_writer.mutations.modes import Envelope, MutationMode, Mutations, Op, default_op_map, key_names
 from spark_writer.routing.routes import Unrouted, routes_from_flags
 from spark_writer.session import with_task_retries
-from spark_writer.sink.iceberg_sink import DEFAULT_COORDINATOR_RETRY_SECONDS, DEFAULT_TARGET_FILE_SIZE_BYTES
-from spark_writer.sink.kafka_records import DEFAULT_JSON_TIME_ZONE, BadRecordPolicy, check_time_zone
+from spark_writer.sink.sink_arguments import DEFAULT_COORDINATOR_RETRY_SECONDS, DEFAULT_TARGET_FILE_SIZE_BYTES
 from spark_writer.stop_signals import stop_on_signals
 from spark_writer.worker_logging import set_worker_log_level
 

@@ -18,11 +18,11 @@ import grpc
 from pyspark.errors import PySparkException
 
 from coordinator_service.contract.client import CoordinatorRpcError
+from spark_writer.formats.record_decoding import BadRecordError
+from spark_writer.formats.registry_subjects import SchemaChangeError
 from spark_writer.formats.schema_registry import RegistryUnavailableError
 from spark_writer.kafka.data_loss import DataLossError
 from spark_writer.routing.routes import UnroutedRecordsError
-from spark_writer.sink.kafka_records import BadRecordError
-from spark_writer.sink.registry_records import SchemaChangeError
 from spark_writer.sink.sink_query import SinkRefusedError
 from spark_writer.spark_errors import spark_message
 

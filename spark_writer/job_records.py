@@ -8,23 +8,17 @@ from dataclasses import replace
 
 import structlog
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
 from spark_writer.arrow_schema import arrow_schema_of
-from spark_writer.formats.dead_letters import DeadLetterTarget
 from spark_writer.formats.json_columns import grow
+from spark_writer.job_decoding import dead_letter_target, json_values, registry_schemas, tombstone_keys
 from spark_writer.job_settings import SPARK_KAFKA_PROVIDER, KafkaSettings, KafkaSource, ParseSettings, RecordFormat
-from spark_writer.mutations.decoding import MutationParser, json_value_schema
+from spark_writer.mutations.mutation_parser import MutationParser
 from spark_writer.sink.iceberg_sink import DecodesInTasks
 from spark_writer.sink.kafka_records import JsonBatchParser, raw_records, sampled_json_schema, schema_from_ddl
-from spark_writer.sink.registry_records import (
-    KEY_SUBJECT_SUFFIX,
-    VALUE_SUBJECT_SUFFIX,
-    RegistryBatchParser,
-    RegistrySubject,
-    key_values,
-    topic_subject,
-)
+from spark_writer.sink.registry_records import RegistryBatchParser
 
 log = structlog.get_logger(__name__)
 
@@ -42,41 +36,14 @@ def check_spark_kafka_source(spark: SparkSession) -> None:
         )
 
 
-def dead_letter_target(kafka: KafkaSettings, parse: ParseSettings, sink: str) -> DeadLetterTarget | None:
-    if parse.dead_letter_topic is None:
-        return None
-    return DeadLetterTarget(parse.dead_letter_topic, sink, kafka.producer_config())
-
-
 def registry_parser(kafka: KafkaSettings, parse: ParseSettings, sink: str) -> RegistryBatchParser | MutationParser:
     """The per-batch decoding of Avro, Protobuf or JSON Schema values, the table's schema read from the registry
     (needs no Spark: the job builds it once before Spark starts, to refuse what cannot work)."""
-    registry_format = parse.record_format.registry_format
-    if registry_format is None:
-        raise ValueError(f"--format {parse.record_format} is not read with a schema registry")
-    value = RegistrySubject(
-        registry_format, topic_subject(kafka.topics, VALUE_SUBJECT_SUFFIX, parse.subject), parse.protobuf_message
-    )
-    key = (
-        RegistrySubject(registry_format, topic_subject(kafka.topics, KEY_SUBJECT_SUFFIX, parse.key_subject))
-        if parse.decode_key
-        else None
-    )
     keyed = parse.mutations.keyed
-    parser = RegistryBatchParser(
-        parse.registry_settings(),
-        value,
-        key,
-        evolve=parse.evolve_schema,
-        kafka_metadata=parse.kafka_metadata and not keyed,
-        on_bad_record=parse.on_bad_record,
-        dead_letters=dead_letter_target(kafka, parse, sink),
-        read_keys=keyed,
-    )
+    parser = RegistryBatchParser(registry_schemas(kafka, parse, sink), evolve=parse.evolve_schema, read_keys=keyed)
     if not keyed:
         return parser
-    tombstones = RegistrySubject(registry_format, topic_subject(kafka.topics, KEY_SUBJECT_SUFFIX, parse.key_subject))
-    keys = key_values(parse.registry_settings(), tombstones)
+    keys = tombstone_keys(kafka, parse)
     return MutationParser(parser, parse.mutations, keep_positions=parse.kafka_metadata, registry_keys=keys)
 
 
@@ -112,8 +79,8 @@ def table_records(
 def json_parser(
     kafka: KafkaSettings, parse: ParseSettings, sink: str, schema: StructType
 ) -> JsonBatchParser | MutationParser:
-    """The per-batch decoding of JSON values whose rows have the fields of `schema` (given, sampled, or a table's
-    columns), as an upsert or change stream's when it is one (needs no Spark session)."""
+    """The per-batch decoding of JSON values whose rows have the fields of `schema` (given or sampled), as an upsert
+    or change stream's when it is one (needs no Spark session)."""
     mutations = parse.mutations
     if not mutations.keyed:
         return JsonBatchParser(
@@ -124,9 +91,8 @@ def json_parser(
             on_bad_record=parse.on_bad_record,
             dead_letters=dead_letter_target(kafka, parse, sink),
         )
-    mutations.table_schema(arrow_schema_of(schema), declares_nullability=True)  # the key as --schema declares it
     inner = JsonBatchParser(
-        json_value_schema(schema, mutations),
+        from_arrow_schema(json_values(parse, arrow_schema_of(schema))),
         evolve=parse.evolve_schema and mutations.envelope is None,  # new fields of a row are under its envelope
         time_zone=parse.json_time_zone,
         on_bad_record=parse.on_bad_record,

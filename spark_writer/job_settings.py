@@ -7,18 +7,19 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final
 
+from spark_writer.formats.json_decoding import DEFAULT_JSON_TIME_ZONE
+from spark_writer.formats.record_decoding import BadRecordPolicy
+from spark_writer.formats.registry_subjects import RegistryFormat
 from spark_writer.formats.schema_registry import RegistrySettings
 from spark_writer.kafka.options import DEFAULT_STARTING_OFFSETS, SOURCE_NAME, parse_options
 from spark_writer.mutations.modes import Mutations
 from spark_writer.routing.routes import Routes
-from spark_writer.sink.iceberg_sink import (
+from spark_writer.sink.partitioning import parse_partition_specs
+from spark_writer.sink.sink_arguments import (
     DEFAULT_COORDINATOR_RETRY_SECONDS,
     DEFAULT_TARGET_FILE_SIZE_BYTES,
     check_names,
 )
-from spark_writer.sink.kafka_records import DEFAULT_JSON_TIME_ZONE, BadRecordPolicy
-from spark_writer.sink.partitioning import parse_partition_specs
-from spark_writer.sink.registry_records import RegistryFormat
 from spark_writer.sink.storage import Storage
 
 DEFAULT_SAMPLE_SIZE: Final = 1000

@@ -63,6 +63,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Final
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -77,7 +78,10 @@ from spark_writer.formats.decoded_batch import (
 )
 from spark_writer.formats.wall_clock import instants_of_wall_clock
 from spark_writer.formats.wire_format import TOMBSTONE
+from spark_writer.spark_arrow_types import spark_type_names
 
+# The zone of JSON timestamps that carry none (the same in every session: local, spark-submit, ...).
+DEFAULT_JSON_TIME_ZONE: Final = UTC
 RECORD_BY_RECORD_BELOW: Final = 16
 NOT_JSON: Final = "not valid JSON"
 NOT_AN_OBJECT: Final = "a JSON value that is not an object"
@@ -221,6 +225,36 @@ def _lines(values: pa.Array) -> pa.Buffer:
 
     start, end = offset(0), offset(len(joined))
     return joined.buffers()[2].slice(start, end - start)
+
+
+def check_time_zone(name: str) -> str:
+    """A time zone name Spark and Python both know ("UTC", "Europe/Paris"); ValueError otherwise."""
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"unknown time zone {name!r}: use a name like UTC or Europe/Paris") from None
+    return name
+
+
+def json_decoder(
+    schema: pa.Schema,
+    *,
+    kafka_metadata: bool = False,
+    time_zone: str = DEFAULT_JSON_TIME_ZONE,
+    refused: Mapping[str, str] | None = None,
+) -> JsonDecoder:
+    """The decoder of JSON values into the columns of `schema` (Spark's Arrow form of the JSON fields:
+    spark_writer.arrow_schema, spark_arrow_types), and the kafka_* columns if asked; a record giving a value to a
+    `refused` field (json_columns) does not fit."""
+    if kafka_metadata and (taken := sorted(set(KAFKA_METADATA_COLUMNS) & set(schema.names))):
+        raise ValueError(f"the JSON schema has field(s) {taken}, which the kafka_* columns would repeat")
+    return JsonDecoder(
+        schema,
+        spark_type_names(schema),
+        kafka_metadata=kafka_metadata,
+        time_zone=check_time_zone(time_zone),
+        refused=tuple(sorted((refused or {}).items())),
+    )
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Unpack
 from coordinator_service.contract.client import CoordinatorClient
 from spark_writer.fresh.fresh_read import checked_arguments, fresh_table
 from spark_writer.fresh.sink_flags import SinkFlags, sink_source
-from spark_writer.sink.iceberg_sink import DEFAULT_COORDINATOR_RETRY_SECONDS
+from spark_writer.sink.sink_arguments import DEFAULT_COORDINATOR_RETRY_SECONDS
 
 if TYPE_CHECKING:
     import pyarrow as pa

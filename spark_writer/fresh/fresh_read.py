@@ -29,31 +29,30 @@ import pyarrow as pa
 import structlog
 import typer
 from pyiceberg.catalog import Catalog
-from pyspark.sql.pandas.types import from_arrow_schema
-from pyspark.sql.types import StructType
 
 from coordinator_service.contract.client import CoordinatorClient
 from coordinator_service.contract.markers import SinkIdentity
 from coordinator_service.contract.source_positions import SNAPSHOT_END_OFFSETS
 from coordinator_service.contract.table_identifiers import sink_name_problem, table_identifier_problem
 from coordinator_service.contract.views import SinkState
-from spark_writer.formats.decoded_batch import KAFKA_METADATA_FIELDS
+from spark_writer.formats.decoded_batch import KAFKA_METADATA_COLUMNS
+from spark_writer.formats.json_decoding import json_decoder
+from spark_writer.formats.record_decoding import RAW_COLUMNS, RecordDecoding
 from spark_writer.fresh.sink_flags import SinkSource
 from spark_writer.fresh.table_head import SNAPSHOT_ID_METADATA, TableHead, table_head
 from spark_writer.fresh.tail import check_topics, read_end_offsets, tail_ranges, with_table_ahead
 from spark_writer.fresh.tail_rows import TailDecoding, fresh_rows
+from spark_writer.job_decoding import dead_letter_target, json_values, registry_schemas, tombstone_keys
 from spark_writer.job_flags import coordinator_address
-from spark_writer.job_records import json_parser, registry_parser
 from spark_writer.job_settings import RecordFormat
 from spark_writer.kafka.arrow import KAFKA_ARROW_SCHEMA
 from spark_writer.kafka.metadata import KafkaMetadata
 from spark_writer.kafka.offsets import OffsetRange, Offsets, offsets_to_json, resolve_starting_offsets
 from spark_writer.kafka.options import KafkaSourceOptions, parse_options
 from spark_writer.kafka.range_reader import read_range
-from spark_writer.mutations.decoding import MutationParser
+from spark_writer.mutations.decoding import MutationDecoder, mutation_decoding
 from spark_writer.routing.split import TaskRouting
-from spark_writer.sink.kafka_records import RAW_COLUMNS, JsonBatchParser
-from spark_writer.sink.registry_records import RegistryBatchParser
+from spark_writer.spark_arrow_types import spark_arrow_schema
 
 log = structlog.get_logger(__name__)
 
@@ -110,15 +109,16 @@ def checked_sink(state: SinkState, table: str, key: Sequence[str]) -> SinkIdenti
     return SinkIdentity(state.sink, state.incarnation, state.generation)
 
 
-def json_row_schema(table_schema: pa.Schema, kafka_metadata: bool) -> StructType:
-    """The JSON values' fields as the sink decodes them now: the table's columns but the kafka_* ones it adds."""
-    added = {each.name for each in KAFKA_METADATA_FIELDS} if kafka_metadata else set()
-    kept = pa.schema([each.remove_metadata() for each in table_schema if each.name not in added])
-    return from_arrow_schema(kept)
+def json_row_schema(table_schema: pa.Schema, kafka_metadata: bool) -> pa.Schema:
+    """The JSON values' fields as the sink decodes them now: the table's columns but the kafka_* ones it adds, in
+    Spark's Arrow form (spark_arrow_types), as the sink's decoder holds them."""
+    added = set(KAFKA_METADATA_COLUMNS) if kafka_metadata else set()
+    return spark_arrow_schema(pa.schema([each for each in table_schema if each.name not in added]))
 
 
 def tail_decoding(source: SinkSource, state: SinkState, table: str, table_schema: pa.Schema) -> TailDecoding:
-    """How the sink turns the tail's records into the rows of `table`."""
+    """How the sink turns the tail's records into the rows of `table`: the decoding its parser (job_records) starts
+    with, built by the same functions (job_decoding)."""
     kafka, parse = source.kafka, source.parse
     routing = None
     if source.routes is not None:
@@ -127,16 +127,27 @@ def tail_decoding(source: SinkSource, state: SinkState, table: str, table_schema
     if parse.record_format is RecordFormat.RAW:
         written = pa.schema([KAFKA_ARROW_SCHEMA.field(name) for name in RAW_COLUMNS])
         return TailDecoding(None, written, routing, table)
-    parser: RegistryBatchParser | JsonBatchParser | MutationParser
     if parse.record_format.registry_format is not None:
-        parser = registry_parser(kafka, parse, state.sink)
+        decoding = registry_schemas(kafka, parse, state.sink).decoding
     else:
-        parser = json_parser(kafka, parse, state.sink, json_row_schema(table_schema, parse.kafka_metadata))
-    written = parser.table_schema
+        decoder = json_decoder(
+            json_values(parse, json_row_schema(table_schema, parse.kafka_metadata)),
+            kafka_metadata=parse.kafka_metadata and not parse.mutations.keyed,
+            time_zone=parse.json_time_zone,
+        )
+        decoding = RecordDecoding(decoder, parse.on_bad_record, dead_letter_target(kafka, parse, state.sink))
+    if parse.mutations.keyed:
+        keys = tombstone_keys(kafka, parse)
+        decoding = mutation_decoding(decoding, parse.mutations, keep_positions=parse.kafka_metadata, registry_keys=keys)
+        mutation_decoder = decoding.decoder
+        assert isinstance(mutation_decoder, MutationDecoder)
+        written = mutation_decoder.table_schema
+    else:
+        written = decoding.decoder.output_schema
     if not parse.evolve_schema:
         # The sink keeps the columns it started with, which the table has: a newer version's fields are not written.
         written = pa.schema([each for each in written if each.name in table_schema.names])
-    return TailDecoding(parser.decoding, written, routing, table)
+    return TailDecoding(decoding, written, routing, table)
 
 
 def start_offsets(options: KafkaSourceOptions, earliest: Offsets, latest: Offsets, sink: str) -> Offsets:

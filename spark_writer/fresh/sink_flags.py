@@ -15,11 +15,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, TypedDict, TypeVar
 
+from spark_writer.formats.json_decoding import DEFAULT_JSON_TIME_ZONE, check_time_zone
+from spark_writer.formats.record_decoding import BadRecordPolicy
 from spark_writer.job_settings import KafkaSettings, ParseSettings, RecordFormat
 from spark_writer.kafka.options import DEFAULT_STARTING_OFFSETS
 from spark_writer.mutations.modes import Envelope, MutationMode, Mutations, Op, default_op_map, key_names, parse_op_map
 from spark_writer.routing.routes import Routes, Unrouted, routes_from_flags
-from spark_writer.sink.kafka_records import DEFAULT_JSON_TIME_ZONE, BadRecordPolicy, check_time_zone
 
 TEXT_FLAGS: Final = frozenset(
     {

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from spark_writer.formats.record_decoding import RAW_COLUMNS, RecordDecoding
 from spark_writer.mutations.decoding import MutationDecoder
 from spark_writer.mutations.reduction import LastWins
 from spark_writer.routing.routes import UnroutedRecordsError
 from spark_writer.routing.split import TaskRouting, record_origin, split_by_route
-from spark_writer.sink.kafka_records import RAW_COLUMNS, RecordDecoding
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
-"""Kafka records as the Kafka source's rows: their Spark schema, and Arrow record batches in it.
+"""Kafka records as the Kafka source's rows: Arrow record batches in its schema.
 
 The columns are those of Spark's Kafka source with ``includeHeaders=true``. The
-Arrow schema must equal pyspark's ``to_arrow_schema(KAFKA_SCHEMA, timezone="UTC")``:
+Arrow schema must equal pyspark's ``to_arrow_schema(source.KAFKA_SCHEMA, timezone="UTC")``:
 Spark checks every batch a Python data source returns against it
 (tests/unit/test_kafka_arrow.py). A batch is cut at ``ARROW_BATCH_MAX_ROWS`` rows or
 ``ARROW_BATCH_MAX_BYTES`` of keys and values, whichever comes first, so that a task's
-memory does not grow with its range.
+memory does not grow with its range. Pure: no Spark (a fresh read builds its batches too).
 """
 
 from __future__ import annotations
@@ -13,16 +13,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    IntegerType,
-    LongType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
 
 if TYPE_CHECKING:
     from confluent_kafka import Message
@@ -33,22 +23,6 @@ ARROW_BATCH_MAX_BYTES: Final = 16 * 1024 * 1024
 
 # confluent-kafka's timestamp type (0 none, 1 create, 2 log-append) -> Kafka's (-1, 0, 1), as Spark shows it.
 KAFKA_TIMESTAMP_TYPE: Final = {0: -1, 1: 0, 2: 1}
-
-KAFKA_SCHEMA: Final = StructType(
-    [
-        StructField("key", BinaryType()),
-        StructField("value", BinaryType()),
-        StructField("topic", StringType()),
-        StructField("partition", IntegerType()),
-        StructField("offset", LongType()),
-        StructField("timestamp", TimestampType()),
-        StructField("timestampType", IntegerType()),
-        StructField(
-            "headers",
-            ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())])),
-        ),
-    ]
-)
 
 HEADER_ARROW_TYPE: Final = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
 KAFKA_ARROW_SCHEMA: Final = pa.schema(

@@ -53,7 +53,7 @@ Where it differs from Spark's Kafka source (``format("kafka")``), on purpose:
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Final
 
 import pyarrow as pa
 import structlog
@@ -64,9 +64,17 @@ from pyspark.sql.streaming.datasource import (
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import StructType
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
-from spark_writer.kafka.arrow import KAFKA_SCHEMA
 from spark_writer.kafka.data_loss import LogBounds, apply_data_loss_policy, find_lost_partitions, report_data_loss
 from spark_writer.kafka.metadata import KafkaMetadata
 from spark_writer.kafka.offsets import (
@@ -89,6 +97,23 @@ from spark_writer.kafka.offsets import (
 from spark_writer.kafka.options import SOURCE_NAME, KafkaSourceOptions, parse_options
 from spark_writer.kafka.range_reader import read_range
 from spark_writer.worker_logging import configure_worker_logging
+
+# The source's rows, as Spark's Kafka source gives them with includeHeaders=true (kafka.arrow builds their batches).
+KAFKA_SCHEMA: Final = StructType(
+    [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("timestampType", IntegerType()),
+        StructField(
+            "headers",
+            ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())])),
+        ),
+    ]
+)
 
 log = structlog.get_logger(__name__)
 

@@ -14,7 +14,6 @@ from typing import Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.types import StringType, StructField, StructType
 
 from spark_writer.mutations.modes import Op, mapped_ops
 
@@ -25,13 +24,13 @@ OP: Final = "op"
 PAYLOAD: Final = "payload"
 
 
-def json_envelope_schema(row: StructType) -> StructType:
+def json_envelope_schema(row: pa.Schema) -> pa.Schema:
     """What the JSON decoder reads of a Debezium value whose rows have the fields of `row`: the envelope, at the top
     or under `payload`. The row's fields may all be null there (an image that is absent): a key column found null
     where it is read makes its record a misfit."""
-    image = StructType([StructField(field.name, field.dataType, True) for field in row.fields])
-    envelope = [StructField(BEFORE, image), StructField(AFTER, image), StructField(OP, StringType())]
-    return StructType([*envelope, StructField(PAYLOAD, StructType(envelope))])
+    image = pa.struct([pa.field(field.name, field.type) for field in row])
+    envelope = [pa.field(BEFORE, image), pa.field(AFTER, image), pa.field(OP, pa.string())]
+    return pa.schema([*envelope, pa.field(PAYLOAD, pa.struct(envelope))])
 
 
 def envelope_row_type(envelope: pa.DataType, described: str) -> pa.StructType:

@@ -11,8 +11,8 @@
   not fit (the --on-bad-record policy then applies: fail, or dead-letter).
 
 Every row carries its op (reduction.OP_COLUMN) and its position (the kafka_* columns), which the reduction reads.
-``MutationParser`` is the ``DecodesInTasks`` transform of ``write_to_iceberg``: the format's own parser (its schema,
-its registry versions) with this decoding in place of its own.
+``mutation_decoding`` turns a format's decoding into this one: the sink's parser (mutations.mutation_parser) and a
+fresh read (spark_writer.fresh) both take it. Pure: no Spark.
 """
 
 from __future__ import annotations
@@ -25,17 +25,15 @@ from typing import Protocol
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame
-from pyspark.sql.types import StructField, StructType
 
 from spark_writer.formats.decoded_batch import KAFKA_METADATA_FIELDS, DecodedBatch, metadata_columns, split_by_reasons
 from spark_writer.formats.json_decoding import JsonDecoder
+from spark_writer.formats.record_decoding import RecordDecoding
 from spark_writer.formats.registry_decoding import KEY_REASON_PREFIX, RegistryDecoder, RegistryValues, value_fields
 from spark_writer.mutations import debezium
 from spark_writer.mutations.modes import Mutations, Op, mapped_ops
 from spark_writer.mutations.reduction import OP_COLUMN, key_text
-from spark_writer.sink.kafka_records import BatchInput, JsonBatchParser, RecordDecoding
-from spark_writer.sink.registry_records import RegistryBatchParser, spark_type_names
+from spark_writer.spark_arrow_types import spark_type_names
 
 OP_FIELD = pa.field(OP_COLUMN, pa.int8())
 
@@ -62,11 +60,11 @@ class RegistryColumns:
         return pa.table({self.single: decoded}), reasons
 
 
-def json_value_schema(row: StructType, mutations: Mutations) -> StructType:
+def json_value_schema(row: pa.Schema, mutations: Mutations) -> pa.Schema:
     """What the JSON decoder reads of an upsert or change stream's values whose rows have the fields of `row` (its
-    --schema): the rows, or their Debezium envelopes; a key column may be null there, so that a record without one is
-    refused for that reason."""
-    relaxed = StructType([StructField(f.name, f.dataType, f.nullable or f.name in mutations.key) for f in row.fields])
+    --schema, in Spark's Arrow form): the rows, or their Debezium envelopes; a key column may be null there, so that a
+    record without one is refused for that reason."""
+    relaxed = pa.schema([pa.field(f.name, f.type, f.nullable or f.name in mutations.key) for f in row])
     return relaxed if mutations.envelope is None else debezium.json_envelope_schema(relaxed)
 
 
@@ -224,71 +222,36 @@ def _conformed(rows: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays([rows.column(name) for name in schema.names], schema=schema)
 
 
-class MutationParser:
-    """The ``DecodesInTasks`` transform of an upsert or change stream: `inner`, the format's parser (built with
-    read_keys, without kafka metadata), with its values (and the message keys of tombstones) decoded as changes."""
-
-    def __init__(
-        self,
-        inner: JsonBatchParser | RegistryBatchParser,
-        mutations: Mutations,
-        *,
-        keep_positions: bool = False,
-        registry_keys: RegistryValues | None = None,
-    ) -> None:
-        self._inner = inner
-        self._mutations = mutations
-        self._keep_positions = keep_positions
-        self._registry_keys = registry_keys
-        self._built: tuple[RecordDecoding, RecordDecoding] | None = None
-        self.table_schema  # noqa: B018 (the key checked against the schema now: ValueError, before Spark runs a batch)
-
-    @property
-    def mutations(self) -> Mutations:
-        return self._mutations
-
-    @property
-    def decoding(self) -> RecordDecoding:
-        """How the tasks decode records with the inner parser's schema as it stands (built again when it changes)."""
-        inner = self._inner.decoding
-        if self._built is None or self._built[0] is not inner:
-            self._built = (inner, RecordDecoding(self._decoder_of(inner), inner.policy, inner.dead_letters))
-        return self._built[1]
-
-    @property
-    def table_schema(self) -> pa.Schema:
-        decoder = self.decoding.decoder
-        assert isinstance(decoder, MutationDecoder)
-        return decoder.table_schema
-
-    def prepare(self, batch: DataFrame) -> BatchInput:
-        prepared = self._inner.prepare(batch)
-        return BatchInput(prepared.frame, self.table_schema, self.decoding)
-
-    def batch_properties(self, bad_records: int) -> dict[str, str]:
-        return self._inner.batch_properties(bad_records)
-
-    def _decoder_of(self, decoding: RecordDecoding) -> MutationDecoder:
-        inner = decoding.decoder
-        mutations = self._mutations
-        if isinstance(inner, JsonDecoder):
-            values: ColumnDecoding = inner
-            decoded = inner.schema
-        elif isinstance(inner, RegistryDecoder):
-            values = RegistryColumns(inner.value, "value")
-            decoded = pa.schema(value_fields(inner.value.payloads.target))
-        else:
-            raise TypeError(f"an upsert or change stream cannot decode with {type(inner).__name__}")
-        if mutations.envelope is not None:
-            row = pa.schema(list(debezium.envelope_row_type(pa.struct(list(decoded)), inner.schema_name)))
-        else:
-            row = decoded
-        row = pa.schema([each.with_nullable(True) for each in row])
-        if taken := sorted(set(row.names) & {each.name for each in KAFKA_METADATA_FIELDS}):
-            raise ValueError(f"the rows have column(s) {taken}, which the kafka_* position columns would repeat")
-        if isinstance(inner, JsonDecoder):
-            keys: ColumnDecoding = json_key_decoding(row, mutations.key, inner.time_zone)
-        else:
-            assert self._registry_keys is not None, "a registry format's tombstones need their key subject"
-            keys = RegistryColumns(self._registry_keys, mutations.key[0])
-        return MutationDecoder(values, keys, mutations, row, self._keep_positions, inner.schema_name)
+def mutation_decoding(
+    inner: RecordDecoding,
+    mutations: Mutations,
+    *,
+    keep_positions: bool = False,
+    registry_keys: RegistryValues | None = None,
+) -> RecordDecoding:
+    """`inner`, a format's decoding of values (JSON's, or a registry format's without kafka metadata), as an upsert or
+    change stream's: its values (and the message keys of tombstones: JSON objects, or `registry_keys`' records)
+    decoded as changes, under the same policy; ValueError when the rows cannot be a keyed table's."""
+    decoder = inner.decoder
+    if isinstance(decoder, JsonDecoder):
+        values: ColumnDecoding = decoder
+        decoded = decoder.schema
+    elif isinstance(decoder, RegistryDecoder):
+        values = RegistryColumns(decoder.value, "value")
+        decoded = pa.schema(value_fields(decoder.value.payloads.target))
+    else:
+        raise TypeError(f"an upsert or change stream cannot decode with {type(decoder).__name__}")
+    if mutations.envelope is not None:
+        row = pa.schema(list(debezium.envelope_row_type(pa.struct(list(decoded)), decoder.schema_name)))
+    else:
+        row = decoded
+    row = pa.schema([each.with_nullable(True) for each in row])
+    if taken := sorted(set(row.names) & {each.name for each in KAFKA_METADATA_FIELDS}):
+        raise ValueError(f"the rows have column(s) {taken}, which the kafka_* position columns would repeat")
+    if isinstance(decoder, JsonDecoder):
+        keys: ColumnDecoding = json_key_decoding(row, mutations.key, decoder.time_zone)
+    else:
+        assert registry_keys is not None, "a registry format's tombstones need their key subject"
+        keys = RegistryColumns(registry_keys, mutations.key[0])
+    mutation_decoder = MutationDecoder(values, keys, mutations, row, keep_positions, decoder.schema_name)
+    return RecordDecoding(mutation_decoder, inner.policy, inner.dead_letters)

@@ -27,9 +27,9 @@ from pyspark.sql import DataFrame
 from pyspark.sql.pandas.functions import arrow_udf
 from pyspark.sql.types import StringType
 
+from spark_writer.formats.record_decoding import RecordDecoding
 from spark_writer.mutations.decoding import MutationDecoder
 from spark_writer.mutations.reduction import LastWins
-from spark_writer.sink.kafka_records import RecordDecoding
 from spark_writer.sink.parquet_writer import (
     WRITTEN_FILES_STRUCT,
     DataFileTarget,

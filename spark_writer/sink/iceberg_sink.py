@@ -39,17 +39,21 @@ import structlog
 from pyspark.sql import DataFrame
 
 from coordinator_service.contract.client import CoordinatorClient, CoordinatorRpcError
-from coordinator_service.contract.table_identifiers import sink_name_problem, table_identifier_problem
 from coordinator_service.contract.views import PreCommitOutcome, Registration
 from spark_writer.arrow_schema import arrow_schema_of, serialize_schema
+from spark_writer.formats.record_decoding import RECORDS_READ_PROPERTY
 from spark_writer.kafka.positions import TopicPartition, merge_latest, position_properties
 from spark_writer.routing.routes import Routes
 from spark_writer.sink.checkpoint import NO_OFFSET, SparkCheckpoint
 from spark_writer.sink.fan_out import FanOut
-from spark_writer.sink.kafka_records import RECORDS_READ_PROPERTY
 from spark_writer.sink.listener import CheckpointListener, CheckpointReporter
 from spark_writer.sink.parquet_writer import BatchTasks, DataFileTarget, append_tasks, delete_files, precommit_files
 from spark_writer.sink.partitioning import parse_partition_fields
+from spark_writer.sink.sink_arguments import (
+    DEFAULT_COORDINATOR_RETRY_SECONDS,
+    DEFAULT_TARGET_FILE_SIZE_BYTES,
+    check_names,
+)
 from spark_writer.sink.sink_query import IcebergSinkQuery, SinkRefusedError
 from spark_writer.sink.storage import Storage
 
@@ -58,8 +62,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-DEFAULT_TARGET_FILE_SIZE_BYTES: Final = 128 * 1024 * 1024
-DEFAULT_COORDINATOR_RETRY_SECONDS: Final = 60.0
 # The coordinator keeps at most 64 KiB of properties per epoch (kafka_positions takes up to 24 KiB more); offsets of
 # thousands of partitions are left out.
 MAX_OFFSETS_PROPERTY_CHARS: Final = 36 * 1024
@@ -230,14 +232,6 @@ class MicroBatchWriter:
         offsets = json.dumps([None if line == NO_OFFSET else json.loads(line) for line in lines])
         properties = {"spark.end_offsets": offsets} if len(offsets) <= MAX_OFFSETS_PROPERTY_CHARS else {}
         return properties | position_properties(lines, latest)
-
-
-def check_names(sink: str, table: str) -> None:
-    """ValueError when the sink's name or its table's is outside the name policy, which the coordinator would refuse
-    (coordinator_service.contract.table_identifiers)."""
-    for problem in (sink_name_problem(sink), table_identifier_problem(table)):
-        if problem is not None:
-            raise ValueError(problem)
 
 
 def write_to_iceberg(

@@ -14,8 +14,8 @@ which says why and how): by the writer's own tasks for ``JsonBatchParser``, so t
 a batch's records cross from Python to the JVM and back only as bytes, and by a
 ``mapInArrow`` step for ``json_records``.
 
-What becomes of a record that does not fit (``RecordDecoding``: fail, null,
-dead-letter) is the same for every decoder, JSON or the registry formats'
+What becomes of a record that does not fit (``spark_writer.formats.record_decoding``:
+fail, null, dead-letter) is the same for every decoder, JSON or the registry formats'
 (``spark_writer.sink.registry_records``), which give the same ``DecodedBatch``.
 """
 
@@ -23,9 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import Final, Protocol
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from typing import Final
 
 import pyarrow as pa
 import structlog
@@ -35,47 +33,23 @@ from pyspark.sql import functions as sql
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
 from spark_writer.arrow_schema import arrow_schema_of
-from spark_writer.formats.dead_letters import DeadLetterProducer, DeadLetterTarget
-from spark_writer.formats.decoded_batch import REASON_COLUMN, UTC, DecodedBatch
+from spark_writer.formats.dead_letters import DeadLetterTarget
 from spark_writer.formats.json_columns import grow
-from spark_writer.formats.json_decoding import JsonDecoder
+from spark_writer.formats.json_decoding import DEFAULT_JSON_TIME_ZONE, check_time_zone, json_decoder
+from spark_writer.formats.record_decoding import (
+    RAW_COLUMNS,
+    BadRecordPolicy,
+    RecordDecoding,
+    bad_record_properties,
+)
 from spark_writer.kafka.metadata import KafkaMetadata
 from spark_writer.kafka.offsets import OffsetRange
 from spark_writer.kafka.options import parse_options
-from spark_writer.kafka.positions import TopicPartition, latest_timestamps, merge_latest
 from spark_writer.kafka.range_reader import read_range
-from spark_writer.sink.parquet_writer import DecodingSummary
 from spark_writer.spark_errors import spark_message
 
 log = structlog.get_logger(__name__)
 
-
-class BadRecordPolicy(StrEnum):
-    """What happens to a record that does not fit the JSON schema."""
-
-    FAIL = "fail"  # the batch fails, naming topic, partition, offset and why
-    NULL = "null"  # written with null columns, counted
-    DEAD_LETTER = "dead-letter"  # sent to a dead-letter topic instead of the table, counted
-
-
-class BadRecordError(ValueError):
-    """A record does not fit the schema and the policy is to fail."""
-
-
-# The epoch properties (PreCommit) with the number of records of the batch that did not fit the schema, what
-# became of them (the policy: null, dead-letter), and the Kafka records the batch read: the verifier holds the rows
-# of an epoch's files to the records read less those sent to the dead-letter topic.
-BAD_RECORDS_PROPERTY: Final = "sink-coordinator.bad-records"
-ON_BAD_RECORD_PROPERTY: Final = "sink-coordinator.on-bad-record"
-RECORDS_READ_PROPERTY: Final = "sink-coordinator.records-read"
-ON_BAD_RECORD_HINT: Final = (
-    "Fix the record or the schema, or run with --on-bad-record null (written as nulls, counted) "
-    "or --on-bad-record dead-letter --dead-letter-topic T"
-)
-
-# The zone of JSON timestamps that carry none (the same in every session: local, spark-submit, ...).
-DEFAULT_JSON_TIME_ZONE: Final = UTC
-RAW_COLUMNS: Final = ("key", "value", "topic", "partition", "offset", "timestamp")
 # The Spark types of the kafka_* columns (spark_writer.formats.json_decoding.KAFKA_METADATA_COLUMNS).
 KAFKA_METADATA_FIELDS: Final = (
     StructField("kafka_topic", StringType()),
@@ -107,117 +81,9 @@ def _json_text() -> Column:
     return sql.col("value").cast("string")
 
 
-def check_time_zone(name: str) -> str:
-    """A time zone name Spark and Python both know ("UTC", "Europe/Paris"); ValueError otherwise."""
-    try:
-        ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise ValueError(f"unknown time zone {name!r}: use a name like UTC or Europe/Paris") from None
-    return name
-
-
-def json_decoder(
-    schema: StructType,
-    *,
-    kafka_metadata: bool = False,
-    time_zone: str = DEFAULT_JSON_TIME_ZONE,
-    refused: Mapping[str, str] | None = None,
-) -> JsonDecoder:
-    """The executors' decoder of JSON values into the columns of `schema` (and the kafka_* columns if asked); a record
-    giving a value to a `refused` field (json_columns) does not fit."""
-    if kafka_metadata and (taken := sorted({f.name for f in KAFKA_METADATA_FIELDS} & set(schema.fieldNames()))):
-        raise ValueError(f"the JSON schema has field(s) {taken}, which the kafka_* columns would repeat")
-    return JsonDecoder(
-        arrow_schema_of(schema),
-        tuple(f.dataType.simpleString() for f in schema.fields),
-        kafka_metadata=kafka_metadata,
-        time_zone=check_time_zone(time_zone),
-        refused=tuple(sorted((refused or {}).items())),
-    )
-
-
 def table_schema(schema: StructType, *, kafka_metadata: bool = False) -> StructType:
     """The Spark schema of what `json_decoder` gives: the JSON fields, then the kafka_* columns if asked."""
     return StructType([*schema.fields, *(KAFKA_METADATA_FIELDS if kafka_metadata else ())])
-
-
-class BatchDecoder(Protocol):
-    """Kafka record batches into table rows (json_decoding.JsonDecoder, registry_decoding.RegistryDecoder)."""
-
-    @property
-    def output_schema(self) -> pa.Schema: ...
-
-    @property
-    def schema_name(self) -> str:
-        """What the records must fit, for messages: "the JSON schema"."""
-        ...
-
-    def decode(self, kafka: pa.RecordBatch) -> DecodedBatch: ...
-
-
-@dataclass(frozen=True)
-class RecordDecoding:
-    """Kafka values into table rows on the executors, and what becomes of the records that do not fit.
-
-    Shipped with each task; `start` gives the task its own state (counts, a dead-letter producer).
-    """
-
-    decoder: BatchDecoder
-    policy: BadRecordPolicy = BadRecordPolicy.FAIL
-    dead_letters: DeadLetterTarget | None = None
-
-    def __post_init__(self) -> None:
-        if (self.policy is BadRecordPolicy.DEAD_LETTER) != (self.dead_letters is not None):
-            raise ValueError("a dead-letter topic is needed with on_bad_record=dead-letter, and only then")
-
-    def start(self, *, send_dead_letters: bool = True) -> RecordDecodingTask:
-        """A task's decoding; without `send_dead_letters` (a reader's, not the sink's: spark_writer.fresh) the records
-        the dead-letter policy takes are left out of the rows and sent nowhere."""
-        return RecordDecodingTask(self, send_dead_letters=send_dead_letters)
-
-
-class RecordDecodingTask:
-    """One task's decoding: rows batch by batch, then `finish` (dead letters acknowledged, records counted)."""
-
-    def __init__(self, decoding: RecordDecoding, *, send_dead_letters: bool = True) -> None:
-        self._decoding = decoding
-        self._dead_letters = (
-            DeadLetterProducer(decoding.dead_letters)
-            if decoding.dead_letters is not None and send_dead_letters
-            else None
-        )
-        self.bad_records = 0
-        self.records_read = 0
-        self._latest: list[dict[TopicPartition, int]] = []
-
-    def rows(self, batch: pa.RecordBatch) -> pa.Table:
-        """The table rows of one batch of Kafka records; BadRecordError for a record that does not fit under FAIL."""
-        self._latest.append(latest_timestamps(batch))
-        self.records_read += batch.num_rows
-        decoded = self._decoding.decoder.decode(batch)
-        misfits = decoded.misfits.num_rows
-        if not misfits:
-            return decoded.rows
-        self.bad_records += misfits
-        policy = self._decoding.policy
-        if policy is BadRecordPolicy.FAIL:
-            first = decoded.misfits.slice(0, 1).to_pylist()[0]
-            raise BadRecordError(
-                f"a Kafka record does not fit {self._decoding.decoder.schema_name}: topic {first['topic']} "
-                f"partition {first['partition']} offset {first['offset']}: {first[REASON_COLUMN]}. {ON_BAD_RECORD_HINT}"
-            )
-        if policy is BadRecordPolicy.NULL:
-            return pa.concat_tables([decoded.rows, decoded.misfit_rows])
-        if self._dead_letters is not None:
-            self._dead_letters.send(decoded.misfits, REASON_COLUMN)
-        return decoded.rows
-
-    def finish(self) -> DecodingSummary:
-        """After the last batch: once every dead letter is acknowledged, the records that did not fit and the
-        latest timestamps read."""
-        if self._dead_letters is not None:
-            self._dead_letters.flush()
-        return DecodingSummary(self.bad_records, merge_latest(self._latest), self.records_read)
 
 
 @dataclass(frozen=True)
@@ -250,7 +116,8 @@ def json_records(
     """
     if on_bad_record is BadRecordPolicy.DEAD_LETTER:
         raise ValueError("dead letters are sent per batch: use JsonBatchParser as the transform of write_to_iceberg")
-    decoding = RecordDecoding(json_decoder(schema, kafka_metadata=kafka_metadata, time_zone=time_zone), on_bad_record)
+    decoder = json_decoder(arrow_schema_of(schema), kafka_metadata=kafka_metadata, time_zone=time_zone)
+    decoding = RecordDecoding(decoder, on_bad_record)
     return kafka.mapInArrow(DecodedRecords(decoding), table_schema(schema, kafka_metadata=kafka_metadata))
 
 
@@ -283,14 +150,6 @@ def sampled_json_schema(spark: SparkSession, kafka_options: Mapping[str, str], s
     if not values:
         return StructType([])
     return infer_json_schema(spark, spark.createDataFrame([(value,) for value in values], "json string"))
-
-
-def bad_record_properties(bad_records: int, policy: BadRecordPolicy, schema_name: str) -> dict[str, str]:
-    """A batch's epoch properties: the count of its records that did not fit (logged when there were some), and the
-    policy that decided what became of them."""
-    if bad_records:
-        log.warning(f"records that do not fit {schema_name}", bad_records=bad_records, on_bad_record=policy.value)
-    return {BAD_RECORDS_PROPERTY: str(bad_records), ON_BAD_RECORD_PROPERTY: policy.value}
 
 
 def task_columns(*, key: bool, dead_letters: bool) -> list[str]:
@@ -393,7 +252,10 @@ class JsonBatchParser(SchemaKnownSoFar):
 
     def _decoding_of(self, schema: StructType) -> RecordDecoding:
         decoder = json_decoder(
-            schema, kafka_metadata=self._kafka_metadata, time_zone=self._time_zone, refused=self._refused
+            arrow_schema_of(schema),
+            kafka_metadata=self._kafka_metadata,
+            time_zone=self._time_zone,
+            refused=self._refused,
         )
         return RecordDecoding(decoder, self._policy, self._dead_letters)
 

@@ -11,7 +11,7 @@ path so that the coordinator need not read it from storage; the driver
 pre-commits exactly those files, so files of a failed attempt never reach the
 table (the attempt deletes them when it fails by an exception). A task given a
 decoding (``DataFileTarget.decoding``) receives Kafka records and decodes them into
-table rows itself (``spark_writer.sink.kafka_records.RecordDecoding``), and also yields
+table rows itself (``spark_writer.formats.record_decoding.RecordDecoding``), and also yields
 the count of the records that did not fit and the latest record timestamp of each
 Kafka topic-partition it read (spark_writer.kafka.positions). A task given routes
 (``DataFileTarget.routing``, fan-out) splits its rows by route first
@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Final, Protocol
 
@@ -39,6 +39,7 @@ from pyspark.sql import DataFrame, Row
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from coordinator_service.contract.client import PreCommitFile
+from spark_writer.formats.record_decoding import DecodingSummary
 from spark_writer.routing.split import TaskRouting, UnroutedTally, record_origin, split_by_route
 from spark_writer.sink.partitioning import PartitionField, PartitionKey, split_by_partition
 from spark_writer.sink.storage import Storage
@@ -84,23 +85,13 @@ TaskWriter = Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 
 class TaskDecoder(Protocol):
     """One task's turning of its input batches into table rows
-    (spark_writer.sink.kafka_records.RecordDecodingTask)."""
+    (spark_writer.formats.record_decoding.RecordDecodingTask)."""
 
     def rows(self, batch: pa.RecordBatch) -> pa.Table: ...
 
     def finish(self) -> DecodingSummary:
         """After the last batch: the records that did not fit, the latest timestamps read."""
         ...
-
-
-@dataclass(frozen=True)
-class DecodingSummary:
-    """What a task's decoding saw besides the rows: records that did not fit, the latest record timestamp (ms)
-    of each Kafka topic-partition it read, and how many Kafka records it read."""
-
-    bad_records: int = 0
-    latest_timestamps: Mapping[tuple[str, int], int] = field(default_factory=dict)
-    records_read: int = 0
 
 
 class TaskDecoding(Protocol):

@@ -13,17 +13,17 @@ from pyiceberg.catalog import Catalog
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
-from spark_writer.job import start_job
-from spark_writer.job_settings import KafkaSettings, ParseSettings, SinkSettings
-from spark_writer.kafka.offsets import OffsetRange
-from spark_writer.kafka.options import parse_options
-from spark_writer.kafka.range_reader import read_range
-from spark_writer.sink.kafka_records import (
+from spark_writer.formats.record_decoding import (
     BAD_RECORDS_PROPERTY,
     ON_BAD_RECORD_PROPERTY,
     RECORDS_READ_PROPERTY,
     BadRecordPolicy,
 )
+from spark_writer.job import start_job
+from spark_writer.job_settings import KafkaSettings, ParseSettings, SinkSettings
+from spark_writer.kafka.offsets import OffsetRange
+from spark_writer.kafka.options import parse_options
+from spark_writer.kafka.range_reader import read_range
 from tests.fixtures.coordinator import CoordinatorProcess
 from tests.fixtures.kafka_broker import produce_records
 from tests.fixtures.pipeline import QUERY_TIMEOUT_SECONDS, table_arrow

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from pyiceberg.catalog import Catalog
 
 from coordinator_service.contract.client import CoordinatorRpcError
 from coordinator_service.log.database import normalize_url
@@ -24,6 +25,7 @@ from sink_coordinator_demo.ports import free_port
 from tests.fixtures.coordinator import CoordinatorProcess
 from tests.fixtures.kafka_broker import create_topic, delete_topics, produce_records
 from tests.fixtures.sink_writer_process import WriterProcess, sink_writer, sink_writer_command
+from tests.fixtures.verification import assert_verified
 
 pytestmark = [pytest.mark.kafka]
 
@@ -200,7 +202,11 @@ def test_a_typo_in_the_schema_is_named_without_a_traceback(
 
 @pytest.mark.spark
 def test_a_column_the_table_holds_with_another_type_is_the_coordinators_refusal(
-    required: list[str], coordinator: CoordinatorProcess, kafka_bootstrap: str, kafka_topic: TopicFactory
+    required: list[str],
+    coordinator: CoordinatorProcess,
+    kafka_bootstrap: str,
+    kafka_topic: TopicFactory,
+    catalog: Catalog,
 ) -> None:
     topic = kafka_topic(partitions=1)
     produce_records(kafka_bootstrap, topic, [(0, b"0", json.dumps({"order_id": 0, "amount": 1.5}).encode())])
@@ -213,11 +219,16 @@ def test_a_column_the_table_holds_with_another_type_is_the_coordinators_refusal(
     second = sink_writer(*flags, "--schema", "order_id BIGINT, amount STRING", timeout=SPARK_RUN_SECONDS)
 
     second.assert_answer(4, "coordinator refused", "amount")
+    assert_verified(coordinator.database_url, catalog, "cli-session", kafka_bootstrap, deep=False)
 
 
 @pytest.mark.spark
 def test_a_sigterm_to_the_process_group_stops_between_batches(
-    required: list[str], coordinator: CoordinatorProcess, kafka_bootstrap: str, kafka_topic: TopicFactory
+    required: list[str],
+    coordinator: CoordinatorProcess,
+    kafka_bootstrap: str,
+    kafka_topic: TopicFactory,
+    catalog: Catalog,
 ) -> None:
     """What `timeout`, systemd and supervisors send: the whole group (the JVM too) gets SIGTERM, as it gets
     SIGINT from Ctrl-C; the query stops between two batches and the job says so."""
@@ -234,3 +245,4 @@ def test_a_sigterm_to_the_process_group_stops_between_batches(
     finished.assert_answer(143, "SIGTERM")
     assert any("stop requested: stopping the query between two batches" in line for line in finished.lines)
     assert running.group_gone(within_seconds=30), "the JVM or a Python worker outlived the driver"
+    assert_verified(coordinator.database_url, catalog, "cli-session", kafka_bootstrap, deep=False)

@@ -23,6 +23,7 @@ from sink_coordinator_demo.object_store import ObjectStore
 from sink_coordinator_demo.spark_cluster import SparkCluster
 from tests.fixtures.coordinator import CoordinatorProcess
 from tests.fixtures.pipeline import ORDER_SCHEMA_DDL, kafka_positions, produce_orders, produced_positions
+from tests.fixtures.verification import assert_verified
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -111,3 +112,4 @@ def test_exactly_once_on_a_cluster_with_s3_and_a_rest_catalog_with_an_executor_k
     with coordinator.client() as client:
         state = client.sink_state(SINK)
     assert state.committed_epoch == state.checkpointed_epoch >= RECORDS // PER_BATCH - 1
+    assert_verified(coordinator.database_url, catalog, SINK, kafka_bootstrap)

@@ -3,6 +3,7 @@ it), and no broker data left behind."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -11,6 +12,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka.admin import AdminClient
@@ -20,6 +22,27 @@ from sink_coordinator_demo.ports import free_port
 from tests.fixtures.duckdb_reader import duckdb_rows
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
+
+
+def verified(said: str, data_dir: Path) -> dict[str, Any]:
+    """The verifier's answer (`sink-coordinator verify --json`) on the sink whose table the demo said, from its data
+    dir once it ended (its broker went with it: no check against Kafka); it must find no fault."""
+    [table] = re.findall(r"catalog\.load_table\('demo\.(\w+)'\)", said)
+    named = re.fullmatch(r"(.+)_(\d{8}_\d{6})", table)  # demo.<kind>_<run>, the sink demo-<kind>-<run>
+    assert named is not None, table
+    kind, run = named.groups()
+    sink = f"demo-{kind.replace('_', '-')}-{run}"
+    result = subprocess.run(
+        [sys.executable, "-m", "coordinator_service.cli", "verify", sink, "--data-dir", str(data_dir), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    answer: dict[str, Any] = json.loads(result.stdout)
+    assert answer["ok"] and answer["sink"] == sink, answer
+    return answer
 
 
 def test_the_demo_says_how_to_read_its_table_and_leaves_no_broker_data(tmp_path: Path) -> None:
@@ -44,6 +67,8 @@ def test_the_demo_says_how_to_read_its_table_and_leaves_no_broker_data(tmp_path:
     assert "its data deleted, when the demo ends" in said
     assert not (data_dir / "kafka").exists()  # the demo's broker data: 1.4 GB after a few runs, before
     assert (data_dir / "kafka.log").exists()
+    # The demo's own check ("exactly once? yes") and the verifier's agree; its table has no Kafka positions: shallow.
+    assert [each["deep"] for each in verified(said, data_dir)["tables"]] == [False]
 
 
 def test_the_cdc_demo_mirrors_the_orders_change_stream_and_checks_it_against_the_model(tmp_path: Path) -> None:
@@ -84,6 +109,8 @@ def test_the_cdc_demo_mirrors_the_orders_change_stream_and_checks_it_against_the
     assert sorted(Counter(status for _, status in rows).items()) == sorted(
         (status, shown(f"orders {status}")) for status in statuses
     )
+    # The demo's own check (the table mirrors the model) and the verifier's agree; the keyed table's keys: deep.
+    assert [each["deep"] for each in verified(said, data_dir)["tables"]] == [True]
 
 
 def test_the_s3_demo_does_not_send_you_to_make_serve() -> None:

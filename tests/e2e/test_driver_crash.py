@@ -30,6 +30,7 @@ from tests.fixtures.pipeline import (
     produce_orders,
     produced_positions,
 )
+from tests.fixtures.verification import assert_verified
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -165,6 +166,7 @@ def test_driver_killed_after_precommit_before_spark_checkpoint(
     in_table = {Path(uri.removeprefix("file://")) for uri in table_files(catalog.load_table(TABLE))}
     assert not first_attempt & in_table, "files of the aborted attempt reached the table"
     assert not any(path.exists() for path in first_attempt), "files of the aborted attempt were left behind"
+    assert_verified(coordinator.database_url, catalog, SINK, pipeline.kafka.bootstrap_servers)
 
 
 def test_driver_killed_after_spark_checkpoint_before_report(
@@ -188,6 +190,7 @@ def test_driver_killed_after_spark_checkpoint_before_report(
     assert KILLED_EPOCH in registered["recommitting_epochs"]
     assert registered["checkpointed_epoch"] == checkpointed
     assert kafka_positions(catalog, TABLE) == produced_positions(produced[1])
+    assert_verified(coordinator.database_url, catalog, SINK, pipeline.kafka.bootstrap_servers)
 
 
 @pytest.mark.parametrize("point", ["sigterm-while-starting", "sigterm-after-precommit"])
@@ -215,3 +218,4 @@ def test_sigterm_stops_the_driver_between_batches(
 
     pipeline.restart(spark)
     assert kafka_positions(catalog, TABLE) == produced_positions(produced[1])
+    assert_verified(coordinator.database_url, catalog, SINK, pipeline.kafka.bootstrap_servers)

@@ -174,6 +174,7 @@ def test_new_json_field_mid_stream_becomes_a_column(
         latest[partition] = max(latest.get(partition, 0), int(row["kafka_timestamp"].timestamp() * 1000))
     assert json.loads(summary[SNAPSHOT_END_OFFSETS]) == {topic: ends}
     assert int(summary[SNAPSHOT_VALID_THROUGH_MS]) == min(latest.values())
+    assert_verified(coordinator.database_url, catalog, "orders-evolving", kafka_bootstrap)
 
 
 def _spark_kafka_on_classpath(spark: SparkSession) -> bool:

@@ -32,6 +32,7 @@ from tests.fixtures.pipeline import (
     produced_positions,
     table_arrow,
 )
+from tests.fixtures.verification import assert_verified
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -91,6 +92,7 @@ def test_static_routes_put_every_record_once_in_its_table(
         "shop.fan_unrouted": 4,
         **dict.fromkeys(tables.values(), 4),
     }
+    assert_verified(coordinator.database_url, catalog, "orders-fan-static", kafka_bootstrap)
 
 
 def produce_targeted(bootstrap: str, topic: str, ids: range, target: Callable[[int], str]) -> list[ProducedRecord]:
@@ -144,6 +146,7 @@ def test_dynamic_routes_create_a_table_that_appears_mid_stream(
     with coordinator.client() as client:
         state = client.sink_state("orders-fan-dynamic")
     assert {table.table for table in state.tables} == set(routed)
+    assert_verified(coordinator.database_url, catalog, "orders-fan-dynamic", kafka_bootstrap)
 
 
 def test_unrouted_records_fail_the_batch_or_go_to_the_sinks_own_table(
@@ -196,6 +199,7 @@ def test_unrouted_records_fail_the_batch_or_go_to_the_sinks_own_table(
     assert sum((kafka_positions(catalog, table) for table in tables.values()), Counter()) == produced_positions(
         produced
     )
+    assert_verified(coordinator.database_url, catalog, "orders-fan-unrouted", kafka_bootstrap)
 
 
 @pytest.fixture
@@ -258,3 +262,4 @@ def test_a_coordinator_killed_between_the_tables_of_an_epoch(
         state = client.sink_state("orders-fan-crash")
     assert state.committed_epoch == state.checkpointed_epoch == 4
     assert {table.committed_epoch for table in state.tables} == {4}
+    assert_verified(database_url, catalog, "orders-fan-crash", kafka_bootstrap)

@@ -17,6 +17,7 @@ from spark_writer.sink.iceberg_sink import write_to_iceberg
 from spark_writer.sink.sink_query import SinkRefusedError
 from tests.fixtures.coordinator import CoordinatorProcess
 from tests.fixtures.pipeline import QUERY_TIMEOUT_SECONDS, order_ids, order_stream, produce_orders
+from tests.fixtures.verification import assert_verified
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -68,3 +69,4 @@ def test_fenced_writer_stops_with_the_reason(
     in_table = order_ids(catalog, "shop.orders")
     assert max(in_table.values(), default=1) == 1, "an order was written twice"
     assert sum(in_table.values()) < 4000, "the fenced query went on to the end"
+    assert_verified(coordinator.database_url, catalog, "orders", kafka_bootstrap)

@@ -44,6 +44,7 @@ from tests.fixtures.coordinator import CoordinatorProcess
 from tests.fixtures.kafka_broker import add_partitions, client_config
 from tests.fixtures.pipeline import ORDER_SCHEMA_DDL, QUERY_TIMEOUT_SECONDS, order
 from tests.fixtures.upsert_streams import COLUMNS, ROW_DDL, Row, as_record, changes, key_record, model, partition_of
+from tests.fixtures.verification import assert_verified
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -349,6 +350,7 @@ def test_fresh_reads_of_an_append_stream_hold_every_record_produced_once(
     last = fresh.read_arrow(**reads.arguments())
     held = table_once_it_holds(catalog, "shop.orders", ends_of(last))
     assert sorted_rows(held, last.column_names) == sorted_rows(last, last.column_names)
+    assert_verified(coordinator.database_url, catalog, "orders", kafka_bootstrap)  # beside the running writer
     assert query.query.isActive, "the writer ran through every read and the coordinator's kill"
 
 
@@ -398,4 +400,5 @@ def test_fresh_reads_of_an_upsert_stream_are_the_last_value_of_each_key(
     last = fresh.read_arrow(**reads.arguments())
     held = table_once_it_holds(catalog, "crm.customers", ends_of(last))
     assert sorted_rows(held, last.column_names) == sorted_rows(last, last.column_names)
+    assert_verified(coordinator.database_url, catalog, "customers")  # beside the running writer
     assert query.query.isActive, "the writer ran through every read and the coordinator's kill"

@@ -26,6 +26,7 @@ from coordinator_service.contract.views import CheckpointResult, PreCommitResult
 from spark_writer.sink.iceberg_sink import write_to_iceberg
 from tests.fixtures.coordinator import CoordinatorProcess
 from tests.fixtures.pipeline import kafka_positions, order_stream, produce_orders, produced_positions
+from tests.fixtures.verification import assert_verified
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -116,3 +117,4 @@ def test_failed_report_lands_while_the_query_is_idle(
             with contextlib.suppress(CoordinatorRpcError):
                 running.finish(wait_for_commit=False)
     assert kafka_positions(catalog, "shop.orders_idle") == produced_positions(produced)
+    assert_verified(database_url, catalog, "orders-idle", kafka_bootstrap)

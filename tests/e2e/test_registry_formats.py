@@ -18,18 +18,19 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from pyiceberg.catalog import Catalog
 from pyspark.sql import SparkSession
 
+from spark_writer.formats.record_decoding import BadRecordPolicy
 from spark_writer.formats.schema_registry import RegistrySettings, registry_client
 from spark_writer.job import start_job
 from spark_writer.job_settings import KafkaSettings, ParseSettings, RecordFormat, SinkSettings
 from spark_writer.kafka.offsets import OffsetRange
 from spark_writer.kafka.options import parse_options
 from spark_writer.kafka.range_reader import read_range
-from spark_writer.sink.kafka_records import BadRecordPolicy
 from spark_writer.sink.sink_query import IcebergSinkQuery
 from tests.fixtures.coordinator import CoordinatorProcess
 from tests.fixtures.kafka_broker import produce_records
 from tests.fixtures.pipeline import kafka_positions, produced_positions, table_arrow
 from tests.fixtures.registry_records import compile_proto
+from tests.fixtures.verification import assert_verified
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -158,6 +159,7 @@ def test_avro_values_and_keys_land_once_with_their_values(
     assert kafka_positions(catalog, table_name(topic)) == produced_positions(produced)
     rows = table_arrow(catalog, table_name(topic), ("key", "order_id", "amount", "created_at", "items")).to_pylist()
     assert {row["order_id"]: row for row in rows} == {i: {"key": i, **order(i)} for i in range(RECORDS)}
+    assert_verified(coordinator.database_url, catalog, topic, kafka_bootstrap)
 
 
 def test_a_new_avro_version_mid_stream_becomes_a_column(
@@ -205,6 +207,7 @@ def test_a_new_avro_version_mid_stream_becomes_a_column(
         **{i: f"c{i}" for i in range(100, 200)},
         **dict.fromkeys(range(200, 250)),  # written with the first version, which has no coupon: null, not v2's default
     }
+    assert_verified(coordinator.database_url, catalog, topic, kafka_bootstrap)
 
 
 def test_protobuf_values_land_once_with_their_values(
@@ -244,6 +247,7 @@ def test_protobuf_values_land_once_with_their_values(
     assert {row["order_id"]: row for row in rows.to_pylist()} == {
         i: {**order(i), "labels": [("n", str(i))]} for i in range(RECORDS)
     }
+    assert_verified(coordinator.database_url, catalog, topic, kafka_bootstrap)
 
 
 def test_json_schema_values_land_once_and_bad_ones_go_to_the_dead_letter_topic(
@@ -286,3 +290,4 @@ def test_json_schema_values_land_once_and_bad_ones_go_to_the_dead_letter_topic(
     reasons = sorted(letter["sink-coordinator.reason"] for letter in headers)
     assert reasons[0] == "not valid JSON"
     assert reasons[1].startswith(f"unknown schema id {0x7FFFFFFF}: the registry at ")
+    assert_verified(coordinator.database_url, catalog, topic, kafka_bootstrap)

@@ -178,6 +178,7 @@ def test_an_upsert_stream_through_a_driver_killed_mid_stream_and_rerun(
     with coordinator.client() as client:
         state = client.sink_state("customers_crash")
     assert state.committed_epoch == state.checkpointed_epoch == RECORDS // PER_BATCH - 1
+    assert_verified(coordinator.database_url, catalog, "customers_crash")
 
 
 @pytest.fixture
@@ -236,6 +237,7 @@ def test_an_upsert_stream_through_a_coordinator_killed_mid_commit(
     with second.client() as client:
         state = client.sink_state("customers_commit")
     assert state.committed_epoch == state.checkpointed_epoch == RECORDS // PER_BATCH - 1
+    assert_verified(database_url, catalog, "customers_commit")
 
 
 def test_a_debezium_change_stream_leaves_the_last_value_of_each_key(
@@ -258,6 +260,7 @@ def test_a_debezium_change_stream_leaves_the_last_value_of_each_key(
     assert running.await_termination(QUERY_TIMEOUT_SECONDS)
 
     assert_table_is_model(catalog, "crm.customers_cdc", produced)
+    assert_verified(coordinator.database_url, catalog, "customers_cdc")
 
 
 REGIONS = ("eu", "us")
@@ -307,6 +310,7 @@ def test_an_upsert_stream_fanned_out_by_a_key_column_leaves_each_table_its_keys(
     assert {table.table: table.committed_epoch for table in state.tables if table.table in tables.values()} == (
         dict.fromkeys(tables.values(), RECORDS // PER_BATCH - 1)
     )
+    assert_verified(coordinator.database_url, catalog, "fan")
 
 
 def test_a_column_added_mid_stream_to_an_upsert_table_holds_each_keys_last_value(
@@ -341,6 +345,7 @@ def test_a_column_added_mid_stream_to_an_upsert_table_holds_each_keys_last_value
     assert {row["id"]: row["tier"] for row in read} == tiers
     duckdb = duckdb_rows(catalog.load_table("crm.grow").metadata_location, "id", "id, tier")
     assert dict(duckdb) == tiers
+    assert_verified(coordinator.database_url, catalog, "grow")
 
 
 def test_an_upsert_stream_whose_keys_move_between_partitions_leaves_the_last_value_of_each_key(
@@ -375,6 +380,7 @@ def test_an_upsert_stream_whose_keys_move_between_partitions_leaves_the_last_val
     assert_table_is_model(catalog, "crm.moving", produced)
     read = catalog.load_table("crm.moving").scan(selected_fields=("id", "seq", "region")).to_arrow().to_pylist()
     assert all(row["region"] == REGIONS[row["seq"] % len(REGIONS)] for row in read)
+    assert_verified(coordinator.database_url, catalog, "moving")
 
 
 def test_an_upsert_stream_while_maintenance_expires_its_snapshots(
@@ -411,6 +417,7 @@ def test_an_upsert_stream_while_maintenance_expires_its_snapshots(
         coordinator.wait_for_log("table maintained", sink="maintained")
     assert len(catalog.load_table("crm.maintained").snapshots()) <= 2
     assert_table_is_model(catalog, "crm.maintained", produced)
+    assert_verified(coordinator.database_url, catalog, "maintained")
 
 
 def test_an_op_field_change_stream_with_kafka_metadata_leaves_the_last_value_of_each_key(
@@ -451,6 +458,7 @@ def test_an_op_field_change_stream_with_kafka_metadata_leaves_the_last_value_of_
     read = catalog.load_table("crm.ops").scan(selected_fields=("id", "kafka_partition", "kafka_offset"))
     positions = {row["id"]: (row["kafka_partition"], row["kafka_offset"]) for row in read.to_arrow().to_pylist()}
     assert positions == {row[0]: last[row[0]] for row in model(produced)}
+    assert_verified(coordinator.database_url, catalog, "ops", kafka_bootstrap)
 
 
 AVRO_ROW: dict[str, object] = {
@@ -522,6 +530,7 @@ def test_a_debezium_avro_change_stream_through_a_schema_registry_leaves_the_last
     assert start_job(spark, kafka, parse, sink).await_termination(QUERY_TIMEOUT_SECONDS)
 
     assert_table_is_model(catalog, "crm.avro_cdc", produced)
+    assert_verified(coordinator.database_url, catalog, "avro_cdc")
 
 
 def test_an_upsert_stream_whose_tasks_fail_once_after_writing_leaves_the_last_value_of_each_key(
@@ -570,3 +579,4 @@ def test_an_upsert_stream_whose_tasks_fail_once_after_writing_leaves_the_last_va
     } - reached
     assert given_up, "no task failed after writing its files"
     assert {name.split("-")[1] for name in given_up} == {"00000"}, given_up
+    assert_verified(coordinator.database_url, catalog, "retried")

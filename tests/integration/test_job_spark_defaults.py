@@ -11,7 +11,7 @@ import pytest
 from pyspark import TaskContext
 from pyspark.sql import SparkSession
 
-from spark_writer.kafka.arrow import KAFKA_SCHEMA
+from spark_writer.kafka.source import KAFKA_SCHEMA
 from spark_writer.sink.kafka_records import json_records, schema_from_ddl
 
 pytestmark = pytest.mark.spark

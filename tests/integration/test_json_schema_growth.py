@@ -11,8 +11,9 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from spark_writer.formats.decoded_batch import REASON_COLUMN
-from spark_writer.kafka.arrow import KAFKA_SCHEMA
-from spark_writer.sink.kafka_records import BadRecordError, BadRecordPolicy, JsonBatchParser, schema_from_ddl
+from spark_writer.formats.record_decoding import BadRecordError, BadRecordPolicy
+from spark_writer.kafka.source import KAFKA_SCHEMA
+from spark_writer.sink.kafka_records import JsonBatchParser, schema_from_ddl
 
 KAFKA_TIME = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
 # Each a record a table with the column `id` (and the kafka_* columns) cannot take as it is.

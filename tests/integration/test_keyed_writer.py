@@ -17,13 +17,16 @@ import pytest
 from confluent_kafka import Producer
 from pyiceberg.catalog import Catalog
 from pyspark.sql import Row, SparkSession
+from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from coordinator_service.log.precommit_metadata import KEYED_VERSION
+from spark_writer.arrow_schema import arrow_schema_of
 from spark_writer.job_settings import KafkaSettings, ParseSettings, SinkSettings
-from spark_writer.kafka.arrow import KAFKA_SCHEMA
-from spark_writer.mutations.decoding import MutationParser, json_value_schema
+from spark_writer.kafka.source import KAFKA_SCHEMA
+from spark_writer.mutations.decoding import json_value_schema
 from spark_writer.mutations.modes import MutationMode, Mutations
+from spark_writer.mutations.mutation_parser import MutationParser
 from spark_writer.mutations.tasks import keyed_tasks
 from spark_writer.routing.routes import Routes
 from spark_writer.routing.split import TaskRouting
@@ -105,7 +108,8 @@ def test_a_batch_writes_its_winners_and_the_keys_it_touched_and_the_same_again(
     produced = changes()
     # Spread over three Spark partitions in another order than Kafka's: the positions decide, not the arrival.
     frame = spark.createDataFrame(kafka_rows(produced)[::-1], KAFKA_SCHEMA).repartition(3)
-    parser = MutationParser(JsonBatchParser(json_value_schema(ROW, UPSERT), evolve=False, read_keys=True), UPSERT)
+    values = from_arrow_schema(json_value_schema(arrow_schema_of(ROW), UPSERT))
+    parser = MutationParser(JsonBatchParser(values, evolve=False, read_keys=True), UPSERT)
     expected_rows, expected_keys = model(produced)
 
     def run(batch_id: int) -> tuple[dict[int, str], set[int], list[str]]:
@@ -148,7 +152,8 @@ def test_a_routed_batch_writes_each_tables_rows_and_keys_under_that_table(spark:
         value = None if message_value is None else json.dumps({**json.loads(message_value), "region": region(key)})
         rows.append((json.dumps({"id": key, "region": region(key)}).encode(), value and value.encode(), *rest))
     frame = spark.createDataFrame(rows, KAFKA_SCHEMA)
-    parser = MutationParser(JsonBatchParser(json_value_schema(ROW, keyed), evolve=False, read_keys=True), keyed)
+    values = from_arrow_schema(json_value_schema(arrow_schema_of(ROW), keyed))
+    parser = MutationParser(JsonBatchParser(values, evolve=False, read_keys=True), keyed)
     prepared = parser.prepare(frame)
     locations = {table: (tmp_path / table).as_uri() for table in ("db.own", "db.eu", "db.us")}
     routing = TaskRouting(Routes.static("region", [("eu", "db.eu"), ("us", "db.us")]), "db.own", locations)

@@ -214,6 +214,45 @@ async def test_a_record_missing_from_the_table_against_the_topic(
     assert f"{topic}-0@17" in missing.detail and verification.tables[0].kafka
 
 
+async def test_an_upsert_tables_superseded_records_are_no_missing_records_against_the_topic(
+    admin: AdminApp, kafka_bootstrap: str, kafka_topic: Callable[..., str]
+) -> None:
+    """An upsert or change stream's live rows carry the position of each key's last record only (--kafka-metadata):
+    a record a later one of its key replaced, or a delete, is in no live row by design. The old code held them to
+    the append stream's rule and named every superseded record a missing-record (the e2e op-field change stream's
+    table, which its own check found right)."""
+    topic = kafka_topic(partitions=1)
+    produce_keyed(kafka_bootstrap, topic, [(0, b"k%d" % i) for i in range(4)])
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), *POSITIONED.remove(0)])
+    registration = await admin.runtime.coordinator.register_writer(
+        "keyed", "db.keyed", -1, arrow_schema=schema.serialize().to_pybytes(), key_columns=("id",)
+    )
+    # Offsets 0..2 are keys 1, 2, 1 (epoch 0 leaves 1@2 and 2@1); offset 3 is key 2 again (epoch 1 leaves 2@3).
+    for epoch, (first, end, last_records) in enumerate([(0, 3, {1: 2, 2: 1}), (3, 4, {2: 3})]):
+        rows = [
+            {"id": key, "kafka_topic": topic, "kafka_partition": 0, "kafka_offset": offset}
+            for key, offset in last_records.items()
+        ]
+        location = registration.table_location
+        data = write_parquet(location, rows, schema)
+        keys = write_parquet(location, [{"id": key} for key in last_records], pa.schema([schema.field("id")]))
+        properties = {END_OFFSETS: json.dumps({topic: {"0": end}}), RECORDS_READ: str(end - first)}
+        if epoch == 0:
+            properties["spark.end_offsets"] = json.dumps([{"$start": {topic: {"0": first}}, topic: {"0": end}}])
+        await admin.runtime.coordinator.pre_commit(
+            PreCommitRequest(
+                "keyed", epoch, registration.writer_term, (data,), key_paths=(keys,), properties=properties
+            )
+        )
+        await admin.checkpoint("keyed", registration, epoch)
+    verifier = Verifier(admin.runtime.database, admin.runtime.iceberg)
+    verification = await verifier.verify("keyed", KafkaAccess(kafka_bootstrap))
+    assert verification.ok, verification.faults
+    [table] = verification.tables
+    assert table.deep and not table.kafka
+    assert any("each key's last record" in note for note in table.notes), table.notes
+
+
 async def test_an_incremental_verification_reads_only_the_new_snapshots(
     positioned: Callable[..., PositionedSink],
 ) -> None:
@@ -413,6 +452,20 @@ async def test_epochs_without_files_in_the_table_verify_whole_and_incrementally(
     await sink.epoch_of(10)
     later = await sink.verify(since=since)
     assert later.ok and later.tables[0].verified_epoch == 2, later.faults
+
+
+async def test_a_table_that_holds_no_row_yet_is_verified_deep(positioned: Callable[..., PositionedSink]) -> None:
+    """A table without a snapshot as of the committed epoch (its epochs' records all went elsewhere: other tables of a
+    fan-out, the dead-letter topic) holds no row, so no row of it is at fault: with the position columns its deep
+    checks hold, and the report says deep (it said shallow, as of a table without the columns)."""
+    sink = positioned()
+    await sink.register()
+    await sink.epoch_of(10, offsets=[], properties={"sink-coordinator.bad-records": "10"})
+    verification = await sink.verify()
+    assert verification.ok, verification.faults
+    [table] = verification.tables
+    assert table.snapshot_id is None and table.rows_read == 0
+    assert table.deep, "a table without rows, with the position columns, reported shallow"
 
 
 async def test_a_commit_landing_between_the_log_and_the_table_reads_is_not_a_fault(

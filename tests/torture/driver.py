@@ -35,8 +35,8 @@ import structlog
 from coordinator_service.contract.client import CoordinatorClient
 from coordinator_service.contract.logs import LogFormat, LogLevel, configure_logging
 from spark_writer import job
+from spark_writer.formats.record_decoding import BadRecordPolicy
 from spark_writer.mutations.modes import MutationMode, Mutations
-from spark_writer.sink.kafka_records import BadRecordPolicy
 from spark_writer.worker_logging import set_worker_log_level
 from tests.e2e.driver_process import arm
 

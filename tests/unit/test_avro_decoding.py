@@ -19,16 +19,12 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from structlog.testing import capture_logs
 
 from spark_writer.formats import schema_registry
+from spark_writer.formats.record_decoding import BadRecordError, BadRecordPolicy
 from spark_writer.formats.registry_decoding import UnsupportedSchemaError
+from spark_writer.formats.registry_subjects import RegistryFormat, RegistrySubject, SchemaChangeError
 from spark_writer.formats.schema_registry import RegistrySettings, registry_client
-from spark_writer.sink.kafka_records import BadRecordError, BadRecordPolicy
-from spark_writer.sink.registry_records import (
-    RegistryBatchParser,
-    RegistryFormat,
-    RegistrySubject,
-    SchemaChangeError,
-)
-from tests.fixtures.registry_records import FIRST_OFFSET, kafka_batch, next_decoding, reasons
+from spark_writer.sink.registry_records import RegistryBatchParser
+from tests.fixtures.registry_records import FIRST_OFFSET, kafka_batch, next_decoding, reasons, registry_parser
 from tests.fixtures.schema_registry import SchemaRegistryServer
 
 UTC = dt.UTC
@@ -113,7 +109,7 @@ def order(order_id: int, **extra: Any) -> dict[str, Any]:
 
 
 def parser(registry: RegistrySettings, topic: str, **options: Any) -> RegistryBatchParser:
-    return RegistryBatchParser(registry, RegistrySubject(RegistryFormat.AVRO, f"{topic}-value"), **options)
+    return registry_parser(registry, RegistrySubject(RegistryFormat.AVRO, f"{topic}-value"), **options)
 
 
 def test_every_avro_type_becomes_its_arrow_column(registry: RegistrySettings) -> None:
@@ -280,7 +276,7 @@ def test_keys_decode_into_a_key_column_and_an_absent_key_is_null(registry: Regis
     values = produce(registry, topic, ORDER_V1, order(1), order(2), order(3))
     key_writer = serializer(registry, json.dumps("string"))
     keys = [key_writer(key, SerializationContext(topic, MessageField.KEY)) for key in ("one", "two")]
-    keyed = RegistryBatchParser(
+    keyed = registry_parser(
         registry,
         RegistrySubject(RegistryFormat.AVRO, f"{topic}-value"),
         RegistrySubject(RegistryFormat.AVRO, f"{topic}-key"),

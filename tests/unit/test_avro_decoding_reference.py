@@ -24,9 +24,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spark_writer.formats import schema_registry
+from spark_writer.formats.registry_subjects import RegistryFormat, RegistrySubject
 from spark_writer.formats.schema_registry import RegistrySettings, registry_client
-from spark_writer.sink.registry_records import RegistryBatchParser, RegistryFormat, RegistrySubject
-from tests.fixtures.registry_records import FIRST_OFFSET, kafka_batch, next_decoding
+from spark_writer.sink.registry_records import RegistryBatchParser
+from tests.fixtures.registry_records import FIRST_OFFSET, kafka_batch, next_decoding, registry_parser
 
 TOPIC: Final = "events"
 UTC: Final = dt.UTC
@@ -180,7 +181,7 @@ def test_a_record_decodes_to_its_writer_schemas_values_whatever_came_after(
             payload = serialize(value, SerializationContext(TOPIC, MessageField.VALUE))
             written.append((payload, fields, schema))
         if parser is None:  # the job starts after the first version
-            parser = RegistryBatchParser(registry, RegistrySubject(RegistryFormat.AVRO, f"{TOPIC}-value"))
+            parser = registry_parser(registry, RegistrySubject(RegistryFormat.AVRO, f"{TOPIC}-value"))
     assert parser is not None
     mixed = data.draw(st.permutations([*[(p, f, s) for p, f, s in written], *[(b, None, None) for b in BAD]]))
     decoding = next_decoding(parser)

@@ -19,13 +19,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coordinator_service.contract.views import SinkState, SinkTable
+from spark_writer.formats.record_decoding import BadRecordError
 from spark_writer.formats.schema_registry import RegistrySettings, registry_client
 from spark_writer.fresh.fresh_read import SinkMismatchError, checked_sink, tail_decoding
 from spark_writer.fresh.sink_flags import sink_source
 from spark_writer.fresh.tail_rows import fresh_rows
 from spark_writer.kafka.arrow import KAFKA_ARROW_SCHEMA
 from spark_writer.routing.routes import UnroutedRecordsError
-from spark_writer.sink.kafka_records import BadRecordError
 
 KAFKA_TIME = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
 # The table's rows as pyiceberg reads them: a keyed table's key is required.

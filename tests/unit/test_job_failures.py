@@ -10,12 +10,12 @@ import pytest
 from pyspark.errors import PySparkException
 
 from coordinator_service.contract.client import CoordinatorRpcError
+from spark_writer.formats.record_decoding import ON_BAD_RECORD_HINT, BadRecordError
+from spark_writer.formats.registry_subjects import SchemaChangeError
 from spark_writer.formats.schema_registry import RegistryUnavailableError
 from spark_writer.job_failures import EXIT_CODES, MAX_CAUSE_CHARS, ExitCode, JobFailure, failure_of, one_line
 from spark_writer.kafka.data_loss import DataLossError
 from spark_writer.routing.routes import UnroutedRecordsError
-from spark_writer.sink.kafka_records import ON_BAD_RECORD_HINT, BadRecordError
-from spark_writer.sink.registry_records import SchemaChangeError
 
 BAD_RECORD = (
     f"a Kafka record does not fit the JSON schema: topic tiny partition 0 offset 0: id (bigint). {ON_BAD_RECORD_HINT}"

@@ -17,13 +17,14 @@ from typer.testing import CliRunner
 from sink_coordinator_demo.ports import free_port
 from spark_writer import job, job_run
 from spark_writer.driver_jvm import SparkLog
+from spark_writer.formats.json_decoding import check_time_zone
+from spark_writer.formats.record_decoding import BadRecordPolicy
 from spark_writer.formats.schema_registry import RegistrySettings, registry_client
 from spark_writer.job_failures import ExitCode, JobFailure
 from spark_writer.job_settings import KafkaSettings, KafkaSource, ParseSettings
 from spark_writer.kafka.options import parse_options
 from spark_writer.routing.routes import Routes, Unrouted
 from spark_writer.session import retries_tasks, with_task_retries
-from spark_writer.sink.kafka_records import BadRecordPolicy, check_time_zone
 from tests.fixtures.writer_cli import COORDINATOR_FLAG, REQUIRED, Started
 
 

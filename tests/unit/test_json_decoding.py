@@ -20,8 +20,8 @@ from spark_writer.formats.json_decoding import (
     JsonDecoder,
     UnsupportedJsonSchemaError,
 )
+from spark_writer.formats.record_decoding import BadRecordError, BadRecordPolicy, RecordDecoding
 from spark_writer.kafka.arrow import KAFKA_ARROW_SCHEMA
-from spark_writer.sink.kafka_records import BadRecordError, BadRecordPolicy, RecordDecoding
 
 ORDERS = pa.schema(
     [

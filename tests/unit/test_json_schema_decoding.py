@@ -14,11 +14,12 @@ from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from spark_writer.formats import schema_registry
+from spark_writer.formats.record_decoding import BadRecordError
 from spark_writer.formats.registry_decoding import UnsupportedSchemaError
+from spark_writer.formats.registry_subjects import RegistryFormat, RegistrySubject
 from spark_writer.formats.schema_registry import RegistrySettings, registry_client
-from spark_writer.sink.kafka_records import BadRecordError
-from spark_writer.sink.registry_records import RegistryBatchParser, RegistryFormat, RegistrySubject
-from tests.fixtures.registry_records import FIRST_OFFSET, kafka_batch, next_decoding, reasons
+from spark_writer.sink.registry_records import RegistryBatchParser
+from tests.fixtures.registry_records import FIRST_OFFSET, kafka_batch, next_decoding, reasons, registry_parser
 
 ORDER_V1: dict[str, Any] = {
     "$schema": "http://json-schema.org/draft-07/schema#",
@@ -56,7 +57,7 @@ def produce(registry: RegistrySettings, topic: str, schema: dict[str, Any], *val
 
 
 def parser(registry: RegistrySettings, topic: str, **options: Any) -> RegistryBatchParser:
-    return RegistryBatchParser(registry, RegistrySubject(RegistryFormat.JSON_SCHEMA, f"{topic}-value"), **options)
+    return registry_parser(registry, RegistrySubject(RegistryFormat.JSON_SCHEMA, f"{topic}-value"), **options)
 
 
 def order(order_id: int, **extra: Any) -> dict[str, Any]:

@@ -22,9 +22,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spark_writer.formats import schema_registry
+from spark_writer.formats.registry_subjects import RegistryFormat, RegistrySubject
 from spark_writer.formats.schema_registry import RegistrySettings, registry_client
-from spark_writer.sink.registry_records import RegistryBatchParser, RegistryFormat, RegistrySubject
-from tests.fixtures.registry_records import FIRST_OFFSET, kafka_batch, next_decoding
+from spark_writer.sink.registry_records import RegistryBatchParser
+from tests.fixtures.registry_records import FIRST_OFFSET, kafka_batch, next_decoding, registry_parser
 
 TOPIC: Final = "events"
 INT64: Final = (-(2**63), 2**63 - 1)
@@ -175,7 +176,7 @@ def test_a_record_decodes_to_what_its_writer_schema_declares_whatever_came_after
         for text in data.draw(st.lists(record(properties, later), min_size=1, max_size=4)):
             written.append((framed(schema_id, text), properties, schema))
         if parser is None:  # the job starts after the first version
-            parser = RegistryBatchParser(registry, RegistrySubject(RegistryFormat.JSON_SCHEMA, f"{TOPIC}-value"))
+            parser = registry_parser(registry, RegistrySubject(RegistryFormat.JSON_SCHEMA, f"{TOPIC}-value"))
     assert parser is not None
     mixed = data.draw(st.permutations([*written, *[(bad, None, None) for bad in BAD]]))
     decoding = next_decoding(parser)

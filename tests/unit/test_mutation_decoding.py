@@ -13,16 +13,20 @@ import pytest
 from confluent_kafka.schema_registry import Schema
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from spark_writer.arrow_schema import arrow_schema_of
 from spark_writer.formats.decoded_batch import REASON_COLUMN
+from spark_writer.formats.registry_subjects import RegistryFormat, RegistrySubject, key_values
 from spark_writer.formats.schema_registry import RegistrySettings, registry_client
 from spark_writer.kafka.arrow import KAFKA_ARROW_SCHEMA
-from spark_writer.mutations.decoding import MutationParser, json_value_schema
+from spark_writer.mutations.decoding import json_value_schema
 from spark_writer.mutations.modes import Envelope, MutationMode, Mutations, Op, parse_op_map
+from spark_writer.mutations.mutation_parser import MutationParser
 from spark_writer.mutations.reduction import OP_COLUMN
 from spark_writer.sink.kafka_records import JsonBatchParser
-from spark_writer.sink.registry_records import RegistryBatchParser, RegistryFormat, RegistrySubject, key_values
+from tests.fixtures.registry_records import registry_parser
 
 ROW = StructType(
     [StructField("id", LongType(), False), StructField("name", StringType()), StructField("op", StringType())]
@@ -53,7 +57,8 @@ def kafka(records: list[tuple[Any, Any]], topic: str = "t") -> pa.RecordBatch:
 
 
 def json_parser(mutations: Mutations, row: StructType = ROW) -> MutationParser:
-    return MutationParser(JsonBatchParser(json_value_schema(row, mutations), evolve=False, read_keys=True), mutations)
+    values = from_arrow_schema(json_value_schema(arrow_schema_of(row), mutations))
+    return MutationParser(JsonBatchParser(values, evolve=False, read_keys=True), mutations)
 
 
 def decoded(parser: MutationParser, batch: pa.RecordBatch) -> tuple[list[dict[str, Any]], list[str]]:
@@ -161,7 +166,7 @@ def test_debezium_avro_from_a_registry_gives_after_or_before_by_op() -> None:
     key = AvroSerializer(client, json.dumps(AVRO_KEY))
     values = SerializationContext("orders", MessageField.VALUE)
     keys = SerializationContext("orders", MessageField.KEY)
-    inner = RegistryBatchParser(
+    inner = registry_parser(
         registry, RegistrySubject(RegistryFormat.AVRO, "orders-value"), evolve=False, read_keys=True
     )
     parser = MutationParser(
@@ -200,7 +205,5 @@ def test_debezium_avro_from_a_registry_gives_after_or_before_by_op() -> None:
 def test_a_key_or_op_field_the_schema_cannot_have_is_refused(
     row: StructType, mutations: Mutations, message: str
 ) -> None:
-    from spark_writer.arrow_schema import arrow_schema_of
-
     with pytest.raises(ValueError, match=message):
         mutations.table_schema(arrow_schema_of(row), declares_nullability=True)

@@ -22,7 +22,7 @@ from coordinator_service.contract.table_identifiers import (
 )
 from spark_writer.routing.routes import Routes
 from spark_writer.routing.split import TaskRouting, split_by_route
-from spark_writer.sink.iceberg_sink import check_names
+from spark_writer.sink.sink_arguments import check_names
 
 WAREHOUSE: Final = "file:///warehouse"
 OWN: Final = "shop.orders"

@@ -16,11 +16,19 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf.message import Message
 
 from spark_writer.formats import schema_registry
+from spark_writer.formats.record_decoding import BadRecordError
 from spark_writer.formats.registry_decoding import UnsupportedSchemaError
+from spark_writer.formats.registry_subjects import RegistryFormat, RegistrySubject
 from spark_writer.formats.schema_registry import RegistrySettings, registry_client
-from spark_writer.sink.kafka_records import BadRecordError
-from spark_writer.sink.registry_records import RegistryBatchParser, RegistryFormat, RegistrySubject
-from tests.fixtures.registry_records import FIRST_OFFSET, compile_proto, kafka_batch, next_decoding, reasons
+from spark_writer.sink.registry_records import RegistryBatchParser
+from tests.fixtures.registry_records import (
+    FIRST_OFFSET,
+    compile_proto,
+    kafka_batch,
+    next_decoding,
+    reasons,
+    registry_parser,
+)
 
 ORDER_V1 = """
     syntax = "proto3";
@@ -102,7 +110,7 @@ def unique_topic() -> str:
 
 def parser(registry: RegistrySettings, topic: str, **options: Any) -> RegistryBatchParser:
     message = options.pop("message", None)
-    return RegistryBatchParser(registry, RegistrySubject(RegistryFormat.PROTOBUF, f"{topic}-value", message), **options)
+    return registry_parser(registry, RegistrySubject(RegistryFormat.PROTOBUF, f"{topic}-value", message), **options)
 
 
 def test_every_protobuf_type_becomes_its_arrow_column(registry: RegistrySettings, tmp_path: Path) -> None:

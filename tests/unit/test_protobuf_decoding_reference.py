@@ -25,9 +25,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spark_writer.formats import schema_registry
+from spark_writer.formats.registry_subjects import RegistryFormat, RegistrySubject
 from spark_writer.formats.schema_registry import RegistrySettings, registry_client
-from spark_writer.sink.registry_records import RegistryBatchParser, RegistryFormat, RegistrySubject
-from tests.fixtures.registry_records import FIRST_OFFSET, kafka_batch, next_decoding
+from spark_writer.sink.registry_records import RegistryBatchParser
+from tests.fixtures.registry_records import FIRST_OFFSET, kafka_batch, next_decoding, registry_parser
 
 TOPIC: Final = "events"
 FieldProto = descriptor_pb2.FieldDescriptorProto
@@ -214,7 +215,7 @@ def test_a_record_decodes_to_its_writer_classes_values_whatever_came_after(
             written.append((serialize(message, SerializationContext(TOPIC, MessageField.VALUE)), fields, message))
         if parser is None:  # the job starts after the first version
             subject = RegistrySubject(RegistryFormat.PROTOBUF, f"{TOPIC}-value", "ref.Event")
-            parser = RegistryBatchParser(registry, subject)
+            parser = registry_parser(registry, subject)
     assert parser is not None
     mixed = data.draw(st.permutations([*written, *[(bad, None, None) for bad in BAD]]))
     decoding = next_decoding(parser)

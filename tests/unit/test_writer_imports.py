@@ -4,8 +4,9 @@ Executors import the writer's modules to run its tasks; they must not need the c
 (PostgreSQL drivers, SQLAlchemy, Alembic, FastAPI, pyiceberg, ...). The first test runs the writer's code
 paths in a fresh interpreter where importing any of those fails, as it would where they are not installed
 (and the second the server's, without the writer's: the container image installs [server] only; the third the
-Kafka source's pure parts, without Spark or confluent-kafka); the last
-reads the distribution's metadata and follows each extra's requirements through the installed packages' own.
+Kafka source's pure parts, without Spark or confluent-kafka; the fourth a fresh read's Arrow entry point, without
+Spark: it starts no Spark session, so pyspark must not be needed); the last reads the distribution's metadata and
+follows each extra's requirements through the installed packages' own.
 """
 
 from __future__ import annotations
@@ -204,6 +205,65 @@ print("the source's options and offsets ran without a broker or Spark")
 """
 
 
+# spark_writer.fresh.read_arrow is for pyiceberg and DuckDB users: importing it, and decoding, reducing and merging a
+# tail as the sink does (JSON appends with their positions, an upsert stream's JSON with a tombstone), loads no
+# module of Spark's (pyspark, py4j) nor pandas, which only pyspark needs.
+SPARKLESS = ("pandas", "py4j", "pyspark")
+FRESH_ARROW_PATHS = f"""
+absent = lambda name: name.partition(".")[0] in {SPARKLESS!r}
+import json
+from datetime import datetime, timezone
+
+import pyarrow as pa
+
+from spark_writer.fresh import read_arrow
+from coordinator_service.contract.views import SinkState, SinkTable
+from spark_writer.fresh.fresh_read import tail_decoding
+from spark_writer.fresh.sink_flags import sink_source
+from spark_writer.fresh.tail_rows import fresh_rows
+from spark_writer.kafka.arrow import KAFKA_ARROW_SCHEMA
+
+def kafka(records):
+    return pa.RecordBatch.from_pylist(
+        [
+            dict(key=None if key is None else json.dumps(key).encode(),
+                 value=None if value is None else json.dumps(value).encode(), topic="orders", partition=0,
+                 offset=offset, timestamp=datetime(2025, 1, 1, tzinfo=timezone.utc), timestampType=0, headers=[])
+            for offset, (key, value) in enumerate(records)
+        ],
+        schema=KAFKA_ARROW_SCHEMA,
+    )
+
+def state(key):
+    return SinkState(
+        sink="orders", table="shop.orders", catalog="default", checkpointed_epoch=1, committed_epoch=1, writer_term=1,
+        writer_count=1, tables=(SinkTable("shop.orders", 1),), epochs=(), key_columns=key,
+        incarnation="b0b0b0b0-0000-4000-8000-000000000000",
+    )
+
+def read(table_rows, records, sink_key=(), **flags):
+    source = sink_source(dict(bootstrap_servers="127.0.0.1:1", topic="orders", **flags))
+    decoding = tail_decoding(source, state(sink_key), "shop.orders", table_rows.schema)
+    return fresh_rows(table_rows, [kafka(records)], decoding).to_pylist()
+
+positions = [pa.field("kafka_topic", pa.large_string()), pa.field("kafka_partition", pa.int32()),
+             pa.field("kafka_offset", pa.int64()), pa.field("kafka_timestamp", pa.timestamp("us", tz="UTC"))]
+appended = pa.schema([pa.field("id", pa.int64()), pa.field("at", pa.timestamp("us", tz="UTC")), *positions])
+rows = read(appended.empty_table(), [(None, dict(id=1, at="2025-03-01T10:00:00Z"))], kafka_metadata=True)
+assert [(row["id"], row["at"].year, row["kafka_offset"]) for row in rows] == [(1, 2025, 0)], rows
+
+keyed = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("name", pa.large_string())])
+table_rows = pa.Table.from_pylist([dict(id=1, name="old"), dict(id=2, name="gone")], schema=keyed)
+records = [(None, dict(id=1, name="new")), (dict(id=2), None)]
+rows = read(table_rows, records, ("id",), mode="upsert", key="id")
+assert [(row["id"], row["name"]) for row in rows] == [(1, "new")], rows
+
+loaded = sorted(name for name in sys.modules if absent(name))
+assert not loaded, f"Spark's modules imported: {{loaded}}"
+print("a fresh read decoded its tail without Spark")
+"""
+
+
 def _run(script: str) -> str:
     finished = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(HOOK) + textwrap.dedent(script)],
@@ -228,6 +288,10 @@ def test_the_server_runs_without_the_writers_modules() -> None:
 
 def test_the_kafka_sources_options_and_offsets_need_no_broker_and_no_spark() -> None:
     assert "ran without a broker or Spark" in _run(PURE_KAFKA_SOURCE_PATHS)
+
+
+def test_a_fresh_reads_arrow_entry_point_imports_no_spark() -> None:
+    assert "a fresh read decoded its tail without Spark" in _run(FRESH_ARROW_PATHS)
 
 
 PREPARE_METADATA = (
@@ -284,3 +348,11 @@ def test_the_spark_extra_installs_no_server_package_and_the_server_extra_no_spar
     assert writer.isdisjoint(SERVER_DISTRIBUTIONS), sorted(writer & SERVER_DISTRIBUTIONS)
     assert {"sqlalchemy", "pyiceberg", "fastapi", "grpcio"} <= server
     assert server.isdisjoint(WRITER_DISTRIBUTIONS), sorted(server & WRITER_DISTRIBUTIONS)
+
+
+def test_the_fresh_extra_installs_what_read_arrow_imports_and_no_spark(tmp_path: Path) -> None:
+    """read_arrow imports no pyspark (test_a_fresh_reads_arrow_entry_point_imports_no_spark): [fresh] installs none."""
+    own = [Requirement(text) for text in _distribution_metadata(tmp_path).get_all("Requires-Dist") or []]
+    fresh = _closure(own, {"fresh"})
+    assert {"pyiceberg", "pyarrow", "confluent-kafka", "numpy", "grpcio", "typer"} <= fresh
+    assert "pyspark" not in fresh and "pandas" not in fresh

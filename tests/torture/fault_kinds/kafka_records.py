@@ -26,7 +26,7 @@ import psycopg
 
 from coordinator_service.log import precommit_metadata
 from coordinator_service.log.database import libpq_url
-from spark_writer.sink.kafka_records import BAD_RECORDS_PROPERTY
+from spark_writer.formats.record_decoding import BAD_RECORDS_PROPERTY
 from tests.fixtures.kafka_broker import create_topic
 from tests.torture import checks, kafka_faults
 from tests.torture.fault_kinds.kind import FaultKind, RunShape, Trigger, begin
