@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
+import weakref
 from collections.abc import Iterator
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from coordinator_service.engine import collector_pause
 from coordinator_service.engine.collector_pause import collector_paused
 
 
@@ -71,4 +74,40 @@ def test_pauses_in_threads_leave_the_collector_as_it_was() -> None:
     for thread in threads:
         thread.join(10)
     assert seen == [False] * 4
+    assert gc.isenabled()
+
+
+def test_pauses_that_overlap_without_end_let_a_full_collection_run_now_and_then(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Keyed commits of many sinks can keep some pause open at every moment: the collector still runs once the
+    stretch passes MAX_OFF_SECONDS, and cycles made meanwhile are freed."""
+    gc.enable()
+    clock = [0.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+
+    class Cycle:
+        def __init__(self) -> None:
+            self.me = self
+
+    freed = threading.Event()
+    first = collector_paused()
+    first.__enter__()
+    cycle = Cycle()
+    weakref.finalize(cycle, freed.set)
+    del cycle
+    for _ in range(3):  # each pause overlaps the next: some pause is open all along
+        second = collector_paused()
+        second.__enter__()
+        first.__exit__(None, None, None)
+        first = second
+        assert not gc.isenabled()
+    assert not freed.is_set()  # within the stretch: the cycle waits
+    clock[0] = collector_pause.MAX_OFF_SECONDS + 1
+    second = collector_paused()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert freed.is_set()  # the stretch passed: one full collection ran, the collector still off for the open pause
+    assert not gc.isenabled()
+    second.__exit__(None, None, None)
     assert gc.isenabled()
