@@ -102,7 +102,9 @@ async def _streams(
     names = [f"cap-{index}" for index in range(sinks)]
     # A connection per writer, as writers are processes of their own (and a connection carries at most
     # GRPC_MAX_STREAMS_PER_CONNECTION calls at once).
-    channels = [grpc.aio.insecure_channel(targets[index % len(targets)]) for index in range(sinks)]
+    # (grpc shares one connection among a process's channels to a target unless each has its own subchannel pool).
+    local = [("grpc.use_local_subchannel_pool", 1)]
+    channels = [grpc.aio.insecure_channel(targets[index % len(targets)], options=local) for index in range(sinks)]
     stubs = [pb_grpc.SinkCoordinatorStub(channel) for channel in channels]
     try:
         slots = asyncio.Semaphore(REGISTRATIONS_AT_ONCE)

@@ -26,6 +26,9 @@ from coordinator_service.contract.markers import MARKER_EPOCH, MARKER_SINK, snap
 from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.contract.rpc import sink_coordinator_pb2_grpc as pb_grpc
 
+# The wait before a refused call is sent again (a writer backs off rather than adding to the overload).
+REFUSED_RETRY_SECONDS = 0.1
+
 
 @dataclass
 class EpochStream:
@@ -45,6 +48,7 @@ class EpochStream:
                 if error.code() != grpc.StatusCode.UNAVAILABLE:
                     raise
                 self.refused += 1
+                await asyncio.sleep(REFUSED_RETRY_SECONDS)
 
 
 async def stream_epochs(
