@@ -20,6 +20,7 @@ from coordinator_service.engine.maintenance import Maintainer
 from coordinator_service.engine.metastore_checks import MetastoreChecks
 from coordinator_service.engine.protocol import Coordinator
 from coordinator_service.log import schema, sink_rows
+from coordinator_service.log.catalog_creation import catalog_creation_turn
 from coordinator_service.log.database import ConnectionOptions, Database, create_sync_engine, normalize_url
 from coordinator_service.log.embedded import start_embedded_postgres
 from coordinator_service.log.reporter_lease import ReporterLease
@@ -142,7 +143,9 @@ def open_catalog(settings: Settings, url: URL, options: ConnectionOptions | None
     if not settings.catalog and options is not None:
         uri = url.update_query_dict(options.libpq_connection())
         properties["uri"] = uri.render_as_string(hide_password=False)
-    return load_catalog(settings.catalog_name, **properties)
+    # Its tables are created at its first opening: coordinators starting together take turns (catalog_creation).
+    with catalog_creation_turn(properties, options):
+        return load_catalog(settings.catalog_name, **properties)
 
 
 @dataclass
