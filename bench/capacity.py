@@ -32,7 +32,7 @@ import grpc
 import psutil
 from pyiceberg.catalog import load_catalog
 
-from bench.fairness import EpochStream, checkpoint_to_commit, sink_table, stream_epochs
+from bench.fairness import EpochStream, checkpoint_to_commit, sink_table, stream_sinks
 from bench.infra import Coordinator, Postgres, latency_stats, machine_facts, register_orders_sink, temp_root
 from coordinator_service.contract.rpc import sink_coordinator_pb2_grpc as pb_grpc
 from coordinator_service.settings import Settings
@@ -122,23 +122,13 @@ async def _streams(
         registrations = await asyncio.gather(*(register(index, sink) for index, sink in enumerate(names)))
         before = read_cpu()
         started = time.monotonic()
-        streams = asyncio.gather(
-            *(
-                stream_epochs(
-                    stubs[index],
-                    sink,
-                    registration,
-                    seconds=seconds,
-                    batch_seconds=BATCH_SECONDS,
-                    offset=BATCH_SECONDS * index / sinks,
-                )
-                for index, (sink, registration) in enumerate(zip(names, registrations, strict=True))
-            )
+        streams = asyncio.ensure_future(
+            stream_sinks(stubs, names, registrations, seconds=seconds, batch_seconds=BATCH_SECONDS)
         )
         # The window is the streaming itself: the drain after it (the last epochs' commits) is not a second of load.
         await asyncio.sleep(seconds + BATCH_SECONDS)
         window = CpuWindow(before, read_cpu(), time.monotonic() - started)
-        return list(await streams), window
+        return await streams, window
     finally:
         for channel in channels:
             await channel.close()

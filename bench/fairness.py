@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,6 +91,34 @@ async def stream_epochs(
     return stream
 
 
+async def stream_sinks(
+    stubs: Sequence[pb_grpc.SinkCoordinatorAsyncStub],
+    sinks: Sequence[str],
+    registrations: Sequence[pb.RegisterWriterResponse],
+    *,
+    seconds: float,
+    batch_seconds: float,
+) -> list[EpochStream]:
+    """Every sink's writer (`stream_epochs`, on the stub of the same index), their batches spread evenly over the
+    batch interval, as real streams' are."""
+    count = len(sinks)
+    return list(
+        await asyncio.gather(
+            *(
+                stream_epochs(
+                    stub,
+                    sink,
+                    registration,
+                    seconds=seconds,
+                    batch_seconds=batch_seconds,
+                    offset=batch_seconds * index / count,
+                )
+                for index, (stub, sink, registration) in enumerate(zip(stubs, sinks, registrations, strict=True))
+            )
+        )
+    )
+
+
 def checkpoint_to_commit(catalog: Any, sink: str, checkpoints: dict[int, float]) -> list[float]:
     """Seconds from each epoch's checkpoint to the commit of the snapshot that holds it (the snapshot's own
     timestamp: same machine, same clock, so measuring adds no load)."""
@@ -129,18 +157,8 @@ async def _measure(
             stub = pb_grpc.SinkCoordinatorStub(channel)
             names = [f"{name}-{index}" for index in range(sinks)]
             registrations = [await register_orders_sink(stub, sink, sink_table(sink)) for sink in names]
-            runs = await asyncio.gather(
-                *(
-                    stream_epochs(
-                        stub,
-                        sink,
-                        registration,
-                        seconds=seconds,
-                        batch_seconds=batch_seconds,
-                        offset=batch_seconds * index / sinks,
-                    )
-                    for index, (sink, registration) in enumerate(zip(names, registrations, strict=True))
-                )
+            runs = await stream_sinks(
+                [stub] * sinks, names, registrations, seconds=seconds, batch_seconds=batch_seconds
             )
     finally:
         coordinator.stop()

@@ -17,9 +17,9 @@ for line in range({lines}):
 LINES = 3000
 
 
-def test_lines_of_processes_sharing_stderr_never_mix() -> None:
-    # Two processes writing to the one pipe they inherited, as a supervisor's serving processes do.
-    codes = [_LOGGING.format(index=index, lines=LINES) for index in range(2)]
+def _shared_stderr(template: str) -> str:
+    """What two processes running `template` (with their index) wrote to the one stderr they inherited."""
+    codes = [template.format(index=index, lines=LINES) for index in range(2)]
     parent = "\n".join(
         [
             "import subprocess, sys",
@@ -27,7 +27,12 @@ def test_lines_of_processes_sharing_stderr_never_mix() -> None:
             "sys.exit(max(child.wait() for child in children))",
         ]
     )
-    shared = subprocess.run([sys.executable, "-c", parent], stderr=subprocess.PIPE, text=True, check=True).stderr
+    return subprocess.run([sys.executable, "-c", parent], stderr=subprocess.PIPE, text=True, check=True).stderr
+
+
+def test_lines_of_processes_sharing_stderr_never_mix() -> None:
+    # Two processes writing to the one pipe they inherited, as a supervisor's serving processes do.
+    shared = _shared_stderr(_LOGGING)
     records = [json.loads(line) for line in shared.splitlines()]
     assert sorted(record["process"] for record in records) == [0] * LINES + [1] * LINES
 
@@ -43,16 +48,7 @@ for line in range({lines}):
 
 
 def test_lines_of_the_writers_workers_sharing_stderr_never_mix() -> None:
-    codes = [_WORKER_LOGGING.format(index=index, lines=LINES) for index in range(2)]
-    parent = "\n".join(
-        [
-            "import subprocess, sys",
-            f"children = [subprocess.Popen([sys.executable, '-c', code]) for code in {codes!r}]",
-            "sys.exit(max(child.wait() for child in children))",
-        ]
-    )
-    shared = subprocess.run([sys.executable, "-c", parent], stderr=subprocess.PIPE, text=True, check=True).stderr
-    lines = shared.splitlines()
+    lines = _shared_stderr(_WORKER_LOGGING).splitlines()
     # Each line is one whole line of one worker: its event once, its padding whole.
     assert all(line.count("a line of worker") == 1 and line.count("x" * 200) == 1 for line in lines)
     assert sorted(line.split("a line of worker ")[1][0] for line in lines) == ["0"] * LINES + ["1"] * LINES
