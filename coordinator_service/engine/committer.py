@@ -17,10 +17,11 @@ import time
 from datetime import UTC, datetime
 
 import structlog
+from sqlalchemy.exc import SQLAlchemyError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential_jitter
 
 from coordinator_service import failpoints, metrics
-from coordinator_service.contract.errors import SinkSuspended, cause
+from coordinator_service.contract.errors import CoordinatorError, SinkSuspended, cause
 from coordinator_service.engine.commit_pass import CommitPasses
 from coordinator_service.engine.commit_retries import cannot_succeed_by_retrying, retry_cause
 from coordinator_service.engine.commit_state import CommitterHealth, Numbering, SinkCommitState
@@ -130,7 +131,7 @@ class Committer(CommitPasses):
             if health.stuck is not None:
                 continue  # until an operator resumes the sink
             # Outside the slot: a sink waiting out its interval leaves the slot to the others.
-            await self._respect_commit_interval(state)
+            await self._respect_commit_interval(sink_id, state)
             try:
                 if await self._commit_with_retries(sink_id):
                     state.wake.set()  # more to commit: go on after the sinks that wait for a slot
@@ -224,11 +225,29 @@ class Committer(CommitPasses):
             await failpoints.hit(Failpoint.COMMIT_AFTER_LOCK)
             return await self._commit_next(sink_id, lock)
 
-    async def _respect_commit_interval(self, state: SinkCommitState) -> None:
-        """Wait out the rest of the sink's commit interval, unless a writer waits for the commit (flush)."""
-        last = state.last_commit
-        remaining = 0.0 if last is None else self.settings.commit_interval_seconds - (time.monotonic() - last)
-        if remaining > 0:
+    async def _respect_commit_interval(self, sink_id: int, state: SinkCommitState) -> None:
+        """Wait out the rest of the sink's commit interval since its last commit, unless a writer waits for the commit
+        (flush). The last commit may be another process's (a supervisor's processes and the replicas share the
+        sink): once this process's own commit is an interval old, or it has made none, the log says when the sink
+        was last committed."""
+        interval = self.settings.commit_interval_seconds
+        while interval > 0 and not state.flush.is_set():
+            last = state.last_commit
+            remaining = 0.0 if last is None else interval - (time.monotonic() - last)
+            if remaining <= 0:
+                since = await self._seconds_since_last_snapshot(sink_id)
+                remaining = 0.0 if since is None else interval - since
+            if remaining <= 0:
+                break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(state.flush.wait(), remaining)
         state.flush.clear()
+
+    async def _seconds_since_last_snapshot(self, sink_id: int) -> float | None:
+        """From the log; None when it cannot say (the pass that follows finds a metastore outage and retries)."""
+        try:
+            async with self.database.transaction() as session:
+                return await epoch_reads.seconds_since_last_snapshot(session, sink_id)
+        except (SQLAlchemyError, CoordinatorError, OSError) as error:
+            log.debug("the sink's last commit could not be read from the log", error=cause(error))
+            return None

@@ -24,6 +24,23 @@ async def epoch_row(session: AsyncSession, sink_id: int, epoch: int, *, for_upda
     return (await session.execute(statement)).scalar_one_or_none()
 
 
+async def seconds_since_last_snapshot(session: AsyncSession, sink_id: int) -> float | None:
+    """Seconds, by the database's clock, since the sink's newest epoch that a snapshot holds was marked COMMITTED (by
+    any process or replica); None when the log keeps none (no commit yet, or RETENTION_EPOCHS 0 pruned it)."""
+    statement = (
+        select(func.extract("epoch", func.now() - EpochRecord.updated_at))
+        .where(
+            EpochRecord.sink_id == sink_id,
+            EpochRecord.status == EpochStatus.COMMITTED,
+            EpochRecord.snapshot_id.is_not(None),
+        )
+        .order_by(EpochRecord.epoch.desc())
+        .limit(1)
+    )
+    seconds = await session.scalar(statement)
+    return None if seconds is None else float(seconds)
+
+
 async def newest_epoch(session: AsyncSession, sink_id: int) -> int | None:
     """The sink's highest epoch in the log; None when it has none."""
     statement = select(func.max(EpochRecord.epoch)).where(EpochRecord.sink_id == sink_id)
