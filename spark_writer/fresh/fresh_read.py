@@ -33,7 +33,6 @@ from pyiceberg.catalog import Catalog
 from coordinator_service.contract.client import CoordinatorClient
 from coordinator_service.contract.markers import SinkIdentity
 from coordinator_service.contract.source_positions import SNAPSHOT_END_OFFSETS
-from coordinator_service.contract.table_identifiers import sink_name_problem, table_identifier_problem
 from coordinator_service.contract.views import SinkState
 from spark_writer.formats.decoded_batch import KAFKA_METADATA_COLUMNS
 from spark_writer.formats.json_decoding import json_decoder
@@ -52,6 +51,7 @@ from spark_writer.kafka.options import KafkaSourceOptions, parse_options
 from spark_writer.kafka.range_reader import read_range
 from spark_writer.mutations.decoding import MutationDecoder, mutation_decoding
 from spark_writer.routing.split import TaskRouting
+from spark_writer.sink.sink_arguments import check_names
 from spark_writer.spark_arrow_types import spark_arrow_schema
 
 log = structlog.get_logger(__name__)
@@ -78,9 +78,7 @@ def checked_arguments(
         if not (isinstance(value, str) or (optional and value is None)):
             raise ValueError(f"{name}: {value!r} is not a text")
     assert isinstance(sink, str) and isinstance(coordinator, str) and (table is None or isinstance(table, str))
-    for problem in (sink_name_problem(sink), None if table is None else table_identifier_problem(table)):
-        if problem is not None:
-            raise ValueError(problem)
+    check_names(sink, table)
     if isinstance(retry_seconds, bool) or not isinstance(retry_seconds, int | float) or not 0 < retry_seconds <= 86_400:
         raise ValueError(f"coordinator_retry_seconds must be above 0 and at most 86400 seconds, got {retry_seconds!r}")
     if not isinstance(catalog, Catalog):

@@ -12,9 +12,9 @@ DEFAULT_TARGET_FILE_SIZE_BYTES: Final = 128 * 1024 * 1024
 DEFAULT_COORDINATOR_RETRY_SECONDS: Final = 60.0
 
 
-def check_names(sink: str, table: str) -> None:
-    """ValueError when the sink's name or its table's is outside the name policy, which the coordinator would refuse
-    (coordinator_service.contract.table_identifiers)."""
-    for problem in (sink_name_problem(sink), table_identifier_problem(table)):
+def check_names(sink: str, table: str | None) -> None:
+    """ValueError when the sink's name or its table's (if one is named) is outside the name policy, which the
+    coordinator would refuse (coordinator_service.contract.table_identifiers)."""
+    for problem in (sink_name_problem(sink), None if table is None else table_identifier_problem(table)):
         if problem is not None:
             raise ValueError(problem)
