@@ -30,9 +30,11 @@ import structlog
 from pyspark.errors import ParseException
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as sql
-from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
+from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.types import StructType
 
 from spark_writer.arrow_schema import arrow_schema_of
+from spark_writer.formats import decoded_batch
 from spark_writer.formats.dead_letters import DeadLetterTarget
 from spark_writer.formats.json_columns import grow
 from spark_writer.formats.json_decoding import DEFAULT_JSON_TIME_ZONE, check_time_zone, json_decoder
@@ -50,13 +52,8 @@ from spark_writer.spark_errors import spark_message
 
 log = structlog.get_logger(__name__)
 
-# The Spark types of the kafka_* columns (spark_writer.formats.json_decoding.KAFKA_METADATA_COLUMNS).
-KAFKA_METADATA_FIELDS: Final = (
-    StructField("kafka_topic", StringType()),
-    StructField("kafka_partition", IntegerType()),
-    StructField("kafka_offset", LongType()),
-    StructField("kafka_timestamp", TimestampType()),
-)
+# The Spark types of the kafka_* columns, from their Arrow types (spark_writer.formats.decoded_batch).
+KAFKA_METADATA_FIELDS: Final = tuple(from_arrow_schema(pa.schema(decoded_batch.KAFKA_METADATA_FIELDS)).fields)
 
 
 def schema_from_ddl(ddl: str) -> StructType:
