@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+
+from spark_writer.worker_logging import LOG_LEVEL_VARIABLE
 
 # A serving process's logging: many lines, as fast as it can.
 _LOGGING = """
@@ -27,7 +30,11 @@ def _shared_stderr(template: str) -> str:
             "sys.exit(max(child.wait() for child in children))",
         ]
     )
-    return subprocess.run([sys.executable, "-c", parent], stderr=subprocess.PIPE, text=True, check=True).stderr
+    # At INFO whatever level an earlier test of this process left to its workers (set_worker_log_level).
+    environment = {**os.environ, LOG_LEVEL_VARIABLE: "INFO"}
+    return subprocess.run(
+        [sys.executable, "-c", parent], stderr=subprocess.PIPE, text=True, check=True, env=environment
+    ).stderr
 
 
 def test_lines_of_processes_sharing_stderr_never_mix() -> None:
@@ -49,6 +56,7 @@ for line in range({lines}):
 
 def test_lines_of_the_writers_workers_sharing_stderr_never_mix() -> None:
     lines = _shared_stderr(_WORKER_LOGGING).splitlines()
+    assert len(lines) == 2 * LINES
     # Each line is one whole line of one worker: its event once, its padding whole.
     assert all(line.count("a line of worker") == 1 and line.count("x" * 200) == 1 for line in lines)
     assert sorted(line.split("a line of worker ")[1][0] for line in lines) == ["0"] * LINES + ["1"] * LINES
