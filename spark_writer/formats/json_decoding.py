@@ -50,7 +50,9 @@ records, whose records are checked one by one: a bad record costs a few block
 parses, not a batch read record by record. A record checked alone is first parsed
 exactly as in a block, and its values are only ever handed on as their own text
 (never loaded into Python numbers and printed again), so a record decodes to the
-same row whatever its neighbours.
+same row whatever its neighbours. The one exception: a decimal written with a scale
+pyarrow rescales wrongly (``UNTRUSTED_SCALE``) is read exactly with Python's
+Decimal, its block record by record, and handed on as the plain number it is.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ import json
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from functools import cached_property
 from typing import Any, Final
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -91,6 +94,15 @@ UNTAKEN_PREFIX: Final = "fields the table cannot take: "
 # none: its "-01" is the day).
 ZONED_TEXT: Final = r":\d\d(\.\d+)?\s*(Z|z|[+-]\d\d(:?\d\d)?)$"
 _PARSE_ERRORS: Final = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError)
+# pyarrow reads a decimal written with many digits below its point (the fraction's digits less the exponent: its
+# written scale) wrongly and silently: rescaling it to the column's scale overflows 128 bits unchecked, so that
+# 2e-42 became 0.000 and 2.7777777777777e-58 became 402576489.533 in a decimal(12, 3) (pyarrow 26, its JSON reader
+# and its casts alike). A decimal written with a scale of UNTRUSTED_SCALE or more is read exactly here instead: the
+# number it is, if the column holds it exactly, else it does not fit.
+UNTRUSTED_SCALE: Final = 38
+_NUMBER: Final = re.compile(r"-?\d+(?:\.(\d*))?(?:[eE]([-+]?\d+))?")
+# Where a text may hold such a number (a negative exponent, or a long fraction): only there are numbers scanned.
+_MAYBE_UNTRUSTED: Final = r"[eE]-|\.\d{38}"
 JSON_WHITESPACE: Final = " \t\n\r"
 # A string (kept whole, escapes as written), or whitespace between tokens (dropped).
 _BETWEEN_TOKENS: Final = re.compile(r'("(?:[^"\\]|\\.)*")|[ \t\n\r]+')
@@ -176,6 +188,31 @@ def _converted(array: pa.Array, target: pa.DataType, time_zone: str) -> pa.Array
         list_type = pa.ListArray if pa.types.is_list(target) else pa.LargeListArray
         return list_type.from_arrays(array.offsets, values, type=target, mask=array.is_null())
     return array.cast(target)
+
+
+def _written_scale(text: str) -> int:
+    """The largest written scale of the numbers in a text (0 when it holds none)."""
+    return max(
+        (len(fraction or "") - int(exponent or 0) for fraction, exponent in _NUMBER.findall(text)),
+        default=0,
+    )
+
+
+def _exact_decimal_text(text: str, target: pa.Decimal128Type | pa.Decimal256Type) -> str | None:
+    """A decimal field's text (a number, or a string of one) written with an untrusted scale, as the plain number
+    it is when the column holds it exactly; None when it does not (digits below the column's scale, more than its
+    precision) or is no number."""
+    try:
+        loaded = json.loads(text, parse_float=Decimal, parse_int=Decimal)
+        value = Decimal(loaded) if isinstance(loaded, str) else loaded
+    except (ValueError, TypeError, ArithmeticError):
+        return None
+    if not isinstance(value, Decimal) or not value.is_finite():
+        return None
+    scaled = value.scaleb(target.scale)
+    if scaled != scaled.to_integral_value() or abs(scaled) >= 10**target.precision:
+        return None
+    return format(Decimal(int(scaled)).scaleb(-target.scale), "f")
 
 
 def object_fields(text: str) -> list[tuple[str, str]]:
@@ -302,6 +339,18 @@ class JsonDecoder:
         }
 
     @cached_property
+    def _holds_decimals(self) -> bool:
+        return any(_holds_decimals(f.type) for f in self.schema)
+
+    @cached_property
+    def _decimal_fields(self) -> dict[str, pa.Decimal128Type | pa.Decimal256Type]:
+        return {f.name: f.type for f in self.schema if pa.types.is_decimal(f.type)}
+
+    @cached_property
+    def _nested_decimal_fields(self) -> frozenset[str]:
+        return frozenset(f.name for f in self.schema if _holds_decimals(f.type) and not pa.types.is_decimal(f.type))
+
+    @cached_property
     def _text_fields(self) -> frozenset[str]:
         return frozenset(f.name for f in self.schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type))
 
@@ -378,12 +427,27 @@ class JsonDecoder:
         # as many rows as values then means one each.
         if not pc.all(pc.and_(pc.starts_with(values, "{"), pc.ends_with(values, "}"))).as_py():
             return None
+        if self._holds_decimals and self._untrusted_decimals(values):
+            return None  # read record by record: each decimal written so is read exactly (_check_record)
         data = _lines(values)
         parsed = self._parsed(data, len(values))
         if parsed is None and pc.any(pc.match_substring(values, "\n")).as_py():
             # A value printed over several lines (looked for only now: the scan costs as much as the join).
             parsed = self._parsed(data, len(values), multiline=True)
         return parsed
+
+    @staticmethod
+    def _untrusted_decimals(values: pa.Array) -> bool:
+        """Whether a value may hold a number of untrusted written scale (any number: which field holds it is told
+        record by record)."""
+        maybe = pc.match_substring_regex(values, _MAYBE_UNTRUSTED)
+        if not pc.any(maybe).as_py():
+            return False
+        texts = values.filter(maybe).to_pylist()  # the Kafka values' bytes, or text
+        return any(
+            _written_scale(text.decode("utf-8", "replace") if isinstance(text, bytes) else text) >= UNTRUSTED_SCALE
+            for text in texts
+        )
 
     def _parsed(self, data: bytes | pa.Buffer, expected_rows: int, *, multiline: bool = False) -> pa.Table | None:
         options = self._parse_options
@@ -434,13 +498,18 @@ class JsonDecoder:
             record[name] = self._as_text_where_text(name, value_text)
         refused = dict(self.refused)
         untaken = [name for name, text in record.items() if name in refused and text != "null"]
-        if not repeated and not untaken:
+        unread = self._read_untrusted_decimals(record)
+        if not repeated and not untaken and not unread:
             parsed = self._parse_fields(record)
             if parsed is not None:
                 fitting.append((parsed, pa.array([index], pa.int64())))
                 return
         decoders = self._field_decoders
-        wrong = [name for name, text in record.items() if name in decoders and not decoders[name].fits(text)]
+        wrong = [
+            name
+            for name, text in record.items()
+            if name in decoders and (name in unread or not decoders[name].fits(text))
+        ]
         named = [f"{name} ({decoders[name].type_names[0]})" for name in wrong if name not in repeated]
         named += [f"{name} (given twice)" for name in dict.fromkeys(repeated)]
         parts = [MISFIT_PREFIX + ", ".join(named)] if named else []
@@ -449,6 +518,22 @@ class JsonDecoder:
         reason = "; ".join(parts) or MISFIT_PREFIX + "a nested field"
         left_out = {*wrong, *repeated, *refused}
         misfits.append((index, reason, {k: v for k, v in record.items() if k not in left_out}))
+
+    def _read_untrusted_decimals(self, record: dict[str, str]) -> set[str]:
+        """The record's decimal fields written with an untrusted scale, read exactly: each one's text becomes the
+        plain number it is, and the names of those that do not fit (or that hold nested decimals so written) are
+        returned."""
+        unread: set[str] = set()
+        for name, text in record.items():
+            if name in self._decimal_fields and _written_scale(text) >= UNTRUSTED_SCALE:
+                exact = _exact_decimal_text(text, self._decimal_fields[name])
+                if exact is None:
+                    unread.add(name)
+                else:
+                    record[name] = exact
+            elif name in self._nested_decimal_fields and _written_scale(text) >= UNTRUSTED_SCALE:
+                unread.add(name)
+        return unread
 
     def _as_text_where_text(self, name: str, value_text: str) -> str:
         """A STRING field's non-string value as a string of its text in the record (as from_json gives it)."""

@@ -272,6 +272,15 @@ EDGES: Final = [
     b'{"timestamp_2": "2025-11-02T01:30:00", "string_1": "2025-03-09 02:30"}',
     b'{"timestamp_2": "2025-03-09 02:30:00.000001", "decimal_0": 12345678901}',
     b'{"timestamp_2": "0001-01-02", "decimal_0": -0.0}',
+    # Written with a scale pyarrow rescales wrongly without a word (2e-42 read as 0.000, 2.7777777777777e-58 as
+    # 402576489.533): below the column's scale, they do not fit; held exactly, they fit as the number they are.
+    b'{"decimal_0": 2.2250738585e-313}',
+    b'{"decimal_0": 2.7777777777777e-58, "string_1": 2e-42}',
+    b'{"decimal_0": "2e-42"}',
+    b'{"decimal_0": 1.5000000000000000000000000000000000000000, "string_1": "x"}',
+    b'{"decimal_0": 0e-50}',
+    b'{"decimal_0": -1230000000000000000000000000000000000000000e-40}',
+    b'{"decimal_0": 12345678901234567890000000000000000000000000e-40}',
     # Past 2037, the last year tzdata's files list transitions for: the zones' rules go on (daylight saving time in
     # April 2038 and July 2100, the gap and the doubled hour of 2040 in New York).
     b'{"timestamp_2": "2038-04-01T00:00:00"}',
