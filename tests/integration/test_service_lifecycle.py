@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -24,22 +22,18 @@ from coordinator_service.log.schema import head_revision
 from coordinator_service.runtime import migrate
 from coordinator_service.settings import Settings
 from sink_coordinator_demo.ports import free_port
-from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, orders, table_order_ids, write_parquet
+from tests.fixtures.coordinator import (
+    ORDERS,
+    CoordinatorProcess,
+    coordinator_cli,
+    orders,
+    table_order_ids,
+    write_parquet,
+)
 from tests.fixtures.duckdb_reader import duckdb_rows
 from tests.fixtures.postgres import query
 
 SCHEMA = ORDERS.serialize().to_pybytes()
-
-
-def cli(*args: str, cwd: Path | None = None, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "coordinator_service.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-        env={"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), **env},
-    )
 
 
 def test_embedded_default_needs_no_configuration(tmp_path: Path) -> None:
@@ -62,7 +56,9 @@ def test_embedded_default_needs_no_configuration(tmp_path: Path) -> None:
 
 
 def test_serve_refuses_an_unmigrated_metastore(database_url: str, tmp_path: Path) -> None:
-    result = cli("serve", "--grpc-port", "0", "--http-port", "0", SINK_COORDINATOR_DATABASE_URL=database_url)
+    result = coordinator_cli(
+        "serve", "--grpc-port", "0", "--http-port", "0", SINK_COORDINATOR_DATABASE_URL=database_url
+    )
     assert result.returncode == 1
     assert "run `sink-coordinator migrate`" in " ".join(result.stderr.split())
     assert query(database_url, "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'") == [(0,)]
@@ -70,7 +66,7 @@ def test_serve_refuses_an_unmigrated_metastore(database_url: str, tmp_path: Path
 
 def test_serve_refuses_failpoints_without_their_switch(database_url: str) -> None:
     """Failpoints kill or stall the process on purpose: armed by mistake, the service does not start."""
-    result = cli(
+    result = coordinator_cli(
         "serve",
         "--grpc-port",
         "0",
@@ -90,7 +86,7 @@ def test_serve_refuses_a_newer_schema(database_url: str) -> None:
     query(database_url, "UPDATE alembic_version SET version_num = '9999'")
     # A newer release's migration that this release's code does not fit (it contracts what this code uses).
     query(database_url, "UPDATE schema_compatibility SET oldest_compatible_code = '9999'")
-    result = cli("serve", SINK_COORDINATOR_DATABASE_URL=database_url)
+    result = coordinator_cli("serve", SINK_COORDINATOR_DATABASE_URL=database_url)
     assert result.returncode == 1
     assert "newer than this release knows" in " ".join(result.stderr.split())
 
@@ -101,7 +97,7 @@ def test_a_second_coordinator_on_the_same_grpc_port_is_refused(
     """grpcio binds with SO_REUSEPORT unless told not to: a second coordinator on another metastore would listen
     beside the first and take some of its writers' calls. It is refused in one line naming the port."""
     started = time.monotonic()
-    result = cli(
+    result = coordinator_cli(
         "serve",
         "--grpc-port",
         str(coordinator.grpc_port),
@@ -125,7 +121,7 @@ def test_an_http_port_in_use_is_one_line_naming_it(
     coordinator: CoordinatorProcess, database_url: str, tmp_path: Path
 ) -> None:
     started = time.monotonic()
-    result = cli(
+    result = coordinator_cli(
         "serve",
         "--grpc-port",
         str(free_port()),
@@ -149,7 +145,7 @@ def test_serve_refuses_a_local_warehouse_for_writers_on_other_machines(database_
     192.0.2.1 (TEST-NET-1) is no address of this machine: allowed, the start goes on to fail at the bind."""
     env = {"SINK_COORDINATOR_DATABASE_URL": database_url, "SINK_COORDINATOR_DATA_DIR": str(tmp_path / "data")}
     started = time.monotonic()
-    result = cli("serve", "--bind-host", "192.0.2.1", timeout=30, **env)
+    result = coordinator_cli("serve", "--bind-host", "192.0.2.1", timeout=30, **env)
     assert time.monotonic() - started < 5
     assert result.returncode == 2, result.stderr
     [line] = result.stderr.strip().splitlines()
@@ -158,7 +154,7 @@ def test_serve_refuses_a_local_warehouse_for_writers_on_other_machines(database_
     assert line.endswith("or set SINK_COORDINATOR_ALLOW_LOCAL_WAREHOUSE=true if every writer shares this file system")
     assert not (tmp_path / "data").exists()
 
-    allowed = cli("serve", "--bind-host", "192.0.2.1", "--allow-local-warehouse", timeout=30, **env)
+    allowed = coordinator_cli("serve", "--bind-host", "192.0.2.1", "--allow-local-warehouse", timeout=30, **env)
     assert allowed.returncode == 1, allowed.stderr
     [line] = allowed.stderr.strip().splitlines()
     assert line.startswith("cannot serve: the HTTP port 192.0.2.1:8080 cannot be listened on")
@@ -166,17 +162,19 @@ def test_serve_refuses_a_local_warehouse_for_writers_on_other_machines(database_
 
 def test_migrate_is_idempotent(database_url: str) -> None:
     for _ in range(2):
-        result = cli("migrate", "--database-url", database_url)
+        result = coordinator_cli("migrate", "--database-url", database_url)
         assert result.returncode == 0, result.stderr
     assert query(database_url, "SELECT version_num FROM alembic_version") == [(head_revision(),)]
 
 
 def test_bad_configuration_is_reported_not_raised(database_url: str) -> None:
-    result = cli("serve", "--grpc-port", "not-a-port", SINK_COORDINATOR_DATABASE_URL=database_url)
+    result = coordinator_cli("serve", "--grpc-port", "not-a-port", SINK_COORDINATOR_DATABASE_URL=database_url)
     assert result.returncode == 2
     assert "Invalid value for '--grpc-port'" in result.stderr
     assert "Traceback" not in result.stderr
-    result = cli("serve", SINK_COORDINATOR_DATABASE_URL=database_url, SINK_COORDINATOR_GRPC_PORT="not-a-port")
+    result = coordinator_cli(
+        "serve", SINK_COORDINATOR_DATABASE_URL=database_url, SINK_COORDINATOR_GRPC_PORT="not-a-port"
+    )
     assert result.returncode == 2
     assert "SINK_COORDINATOR_GRPC_PORT='not-a-port'" in " ".join(result.stderr.split())
     assert "Traceback" not in result.stderr
@@ -184,7 +182,7 @@ def test_bad_configuration_is_reported_not_raised(database_url: str) -> None:
 
 def test_bad_settings_are_one_json_line_where_json_logs_were_asked_for(database_url: str) -> None:
     """On-call review: a start-up refusal was a plain line among JSON log lines (the chart asks for JSON)."""
-    result = cli(
+    result = coordinator_cli(
         "serve",
         SINK_COORDINATOR_DATABASE_URL=database_url,
         SINK_COORDINATOR_GRPC_PORT="99999",
@@ -204,7 +202,7 @@ def test_status_shows_sinks_and_open_epochs(coordinator: CoordinatorProcess, dat
                 "status-sink", epoch, writer.writer_term, [write_parquet(writer.table_location, orders(epoch * 10, 10))]
             )
         client.commit_checkpoint("status-sink", 0, writer.writer_term, wait=True)
-    result = cli("status", "--database-url", database_url, COLUMNS="200")
+    result = coordinator_cli("status", "--database-url", database_url, COLUMNS="200")
     assert result.returncode == 0, result.stderr
     sink_line = next(line for line in result.stdout.splitlines() if "status-sink" in line and "shop.orders" in line)
     # writer, checkpointed, committed, pending, aborted
@@ -223,7 +221,7 @@ def test_status_names_every_sink_whole_at_80_columns_and_logs_nothing(
     with coordinator.client() as client:
         for name in names:
             client.register_writer(name, f"demo.orders_{name[-15:]}", -1, arrow_schema=SCHEMA)
-    result = cli("status", "--database-url", database_url, COLUMNS="80")
+    result = coordinator_cli("status", "--database-url", database_url, COLUMNS="80")
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     lines = result.stdout.splitlines()
@@ -246,7 +244,7 @@ def test_status_shows_liveness_stalls_last_commits_and_shared_tables(
     coordinator.stop()  # its last notes of the writers' calls written: status reads the metastore alone
     query(database_url, "UPDATE pending_sink_state SET updated_at = now() - interval '1 hour' WHERE epoch = 1")
     query(database_url, "UPDATE sinks SET writer_last_call_at = now() - interval '2 hours' WHERE name = 'orders'")
-    result = cli("status", "--database-url", database_url, "--stalled-after-seconds", "600", COLUMNS="250")
+    result = coordinator_cli("status", "--database-url", database_url, "--stalled-after-seconds", "600", COLUMNS="250")
     assert result.returncode == 0, result.stderr
     sinks_lines = result.stdout.split("epochs not committed")[0].splitlines()
     [orders_line] = [line for line in sinks_lines if "│ orders " in line]
@@ -265,13 +263,13 @@ def test_status_shows_liveness_stalls_last_commits_and_shared_tables(
 def test_each_commands_help_fits_120_columns_with_its_flags_and_variables_whole() -> None:
     """Issue 26.12: `serve --help` cut flag and variable names at 120 columns, and `status --help` listed every
     flag of the server (408 lines)."""
-    serve = cli("serve", "--help", COLUMNS="120")
+    serve = coordinator_cli("serve", "--help", COLUMNS="120")
     assert serve.returncode == 0
     assert "…" not in serve.stdout and max(len(line) for line in serve.stdout.splitlines()) <= 120
     for name in Settings.model_fields:
         assert f"--{name.replace('_', '-')}" in serve.stdout, name
         assert f"SINK_COORDINATOR_{name.upper()}" in serve.stdout, name
-    status = cli("status", "--help", COLUMNS="120")
+    status = coordinator_cli("status", "--help", COLUMNS="120")
     assert status.returncode == 0
     assert "--database-url" in status.stdout and "--stalled-after-seconds" in status.stdout
     assert "--grpc-port" not in status.stdout and "--compaction-min-files" not in status.stdout
@@ -288,7 +286,7 @@ def test_the_catalog_command_prints_lines_that_read_the_table(
         client.commit_checkpoint("orders", 0, writer.writer_term, wait=True)
     env = {"SINK_COORDINATOR_DATABASE_URL": database_url, "SINK_COORDINATOR_DATA_DIR": str(coordinator.data_dir)}
 
-    shown = cli("catalog", "shop.orders", "--show-secrets", **env)
+    shown = coordinator_cli("catalog", "shop.orders", "--show-secrets", **env)
     assert shown.returncode == 0, shown.stderr
     sections = shown.stdout.split("\n\n")
     pyiceberg = [line.strip() for line in sections[1].splitlines()[1:]]
@@ -299,12 +297,12 @@ def test_the_catalog_command_prints_lines_that_read_the_table(
     assert len(duckdb_rows(scan, "order_id")) == 5
     assert "spark.sql.catalog.default.catalog-impl=org.apache.iceberg.jdbc.JdbcCatalog" in sections[3]
 
-    missing = cli("catalog", "shop.nothing", **env)
+    missing = coordinator_cli("catalog", "shop.nothing", **env)
     assert missing.returncode == 1
     assert missing.stderr.strip().splitlines() == [
         "cannot read the table: table 'shop.nothing' does not exist in catalog default"
     ]
-    bad = cli("catalog", "no/such table", **env)
+    bad = coordinator_cli("catalog", "no/such table", **env)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
 
 

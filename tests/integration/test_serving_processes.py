@@ -20,7 +20,14 @@ from pyiceberg.catalog import Catalog
 
 from coordinator_service.contract.client import CoordinatorRpcError
 from coordinator_service.contract.views import PreCommitOutcome
-from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, orders, table_order_ids, write_parquet
+from tests.fixtures.coordinator import (
+    ORDERS,
+    CoordinatorProcess,
+    coordinator_cli,
+    orders,
+    table_order_ids,
+    write_parquet,
+)
 
 SCHEMA = ORDERS.serialize().to_pybytes()
 PROCESSES = 2
@@ -242,18 +249,15 @@ def test_a_scrape_of_any_process_has_the_whole_coordinators_counts(
 def test_a_process_that_cannot_start_ends_the_supervisor(database_url: str, tmp_path: Path) -> None:
     """An unmigrated metastore: each process refuses it, and the supervisor ends with the refusal, its last line,
     instead of starting them again."""
-    result = subprocess.run(
-        [sys.executable, "-m", "coordinator_service.cli", "serve", "--grpc-port", "0", "--http-port", "0"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={
-            "PATH": "/usr/bin:/bin",
-            "HOME": str(Path.home()),
-            "SINK_COORDINATOR_DATABASE_URL": database_url,
-            "SINK_COORDINATOR_PROCESSES": str(PROCESSES),
-            "SINK_COORDINATOR_LOG_FORMAT": "json",
-        },
+    result = coordinator_cli(
+        "serve",
+        "--grpc-port",
+        "0",
+        "--http-port",
+        "0",
+        SINK_COORDINATOR_DATABASE_URL=database_url,
+        SINK_COORDINATOR_PROCESSES=str(PROCESSES),
+        SINK_COORDINATOR_LOG_FORMAT="json",
     )
     assert result.returncode == 1, result.stderr
     lines = [json.loads(line) for line in result.stderr.splitlines()]  # every line JSON: no traceback
