@@ -339,7 +339,7 @@ class JsonDecoder:
         }
 
     @cached_property
-    def _holds_decimals(self) -> bool:
+    def _any_decimal_field(self) -> bool:
         return any(_holds_decimals(f.type) for f in self.schema)
 
     @cached_property
@@ -427,7 +427,7 @@ class JsonDecoder:
         # as many rows as values then means one each.
         if not pc.all(pc.and_(pc.starts_with(values, "{"), pc.ends_with(values, "}"))).as_py():
             return None
-        if self._holds_decimals and self._untrusted_decimals(values):
+        if self._any_decimal_field and self._untrusted_decimals(values):
             return None  # read record by record: each decimal written so is read exactly (_check_record)
         data = _lines(values)
         parsed = self._parsed(data, len(values))
