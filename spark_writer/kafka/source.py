@@ -95,6 +95,7 @@ from spark_writer.kafka.offsets import (
     resolve_starting_offsets,
 )
 from spark_writer.kafka.options import SOURCE_NAME, KafkaSourceOptions, parse_options
+from spark_writer.kafka.planner_end import end_quietly_when_spark_closes
 from spark_writer.kafka.range_reader import read_range
 from spark_writer.worker_logging import configure_worker_logging
 
@@ -257,4 +258,5 @@ class KafkaDataSource(DataSource):
         # Spark plans the stream in a Python process of its own, not forked from the worker daemon: it gets the
         # job's log level here (a no-op where the process configured logging itself, as a driver does).
         configure_worker_logging()
+        end_quietly_when_spark_closes()
         return KafkaStreamReader(parse_options(self.options))
