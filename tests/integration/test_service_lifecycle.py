@@ -36,20 +36,20 @@ from tests.fixtures.postgres import query
 SCHEMA = ORDERS.serialize().to_pybytes()
 
 
-def test_embedded_default_needs_no_configuration(tmp_path: Path) -> None:
+def test_embedded_default_needs_no_configuration(embedded_tmp_path: Path) -> None:
     """No database URL: an embedded PostgreSQL and a local SQL catalog under ./.sink-coordinator."""
-    process = CoordinatorProcess(database_url=None, data_dir=tmp_path / ".sink-coordinator")
-    process.start(cwd=tmp_path)
+    process = CoordinatorProcess(database_url=None, data_dir=embedded_tmp_path / ".sink-coordinator")
+    process.start(cwd=embedded_tmp_path)
     try:
         ready = httpx.get(f"{process.http_url}/readyz", timeout=10)
         assert ready.status_code == 200, ready.text
         assert ready.json()["checks"] == {"metastore": "ok", "catalog": "ok", "warehouse": "ok"}
         with process.client() as client:
             writer = client.register_writer("local", "demo.orders", -1, arrow_schema=SCHEMA)
-            assert writer.table_location.startswith((tmp_path / ".sink-coordinator" / "warehouse").as_uri())
+            assert writer.table_location.startswith((embedded_tmp_path / ".sink-coordinator" / "warehouse").as_uri())
             client.pre_commit("local", 0, writer.writer_term, [write_parquet(writer.table_location, orders(0, 5))])
             assert client.commit_checkpoint("local", 0, writer.writer_term, wait=True).committed_epoch == 0
-        assert (tmp_path / ".sink-coordinator" / "postgres" / "PG_VERSION").exists()
+        assert (embedded_tmp_path / ".sink-coordinator" / "postgres" / "PG_VERSION").exists()
     finally:
         process.stop()
     assert process.process is not None and process.process.returncode == 0

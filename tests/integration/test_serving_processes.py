@@ -267,10 +267,10 @@ def test_a_process_that_cannot_start_ends_the_supervisor(database_url: str, tmp_
     assert not [line for line in lines if "starting it again" in line["event"]]
 
 
-def test_the_embedded_metastore_serves_every_process(tmp_path: Path) -> None:
+def test_the_embedded_metastore_serves_every_process(embedded_tmp_path: Path) -> None:
     """No database URL: the supervisor starts and migrates the embedded PostgreSQL once, and its processes use it."""
-    coordinator = CoordinatorProcess(database_url=None, data_dir=tmp_path / ".sink-coordinator")
-    coordinator.start(cwd=tmp_path, SINK_COORDINATOR_PROCESSES=str(PROCESSES))
+    coordinator = CoordinatorProcess(database_url=None, data_dir=embedded_tmp_path / ".sink-coordinator")
+    coordinator.start(cwd=embedded_tmp_path, SINK_COORDINATOR_PROCESSES=str(PROCESSES))
     try:
         for index in range(PROCESSES):
             coordinator.wait_for_log("sink-coordinator serving", timeout=60, process=index)
