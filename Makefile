@@ -48,9 +48,9 @@ pytest: $(INSTALLED)
 	for report in .pytest-hangs/*.txt; do [ -f "$$report" ] && tail -n 80 "$$report"; done; \
 	exit $$status
 
-## test-postgres-15: the integration tests again on PostgreSQL 15 (Debian's postgresql-15), the oldest supported version (the tests marked every_postgres ran on both already); CI runs it after make test
+## test-postgres-15: the integration tests again on PostgreSQL 15 (Debian's postgresql-15), the oldest supported version (make test runs them on 18); CI runs it after make test
 test-postgres-15: $(INSTALLED)
-	SINK_TEST_POSTGRES=15 $(BIN)/pytest -n $(TEST_WORKERS) tests/integration -m "not every_postgres" $(PYTEST_ARGS)
+	SINK_TEST_POSTGRES=15 $(BIN)/pytest -n $(TEST_WORKERS) tests/integration $(PYTEST_ARGS)
 
 ## serve: run the coordinator on the embedded defaults (PostgreSQL and catalog in ./.sink-coordinator)
 serve: $(RUNS)

@@ -12,8 +12,6 @@ from coordinator_service.log.models import AbortCause
 from coordinator_service.log.sink_rows import RowLock
 from tests.fixtures.admin import AdminApp, commit_lock_held, sink_id_of, until_a_statement_waits_for_a_lock
 
-pytestmark = pytest.mark.every_postgres
-
 
 async def test_a_checkpoint_is_recorded_in_one_statement_when_every_covered_epoch_is_pending(admin: AdminApp) -> None:
     registration = await admin.register("orders")

@@ -6,15 +6,12 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from pyiceberg.catalog import Catalog
 
 from coordinator_service.failpoints import Failpoint
 from tests.fixtures.admin import AdminApp, AdminFactory, Gate, eventually, sink_id_of, terminate_commit_lock_holder
 from tests.fixtures.coordinator import table_files, table_order_ids
 from tests.fixtures.postgres import query
-
-pytestmark = pytest.mark.every_postgres
 
 
 def exists(uri: str) -> bool:

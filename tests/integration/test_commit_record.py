@@ -16,8 +16,6 @@ from coordinator_service.log.models import AbortCause, Sink
 from tests.fixtures.admin import AdminApp, commit_lock_held, sink_id_of, until_a_statement_waits_for_a_lock
 from tests.fixtures.postgres import query
 
-pytestmark = pytest.mark.every_postgres
-
 
 async def _sink_and_statuses(admin: AdminApp) -> tuple[Sink, dict[int, EpochStatus]]:
     async with admin.runtime.database.transaction() as session:

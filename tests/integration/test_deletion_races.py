@@ -27,8 +27,6 @@ from tests.fixtures.admin import AdminFactory, Gate, eventually, sink_id_of, ter
 from tests.fixtures.coordinator import ORDERS, orders, table_files, table_order_ids, write_parquet
 from tests.fixtures.reachable_files import missing_reachable_files
 
-pytestmark = pytest.mark.every_postgres
-
 TWO_HOURS = 7200.0
 
 

@@ -65,8 +65,6 @@ from tests.fixtures.coordinator import ORDERS, write_parquet
 from tests.fixtures.postgres import new_database, query
 from tests.fixtures.reachable_files import missing_reachable_files, reachable_files
 
-pytestmark = pytest.mark.every_postgres
-
 SINK = "orders"
 OWN, ROUTED = "db.orders", "db.routed"
 TABLES = (OWN, ROUTED)

@@ -11,8 +11,6 @@ from tests.fixtures.admin import AdminApp
 from tests.fixtures.coordinator import table_order_ids
 from tests.fixtures.postgres import query
 
-pytestmark = pytest.mark.every_postgres
-
 
 async def test_a_file_already_in_the_table_is_refused(admin: AdminApp, catalog: Catalog, database_url: str) -> None:
     registration = await admin.register("orders")

@@ -38,8 +38,6 @@ from tests.fixtures.key_index import assert_answers_as_the_scan, commit_through_
 from tests.fixtures.keyed_tables import KEYED, MARKER, Delete, Operation, Row, Upsert, pyiceberg_rows, write_epoch
 from tests.fixtures.postgres import new_database, query
 
-pytestmark = pytest.mark.every_postgres
-
 TABLE = "db.keyed"
 
 

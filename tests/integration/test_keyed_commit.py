@@ -56,8 +56,6 @@ from tests.fixtures.keyed_tables import (
 )
 from tests.fixtures.postgres import new_database, query
 
-pytestmark = pytest.mark.every_postgres
-
 SINK = "orders"
 TABLE = "db.orders"
 KEY = ("id",)

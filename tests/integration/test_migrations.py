@@ -26,8 +26,6 @@ from tests.fixtures.admin import AdminFactory
 from tests.fixtures.coordinator import ORDERS, orders, table_order_ids
 from tests.fixtures.postgres import columns_of, new_database, query
 
-pytestmark = pytest.mark.every_postgres
-
 
 def test_the_migrations_build_what_the_models_describe(database_url: str) -> None:
     engine = create_sync_engine(normalize_url(database_url))

@@ -16,8 +16,6 @@ from tests.fixtures.admin import AdminApp
 from tests.fixtures.coordinator import ORDERS
 from tests.fixtures.postgres import query
 
-pytestmark = pytest.mark.every_postgres
-
 
 async def test_a_refused_writer_does_not_evolve_the_table(admin: AdminApp, catalog: Catalog) -> None:
     """Item 8: the checkpoint check comes before the table is created or altered."""

@@ -39,8 +39,6 @@ from tests.fixtures.admin import (
 from tests.fixtures.coordinator import orders, table_order_ids, write_parquet
 from tests.torture.audit import AUDIT_SQL, sink_row_went_back
 
-pytestmark = pytest.mark.every_postgres
-
 RESET = {"confirm": "orders", "reason": "checkpoint volume lost"}
 
 

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
 from pyiceberg.catalog import Catalog
 
 from tests.fixtures.admin import AdminApp
 from tests.fixtures.coordinator import table_order_ids
 from tests.fixtures.postgres import query
-
-pytestmark = pytest.mark.every_postgres
 
 
 async def test_a_sink_created_again_under_an_old_name_appends_its_own_epochs(

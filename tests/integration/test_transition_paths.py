@@ -37,8 +37,6 @@ from coordinator_service.log.precommit_metadata import DataFileEntry, PreCommitM
 from coordinator_service.log.sink_rows import sink_by_id
 from coordinator_service.runtime import migrate
 
-pytestmark = pytest.mark.every_postgres
-
 EXAMPLES = 60
 # The same examples every run: each test asserts that its examples took both paths (the harness fixture), which a
 # random draw of 60 may not (CI drew 60 declined checkpoints once). HYPOTHESIS_RANDOM=1 explores afresh.
