@@ -62,7 +62,7 @@ Factory = Callable[..., CoordinatorProcess]
 RECORDS = 2400
 KEYS = 300
 PARTITIONS = 3
-PER_BATCH = 300  # 8 batches
+PER_BATCH = 400  # 6 batches
 UPSERT = Mutations(MutationMode.UPSERT, ("id",))
 KILLED_EPOCH = 3
 
