@@ -261,15 +261,21 @@ def render(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    cores = len(os.sched_getaffinity(0))
     parser = argparse.ArgumentParser(prog="python -m bench.capacity", description=__doc__)
     parser.add_argument("--sinks", default="50,100,200,300,400,500,700", help="the ladder of sink counts")
     parser.add_argument("--seconds", type=float, default=40.0, help="streaming time of each step")
     parser.add_argument("--quick", action="store_true", help="sinks 10,20 for 12 s: checks the bench runs")
+    parser.add_argument(
+        "--shape",
+        action="append",
+        choices=list(shapes(cores)),
+        help="run only this shape (again for more, in the report's order); default: every shape",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS, help="directory of capacity.md and .json")
     args = parser.parse_args(argv)
     counts = [10, 20] if args.quick else [int(each) for each in args.sinks.split(",")]
     seconds = 12.0 if args.quick else args.seconds
-    cores = len(os.sched_getaffinity(0))
     root = temp_root()
     postgres = Postgres(root)
     results: dict[str, Any] = {
@@ -283,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         results["shapes"] = [
             ladder(postgres, root, shape, environments, counts, seconds)
             for shape, environments in shapes(cores).items()
+            if args.shape is None or shape in args.shape
         ]
     finally:
         postgres.stop()

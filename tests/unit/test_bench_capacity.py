@@ -1,5 +1,6 @@
 """bench/capacity.py: a step's verdict is the issue's bound, the CPU it reads includes the children of a process (a
-coordinator of several processes), and the report renders each shape (figures are not checked: bench/ measures)."""
+coordinator of several processes), the report renders each shape, and a shape it does not run is refused (figures
+are not checked: bench/ measures)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import sys
 from typing import Any
 
 import psutil
+import pytest
 
-from bench.capacity import COMMIT_INTERVAL_SECONDS, CpuWindow, cpu_seconds, passes, render
+from bench.capacity import COMMIT_INTERVAL_SECONDS, CpuWindow, cpu_seconds, main, passes, render
 from bench.infra import latency_stats
 
 
@@ -79,3 +81,11 @@ def test_the_report_names_each_shapes_capacity_and_the_goal() -> None:
     assert "| 1 process | 100 | not met |" in report
     assert "| 2 processes (every core) | 500 | met |" in report
     assert "one core of coordinator carries 250 sinks" in report
+
+
+def test_a_shape_not_in_the_bench_is_refused_before_anything_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ("nonsense", "", "1 PROCESS", "1 process ", "1 process; 2 replicas"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["--shape", name])
+        assert exit_.value.code == 2
+        assert "invalid choice" in capsys.readouterr().err
