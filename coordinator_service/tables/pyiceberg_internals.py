@@ -13,6 +13,7 @@ from __future__ import annotations
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
@@ -36,10 +37,16 @@ from pyiceberg.schema import Schema, assign_fresh_schema_ids
 from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summary, update_snapshot_summaries
-from pyiceberg.table.update import update_table_metadata
+from pyiceberg.table.update import (
+    TableUpdate,
+    _apply_table_update,
+    _TableMetadataUpdateContext,
+    _update_table_metadata_log,
+)
 from pyiceberg.table.update.schema import UpdateSchema
 from pyiceberg.table.update.snapshot import _MergeAppendFiles, _OverwriteFiles, _SnapshotProducer
 from pyiceberg.typedef import EMPTY_DICT, Record
+from pyiceberg.utils.datetime import datetime_to_millis
 
 
 def check_file_schema(table_schema: Schema, file_schema: pa.Schema, format_version: int) -> None:
@@ -258,14 +265,37 @@ class RowDelta(_MergeAppendFiles):
         )
 
 
+def updated_metadata(
+    base: TableMetadata, updates: tuple[TableUpdate, ...], metadata_location: str | None = None
+) -> TableMetadata:
+    """pyiceberg's `update_table_metadata` (the updates applied to `base`, the metadata log given the location `base`
+    was read from, the update time) without its closing deep copy of the whole result. Each update makes new objects
+    of what it changes and shares the rest with `base`, which nothing changes in place (pyiceberg replaces its frozen
+    models): the copy cost more than anything else in a commit, growing with the table's snapshot list."""
+    context = _TableMetadataUpdateContext()
+    metadata = base
+    for update in updates:
+        metadata = _apply_table_update(update, metadata, context)
+    if context.has_changes():
+        if metadata_location:
+            metadata = _update_table_metadata_log(metadata, metadata_location, base.last_updated_ms)
+        if base.last_updated_ms == metadata.last_updated_ms:
+            metadata = metadata.model_copy(update={"last_updated_ms": datetime_to_millis(datetime.now().astimezone())})
+    metadata.spec().check_compatible(metadata.schema())
+    metadata.sort_order().check_compatible(metadata.schema())
+    return metadata
+
+
 class MetadataOnceTransaction(Transaction):
-    """pyiceberg's transaction, computing the metadata it stands for once per change instead of at every read.
+    """pyiceberg's transaction, computing the metadata it stands for once per change instead of at every read, and
+    without a deep copy.
 
     pyiceberg's ``table_metadata`` applies the transaction's updates and deep-copies the whole table metadata each
     time it is read: about 15 times in one append, each copy growing with the table's snapshot list (an append of
     one file on a 60-snapshot table spent 68 ms of its 110 ms, profiled, in those copies). The metadata is a frozen
-    model that pyiceberg replaces rather than changes, so the one copy computed for the current base and updates
-    (each change makes new objects of them) serves every read until they change.
+    model that pyiceberg replaces rather than changes, so the metadata computed for the current base and updates
+    (each change makes new objects of them), sharing what they leave alone with the base (`updated_metadata`),
+    serves every read until they change.
     """
 
     _computed: tuple[TableMetadata, tuple[Any, ...], TableMetadata] | None = None
@@ -275,7 +305,7 @@ class MetadataOnceTransaction(Transaction):
         base, updates = self._table.metadata, self._updates
         computed = self._computed
         if computed is None or computed[0] is not base or computed[1] is not updates:
-            computed = self._computed = (base, updates, update_table_metadata(base, updates))
+            computed = self._computed = (base, updates, updated_metadata(base, updates))
         return computed[2]
 
 

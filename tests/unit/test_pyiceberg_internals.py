@@ -18,6 +18,7 @@ from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.update import TableUpdate, update_table_metadata
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
 from pyiceberg.types import LongType, NestedField, StringType
@@ -258,3 +259,39 @@ def test_the_metadata_once_transaction_computes_the_metadata_again_only_when_the
 
     committed = transaction.commit_transaction()
     assert committed.properties["owner"] == "orders-team"
+
+
+def _append_updates(table: Table) -> tuple[TableUpdate, ...]:
+    """The updates of a commit like the coordinator's: a property made sure of, then an append of one file."""
+    transaction = Transaction(table)
+    transaction.set_properties({"owner": "orders-team"})
+    with transaction.update_snapshot().fast_append() as append:
+        for data_file in internals.data_files_of(table.metadata, ROWS, table.io):
+            append.append_data_file(data_file)
+    return transaction._updates
+
+
+def test_updated_metadata_is_pyicebergs_update_without_the_copy_and_leaves_the_base_as_it_was(table: Table) -> None:
+    """It stands in for pyiceberg's update_table_metadata (the transaction's metadata, the SQL catalog's staged
+    metadata): the same metadata, log entry included, for the updates of an append; and the sharing it relies on
+    instead of the copy is safe: applying and committing the updates leave the base's objects unchanged."""
+    table.append(ROWS)
+    table = table.refresh()
+    base = table.metadata
+    before = base.model_dump()
+    updates = _append_updates(table)
+
+    for location in (None, table.metadata_location):
+        ours = internals.updated_metadata(base, updates, location)
+        theirs = update_table_metadata(base, updates, metadata_location=location)
+        assert ours.model_dump() == theirs.model_dump()
+        assert ours.snapshots[0] is base.snapshots[0], "not shared: pyiceberg's copy is back, or ours is wrong"
+    assert [entry.metadata_file for entry in ours.metadata_log][-1] == table.metadata_location
+
+    transaction = internals.coordinator_transaction(table)
+    with transaction.update_snapshot().fast_append() as append:
+        for data_file in internals.data_files_of(table.metadata, ROWS, table.io):
+            append.append_data_file(data_file)
+    committed = transaction.commit_transaction()
+    assert len(committed.metadata.snapshots) == 2
+    assert base.model_dump() == before
