@@ -4,7 +4,8 @@ pyiceberg's public API does not offer these (yet): checking a file's schema agai
 a schema evolution applied in memory, a partition record's values, one metadata request for a file's size and
 modification time, writing data files of a table without appending them, a `replace` snapshot, the positions a
 position delete file deletes, an Arrow schema as an Iceberg one, a row delta (data and position delete files in
-one snapshot: pyiceberg writes no delete file), and a transaction that computes its metadata once per change. Each is
+one snapshot: pyiceberg writes no delete file), a transaction that computes its metadata once per change and without
+a deep copy, and a SQL catalog that reads a metadata file this process already holds no more. Each is
 pinned by a test of its own in tests/unit/test_pyiceberg_internals.py, so that an upgrade that moves one fails there, by
 name, before anything else; pyproject.toml pins pyiceberg to the minor release they were checked on."""
 
@@ -19,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 from pyarrow.fs import FileInfo
 from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
 from pyiceberg.exceptions import ValidationException
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import PyArrowFile, _check_pyarrow_schema_compatible, _dataframe_to_data_files, _read_deletes
@@ -34,10 +36,12 @@ from pyiceberg.manifest import (
 )
 from pyiceberg.partitioning import PartitionSpec
 from pyiceberg.schema import Schema, assign_fresh_schema_ids
-from pyiceberg.table import Table, TableProperties, Transaction
+from pyiceberg.table import CommitTableResponse, StagedTable, Table, TableProperties, Transaction
+from pyiceberg.table.locations import load_location_provider
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.snapshots import Operation, SnapshotSummaryCollector, Summary, update_snapshot_summaries
 from pyiceberg.table.update import (
+    TableRequirement,
     TableUpdate,
     _apply_table_update,
     _TableMetadataUpdateContext,
@@ -45,7 +49,7 @@ from pyiceberg.table.update import (
 )
 from pyiceberg.table.update.schema import UpdateSchema
 from pyiceberg.table.update.snapshot import _MergeAppendFiles, _OverwriteFiles, _SnapshotProducer
-from pyiceberg.typedef import EMPTY_DICT, Record
+from pyiceberg.typedef import EMPTY_DICT, Identifier, Record
 from pyiceberg.utils.datetime import datetime_to_millis
 
 
@@ -319,3 +323,80 @@ def coordinator_transaction(table: Table) -> MetadataOnceTransaction:
     transaction = MetadataOnceTransaction(table)
     transaction.set_properties({TableProperties.METADATA_DELETE_AFTER_COMMIT_ENABLED: "false"})
     return transaction
+
+
+class MetadataKeepingSqlCatalog(SqlCatalog):
+    """pyiceberg's SQL catalog, reading a table's metadata file only when it is not the one this process last loaded
+    or committed for the table, and staging a commit's metadata without the deep copy (`updated_metadata`).
+
+    pyiceberg's commit loads the table again (its row, then its metadata file read and parsed) to check the commit's
+    requirements on the current metadata and to swap the row's location only if it still holds the one loaded. A
+    metadata file is never rewritten (a commit writes a new one and swaps the location), so the metadata this
+    process parsed from a location, or wrote there, stands for that file for good: a load still reads the row, and
+    reads the file only when the row names another one. A concurrent commit is detected as before: the row names its
+    file (read then, the requirements checked on it), or it lands between the load and the swap, which then fails.
+    """
+
+    _kept: dict[tuple[str, str], tuple[str, TableMetadata]]
+
+    def _convert_orm_to_iceberg(self, orm_table: IcebergTables) -> Table:
+        key = (orm_table.table_namespace, orm_table.table_name)
+        kept = self._kept.get(key)
+        if kept is None or kept[0] != orm_table.metadata_location:
+            table = super()._convert_orm_to_iceberg(orm_table)
+            self._kept[key] = (table.metadata_location, table.metadata)
+            return table
+        location, metadata = kept
+        return Table(
+            identifier=(*Catalog.identifier_to_tuple(orm_table.table_namespace), orm_table.table_name),
+            metadata=metadata,
+            metadata_location=location,
+            io=self._load_file_io(metadata.properties, location),
+            catalog=self,
+        )
+
+    def _update_and_stage_table(
+        self,
+        current_table: Table | None,
+        table_identifier: Identifier,
+        requirements: tuple[TableRequirement, ...],
+        updates: tuple[TableUpdate, ...],
+    ) -> StagedTable:
+        if current_table is None:  # a table created: pyiceberg validates its first metadata
+            return super()._update_and_stage_table(current_table, table_identifier, requirements, updates)
+        for requirement in requirements:
+            requirement.validate(current_table.metadata)
+        metadata = updated_metadata(current_table.metadata, updates, current_table.metadata_location)
+        version = self._parse_metadata_version(current_table.metadata_location) + 1
+        location = load_location_provider(metadata.location, metadata.properties).new_table_metadata_file_location(
+            version
+        )
+        return StagedTable(
+            identifier=table_identifier,
+            metadata=metadata,
+            metadata_location=location,
+            io=self._load_file_io(properties=metadata.properties, location=location),
+            catalog=self,
+        )
+
+    def commit_table(
+        self, table: Table, requirements: tuple[TableRequirement, ...], updates: tuple[TableUpdate, ...]
+    ) -> CommitTableResponse:
+        response = super().commit_table(table, requirements, updates)
+        namespace = Catalog.namespace_to_string(Catalog.namespace_from(table.name()))
+        self._kept[(namespace, Catalog.table_name_from(table.name()))] = (
+            response.metadata_location,
+            response.metadata,
+        )
+        return response
+
+
+def keeping_metadata(catalog: Catalog) -> Catalog:
+    """The catalog; pyiceberg's SQL catalog (exactly it, not a subclass someone configured) becomes a
+    MetadataKeepingSqlCatalog, the same object with its engine and tables as opened. Other catalogs (REST: the
+    server stages commits) are left as they are."""
+    if type(catalog) is SqlCatalog:
+        catalog.__class__ = MetadataKeepingSqlCatalog
+        assert isinstance(catalog, MetadataKeepingSqlCatalog)
+        catalog._kept = {}
+    return catalog
