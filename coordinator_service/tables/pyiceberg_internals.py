@@ -5,7 +5,7 @@ a schema evolution applied in memory, a partition record's values, one metadata 
 modification time, writing data files of a table without appending them, a `replace` snapshot, the positions a
 position delete file deletes, an Arrow schema as an Iceberg one, a row delta (data and position delete files in
 one snapshot: pyiceberg writes no delete file), a transaction that computes its metadata once per change and without
-a deep copy, and a SQL catalog that reads a metadata file this process already holds no more. Each is
+a deep copy, and a SQL catalog that does not read again a metadata file this process holds. Each is
 pinned by a test of its own in tests/unit/test_pyiceberg_internals.py, so that an upgrade that moves one fails there, by
 name, before anything else; pyproject.toml pins pyiceberg to the minor release they were checked on."""
 
