@@ -194,16 +194,27 @@ def ladder(
     environments: Sequence[dict[str, str]],
     counts: Sequence[int],
     seconds: float,
+    every_step: bool = False,
 ) -> dict[str, Any]:
-    """Steps of rising N until one fails; the shape's capacity is the last N that passed."""
+    """Steps of rising N until one fails (or every step: the CPU cost at each N); the shape's capacity is the last
+    N that passed."""
     steps = []
     for sinks in counts:
         print(f"  {shape}: {sinks} sinks ...", flush=True)
         steps.append(step(root, postgres, environments, sinks, seconds))
-        if not steps[-1]["passed"]:
+        if not steps[-1]["passed"] and not every_step:
             break
-    passed = [each["sinks"] for each in steps if each["passed"]]
-    return {"shape": shape, "steps": steps, "capacity": max(passed, default=0)}
+    return {"shape": shape, "steps": steps, "capacity": capacity(steps)}
+
+
+def capacity(steps: Sequence[dict[str, Any]]) -> int:
+    """The largest N of the steps that passed before the first that failed (a later pass is noise, not capacity)."""
+    passed = 0
+    for each in steps:
+        if not each["passed"]:
+            break
+        passed = each["sinks"]
+    return passed
 
 
 def model(result: dict[str, Any], cores: int) -> dict[str, float]:
@@ -272,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=list(shapes(cores)),
         help="run only this shape (again for more, in the report's order); default: every shape",
     )
+    parser.add_argument("--every-step", action="store_true", help="run every step of the ladder, also after one fails")
     parser.add_argument("--output", type=Path, default=RESULTS, help="directory of capacity.md and .json")
     args = parser.parse_args(argv)
     counts = [10, 20] if args.quick else [int(each) for each in args.sinks.split(",")]
@@ -287,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     try:
         results["shapes"] = [
-            ladder(postgres, root, shape, environments, counts, seconds)
+            ladder(postgres, root, shape, environments, counts, seconds, args.every_step)
             for shape, environments in shapes(cores).items()
             if args.shape is None or shape in args.shape
         ]

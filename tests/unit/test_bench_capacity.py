@@ -11,7 +11,7 @@ from typing import Any
 import psutil
 import pytest
 
-from bench.capacity import COMMIT_INTERVAL_SECONDS, CpuWindow, cpu_seconds, main, passes, render
+from bench.capacity import COMMIT_INTERVAL_SECONDS, CpuWindow, capacity, cpu_seconds, main, passes, render
 from bench.infra import latency_stats
 
 
@@ -89,3 +89,9 @@ def test_a_shape_not_in_the_bench_is_refused_before_anything_starts(capsys: pyte
             main(["--shape", name])
         assert exit_.value.code == 2
         assert "invalid choice" in capsys.readouterr().err
+
+
+def test_the_capacity_is_the_last_step_passed_before_the_first_failure() -> None:
+    assert capacity([_step(50, True), _step(100, True), _step(200, False)]) == 100
+    assert capacity([_step(50, False), _step(100, True)]) == 0  # with --every-step: a later pass is noise
+    assert capacity([]) == 0
