@@ -20,7 +20,9 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import shutil
+import sys
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -234,7 +236,8 @@ def render(results: dict[str, Any]) -> str:
     lines = [
         "# Capacity (part 16)",
         "",
-        f"{results['date']}, {results['machine']['cores']} cores, load {results['load_before']:.1f} before the run. "
+        f"`{results['command']}`, {results['date']}, {results['machine']['cores']} cores, "
+        f"load {results['load_before']:.1f} before the run. "
         f"Each sink: a writer at a {BATCH_SECONDS:.0f} s trigger (a one-file epoch pre-committed and its checkpoint "
         f"reported every second) for {results['seconds']:.0f} s; default commit interval ({interval:.0f} s) and "
         f"concurrency. A step passes when the p99 from CommitCheckpoint to commit is at most "
@@ -291,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     root = temp_root()
     postgres = Postgres(root)
     results: dict[str, Any] = {
+        "command": shlex.join(["python", "-m", "bench.capacity", *(sys.argv[1:] if argv is None else argv)]),
         "date": time.strftime("%Y-%m-%d"),
         "load_before": os.getloadavg()[0],
         "machine": machine_facts(postgres),

@@ -67,6 +67,7 @@ def _step(sinks: int, passed: bool) -> dict[str, Any]:
 
 def test_the_report_names_each_shapes_capacity_and_the_goal() -> None:
     results = {
+        "command": "python -m bench.capacity --sinks 100,200,500",
         "date": "2026-11-28",
         "load_before": 1.0,
         "machine": {"cores": 2},
@@ -78,6 +79,7 @@ def test_the_report_names_each_shapes_capacity_and_the_goal() -> None:
         ],
     }
     report = render(results)
+    assert report.startswith("# Capacity (part 16)\n\n`python -m bench.capacity --sinks 100,200,500`, 2026-11-28")
     assert "| 1 process | 100 | not met |" in report
     assert "| 2 processes (every core) | 500 | met |" in report
     assert "one core of coordinator carries 250 sinks" in report
