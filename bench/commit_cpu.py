@@ -2,11 +2,11 @@
 
 `python -m bench.commit_cpu` (prints; writes nothing). On the SQL catalog in a real PostgreSQL, opened as the
 coordinator opens it (runtime.open_catalog), a table takes --snapshots one-file commits untimed (a table's age:
-maintenance keeps up to 500 snapshots by default), then --commits more are timed by this thread's CPU clock (the
-database's CPU and other processes do not count): the table as the committer holds it (the metadata cache), the
-walk of the sink's markers, the append with the maintenance properties (manifests merged at the default count).
-Each file is read and described before its commit, untimed (the pre-commit's part). --profile prints cProfile's
-top functions of the timed commits.
+maintenance keeps up to 500 snapshots by default), then --commits more are timed by this process's CPU clock
+(pyiceberg writes and merges manifests in threads of its own; the database's CPU does not count): the table as the
+committer holds it (the metadata cache), the walk of the sink's markers, the append with the maintenance properties
+(manifests merged at the default count). Each file is read and described before its commit, untimed (the
+pre-commit's part). --profile prints cProfile's top functions of the timed commits (of this thread).
 """
 
 from __future__ import annotations
@@ -49,11 +49,11 @@ def commit_cpu_ms(
         measured = epoch >= snapshots
         if measured and profile is not None:
             profile.enable()
-        started = time.thread_time()
+        started = time.process_time()
         table, _ = tables.cached(TABLE)
         tables.sink_markers(TABLE, sink, epoch, table)
         tables.append(TABLE, sink, epoch, uuid.uuid4().hex, entries, table, properties)
-        spent = time.thread_time() - started
+        spent = time.process_time() - started
         if measured and profile is not None:
             profile.disable()
         if measured:
