@@ -20,7 +20,9 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import shutil
+import sys
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -194,16 +196,27 @@ def ladder(
     environments: Sequence[dict[str, str]],
     counts: Sequence[int],
     seconds: float,
+    every_step: bool = False,
 ) -> dict[str, Any]:
-    """Steps of rising N until one fails; the shape's capacity is the last N that passed."""
+    """Steps of rising N until one fails (or every step: the CPU cost at each N); the shape's capacity is the last
+    N that passed."""
     steps = []
     for sinks in counts:
         print(f"  {shape}: {sinks} sinks ...", flush=True)
         steps.append(step(root, postgres, environments, sinks, seconds))
-        if not steps[-1]["passed"]:
+        if not steps[-1]["passed"] and not every_step:
             break
-    passed = [each["sinks"] for each in steps if each["passed"]]
-    return {"shape": shape, "steps": steps, "capacity": max(passed, default=0)}
+    return {"shape": shape, "steps": steps, "capacity": capacity(steps)}
+
+
+def capacity(steps: Sequence[dict[str, Any]]) -> int:
+    """The largest N of the steps that passed before the first that failed (a later pass is noise, not capacity)."""
+    passed = 0
+    for each in steps:
+        if not each["passed"]:
+            break
+        passed = each["sinks"]
+    return passed
 
 
 def model(result: dict[str, Any], cores: int) -> dict[str, float]:
@@ -223,7 +236,8 @@ def render(results: dict[str, Any]) -> str:
     lines = [
         "# Capacity (part 16)",
         "",
-        f"{results['date']}, {results['machine']['cores']} cores, load {results['load_before']:.1f} before the run. "
+        f"`{results['command']}`, {results['date']}, {results['machine']['cores']} cores, "
+        f"load {results['load_before']:.1f} before the run. "
         f"Each sink: a writer at a {BATCH_SECONDS:.0f} s trigger (a one-file epoch pre-committed and its checkpoint "
         f"reported every second) for {results['seconds']:.0f} s; default commit interval ({interval:.0f} s) and "
         f"concurrency. A step passes when the p99 from CommitCheckpoint to commit is at most "
@@ -261,18 +275,26 @@ def render(results: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    cores = len(os.sched_getaffinity(0))
     parser = argparse.ArgumentParser(prog="python -m bench.capacity", description=__doc__)
     parser.add_argument("--sinks", default="50,100,200,300,400,500,700", help="the ladder of sink counts")
     parser.add_argument("--seconds", type=float, default=40.0, help="streaming time of each step")
     parser.add_argument("--quick", action="store_true", help="sinks 10,20 for 12 s: checks the bench runs")
+    parser.add_argument(
+        "--shape",
+        action="append",
+        choices=list(shapes(cores)),
+        help="run only this shape (again for more, in the report's order); default: every shape",
+    )
+    parser.add_argument("--every-step", action="store_true", help="run every step of the ladder, also after one fails")
     parser.add_argument("--output", type=Path, default=RESULTS, help="directory of capacity.md and .json")
     args = parser.parse_args(argv)
     counts = [10, 20] if args.quick else [int(each) for each in args.sinks.split(",")]
     seconds = 12.0 if args.quick else args.seconds
-    cores = len(os.sched_getaffinity(0))
     root = temp_root()
     postgres = Postgres(root)
     results: dict[str, Any] = {
+        "command": shlex.join(["python", "-m", "bench.capacity", *(sys.argv[1:] if argv is None else argv)]),
         "date": time.strftime("%Y-%m-%d"),
         "load_before": os.getloadavg()[0],
         "machine": machine_facts(postgres),
@@ -281,8 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     try:
         results["shapes"] = [
-            ladder(postgres, root, shape, environments, counts, seconds)
+            ladder(postgres, root, shape, environments, counts, seconds, args.every_step)
             for shape, environments in shapes(cores).items()
+            if args.shape is None or shape in args.shape
         ]
     finally:
         postgres.stop()

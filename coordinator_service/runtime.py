@@ -26,6 +26,7 @@ from coordinator_service.log.embedded import start_embedded_postgres
 from coordinator_service.log.reporter_lease import ReporterLease
 from coordinator_service.settings import Settings
 from coordinator_service.tables.iceberg import IcebergGateway
+from coordinator_service.tables.pyiceberg_internals import keeping_metadata
 from coordinator_service.tables.warehouse import local_warehouse
 
 log = structlog.get_logger(__name__)
@@ -145,7 +146,7 @@ def open_catalog(settings: Settings, url: URL, options: ConnectionOptions | None
         properties["uri"] = uri.render_as_string(hide_password=False)
     # Its tables are created at its first opening: coordinators starting together take turns (catalog_creation).
     with catalog_creation_turn(properties, options):
-        return load_catalog(settings.catalog_name, **properties)
+        return keeping_metadata(load_catalog(settings.catalog_name, **properties))
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """bench/capacity.py: a step's verdict is the issue's bound, the CPU it reads includes the children of a process (a
-coordinator of several processes), and the report renders each shape (figures are not checked: bench/ measures)."""
+coordinator of several processes), the report renders each shape, and a shape it does not run is refused (figures
+are not checked: bench/ measures)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import sys
 from typing import Any
 
 import psutil
+import pytest
 
-from bench.capacity import COMMIT_INTERVAL_SECONDS, CpuWindow, cpu_seconds, passes, render
+from bench.capacity import COMMIT_INTERVAL_SECONDS, CpuWindow, capacity, cpu_seconds, main, passes, render
 from bench.infra import latency_stats
 
 
@@ -65,6 +67,7 @@ def _step(sinks: int, passed: bool) -> dict[str, Any]:
 
 def test_the_report_names_each_shapes_capacity_and_the_goal() -> None:
     results = {
+        "command": "python -m bench.capacity --sinks 100,200,500",
         "date": "2026-11-28",
         "load_before": 1.0,
         "machine": {"cores": 2},
@@ -76,6 +79,21 @@ def test_the_report_names_each_shapes_capacity_and_the_goal() -> None:
         ],
     }
     report = render(results)
+    assert report.startswith("# Capacity (part 16)\n\n`python -m bench.capacity --sinks 100,200,500`, 2026-11-28")
     assert "| 1 process | 100 | not met |" in report
     assert "| 2 processes (every core) | 500 | met |" in report
     assert "one core of coordinator carries 250 sinks" in report
+
+
+def test_a_shape_not_in_the_bench_is_refused_before_anything_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ("nonsense", "", "1 PROCESS", "1 process ", "1 process; 2 replicas"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["--shape", name])
+        assert exit_.value.code == 2
+        assert "invalid choice" in capsys.readouterr().err
+
+
+def test_the_capacity_is_the_last_step_passed_before_the_first_failure() -> None:
+    assert capacity([_step(50, True), _step(100, True), _step(200, False)]) == 100
+    assert capacity([_step(50, False), _step(100, True)]) == 0  # with --every-step: a later pass is noise
+    assert capacity([]) == 0

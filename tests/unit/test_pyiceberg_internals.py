@@ -11,18 +11,22 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pyiceberg.catalog import load_catalog
 from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.io.pyarrow import PyArrowFileIO
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestContent, ManifestEntryStatus
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
 from pyiceberg.table import Table, Transaction
 from pyiceberg.table.metadata import TableMetadata
+from pyiceberg.table.update import TableUpdate, update_table_metadata
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
 from pyiceberg.types import LongType, NestedField, StringType
 
 from coordinator_service.tables import pyiceberg_internals as internals
+from coordinator_service.tables.iceberg import without_retries
 from tests.fixtures.delete_files import commit_position_deletes
 
 SCHEMA = Schema(
@@ -258,3 +262,131 @@ def test_the_metadata_once_transaction_computes_the_metadata_again_only_when_the
 
     committed = transaction.commit_transaction()
     assert committed.properties["owner"] == "orders-team"
+
+
+def _append_updates(table: Table) -> tuple[TableUpdate, ...]:
+    """The updates of a commit like the coordinator's: a property made sure of, then an append of one file."""
+    transaction = Transaction(table)
+    transaction.set_properties({"owner": "orders-team"})
+    with transaction.update_snapshot().fast_append() as append:
+        for data_file in internals.data_files_of(table.metadata, ROWS, table.io):
+            append.append_data_file(data_file)
+    return transaction._updates
+
+
+def test_updated_metadata_is_pyicebergs_update_without_the_copy_and_leaves_the_base_as_it_was(table: Table) -> None:
+    """It stands in for pyiceberg's update_table_metadata (the transaction's metadata, the SQL catalog's staged
+    metadata): the same metadata, log entry included, for the updates of an append; and the sharing it relies on
+    instead of the copy is safe: applying and committing the updates leave the base's objects unchanged."""
+    table.append(ROWS)
+    table = table.refresh()
+    base = table.metadata
+    before = base.model_dump()
+    updates = _append_updates(table)
+
+    for location in (None, table.metadata_location):
+        ours = internals.updated_metadata(base, updates, location)
+        theirs = update_table_metadata(base, updates, metadata_location=location)
+        assert ours.model_dump() == theirs.model_dump()
+        assert ours.snapshots[0] is base.snapshots[0], "not shared: pyiceberg's copy is back, or ours is wrong"
+    assert [entry.metadata_file for entry in ours.metadata_log][-1] == table.metadata_location
+
+    transaction = internals.coordinator_transaction(table)
+    with transaction.update_snapshot().fast_append() as append:
+        for data_file in internals.data_files_of(table.metadata, ROWS, table.io):
+            append.append_data_file(data_file)
+    committed = transaction.commit_transaction()
+    assert len(committed.metadata.snapshots) == 2
+    assert base.model_dump() == before
+
+
+def _sql_catalogs(tmp_path: Path) -> tuple[internals.MetadataKeepingSqlCatalog, SqlCatalog]:
+    """The coordinator's catalog as runtime.open_catalog makes it, and a plain one on the same database: another
+    process committing to the same tables."""
+    properties = {"type": "sql", "uri": f"sqlite:///{tmp_path / 'catalog.db'}", "warehouse": f"file://{tmp_path}"}
+    ours = internals.keeping_metadata(load_catalog("internals", **properties))
+    assert isinstance(ours, internals.MetadataKeepingSqlCatalog), "load_catalog's SQL catalog is no SqlCatalog"
+    other = SqlCatalog("internals", **properties)
+    ours.create_namespace("db")
+    ours.create_table("db.orders", schema=SCHEMA)
+    return ours, other
+
+
+def _append(table: Table, marker: str) -> Table:
+    transaction = internals.coordinator_transaction(table)
+    with transaction.update_snapshot(snapshot_properties={"marker": marker}).fast_append() as append:
+        for data_file in internals.data_files_of(table.metadata, ROWS, table.io):
+            append.append_data_file(data_file)
+    return transaction.commit_transaction()
+
+
+def test_the_keeping_catalog_reads_a_metadata_file_only_when_the_row_names_one_it_does_not_hold(
+    tmp_path: Path,
+) -> None:
+    """It overrides SqlCatalog._convert_orm_to_iceberg (a row to a table), _update_and_stage_table (a commit's
+    metadata and its location) and commit_table: what it keeps must be what pyiceberg writes and reads."""
+    ours, other = _sql_catalogs(tmp_path)
+    loaded = ours.load_table("db.orders")
+    assert ours.load_table("db.orders").metadata is loaded.metadata, "the same file parsed again"
+    first = loaded.metadata_location  # the commit moves `loaded` on
+
+    committed = _append(loaded, "ours")
+    again = ours.load_table("db.orders")
+    assert (again.metadata, again.metadata_location) == (committed.metadata, committed.metadata_location)
+    assert again.metadata is committed.metadata, "the file this process wrote read back"
+    written = other.load_table("db.orders")
+    assert written.metadata_location == committed.metadata_location
+    assert written.metadata.model_dump() == committed.metadata.model_dump(), "kept is not what was written"
+    assert written.metadata.metadata_log[-1].metadata_file == first
+
+    theirs = _append(written, "theirs")
+    current = ours.load_table("db.orders")
+    assert current.metadata_location == theirs.metadata_location
+    assert [snapshot.summary["marker"] for snapshot in current.snapshots()] == ["ours", "theirs"]  # type: ignore[index]
+
+
+def test_a_commit_on_the_keeping_catalog_fails_when_another_lands_first_and_keeps_a_property_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit protocol's assertion of the branch head, through the keeping catalog: an append built on a table
+    another process has appended to since fails its requirement, and one whose commit another lands in the middle
+    of (after pyiceberg's load, before its swap) fails the swap; neither lands. A change of properties only is
+    applied under, as pyiceberg's own SQL catalog does."""
+    ours, other = _sql_catalogs(tmp_path)
+    base = ours.load_table("db.orders")
+    _append(other.load_table("db.orders"), "theirs")
+    with pytest.raises(CommitFailedException, match="Requirement failed: branch main"):
+        _append(_no_retries(base), "stale")
+
+    base = ours.load_table("db.orders")
+    write_metadata = ours._write_metadata
+
+    def another_lands_first(*args: object, **kwargs: object) -> None:
+        monkeypatch.setattr(ours, "_write_metadata", write_metadata)
+        _append(other.load_table("db.orders"), "theirs again")
+        write_metadata(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ours, "_write_metadata", another_lands_first)
+    with pytest.raises(CommitFailedException, match="updated by another process"):
+        _append(_no_retries(base), "raced")
+    markers = [snapshot.summary["marker"] for snapshot in ours.load_table("db.orders").snapshots()]  # type: ignore[index]
+    assert markers == ["theirs", "theirs again"]
+
+    base = ours.load_table("db.orders")
+    other.load_table("db.orders").transaction().set_properties({"owner": "orders-team"}).commit_transaction()
+    committed = _append(_no_retries(base), "after a property change")
+    assert committed.properties["owner"] == "orders-team"
+    assert other.load_table("db.orders").properties["owner"] == "orders-team"
+
+
+def _no_retries(table: Table) -> Table:
+    """As the gateway commits: pyiceberg's retry would rebuild the append on the new head and land."""
+    return without_retries(table)
+
+
+def test_keeping_metadata_leaves_other_catalogs_as_they_are(tmp_path: Path) -> None:
+    class Configured(SqlCatalog):
+        pass
+
+    catalog = Configured("internals", uri=f"sqlite:///{tmp_path / 'catalog.db'}", warehouse=f"file://{tmp_path}")
+    assert type(internals.keeping_metadata(catalog)) is Configured
