@@ -257,4 +257,8 @@ class KafkaDataSource(DataSource):
         # Spark plans the stream in a Python process of its own, not forked from the worker daemon: it gets the
         # job's log level here (a no-op where the process configured logging itself, as a driver does).
         configure_worker_logging()
-        return KafkaStreamReader(parse_options(self.options))
+        return self.kafka_reader(parse_options(self.options))
+
+    def kafka_reader(self, options: KafkaSourceOptions) -> KafkaStreamReader:
+        """The stream reader of these options (a subclass may read more per record: mutations.keyed_source)."""
+        return KafkaStreamReader(options)
