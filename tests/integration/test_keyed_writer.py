@@ -240,10 +240,12 @@ def test_a_keyed_stream_pre_commits_its_data_and_key_files(
     from spark_writer.job import start_job
 
     plans: list[str] = []
+    executed: list[str] = []
 
     def keyed_tasks_seen(frame: DataFrame, target: DataFileTarget) -> DataFrame:
         tasks = keyed_tasks(frame, target)
         plans.append(stage_plan(tasks))
+        executed.append(tasks._jdf.queryExecution().executedPlan().toString())
         return tasks
 
     monkeypatch.setattr(job_run, "keyed_tasks", keyed_tasks_seen)
@@ -278,6 +280,9 @@ def test_a_keyed_stream_pre_commits_its_data_and_key_files(
     assert status == "COMMITTED"
     # The Python source read the records with their key texts: the batch was shuffled by them, with no UDF.
     assert plans and not [plan for plan in plans if "ArrowEvalPython" in plan]
+    # Without adaptive execution: one Spark job per batch, not the shuffle's map stage first and a second plan.
+    assert executed and not [plan for plan in executed if "AdaptiveSparkPlan" in plan]
+    assert spark.conf.get("spark.sql.adaptive.enabled") == "true"  # the query's own session, not the job's
     assert all(not document["tables"][0]["data_files"] for _, document in documents if document["version"] != 2)
     [table] = document["tables"]
     data = [entry["path"] for entry in table["data_files"]]
