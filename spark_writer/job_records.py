@@ -1,6 +1,6 @@
 """The records a `sink-writer` job writes: the stream Spark reads, and the per-batch decoding of its values (JSON with
 a schema given or sampled, a registry format's, or raw Kafka columns), as an upsert or change stream's when it is
-one (spark_writer.mutations)."""
+one (spark_writer.mutations: with `--source python`, its records read with their keys' texts)."""
 
 from __future__ import annotations
 
@@ -51,14 +51,20 @@ def table_records(
     spark: SparkSession, kafka: KafkaSettings, parse: ParseSettings, sink: str
 ) -> tuple[DataFrame, DecodesInTasks | None]:
     """The streaming DataFrame to write and, but for raw records, the per-batch parser that turns it into rows."""
-    options = kafka.source_options()
     if kafka.source is KafkaSource.SPARK:
         check_spark_kafka_source(spark)
-    stream = spark.readStream.format(kafka.source_format).options(**options).load()
-    if parse.record_format is RecordFormat.RAW:
-        return raw_records(stream), None
+    parser = None if parse.record_format is RecordFormat.RAW else records_parser(spark, kafka, parse, sink)
+    source_format = kafka.source_format
+    if isinstance(parser, MutationParser) and kafka.source is KafkaSource.PYTHON:
+        source_format = parser.key_tagging_source(spark)
+    stream = spark.readStream.format(source_format).options(**kafka.source_options()).load()
+    return (raw_records(stream), None) if parser is None else (stream, parser)
+
+
+def records_parser(spark: SparkSession, kafka: KafkaSettings, parse: ParseSettings, sink: str) -> DecodesInTasks:
+    """The per-batch decoding of the records' values, in a registry format or JSON (its schema given or sampled)."""
     if parse.record_format.registry_format is not None:
-        return stream, registry_parser(kafka, parse, sink)
+        return registry_parser(kafka, parse, sink)
     # The sample is read by this project's own consumer, whichever source the stream has.
     sample_options = replace(kafka, source=KafkaSource.PYTHON).source_options()
     if parse.schema_ddl:
@@ -73,7 +79,7 @@ def table_records(
     log.info("json schema", schema=schema.simpleString(), source="given" if parse.schema_ddl else "sampled")
     if not parse.evolve_schema and not schema.fields:
         raise ValueError("the topics are empty, so no schema could be inferred: pass --schema or --evolve-schema")
-    return stream, json_parser(kafka, parse, sink, schema)
+    return json_parser(kafka, parse, sink, schema)
 
 
 def json_parser(

@@ -259,4 +259,8 @@ class KafkaDataSource(DataSource):
         # job's log level here (a no-op where the process configured logging itself, as a driver does).
         configure_worker_logging()
         end_quietly_when_spark_closes()
-        return KafkaStreamReader(parse_options(self.options))
+        return self.kafka_reader(parse_options(self.options))
+
+    def kafka_reader(self, options: KafkaSourceOptions) -> KafkaStreamReader:
+        """The stream reader of these options (a subclass may read more per record: mutations.keyed_source)."""
+        return KafkaStreamReader(options)

@@ -3,9 +3,12 @@ surviving rows written as data files and the keys it touched as key files.
 
 Two stages, one Spark job (a sink.parquet_writer.BatchTasks):
 
-1. each task of the source decodes its records' values and message keys (MutationDecoder, as in stage 2, in an
-   Arrow UDF: only those two columns cross to Python) and tags each record with its key's text (`SHUFFLE_KEY`;
-   null for a record that does not decode: those all go to one task, whose decoding finds them bad again);
+1. each task of the source tags each record with its key's text (`SHUFFLE_KEY`; null for a record that does not
+   decode: those all go to one task, whose decoding finds them bad again), decoding its value and message key with
+   the MutationDecoder of stage 2. The Kafka source of `--source python` reads the records tagged
+   (keyed_source: its Python already holds each record batch); a batch without the column (Spark's Kafka source, a
+   decoding built again since the stream started) is tagged in an Arrow UDF: only the values and message keys
+   cross to Python;
 2. the records are repartitioned by that text (Spark's hash partitioning: every record of a key goes to the same
    task), and each task decodes them, reduces them (reduction: the last record of each key in Kafka order wins),
    and writes the winners that upsert as data files and every winner's key as key files, each under its table
@@ -23,7 +26,7 @@ from collections.abc import Iterable, Iterator
 from typing import Final
 
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql.pandas.functions import arrow_udf
 from pyspark.sql.types import StringType
 
@@ -81,10 +84,17 @@ def keyed_task_writer(target: DataFileTarget, decoder: MutationDecoder) -> TaskW
 
 def keyed_tasks(frame: DataFrame, target: DataFileTarget) -> DataFrame:
     """The BatchTasks of an upsert or change stream (the module's two stages), for a target whose decoding is a
-    MutationDecoder's (MutationParser's)."""
+    MutationDecoder's (MutationParser's); a `SHUFFLE_KEY` column of `frame` holds the key texts of that decoder."""
     decoding = target.decoding
     assert isinstance(decoding, RecordDecoding) and isinstance(decoding.decoder, MutationDecoder)
     decoder = decoding.decoder
+    owned = frame if SHUFFLE_KEY in frame.columns else frame.withColumn(SHUFFLE_KEY, key_column(frame, decoder))
+    owned = owned.repartition(frame.sparkSession.sparkContext.defaultParallelism, SHUFFLE_KEY)
+    return owned.mapInArrow(keyed_task_writer(target, decoder), WRITTEN_FILES_STRUCT)
+
+
+def key_column(frame: DataFrame, decoder: MutationDecoder) -> Column:
+    """The key text of each record of `frame` (Kafka records), computed in stage 1 by `decoder`."""
 
     def key_texts(value: pa.Array, key: pa.Array) -> pa.Array:
         return decoder.key_texts(value, key)
@@ -92,6 +102,5 @@ def keyed_tasks(frame: DataFrame, target: DataFileTarget) -> DataFrame:
     # An Arrow UDF: only the values and message keys go to Python, and only the keys' texts come back. Its kind is
     # read from the type hints, as pyspark prefers; its stubs know only the older form, with the kind given.
     key_udf = arrow_udf(key_texts, StringType())  # type: ignore[call-overload]
-    tagged = frame.withColumn(SHUFFLE_KEY, key_udf(frame["value"], frame["key"]))
-    owned = tagged.repartition(frame.sparkSession.sparkContext.defaultParallelism, SHUFFLE_KEY)
-    return owned.mapInArrow(keyed_task_writer(target, decoder), WRITTEN_FILES_STRUCT)
+    column: Column = key_udf(frame["value"], frame["key"])
+    return column

@@ -21,7 +21,7 @@ fail, null, dead-letter) is the same for every decoder, JSON or the registry for
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -229,14 +229,15 @@ class JsonBatchParser(SchemaKnownSoFar):
         self._refused: Mapping[str, str] = {}
         self._decoding = self._decoding_of(schema)
 
-    def prepare(self, batch: DataFrame) -> BatchInput:
-        """The batch's input to the writer's tasks, after learning its new fields (with `evolve`)."""
+    def prepare(self, batch: DataFrame, keep: Sequence[str] = ()) -> BatchInput:
+        """The batch's input to the writer's tasks, after learning its new fields (with `evolve`); `keep`: columns of
+        the batch the tasks read besides the Kafka ones."""
         self._release_cache()  # a batch that failed before its properties were asked for
         if self._evolve:
             # Two passes over the batch (the new fields, then the rows): read Kafka once.
             batch = self._cached = batch.persist()
             self._learn_new_fields(batch)
-        return BatchInput(batch.select(*self._task_columns), self.table_schema, self._decoding)
+        return BatchInput(batch.select(*self._task_columns, *keep), self.table_schema, self._decoding)
 
     def batch_properties(self, bad_records: int) -> dict[str, str]:
         """After the batch's rows were written: the epoch properties (the count of records that did not fit)."""

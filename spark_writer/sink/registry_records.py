@@ -4,6 +4,8 @@ follows the registry, and how records are decoded, is spark_writer.formats.regis
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pyspark.sql import DataFrame
 
 from spark_writer.formats.record_decoding import bad_record_properties
@@ -25,8 +27,9 @@ class RegistryBatchParser(SchemaKnownSoFar):
         self._schemas = schemas
         self._decoding = schemas.decoding
 
-    def prepare(self, batch: DataFrame) -> BatchInput:
-        """The batch's input to the writer's tasks, with the subjects' latest versions (with `evolve`)."""
+    def prepare(self, batch: DataFrame, keep: Sequence[str] = ()) -> BatchInput:
+        """The batch's input to the writer's tasks, with the subjects' latest versions (with `evolve`); `keep`:
+        columns of the batch the tasks read besides the Kafka ones."""
         if self._evolve:
             # Both subjects are read every batch; the decoding is built again only for a new version.
             self._schemas.refresh()
@@ -34,7 +37,7 @@ class RegistryBatchParser(SchemaKnownSoFar):
         columns = task_columns(
             key=self._schemas.decodes_keys or self._read_keys, dead_letters=self._decoding.dead_letters is not None
         )
-        return BatchInput(batch.select(*columns), self.table_schema, self._decoding)
+        return BatchInput(batch.select(*columns, *keep), self.table_schema, self._decoding)
 
     def batch_properties(self, bad_records: int) -> dict[str, str]:
         return bad_record_properties(bad_records, self._schemas.policy, self._schemas.value_subject.description)

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Producer
 from pyiceberg.catalog import Catalog
-from pyspark.sql import Row, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
@@ -24,10 +24,11 @@ from coordinator_service.log.precommit_metadata import KEYED_VERSION
 from spark_writer.arrow_schema import arrow_schema_of
 from spark_writer.job_settings import KafkaSettings, ParseSettings, SinkSettings
 from spark_writer.kafka.source import KAFKA_SCHEMA
-from spark_writer.mutations.decoding import json_value_schema
+from spark_writer.mutations.decoding import MutationDecoder, json_value_schema
+from spark_writer.mutations.keyed_source import KEYED_KAFKA_SCHEMA
 from spark_writer.mutations.modes import MutationMode, Mutations
 from spark_writer.mutations.mutation_parser import MutationParser
-from spark_writer.mutations.tasks import keyed_tasks
+from spark_writer.mutations.tasks import SHUFFLE_KEY, keyed_tasks
 from spark_writer.routing.routes import Routes
 from spark_writer.routing.split import TaskRouting
 from spark_writer.sink.kafka_records import JsonBatchParser
@@ -138,6 +139,54 @@ def test_a_batch_writes_its_winners_and_the_keys_it_touched_and_the_same_again(
     assert not set(again_files) & set(first_files)  # named per task attempt
 
 
+def stage_plan(frame: DataFrame) -> str:
+    plan: str = frame._jdf.queryExecution().optimizedPlan().toString()
+    return plan
+
+
+def test_a_batch_is_shuffled_by_the_sources_key_texts_while_they_are_its_decodings(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The Python source's records come with their key texts (keyed_source): a batch is shuffled by them, with no
+    UDF, while the parser's decoding is the one they were made with; a batch whose schema grew gets a new decoding,
+    and its tasks tag it themselves (the source's texts, here made unlike any decoding's, would split its keys)."""
+    produced = changes()
+    values = from_arrow_schema(json_value_schema(arrow_schema_of(ROW), UPSERT))
+    parser = MutationParser(JsonBatchParser(values, evolve=True, read_keys=True), UPSERT)
+    parser.key_tagging_source(spark)
+    expected_rows, expected_keys = model(produced)
+
+    def batch(rows: list[Row], tags: list[str | None]) -> DataFrame:
+        return spark.createDataFrame([(*row, tag) for row, tag in zip(rows, tags, strict=True)], KEYED_KAFKA_SCHEMA)
+
+    def run(frame: DataFrame, batch_id: int) -> tuple[dict[int, str], set[int], str]:
+        prepared = parser.prepare(frame)
+        target = DataFileTarget(tmp_path.as_uri(), batch_id, prepared.schema, (), 1 << 20, decoding=prepared.decoding)
+        tasks = keyed_tasks(prepared.frame, target)
+        data, keys = written(tasks.collect())
+        data_ids = [i for table in read_files(data) for i in table.column("id").to_pylist()]
+        assert len(data_ids) == len(set(data_ids)), "a key was written by two tasks"
+        rows = {row["id"]: row["value"] for table in read_files(data) for row in table.to_pylist()}
+        return rows, {i for table in read_files(keys) for i in table.column("id").to_pylist()}, stage_plan(tasks)
+
+    records = kafka_rows(produced)
+    decoder = parser.decoding.decoder
+    assert isinstance(decoder, MutationDecoder)
+    texts = decoder.key_texts(
+        pa.array([row[1] for row in records], pa.binary()), pa.array([row[0] for row in records], pa.binary())
+    ).to_pylist()
+    rows, keys, plan = run(batch(records, texts), 1)
+    assert (rows, keys) == (expected_rows, expected_keys)
+    assert "ArrowEvalPython" not in plan and SHUFFLE_KEY in plan
+
+    grown = [row if row[1] is None else Row(*row[:1], row[1][:-1] + b', "note": "n"}', *row[2:]) for row in records]
+    unlike = [f"offset {row[4]} of {row[3]}" for row in records]
+    rows, keys, plan = run(batch(grown, unlike), 2)
+    assert (rows, keys) == (expected_rows, expected_keys)
+    assert "ArrowEvalPython" in plan
+    assert parser.decoding.decoder is not decoder
+
+
 def test_a_routed_batch_writes_each_tables_rows_and_keys_under_that_table(spark: SparkSession, tmp_path: Path) -> None:
     """Fan-out: the route column is one of the key's, so a key's every change (a tombstone too) goes to one table."""
     produced = changes()
@@ -185,9 +234,21 @@ def test_a_keyed_stream_pre_commits_its_data_and_key_files(
     database_url: str,
     catalog: Catalog,
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    from spark_writer import job_run
     from spark_writer.job import start_job
 
+    plans: list[str] = []
+    executed: list[str] = []
+
+    def keyed_tasks_seen(frame: DataFrame, target: DataFileTarget) -> DataFrame:
+        tasks = keyed_tasks(frame, target)
+        plans.append(stage_plan(tasks))
+        executed.append(tasks._jdf.queryExecution().executedPlan().toString())
+        return tasks
+
+    monkeypatch.setattr(job_run, "keyed_tasks", keyed_tasks_seen)
     topic = kafka_topic(partitions=2)
     produced = changes()
     producer = Producer(client_config(kafka_bootstrap))
@@ -217,6 +278,11 @@ def test_a_keyed_stream_pre_commits_its_data_and_key_files(
     # Every record was there at the start: one batch held them all, committed once the job finished.
     [(status, document)] = keyed
     assert status == "COMMITTED"
+    # The Python source read the records with their key texts: the batch was shuffled by them, with no UDF.
+    assert plans and not [plan for plan in plans if "ArrowEvalPython" in plan]
+    # Without adaptive execution: one Spark job per batch, not the shuffle's map stage first and a second plan.
+    assert executed and not [plan for plan in executed if "AdaptiveSparkPlan" in plan]
+    assert spark.conf.get("spark.sql.adaptive.enabled") == "true"  # the query's own session, not the job's
     assert all(not document["tables"][0]["data_files"] for _, document in documents if document["version"] != 2)
     [table] = document["tables"]
     data = [entry["path"] for entry in table["data_files"]]
