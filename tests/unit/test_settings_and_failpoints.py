@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from typer.testing import CliRunner, Result
 
-from coordinator_service import app, cli, failpoints, supervisor
+from coordinator_service import app, cli, failpoints, listening, supervisor
 from coordinator_service.cli import flags as cli_flags
 from coordinator_service.contract.logs import LogLevel
 from coordinator_service.failpoints import Action, Failpoint, FailpointError
@@ -69,6 +69,8 @@ def served() -> Iterator[Served]:
         mock.patch.object(app, "serve", run.serve),
         mock.patch.object(supervisor, "supervise", run.supervise),
         mock.patch.object(cli_flags, "configure_logging"),  # the test process keeps its logging
+        # Nothing is served: whatever listens on this machine's default ports is none of these tests' business.
+        mock.patch.object(listening, "check_free"),
     ):
         yield run
 

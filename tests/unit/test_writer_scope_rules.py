@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from pydantic import SecretStr, ValidationError
 from typer.testing import CliRunner
 
-from coordinator_service import app, cli
+from coordinator_service import app, cli, listening
 from coordinator_service.cli import flags as cli_flags
 from coordinator_service.contract.errors import MESSAGE_BYTES, PermissionDenied
 from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
@@ -169,7 +169,11 @@ def test_scopes_from_a_flag() -> None:
     async def serve(settings: Settings, *, process: object) -> None:  # the Settings serve's flags made, not serving
         taken.append(settings)
 
-    with mock.patch.object(app, "serve", serve), mock.patch.object(cli_flags, "configure_logging"):
+    with (
+        mock.patch.object(app, "serve", serve),
+        mock.patch.object(cli_flags, "configure_logging"),
+        mock.patch.object(listening, "check_free"),  # nothing is served: the machine's default ports do not matter
+    ):
         flag = json.dumps({"team-a": scope(["a-*"], ["team_a"])})
         result = CliRunner().invoke(
             cli.app, ["serve", "--processes", "1", "--writer-scopes", flag], env={"COLUMNS": "300"}
