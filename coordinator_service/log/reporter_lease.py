@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Any, Final
 
 import psycopg
@@ -43,9 +44,11 @@ _GIVE_UP: Final = "SELECT pg_advisory_unlock(%(class_id)s, %(key)s)"
 
 
 class ReporterLease:
-    def __init__(self, database: Database, idle_seconds: float) -> None:
+    def __init__(self, database: Database, idle_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        """`clock`: seconds from any origin, for the time since the last scrape (a test's own clock)."""
         self._database = database
         self._idle_seconds = idle_seconds
+        self._clock = clock
         self._connection: psycopg.AsyncConnection[Any] | None = None
         self._held = False
         self._last_scrape = 0.0
@@ -71,7 +74,7 @@ class ReporterLease:
     async def take(self) -> bool:
         """At a scrape: whether this replica reports the log's gauges (taking the lease if it is free). A failure
         to reach the metastore is the caller's (the lease is then not held)."""
-        self._last_scrape = time.monotonic()
+        self._last_scrape = self._clock()
         async with self._taking:
             return await self._take()
 
@@ -95,7 +98,7 @@ class ReporterLease:
     async def _give_up_when_idle(self) -> None:
         while True:
             await asyncio.sleep(self._idle_seconds / 4)
-            if self._held and time.monotonic() - self._last_scrape > self._idle_seconds:
+            if self._held and self._clock() - self._last_scrape > self._idle_seconds:
                 log.info("not scraped for a while: another replica may report the log's gauges")
                 await self.release()
 

@@ -291,11 +291,15 @@ async def test_a_reporter_nobody_scrapes_gives_the_role_up(admin_factory: AdminF
     must not keep the log's gauges from the replicas Prometheus scrapes."""
     stray = await admin_factory(metrics_cache_seconds=0.0)
     scraped = await admin_factory(metrics_cache_seconds=0.0)
+    # The stray's idle time passes when the test says so: on the wall clock, a slow moment between the two first
+    # scrapes would give the lease away before the second one.
+    now = 0.0
     await stray.runtime.lease.stop()
-    stray.runtime.lease = ReporterLease(stray.runtime.database, idle_seconds=0.5)  # shorter than the least setting
+    stray.runtime.lease = ReporterLease(stray.runtime.database, idle_seconds=0.5, clock=lambda: now)
     stray.runtime.lease.start()
     assert "sink_coordinator_log_reporter 1.0" in (await stray.get("/metrics")).text
     assert "sink_coordinator_log_reporter 0.0" in (await scraped.get("/metrics")).text
+    now += 1.0
 
     async def taken_over() -> bool:
         return "sink_coordinator_log_reporter 1.0" in (await scraped.get("/metrics")).text
