@@ -63,7 +63,9 @@ class MaintenancePolicy(BaseModel):
         default=5,
         ge=2,
         le=INT32_MAX,
-        description="Fewest small files of one partition that are worth a compaction.",
+        description="Fewest small files of one partition that a compaction merges (smallest first, as many as keep "
+        "the largest no larger than the others together, so that a byte is rewritten about log2(target / its first "
+        "file's size) times at most).",
     )
     compaction_max_bytes_per_run: FileBytes = Field(
         default=ByteSize(1024 * 1024 * 1024),

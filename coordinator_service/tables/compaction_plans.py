@@ -70,12 +70,15 @@ def compaction_groups(
 ) -> list[list[SmallFile]]:
     """Groups of files of one partition of the current spec, each about target_bytes in all.
 
-    A file is rewritten when it is small (under 3/4 of target_bytes) in a partition with at least min_files small
-    files, or when it is one of `with_deletes` (its position deletes are due to be applied), whatever its size; then
-    its partition's small files are merged too. A partition's files with deletes come first, then its small files,
-    smallest first; a group of one file is left alone unless it has deletes. The groups together rewrite at most
-    max_bytes (the partitions with deletes to apply first, then the largest): a run short of bytes still rewrites
-    files its delete files delete from, so that the next can drop them.
+    A file is rewritten when it is one of `with_deletes` (its position deletes are due to be applied), whatever its
+    size, or when it is small (under 3/4 of target_bytes) and worth merging: a partition's small files are merged
+    smallest first, as many as keep the largest of them no larger than the others of its group together
+    (`_worth_merging`), once at least min_files of them are (or with files rewritten for their deletes). So a
+    byte rewritten at least doubles the file it is in, and is rewritten at most about log2(target / the smallest
+    file's size) times before its file is no longer small: merging every small file each time would rewrite a
+    low-volume partition's whole growing file at every compaction. A group of one file is left alone unless it has
+    deletes. The groups together rewrite at most max_bytes (the partitions with deletes to apply first, then the
+    largest): a run short of bytes still rewrites files its delete files delete from, so that the next can drop them.
     """
     limit = target_bytes * SMALL_FILE_SHARE
     small_files: dict[tuple[object, ...], list[SmallFile]] = defaultdict(list)
@@ -88,33 +91,50 @@ def compaction_groups(
         elif file.size < limit:
             small_files[file.partition].append(file)
     by_size = functools.partial(sorted, key=lambda small: (small.size, small.path))
-    candidates = sorted(
-        (
-            (bool(deleted_from[partition]), [*by_size(deleted_from[partition]), *by_size(small_files[partition])])
-            for partition in small_files.keys() | deleted_from.keys()
-            if deleted_from[partition] or len(small_files[partition]) >= min_files
-        ),
-        key=lambda candidate: (not candidate[0], -sum(small.size for small in candidate[1])),
-    )
+    partitions = []
+    for partition in small_files.keys() | deleted_from.keys():
+        rewritten = by_size(deleted_from[partition])
+        merged = _worth_merging(by_size(small_files[partition]), sum(small.size for small in rewritten))
+        if rewritten or len(merged) >= min_files:
+            partitions.append((bool(rewritten), [*rewritten, *merged]))
     groups: list[list[SmallFile]] = []
     budget = max_bytes
-    for _, partition_files in candidates:
+    for _, partition_files in sorted(partitions, key=lambda candidate: (not candidate[0], -_bytes(candidate[1]))):
         group: list[SmallFile] = []
-        size = 0
         for small in partition_files:
             if small.size > budget:
                 break
             group.append(small)
-            size += small.size
             budget -= small.size
-            if size >= target_bytes:
+            if _bytes(group) >= target_bytes:
                 groups.append(group)
-                group, size = [], 0
-        if len(group) > 1 or any(small.path in with_deletes for small in group):
-            groups.append(group)
+                group = []
+        # What is left of the partition (after groups of the target size, or short of the budget) is held to the
+        # same rule: its largest files are not rewritten into a file hardly larger.
+        forced = [small for small in group if small.path in with_deletes]
+        merged = _worth_merging(group[len(forced) :], _bytes(forced))
+        budget += _bytes(group) - _bytes(forced) - _bytes(merged)
+        if forced or len(merged) > 1:
+            groups.append([*forced, *merged])
         if budget <= 0:
             break
     return groups
+
+
+def _worth_merging(small_files: Sequence[SmallFile], rewritten: int) -> list[SmallFile]:
+    """The longest run of `small_files` (smallest first) whose largest file is no larger than the others of the run
+    and the `rewritten` bytes merged with them together: the output is at least twice any file in it."""
+    count = 0
+    total = rewritten
+    for index, small in enumerate(small_files):
+        if small.size <= total:
+            count = index + 1
+        total += small.size
+    return list(small_files[:count])
+
+
+def _bytes(files: Sequence[SmallFile]) -> int:
+    return sum(small.size for small in files)
 
 
 @dataclass(frozen=True)

@@ -71,8 +71,9 @@ def test_a_delete_file_stays_while_a_data_file_it_deletes_from_stays_live(
     )
     compacted = cp.commit_compaction(committed, cp.write_compacted(committed, groups, target_bytes=1 << 20))
 
+    # The delete files are all applied and gone; a clean file larger than the rest together is not rewritten with
+    # them (tests/unit/test_compaction_groups.py).
     assert cp.live_files(compacted).deletes == []
-    assert len(cp.live_files(compacted).data) == 1
     assert_table_holds(compacted, model)
 
 
