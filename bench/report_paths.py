@@ -69,12 +69,16 @@ def commit(part: dict[str, Any], coalescing: dict[str, Any] | None) -> list[str]
     return lines
 
 
+# The pipeline against the raw read of the same topic (issue 32 raised it from 0.5).
+RAW_READ_GOAL = 0.8
+
+
 def e2e(part: dict[str, Any], title: str) -> list[str]:
     lines = [
         title,
         "",
-        "Goals: ≥ 0.9 x the plain job; ≥ 0.5 x the raw read rate of the same topic (a confluent-kafka consumer "
-        "and pyarrow's JSON parse of the same columns, no Spark: bench/source_limit.py).",
+        f"Goals: ≥ 0.9 x the plain job; ≥ {RAW_READ_GOAL} x the raw read rate of the same topic (a confluent-kafka "
+        "consumer and pyarrow's JSON parse of the same columns, no Spark: bench/source_limit.py).",
         "",
         "| partitions | records | batches | raw read rec/s | coordinated rec/s | plain rec/s | ratio to plain | goal "
         "| ratio to raw read | goal |",
@@ -87,7 +91,7 @@ def e2e(part: dict[str, Any], title: str) -> list[str]:
             + (spread(row["raw_rps"]) if "raw_rps" in row else "")
             + f" | {spread(row['coordinated_rps'])} | {spread(row['plain_rps'])} | {spread(row['ratio'], 2)} | "
             f"{goal_met(row['ratio']['median'] >= 0.9)} | "
-            + (f"{spread(to_raw, 2)} | {goal_met(to_raw['median'] >= 0.5)} |" if to_raw else " | |")
+            + (f"{spread(to_raw, 2)} | {goal_met(to_raw['median'] >= RAW_READ_GOAL)} |" if to_raw else " | |")
         )
     fresh = part.get("freshness")
     if fresh:
