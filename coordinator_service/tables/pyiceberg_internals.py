@@ -96,23 +96,39 @@ class ReplaceFiles(_OverwriteFiles):
     figures, removed delete files counted) and then labelled `replace`."""
 
     def _manifests(self) -> list[ManifestFile]:
-        added: list[ManifestFile] = []
-        if self._added_data_files:
-            with self.new_manifest_writer(self._transaction.table_metadata.spec()) as writer:
-                for data_file in self._added_data_files:
-                    writer.add(
-                        ManifestEntry.from_args(
-                            status=ManifestEntryStatus.ADDED,
-                            snapshot_id=self._snapshot_id,
-                            sequence_number=None,
-                            file_sequence_number=None,
-                            data_file=data_file,
-                        )
-                    )
-            added.append(writer.to_manifest_file())
-        return added + self._parent_manifests_without_removed()
+        """The parent's manifests that hold no removed file, as they are; and one manifest per content and spec for
+        the rest: the added files, and the entries of every parent manifest that holds a removed file (EXISTING, or
+        DELETED by this snapshot). One manifest for those, not one per parent manifest: a compaction's small files are
+        spread over many manifests, and each manifest written costs a file and its Avro schema."""
+        default_spec_id = self._transaction.table_metadata.default_spec_id
+        entries: dict[tuple[ManifestContent, int], list[ManifestEntry]] = defaultdict(list)
+        entries[(ManifestContent.DATA, default_spec_id)] = [
+            ManifestEntry.from_args(
+                status=ManifestEntryStatus.ADDED,
+                snapshot_id=self._snapshot_id,
+                sequence_number=None,
+                file_sequence_number=None,
+                data_file=data_file,
+            )
+            for data_file in self._added_data_files
+        ]
+        kept = self._parent_manifests_without_removed(entries)
+        written: list[ManifestFile] = []
+        for (content, spec_id), group in sorted(entries.items(), key=lambda item: (item[0][0].value, item[0][1])):
+            if not group:
+                continue
+            writer_for = self.new_manifest_writer if content == ManifestContent.DATA else self._deletes_writer
+            with writer_for(self.spec(spec_id)) as writer:
+                for entry in group:
+                    writer.add_entry(entry)
+            written.append(writer.to_manifest_file())
+        return written + kept
 
-    def _parent_manifests_without_removed(self) -> list[ManifestFile]:
+    def _parent_manifests_without_removed(
+        self, rewritten: dict[tuple[ManifestContent, int], list[ManifestEntry]]
+    ) -> list[ManifestFile]:
+        """The parent's manifests that hold no removed file; the entries of the others into `rewritten`, by content
+        and spec: each removed file DELETED by this snapshot, the rest EXISTING."""
         parent = (
             None
             if self._parent_snapshot_id is None
@@ -126,23 +142,19 @@ class ReplaceFiles(_OverwriteFiles):
             if not any(entry.data_file.file_path in removed for entry in entries):
                 manifests.append(manifest)
                 continue
-            spec = self.spec(manifest.partition_spec_id)
-            writer_for = self.new_manifest_writer if manifest.content == ManifestContent.DATA else self._deletes_writer
-            with writer_for(spec) as writer:
-                for entry in entries:
-                    gone = entry.data_file.file_path in removed
-                    if gone:
-                        found.add(entry.data_file.file_path)
-                    writer.add_entry(
-                        ManifestEntry.from_args(
-                            status=ManifestEntryStatus.DELETED if gone else ManifestEntryStatus.EXISTING,
-                            snapshot_id=self._snapshot_id if gone else entry.snapshot_id,
-                            sequence_number=entry.sequence_number,
-                            file_sequence_number=entry.file_sequence_number,
-                            data_file=entry.data_file,
-                        )
+            for entry in entries:
+                gone = entry.data_file.file_path in removed
+                if gone:
+                    found.add(entry.data_file.file_path)
+                rewritten[(manifest.content, manifest.partition_spec_id)].append(
+                    ManifestEntry.from_args(
+                        status=ManifestEntryStatus.DELETED if gone else ManifestEntryStatus.EXISTING,
+                        snapshot_id=self._snapshot_id if gone else entry.snapshot_id,
+                        sequence_number=entry.sequence_number,
+                        file_sequence_number=entry.file_sequence_number,
+                        data_file=entry.data_file,
                     )
-            manifests.append(writer.to_manifest_file())
+                )
         if missing := sorted(removed - found):
             raise ValidationException(f"Missing required files to delete: {', '.join(missing)}")
         return manifests

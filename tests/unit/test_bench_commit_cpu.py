@@ -8,7 +8,7 @@ import pytest
 from bench.commit_cpu import main
 
 
-@pytest.mark.parametrize("flag", ["--snapshots", "--commits"])
+@pytest.mark.parametrize("flag", ["--snapshots", "--commits", "--compact-every"])
 @pytest.mark.parametrize("value", ["0", "-1", "1.5", "x", "", "1e3", "9" * 400 + "x"])
 def test_a_count_that_is_not_a_positive_whole_number_is_refused(
     flag: str, value: str, capsys: pytest.CaptureFixture[str]

@@ -5,6 +5,7 @@ SQLite in a temporary directory."""
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -101,6 +102,39 @@ def test_data_files_of_writes_files_nothing_references_and_replace_files_swaps_t
     assert snapshot.summary["marker"] == "test"
     assert {task.file.file_path for task in committed.scan().plan_files()} == {f.file_path for f in written}
     assert sorted(committed.scan().to_arrow().column("order_id").to_pylist()) == list(range(10))
+
+
+def test_replace_files_writes_one_manifest_for_the_files_of_every_manifest_it_rewrites(table: Table) -> None:
+    """A compaction's small files come from many commits' manifests: the added files and what each of those manifests
+    keeps go into one manifest (a manifest written costs a file and its Avro schema), each entry with its status, and
+    a manifest that holds no removed file stays as it is."""
+    for first in range(0, 40, 10):
+        table.append(orders(first, countries=("DE", "FR") if first < 30 else ("FR",)))
+    table = table.refresh()
+    untouched = table.metadata.snapshots[-1].manifests(table.io)[0]  # the last append's: only FR
+    germany = [task.file for task in table.scan(row_filter="country == 'DE'").plan_files()]
+    written = list(
+        internals.data_files_of(table.metadata, table.scan(row_filter="country == 'DE'").to_arrow(), table.io)
+    )
+
+    committed = internals.replace_files(table, germany, written, {"marker": "test"})
+
+    snapshot = committed.current_snapshot()
+    assert snapshot is not None
+    manifests = snapshot.manifests(committed.io)
+    [new] = [manifest for manifest in manifests if manifest.added_snapshot_id == snapshot.snapshot_id]
+    assert [manifest.manifest_path for manifest in manifests if manifest is not new] == [untouched.manifest_path]
+    statuses = Counter(
+        (entry.status, entry.data_file.partition[0]) for entry in new.fetch_manifest_entry(committed.io, False)
+    )
+    assert statuses == {
+        (ManifestEntryStatus.ADDED, "DE"): len(written),
+        (ManifestEntryStatus.DELETED, "DE"): 3,
+        (ManifestEntryStatus.EXISTING, "FR"): 3,
+    }
+    assert sorted(committed.scan().to_arrow().column("order_id").to_pylist()) == sorted(
+        table.scan().to_arrow().column("order_id").to_pylist()
+    )
 
 
 def test_replace_files_removes_a_position_delete_file_recording_it_deleted_in_a_delete_manifest(table: Table) -> None:
@@ -390,3 +424,11 @@ def test_keeping_metadata_leaves_other_catalogs_as_they_are(tmp_path: Path) -> N
 
     catalog = Configured("internals", uri=f"sqlite:///{tmp_path / 'catalog.db'}", warehouse=f"file://{tmp_path}")
     assert type(internals.keeping_metadata(catalog)) is Configured
+
+
+def orders(first: int, countries: tuple[str, ...] = ("DE", "FR")) -> pa.Table:
+    """Ten orders from `first` on, their countries taken in turn."""
+    return pa.Table.from_pylist(
+        [{"order_id": n, "country": countries[n % len(countries)]} for n in range(first, first + 10)],
+        schema=ROWS.schema,
+    )
