@@ -27,6 +27,7 @@ from sqlalchemy.engine import make_url
 
 from bench.infra import ORDERS, Postgres, temp_root, write_orders_file
 from coordinator_service.contract.markers import SinkIdentity
+from coordinator_service.engine.maintenance_steps.compaction import policy_plan
 from coordinator_service.runtime import open_catalog
 from coordinator_service.settings import Settings
 from coordinator_service.settings.maintenance import MaintenancePolicy
@@ -82,16 +83,7 @@ def _compaction_cpu_seconds(tables: IcebergGateway) -> float | None:
     when the plan merges nothing)."""
     table, _ = tables.cached(TABLE)
     policy = MaintenancePolicy()
-    groups = cp.compaction_plan(
-        cp.compaction_input(table),
-        set(),
-        target_bytes=policy.compaction_target_file_bytes,
-        min_files=policy.compaction_min_files,
-        max_bytes=policy.compaction_max_bytes_per_run,
-        spec_id=tm.default_spec_id(table),
-        delete_files=policy.compaction_delete_files_min,
-        deleted_rows_ratio=policy.compaction_deleted_rows_ratio,
-    )
+    groups = policy_plan(table, cp.compaction_input(table), policy, set())
     if not groups:
         return None
     rewrite = cp.write_compacted(table, groups, policy.compaction_target_file_bytes)

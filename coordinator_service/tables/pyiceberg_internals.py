@@ -86,6 +86,17 @@ def data_files_of(metadata: TableMetadata, rows: pa.Table, io: FileIO) -> Iterab
     return _dataframe_to_data_files(metadata, rows, io, write_uuid=uuid.uuid4())
 
 
+def added_entry(snapshot_id: int, data_file: DataFile) -> ManifestEntry:
+    """A manifest entry of a file the snapshot adds (its sequence numbers inherited from the snapshot)."""
+    return ManifestEntry.from_args(
+        status=ManifestEntryStatus.ADDED,
+        snapshot_id=snapshot_id,
+        sequence_number=None,
+        file_sequence_number=None,
+        data_file=data_file,
+    )
+
+
 class ReplaceFiles(_OverwriteFiles):
     """A snapshot with Iceberg's `replace` operation (no row changed, so incremental readers skip it): data files and
     position delete files removed (delete_data_file takes both), data files added. pyiceberg writes overwrites of data
@@ -103,14 +114,7 @@ class ReplaceFiles(_OverwriteFiles):
         default_spec_id = self._transaction.table_metadata.default_spec_id
         entries: dict[tuple[ManifestContent, int], list[ManifestEntry]] = defaultdict(list)
         entries[(ManifestContent.DATA, default_spec_id)] = [
-            ManifestEntry.from_args(
-                status=ManifestEntryStatus.ADDED,
-                snapshot_id=self._snapshot_id,
-                sequence_number=None,
-                file_sequence_number=None,
-                data_file=data_file,
-            )
-            for data_file in self._added_data_files
+            added_entry(self._snapshot_id, data_file) for data_file in self._added_data_files
         ]
         kept = self._parent_manifests_without_removed(entries)
         written: list[ManifestFile] = []
@@ -249,15 +253,7 @@ class RowDelta(_MergeAppendFiles):
         for spec_id, spec_files in sorted(by_spec.items()):
             with writer_for(self.spec(spec_id)) as writer:
                 for data_file in spec_files:
-                    writer.add(
-                        ManifestEntry.from_args(
-                            status=ManifestEntryStatus.ADDED,
-                            snapshot_id=self._snapshot_id,
-                            sequence_number=None,
-                            file_sequence_number=None,
-                            data_file=data_file,
-                        )
-                    )
+                    writer.add(added_entry(self._snapshot_id, data_file))
             manifests.append(writer.to_manifest_file())
         return manifests
 
