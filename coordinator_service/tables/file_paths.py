@@ -29,9 +29,9 @@ def canonical_uri(path: str) -> str:
 
 def misplaced(uri: str, directories: Sequence[str]) -> str | None:
     """Why the canonical `uri` is not a file under one of `directories` (URIs), or None when it is one: on the same
-    storage, below the directory, and on a local file system reached through no symbolic link (its real path is
-    under the directory's real path, at the same place, and it is not a link itself). What pre-commits accept and
-    what deletions require (coordinator_service.engine.file_deletion)."""
+    storage, below the directory, and on a local file system reached through no symbolic link below the directory
+    (none of its components there is a link, itself included). What pre-commits accept and what deletions require
+    (coordinator_service.engine.file_deletion)."""
     parsed = urlparse(uri)
     for directory in directories:
         root = urlparse(canonical_uri(directory))
@@ -46,14 +46,18 @@ def misplaced(uri: str, directories: Sequence[str]) -> str | None:
 
 
 def _linked(path: str, root: str) -> bool:
-    """A local path that is a symbolic link, or reached through one below `root`."""
-    real, real_root = os.path.realpath(path), os.path.realpath(root).rstrip("/")
-    if real[len(real_root) :] != path[len(root.rstrip("/")) :] or not real.startswith(real_root + "/"):
-        return True
-    try:
-        return stat.S_ISLNK(os.lstat(path).st_mode)
-    except OSError:  # missing, or a name no file can have: whether it exists is checked on its own
-        return False
+    """A local path below `root` that is a symbolic link, or reached through one below `root`: each of its components
+    after the root's own, looked at without following it (the root itself may be reached through links: where the
+    table location lies is the operator's, what lies below it a writer's)."""
+    current = root.rstrip("/")
+    for name in path[len(current) + 1 :].split("/"):
+        current = f"{current}/{name}"
+        try:
+            if stat.S_ISLNK(os.lstat(current).st_mode):
+                return True
+        except OSError:  # missing, or a name no file can have: nothing below it exists, whether it does is checked
+            return False  # on its own
+    return False
 
 
 def check_inside_location(
