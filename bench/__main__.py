@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import shutil
 import sys
 import time
@@ -64,6 +65,22 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
             keep_profile(results, "precommit", profile)
+            cores = os.cpu_count() or 1
+            if cores > 1 and not args.quick:
+                print(f"part 1: pre-commit path, {cores} serving processes (every core) ...", flush=True)
+                results["precommit_every_core"] = asyncio.run(
+                    precommit.run(
+                        postgres,
+                        root,
+                        concurrencies=(1, 8, 64),
+                        sink_counts=(1, 100),
+                        modes=("one_file", "empty"),
+                        seconds=3.0,
+                        repetitions=3,
+                        profile=None,
+                        processes=cores,
+                    )
+                )
         if 2 in parts:
             print("part 2: commit path ...", flush=True)
             profile = profiles / "commit.txt" if args.profile else None

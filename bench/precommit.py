@@ -181,10 +181,13 @@ async def run(
     seconds: float,
     repetitions: int,
     profile: Path | None,
-    coordinator_env: dict[str, str] | None = None,
+    processes: int = 1,
 ) -> dict[str, Any]:
-    database_url = postgres.new_database("precommit")
-    coordinator = Coordinator(database_url, root / "precommit", env=coordinator_env or {}).start()
+    """`processes`: the coordinator's serving processes (SINK_COORDINATOR_PROCESSES)."""
+    database_url = postgres.new_database(f"precommit{processes}")
+    coordinator = Coordinator(
+        database_url, root / f"precommit-{processes}", env={"SINK_COORDINATOR_PROCESSES": str(processes)}
+    ).start()
     # Connections of their own (no shared subchannel), which the kernel spreads over the coordinator's serving
     # processes when it has several.
     channels = [
@@ -233,6 +236,7 @@ async def run(
     finally:
         coordinator.stop()
     return {
+        "processes": processes,
         "seconds_per_cell": seconds,
         "repetitions": repetitions,
         "raw": {str(c): summarize(runs) for c, runs in raw.items()},

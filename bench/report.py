@@ -33,6 +33,8 @@ def render(results: dict[str, Any]) -> str:
     ]
     if "precommit" in results:
         lines += report_paths.precommit(results["precommit"])
+    if "precommit_every_core" in results:
+        lines += report_paths.precommit(results["precommit_every_core"])
     if "commit" in results:
         lines += report_paths.commit(results["commit"], results.get("coalescing"))
     if "e2e" in results:
