@@ -268,6 +268,28 @@ def write_orders_file(location: str, rows: int, first: int = 0, name: str = "") 
     return path.as_uri()
 
 
+# How a pre-commit names a file: its path alone (the coordinator reads the footer), or with its footer and size, as
+# the Spark writer sends it (the coordinator checks the file with one metadata request).
+FOOTER_MODES = ("read", "sent")
+
+
+def data_file_message(path: str, footers: str, footer: tuple[bytes, int] | None = None) -> pb.DataFile:
+    """A file as an old writer names it (footers "read") or as the Spark writer sends it ("sent"; `footer`: its bytes
+    and the file's size when the caller has them, else read from the local file)."""
+    if footers == "read":
+        return pb.DataFile(path=path)
+    parquet_footer, size = footer or local_footer(path)
+    return pb.DataFile(path=path, parquet_footer=parquet_footer, file_size_in_bytes=size)
+
+
+def local_footer(path: str) -> tuple[bytes, int]:
+    """A local Parquet file's footer as PreCommit takes it (a standalone metadata file), and the file's size."""
+    local = path.removeprefix("file://")
+    buffer = pa.BufferOutputStream()
+    pq.read_metadata(local).write_metadata_file(buffer)
+    return buffer.getvalue().to_pybytes(), os.path.getsize(local)
+
+
 def linked_copy(uri: str) -> str:
     """The same Parquet file under a new name (a hard link: no data written), for one more epoch. The
     coordinator refuses a file another epoch already holds, so every pre-commit names files of its own."""

@@ -30,9 +30,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.io.pyarrow import PyArrowFileIO
 
-from bench.infra import ORDERS, Coordinator, Postgres, files_rows, latency_stats, register_orders_sink, timed_epoch
+from bench.infra import (
+    FOOTER_MODES,
+    ORDERS,
+    Coordinator,
+    Postgres,
+    files_rows,
+    latency_stats,
+    register_orders_sink,
+    timed_epoch,
+)
 from bench.latency_proxy import LatencyProxy
-from bench.scale import FOOTER_MODES
 from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
 from coordinator_service.contract.rpc import sink_coordinator_pb2_grpc as pb_grpc
 from coordinator_service.tables.precommit_files import MAX_CONCURRENT_FILE_CHECKS

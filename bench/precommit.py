@@ -23,8 +23,10 @@ import psycopg
 from bench.infra import (
     Coordinator,
     Postgres,
+    data_file_message,
     latency_stats,
     linked_copy,
+    local_footer,
     py_spy,
     register_orders_sink,
     spread,
@@ -39,13 +41,23 @@ FILES_PER_SINK = 8
 WRITER_CONNECTIONS = 8
 
 
+# What an epoch of a cell holds: one file named by its path (the coordinator reads its footer), one file with its
+# footer and size (as the Spark writer sends every file), or nothing.
+ONE_FILE = "one_file"
+ONE_FILE_SENT = "one_file_sent"
+EMPTY = "empty"
+MODES = (ONE_FILE, ONE_FILE_SENT, EMPTY)
+
+
 @dataclass
 class SinkSet:
-    """Registered sinks (one table each) with a pool of small Parquet files per sink."""
+    """Registered sinks (one table each) with a pool of small Parquet files per sink, and each file's footer and size
+    (a linked copy has the same)."""
 
     names: list[str]
     terms: dict[str, int]
     files: dict[str, list[str]]
+    footers: dict[str, tuple[bytes, int]] = field(default_factory=dict)
     next_epoch: dict[str, itertools.count[int]] = field(default_factory=dict)
 
 
@@ -57,18 +69,18 @@ async def register_sinks(stub: pb_grpc.SinkCoordinatorAsyncStub, prefix: str, co
         answer = await register_orders_sink(stub, name, f"bench.{name.replace('-', '_')}")
         terms[name] = answer.writer_term
         files[name] = [write_orders_file(answer.table_location, rows, first=i * rows) for i in range(FILES_PER_SINK)]
-    return SinkSet(names, terms, files, {name: itertools.count() for name in names})
+    footers = {path: local_footer(path) for paths in files.values() for path in paths}
+    return SinkSet(names, terms, files, footers, {name: itertools.count() for name in names})
 
 
-def _precommit_request(sinks: SinkSet, sink: str, with_file: bool) -> pb.PreCommitRequest:
+def _precommit_request(sinks: SinkSet, sink: str, mode: str) -> pb.PreCommitRequest:
     epoch = next(sinks.next_epoch[sink])
-    paths = [linked_copy(sinks.files[sink][epoch % FILES_PER_SINK])] if with_file else []
-    return pb.PreCommitRequest(
-        sink=sink,
-        epoch=epoch,
-        writer_term=sinks.terms[sink],
-        data_files=[pb.DataFile(path=path) for path in paths],
-    )
+    files = []
+    if mode != EMPTY:
+        sample = sinks.files[sink][epoch % FILES_PER_SINK]
+        footers = "sent" if mode == ONE_FILE_SENT else "read"
+        files.append(data_file_message(linked_copy(sample), footers, sinks.footers[sample]))
+    return pb.PreCommitRequest(sink=sink, epoch=epoch, writer_term=sinks.terms[sink], data_files=files)
 
 
 async def drive_precommits(
@@ -76,10 +88,10 @@ async def drive_precommits(
     sinks: SinkSet,
     concurrency: int,
     seconds: float,
-    with_file: bool,
+    mode: str,
 ) -> dict[str, Any]:
     """`concurrency` writers, writer w on sink w mod len(sinks) and connection w mod len(stubs), each
-    pre-committing its next epoch in a loop."""
+    pre-committing its next epoch (of `mode`) in a loop."""
     latencies: list[float] = []
     errors: list[str] = []
     warmup_end = time.monotonic() + min(0.5, seconds / 4)
@@ -89,7 +101,7 @@ async def drive_precommits(
         sink = sinks.names[index % len(sinks.names)]
         stub = stubs[index % len(stubs)]
         while True:
-            request = _precommit_request(sinks, sink, with_file)
+            request = _precommit_request(sinks, sink, mode)
             started = time.monotonic()
             if started >= end:
                 return
@@ -203,7 +215,7 @@ async def run(
             sink_sets = {count: await register_sinks(stub, f"pc{count}", count) for count in sink_counts}
             # One pre-commit per sink set before measuring, so that the raw rows can copy a real metadata row.
             for sinks in sink_sets.values():
-                await drive_precommits(stubs, sinks, 1, 0.2, True)
+                await drive_precommits(stubs, sinks, 1, 0.2, ONE_FILE)
             prepare_raw_table(database_url)
             metadata = sample_metadata(database_url)
             raw_ids = sink_ids(database_url, sink_sets[max(sink_counts)].names)
@@ -223,15 +235,13 @@ async def run(
                             profiled = (
                                 profile is not None
                                 and repetition == 0
-                                and mode == "one_file"
+                                and mode == ONE_FILE
                                 and count == min(sink_counts)
                                 and concurrency == max(concurrencies)
                             )
                             with py_spy(coordinator.pid, profile or Path("unused"), profiled):
                                 cells[(mode, count, concurrency)].append(
-                                    await drive_precommits(
-                                        stubs, sink_sets[count], concurrency, seconds, mode == "one_file"
-                                    )
+                                    await drive_precommits(stubs, sink_sets[count], concurrency, seconds, mode)
                                 )
     finally:
         coordinator.stop()

@@ -2,40 +2,23 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import grpc
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from bench.infra import (
+    FOOTER_MODES,
     Coordinator,
     Postgres,
+    data_file_message,
     files_rows,
     register_orders_sink,
     timed_epoch,
     write_orders_file,
 )
-from bench.precommit import drive_precommits, register_sinks
-from coordinator_service.contract.rpc import sink_coordinator_pb2 as pb
+from bench.precommit import ONE_FILE, drive_precommits, register_sinks
 from coordinator_service.contract.rpc import sink_coordinator_pb2_grpc as pb_grpc
-
-FOOTER_MODES = ("read", "sent")
-
-
-def _data_file(path: str, footers: str) -> pb.DataFile:
-    """A file as an old writer names it (footers "read": the coordinator reads the footer) or as the Spark
-    writer sends it, with its footer and size (the coordinator makes one metadata request)."""
-    if footers == "read":
-        return pb.DataFile(path=path)
-    local = path.removeprefix("file://")
-    buffer = pa.BufferOutputStream()
-    pq.read_metadata(local).write_metadata_file(buffer)
-    return pb.DataFile(
-        path=path, parquet_footer=buffer.getvalue().to_pybytes(), file_size_in_bytes=os.path.getsize(local)
-    )
 
 
 async def files_per_epoch(
@@ -58,7 +41,7 @@ async def files_per_epoch(
                 for _ in range(epochs):
                     for mode in FOOTER_MODES:
                         paths = [write_orders_file(registration.table_location, 10, first=i * 10) for i in range(count)]
-                        files = [_data_file(path, mode) for path in paths]
+                        files = [data_file_message(path, mode) for path in paths]
                         precommit, commit = await timed_epoch(stub, "files", term, epoch, files, 60)
                         precommits[mode].append(precommit)
                         commits[mode].append(commit)
@@ -76,10 +59,10 @@ async def precommit_on_big_log(database_url: str, data_dir: Path, *, seconds: fl
         async with grpc.aio.insecure_channel(coordinator.target) as channel:
             stub = pb_grpc.SinkCoordinatorStub(channel)
             sinks = await register_sinks(stub, "biglog", 1)
-            await drive_precommits([stub], sinks, 1, 0.3, True)
+            await drive_precommits([stub], sinks, 1, 0.3, ONE_FILE)
             return {
-                "c1": await drive_precommits([stub], sinks, 1, seconds, True),
-                "c8": await drive_precommits([stub], sinks, 8, seconds, True),
+                "c1": await drive_precommits([stub], sinks, 1, seconds, ONE_FILE),
+                "c8": await drive_precommits([stub], sinks, 8, seconds, ONE_FILE),
             }
     finally:
         coordinator.stop()

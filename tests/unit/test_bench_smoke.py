@@ -179,7 +179,7 @@ def test_report_renders_every_part(tmp_path: Path) -> None:
         assert heading in markdown
     assert "Ours: **1.00** — goal met; raw: 3.00 after only 20 commits." in markdown
     assert "Worst sink's p99 / baseline p99: **1.50** — goal met." in markdown
-    assert "| one file | 1 | 1 | 60 (54-66) |" in markdown
+    assert "| one file, footer read | 1 | 1 | 60 (54-66) |" in markdown
     assert "| GET /console | 125 | 130 |  |" in markdown
     assert "| first contentful paint in headless Chromium | 225 | 250 | met |" in markdown
     assert "Page / API at p50: **2.00**." in markdown
