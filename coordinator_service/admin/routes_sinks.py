@@ -8,7 +8,7 @@ Reader, mutating routes Caller (the operator, checked against the admin token).
 from __future__ import annotations
 
 from http import HTTPStatus
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 from fastapi import APIRouter, Query
 from fastapi import Path as PathParameter
@@ -61,11 +61,19 @@ def error_responses(*statuses: HTTPStatus) -> dict[int | str, dict[str, Any]]:
     return {int(status): {"model": ErrorResponse, "description": status.phrase} for status in statuses}
 
 
-router = APIRouter(
-    prefix=API_PREFIX,
-    tags=["sinks"],
-    responses=error_responses(HTTPStatus.UNAUTHORIZED, HTTPStatus.UNPROCESSABLE_ENTITY, HTTPStatus.SERVICE_UNAVAILABLE),
+# What every route of the API may answer besides its own: the HTTP gate's refusals (no token or an unknown one, a
+# cross-site action or a token short of the route's, a body over its limit, a host not allowed: http_gate.py), a
+# request that does not fit the schema, and a metastore out of reach.
+API_ERRORS: Final = error_responses(
+    HTTPStatus.UNAUTHORIZED,
+    HTTPStatus.FORBIDDEN,
+    HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+    HTTPStatus.MISDIRECTED_REQUEST,
+    HTTPStatus.UNPROCESSABLE_ENTITY,
+    HTTPStatus.SERVICE_UNAVAILABLE,
 )
+
+router = APIRouter(prefix=API_PREFIX, tags=["sinks"], responses=API_ERRORS)
 
 
 @router.get("/sinks", response_model=SinkList)

@@ -14,7 +14,7 @@ from fastapi import Path as PathParameter
 
 from coordinator_service.admin.action_schemas import AdoptRequest, AdoptResponse
 from coordinator_service.admin.deps import Caller, RuntimeDep
-from coordinator_service.admin.routes_sinks import API_PREFIX, error_responses
+from coordinator_service.admin.routes_sinks import API_ERRORS, API_PREFIX, error_responses
 from coordinator_service.tables import table_origin
 from coordinator_service.tables.catalog_calls import in_catalog
 
@@ -22,11 +22,7 @@ TableName = Annotated[
     str, PathParameter(max_length=600, description="The table's identifier in the catalog, 'namespace.table'.")
 ]
 
-router = APIRouter(
-    prefix=API_PREFIX,
-    tags=["tables"],
-    responses=error_responses(HTTPStatus.UNAUTHORIZED, HTTPStatus.UNPROCESSABLE_ENTITY, HTTPStatus.SERVICE_UNAVAILABLE),
-)
+router = APIRouter(prefix=API_PREFIX, tags=["tables"], responses=API_ERRORS)
 
 
 @router.post("/tables/{table}/adopt", response_model=AdoptResponse, responses=error_responses(HTTPStatus.NOT_FOUND))

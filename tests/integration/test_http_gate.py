@@ -110,6 +110,22 @@ async def test_the_console_refuses_an_action_of_no_operator_before_reading_its_f
     assert status_of_epoch_0(database_url) == "PENDING"
 
 
+async def test_every_route_of_the_api_documents_the_refusals_of_the_gate(admin: AdminApp) -> None:
+    """The gate answers before any route (401, 403, 413 and 421 above): a client generated from the API's schema, and
+    schemathesis (test_admin_api_schema.py, which once drew a body over the limit), must find them there."""
+    schema = (await admin.get("/openapi.json")).json()
+    operations = [
+        (method, path, operation)
+        for path, methods in schema["paths"].items()
+        if path.startswith("/api/")
+        for method, operation in methods.items()
+    ]
+
+    assert operations
+    for method, path, operation in operations:
+        assert {"401", "403", "413", "421"} <= set(operation["responses"]), (method, path, operation["responses"])
+
+
 async def test_the_api_and_the_console_answer_only_allowed_hosts(
     admin_factory: AdminFactory, database_url: str
 ) -> None:
