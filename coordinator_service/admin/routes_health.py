@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from http import HTTPStatus
 from typing import Final
 
 import psycopg
@@ -18,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from coordinator_service import metrics
 from coordinator_service.admin.deps import OperationsDep, RuntimeDep
+from coordinator_service.admin.routes_sinks import error_responses
 from coordinator_service.admin.shared_answer import SharedAnswer
 from coordinator_service.contract.errors import CoordinatorError, SchemaNotCurrent, cause
 from coordinator_service.engine.operations import Operations
@@ -38,7 +40,12 @@ CREDENTIALS_STATE: Final = "credentials refused"
 NO_GRACE: Final = ("schema", CREDENTIALS_STATE)
 
 
-@router.get("/metrics", response_class=Response)
+@router.get(
+    "/metrics",
+    response_class=Response,
+    # The gate's refusals that reach it: no metrics token or a wrong one, a body over the limit (http_gate.py).
+    responses=error_responses(HTTPStatus.UNAUTHORIZED, HTTPStatus.REQUEST_ENTITY_TOO_LARGE),
+)
 async def prometheus_metrics(request: Request, operations: OperationsDep) -> Response:
     """Prometheus metrics; the per-sink gauges are read from the metastore (at most METRICS_CACHE_SECONDS ago)."""
     shared: SharedAnswer[bytes] = request.app.state.metrics_answer
@@ -105,7 +112,7 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get("/readyz", responses={503: {"description": "Not ready: each check says what is wrong"}})
 async def readyz(request: Request, runtime: RuntimeDep) -> JSONResponse:
     """PostgreSQL and the catalog are reachable, the metastore schema is current, and a warehouse on this machine
     is there and writable. Each check says what is wrong in words an operator acts on; the error itself (its SQL,

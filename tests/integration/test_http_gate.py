@@ -112,7 +112,8 @@ async def test_the_console_refuses_an_action_of_no_operator_before_reading_its_f
 
 async def test_every_route_of_the_api_documents_the_refusals_of_the_gate(admin: AdminApp) -> None:
     """The gate answers before any route (401, 403, 413 and 421 above): a client generated from the API's schema, and
-    schemathesis (test_admin_api_schema.py, which once drew a body over the limit), must find them there."""
+    schemathesis (test_admin_api_schema.py, which once drew a body over the limit), must find them there; and /readyz
+    its 503."""
     schema = (await admin.get("/openapi.json")).json()
     operations = [
         (method, path, operation)
@@ -124,6 +125,8 @@ async def test_every_route_of_the_api_documents_the_refusals_of_the_gate(admin: 
     assert operations
     for method, path, operation in operations:
         assert {"401", "403", "413", "421"} <= set(operation["responses"]), (method, path, operation["responses"])
+    assert {"401", "413"} <= set(schema["paths"]["/metrics"]["get"]["responses"])  # no host check: Prometheus
+    assert "503" in schema["paths"]["/readyz"]["get"]["responses"]
 
 
 async def test_the_api_and_the_console_answer_only_allowed_hosts(
