@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -52,35 +53,22 @@ def main(argv: list[str] | None = None) -> int:
         if 1 in parts:
             print("part 1: pre-commit path ...", flush=True)
             profile = profiles / "precommit.txt" if args.profile else None
-            results["precommit"] = asyncio.run(
-                precommit.run(
-                    postgres,
-                    root,
-                    concurrencies=(1, 8, 64),
-                    sink_counts=(1,) if args.quick else (1, 100),
-                    modes=(precommit.ONE_FILE,) if args.quick else precommit.MODES,
-                    seconds=1.0 if args.quick else 3.0,
-                    repetitions=1 if args.quick else 3,
-                    profile=profile,
-                )
+            cells = functools.partial(
+                precommit.run,
+                postgres,
+                root,
+                concurrencies=(1, 8, 64),
+                sink_counts=(1,) if args.quick else (1, 100),
+                modes=(precommit.ONE_FILE,) if args.quick else precommit.MODES,
+                seconds=1.0 if args.quick else 3.0,
+                repetitions=1 if args.quick else 3,
             )
+            results["precommit"] = asyncio.run(cells(profile=profile))
             keep_profile(results, "precommit", profile)
             cores = os.cpu_count() or 1
             if cores > 1 and not args.quick:
                 print(f"part 1: pre-commit path, {cores} serving processes (every core) ...", flush=True)
-                results["precommit_every_core"] = asyncio.run(
-                    precommit.run(
-                        postgres,
-                        root,
-                        concurrencies=(1, 8, 64),
-                        sink_counts=(1, 100),
-                        modes=precommit.MODES,
-                        seconds=3.0,
-                        repetitions=3,
-                        profile=None,
-                        processes=cores,
-                    )
-                )
+                results["precommit_every_core"] = asyncio.run(cells(profile=None, processes=cores))
         if 2 in parts:
             print("part 2: commit path ...", flush=True)
             profile = profiles / "commit.txt" if args.profile else None

@@ -94,21 +94,23 @@ def compaction_groups(
     partitions = []
     for partition in small_files.keys() | deleted_from.keys():
         rewritten = by_size(deleted_from[partition])
-        merged = _worth_merging(by_size(small_files[partition]), sum(small.size for small in rewritten))
+        merged = _worth_merging(by_size(small_files[partition]), _bytes(rewritten))
         if rewritten or len(merged) >= min_files:
             partitions.append((bool(rewritten), [*rewritten, *merged]))
     groups: list[list[SmallFile]] = []
     budget = max_bytes
     for _, partition_files in sorted(partitions, key=lambda candidate: (not candidate[0], -_bytes(candidate[1]))):
         group: list[SmallFile] = []
+        size = 0
         for small in partition_files:
             if small.size > budget:
                 break
             group.append(small)
+            size += small.size
             budget -= small.size
-            if _bytes(group) >= target_bytes:
+            if size >= target_bytes:
                 groups.append(group)
-                group = []
+                group, size = [], 0
         # What is left of the partition (after groups of the target size, or short of the budget) is held to the
         # same rule: its largest files are not rewritten into a file hardly larger.
         forced = [small for small in group if small.path in with_deletes]

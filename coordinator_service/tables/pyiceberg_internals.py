@@ -118,7 +118,7 @@ class ReplaceFiles(_OverwriteFiles):
         ]
         kept = self._parent_manifests_without_removed(entries)
         written: list[ManifestFile] = []
-        for (content, spec_id), group in sorted(entries.items(), key=lambda item: (item[0][0].value, item[0][1])):
+        for (content, spec_id), group in entries.items():
             if not group:
                 continue
             writer_for = self.new_manifest_writer if content == ManifestContent.DATA else self._deletes_writer
