@@ -83,10 +83,10 @@ def _compaction_cpu_seconds(tables: IcebergGateway) -> float | None:
     when the plan merges nothing)."""
     table, _ = tables.cached(TABLE)
     policy = MaintenancePolicy()
-    groups = policy_plan(table, cp.compaction_input(table), policy, set())
-    if not groups:
+    plan = policy_plan(table, cp.compaction_input(table), policy, set())
+    if not plan:
         return None
-    rewrite = cp.write_compacted(table, groups, policy.compaction_target_file_bytes)
+    rewrite = cp.write_compacted(table, plan, policy.compaction_target_file_bytes)
     started = time.process_time()
     committed = cp.commit_compaction(table, rewrite)
     spent = time.process_time() - started

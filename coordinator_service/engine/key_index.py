@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections import defaultdict
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import suppress
 
@@ -193,24 +194,26 @@ class KeyIndex:
         self, session: AsyncSession, table: LoadedTable, index: IndexState, changes: SnapshotChanges
     ) -> Rebuild | int:
         """Apply one snapshot's changes: its removed data files' rows out, its added data files' rows in (how many:
-        the answer), the rows its added position delete files delete out; Rebuild when it removed a delete file whose
-        data files stay (the rows it deleted may live again)."""
+        the answer), the rows its added position delete files delete out, but those its removed ones deleted already
+        (a compaction that merges a partition's delete files into one adds a file of rows long gone); Rebuild when a
+        removed delete file deleted a row of a data file it keeps that no added one deletes (the row may be live
+        again)."""
         index_id = index.index_id
         gone = await key_index.file_ids_by_path(session, index_id, changes.removed_paths)
         removed = await key_index.remove_files(session, index_id, list(gone.values()))
         added = await self._add_data_files(session, table, index_id, changes.added_data)
-        for delete_file in changes.added_deletes:
-            deleted = await in_catalog(deleted_by_path, table, delete_file)
-            numbers = await key_index.file_ids_by_path(session, index_id, list(deleted))
-            removed += await key_index.remove_rows(session, index_id, _places(numbers, deleted))
-        for delete_file in changes.removed_deletes:
-            deleted = await in_catalog(deleted_by_path, table, delete_file)
-            kept = await key_index.file_ids_by_path(session, index_id, list(deleted))
-            if kept:
-                return Rebuild(
-                    f"snapshot {changes.snapshot_id} removed a delete file of data files it keeps ({min(kept)}): "
-                    "the rows it deleted may be live again"
-                )
+        before = await _deleted_rows(table, changes.removed_deletes)
+        after = await _deleted_rows(table, changes.added_deletes)
+        revived = {path for path, rows in before.items() if not rows <= after.get(path, set())}
+        kept = await key_index.file_ids_by_path(session, index_id, sorted(revived))
+        if kept:
+            return Rebuild(
+                f"snapshot {changes.snapshot_id} removed a delete file of data files it keeps ({min(kept)}): "
+                "the rows it deleted may be live again"
+            )
+        newly = {path: sorted(rows - before.get(path, set())) for path, rows in after.items()}
+        numbers = await key_index.file_ids_by_path(session, index_id, list(newly))
+        removed += await key_index.remove_rows(session, index_id, _places(numbers, newly))
         await key_index.move_to(session, index_id, changes.snapshot_id, added - removed)
         return added
 
@@ -282,6 +285,15 @@ class KeyIndex:
         async with self.database.connection(autocommit=True) as connection:
             await key_index.refresh_statistics(connection)
         log.info("key index statistics refreshed", seconds=round(time.monotonic() - started, 3))
+
+
+async def _deleted_rows(table: LoadedTable, delete_files: Sequence[TableFile]) -> dict[str, set[int]]:
+    """The rows these position delete files delete, by data file path."""
+    deleted: dict[str, set[int]] = defaultdict(set)
+    for delete_file in delete_files:
+        for path, rows in (await in_catalog(deleted_by_path, table, delete_file)).items():
+            deleted[path].update(rows)
+    return deleted
 
 
 def _places(numbers: Mapping[str, int], positions: Mapping[str, Sequence[int]]) -> list[int]:

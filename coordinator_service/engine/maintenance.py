@@ -148,7 +148,7 @@ class Maintainer:
                     table = self.iceberg.last_known(table_name)
                     if table is None:
                         table = await in_catalog(self.iceberg.load, table_name)
-                    _, groups = await compaction_plan(self.database, table, policy)
+                    _, plan = await compaction_plan(self.database, table, policy)
                 except Exception as error:
                     log.warning(
                         "could not check whether a table needs compacting; its run comes on the clock",
@@ -157,7 +157,7 @@ class Maintainer:
                         error=cause(error),
                     )
                 else:
-                    if groups:
+                    if plan:
                         self.want(sink_id)
                 if key not in self._check_again:
                     return

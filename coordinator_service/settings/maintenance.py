@@ -77,15 +77,17 @@ class MaintenancePolicy(BaseModel):
         ge=1,
         le=INT32_MAX,
         description="A partition with at least this many position delete files (a keyed table's updates and "
-        "deletes) has all its data files rewritten with the deletes applied, and the delete files dropped.",
+        "deletes) has them merged into one (the rows they delete of data files still live), which costs what they "
+        "hold, not what the table holds; readers then open one delete file, not one per commit.",
     )
     compaction_deleted_rows_ratio: float = Field(
         default=0.1,
         gt=0.0,
         le=1.0,
         allow_inf_nan=False,
-        description="A partition whose position delete files delete at least this share of its data files' rows "
-        "is rewritten the same way, however few its delete files.",
+        description="A data file whose position deletes delete at least this share of its rows is rewritten with "
+        "them applied (the most deleted first, within COMPACTION_MAX_BYTES_PER_RUN), and a delete file that no live "
+        "data file is left to refer to is dropped.",
     )
     orphan_sweep_interval_seconds: float = Field(
         default=3600.0,

@@ -12,8 +12,10 @@ from __future__ import annotations
 import uuid
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyiceberg.io.pyarrow import (
@@ -46,31 +48,35 @@ POSITION_DELETE_ARROW = pa.schema(
 _FULL_METRICS = {"write.metadata.metrics.default": "full"}
 _STATISTICS_PLAN = compute_statistics_plan(POSITION_DELETE_SCHEMA, _FULL_METRICS)
 _COLUMN_MAPPING = parquet_path_to_id_mapping(POSITION_DELETE_SCHEMA)
+# Row positions in a data file: a commit's, as Python ints; a merge's, as read from delete files.
+RowPositions: TypeAlias = Sequence[int] | npt.NDArray[np.int64]
 
 
-def position_delete_rows(positions: Mapping[str, Sequence[int]]) -> pa.Table:
+def position_delete_rows(positions: Mapping[str, RowPositions]) -> pa.Table:
     """The rows of a position delete file for `positions` (data file path -> row positions in it): sorted by path,
     then position, each (path, position) once."""
-    paths = sorted(path for path, rows in positions.items() if rows)
-    ordered = [(path, sorted(set(positions[path]))) for path in paths]
+    paths = sorted(path for path, rows in positions.items() if len(rows))
+    ordered = [np.unique(np.asarray(positions[path], dtype=np.int64)) for path in paths]
+    numbers = np.repeat(np.arange(len(paths), dtype=np.int32), [len(rows) for rows in ordered])
+    file_paths = pa.DictionaryArray.from_arrays(pa.array(numbers, pa.int32()), pa.array(paths, pa.string()))
     return pa.table(
         {
-            "file_path": [path for path, rows in ordered for _ in rows],
-            "pos": [pos for _, rows in ordered for pos in rows],
+            "file_path": file_paths.cast(pa.string()),
+            "pos": pa.array(np.concatenate(ordered) if ordered else np.empty(0, np.int64), pa.int64()),
         },
         schema=POSITION_DELETE_ARROW,
     )
 
 
 def write_position_deletes(
-    table: Table, positions: Mapping[str, Sequence[int]], data_files: Mapping[str, DataFile]
+    table: Table, positions: Mapping[str, RowPositions], data_files: Mapping[str, DataFile]
 ) -> list[DataFile]:
     """Write the position delete files that delete `positions` (data file path -> row positions) from the table's data
     files `data_files` (by path: each path of `positions` must be there, for its partition); return them, described
     for a manifest. One file per partition, under the table's data location; nothing references them yet."""
-    by_partition: dict[tuple[int, tuple[Any, ...]], dict[str, Sequence[int]]] = defaultdict(dict)
+    by_partition: dict[tuple[int, tuple[Any, ...]], dict[str, RowPositions]] = defaultdict(dict)
     for path, rows in positions.items():
-        if not rows:
+        if not len(rows):
             continue
         data_file = data_files[path]
         by_partition[(data_file.spec_id, partition_values(data_file.partition))][path] = rows

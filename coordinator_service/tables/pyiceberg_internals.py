@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -99,12 +99,24 @@ def added_entry(snapshot_id: int, data_file: DataFile) -> ManifestEntry:
 
 class ReplaceFiles(_OverwriteFiles):
     """A snapshot with Iceberg's `replace` operation (no row changed, so incremental readers skip it): data files and
-    position delete files removed (delete_data_file takes both), data files added. pyiceberg writes overwrites of data
-    files only and its summaries do not know `replace`: each manifest of the parent that holds a removed file is
-    written again with the same content (data or deletes), its removed entries DELETED by this snapshot and the rest
-    EXISTING, as Java's rewrite does (a follower of the table's snapshots, like the key index, reads what the snapshot
-    removed from the manifests it wrote); the summary is computed as for the overwrite of the same files (the same
-    figures, removed delete files counted) and then labelled `replace`."""
+    position delete files removed (delete_data_file takes both), data files and position delete files added (a
+    partition's delete files merged into one). pyiceberg writes overwrites of data files only and its summaries do not
+    know `replace`: each manifest of the parent that holds a removed file is written again with the same content (data
+    or deletes), its removed entries DELETED by this snapshot and the rest EXISTING, as Java's rewrite does (a follower
+    of the table's snapshots, like the key index, reads what the snapshot removed from the manifests it wrote); the
+    summary counts the files added and removed, each by its own spec."""
+
+    def __init__(
+        self, operation: Operation, transaction: Transaction, io: FileIO, snapshot_properties: dict[str, str]
+    ) -> None:
+        super().__init__(operation, transaction, io, snapshot_properties=snapshot_properties)
+        self._added_delete_files: list[DataFile] = []
+
+    def add_delete_file(self, delete_file: DataFile) -> ReplaceFiles:
+        if delete_file.content != DataFileContent.POSITION_DELETES:
+            raise ValueError(f"a rewrite adds position delete files only, not {delete_file.content}")
+        self._added_delete_files.append(delete_file)
+        return self
 
     def _manifests(self) -> list[ManifestFile]:
         """The parent's manifests that hold no removed file, as they are; and one manifest per content and spec for
@@ -116,6 +128,8 @@ class ReplaceFiles(_OverwriteFiles):
         entries[(ManifestContent.DATA, default_spec_id)] = [
             added_entry(self._snapshot_id, data_file) for data_file in self._added_data_files
         ]
+        for delete_file in self._added_delete_files:
+            entries[(ManifestContent.DELETES, delete_file.spec_id)].append(added_entry(self._snapshot_id, delete_file))
         kept = self._parent_manifests_without_removed(entries)
         written: list[ManifestFile] = []
         for (content, spec_id), group in entries.items():
@@ -167,7 +181,13 @@ class ReplaceFiles(_OverwriteFiles):
         return position_delete_manifest_writer(self, spec)
 
     def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
-        summary = super()._summary(snapshot_properties)
+        default_spec_id = self._transaction.table_metadata.default_spec_id
+        added = [
+            *((data_file, default_spec_id) for data_file in self._added_data_files),
+            *((delete_file, delete_file.spec_id) for delete_file in self._added_delete_files),
+        ]
+        # pyiceberg's totals know no `replace`: computed as for an overwrite of the same files, then labelled.
+        summary = collected_summary(self, added, self._deleted_data_files, Operation.OVERWRITE, snapshot_properties)
         return Summary(Operation.REPLACE, **summary.additional_properties)
 
 
@@ -177,17 +197,19 @@ def replace_files(
     written: Sequence[DataFile],
     marker: dict[str, str],
     deletes_dropped: Sequence[DataFile] = (),
+    deletes_added: Sequence[DataFile] = (),
 ) -> Table:
     """Commit one `replace` snapshot on `table` as loaded: `replaced` data files and `deletes_dropped` position delete
-    files out, `written` in, `marker` in its summary."""
+    files out, `written` data files and `deletes_added` position delete files in, `marker` in its summary."""
     transaction = coordinator_transaction(table)
-    with ReplaceFiles(
-        operation=Operation.OVERWRITE, transaction=transaction, io=table.io, snapshot_properties=marker
-    ) as rewrite:
+    rewrite = ReplaceFiles(Operation.OVERWRITE, transaction, table.io, snapshot_properties=marker)
+    with rewrite:
         for data_file in (*replaced, *deletes_dropped):
             rewrite.delete_data_file(data_file)
         for data_file in written:
             rewrite.append_data_file(data_file)
+        for delete_file in deletes_added:
+            rewrite.add_delete_file(delete_file)
     return transaction.commit_transaction()
 
 
@@ -258,23 +280,39 @@ class RowDelta(_MergeAppendFiles):
         return manifests
 
     def _summary(self, snapshot_properties: dict[str, str] = EMPTY_DICT) -> Summary:
-        metadata = self._transaction.table_metadata
-        limit = metadata.properties.get(
-            TableProperties.WRITE_PARTITION_SUMMARY_LIMIT, TableProperties.WRITE_PARTITION_SUMMARY_LIMIT_DEFAULT
-        )
-        collector = SnapshotSummaryCollector(partition_summary_limit=int(limit))
-        specs, schema = metadata.specs(), metadata.schema()
-        for added in (*self._added_data_files, *self._added_delete_files):
-            collector.add_file(added, partition_spec=specs[added.spec_id], schema=schema)
         if self._added_delete_files:
             operation = Operation.OVERWRITE if self._added_data_files else Operation.DELETE
         else:
             operation = Operation.APPEND
-        parent = None if self._parent_snapshot_id is None else metadata.snapshot_by_id(self._parent_snapshot_id)
-        return update_snapshot_summaries(
-            summary=Summary(operation=operation, **collector.build(), **snapshot_properties),
-            previous_summary=None if parent is None else parent.summary,
-        )
+        added = [(added, added.spec_id) for added in (*self._added_data_files, *self._added_delete_files)]
+        return collected_summary(self, added, (), operation, snapshot_properties)
+
+
+def collected_summary(
+    producer: _SnapshotProducer[Any],
+    added: Iterable[tuple[DataFile, int]],
+    removed: Iterable[DataFile],
+    operation: Operation,
+    snapshot_properties: Mapping[str, str],
+) -> Summary:
+    """A snapshot's summary: the files it adds (each with the id of the spec of the manifest it goes to) and removes
+    counted, data and delete files, each partition by its spec; the totals carried on from its parent's."""
+    metadata = producer._transaction.table_metadata
+    limit = metadata.properties.get(
+        TableProperties.WRITE_PARTITION_SUMMARY_LIMIT, TableProperties.WRITE_PARTITION_SUMMARY_LIMIT_DEFAULT
+    )
+    collector = SnapshotSummaryCollector(partition_summary_limit=int(limit))
+    specs, schema = metadata.specs(), metadata.schema()
+    for data_file, spec_id in added:
+        collector.add_file(data_file, partition_spec=specs[spec_id], schema=schema)
+    for data_file in removed:
+        collector.remove_file(data_file, partition_spec=specs[data_file.spec_id], schema=schema)
+    parent_id = producer._parent_snapshot_id
+    parent = None if parent_id is None else metadata.snapshot_by_id(parent_id)
+    return update_snapshot_summaries(
+        summary=Summary(operation=operation, **collector.build(), **snapshot_properties),
+        previous_summary=None if parent is None else parent.summary,
+    )
 
 
 def updated_metadata(

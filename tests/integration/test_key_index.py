@@ -180,6 +180,24 @@ class KeyIndexFollowsItsTable(RuleBasedStateMachine):
         else:
             table.overwrite(rows)
 
+    @rule(ratio=st.sampled_from([1e-9, 0.3, 1.0]), delete_files=st.integers(min_value=2, max_value=4))
+    def maintenance_compaction(self, ratio: float, delete_files: int) -> None:
+        """The coordinator's compaction as a maintenance run plans it: a partition's position delete files merged into
+        one, the data files whose rows they delete at `ratio` rewritten with them applied."""
+        table = self.table()
+        plan = cp.compaction_plan(
+            cp.compaction_input(table),
+            set(),
+            target_bytes=1 << 20,
+            min_files=2,
+            max_bytes=1 << 30,
+            spec_id=tm.default_spec_id(table),
+            delete_files=delete_files,
+            deleted_rows_ratio=ratio,
+        )
+        if plan:
+            cp.commit_compaction(table, cp.write_compacted(table, plan, target_bytes=1 << 20))
+
     @rule()
     def expiry(self) -> None:
         """Every snapshot but the current one expired: an index left at one of them is rebuilt."""
@@ -239,6 +257,43 @@ def test_the_index_follows_its_table_through_anything(postgres_url: str, tmp_pat
             suppress_health_check=[HealthCheck.too_slow],
         ),
     )
+
+
+async def test_a_merge_of_delete_files_is_followed_without_a_rebuild(
+    key_index: KeyIndex, gateway: IcebergGateway, database_url: str
+) -> None:
+    """Compaction merges a partition's delete files into one (a `replace` snapshot that removes them and adds a file
+    of the same rows): the catch-up removes no row twice and rebuilds nothing. On the old catch-up, a removed delete
+    file of data files that stay meant a rebuild (the rows it deleted may be live again), whatever the snapshot
+    added."""
+    await commit_through_index(key_index, gateway, TABLE, [[Upsert(key, "eu", "a") for key in range(20)]])
+    for key in range(0, 12, 3):
+        await commit_through_index(key_index, gateway, TABLE, [[Upsert(key, "eu", "b"), Delete(key + 1)]])
+    built = query(database_url, "SELECT built_at FROM key_index_tables")
+    table = gateway.load(TABLE)
+    plan = cp.compaction_plan(
+        cp.compaction_input(table),
+        set(),
+        target_bytes=1 << 20,
+        min_files=1_000,
+        max_bytes=1 << 30,
+        spec_id=tm.default_spec_id(table),
+        delete_files=2,
+        deleted_rows_ratio=1.0,
+    )
+    assert (len(plan.groups), [len(merge) for merge in plan.merges]) == (0, [4])
+    merged = cp.commit_compaction(table, cp.write_compacted(table, plan, target_bytes=1 << 20))
+    assert len(cp.live_files(merged).deletes) == 1
+
+    after = await commit_through_index(key_index, gateway, TABLE, [[Upsert(2, "eu", "c"), Delete(5)]])
+
+    table = gateway.load(TABLE)
+    assert after.deleted_rows == 2
+    [(_, snapshot_id, is_built, rows, held)] = index_rows(database_url)
+    assert (snapshot_id, is_built) == (table.metadata.current_snapshot_id, True)
+    assert rows == held == len(pyiceberg_rows(table)) == 20 - 4 - 1
+    assert query(database_url, "SELECT built_at FROM key_index_tables") == built  # caught up, never rebuilt
+    await assert_answers_as_the_scan(key_index, table, [(key,) for key in range(22)])
 
 
 async def test_a_catch_up_reads_only_what_the_new_snapshots_wrote(

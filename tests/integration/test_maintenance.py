@@ -18,6 +18,7 @@ from pyiceberg.table import Table, TableProperties
 from coordinator_service import metrics
 from coordinator_service.contract.errors import InvalidArgument
 from coordinator_service.contract.views import PreCommitOutcome, Registration
+from coordinator_service.engine.verification.verifier import Verifier
 from coordinator_service.engine.writer_requests import PreCommitRequest
 from coordinator_service.log.precommit_metadata import DataFileEntry
 from coordinator_service.tables import compaction_plans as cp
@@ -681,7 +682,7 @@ async def test_compaction_applies_a_keyed_tables_position_deletes_and_the_key_in
     dropped in the same `replace` snapshot; both readers see the model, the key index catches up with the compaction
     (not rebuilt) and answers as the scan, and the next epoch's updates land on the rewritten files."""
     admin = without_commit_triggers(
-        await admin_factory(compaction_min_files=1_000_000, compaction_delete_files_min=3, **KEYED_NO_EXPIRY)
+        await admin_factory(compaction_min_files=1_000_000, compaction_deleted_rows_ratio=0.01, **KEYED_NO_EXPIRY)
     )
     registration = await register_keyed(admin)
     model: dict[int, Row] = {}
@@ -709,6 +710,53 @@ async def test_compaction_applies_a_keyed_tables_position_deletes_and_the_key_in
 
     await commit_keyed(admin, registration, 4, [Upsert(1, "eu", "e"), Delete(2), Upsert(40, "us", "e")], model)
     assert_table_holds(catalog.load_table(KEYED_TABLE), model)
+
+
+async def test_a_keyed_tables_delete_files_are_merged_and_the_key_index_and_verifier_follow(
+    admin_factory: AdminFactory, catalog: Catalog, database_url: str
+) -> None:
+    """Issue 29.5: a partition with COMPACTION_DELETE_FILES_MIN position delete files has them merged into one by a
+    maintenance run, no data file rewritten (none has COMPACTION_DELETED_ROWS_RATIO of its rows deleted): both
+    readers see the model, the key index catches up without a rebuild, the verifier finds the rows kept, and the next
+    epochs' updates and deletes land."""
+    admin = without_commit_triggers(
+        await admin_factory(
+            compaction_min_files=1_000_000,
+            compaction_delete_files_min=2,
+            compaction_deleted_rows_ratio=1.0,
+            **KEYED_NO_EXPIRY,
+        )
+    )
+    registration = await register_keyed(admin)
+    model: dict[int, Row] = {}
+    for epoch, operations in enumerate(KEYED_EPOCHS):
+        await commit_keyed(admin, registration, epoch, operations, model)
+    table = catalog.load_table(KEYED_TABLE)
+    data_files = {data_file.file_path for data_file in cp.live_files(table).data}
+    before = delete_file_paths(table)
+    [(built_at,)] = query(database_url, "SELECT built_at FROM key_index_tables")
+
+    run = await admin.runtime.maintainer.run_now(sink_id_of(database_url, KEYED_SINK))
+
+    assert (run.outcome, run.files_compacted, run.files_written) == ("ok", 0, 0), run.error
+    table = catalog.load_table(KEYED_TABLE)
+    assert {data_file.file_path for data_file in cp.live_files(table).data} == data_files
+    after = delete_file_paths(table)
+    assert after.isdisjoint(before) and len(after) < len(before)
+    assert_table_holds(table, model)
+    await assert_answers_as_the_scan(admin.runtime.committer.keyed.key_index, table, [(key,) for key in range(40)])
+    snapshot = table.current_snapshot()
+    assert snapshot is not None
+    assert query(database_url, "SELECT snapshot_id, built_at FROM key_index_tables") == [
+        (snapshot.snapshot_id, built_at)
+    ]
+    verification = await Verifier(admin.runtime.database, admin.runtime.iceberg).verify(KEYED_SINK)
+    assert verification.ok, verification.faults
+
+    await commit_keyed(admin, registration, 4, [Upsert(1, "eu", "e"), Delete(2), Upsert(40, "us", "e")], model)
+    await commit_keyed(admin, registration, 5, [Upsert(3, "eu", "f"), Delete(4)], model)
+    assert_table_holds(catalog.load_table(KEYED_TABLE), model)
+    assert query(database_url, "SELECT built_at FROM key_index_tables") == [(built_at,)]
 
 
 async def test_a_commit_that_leaves_as_many_delete_files_as_the_bound_asks_for_a_run(
@@ -808,9 +856,10 @@ async def test_the_sweep_keeps_a_keyed_tables_delete_files_and_expiry_deletes_th
     assert missing_reachable_files(catalog.load_table(KEYED_TABLE)) == []
     assert_table_holds(catalog.load_table(KEYED_TABLE), model)
 
-    # Every snapshot but the newest expired (each added a delete file but the first); then compaction drops them.
+    # Every snapshot but the newest expired (each added a delete file but the first); then compaction applies and
+    # drops them.
     auth = {"Authorization": f"Bearer {token}"}
-    overrides = {"snapshot_max_count": 1, "compaction_delete_files_min": 1}
+    overrides = {"snapshot_max_count": 1, "compaction_deleted_rows_ratio": 0.01}
     changed = await admin.put(f"/api/v1/sinks/{KEYED_SINK}/maintenance", json={"overrides": overrides}, headers=auth)
     assert changed.status_code == 200, changed.text
     compacted = await admin.runtime.maintainer.run_now(sink_id)

@@ -46,12 +46,11 @@ def test_compactions_that_apply_position_deletes_keep_the_rows(gateway: IcebergG
     assert written is not None
     [first] = commits[0].new_data_files
     others = [data_file for data_file in cp.live_files(table).data if data_file.file_path != first.file_path]
-    table = cp.commit_compaction(
-        table, cp.write_compacted(table, [[tm.as_small_file(f) for f in others]], target_bytes=1 << 20)
-    )
+    some = cp.CompactionPlan([[tm.as_small_file(f) for f in others]])
+    table = cp.commit_compaction(table, cp.write_compacted(table, some, target_bytes=1 << 20))
     assert len(cp.live_files(table).deletes) == 1  # kept: it deletes from the first file too
-    everything = [tm.as_small_file(f) for f in cp.live_files(table).data]
-    table = cp.commit_compaction(table, cp.write_compacted(table, [everything], target_bytes=1 << 20))
+    everything = cp.CompactionPlan([[tm.as_small_file(f) for f in cp.live_files(table).data]])
+    table = cp.commit_compaction(table, cp.write_compacted(table, everything, target_bytes=1 << 20))
     assert_table_holds(table, model)
 
     snapshots = table_audit.snapshots_after(table, written.snapshot_id, table_audit.ReadCount())

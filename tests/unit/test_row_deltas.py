@@ -165,9 +165,9 @@ def test_maintenance_under_a_resolution_is_a_conflict_too(gateway: IcebergGatewa
         commit_epochs(gateway, identifier, [[Upsert(key, "eu", value)]])
     stale = gateway.load(identifier)
     table = catalog.load_table(identifier)
-    groups = [[tm.as_small_file(data_file) for data_file in cp.live_files(table).data]]
+    plan = cp.CompactionPlan([[tm.as_small_file(data_file) for data_file in cp.live_files(table).data]])
     # The positions in the stale table's files are gone.
-    cp.commit_compaction(table, cp.write_compacted(table, groups, target_bytes=1 << 20))
+    cp.commit_compaction(table, cp.write_compacted(table, plan, target_bytes=1 << 20))
 
     with pytest.raises(CommitFailedException):
         commit_epochs(gateway, identifier, [[Delete(1)]], table=stale)

@@ -1,10 +1,10 @@
 """Compaction: the small files of each partition (smaller than 3/4 of COMPACTION_TARGET_FILE_BYTES, at least
-COMPACTION_MIN_FILES of them), and every file that the position delete files of a partition delete rows of, once it
-has COMPACTION_DELETE_FILES_MIN of them or COMPACTION_DELETED_ROWS_RATIO of its rows deleted, at most
-COMPACTION_MAX_BYTES_PER_RUN in all,
-rewritten with their position deletes applied into a `replace` snapshot that drops the delete files no live data file
-is left to refer to (the rows read stay the same); a file that an epoch not COMMITTED holds is never compacted, nor a
-partition with equality delete files (another engine's)."""
+COMPACTION_MIN_FILES of them), and every data file whose position deletes delete COMPACTION_DELETED_ROWS_RATIO of its
+rows, at most COMPACTION_MAX_BYTES_PER_RUN in all, rewritten with their position deletes applied; and the position
+delete files of each partition that has COMPACTION_DELETE_FILES_MIN of them, merged into one. All in a `replace`
+snapshot that drops the delete files merged or no live data file is left to refer to (the rows read stay the same); a
+file that an epoch not COMMITTED holds is never compacted, nor a partition with equality delete files (another
+engine's)."""
 
 from __future__ import annotations
 
@@ -33,8 +33,8 @@ log = structlog.get_logger(__name__)
 
 def policy_plan(
     table: LoadedTable, files: cp.CompactionInput, policy: MaintenancePolicy, held: Collection[str]
-) -> list[list[tm.SmallFile]]:
-    """The groups of small files `policy` compacts among the table's live `files`, those in `held` left alone."""
+) -> cp.CompactionPlan:
+    """What `policy` compacts among the table's live `files`, those in `held` left alone."""
     return cp.compaction_plan(
         files,
         held,
@@ -49,15 +49,15 @@ def policy_plan(
 
 async def compaction_plan(
     database: Database, table: LoadedTable, policy: MaintenancePolicy
-) -> tuple[cp.CompactionInput, list[list[tm.SmallFile]]]:
-    """The table's live files, and the groups of small files a compaction of it would merge now (what a run
-    compacts, and what a commit's check counts); the log is asked which files are held only when there are any."""
+) -> tuple[cp.CompactionInput, cp.CompactionPlan]:
+    """The table's live files, and what a compaction of it would rewrite now (what a run compacts, and what a
+    commit's check counts); the log is asked which files are held only when there are any."""
     files = await in_catalog(cp.compaction_input, table)
     plan = functools.partial(policy_plan, table, files, policy)
     if not plan(set()):
-        return files, []  # holding files back only takes more away
+        return files, cp.CompactionPlan()  # holding files back only takes more away
     async with database.transaction() as session:
-        held = await path_claims.unsettled(session, [file.path for file in files.data])
+        held = await path_claims.unsettled(session, [file.path for file in (*files.data, *files.deletes)])
     return files, plan(held)
 
 
@@ -82,7 +82,7 @@ class Compaction(MaintenanceStep):
         run: MaintenanceRun,
     ) -> None:
         table = await in_catalog(context.tables.load, identifier)
-        files, groups = await compaction_plan(context.database, table, policy)
+        files, plan = await compaction_plan(context.database, table, policy)
         with_equality_deletes = files.partitions_with_equality_deletes()
         if with_equality_deletes:
             log.info(
@@ -91,16 +91,16 @@ class Compaction(MaintenanceStep):
                 table=identifier,
                 partitions=len(with_equality_deletes),
             )
-        if not groups:
+        if not plan:
             return
-        rewrite = await in_catalog(cp.write_compacted, table, groups, policy.compaction_target_file_bytes)
+        rewrite = await in_catalog(cp.write_compacted, table, plan, policy.compaction_target_file_bytes)
         await failpoints.hit(Failpoint.MAINTENANCE_BEFORE_COMPACTION_COMMIT)
         try:
             committed = await in_catalog(cp.commit_compaction, table, rewrite)
         except CatalogConflict:
             # The commit did not happen (a conflict): the files written are nobody's.
             await context.deleter.delete(
-                sink.name, sink.id, lock, [identifier], [f.file_path for f in rewrite.written], MarkRule.UNCLAIMED
+                sink.name, sink.id, lock, [identifier], [f.file_path for f in rewrite.files_written], MarkRule.UNCLAIMED
             )
             raise
         context.tables.remember(identifier, committed)
@@ -110,10 +110,11 @@ class Compaction(MaintenanceStep):
         run.bytes_rewritten += sum(data_file.file_size_in_bytes for data_file in rewrite.replaced)
         if rewrite.deletes_dropped:
             log.info(
-                "compaction applied and dropped position delete files",
+                "compaction merged or applied position delete files, and dropped them",
                 sink=sink.name,
                 table=identifier,
-                delete_files=len(rewrite.deletes_dropped),
+                delete_files_dropped=len(rewrite.deletes_dropped),
+                delete_files_written=len(rewrite.deletes_written),
             )
 
 
