@@ -8,6 +8,8 @@ from typing import Any
 from bench import report_growth, report_paths
 from bench.report_cells import figure
 
+# The benches with reports of their own (parts 13-16), summed up by hand; then what the profiles found.
+STANDALONE = Path(__file__).resolve().parent / "STANDALONE.md"
 OPTIMISATIONS = Path(__file__).resolve().parent / "OPTIMISATIONS.md"
 
 
@@ -69,6 +71,7 @@ def render(results: dict[str, Any]) -> str:
         lines += ["## Profiles (py-spy, share of samples in which a function is on the stack)", ""]
         for name, frames in results["profiles"].items():
             lines += [f"{name}: " + ", ".join(f"{label} {share:.0%}" for label, share in frames[:8]), ""]
-    if OPTIMISATIONS.exists():
-        lines += [OPTIMISATIONS.read_text().strip(), ""]
+    for closing in (STANDALONE, OPTIMISATIONS):
+        if closing.exists():
+            lines += [closing.read_text().strip(), ""]
     return "\n".join(lines) + "\n"

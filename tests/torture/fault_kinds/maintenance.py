@@ -1,7 +1,8 @@
 """Table maintenance killed inside one of its steps: expiration, compaction before or after its commit, the sweep.
 
 The coordinator runs maintenance every 0.5-2 s with low thresholds (a few
-snapshots, a few files to compact, a short orphan grace) and the plan's
+snapshots, a few files to compact, a keyed table's delete files merged every
+few epochs, a short orphan grace) and the plan's
 failpoint armed; when it is the sweep's, files nothing references are planted
 first, so that the sweep has work and the kill happens inside it. The check
 reads what maintenance did (maintenance_runs) and that the sweep, once back,
@@ -34,6 +35,8 @@ def configure(run: Run, record: FaultRecord) -> None:
         SINK_COORDINATOR_MAINTENANCE_INTERVAL_SECONDS=str(params["interval_seconds"]),
         SINK_COORDINATOR_SNAPSHOT_MAX_COUNT=str(params["snapshot_max_count"]),
         SINK_COORDINATOR_COMPACTION_MIN_FILES=str(params["compaction_min_files"]),
+        SINK_COORDINATOR_COMPACTION_DELETE_FILES_MIN=str(params["compaction_delete_files_min"]),
+        SINK_COORDINATOR_COMPACTION_DELETED_ROWS_RATIO=str(params["compaction_deleted_rows_ratio"]),
         # The sweep's interval is at least a second (the setting's least; the coordinator refuses to start below it).
         SINK_COORDINATOR_ORPHAN_SWEEP_INTERVAL_SECONDS=str(max(1.0, params["interval_seconds"])),
         SINK_COORDINATOR_ORPHAN_GRACE_SECONDS=str(params["orphan_grace_seconds"]),
@@ -91,6 +94,9 @@ def plan_maintenance_kill(rng: random.Random, shape: RunShape) -> dict[str, Any]
         "interval_seconds": round(rng.uniform(0.5, 2.0), 3),
         "snapshot_max_count": rng.randint(2, 4),
         "compaction_min_files": rng.randint(2, 4),
+        # A keyed run's delete files merged every few epochs, and its data files rewritten for their deletes.
+        "compaction_delete_files_min": rng.randint(2, 5),
+        "compaction_deleted_rows_ratio": rng.choice([0.05, 0.1, 0.3]),
         # Short, so that the sweep finds the files of killed tasks and compactions; a pre-commit of
         # files older than this is refused (the batch runs again).
         "orphan_grace_seconds": round(rng.uniform(5, 15), 3),
