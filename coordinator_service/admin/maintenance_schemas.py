@@ -26,6 +26,9 @@ class MaintenanceRunResponse(BaseModel):
     files_compacted: int
     files_written: int
     bytes_rewritten: int
+    delete_files_merged: int = Field(
+        description="Position delete files merged into one per partition (a keyed table's updates and deletes)."
+    )
     swept: bool = Field(description="Whether the run looked for orphan files.")
     orphans_deleted: int
 

@@ -256,6 +256,8 @@ class MaintenanceRun(Base):
     files_compacted: Mapped[int] = mapped_column(Integer, server_default="0")
     files_written: Mapped[int] = mapped_column(Integer, server_default="0")
     bytes_rewritten: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    # Position delete files merged into fewer (a keyed table's: no data file rewritten for them).
+    delete_files_merged: Mapped[int] = mapped_column(Integer, server_default="0")
     swept: Mapped[bool] = mapped_column(Boolean, server_default="false")
     orphans_deleted: Mapped[int] = mapped_column(Integer, server_default="0")
 

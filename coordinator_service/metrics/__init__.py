@@ -143,6 +143,11 @@ FILES_WRITTEN_BY_COMPACTION = Counter(
 BYTES_REWRITTEN = Counter(
     "sink_coordinator_compaction_bytes_rewritten_total", "Bytes of data files rewritten by compaction.", ["sink"]
 )
+DELETE_FILES_MERGED = Counter(
+    "sink_coordinator_compaction_delete_files_merged_total",
+    "Position delete files merged into one per partition by compaction.",
+    ["sink"],
+)
 ORPHANS_DELETED = Counter(
     "sink_coordinator_orphan_files_deleted_total",
     "Files under a table's location that nothing referenced, deleted by the orphan sweep.",
@@ -156,6 +161,7 @@ MAINTENANCE_WORK: Final[dict[str, Counter]] = {
     "files_compacted": FILES_COMPACTED,
     "files_written": FILES_WRITTEN_BY_COMPACTION,
     "bytes_rewritten": BYTES_REWRITTEN,
+    "delete_files_merged": DELETE_FILES_MERGED,
     "orphans_deleted": ORPHANS_DELETED,
 }
 

@@ -743,6 +743,9 @@ async def test_a_keyed_tables_delete_files_are_merged_and_the_key_index_and_veri
     assert {data_file.file_path for data_file in cp.live_files(table).data} == data_files
     after = delete_file_paths(table)
     assert after.isdisjoint(before) and len(after) < len(before)
+    assert run.delete_files_merged == len(before)
+    [shown] = (await admin.get(f"/api/v1/sinks/{KEYED_SINK}/maintenance")).json()["runs"]
+    assert shown["delete_files_merged"] == len(before)
     assert_table_holds(table, model)
     await assert_answers_as_the_scan(admin.runtime.committer.keyed.key_index, table, [(key,) for key in range(40)])
     snapshot = table.current_snapshot()

@@ -70,7 +70,7 @@ class Compaction(MaintenanceStep):
         "compaction_delete_files_min",
         "compaction_deleted_rows_ratio",
     )
-    counters: tuple[str, ...] = ("files_compacted", "files_written", "bytes_rewritten")
+    counters: tuple[str, ...] = ("files_compacted", "files_written", "bytes_rewritten", "delete_files_merged")
 
     async def run(
         self,
@@ -108,6 +108,7 @@ class Compaction(MaintenanceStep):
         run.files_compacted += len(rewrite.replaced)
         run.files_written += len(rewrite.written)
         run.bytes_rewritten += sum(data_file.file_size_in_bytes for data_file in rewrite.replaced)
+        run.delete_files_merged += sum(len(merge) for merge in plan.merges)
         if rewrite.deletes_dropped:
             log.info(
                 "compaction merged or applied position delete files, and dropped them",

@@ -68,9 +68,16 @@ def check(run: Run, record: FaultRecord, connection: psycopg.Connection[Any], fo
     """What maintenance did, and no planted orphan left once the sweep ran after the kill."""
     row = connection.execute(
         "SELECT count(*), sum(snapshots_expired), sum(expired_files_deleted), sum(files_compacted), "
-        "sum(orphans_deleted) FROM maintenance_runs"
+        "sum(delete_files_merged), sum(orphans_deleted) FROM maintenance_runs"
     ).fetchone()
-    names = ("maintenance_runs", "snapshots_expired", "expired_files_deleted", "files_compacted", "orphans")
+    names = (
+        "maintenance_runs",
+        "snapshots_expired",
+        "expired_files_deleted",
+        "files_compacted",
+        "delete_files_merged",
+        "orphans",
+    )
     record.detail.update(zip(names, (int(v or 0) for v in row or ()), strict=False))
     left = [path.name for path in run.orphans if path.exists()]
     if record.triggered and left:
