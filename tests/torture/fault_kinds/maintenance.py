@@ -103,7 +103,7 @@ def plan_maintenance_kill(rng: random.Random, shape: RunShape) -> dict[str, Any]
         "compaction_min_files": rng.randint(2, 4),
         # A keyed run's delete files merged every few epochs, and its data files rewritten for their deletes.
         "compaction_delete_files_min": rng.randint(2, 5),
-        "compaction_deleted_rows_ratio": rng.choice([0.05, 0.1, 0.3]),
+        "compaction_deleted_rows_ratio": rng.choice([0.05, 0.3, 1.0]),
         # Short, so that the sweep finds the files of killed tasks and compactions; a pre-commit of
         # files older than this is refused (the batch runs again).
         "orphan_grace_seconds": round(rng.uniform(5, 15), 3),
