@@ -1,8 +1,9 @@
 """`python -m bench.verification [--quick] [--rows N]`: what verifying a sink costs (issue 31).
 
-A sink of the real coordinator process (embedded PostgreSQL, its SQL catalog, local files) whose table carries the
+Sinks of the real coordinator process (embedded PostgreSQL, its SQL catalog, local files) whose tables carry the
 writer's Kafka position columns, built of epochs of EPOCH_ROWS rows each (pre-committed and committed through gRPC,
-their end offsets in their properties). Measured in the same run:
+their end offsets in their properties), one per layout of the rows in the files (LAYOUTS). Measured in the same run,
+for each:
 
 - a full verification (shallow and deep: every live row's kafka_topic, kafka_partition, kafka_offset read and
   checked), in rows per second of the table (goal: 1,000,000 rows/s on 10,000,000 rows);
@@ -56,14 +57,21 @@ SCHEMA = pa.schema(
 SINK = "verified"
 
 
-def epoch_file(location: str, epoch: int, rows: int, first: int) -> tuple[str, dict[str, int]]:
-    """One Parquet file of an epoch's `rows` records, spread over the partitions from offset `first` of each (where
-    the epoch before ended); its URI and the epoch's end offsets."""
+# How an epoch's rows lie in its files: as an append sink writes them (a file per Kafka partition, each in offset
+# order: a Spark task reads one partition's range), or in no order in one file (a keyed table's rows are in key
+# order), where the check sorts each partition's offsets.
+LAYOUTS = ("sink", "shuffled")
+
+
+def epoch_files(location: str, epoch: int, rows: int, first: int, layout: str) -> tuple[list[str], dict[str, int]]:
+    """The Parquet files of an epoch's `rows` records, spread over the partitions from offset `first` of each (where
+    the epoch before ended), laid out as `layout` says; their URIs and the epoch's end offsets."""
     per_partition = rows // PARTITIONS
-    # In no order: the check sorts each partition's offsets, and sorted input would flatter it.
-    shuffled = np.random.default_rng(epoch).permutation(per_partition * PARTITIONS)
-    partition = np.repeat(np.arange(PARTITIONS, dtype=np.int32), per_partition)[shuffled]
-    offset = np.tile(np.arange(first, first + per_partition, dtype=np.int64), PARTITIONS)[shuffled]
+    partition = np.repeat(np.arange(PARTITIONS, dtype=np.int32), per_partition)
+    offset = np.tile(np.arange(first, first + per_partition, dtype=np.int64), PARTITIONS)
+    if layout == "shuffled":
+        shuffled = np.random.default_rng(epoch).permutation(per_partition * PARTITIONS)
+        partition, offset = partition[shuffled], offset[shuffled]
     order_id = partition.astype(np.int64) * 10**12 + offset
     table = pa.table(
         {
@@ -77,9 +85,17 @@ def epoch_file(location: str, epoch: int, rows: int, first: int) -> tuple[str, d
     )
     directory = Path(location.removeprefix("file://")) / "data"
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"epoch-{epoch:05d}.parquet"
-    pq.write_table(table, path, row_group_size=256 * 1024)
-    return path.as_uri(), {str(p): first + per_partition for p in range(PARTITIONS)}
+    pieces = (
+        [table]
+        if layout == "shuffled"
+        else [table.slice(index * per_partition, per_partition) for index in range(PARTITIONS)]
+    )
+    paths = []
+    for index, piece in enumerate(pieces):
+        path = directory / f"epoch-{epoch:05d}-{index}.parquet"
+        pq.write_table(piece, path, row_group_size=256 * 1024, compression="zstd")
+        paths.append(path.as_uri())
+    return paths, {str(p): first + per_partition for p in range(PARTITIONS)}
 
 
 @dataclass
@@ -88,13 +104,15 @@ class EpochWriter:
 
     stub: Any
     registration: Any
+    sink: str
+    layout: str
     epoch: int = 0
     next_offset: int = 0
 
     async def commit(self, rows: int) -> float:
         """Write, pre-commit and commit the next epoch; the seconds of its commit work (PreCommit +
         CommitCheckpoint(wait))."""
-        path, ends = epoch_file(self.registration.table_location, self.epoch, rows, self.next_offset)
+        paths, ends = epoch_files(self.registration.table_location, self.epoch, rows, self.next_offset, self.layout)
         properties = {END_OFFSETS: json.dumps({TOPIC: ends})}
         if self.epoch == 0:
             start = {TOPIC: dict.fromkeys(ends, 0)}
@@ -103,15 +121,15 @@ class EpochWriter:
         started = time.monotonic()
         await self.stub.PreCommit(
             pb.PreCommitRequest(
-                sink=SINK,
+                sink=self.sink,
                 epoch=self.epoch,
                 writer_term=term,
-                data_files=[pb.DataFile(path=path)],
+                data_files=[pb.DataFile(path=path) for path in paths],
                 properties=properties,
             )
         )
         await self.stub.CommitCheckpoint(
-            pb.CommitCheckpointRequest(sink=SINK, epoch=self.epoch, writer_term=term, wait=True)
+            pb.CommitCheckpointRequest(sink=self.sink, epoch=self.epoch, writer_term=term, wait=True)
         )
         seconds = time.monotonic() - started
         self.epoch, self.next_offset = self.epoch + 1, ends["0"]
@@ -129,102 +147,125 @@ async def measure(root: Path, rows: int, incremental_epochs: int, repetitions: i
             verifier = Verifier(database, IcebergGateway(catalog))
             async with grpc.aio.insecure_channel(coordinator.target) as channel:
                 stub = pb_grpc.SinkCoordinatorStub(channel)
-                registration = await stub.RegisterWriter(
-                    pb.RegisterWriterRequest(
-                        sink=SINK,
-                        table="bench.verified",
-                        checkpointed_epoch=-1,
-                        arrow_schema=SCHEMA.serialize().to_pybytes(),
-                    )
-                )
-                writer = EpochWriter(stub, registration)
-                started = time.monotonic()
-                epochs = -(-rows // EPOCH_ROWS)
-                for _ in range(epochs):
-                    await writer.commit(EPOCH_ROWS)
-                built = time.monotonic() - started
-                full: list[float] = []
-                for _ in range(repetitions):
-                    started = time.monotonic()
-                    whole = await verifier.verify(SINK)
-                    full.append(time.monotonic() - started)
-                    assert whole.ok, whole.faults
-                [table] = whole.tables
-                assert table.rows_read == epochs * EPOCH_ROWS, table.rows_read
-                since = {table.table: VerifiedTable(table.snapshot_id, table.verified_epoch, whole.end_offsets)}
-                # After every epoch (the step's interval as short as the commits'), then once per INTERVAL_EPOCHS
-                # epochs (the step's default interval covers 60 commits at the default commit interval).
-                commits: list[float] = []
-                increments: list[float] = []
-                ratios: list[float] = []
-                for per in (1, INTERVAL_EPOCHS):
-                    for _ in range(incremental_epochs if per == 1 else repetitions):
-                        work = [await writer.commit(EPOCH_ROWS // 10) for _ in range(per)]
-                        started = time.monotonic()
-                        later = await verifier.verify(SINK, since=since)
-                        seconds = time.monotonic() - started
-                        assert later.ok, later.faults
-                        [table] = later.tables
-                        since = {table.table: VerifiedTable(table.snapshot_id, table.verified_epoch, later.end_offsets)}
-                        if per == 1:
-                            commits.extend(work)
-                            increments.append(seconds)
-                        else:
-                            ratios.append(seconds / sum(work))
+                layouts = {
+                    layout: await measure_layout(stub, verifier, layout, rows, incremental_epochs, repetitions)
+                    for layout in LAYOUTS
+                }
             await database.dispose()
         finally:
             coordinator.stop()
-        return {
-            "rows": epochs * EPOCH_ROWS,
-            "files": epochs,
-            "build_seconds": round(built, 1),
-            "full_s": spread(full),
-            "full_rows_per_s": epochs * EPOCH_ROWS / float(np.median(full)),
-            "rows_read": table.rows_read,
-            "incremental_epoch_rows": EPOCH_ROWS // 10,
-            "commit_s": spread(commits),
-            "incremental_s": spread(increments),
-            "incremental_ratio": spread([i / c for i, c in zip(increments, commits, strict=True)]),
-            "interval_epochs": INTERVAL_EPOCHS,
-            "interval_ratio": spread(ratios),
-            "machine": machine_facts(postgres),
-        }
+        return {"layouts": layouts, "machine": machine_facts(postgres)}
     finally:
         postgres.stop()
 
 
-def render(results: dict[str, Any]) -> str:
-    full, commit, increment, ratio = (
-        results["full_s"],
-        results["commit_s"],
-        results["incremental_s"],
-        results["incremental_ratio"],
+async def measure_layout(
+    stub: Any, verifier: Verifier, layout: str, rows: int, incremental_epochs: int, repetitions: int
+) -> dict[str, Any]:
+    """A sink of its own whose epochs' files are laid out as `layout` says: built, verified whole, then
+    incrementally."""
+    sink = f"{SINK}-{layout}"
+    registration = await stub.RegisterWriter(
+        pb.RegisterWriterRequest(
+            sink=sink,
+            table=f"bench.verified_{layout}",
+            checkpointed_epoch=-1,
+            arrow_schema=SCHEMA.serialize().to_pybytes(),
+        )
     )
-    interval = results["interval_ratio"]
+    writer = EpochWriter(stub, registration, sink, layout)
+    started = time.monotonic()
+    epochs = -(-rows // EPOCH_ROWS)
+    for _ in range(epochs):
+        await writer.commit(EPOCH_ROWS)
+    built = time.monotonic() - started
+    full: list[float] = []
+    for _ in range(repetitions):
+        started = time.monotonic()
+        whole = await verifier.verify(sink)
+        full.append(time.monotonic() - started)
+        assert whole.ok, whole.faults
+    [table] = whole.tables
+    assert table.rows_read == epochs * EPOCH_ROWS, table.rows_read
+    since = {table.table: VerifiedTable(table.snapshot_id, table.verified_epoch, whole.end_offsets)}
+    # After every epoch (the step's interval as short as the commits'), then once per INTERVAL_EPOCHS epochs (the
+    # step's default interval covers 60 commits at the default commit interval).
+    commits: list[float] = []
+    increments: list[float] = []
+    ratios: list[float] = []
+    for per in (1, INTERVAL_EPOCHS):
+        for _ in range(incremental_epochs if per == 1 else repetitions):
+            work = [await writer.commit(EPOCH_ROWS // 10) for _ in range(per)]
+            started = time.monotonic()
+            later = await verifier.verify(sink, since=since)
+            seconds = time.monotonic() - started
+            assert later.ok, later.faults
+            [table] = later.tables
+            since = {table.table: VerifiedTable(table.snapshot_id, table.verified_epoch, later.end_offsets)}
+            if per == 1:
+                commits.extend(work)
+                increments.append(seconds)
+            else:
+                ratios.append(seconds / sum(work))
+    return {
+        "rows": epochs * EPOCH_ROWS,
+        "epochs": epochs,
+        "build_seconds": round(built, 1),
+        "full_s": spread(full),
+        "full_rows_per_s": epochs * EPOCH_ROWS / float(np.median(full)),
+        "rows_read": table.rows_read,
+        "incremental_epoch_rows": EPOCH_ROWS // 10,
+        "commit_s": spread(commits),
+        "incremental_s": spread(increments),
+        "incremental_ratio": spread([i / c for i, c in zip(increments, commits, strict=True)]),
+        "interval_epochs": INTERVAL_EPOCHS,
+        "interval_ratio": spread(ratios),
+    }
+
+
+def render(results: dict[str, Any]) -> str:
     machine = results["machine"]
-    rate = results["full_rows_per_s"]
+    layouts = results["layouts"]
+    sink, shuffled = layouts["sink"], layouts["shuffled"]
+
+    def seconds(name: str, digits: int) -> str:
+        return " | ".join(
+            f"{cell['median']:.{digits}f} ({cell['min']:.{digits}f}-{cell['max']:.{digits}f})"
+            for cell in (sink[name], shuffled[name])
+        )
+
+    def share(name: str) -> str:
+        return " | ".join(
+            f"{cell['median']:.1%} ({cell['min']:.1%}-{cell['max']:.1%})" for cell in (sink[name], shuffled[name])
+        )
+
+    def verdict(name: str) -> str:
+        met = [layout for layout in LAYOUTS if layouts[layout][name]["median"] <= 0.05]
+        return f"<= 5 %: met ({', '.join(met)})" if met else "<= 5 %: not met"
+
+    rates = [layouts[layout]["full_rows_per_s"] for layout in LAYOUTS]
+    rate_met = min(rates) >= 1_000_000 and sink["rows"] >= 10_000_000
     lines = [
         "# Verification (bench/verification.py, issue 31)",
         "",
         f"Run: {results['date']}, {'quick' if results['quick'] else 'full'}, median (min-max), "
         f"{machine['cores']} cores, {machine['cpu_model']}, pyiceberg {machine['pyiceberg']}; the real coordinator "
-        f"process on embedded PostgreSQL, its SQL catalog, local files; {PARTITIONS} Kafka partitions.",
+        f"process on embedded PostgreSQL, its SQL catalog, local files; {PARTITIONS} Kafka partitions. Two sinks: "
+        "one whose epochs' files are laid out as an append sink writes them (a file per Kafka partition, in offset "
+        "order), one whose epochs are a file each of all partitions' rows in no order (as a keyed table's are).",
         "",
-        "| | measured | goal |",
-        "|---|---|---|",
-        f"| full verification of {results['rows']:,} rows ({results['files']} files), s | {full['median']:.2f} "
-        f"({full['min']:.2f}-{full['max']:.2f}) | |",
-        f"| deep verification, rows/s | {rate:,.0f} | 1,000,000 rows/s on 10,000,000 rows: "
-        f"{'met' if rate >= 1_000_000 and results['rows'] >= 10_000_000 else 'not met'} |",
-        f"| an epoch's commit work ({results['incremental_epoch_rows']:,} rows: PreCommit + CommitCheckpoint(wait)), "
-        f"s | {commit['median']:.3f} ({commit['min']:.3f}-{commit['max']:.3f}) | |",
-        f"| the incremental verification after it, s | {increment['median']:.3f} "
-        f"({increment['min']:.3f}-{increment['max']:.3f}) | |",
-        f"| incremental / commit, verified after every epoch | {ratio['median']:.1%} ({ratio['min']:.1%}-"
-        f"{ratio['max']:.1%}) | <= 5 %: {'met' if ratio['median'] <= 0.05 else 'not met'} |",
-        f"| incremental / commits, verified once per {results['interval_epochs']} epochs | "
-        f"{interval['median']:.1%} ({interval['min']:.1%}-{interval['max']:.1%}) | <= 5 %: "
-        f"{'met' if interval['median'] <= 0.05 else 'not met'} |",
+        "| | as a sink writes | shuffled | goal |",
+        "|---|---|---|---|",
+        f"| full verification of {sink['rows']:,} rows ({sink['epochs']} epochs), s | {seconds('full_s', 2)} | |",
+        f"| deep verification, rows/s | {rates[0]:,.0f} | {rates[1]:,.0f} | 1,000,000 rows/s on 10,000,000 rows: "
+        f"{'met' if rate_met else 'not met'} |",
+        f"| an epoch's commit work ({sink['incremental_epoch_rows']:,} rows: PreCommit + CommitCheckpoint(wait)), "
+        f"s | {seconds('commit_s', 3)} | |",
+        f"| the incremental verification after it, s | {seconds('incremental_s', 3)} | |",
+        f"| incremental / commit, verified after every epoch | {share('incremental_ratio')} | "
+        f"{verdict('incremental_ratio')} |",
+        f"| incremental / commits, verified once per {sink['interval_epochs']} epochs | {share('interval_ratio')} | "
+        f"{verdict('interval_ratio')} |",
         "",
     ]
     return "\n".join(lines)

@@ -94,16 +94,19 @@ MAINTENANCE_FAILPOINTS: tuple[tuple[str, int], ...] = (
 
 def plan_maintenance_kill(rng: random.Random, shape: RunShape) -> dict[str, Any]:
     point, most = rng.choice(MAINTENANCE_FAILPOINTS)
+    # A keyed run's position delete files applied by rewrites (small files compacted, files with the ratio of their
+    # rows deleted), or, in a third of the runs, gathering until they are merged (nothing small compacted, only a
+    # wholly deleted file rewritten).
+    merged = rng.random() < 1 / 3
     return {
         "failpoint": point,
         "hit": rng.randint(1, most),
         "downtime_seconds": round(rng.uniform(0, 1), 3),
         "interval_seconds": round(rng.uniform(0.5, 2.0), 3),
         "snapshot_max_count": rng.randint(2, 4),
-        "compaction_min_files": rng.randint(2, 4),
-        # A keyed run's delete files merged every few epochs, and its data files rewritten for their deletes.
+        "compaction_min_files": 1_000 if merged else rng.randint(2, 4),
         "compaction_delete_files_min": rng.randint(2, 5),
-        "compaction_deleted_rows_ratio": rng.choice([0.05, 0.3, 1.0]),
+        "compaction_deleted_rows_ratio": 1.0 if merged else rng.choice([0.05, 0.1, 0.3]),
         # Short, so that the sweep finds the files of killed tasks and compactions; a pre-commit of
         # files older than this is refused (the batch runs again).
         "orphan_grace_seconds": round(rng.uniform(5, 15), 3),
