@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -41,19 +42,20 @@ def sorted_offsets(table: TableVerification, rows: pa.Table) -> dict[TopicPartit
         return {}
     topics = complete.column("kafka_topic")
     first_topic = topics[0]
-    # A sink of one topic: its rows compared with the first, cheaper than encoding them.
+    partitions = complete.column("kafka_partition").to_numpy()
+    # A sink of one topic (its rows compared with the first, cheaper than encoding them): its partitions are the keys.
+    # Else each (topic, partition) one number: the topic's above the partition's, shifted to be at least 0.
+    keys: npt.NDArray[np.integer[Any]]
     if pc.all(pc.equal(topics, first_topic)).as_py():
-        names, topic_numbers = [first_topic.as_py()], np.zeros(complete.num_rows, np.int64)
+        names, keys, one_topic = [first_topic.as_py()], partitions, True
     else:
         encoded = pc.dictionary_encode(topics).combine_chunks()
-        names, topic_numbers = encoded.dictionary.to_pylist(), encoded.indices.to_numpy().astype(np.int64)
-    # Each (topic, partition) one number: the topic's above the partition's, shifted to be at least 0.
-    partitions = complete.column("kafka_partition").to_numpy().astype(np.int64) - _INT32_LOW
-    keys = (topic_numbers << 32) | partitions
+        names, one_topic = encoded.dictionary.to_pylist(), False
+        keys = (encoded.indices.to_numpy().astype(np.int64) << 32) | (partitions.astype(np.int64) - _INT32_LOW)
     offsets = complete.column("kafka_offset").to_numpy()
     found: dict[TopicPartition, SortedOffsets] = {}
     for key, group in _by_key(keys, offsets):
-        topic, partition = names[key >> 32], (key & 0xFFFFFFFF) + _INT32_LOW
+        topic, partition = (names[0], key) if one_topic else (names[key >> 32], (key & 0xFFFFFFFF) + _INT32_LOW)
         ascending = group.size < 2 or bool(np.all(group[1:] >= group[:-1]))
         found[(str(topic), partition)] = group if ascending else np.sort(group)
     return found
@@ -65,13 +67,13 @@ _INT32_LOW = -(2**31)
 _MAX_RUNS = 4096
 
 
-def _by_key(keys: npt.NDArray[np.int64], values: SortedOffsets) -> Iterator[tuple[int, SortedOffsets]]:
+def _by_key(keys: npt.NDArray[np.integer[Any]], values: SortedOffsets) -> Iterator[tuple[int, SortedOffsets]]:
     """`values` grouped by their `keys`, each group in the order of `values`: by runs of one key when there are few
     (rows of one partition together, as a sink writes them), else by a mask per key."""
     starts = np.flatnonzero(keys[1:] != keys[:-1]) + 1
     if starts.size >= _MAX_RUNS:
         for key in np.unique(keys).tolist():
-            yield key, values[keys == key]
+            yield int(key), values[keys == key]
         return
     bounds = [0, *starts.tolist(), keys.size]
     runs: dict[int, list[SortedOffsets]] = defaultdict(list)
