@@ -28,7 +28,10 @@ import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import suppress
+from typing import TypeAlias
 
+import numpy as np
+import numpy.typing as npt
 import structlog
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -63,6 +66,8 @@ from coordinator_service.tables.key_resolution import Key, LiveRows
 from coordinator_service.tables.row_deltas import RowDeltaCommit
 
 log = structlog.get_logger(__name__)
+# Row positions in a data file.
+Positions: TypeAlias = npt.NDArray[np.int64]
 
 # Rows loaded at once (a rebuild, a catch-up of a compaction) after which the index's statistics are refreshed.
 _ANALYZE_AFTER_ROWS = 100_000
@@ -204,14 +209,14 @@ class KeyIndex:
         added = await self._add_data_files(session, table, index_id, changes.added_data)
         before = await _deleted_rows(table, changes.removed_deletes)
         after = await _deleted_rows(table, changes.added_deletes)
-        revived = {path for path, rows in before.items() if not rows <= after.get(path, set())}
-        kept = await key_index.file_ids_by_path(session, index_id, sorted(revived))
+        revived = [path for path, rows in before.items() if _without(rows, after.get(path)).size]
+        kept = await key_index.file_ids_by_path(session, index_id, revived)
         if kept:
             return Rebuild(
                 f"snapshot {changes.snapshot_id} removed a delete file of data files it keeps ({min(kept)}): "
                 "the rows it deleted may be live again"
             )
-        newly = {path: sorted(rows - before.get(path, set())) for path, rows in after.items()}
+        newly = {path: _without(rows, before.get(path)) for path, rows in after.items()}
         numbers = await key_index.file_ids_by_path(session, index_id, list(newly))
         removed += await key_index.remove_rows(session, index_id, _places(numbers, newly))
         await key_index.move_to(session, index_id, changes.snapshot_id, added - removed)
@@ -287,23 +292,28 @@ class KeyIndex:
         log.info("key index statistics refreshed", seconds=round(time.monotonic() - started, 3))
 
 
-async def _deleted_rows(table: LoadedTable, delete_files: Sequence[TableFile]) -> dict[str, set[int]]:
-    """The rows these position delete files delete, by data file path."""
-    deleted: dict[str, set[int]] = defaultdict(set)
+async def _deleted_rows(table: LoadedTable, delete_files: Sequence[TableFile]) -> dict[str, Positions]:
+    """The rows these position delete files delete, by data file path (each position once, in order)."""
+    found: dict[str, list[Positions]] = defaultdict(list)
     for delete_file in delete_files:
         for path, rows in (await in_catalog(deleted_by_path, table, delete_file)).items():
-            deleted[path].update(rows)
-    return deleted
+            found[path].append(rows)
+    return {path: np.unique(np.concatenate(parts)) for path, parts in found.items()}
 
 
-def _places(numbers: Mapping[str, int], positions: Mapping[str, Sequence[int]]) -> list[int]:
+def _without(rows: Positions, others: Positions | None) -> Positions:
+    """`rows` (each once) not among `others`."""
+    return rows if others is None else np.setdiff1d(rows, others, assume_unique=True)
+
+
+def _places(numbers: Mapping[str, int], positions: Mapping[str, Positions]) -> list[int]:
     """The places (key_index.file_row) of these positions by path, in the files the index names (`numbers`): a file
     it does not name holds no row of it."""
     return [
         key_index.file_row(numbers[path], position)
         for path, rows in positions.items()
         if path in numbers
-        for position in rows
+        for position in rows.tolist()
     ]
 
 

@@ -18,6 +18,8 @@ from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestEntryStatus
 from pyiceberg.table import FileScanTask, Table
@@ -254,9 +256,12 @@ def _pieces(table: Table, index_id: int, file_id: int, rows: pa.Table) -> list[b
     return pieces
 
 
-def deleted_by_path(table: Table, delete_file: TableFile) -> dict[str, list[int]]:
+def deleted_by_path(table: Table, delete_file: TableFile) -> dict[str, npt.NDArray[np.int64]]:
     """The positions a position delete file deletes, by data file path (pyiceberg's own reading of it)."""
-    return {path: rows.to_pylist() for path, rows in deleted_positions(table.io, delete_file).items()}
+    return {
+        path: rows.to_numpy().astype(np.int64, copy=False)
+        for path, rows in deleted_positions(table.io, delete_file).items()
+    }
 
 
 def encoded_keys(table: Table, keys: Sequence[Key]) -> list[bytes]:
