@@ -352,6 +352,52 @@ def test_rows_under_an_earlier_partition_spec_are_deleted_in_that_spec(
     assert_readers_see(table, model)
 
 
+def test_delete_files_of_each_spec_and_partition_are_merged_in_it(gateway: IcebergGateway, catalog: Catalog) -> None:
+    """Delete files under an earlier partition spec and under the current one, merged by compaction: one file per
+    spec and partition, written in that spec (its manifest's), and both readers see the same rows."""
+    identifier = keyed_table(gateway)
+    model: dict[int, Row] = {}
+    epochs: list[list[Operation]] = [[Upsert(key, "eu" if key % 2 else "us", "v0") for key in range(12)]]
+    epochs += [[Upsert(key, "eu", f"a{key}")] for key in (0, 1, 2)]
+    for operations in epochs:
+        commit_epochs(gateway, identifier, [operations])
+        apply(model, operations)
+    with catalog.load_table(identifier).update_spec() as spec:
+        spec.add_identity("region")
+    # Rows of spec 0 replaced and deleted (delete files in spec 0), then rows of spec 1 (in spec 1, partition us).
+    later: list[list[Operation]] = [[Upsert(key, "us", f"b{key}") for key in (3, 4, 0, 5, 6)]]
+    later += [[Upsert(3, "us", "c3")], [Upsert(4, "us", "c4")], [Delete(1)], [Delete(0)]]
+    for operations in later:
+        commit_epochs(gateway, identifier, [operations])
+        apply(model, operations)
+    table = gateway.load(identifier)
+    before = cp.live_files(table).deletes
+    plan = cp.compaction_plan(
+        cp.compaction_input(table),
+        set(),
+        target_bytes=1 << 30,
+        min_files=1_000,
+        max_bytes=1 << 30,
+        spec_id=tm.default_spec_id(table),
+        delete_files=2,
+        deleted_rows_ratio=1.0,
+    )
+    assert len(plan.merges) == 2  # (a file whose every row is deleted is rewritten too: to nothing)
+
+    merged = cp.commit_compaction(table, cp.write_compacted(table, plan, target_bytes=1 << 30))
+
+    assert_readers_see(merged, model)
+    after = cp.live_files(merged).deletes
+    places = [(delete_file.spec_id, tuple(delete_file.partition)) for delete_file in after]
+    assert len(places) == len(set(places)) < len(before)
+    assert {spec_id for spec_id, _ in places} == {0, 1}
+    snapshot = merged.current_snapshot()
+    assert snapshot is not None
+    for manifest in snapshot.manifests(merged.io):
+        for entry in manifest.fetch_manifest_entry(merged.io):
+            assert entry.data_file.spec_id == manifest.partition_spec_id
+
+
 def test_maintenance_counts_delete_files_as_referenced(gateway: IcebergGateway, catalog: Catalog) -> None:
     """The orphan sweep's referenced files include the delete files, and expiring the snapshot that added one while a
     later snapshot still holds it frees nothing of it."""
