@@ -35,7 +35,17 @@ from coordinator_service.tables.pyiceberg_internals import data_files_of
 from coordinator_service.tables.row_deltas import commit_row_delta
 from tests.fixtures.delete_files import commit_equality_deletes, commit_position_deletes
 from tests.fixtures.key_index import assert_answers_as_the_scan, commit_through_index, counting
-from tests.fixtures.keyed_tables import KEYED, MARKER, Delete, Operation, Row, Upsert, pyiceberg_rows, write_epoch
+from tests.fixtures.keyed_tables import (
+    KEYED,
+    MARKER,
+    Delete,
+    Operation,
+    Row,
+    Upsert,
+    planned_compaction,
+    pyiceberg_rows,
+    write_epoch,
+)
 from tests.fixtures.postgres import new_database, query
 
 TABLE = "db.keyed"
@@ -185,16 +195,7 @@ class KeyIndexFollowsItsTable(RuleBasedStateMachine):
         """The coordinator's compaction as a maintenance run plans it: a partition's position delete files merged into
         one, the data files whose rows they delete at `ratio` rewritten with them applied."""
         table = self.table()
-        plan = cp.compaction_plan(
-            cp.compaction_input(table),
-            set(),
-            target_bytes=1 << 20,
-            min_files=2,
-            max_bytes=1 << 30,
-            spec_id=tm.default_spec_id(table),
-            delete_files=delete_files,
-            deleted_rows_ratio=ratio,
-        )
+        plan = planned_compaction(table, delete_files=delete_files, deleted_rows_ratio=ratio, min_files=2)
         if plan:
             cp.commit_compaction(table, cp.write_compacted(table, plan, target_bytes=1 << 20))
 
@@ -271,16 +272,7 @@ async def test_a_merge_of_delete_files_is_followed_without_a_rebuild(
         await commit_through_index(key_index, gateway, TABLE, [[Upsert(key, "eu", "b"), Delete(key + 1)]])
     built = query(database_url, "SELECT built_at FROM key_index_tables")
     table = gateway.load(TABLE)
-    plan = cp.compaction_plan(
-        cp.compaction_input(table),
-        set(),
-        target_bytes=1 << 20,
-        min_files=1_000,
-        max_bytes=1 << 30,
-        spec_id=tm.default_spec_id(table),
-        delete_files=2,
-        deleted_rows_ratio=1.0,
-    )
+    plan = planned_compaction(table, delete_files=2)
     assert (len(plan.groups), [len(merge) for merge in plan.merges]) == (0, [4])
     merged = cp.commit_compaction(table, cp.write_compacted(table, plan, target_bytes=1 << 20))
     assert len(cp.live_files(merged).deletes) == 1

@@ -664,6 +664,15 @@ async def commit_keyed(
     apply(model, operations)
 
 
+async def keyed_sink_with_epochs(admin: AdminApp) -> tuple[Registration, dict[int, Row]]:
+    """The keyed sink registered and KEYED_EPOCHS committed; its registration, and the model its table holds."""
+    registration = await register_keyed(admin)
+    model: dict[int, Row] = {}
+    for epoch, operations in enumerate(KEYED_EPOCHS):
+        await commit_keyed(admin, registration, epoch, operations, model)
+    return registration, model
+
+
 def backdate_tree(location: str, seconds: float) -> None:
     """Every file under the location modified `seconds` ago (older than an orphan sweep's grace)."""
     then = time.time() - seconds
@@ -684,10 +693,7 @@ async def test_compaction_applies_a_keyed_tables_position_deletes_and_the_key_in
     admin = without_commit_triggers(
         await admin_factory(compaction_min_files=1_000_000, compaction_deleted_rows_ratio=0.01, **KEYED_NO_EXPIRY)
     )
-    registration = await register_keyed(admin)
-    model: dict[int, Row] = {}
-    for epoch, operations in enumerate(KEYED_EPOCHS):
-        await commit_keyed(admin, registration, epoch, operations, model)
+    registration, model = await keyed_sink_with_epochs(admin)
     table = catalog.load_table(KEYED_TABLE)
     assert len(delete_file_paths(table)) == 3
     data_files = len(cp.live_files(table).data)
@@ -727,10 +733,7 @@ async def test_a_keyed_tables_delete_files_are_merged_and_the_key_index_and_veri
             **KEYED_NO_EXPIRY,
         )
     )
-    registration = await register_keyed(admin)
-    model: dict[int, Row] = {}
-    for epoch, operations in enumerate(KEYED_EPOCHS):
-        await commit_keyed(admin, registration, epoch, operations, model)
+    registration, model = await keyed_sink_with_epochs(admin)
     table = catalog.load_table(KEYED_TABLE)
     data_files = {data_file.file_path for data_file in cp.live_files(table).data}
     before = delete_file_paths(table)
@@ -842,10 +845,7 @@ async def test_the_sweep_keeps_a_keyed_tables_delete_files_and_expiry_deletes_th
             **KEYED_NO_EXPIRY,
         )
     )
-    registration = await register_keyed(admin)
-    model: dict[int, Row] = {}
-    for epoch, operations in enumerate(KEYED_EPOCHS):
-        await commit_keyed(admin, registration, epoch, operations, model)
+    registration, model = await keyed_sink_with_epochs(admin)
     table = catalog.load_table(KEYED_TABLE)
     deletes = delete_file_paths(table)
     assert len(deletes) == 3

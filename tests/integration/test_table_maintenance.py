@@ -22,6 +22,7 @@ from tests.fixtures.keyed_tables import (
     assert_table_holds,
     commit_each,
     commit_epochs,
+    planned_compaction,
 )
 
 TABLE = "db.keyed"
@@ -64,16 +65,7 @@ def test_a_delete_file_stays_while_a_data_file_it_deletes_from_stays_live(
     assert [f.file_path for f in changes.removed_deletes] == [second_only]
     assert {f.file_path for f in changes.removed_data} == {f.file_path for f in others}
 
-    plan = cp.compaction_plan(
-        cp.compaction_input(committed),
-        set(),
-        target_bytes=1 << 20,
-        min_files=1_000,
-        max_bytes=1 << 30,
-        spec_id=tm.default_spec_id(committed),
-        delete_files=1_000,
-        deleted_rows_ratio=ANY_DELETED_ROW,
-    )
+    plan = planned_compaction(committed, deleted_rows_ratio=ANY_DELETED_ROW)
     compacted = cp.commit_compaction(committed, cp.write_compacted(committed, plan, target_bytes=1 << 20))
 
     # The delete files are all applied and gone; a clean file larger than the rest together is not rewritten with
@@ -102,16 +94,7 @@ def test_runs_short_of_bytes_rewrite_the_files_delete_files_refer_to_first(
     one_file = max(data_file.file_size_in_bytes for data_file in cp.live_files(table).data)
     runs = 0
     while cp.live_files(table).deletes and runs < 6:
-        plan = cp.compaction_plan(
-            cp.compaction_input(table),
-            set(),
-            target_bytes=1 << 20,
-            min_files=1_000,
-            max_bytes=one_file,  # one file a run
-            spec_id=tm.default_spec_id(table),
-            delete_files=1_000,
-            deleted_rows_ratio=ANY_DELETED_ROW,
-        )
+        plan = planned_compaction(table, deleted_rows_ratio=ANY_DELETED_ROW, max_bytes=one_file)  # a file a run
         table = cp.commit_compaction(table, cp.write_compacted(table, plan, target_bytes=1 << 20))
         runs += 1
         assert_table_holds(table, model)
@@ -140,16 +123,8 @@ def test_a_partitions_delete_files_are_merged_into_one_that_deletes_the_same_liv
     table = catalog.load_table(BY_REGION)
     first = commits[0].new_data_files[0]
     # The first file has 3 of its 10 rows deleted; the second 3 of its 10; us's 1 of 5: the ratio picks the first.
-    plan = cp.compaction_plan(
-        cp.compaction_input(table),
-        set(),
-        target_bytes=1 << 20,
-        min_files=1_000,
-        max_bytes=first.file_size_in_bytes,  # the first file only
-        spec_id=tm.default_spec_id(table),
-        delete_files=3,
-        deleted_rows_ratio=0.3,
-    )
+    # The first file only.
+    plan = planned_compaction(table, delete_files=3, deleted_rows_ratio=0.3, max_bytes=first.file_size_in_bytes)
     eu_deletes = {f.file_path for f in cp.live_files(table).deletes if f.partition[0] == "eu"}
     assert [small.path for group in plan.groups for small in group] == [first.file_path]
     assert [{small.path for small in merge} for merge in plan.merges] == [eu_deletes]

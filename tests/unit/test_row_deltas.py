@@ -40,6 +40,7 @@ from tests.fixtures.keyed_tables import (
     commit_epochs,
     duckdb_table_rows,
     model_rows,
+    planned_compaction,
     pyiceberg_rows,
     surviving_rows,
     write_epoch,
@@ -372,16 +373,7 @@ def test_delete_files_of_each_spec_and_partition_are_merged_in_it(gateway: Icebe
         apply(model, operations)
     table = gateway.load(identifier)
     before = cp.live_files(table).deletes
-    plan = cp.compaction_plan(
-        cp.compaction_input(table),
-        set(),
-        target_bytes=1 << 30,
-        min_files=1_000,
-        max_bytes=1 << 30,
-        spec_id=tm.default_spec_id(table),
-        delete_files=2,
-        deleted_rows_ratio=1.0,
-    )
+    plan = planned_compaction(table, delete_files=2, target_bytes=1 << 30)
     assert len(plan.merges) == 2  # (a file whose every row is deleted is rewritten too: to nothing)
 
     merged = cp.commit_compaction(table, cp.write_compacted(table, plan, target_bytes=1 << 30))
