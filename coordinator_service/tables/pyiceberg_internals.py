@@ -15,7 +15,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Self
 
 import pyarrow as pa
 from pyarrow.fs import FileInfo
@@ -97,7 +97,20 @@ def added_entry(snapshot_id: int, data_file: DataFile) -> ManifestEntry:
     )
 
 
-class ReplaceFiles(_OverwriteFiles):
+class _AddsPositionDeletes:
+    """A snapshot that adds position delete files besides data files (into delete manifests of its own); the class
+    sets `_added_delete_files` empty when it is made."""
+
+    _added_delete_files: list[DataFile]
+
+    def add_delete_file(self, delete_file: DataFile) -> Self:
+        if delete_file.content != DataFileContent.POSITION_DELETES:
+            raise ValueError(f"a snapshot adds position delete files only, not {delete_file.content}")
+        self._added_delete_files.append(delete_file)
+        return self
+
+
+class ReplaceFiles(_AddsPositionDeletes, _OverwriteFiles):
     """A snapshot with Iceberg's `replace` operation (no row changed, so incremental readers skip it): data files and
     position delete files removed (delete_data_file takes both), data files and position delete files added (a
     partition's delete files merged into one). pyiceberg writes overwrites of data files only and its summaries do not
@@ -110,13 +123,7 @@ class ReplaceFiles(_OverwriteFiles):
         self, operation: Operation, transaction: Transaction, io: FileIO, snapshot_properties: dict[str, str]
     ) -> None:
         super().__init__(operation, transaction, io, snapshot_properties=snapshot_properties)
-        self._added_delete_files: list[DataFile] = []
-
-    def add_delete_file(self, delete_file: DataFile) -> ReplaceFiles:
-        if delete_file.content != DataFileContent.POSITION_DELETES:
-            raise ValueError(f"a rewrite adds position delete files only, not {delete_file.content}")
-        self._added_delete_files.append(delete_file)
-        return self
+        self._added_delete_files = []
 
     def _manifests(self) -> list[ManifestFile]:
         """The parent's manifests that hold no removed file, as they are; and one manifest per content and spec for
@@ -237,7 +244,7 @@ def position_delete_manifest_writer(producer: _SnapshotProducer[Any], spec: Part
     )
 
 
-class RowDelta(_MergeAppendFiles):
+class RowDelta(_AddsPositionDeletes, _MergeAppendFiles):
     """Iceberg's row delta (Java's `newRowDelta()`): data files and position delete files added in one snapshot,
     nothing removed, the table's manifests merged as its merge properties say. Each file goes to a manifest of its
     own partition spec; the delete files to manifests of content `deletes`. The operation is Java's: `append` when
@@ -249,13 +256,7 @@ class RowDelta(_MergeAppendFiles):
 
     def __init__(self, transaction: Transaction, io: FileIO, snapshot_properties: dict[str, str]) -> None:
         super().__init__(Operation.OVERWRITE, transaction, io, snapshot_properties=snapshot_properties)
-        self._added_delete_files: list[DataFile] = []
-
-    def add_delete_file(self, delete_file: DataFile) -> RowDelta:
-        if delete_file.content != DataFileContent.POSITION_DELETES:
-            raise ValueError(f"a row delta adds position delete files only, not {delete_file.content}")
-        self._added_delete_files.append(delete_file)
-        return self
+        self._added_delete_files = []
 
     def _manifests(self) -> list[ManifestFile]:
         added = self._added_manifests(self._added_data_files, self.new_manifest_writer)
