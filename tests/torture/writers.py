@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -63,8 +64,18 @@ WRITER_STARTS = 12  # a writer that had to start this often has an anomaly
 RUN_AGAIN = ("Write the batch again", "does not exist: write it before the pre-commit")
 
 
+# How long, and how often, an operator's call cut off by another fault is made again.
+OPERATOR_RETRY_SECONDS = 60.0
+OPERATOR_RETRY_PAUSE_SECONDS = 0.25
+
+
 class Operator:
-    """The admin API of whichever coordinator serves (the harness passes the current one's address)."""
+    """The admin API of whichever coordinator serves (the harness passes the current one's address).
+
+    A call that another fault cut off (the coordinator killed while it answered) is made again once a coordinator
+    answers, as an operator would, when making it twice changes nothing more than once: a read, an abort (an aborted
+    epoch aborted again answers 200, changed false). A reset is not made again: a second one would start another
+    generation."""
 
     def __init__(self, http_url: Callable[[], str]) -> None:
         self._url = http_url
@@ -73,8 +84,15 @@ class Operator:
     def close(self) -> None:
         self.client.close()
 
-    def _call(self, method: str, path: str, **options: Any) -> httpx.Response:
-        return self.client.request(method, f"{self._url()}/api/v1{path}", **options)
+    def _call(self, method: str, path: str, *, repeatable: bool = True, **options: Any) -> httpx.Response:
+        deadline = time.monotonic() + OPERATOR_RETRY_SECONDS
+        while True:
+            try:
+                return self.client.request(method, f"{self._url()}/api/v1{path}", **options)
+            except httpx.TransportError:
+                if not repeatable or time.monotonic() > deadline:
+                    raise
+            time.sleep(OPERATOR_RETRY_PAUSE_SECONDS)  # a client's backoff: the harness brings a coordinator back
 
     def sink(self, sink: str) -> dict[str, Any]:
         return dict(self._ok(self._call("GET", f"/sinks/{sink}")))
@@ -92,7 +110,7 @@ class Operator:
 
     def reset(self, sink: str) -> dict[str, Any]:
         body = {"confirm": sink, "reason": "torture: the checkpoint is lost"}
-        return dict(self._ok(self._call("POST", f"/sinks/{sink}/reset", json=body)))
+        return dict(self._ok(self._call("POST", f"/sinks/{sink}/reset", repeatable=False, json=body)))
 
     @staticmethod
     def _ok(response: httpx.Response) -> Any:
