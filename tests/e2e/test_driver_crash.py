@@ -39,6 +39,7 @@ TABLE = "shop.orders_crash"
 RECORDS = 800
 PARTITIONS = 4
 PER_BATCH = 200  # 4 batches
+LAST_BATCH = RECORDS // PER_BATCH - 1
 KILLED_EPOCH = 1
 DRIVER_TIMEOUT_SECONDS = 180
 # What a KeyboardInterrupt raised inside a py4j call leaves in the driver's output (py4j logs it, then the calls
@@ -203,12 +204,17 @@ def test_sigterm_stops_the_driver_between_batches(
     point: str,
 ) -> None:
     """SIGTERM while the job starts (inside a py4j call) or runs: the query stops between two batches, what it
-    checkpointed is committed, the exit status says SIGTERM stopped it; a rerun writes the rest, every record once."""
+    checkpointed is committed, the exit status says SIGTERM stopped it; a rerun writes the rest, every record once.
+
+    The job looks at a stop request between two waits of STOP_CHECK_SECONDS on the query: one that drains its last
+    batches within that wait ends as done (status 0, every batch checkpointed), which is the truth of it (a fresh
+    clone's CI met it: the two batches after SIGTERM took under a second)."""
     status, output = pipeline.run_driver(point, KILLED_EPOCH)
-    assert status == 128 + signal.SIGTERM, output[-5000:]
+    checkpointed = max(pipeline.committed_batches(), default=-1)
+    drained = point == "sigterm-after-precommit" and status == 0 and checkpointed == LAST_BATCH
+    assert status == 128 + signal.SIGTERM or drained, output[-5000:]
     for broken in BROKEN_GATEWAY:
         assert broken not in output, output[-5000:]
-    checkpointed = max(pipeline.committed_batches(), default=-1)
     if point == "sigterm-after-precommit":
         assert checkpointed >= KILLED_EPOCH, "the batch running when SIGTERM came did not finish"
     with coordinator.client() as client:
