@@ -25,13 +25,10 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import suppress
-from typing import TypeAlias
 
 import numpy as np
-import numpy.typing as npt
 import structlog
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -47,6 +44,7 @@ from coordinator_service.tables.key_index_reads import (
     Current,
     IndexedTable,
     Rebuild,
+    RowNumbers,
     SnapshotChanges,
     TableBehind,
     TableFile,
@@ -66,8 +64,6 @@ from coordinator_service.tables.key_resolution import Key, LiveRows
 from coordinator_service.tables.row_deltas import RowDeltaCommit
 
 log = structlog.get_logger(__name__)
-# Row positions in a data file.
-Positions: TypeAlias = npt.NDArray[np.int64]
 
 # Rows loaded at once (a rebuild, a catch-up of a compaction) after which the index's statistics are refreshed.
 _ANALYZE_AFTER_ROWS = 100_000
@@ -207,8 +203,8 @@ class KeyIndex:
         gone = await key_index.file_ids_by_path(session, index_id, changes.removed_paths)
         removed = await key_index.remove_files(session, index_id, list(gone.values()))
         added = await self._add_data_files(session, table, index_id, changes.added_data)
-        before = await _deleted_rows(table, changes.removed_deletes)
-        after = await _deleted_rows(table, changes.added_deletes)
+        before = await in_catalog(deleted_by_path, table, changes.removed_deletes)
+        after = await in_catalog(deleted_by_path, table, changes.added_deletes)
         revived = [path for path, rows in before.items() if _without(rows, after.get(path)).size]
         kept = await key_index.file_ids_by_path(session, index_id, revived)
         if kept:
@@ -292,21 +288,12 @@ class KeyIndex:
         log.info("key index statistics refreshed", seconds=round(time.monotonic() - started, 3))
 
 
-async def _deleted_rows(table: LoadedTable, delete_files: Sequence[TableFile]) -> dict[str, Positions]:
-    """The rows these position delete files delete, by data file path (each position once, in order)."""
-    found: dict[str, list[Positions]] = defaultdict(list)
-    for delete_file in delete_files:
-        for path, rows in (await in_catalog(deleted_by_path, table, delete_file)).items():
-            found[path].append(rows)
-    return {path: np.unique(np.concatenate(parts)) for path, parts in found.items()}
-
-
-def _without(rows: Positions, others: Positions | None) -> Positions:
+def _without(rows: RowNumbers, others: RowNumbers | None) -> RowNumbers:
     """`rows` (each once) not among `others`."""
     return rows if others is None else np.setdiff1d(rows, others, assume_unique=True)
 
 
-def _places(numbers: Mapping[str, int], positions: Mapping[str, Positions]) -> list[int]:
+def _places(numbers: Mapping[str, int], positions: Mapping[str, RowNumbers]) -> list[int]:
     """The places (key_index.file_row) of these positions by path, in the files the index names (`numbers`): a file
     it does not name holds no row of it."""
     return [

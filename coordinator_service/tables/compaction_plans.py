@@ -14,8 +14,6 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-import numpy.typing as npt
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io import FileIO
 from pyiceberg.io.pyarrow import ArrowScan
@@ -27,6 +25,7 @@ from coordinator_service.tables.position_deletes import write_position_deletes
 from coordinator_service.tables.pyiceberg_internals import (
     data_files_of,
     deleted_positions,
+    deleted_rows,
     partition_values,
     replace_files,
 )
@@ -337,12 +336,9 @@ def write_compacted(table: Table, plan: CompactionPlan, target_bytes: int) -> Re
         written.extend(data_files_of(table.metadata, scan.to_table(tasks), table.io))
     still_live = by_path.keys() - {data_file.file_path for data_file in replaced}
     live_deletes = {delete_file.file_path: delete_file for delete_file in live.deletes}
-    merged = [live_deletes[small.path] for merge in plan.merges for small in merge]
-    deletes_written = [
-        merged_file
-        for merge in plan.merges
-        for merged_file in _merged(table, [live_deletes[small.path] for small in merge], still_live, by_path)
-    ]
+    merges = [[live_deletes[small.path] for small in merge] for merge in plan.merges]
+    deletes_written = [merged for merge in merges for merged in _merged(table, merge, still_live, by_path)]
+    merged = [delete_file for merge in merges for delete_file in merge]
     touched = {(data_file.spec_id, partition_values(data_file.partition)) for data_file in replaced}
     merged_paths = {delete_file.file_path for delete_file in merged}
     dropped = merged + [
@@ -359,12 +355,7 @@ def _merged(
 ) -> list[DataFile]:
     """The position delete file that deletes what `delete_files` (of one partition) delete of the `still_live` data
     files, written (none when that is nothing)."""
-    chunks: dict[str, list[npt.NDArray[np.int64]]] = defaultdict(list)
-    for delete_file in delete_files:
-        for path, rows in deleted_positions(table.io, delete_file).items():
-            if path in still_live:
-                chunks[path].extend(chunk.to_numpy() for chunk in rows.chunks)
-    positions = {path: np.concatenate(parts) for path, parts in chunks.items()}
+    positions = {path: rows for path, rows in deleted_rows(table.io, delete_files).items() if path in still_live}
     return write_position_deletes(table, positions, data_files) if positions else []
 
 

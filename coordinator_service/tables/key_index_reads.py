@@ -18,8 +18,6 @@ from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
-import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestEntryStatus
 from pyiceberg.table import FileScanTask, Table
@@ -40,7 +38,10 @@ from coordinator_service.tables.key_resolution import (
     live_key_rows,
 )
 from coordinator_service.tables.keyed_tables import KEYED_FORMAT_VERSION
-from coordinator_service.tables.pyiceberg_internals import deleted_positions
+
+# RowNumbers: what deleted_by_path answers, for the engine (which reads tables through this module only).
+from coordinator_service.tables.pyiceberg_internals import RowNumbers as RowNumbers
+from coordinator_service.tables.pyiceberg_internals import deleted_rows
 from coordinator_service.tables.row_deltas import RowDeltaCommit
 
 # A data file or delete file of the table, as its manifest entry describes it.
@@ -256,12 +257,10 @@ def _pieces(table: Table, index_id: int, file_id: int, rows: pa.Table) -> list[b
     return pieces
 
 
-def deleted_by_path(table: Table, delete_file: TableFile) -> dict[str, npt.NDArray[np.int64]]:
-    """The positions a position delete file deletes, by data file path (pyiceberg's own reading of it)."""
-    return {
-        path: rows.to_numpy().astype(np.int64, copy=False)
-        for path, rows in deleted_positions(table.io, delete_file).items()
-    }
+def deleted_by_path(table: Table, delete_files: Sequence[TableFile]) -> dict[str, RowNumbers]:
+    """The positions these position delete files delete together, by data file path, each once and in order
+    (pyiceberg's own reading of them)."""
+    return deleted_rows(table.io, delete_files)
 
 
 def encoded_keys(table: Table, keys: Sequence[Key]) -> list[bytes]:

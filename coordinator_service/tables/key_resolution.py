@@ -35,7 +35,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.types import IntegerType, LongType, StringType
 
-from coordinator_service.tables.pyiceberg_internals import deleted_positions
+from coordinator_service.tables.pyiceberg_internals import RowNumbers, deleted_rows
 
 # A key's values, in the order of the table's identifier fields.
 Key: TypeAlias = tuple[Any, ...]
@@ -191,10 +191,10 @@ def live_key_rows(table: Table, files: Sequence[FileScanTask]) -> Generator[File
     once: each data file's key columns and positions, minus the positions its delete files delete."""
     # Threads of its own: each file's read runs on pyiceberg's pool, which a task waiting in that pool could starve.
     with ThreadPoolExecutor(max_workers=_READERS, thread_name_prefix="key-resolution") as readers:
-        deleted = _deleted_by_path(table, files, readers)
+        deleted = deleted_rows(table.io, (each for task in files for each in task.delete_files), readers.map)
 
         def read(task: FileScanTask) -> FileRows:
-            rows = _without_deleted(file_key_rows(table, task.file), deleted.get(task.file.file_path, []))
+            rows = _without_deleted(file_key_rows(table, task.file), deleted.get(task.file.file_path))
             return FileRows(task.file, rows)
 
         yield from _in_order(readers, read, files)
@@ -234,18 +234,6 @@ def _key_filter(schema: Schema, keys: set[Key]) -> BooleanExpression:
     return conditions[0] if len(conditions) == 1 else And(*conditions)
 
 
-def _deleted_by_path(
-    table: Table, tasks: Sequence[FileScanTask], readers: Executor
-) -> dict[str, list[pa.ChunkedArray]]:
-    """The positions the tasks' delete files delete, by data file path; each delete file read once."""
-    unique = {delete_file.file_path: delete_file for task in tasks for delete_file in task.delete_files}
-    by_path: dict[str, list[pa.ChunkedArray]] = defaultdict(list)
-    for positions in readers.map(lambda each: deleted_positions(table.io, each), unique.values()):
-        for path, rows in positions.items():
-            by_path[path].append(rows)
-    return by_path
-
-
 def file_key_rows(table: Table, data_file: DataFile) -> pa.Table:
     """Every row of one of the table's data files, in file order (no delete applied): its key columns and POSITION.
 
@@ -262,11 +250,10 @@ def file_key_rows(table: Table, data_file: DataFile) -> pa.Table:
     return rows.append_column(POSITION, pa.array(range(rows.num_rows), pa.int64()))
 
 
-def _without_deleted(rows: pa.Table, deleted: Sequence[pa.ChunkedArray]) -> pa.Table:
-    if not deleted:
+def _without_deleted(rows: pa.Table, deleted: RowNumbers | None) -> pa.Table:
+    if deleted is None:
         return rows
-    gone = pa.chunked_array([chunk for array in deleted for chunk in array.chunks], pa.int64())
-    return rows.filter(pc.invert(pc.is_in(rows.column(POSITION), value_set=gone.combine_chunks())))
+    return rows.filter(pc.invert(pc.is_in(rows.column(POSITION), value_set=pa.array(deleted, pa.int64()))))
 
 
 def _wanted_rows(rows: pa.Table, wanted: pa.Table, names: Sequence[str]) -> list[tuple[Key, int]]:

@@ -20,7 +20,7 @@ from pyiceberg.table.snapshots import Operation, Snapshot, ancestors_of
 from coordinator_service.contract.markers import snapshot_properties
 from coordinator_service.tables.format import LoadedTable
 from coordinator_service.tables.key_index_reads import SnapshotChanges, snapshot_changes
-from coordinator_service.tables.pyiceberg_internals import deleted_positions
+from coordinator_service.tables.pyiceberg_internals import deleted_rows
 
 # The columns a writer's --kafka-metadata adds: where each row's record was in Kafka.
 POSITION_COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset")
@@ -118,14 +118,9 @@ def deleted_rows_removed(table: LoadedTable, snapshot: Snapshot, count: ReadCoun
                 for entry in manifest.fetch_manifest_entry(table.io, discard_deleted=True)
                 if entry.data_file.content == DataFileContent.POSITION_DELETES
             )
-    rows: set[tuple[str, int]] = set()
-    for delete_file in deletes:
-        if not table.io.new_input(delete_file.file_path).exists():
-            return None
-        for path, positions in deleted_positions(table.io, delete_file).items():
-            if path in removed:
-                rows.update((path, position) for position in positions.to_pylist())
-    return len(rows)
+    if not all(table.io.new_input(delete_file.file_path).exists() for delete_file in deletes):
+        return None
+    return sum(rows.size for path, rows in deleted_rows(table.io, deletes).items() if path in removed)
 
 
 def column_names(table: LoadedTable) -> frozenset[str]:
