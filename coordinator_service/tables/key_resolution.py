@@ -29,12 +29,12 @@ from pyiceberg.expressions import (
     LessThanOrEqual,
     Reference,
 )
-from pyiceberg.io.pyarrow import ArrowScan
 from pyiceberg.manifest import DataFile
 from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.types import IntegerType, LongType, StringType
 
+from coordinator_service.tables.file_columns import data_file_columns
 from coordinator_service.tables.pyiceberg_internals import RowNumbers, deleted_rows
 
 # A key's values, in the order of the table's identifier fields.
@@ -238,15 +238,12 @@ def file_key_rows(table: Table, data_file: DataFile) -> pa.Table:
     """Every row of one of the table's data files, in file order (no delete applied): its key columns and POSITION.
 
     Raises KeysUnresolvable when the file holds another number of rows than its manifest entry counts."""
-    schema = table.schema()
-    scan = ArrowScan(table.metadata, table.io, key_schema(schema), AlwaysTrue())
-    rows = scan.to_table([FileScanTask(data_file)])
+    rows = data_file_columns(table, [data_file], key_columns(table.schema()))
     if rows.num_rows != data_file.record_count:
         raise KeysUnresolvable(
             f"data file {data_file.file_path} read {rows.num_rows} rows where its manifest entry counts "
             f"{data_file.record_count}: row positions cannot be trusted"
         )
-    rows = rows.select(list(key_columns(schema)))
     return rows.append_column(POSITION, pa.array(range(rows.num_rows), pa.int64()))
 
 

@@ -7,6 +7,7 @@ The verifier (coordinator_service.engine.verification) decides; this layer only 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
@@ -14,10 +15,11 @@ import pyarrow as pa
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io.pyarrow import ArrowScan
 from pyiceberg.manifest import DataFile, DataFileContent, ManifestContent, ManifestEntryStatus
-from pyiceberg.table import FileScanTask
 from pyiceberg.table.snapshots import Operation, Snapshot, ancestors_of
+from pyiceberg.types import StringType
 
 from coordinator_service.contract.markers import snapshot_properties
+from coordinator_service.tables.file_columns import data_file_columns
 from coordinator_service.tables.format import LoadedTable
 from coordinator_service.tables.key_index_reads import SnapshotChanges, snapshot_changes
 from coordinator_service.tables.pyiceberg_internals import deleted_rows
@@ -27,6 +29,8 @@ POSITION_COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset")
 # A data file a snapshot added, as the table format describes it: opaque to the engine, which hands it back.
 AddedDataFile: TypeAlias = DataFile
 APPEND = "append"
+# Data files read at once by appended_columns (their reading releases the GIL).
+_READERS = 4
 
 
 @dataclass(frozen=True)
@@ -154,15 +158,28 @@ def live_columns(
 def appended_columns(
     table: LoadedTable, snapshots: Sequence[SnapshotFacts], columns: Sequence[str], count: ReadCount
 ) -> pa.Table | None:
-    """The `columns` of the rows `snapshots` appended, read from their files without planning a scan of the whole
-    table; None unless every one of them is a plain append (then each of those rows is live at the newest of them:
-    no later one removed any, and deletes written before a file apply to files written before them)."""
+    """The `columns` of the rows `snapshots` appended (string columns as dictionary arrays: a topic's name on each
+    row), read from their files without planning a scan of the whole table; None unless every one of them is a
+    plain append (then each of those rows is live at the newest of them: no later one removed any, and deletes
+    written before a file apply to files written before them)."""
     if any(snapshot.operation != APPEND for snapshot in snapshots):
         return None
-    tasks = [FileScanTask(data_file) for snapshot in snapshots for data_file in snapshot.data_files]
-    count.data_files += len(tasks)
-    count.files.extend(task.file.file_path for task in tasks)
-    projected = table.schema().select(*columns)
-    rows = ArrowScan(table.metadata, table.io, projected, AlwaysTrue()).to_table(tasks)
+    data_files = [data_file for snapshot in snapshots for data_file in snapshot.data_files]
+    count.data_files += len(data_files)
+    count.files.extend(data_file.file_path for data_file in data_files)
+    schema = table.schema()
+    strings = [name for name in columns if isinstance(schema.find_type(name), StringType)]
+    with ThreadPoolExecutor(max_workers=_READERS, thread_name_prefix="verification") as readers:
+        rows = data_file_columns(table, data_files, columns, dictionary=strings, read=readers.map)
     count.rows += rows.num_rows
     return rows
+
+
+def plain_strings(rows: pa.Table) -> pa.Table:
+    """`rows` with dictionary columns as plain ones (to concatenate them with rows read otherwise)."""
+    return pa.table(
+        {
+            name: column.cast(column.type.value_type) if pa.types.is_dictionary(column.type) else column
+            for name, column in zip(rows.column_names, rows.columns, strict=True)
+        }
+    )

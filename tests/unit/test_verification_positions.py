@@ -1,7 +1,8 @@
 """The deep check's positions (coordinator_service.engine.verification.positions.sorted_offsets): each
 topic-partition's offsets among the live rows, sorted, compared with the same grouping done the plain way, whatever
-the rows' order (a sink's runs of one partition in Kafka order, a keyed table's key order, anything) and values (any
-32-bit partition a writer may have put in the column, nulls)."""
+the rows' order (a sink's runs of one partition in Kafka order, a keyed table's key order, anything), values (any
+32-bit partition a writer may have put in the column, nulls) and reading (plain strings, or the topic as the
+dictionary arrays of files read as written)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import itertools
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -23,14 +25,23 @@ POSITIONS = st.tuples(
 )
 
 
-def rows_of(positions: list[Position]) -> pa.Table:
+def rows_of(positions: list[Position], files: int = 0) -> pa.Table:
+    """The rows as a table of plain strings; with `files`, as read from that many files (table_audit's reading of
+    appended files): the topic a dictionary array, each file's chunk with a dictionary of its own."""
     topics, partitions, offsets = zip(*positions, strict=True) if positions else ((), (), ())
-    return pa.table(
+    table = pa.table(
         {
             "kafka_topic": pa.array(topics, pa.string()),
             "kafka_partition": pa.array(partitions, pa.int32()),
             "kafka_offset": pa.array(offsets, pa.int64()),
         }
+    )
+    if not files:
+        return table
+    size = -(-table.num_rows // files) or 1
+    pieces = [table.slice(start, size) for start in range(0, table.num_rows, size)] or [table]
+    return pa.concat_tables(
+        piece.set_column(0, "kafka_topic", pc.dictionary_encode(piece.column("kafka_topic"))) for piece in pieces
     )
 
 
@@ -46,15 +57,19 @@ def as_lists(found: dict[tuple[str, int], np.ndarray]) -> dict[tuple[str, int], 
     return {key: offsets.tolist() for key, offsets in found.items()}
 
 
-@given(positions=st.lists(POSITIONS, max_size=60), layout=st.sampled_from(["as drawn", "in runs", "sorted"]))
-def test_each_topic_partition_gets_its_offsets_sorted(positions: list[Position], layout: str) -> None:
+@given(
+    positions=st.lists(POSITIONS, max_size=60),
+    layout=st.sampled_from(["as drawn", "in runs", "sorted"]),
+    files=st.sampled_from([0, 1, 3]),
+)
+def test_each_topic_partition_gets_its_offsets_sorted(positions: list[Position], layout: str, files: int) -> None:
     if layout == "in runs":  # a sink's files: one partition's rows together, in Kafka order
         positions = sorted(positions, key=lambda row: (str(row[0]), str(row[1]), row[2] is None, row[2] or 0))
     elif layout == "sorted":
         positions = sorted(positions, key=lambda row: (row[2] is None, row[2] or 0))
     table = TableVerification("db.t")
 
-    found = sorted_offsets(table, rows_of(positions))
+    found = sorted_offsets(table, rows_of(positions, files))
 
     assert as_lists(found) == reference(positions)
     nulls = sum(None in row for row in positions)

@@ -40,25 +40,36 @@ def sorted_offsets(table: TableVerification, rows: pa.Table) -> dict[TopicPartit
         table.notes.append(f"{rows.num_rows - complete.num_rows} live rows have no Kafka position (a null)")
     if not complete.num_rows:
         return {}
-    topics = complete.column("kafka_topic")
-    first_topic = topics[0]
+    names, topic_numbers = _topics(complete.column("kafka_topic"))
     partitions = complete.column("kafka_partition").to_numpy()
-    # A sink of one topic (its rows compared with the first, cheaper than encoding them): its partitions are the keys.
-    # Else each (topic, partition) one number: the topic's above the partition's, shifted to be at least 0.
-    keys: npt.NDArray[np.integer[Any]]
-    if pc.all(pc.equal(topics, first_topic)).as_py():
-        names, keys, one_topic = [first_topic.as_py()], partitions, True
-    else:
-        encoded = pc.dictionary_encode(topics).combine_chunks()
-        names, one_topic = encoded.dictionary.to_pylist(), False
-        keys = (encoded.indices.to_numpy().astype(np.int64) << 32) | (partitions.astype(np.int64) - _INT32_LOW)
+    # One topic: its partitions are the keys. Else each (topic, partition) one number: the topic's above the
+    # partition's, shifted to be at least 0.
+    keys: npt.NDArray[np.integer[Any]] = partitions
+    if topic_numbers is not None:
+        keys = (topic_numbers.astype(np.int64) << 32) | (partitions.astype(np.int64) - _INT32_LOW)
     offsets = complete.column("kafka_offset").to_numpy()
     found: dict[TopicPartition, SortedOffsets] = {}
     for key, group in _by_key(keys, offsets):
-        topic, partition = (names[0], key) if one_topic else (names[key >> 32], (key & 0xFFFFFFFF) + _INT32_LOW)
+        topic, partition = (
+            (names[0], key) if topic_numbers is None else (names[key >> 32], (key & 0xFFFFFFFF) + _INT32_LOW)
+        )
         ascending = group.size < 2 or bool(np.all(group[1:] >= group[:-1]))
         found[(str(topic), partition)] = group if ascending else np.sort(group)
     return found
+
+
+def _topics(topics: pa.ChunkedArray) -> tuple[list[str], npt.NDArray[np.integer[Any]] | None]:
+    """The topics of rows (none null): their names, and each row's topic as its index among them (None: all rows
+    have the one topic). Rows read as dictionary arrays are encoded already (their dictionaries are unified); rows
+    of plain strings are compared with the first, cheaper than encoding them, and encoded only when they differ."""
+    if pa.types.is_dictionary(topics.type):
+        encoded = pa.table({"topic": topics}).unify_dictionaries().column(0).combine_chunks()
+    elif pc.all(pc.equal(topics, topics[0])).as_py():
+        return [topics[0].as_py()], None
+    else:
+        encoded = pc.dictionary_encode(topics).combine_chunks()
+    names = encoded.dictionary.to_pylist()
+    return names, None if len(names) == 1 else encoded.indices.to_numpy()
 
 
 # The least 32-bit partition number; kafka_partition is an int column any writer may have filled.

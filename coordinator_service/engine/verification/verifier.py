@@ -105,7 +105,8 @@ class Verifier:
         elif kafka is not None and walk.end is not None and low is not None and positions:
             ranges = {tp: (low.get(tp, 0), end) for tp, end in walk.end.items()}
             held = await in_catalog(read_offsets, kafka, ranges)
-            union = pa.concat_tables(positions, promote_options="permissive")
+            plain = [table_audit.plain_strings(rows) for rows in positions]
+            union = pa.concat_tables(plain, promote_options="permissive")
             bad = {epoch.epoch: epoch.bad_records for epoch in sink.epochs}
             check_missing(own_table, sorted_offsets(own_table, union), walk, held, bad)
             own_table.kafka = True
