@@ -373,11 +373,13 @@ def render(results: dict[str, Any]) -> str:
         f"| full verification of {sink['rows']:,} rows ({sink['epochs']} epochs), s | {seconds('full_s', 2)} | |",
         f"| deep verification, rows/s | {rates[0]:,.0f} | {rates[1]:,.0f} | 1,000,000 rows/s on 10,000,000 rows: "
         f"{'met' if rate_met else 'not met'} |",
-        f"| an epoch's commit work ({sink['incremental_epoch_rows']:,} rows: PreCommit + CommitCheckpoint(wait)), "
+        f"| the coordinator's commit of an epoch ({sink['incremental_epoch_rows']:,} rows: PreCommit + "
+        "CommitCheckpoint(wait)), "
         f"s | {seconds('commit_s', 3)} | |",
         f"| the incremental verification after it, s | {seconds('incremental_s', 3)} | |",
-        f"| incremental / commit, verified after every epoch | {share('incremental_ratio')} | |",
-        f"| incremental / commits, verified once per {sink['interval_epochs']} epochs | {share('interval_ratio')} | |",
+        f"| incremental / the coordinator's commit, verified after every epoch | {share('incremental_ratio')} | |",
+        f"| incremental / the coordinator's commits, verified once per {sink['interval_epochs']} epochs | "
+        f"{share('interval_ratio')} | |",
         "",
         f"A sink the Spark writer streams ({PARTITIONS} partitions, --kafka-metadata, epochs of "
         f"{spark['epoch_records']:,} records; available-now runs of the job, each verified after it):",
