@@ -1,13 +1,13 @@
 """Some columns of a table's data files, every row as written (no delete applied): the one reading of a few columns
 of whole files, for the verifier's new rows and the key index's rows of a file.
 
-Read straight from the Parquet file (pyarrow's dataset reader through the table's FileIO) when each column is in the
-file under the table's field id (the file's own ids, or for a file without them the table's name mapping: what the
-Spark writer writes) and in the table's type.
-pyiceberg's ArrowScan reads such a file to the same table, with about half a millisecond more per file (its schema
-conversions and projection of every batch), which was half of an incremental verification's reading
-(bench/OPTIMISATIONS.md). Any other file (one that lacks a column, holds it in a type since promoted, has no field
-ids and the table no name mapping, is not Parquet) is read by ArrowScan, which projects it onto the table's schema."""
+A file is read straight from its Parquet (pyarrow's dataset reader through the table's FileIO) when each column is in
+it under the table's field id (the file's own ids, or for a file without them the table's name mapping: what the Spark
+writer writes) and in the table's type. pyiceberg's ArrowScan reads such a file to the same table, with about half a
+millisecond more per file (its schema conversions and projection of every batch), which was half of an incremental
+verification's reading (bench/OPTIMISATIONS.md). Any other file (one that lacks a column, holds it in a type since
+promoted, has no field ids while the table has no name mapping, has field ids into nested columns or two columns of
+one name, is not Parquet) is read by ArrowScan, which projects it onto the table's schema."""
 
 from __future__ import annotations
 
@@ -85,8 +85,10 @@ def _as_written(
 
 def _names_by_field_id(physical: pa.Schema, mapped: dict[str, int] | None) -> dict[int, str] | None:
     """The file's top-level columns by field id, as pyiceberg resolves them: by the file's own ids when every column
-    has one, else by the table's name mapping (`mapped`: its top-level names' ids); None when it has neither, or
-    when its own ids go on into nested columns (ArrowScan resolves those)."""
+    has one, else by the table's name mapping (`mapped`: its top-level names' ids); None when it has neither, when
+    its own ids go on into nested columns, or when two of its columns have one name (ArrowScan resolves those)."""
+    if len(set(physical.names)) < len(physical.names):
+        return None
     own = [(field.metadata or {}).get(FIELD_ID) for field in physical]
     if all(own):
         if any(pa.types.is_nested(field.type) for field in physical):
