@@ -22,7 +22,7 @@ from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.types import IntegerType, LongType, NestedField, StringType
 
-from coordinator_service.tables.file_columns import data_file_columns
+from coordinator_service.tables.file_columns import _names_by_field_id, data_file_columns
 from coordinator_service.tables.table_audit import plain_strings
 
 SCHEMA = Schema(
@@ -122,3 +122,11 @@ def test_a_files_columns_are_found_by_its_field_ids_not_by_their_place(tmp_path:
     found = data_file_columns(table, [data_file], ["n", "m", "order_id"])
 
     assert found.to_pydict() == {"n": [0, 1, 2], "m": [100, 101, 102], "order_id": [0, 1, 2]}
+
+
+def test_a_file_with_two_columns_of_one_name_is_left_to_pyicebergs_reader() -> None:
+    """pyarrow finds no column by a name two of them have (KeyError): such a file is not read as written."""
+    physical = pa.schema([pa.field("n", pa.int32()), pa.field("n", pa.int32())])
+
+    assert _names_by_field_id(physical, {"n": 3}) is None
+    assert _names_by_field_id(physical.remove(1), {"n": 3}) == {3: "n"}
