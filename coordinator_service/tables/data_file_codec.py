@@ -15,6 +15,7 @@ from enum import Enum
 
 from pyiceberg.avro.decoder import new_decoder
 from pyiceberg.avro.encoder import BinaryEncoder
+from pyiceberg.avro.reader import Reader
 from pyiceberg.avro.resolver import construct_writer, resolve_reader
 from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, data_file_with_partition
 from pyiceberg.table.metadata import TableMetadata
@@ -36,16 +37,27 @@ def encode_data_file(metadata: TableMetadata, data_file: DataFile) -> bytes:
     return buffer.getvalue()
 
 
-def decode_data_file(metadata: TableMetadata, encoded: bytes, spec_id: int, schema_id: int) -> DataFile:
-    """The data file encode_data_file encoded when the table's current schema was `schema_id`.
+class DataFileDecoder:
+    """Decodes the descriptions of one table's data files: each (spec, schema) pair's Avro reader is resolved once
+    (resolving it costs about ten times reading one description: an epoch's answer names hundreds of files)."""
 
-    Raises DescriptionOutdated when the table no longer has that spec or schema."""
-    struct = _struct(metadata, spec_id, schema_id)
-    reader = resolve_reader(struct, struct, read_types={-1: DataFile}, read_enums=_ENUMS)
-    data_file = reader.read(new_decoder(encoded))
-    assert isinstance(data_file, DataFile)
-    data_file.spec_id = spec_id  # not a field of the manifest entry: the manifest's spec says it
-    return data_file
+    def __init__(self, metadata: TableMetadata) -> None:
+        self.metadata = metadata
+        self._readers: dict[tuple[int, int], Reader] = {}
+
+    def decode(self, encoded: bytes, spec_id: int, schema_id: int) -> DataFile:
+        """The data file encode_data_file encoded when the table's current schema was `schema_id`.
+
+        Raises DescriptionOutdated when the table no longer has that spec or schema."""
+        reader = self._readers.get((spec_id, schema_id))
+        if reader is None:
+            struct = _struct(self.metadata, spec_id, schema_id)
+            reader = resolve_reader(struct, struct, read_types={-1: DataFile}, read_enums=_ENUMS)
+            self._readers[spec_id, schema_id] = reader
+        data_file = reader.read(new_decoder(encoded))
+        assert isinstance(data_file, DataFile)
+        data_file.spec_id = spec_id  # not a field of the manifest entry: the manifest's spec says it
+        return data_file
 
 
 def _struct(metadata: TableMetadata, spec_id: int, schema_id: int) -> StructType:

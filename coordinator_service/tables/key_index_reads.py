@@ -25,7 +25,7 @@ from pyiceberg.table.snapshots import Snapshot, ancestors_of
 
 from coordinator_service.contract.markers import snapshot_properties
 from coordinator_service.log.key_index import IndexedFile, IndexState, NewFile, copy_rows
-from coordinator_service.tables.data_file_codec import decode_data_file, encode_data_file
+from coordinator_service.tables.data_file_codec import DataFileDecoder, encode_data_file
 from coordinator_service.tables.key_encoding import encode_key_values, encode_keys, key_types
 from coordinator_service.tables.key_resolution import (
     POSITION,
@@ -280,9 +280,9 @@ def answer(
     rows by path (decoded from the index's `files`).
 
     Raises DescriptionOutdated when a file's description names a spec or schema the table no longer has."""
+    decoder = DataFileDecoder(table.metadata)
     data_files = {
-        indexed.file_id: decode_data_file(table.metadata, indexed.data_file, indexed.spec_id, indexed.schema_id)
-        for indexed in files
+        indexed.file_id: decoder.decode(indexed.data_file, indexed.spec_id, indexed.schema_id) for indexed in files
     }
     by_bytes = dict(zip(encoded, keys, strict=True))
     live = LiveRows()

@@ -14,7 +14,7 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.types import DoubleType, FloatType, IntegerType, LongType, NestedField, StringType
 
 from coordinator_service.tables import compaction_plans as cp
-from coordinator_service.tables.data_file_codec import DescriptionOutdated, decode_data_file, encode_data_file
+from coordinator_service.tables.data_file_codec import DataFileDecoder, DescriptionOutdated, encode_data_file
 from tests.fixtures.key_index import described
 
 SCHEMA = Schema(
@@ -56,12 +56,14 @@ def test_a_data_file_comes_back_whole_even_after_its_partition_columns_were_wide
     table = catalog.load_table("db.t")
     assert table.metadata.current_schema_id != schema_id
 
+    decoder = DataFileDecoder(table.metadata)  # one for every file, its readers resolved once per (spec, schema)
     for data_file in files:
-        decoded = decode_data_file(table.metadata, encoded[data_file.file_path], data_file.spec_id, schema_id)
+        decoded = decoder.decode(encoded[data_file.file_path], data_file.spec_id, schema_id)
         assert described(decoded) == described(data_file)
         again = encode_data_file(table.metadata, decoded)  # under the widened types now
-        assert described(decode_data_file(table.metadata, again, 0, table.metadata.current_schema_id)) == described(
+        assert described(decoder.decode(again, 0, table.metadata.current_schema_id)) == described(data_file)
+        assert described(decoder.decode(encoded[data_file.file_path], data_file.spec_id, schema_id)) == described(
             data_file
         )
     with pytest.raises(DescriptionOutdated, match="no schema 9"):
-        decode_data_file(table.metadata, encoded[files[0].file_path], 0, 9)
+        decoder.decode(encoded[files[0].file_path], 0, 9)
