@@ -21,14 +21,8 @@ from pyiceberg.manifest import DataFile, DataFileContent
 from pyiceberg.table import FileScanTask, Table, TableProperties
 
 from coordinator_service.tables.iceberg import without_retries
-from coordinator_service.tables.position_deletes import write_position_deletes
-from coordinator_service.tables.pyiceberg_internals import (
-    data_files_of,
-    deleted_positions,
-    deleted_rows,
-    partition_values,
-    replace_files,
-)
+from coordinator_service.tables.position_deletes import deleted_positions, deleted_rows, write_position_deletes
+from coordinator_service.tables.pyiceberg_internals import data_files_of, partition_values, replace_files
 from coordinator_service.tables.table_maintenance import SmallFile, manifest_files
 
 # Files smaller than this share of the target size are compacted (Iceberg's rewrite default, 75 %).

@@ -40,8 +40,8 @@ from coordinator_service.tables.key_resolution import (
 from coordinator_service.tables.keyed_tables import KEYED_FORMAT_VERSION
 
 # RowNumbers: what deleted_by_path answers, for the engine (which reads tables through this module only).
-from coordinator_service.tables.pyiceberg_internals import RowNumbers as RowNumbers
-from coordinator_service.tables.pyiceberg_internals import deleted_rows
+from coordinator_service.tables.position_deletes import RowNumbers as RowNumbers
+from coordinator_service.tables.position_deletes import deleted_rows
 from coordinator_service.tables.row_deltas import RowDeltaCommit
 
 # A data file or delete file of the table, as its manifest entry describes it.

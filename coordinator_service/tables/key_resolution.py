@@ -35,7 +35,7 @@ from pyiceberg.table import FileScanTask, Table
 from pyiceberg.types import IntegerType, LongType, StringType
 
 from coordinator_service.tables.file_columns import data_file_columns
-from coordinator_service.tables.pyiceberg_internals import RowNumbers, deleted_rows
+from coordinator_service.tables.position_deletes import RowNumbers, deleted_rows
 
 # A key's values, in the order of the table's identifier fields.
 Key: TypeAlias = tuple[Any, ...]

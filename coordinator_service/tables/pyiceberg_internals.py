@@ -15,10 +15,8 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Self, TypeAlias
+from typing import Any, Self
 
-import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 from pyarrow.fs import FileInfo
 from pyiceberg.catalog import Catalog
@@ -222,27 +220,10 @@ def replace_files(
     return transaction.commit_transaction()
 
 
-def deleted_positions(io: FileIO, delete_file: DataFile) -> dict[str, pa.ChunkedArray]:
+def pyiceberg_deleted_positions(io: FileIO, delete_file: DataFile) -> dict[str, pa.ChunkedArray]:
     """The row positions a position delete file (Parquet, ORC, or a v3 deletion vector) deletes, by data file path:
     pyiceberg's own reading of it, as its scans apply it."""
     return _read_deletes(io, delete_file)
-
-
-# Row positions in one data file.
-RowNumbers: TypeAlias = npt.NDArray[np.int64]
-
-
-def deleted_rows(
-    io: FileIO, delete_files: Iterable[DataFile], read: Callable[..., Iterable[Any]] = map
-) -> dict[str, RowNumbers]:
-    """The row positions these position delete files delete together, by data file path, each once and in order;
-    each delete file read once (deleted_positions), by `read` (`map`, or an executor's, to read several at once)."""
-    unique = {delete_file.file_path: delete_file for delete_file in delete_files}
-    parts: dict[str, list[RowNumbers]] = defaultdict(list)
-    for positions in read(lambda delete_file: deleted_positions(io, delete_file), unique.values()):
-        for path, rows in positions.items():
-            parts[path].extend(chunk.to_numpy().astype(np.int64, copy=False) for chunk in rows.chunks)
-    return {path: np.unique(np.concatenate(arrays)) for path, arrays in parts.items()}
 
 
 class _PositionDeleteManifestWriter(ManifestWriterV2):

@@ -22,7 +22,7 @@ from coordinator_service.contract.markers import snapshot_properties
 from coordinator_service.tables.file_columns import data_file_columns
 from coordinator_service.tables.format import LoadedTable
 from coordinator_service.tables.key_index_reads import SnapshotChanges, snapshot_changes
-from coordinator_service.tables.pyiceberg_internals import deleted_rows
+from coordinator_service.tables.position_deletes import deleted_rows
 
 # The columns a writer's --kafka-metadata adds: where each row's record was in Kafka.
 POSITION_COLUMNS = ("kafka_topic", "kafka_partition", "kafka_offset")

@@ -11,7 +11,7 @@ from coordinator_service.tables import compaction_plans as cp
 from coordinator_service.tables import table_maintenance as tm
 from coordinator_service.tables.iceberg import IcebergGateway
 from coordinator_service.tables.key_index_reads import SnapshotChanges, snapshot_changes
-from coordinator_service.tables.pyiceberg_internals import deleted_positions
+from coordinator_service.tables.position_deletes import deleted_positions
 from tests.fixtures.keyed_tables import (
     KEYED,
     TWO_FILES_AND_THEIR_DELETES,
@@ -135,7 +135,7 @@ def test_a_partitions_delete_files_are_merged_into_one_that_deletes_the_same_liv
     assert_table_holds(compacted, model)
     [merged] = rewrite.deletes_written
     assert {f.file_path for f in rewrite.deletes_dropped} == eu_deletes
-    deleted = {path: rows.to_pylist() for path, rows in deleted_positions(compacted.io, merged).items()}
+    deleted = {path: rows.tolist() for path, rows in deleted_positions(compacted.io, merged).items()}
     second = commits[1].new_data_files[0].file_path
     assert deleted.keys() == {second}  # none of the rewritten first file's
     assert len(deleted[second]) == 3

@@ -190,7 +190,7 @@ def test_deleted_positions_are_read_by_data_file_path(table: Table, tmp_path: Pa
         file_size_in_bytes=path.stat().st_size,
     )
 
-    deleted = internals.deleted_positions(table.io, delete_file)
+    deleted = internals.pyiceberg_deleted_positions(table.io, delete_file)
 
     assert {data_path: positions.to_pylist() for data_path, positions in deleted.items()} == {
         "file:///a": [3, 7],
