@@ -214,6 +214,33 @@ async def test_a_record_missing_from_the_table_against_the_topic(
     assert f"{topic}-0@17" in missing.detail and verification.tables[0].kafka
 
 
+async def test_an_incremental_verification_against_the_topic_finds_a_record_the_new_epochs_lack(
+    positioned: Callable[..., PositionedSink], kafka_bootstrap: str, kafka_topic: Callable[..., str]
+) -> None:
+    """The new epochs' rows, read as written (the topic a dictionary array), are checked against the topic's offsets
+    from where the last verification stood, as a whole verification's are."""
+    topic = kafka_topic(partitions=1)
+    produce_keyed(kafka_bootstrap, topic, [(0, b"k%d" % i) for i in range(30)])
+    sink = positioned(topic=topic)
+    await sink.register()
+    await sink.epoch_of(10)
+    access = KafkaAccess(kafka_bootstrap)
+    whole = await sink.verify(kafka=access)
+    assert whole.ok, whole.faults
+    [table] = whole.tables
+    since = {table.table: VerifiedTable(table.snapshot_id, table.verified_epoch, whole.end_offsets)}
+    await sink.epoch_of(10, offsets=[o for o in range(10, 20) if o != 13])
+    await sink.epoch_of(10)
+
+    later = await sink.verify(kafka=access, since=since)
+
+    [missing] = later.faults
+    assert missing.kind is FaultKind.MISSING_RECORD and missing.epoch == 1
+    assert f"{topic}-0@13" in missing.detail
+    [newer] = later.tables
+    assert newer.kafka and newer.rows_read == 19
+
+
 async def test_an_upsert_tables_superseded_records_are_no_missing_records_against_the_topic(
     admin: AdminApp, kafka_bootstrap: str, kafka_topic: Callable[..., str]
 ) -> None:

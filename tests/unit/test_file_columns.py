@@ -130,3 +130,13 @@ def test_a_file_with_two_columns_of_one_name_is_left_to_pyicebergs_reader() -> N
 
     assert _names_by_field_id(physical, {"n": 3}) is None
     assert _names_by_field_id(physical.remove(1), {"n": 3}) == {3: "n"}
+
+
+def test_dictionary_columns_become_plain_columns_of_their_values() -> None:
+    """plain_strings: rows read as written (a topic as a dictionary array) concatenated with rows read otherwise."""
+    rows = pa.table({"kafka_topic": pa.array(["a", "b", "a"]).dictionary_encode(), "n": pa.array([1, 2, 3])})
+
+    plain = plain_strings(rows)
+
+    assert plain.schema == pa.schema([("kafka_topic", pa.string()), ("n", pa.int64())])
+    assert plain.to_pylist() == rows.to_pylist()
