@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
+from collections.abc import Iterator
 
 import grpc
 import structlog
@@ -24,6 +26,17 @@ from coordinator_service.supervisor import ServingProcess
 log = structlog.get_logger(__name__)
 
 GRACE_SECONDS = 5.0
+
+
+class HttpServer(uvicorn.Server):
+    """uvicorn's server without signal handlers of its own: the coordinator's stop alone decides the order of a
+    shutdown (health NOT_SERVING, then the HTTP server, then gRPC). uvicorn's would also take SIGTERM, and then its
+    shutdown raced the coordinator's: the HTTP server could start closing before the coordinator said it was
+    stopping."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 async def serve(
@@ -54,7 +67,7 @@ async def serve(
     )
     http_port = http_socket.getsockname()[1]
     switch = AppSwitch(create_starting_app(settings, lambda: startup.waiting))
-    http = uvicorn.Server(
+    http = HttpServer(
         uvicorn.Config(
             switch,
             host=settings.bind_host,
