@@ -12,13 +12,13 @@ for each:
   per INTERVAL_EPOCHS epochs, against their commits' work.
 
 And a sink the Spark writer streams (the project's Kafka source, the writer's JSON decoding with --kafka-metadata,
-its Parquet files and pre-commits; the same broker, coordinator and PostgreSQL): the incremental verification after
-each of its epochs, and once per INTERVAL_EPOCHS epochs, against the Spark batches of those epochs (each batch's
-triggerExecution: reading its records from Kafka, decoding them, writing the files, pre-committing them; the
-coordinator's commit after it is left out, so the ratio is if anything too high). This is issue 31's goal (<= 5 %):
-a deep check reads every new row's position, which only the writer's part of an epoch's work touches; the commit
-the coordinator makes reads no row (its footers come with the pre-commit), so against the commit alone the deep
-check cannot be small (the first ratios, reported for what they are).
+its Parquet files and pre-commits; noida-db, a coordinator process of its own on the same PostgreSQL server): the
+incremental verification after each of its epochs, and once per INTERVAL_EPOCHS epochs, against the Spark batches of
+those epochs (each batch's triggerExecution: reading its records from Kafka, decoding them, writing the files,
+pre-committing them; the coordinator's commit after it is left out, so the ratio is if anything too high). This is
+issue 31's goal (<= 5 %): a deep check reads every new row's position, which only the writer's part of an epoch's
+work touches; the commit the coordinator makes reads no row (its footers come with the pre-commit), so against the
+commit alone the deep check cannot be small (the first ratios, reported for what they are).
 
 Writes bench/results/verification.md and verification.json.
 """
