@@ -20,7 +20,6 @@ import pyarrow.dataset as ds
 from pyiceberg.expressions import AlwaysTrue
 from pyiceberg.io.pyarrow import ArrowScan, schema_to_pyarrow
 from pyiceberg.manifest import DataFile, FileFormat
-from pyiceberg.schema import Schema
 from pyiceberg.table import FileScanTask, Table
 from pyiceberg.types import IcebergType
 
@@ -51,9 +50,11 @@ def data_file_columns(
 
     mapping = table.metadata.name_mapping()
     mapped = None if mapping is None else {n: f.field_id for f in mapping if f.field_id is not None for n in f.names}
+    # Each column's field id, name and Arrow type, as a file read as written must hold it.
+    expected = [(field.field_id, field.name, _arrow_type(field.field_type)) for field in projected.fields]
 
     def one(data_file: DataFile) -> pa.Table:
-        rows = _as_written(table, data_file, projected, parquet, mapped)
+        rows = _as_written(table, data_file, expected, parquet, mapped)
         if rows is None:
             rows = ArrowScan(table.metadata, table.io, projected, AlwaysTrue()).to_table([FileScanTask(data_file)])
         return _typed(rows, wanted)
@@ -62,9 +63,14 @@ def data_file_columns(
 
 
 def _as_written(
-    table: Table, data_file: DataFile, projected: Schema, parquet: ds.ParquetFileFormat, mapped: dict[str, int] | None
+    table: Table,
+    data_file: DataFile,
+    expected: Sequence[tuple[int, str, pa.DataType]],
+    parquet: ds.ParquetFileFormat,
+    mapped: dict[str, int] | None,
 ) -> pa.Table | None:
-    """The file's columns read as they are, when they are the table's own (None: ArrowScan must project them)."""
+    """The file's columns read as they are, when they are the table's own (`expected`: field id, name, Arrow type
+    each; None: ArrowScan must project them)."""
     if data_file.file_format != FileFormat.PARQUET:
         return None
     with table.io.new_input(data_file.file_path).open() as stream:
@@ -74,13 +80,13 @@ def _as_written(
         if names is None:
             return None
         read = []
-        for field in projected.fields:
-            name = names.get(field.field_id)
-            if name is None or _arrow_type(physical.field(name).type) != _arrow_type(field.field_type):
+        for field_id, _, arrow in expected:
+            name = names.get(field_id)
+            if name is None or _arrow_type(physical.field(name).type) != arrow:
                 return None
             read.append(name)
         rows = ds.Scanner.from_fragment(fragment, columns=read).to_table()
-    return rows.rename_columns([field.name for field in projected.fields])
+    return rows.rename_columns([name for _, name, _ in expected])
 
 
 def _names_by_field_id(physical: pa.Schema, mapped: dict[str, int] | None) -> dict[int, str] | None:

@@ -259,7 +259,7 @@ def _pieces(table: Table, index_id: int, file_id: int, rows: pa.Table) -> list[b
 
 def deleted_by_path(table: Table, delete_files: Sequence[TableFile]) -> dict[str, RowNumbers]:
     """The positions these position delete files delete together, by data file path, each once and in order
-    (pyiceberg's own reading of them)."""
+    (position_deletes.deleted_rows)."""
     return deleted_rows(table.io, delete_files)
 
 

@@ -8,8 +8,8 @@ requires; the bounds of both columns kept whole, never truncated, so that a read
 not committed: nothing references them until a row delta does (coordinator_service.tables.row_deltas).
 
 Reading one (deleted_positions) groups its rows by data file in one pass. pyiceberg's own reading filters the whole
-file once for each data file it names: 0.86 s for a merged delete file of 600,000 rows naming 200 files, against
-about 10 ms (bench/OPTIMISATIONS.md). Every reading of delete files' rows the coordinator makes goes through
+file once for each data file it names: 0.52-0.86 s for a merged delete file of 600,000 rows naming 200 files,
+against 5 ms (bench/OPTIMISATIONS.md, 23). Every reading of delete files' rows the coordinator makes goes through
 deleted_rows: the merge of a partition's delete files, the key index's catch-up, its rebuild's scan, the verifier's
 count of the rows a rewrite left out.
 """
