@@ -70,17 +70,21 @@ def produce(bootstrap: str, partitions: int, records: int) -> str:
     return topic
 
 
-def _records(spark: Any, bootstrap: str, topic: str, max_offsets: int) -> Any:
-    from tests.fixtures.pipeline import order_records
-
-    return order_records(spark, bootstrap, topic, max_offsets)
-
-
-def _parser() -> Any:
-    """The job's JSON decoding of the orders, in the writer's tasks (both jobs write through it)."""
+def _stream(spark: Any, bootstrap: str, topic: str, max_offsets: int) -> tuple[Any, Any]:
+    """The topic's orders as the sink-writer job reads them with their schema given (`--schema`, no
+    `--evolve-schema`): a stream of offset ranges (spark_writer.kafka.range_source), and the JSON decoding of the
+    writer's tasks, which read each range's records themselves (both jobs write through it)."""
+    from spark_writer.kafka.options import parse_options
+    from spark_writer.kafka.range_source import RANGE_SOURCE_NAME
     from spark_writer.sink.kafka_records import JsonBatchParser, schema_from_ddl
+    from tests.fixtures.pipeline import order_source_options
 
-    return JsonBatchParser(schema_from_ddl(ORDER_DDL), evolve=False, kafka_metadata=True)
+    options = order_source_options(bootstrap, topic, max_offsets)
+    frame = spark.readStream.format(RANGE_SOURCE_NAME).options(**options).load()
+    parser = JsonBatchParser(
+        schema_from_ddl(ORDER_DDL), evolve=False, kafka_metadata=True, ranges=parse_options(options)
+    )
+    return frame, parser
 
 
 @dataclass(frozen=True)
@@ -99,15 +103,16 @@ def run_coordinated(
 
     name = f"e2e_{topic.replace('-', '_')}"
     started = time.monotonic()
+    frame, parser = _stream(spark, bootstrap, topic, max_offsets)
     running = write_to_iceberg(
-        _records(spark, bootstrap, topic, max_offsets),
+        frame,
         sink=name,
         table=f"bench.{name}",
         coordinator=coordinator.target,
         checkpoint_location=str(root / f"ckpt-{name}"),
         available_now=True,
         storage=place.storage,
-        transform=_parser(),
+        transform=parser,
     )
     assert running.await_termination(600), "coordinated query did not finish"
     return time.monotonic() - started
@@ -121,8 +126,7 @@ def run_plain(
     from spark_writer.sink.storage import Storage
 
     name = f"plain_{topic.replace('-', '_')}"
-    frame = _records(spark, bootstrap, topic, max_offsets)
-    parser = _parser()
+    frame, parser = _stream(spark, bootstrap, topic, max_offsets)
     location = IcebergGateway(catalog).ensure_table(f"bench.{name}", parser.table_schema, ())
 
     def write_batch(batch: Any, batch_id: int) -> None:
@@ -176,14 +180,15 @@ def measure_freshness(
 
     topic = create_topic(bootstrap, 4, prefix="fresh")
     name = f"fresh_{topic.replace('-', '_')}"
+    frame, parser = _stream(spark, bootstrap, topic, rate * 10)
     running = write_to_iceberg(
-        _records(spark, bootstrap, topic, rate * 10),
+        frame,
         sink=name,
         table=f"bench.{name}",
         coordinator=coordinator.target,
         checkpoint_location=str(root / f"ckpt-{name}"),
         processing_time="1 second",
-        transform=_parser(),
+        transform=parser,
     )
     total = rate * seconds
     values = (

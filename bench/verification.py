@@ -190,23 +190,23 @@ class SparkSink:
     def stream(self, epochs: int) -> list[float]:
         """Produce `epochs` x SPARK_EPOCH_RECORDS more records and stream them in epochs of that many; the seconds
         of each epoch's Spark batch (its triggerExecution)."""
-        from bench.e2e import _parser
+        from bench.e2e import _stream
         from spark_writer.sink.iceberg_sink import write_to_iceberg
         from tests.fixtures.kafka_broker import produce_records
-        from tests.fixtures.pipeline import order_records
 
         bootstrap, coordinator, _, spark = self.pipeline
         first, self.produced = self.produced, self.produced + epochs * SPARK_EPOCH_RECORDS
         records = ((i % PARTITIONS, str(i).encode(), order_value(i)) for i in range(first, self.produced))
         produce_records(bootstrap, self.topic, records)
+        frame, parser = _stream(spark, bootstrap, self.topic, SPARK_EPOCH_RECORDS)
         running = write_to_iceberg(
-            order_records(spark, bootstrap, self.topic, SPARK_EPOCH_RECORDS),
+            frame,
             sink=SINK,
             table=f"bench.{SINK}_spark",
             coordinator=coordinator.target,
             checkpoint_location=str(self.root / "spark-checkpoint"),
             available_now=True,
-            transform=_parser(),
+            transform=parser,
         )
         assert running.await_termination(600), "the Spark writer did not finish"
         return [

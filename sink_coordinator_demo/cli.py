@@ -18,6 +18,7 @@ the model: each existing order once, at its last change, and no deleted order.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -71,6 +72,7 @@ from sink_coordinator_demo.spark_cluster import SparkCluster, start_spark_cluste
 from sink_coordinator_demo.table_check import check_routes, check_table, fan_out_routes, route_tables
 from spark_writer.job import run_until_done, start_job
 from spark_writer.job_settings import KafkaSettings, ParseSettings, SinkSettings
+from spark_writer.kafka.offsets import offsets_covered
 from spark_writer.session import local_spark_session
 from spark_writer.stop_signals import StopRequest, stop_on_signals
 from spark_writer.worker_logging import set_worker_log_level
@@ -102,10 +104,15 @@ class BatchProgress(StreamingQueryListener):
 
     def onQueryProgress(self, event: QueryProgressEvent) -> None:  # noqa: N802 (Spark's API)
         progress = event.progress
-        if progress.name == self._query_name and progress.numInputRows > 0:
-            self._progress.update(
-                self._task, advance=progress.numInputRows, description=f"micro-batch {progress.batchId}"
-            )
+        if progress.name != self._query_name or not progress.sources:
+            return
+        # By the offsets the batch covered: the writer's tasks read the records of a stream of offset ranges
+        # themselves (spark_writer.kafka.range_source), and Spark counts the ranges.
+        source = progress.sources[0]
+        start = None if source.startOffset is None else json.loads(source.startOffset)
+        records = offsets_covered(start, json.loads(source.endOffset))
+        if records:
+            self._progress.update(self._task, advance=records, description=f"micro-batch {progress.batchId}")
 
     def onQueryIdle(self, event: QueryIdleEvent) -> None:  # noqa: N802 (Spark's API)
         """Nothing: no batch ran."""

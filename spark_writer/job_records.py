@@ -1,6 +1,7 @@
 """The records a `sink-writer` job writes: the stream Spark reads, and the per-batch decoding of its values (JSON with
 a schema given or sampled, a registry format's, or raw Kafka columns), as an upsert or change stream's when it is
-one (spark_writer.mutations: with `--source python`, its records read with their keys' texts)."""
+one (spark_writer.mutations: with `--source python`, its records read with their keys' texts). Where the tasks can
+read their records themselves, the stream is of offset ranges (task_ranges)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,17 @@ from spark_writer.arrow_schema import arrow_schema_of
 from spark_writer.formats.json_columns import grow
 from spark_writer.job_decoding import dead_letter_target, json_values, registry_schemas, tombstone_keys
 from spark_writer.job_settings import SPARK_KAFKA_PROVIDER, KafkaSettings, KafkaSource, ParseSettings, RecordFormat
+from spark_writer.kafka.options import KafkaSourceOptions, parse_options
+from spark_writer.kafka.range_source import RANGE_SOURCE_NAME
 from spark_writer.mutations.mutation_parser import MutationParser
 from spark_writer.sink.iceberg_sink import DecodesInTasks
-from spark_writer.sink.kafka_records import JsonBatchParser, raw_records, sampled_json_schema, schema_from_ddl
+from spark_writer.sink.kafka_records import (
+    JsonBatchParser,
+    SchemaKnownSoFar,
+    raw_records,
+    sampled_json_schema,
+    schema_from_ddl,
+)
 from spark_writer.sink.registry_records import RegistryBatchParser
 
 log = structlog.get_logger(__name__)
@@ -40,11 +49,28 @@ def registry_parser(kafka: KafkaSettings, parse: ParseSettings, sink: str) -> Re
     """The per-batch decoding of Avro, Protobuf or JSON Schema values, the table's schema read from the registry
     (needs no Spark: the job builds it once before Spark starts, to refuse what cannot work)."""
     keyed = parse.mutations.keyed
-    parser = RegistryBatchParser(registry_schemas(kafka, parse, sink), evolve=parse.evolve_schema, read_keys=keyed)
+    parser = RegistryBatchParser(
+        registry_schemas(kafka, parse, sink),
+        evolve=parse.evolve_schema,
+        read_keys=keyed,
+        ranges=None if keyed else task_ranges(kafka, parse),
+    )
     if not keyed:
         return parser
     keys = tombstone_keys(kafka, parse)
     return MutationParser(parser, parse.mutations, keep_positions=parse.kafka_metadata, registry_keys=keys)
+
+
+def task_ranges(kafka: KafkaSettings, parse: ParseSettings) -> KafkaSourceOptions | None:
+    """The options the writer's tasks read their records with, where the stream can be of offset ranges
+    (kafka.range_source: the records never pass through the JVM): read by this project's source, decoded in the
+    tasks with nothing run in Spark before them (a JSON stream that learns new fields runs a pass over its records;
+    an upsert or change stream's records are shuffled by key). None: the stream is of records."""
+    if kafka.source is not KafkaSource.PYTHON or parse.record_format is RecordFormat.RAW or parse.mutations.keyed:
+        return None
+    if parse.record_format.registry_format is None and parse.evolve_schema:
+        return None
+    return parse_options(kafka.source_options())
 
 
 def table_records(
@@ -57,6 +83,8 @@ def table_records(
     source_format = kafka.source_format
     if isinstance(parser, MutationParser) and kafka.source is KafkaSource.PYTHON:
         source_format = parser.key_tagging_source(spark)
+    elif isinstance(parser, SchemaKnownSoFar) and parser.ranges is not None:
+        source_format = RANGE_SOURCE_NAME
     stream = spark.readStream.format(source_format).options(**kafka.source_options()).load()
     return (raw_records(stream), None) if parser is None else (stream, parser)
 
@@ -96,6 +124,7 @@ def json_parser(
             time_zone=parse.json_time_zone,
             on_bad_record=parse.on_bad_record,
             dead_letters=dead_letter_target(kafka, parse, sink),
+            ranges=task_ranges(kafka, parse),
         )
     inner = JsonBatchParser(
         from_arrow_schema(json_values(parse, arrow_schema_of(schema))),

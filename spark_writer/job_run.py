@@ -17,7 +17,7 @@ from spark_writer.job_failures import ExitCode, JobFailure, one_line
 from spark_writer.job_records import registry_parser, table_records
 from spark_writer.job_settings import KafkaSettings, KafkaSource, ParseSettings, SinkSettings
 from spark_writer.kafka.options import parse_options
-from spark_writer.kafka.source import KafkaDataSource
+from spark_writer.kafka.range_source import register_kafka_sources
 from spark_writer.mutations.tasks import keyed_tasks
 from spark_writer.session import local_spark_session, retries_tasks
 from spark_writer.sink.iceberg_sink import write_to_iceberg
@@ -41,7 +41,7 @@ def spark_session(master: str | None, spark_log: SparkLog | None = None, app_nam
     # spark-submit starts the JVM first and tells the Python driver its gateway port.
     if master is None and "PYSPARK_GATEWAY_PORT" in os.environ:
         spark = SparkSession.builder.appName(app_name).getOrCreate()
-        spark.dataSource.register(KafkaDataSource)
+        register_kafka_sources(spark)
         submitted_master = spark.sparkContext.master or ""
         if not retries_tasks(submitted_master):
             log.warning(

@@ -18,7 +18,7 @@ from pyspark.sql import SparkSession
 
 from spark_writer.driver_jvm import SparkLog, jvm_ignoring_sigterm
 from spark_writer.java import ensure_java
-from spark_writer.kafka.source import KafkaDataSource
+from spark_writer.kafka.range_source import register_kafka_sources
 from spark_writer.python_launcher import launcher_path
 
 LOCAL_SPARK_CONF: dict[str, str] = {
@@ -77,5 +77,5 @@ def local_spark_session(app_name: str, master: str = "local[2]", spark_log: Spar
         builder = builder.config(key, value)
     with jvm_ignoring_sigterm():
         spark = builder.getOrCreate()
-    spark.dataSource.register(KafkaDataSource)
+    register_kafka_sources(spark)
     return spark

@@ -311,3 +311,10 @@ def plan_ranges(start: Mapping[PartitionKey, int], end: Mapping[PartitionKey, in
     """Non-empty ``[start, end)`` ranges, one per partition (never split); new partitions start at 0."""
     ranges = [OffsetRange(key.topic, key.partition, start.get(key, 0), offset) for key, offset in end.items()]
     return sorted((r for r in ranges if r.size > 0), key=lambda r: r.key)
+
+
+def offsets_covered(start: Mapping[str, Any] | None, end: Mapping[str, Any]) -> int:
+    """How many offsets a planned batch reads, from its start and end offsets as Spark keeps and reports them (None:
+    batch 0's start): its records, and any transaction markers and aborted records among them."""
+    first = batch_start_offsets(start or {}, end)
+    return sum(planned.size for planned in plan_ranges(first, offsets_from_json(end)))

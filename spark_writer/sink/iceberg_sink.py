@@ -170,9 +170,10 @@ class MicroBatchWriter:
             # batch's shuffle as a job of its own and plan its second stage again, with nothing to change in it (a
             # repartition into a given count is never coalesced): 0.2-0.3 s more per batch of 40,000 records here.
             batch.sparkSession.conf.set(ADAPTIVE_EXECUTION, "false")
+        ranges = None
         if isinstance(self._transform, DecodesInTasks):
             prepared = self._transform.prepare(batch)
-            frame, schema, decoding = prepared.frame, prepared.schema, prepared.decoding
+            frame, schema, decoding, ranges = prepared.frame, prepared.schema, prepared.decoding, prepared.ranges
         else:
             frame = batch if self._transform is None else self._transform(batch)
             schema, decoding = arrow_schema_of(frame.schema), None
@@ -184,6 +185,7 @@ class MicroBatchWriter:
             target_file_size_bytes=self._options.target_file_size_bytes,
             storage=self._options.storage,
             decoding=decoding,
+            ranges=ranges,
             routing=None if self._fan_out is None else self._fan_out.task_routing(),
         )
         if self._fan_out is None:

@@ -46,7 +46,7 @@ from spark_writer.formats.record_decoding import (
 )
 from spark_writer.kafka.metadata import KafkaMetadata
 from spark_writer.kafka.offsets import OffsetRange
-from spark_writer.kafka.options import parse_options
+from spark_writer.kafka.options import KafkaSourceOptions, parse_options
 from spark_writer.kafka.range_reader import read_range
 from spark_writer.spark_errors import spark_message
 
@@ -162,17 +162,20 @@ def task_columns(*, key: bool, dead_letters: bool) -> list[str]:
 class BatchInput:
     """What the writer's tasks read for one batch and how they turn it into table rows."""
 
-    frame: DataFrame  # the batch's Kafka records
+    frame: DataFrame  # the batch's Kafka records, or its offset ranges (kafka.range_source) with `ranges`
     schema: pa.Schema  # the table rows' Arrow schema
     decoding: RecordDecoding
+    ranges: KafkaSourceOptions | None = None  # the options the tasks read the ranges' records with
 
 
 class SchemaKnownSoFar:
     """What the parsers whose tasks decode (JsonBatchParser, registry_records.RegistryBatchParser) share: the
     decoding of the schema known so far, which each replaces as its schema grows, and the table rows' schema it
-    gives."""
+    gives; and whether the batches they are given hold the records, or the offset ranges the tasks read them from
+    (`ranges`: the stream is kafka.range_source's)."""
 
     _decoding: RecordDecoding
+    _ranges: KafkaSourceOptions | None = None
 
     @property
     def decoding(self) -> RecordDecoding:
@@ -183,6 +186,20 @@ class SchemaKnownSoFar:
     def table_schema(self) -> pa.Schema:
         """The Arrow schema of the table rows with the schema known so far."""
         return self._decoding.decoder.output_schema
+
+    @property
+    def ranges(self) -> KafkaSourceOptions | None:
+        """The options the tasks read their records with when the stream is of offset ranges; None: of records."""
+        return self._ranges
+
+    def _task_input(self, batch: DataFrame, columns: Sequence[str], keep: Sequence[str]) -> BatchInput:
+        """The batch as the tasks read it: the Kafka `columns` of its records, and `keep`; or its ranges, whose
+        records the tasks read whole."""
+        if self._ranges is None:
+            return BatchInput(batch.select(*columns, *keep), self.table_schema, self._decoding)
+        if keep:
+            raise ValueError(f"a stream of offset ranges has no columns {list(keep)} to keep")
+        return BatchInput(batch, self.table_schema, self._decoding, self._ranges)
 
 
 class JsonBatchParser(SchemaKnownSoFar):
@@ -198,7 +215,9 @@ class JsonBatchParser(SchemaKnownSoFar):
     only when there are some does Spark infer their types, from the batch's records.
     The schema lives in the driver and starts again from the initial one when the job
     restarts; a field re-inferred with another type than the table's makes the
-    coordinator refuse the batch, with a message.
+    coordinator refuse the batch, with a message. Without `evolve` nothing runs in
+    Spark before the tasks, and the stream may be of offset ranges (`ranges`: the
+    options of kafka.range_source's stream), whose records the tasks read themselves.
 
     Records that do not fit the schema (a value of another type, a bad timestamp,
     text that is not JSON, a JSON value that is not an object, a tombstone) fail the
@@ -217,7 +236,14 @@ class JsonBatchParser(SchemaKnownSoFar):
         on_bad_record: BadRecordPolicy = BadRecordPolicy.FAIL,
         dead_letters: DeadLetterTarget | None = None,
         read_keys: bool = False,
+        ranges: KafkaSourceOptions | None = None,
     ) -> None:
+        if evolve and ranges is not None:
+            raise ValueError(
+                "learning a batch's new JSON fields (evolve) reads its records in Spark: its stream cannot be of "
+                "offset ranges"
+            )
+        self._ranges = ranges
         self.schema = schema
         self._read_keys = read_keys  # the tasks get the Kafka message keys too (an upsert stream's tombstones)
         self._evolve = evolve
@@ -237,7 +263,7 @@ class JsonBatchParser(SchemaKnownSoFar):
             # Two passes over the batch (the new fields, then the rows): read Kafka once.
             batch = self._cached = batch.persist()
             self._learn_new_fields(batch)
-        return BatchInput(batch.select(*self._task_columns, *keep), self.table_schema, self._decoding)
+        return self._task_input(batch, self._task_columns, keep)
 
     def batch_properties(self, bad_records: int) -> dict[str, str]:
         """After the batch's rows were written: the epoch properties (the count of records that did not fit)."""

@@ -10,7 +10,8 @@ with the file's Parquet footer (serialized), which the driver sends with the
 path so that the coordinator need not read it from storage; the driver
 pre-commits exactly those files, so files of a failed attempt never reach the
 table (the attempt deletes them when it fails by an exception). A task given a
-decoding (``DataFileTarget.decoding``) receives Kafka records and decodes them into
+decoding (``DataFileTarget.decoding``) receives Kafka records, or the offset ranges it
+reads them from itself (``DataFileTarget.ranges``: kafka.range_source), and decodes them into
 table rows itself (``spark_writer.formats.record_decoding.RecordDecoding``), and also yields
 the count of the records that did not fit and the latest record timestamp of each
 Kafka topic-partition it read (spark_writer.kafka.positions). A task given routes
@@ -40,6 +41,8 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from coordinator_service.contract.client import PreCommitFile
 from spark_writer.formats.record_decoding import DecodingSummary
+from spark_writer.kafka.options import KafkaSourceOptions
+from spark_writer.kafka.range_source import range_records
 from spark_writer.routing.split import TaskRouting, UnroutedTally, record_origin, split_by_route
 from spark_writer.sink.partitioning import PartitionField, PartitionKey, split_by_partition
 from spark_writer.sink.storage import Storage
@@ -121,6 +124,9 @@ class DataFileTarget:
     storage: Storage = field(default_factory=Storage)
     # How a task turns its input (Kafka records) into table rows; None: the input rows are the table's.
     decoding: TaskDecoding | None = None
+    # The Kafka options the task reads its records with when its input is offset ranges (kafka.range_source) rather
+    # than the records themselves; None: the input is the records (or the table's rows).
+    ranges: KafkaSourceOptions | None = None
     # Fan-out: which table each row goes to, and the tables' locations; None: every row to `table_location`.
     routing: TaskRouting | None = None
     # Set in the names of files of another kind than data files ("keys": an upsert or change stream's key files).
@@ -310,8 +316,9 @@ def task_writer(target: DataFileTarget) -> TaskWriter:
     def write(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         files = TaskFiles(target, task_label())
         decoder = None if target.decoding is None else target.decoding.start()
+        inputs = batches if target.ranges is None else range_records(batches, target.ranges)
         try:
-            for batch in batches:
+            for batch in inputs:
                 rows = pa.Table.from_batches([batch]) if decoder is None else decoder.rows(batch)
                 files.write(rows.cast(target.schema), None if decoder is None else batch)
             summary = DecodingSummary() if decoder is None else decoder.finish()

@@ -10,6 +10,7 @@ from pyspark.sql import DataFrame
 
 from spark_writer.formats.record_decoding import bad_record_properties
 from spark_writer.formats.registry_subjects import RegistrySchemas
+from spark_writer.kafka.options import KafkaSourceOptions
 from spark_writer.sink.kafka_records import BatchInput, SchemaKnownSoFar, task_columns
 
 
@@ -21,7 +22,15 @@ class RegistryBatchParser(SchemaKnownSoFar):
     ``kafka_records.JsonBatchParser`` does.
     """
 
-    def __init__(self, schemas: RegistrySchemas, *, evolve: bool = True, read_keys: bool = False) -> None:
+    def __init__(
+        self,
+        schemas: RegistrySchemas,
+        *,
+        evolve: bool = True,
+        read_keys: bool = False,
+        ranges: KafkaSourceOptions | None = None,
+    ) -> None:
+        self._ranges = ranges  # the stream is of offset ranges (kafka.range_source): the tasks read their records
         self._read_keys = read_keys  # the tasks get the Kafka message keys even without a key subject (tombstones)
         self._evolve = evolve
         self._schemas = schemas
@@ -37,7 +46,7 @@ class RegistryBatchParser(SchemaKnownSoFar):
         columns = task_columns(
             key=self._schemas.decodes_keys or self._read_keys, dead_letters=self._decoding.dead_letters is not None
         )
-        return BatchInput(batch.select(*columns, *keep), self.table_schema, self._decoding)
+        return self._task_input(batch, columns, keep)
 
     def batch_properties(self, bad_records: int) -> dict[str, str]:
         return bad_record_properties(bad_records, self._schemas.policy, self._schemas.value_subject.description)

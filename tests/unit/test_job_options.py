@@ -12,6 +12,7 @@ from unittest import mock
 
 import pytest
 from confluent_kafka.schema_registry import Schema
+from pyspark.sql.types import LongType, StructField, StructType
 from typer.testing import CliRunner
 
 from sink_coordinator_demo.ports import free_port
@@ -21,10 +22,13 @@ from spark_writer.formats.json_decoding import check_time_zone
 from spark_writer.formats.record_decoding import BadRecordPolicy
 from spark_writer.formats.schema_registry import RegistrySettings, registry_client
 from spark_writer.job_failures import ExitCode, JobFailure
-from spark_writer.job_settings import KafkaSettings, KafkaSource, ParseSettings
+from spark_writer.job_records import task_ranges
+from spark_writer.job_settings import KafkaSettings, KafkaSource, ParseSettings, RecordFormat
 from spark_writer.kafka.options import parse_options
+from spark_writer.mutations.modes import MutationMode, Mutations
 from spark_writer.routing.routes import Routes, Unrouted
 from spark_writer.session import retries_tasks, with_task_retries
+from spark_writer.sink.kafka_records import JsonBatchParser
 from tests.fixtures.writer_cli import COORDINATOR_FLAG, REQUIRED, Started
 
 
@@ -196,6 +200,54 @@ def test_spark_kafka_source_reads_committed_records_with_their_headers() -> None
         "includeHeaders": "true",
     }
     assert KafkaSettings("b:9092", ("orders",)).source_format == "sink_coordinator_kafka"
+
+
+@pytest.mark.parametrize(
+    ("kafka", "parse", "reads_ranges"),
+    [
+        (KafkaSettings("b:9092", ("orders",)), ParseSettings(schema_ddl="id BIGINT", evolve_schema=False), True),
+        (KafkaSettings("b:9092", ("orders",)), ParseSettings(schema_ddl="id BIGINT"), False),
+        (
+            KafkaSettings("b:9092", ("orders",), source=KafkaSource.SPARK),
+            ParseSettings(schema_ddl="id BIGINT", evolve_schema=False),
+            False,
+        ),
+        (KafkaSettings("b:9092", ("orders",)), ParseSettings(record_format=RecordFormat.RAW), False),
+        (
+            KafkaSettings("b:9092", ("orders",)),
+            ParseSettings(record_format=RecordFormat.AVRO, schema_registry_url="http://registry:8081"),
+            True,
+        ),
+        (
+            KafkaSettings("b:9092", ("orders",)),
+            ParseSettings(
+                schema_ddl="id BIGINT",
+                evolve_schema=False,
+                mutations=Mutations(MutationMode.UPSERT, ("id",)),
+            ),
+            False,
+        ),
+    ],
+)
+def test_the_tasks_read_offset_ranges_only_where_nothing_runs_in_spark_before_them(
+    kafka: KafkaSettings, parse: ParseSettings, reads_ranges: bool
+) -> None:
+    """Only this project's source has a stream of ranges; JSON fields learned per batch, and an upsert stream's
+    shuffle by key, need the records in Spark."""
+    ranges = task_ranges(kafka, parse)
+    assert (ranges is not None) == reads_ranges
+    if ranges is not None:
+        assert ranges == parse_options(kafka.source_options())
+
+
+ID_SCHEMA = StructType([StructField("id", LongType())])
+
+
+def test_a_parser_learning_json_fields_refuses_a_stream_of_ranges() -> None:
+    ranges = parse_options({"kafka.bootstrap.servers": "b:9092", "subscribe": "orders"})
+    with pytest.raises(ValueError, match=r"learning a batch's new JSON fields .* cannot be of offset ranges"):
+        JsonBatchParser(ID_SCHEMA, evolve=True, ranges=ranges)
+    assert JsonBatchParser(ID_SCHEMA, evolve=False, ranges=ranges).ranges == ranges
 
 
 def test_the_job_and_the_source_start_at_the_same_offsets_by_default() -> None:

@@ -17,6 +17,7 @@ from spark_writer.kafka.offsets import (
     incarnations_from_json,
     incarnations_of,
     initial_offsets_json,
+    offsets_covered,
     offsets_from_json,
     offsets_to_json,
     plan_end_offsets,
@@ -221,3 +222,22 @@ def test_a_topic_id_tells_the_lives_apart_whatever_the_offsets() -> None:
     assert replaced_topics(first, again) == ["a"]
     end = planned_end_json(planned_end_json({}, {A0: 10}, first), {A0: 40}, again)
     assert batch_start_offsets(planned_end_json({}, {A0: 10}, first), end) == {A0: 3}
+
+
+def test_offsets_covered_counts_each_planned_range_as_the_batch_reads_it() -> None:
+    """What a batch covers, from its start and end offsets as Spark's progress reports them (the demo's progress bar
+    counts records by it, as a stream of offset ranges has no records in Spark)."""
+    initial = initial_offsets_json({A0: 3, B0: 0})
+    end_0 = planned_end_json(initial, {A0: 8, B0: 2}, {})
+    # Batch 0: from the start its end recorded, whether Spark reports no start or initialOffset's answer.
+    assert offsets_covered(None, end_0) == 7
+    assert offsets_covered(initial_offsets_json({A0: 9, B0: 5}), end_0) == 7
+    # A later batch; a partition new to it is read from 0; none goes back.
+    assert offsets_covered(end_0, planned_end_json(end_0, {A0: 10, A1: 4, B0: 2}, {})) == 6
+    assert offsets_covered({"a": {"0": 10}}, {"a": {"0": 10}}) == 0
+    # A topic created again is read from its new life's start.
+    before = incarnations_of({}, {A0: 4})
+    end_1 = planned_end_json({"a": {"0": 8}}, {A0: 10}, before)
+    now = incarnations_of({}, {A0: 0}, new_lives=("a",))
+    assert offsets_covered(end_1, planned_end_json(end_1, {A0: 6}, now)) == 6
+
