@@ -139,6 +139,7 @@ def run_plain(
             target_file_size_bytes=128 * 1024 * 1024,
             storage=Storage(place.storage),
             decoding=prepared.decoding,
+            ranges=prepared.ranges,
         )
         written = prepared.frame.mapInArrow(task_writer(target), WRITTEN_FILES_STRUCT).collect()
         paths = [row.path for row in written if row.path is not None]

@@ -10,6 +10,7 @@ memory does not grow with its range. Pure: no Spark (a fresh read builds its bat
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 import pyarrow as pa
@@ -51,8 +52,31 @@ def _as_bytes(value: str | bytes | None) -> bytes | None:
     return value.encode() if isinstance(value, str) else value
 
 
+def _headers_of(message: Message) -> HeadersType | None:
+    return message.headers()
+
+
+def _size(payloads: list[bytes | None]) -> int:
+    """The bytes of these keys or values (None: none)."""
+    return sum(map(len, filter(None, payloads)))
+
+
+def _taken_until_full(before: int, keys: list[bytes | None], values: list[bytes | None]) -> int:
+    """How many of these messages a batch of `before` bytes takes until it holds ARROW_BATCH_MAX_BYTES."""
+    held = before
+    for taken, (key, value) in enumerate(zip(keys, values, strict=True), start=1):
+        held += len(key or b"") + len(value or b"")
+        if held >= ARROW_BATCH_MAX_BYTES:
+            return taken
+    return len(keys)
+
+
 class ArrowBatchBuilder:
-    """Collects the messages of one partition into Arrow record batches in KAFKA_ARROW_SCHEMA."""
+    """Collects the messages of one partition into Arrow record batches in KAFKA_ARROW_SCHEMA.
+
+    It takes the messages a consume() call gave at once (`add`), each column read with one comprehension: a method
+    call and a list append per message and column cost more than reading and parsing the record (bench/OPTIMISATIONS.md,
+    24). A batch still ends at the message that fills it, as if the messages were taken one at a time."""
 
     def __init__(self, topic: str, partition: int) -> None:
         self._topic = topic
@@ -71,17 +95,35 @@ class ArrowBatchBuilder:
     def __len__(self) -> int:
         return len(self._offsets)
 
-    def append(self, message: Message) -> None:
-        key, value = message.key(), message.value()
-        timestamp_type, timestamp_ms = message.timestamp()
-        headers = message.headers()
-        self._keys.append(key)
-        self._values.append(value)
-        self._offsets.append(int(message.offset() or 0))
-        self._timestamps.append(None if timestamp_type == 0 else timestamp_ms * 1000)
-        self._timestamp_types.append(KAFKA_TIMESTAMP_TYPE.get(timestamp_type, -1))
-        self._headers.append(_header_structs(headers))
-        self.bytes += len(key or b"") + len(value or b"")
+    def add(self, messages: Sequence[Message]) -> Iterator[pa.RecordBatch]:
+        """Take these messages (of this partition, in order); yield each batch they fill: one ends at the message
+        that brings it to ARROW_BATCH_MAX_ROWS rows or ARROW_BATCH_MAX_BYTES bytes of keys and values."""
+        start = 0
+        while start < len(messages):
+            chunk = messages[start : start + ARROW_BATCH_MAX_ROWS - len(self)]
+            keys = [message.key() for message in chunk]
+            values = [message.value() for message in chunk]
+            size = _size(keys) + _size(values)
+            if self.bytes + size >= ARROW_BATCH_MAX_BYTES:
+                taken = _taken_until_full(self.bytes, keys, values)
+                chunk, keys, values = chunk[:taken], keys[:taken], values[:taken]
+                size = _size(keys) + _size(values)
+            self._append(chunk, keys, values, size)
+            start += len(chunk)
+            if self.is_full():
+                yield self.build()
+
+    def _append(
+        self, messages: Sequence[Message], keys: list[bytes | None], values: list[bytes | None], size: int
+    ) -> None:
+        timestamps = [message.timestamp() for message in messages]
+        self._keys += keys
+        self._values += values
+        self._offsets += [int(message.offset() or 0) for message in messages]
+        self._timestamps += [None if kind == 0 else milliseconds * 1000 for kind, milliseconds in timestamps]
+        self._timestamp_types += [KAFKA_TIMESTAMP_TYPE.get(kind, -1) for kind, _ in timestamps]
+        self._headers += [_header_structs(headers) if headers else None for headers in map(_headers_of, messages)]
+        self.bytes += size
 
     def is_full(self) -> bool:
         return len(self) >= ARROW_BATCH_MAX_ROWS or self.bytes >= ARROW_BATCH_MAX_BYTES

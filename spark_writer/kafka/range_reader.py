@@ -15,6 +15,8 @@ Invariants:
 
 from __future__ import annotations
 
+import bisect
+import operator
 import time
 import uuid
 from collections.abc import Iterator
@@ -55,10 +57,8 @@ def read_range(offset_range: OffsetRange, options: KafkaSourceOptions) -> Iterat
     consumer = Consumer(consumer_config(options))
     try:
         builder = ArrowBatchBuilder(offset_range.topic, offset_range.partition)
-        for message in RangeReader(consumer, offset_range, options).messages():
-            builder.append(message)
-            if builder.is_full():
-                yield builder.build()
+        for messages in RangeReader(consumer, offset_range, options).messages():
+            yield from builder.add(messages)
         if len(builder):
             yield builder.build()
     finally:
@@ -75,7 +75,8 @@ class RangeReader:
         self._position = offset_range.start
         self._checked_at = 0.0
 
-    def messages(self) -> Iterator[Message]:
+    def messages(self) -> Iterator[list[Message]]:
+        """The range's records, in offset order, as lists (those of one consume() call)."""
         self._seek(self._position)
         last_progress = time.monotonic()
         while self._position < self._range.end:
@@ -84,7 +85,9 @@ class RangeReader:
             wanted = min(CONSUME_BATCH_SIZE, self._range.end - self._position)
             batch = self._consumer.consume(num_messages=wanted, timeout=CONSUME_WAIT_SECONDS)
             before = self._position
-            yield from self._accept(batch)
+            accepted = self._accept(batch)
+            if accepted:
+                yield accepted
             now = time.monotonic()
             if self._position > before:
                 last_progress = now
@@ -97,18 +100,49 @@ class RangeReader:
     def _seek(self, offset: int) -> None:
         self._consumer.assign([TopicPartition(self._range.topic, self._range.partition, offset)])
 
-    def _accept(self, batch: list[Message]) -> Iterator[Message]:
-        for message in batch:
-            error = message.error()
-            if error is not None:
-                self._handle_error(error, message)
-            elif int(message.offset() or 0) >= self._range.end:
-                self._position = self._range.end
-            elif int(message.offset() or 0) >= self._position:
-                self._position = int(message.offset() or 0) + 1
-                yield message
+    def _accept(self, batch: list[Message]) -> list[Message]:
+        """The messages of a consume() call that the range still needs, in order, the position moved past them; the
+        errors among them handled where they stand (an error may move the position: a seek, data loss)."""
+        accepted: list[Message] = []
+        start = 0
+        for index in [index for index, message in enumerate(batch) if message.error() is not None]:
+            accepted += self._in_range(batch[start:index])
             if self._position >= self._range.end:
-                return
+                return accepted
+            error = batch[index].error()
+            assert error is not None
+            self._handle_error(error, batch[index])
+            start = index + 1
+            if self._position >= self._range.end:
+                return accepted
+        accepted += self._in_range(batch[start:])
+        return accepted
+
+    def _in_range(self, messages: list[Message]) -> list[Message]:
+        """Of these records (no error among them), those at or past the position and before the range's end; the
+        position moved past them, or to the end once a record at or past it was seen."""
+        offsets = [int(message.offset() or 0) for message in messages]
+        if not all(map(operator.lt, offsets, offsets[1:])):
+            return self._in_range_one_by_one(messages, offsets)
+        first = bisect.bisect_left(offsets, self._position)
+        past = bisect.bisect_left(offsets, self._range.end)
+        if past < len(offsets):
+            self._position = self._range.end
+        elif past > first:
+            self._position = offsets[past - 1] + 1
+        return messages[first:past]
+
+    def _in_range_one_by_one(self, messages: list[Message], offsets: list[int]) -> list[Message]:
+        """_in_range of records whose offsets do not rise (a consumer never gives such, but the range is exact)."""
+        taken = []
+        for message, offset in zip(messages, offsets, strict=True):
+            if offset >= self._range.end:
+                self._position = self._range.end
+                break
+            if offset >= self._position:
+                self._position = offset + 1
+                taken.append(message)
+        return taken
 
     def _handle_error(self, error: KafkaError, message: Message) -> None:
         if error.code() == KafkaError._PARTITION_EOF:
