@@ -232,9 +232,20 @@ class Pipeline(NamedTuple):
     spark: Any
 
 
-def start_pipeline(stack: ExitStack, root: Path, database_url: str, place: Place, data_dir: Path, app: str) -> Pipeline:
+def start_pipeline(
+    stack: ExitStack,
+    root: Path,
+    database_url: str,
+    place: Place,
+    data_dir: Path,
+    app: str,
+    *,
+    records_in_jvm: bool,
+) -> Pipeline:
     """The broker, the coordinator process on `place`'s catalog (its data in `data_dir`), that catalog with a `bench`
-    namespace and a Spark session at `place`'s master, each stopped when `stack` closes."""
+    namespace and a Spark session at `place`'s master, each stopped when `stack` closes; `records_in_jvm`: whether
+    the streams' records pass through its JVM (the session's compiler follows, as the job's does:
+    session.local_spark_session)."""
     from pyiceberg.catalog import load_catalog
 
     from spark_writer.session import local_spark_session
@@ -250,17 +261,21 @@ def start_pipeline(stack: ExitStack, root: Path, database_url: str, place: Place
     stack.callback(coordinator.stop)
     catalog = load_catalog("default", **place.catalog)
     catalog.create_namespace_if_not_exists("bench")
-    spark = local_spark_session(app, place.master)
+    spark = local_spark_session(app, place.master, records_in_jvm=records_in_jvm)
     stack.callback(spark.stop)
     spark.sparkContext.setLogLevel("ERROR")
     return Pipeline(bootstrap, coordinator, catalog, spark)
 
 
-def local_pipeline(stack: ExitStack, root: Path, postgres: Postgres, database: str) -> Pipeline:
+def local_pipeline(
+    stack: ExitStack, root: Path, postgres: Postgres, database: str, *, records_in_jvm: bool
+) -> Pipeline:
     """start_pipeline on a new database of `postgres`, with a local warehouse and Spark session."""
     database_url = postgres.new_database(database)
     place = local_place(database_url, root / "coordinator")
-    return start_pipeline(stack, root, database_url, place, root / "coordinator", "sink-coordinator-bench")
+    return start_pipeline(
+        stack, root, database_url, place, root / "coordinator", "sink-coordinator-bench", records_in_jvm=records_in_jvm
+    )
 
 
 def local_place(database_url: str, coordinator_data: Path) -> Place:
@@ -294,7 +309,7 @@ def run(
         else:
             place = local_place(database_url, root / "e2e")
         bootstrap, coordinator, catalog, spark = start_pipeline(
-            stack, root, database_url, place, root / "e2e", "sink-coordinator-bench"
+            stack, root, database_url, place, root / "e2e", "sink-coordinator-bench", records_in_jvm=False
         )
         rows: list[dict[str, Any]] = []
         # Warm-up: JVM, Python workers, the source and both sinks once on a small topic.

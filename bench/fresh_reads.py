@@ -140,7 +140,7 @@ def measure(root: Path, table_records: int, reads: int) -> dict[str, Any]:
     results: dict[str, Any] = {"machine": machine_facts(postgres)}
     with ExitStack() as stack:
         stack.callback(postgres.stop)
-        bootstrap, coordinator, catalog, spark = local_pipeline(stack, root, postgres, "fresh")
+        bootstrap, coordinator, catalog, spark = local_pipeline(stack, root, postgres, "fresh", records_in_jvm=False)
         topic = create_topic(bootstrap, PARTITIONS, prefix="bench")
         produce_records(
             bootstrap, topic, ((i % PARTITIONS, str(i).encode(), order_value(i)) for i in range(table_records))

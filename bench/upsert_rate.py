@@ -105,7 +105,11 @@ def measure(root: Path, records: int, repetitions: int) -> dict[str, Any]:
     postgres = Postgres(root)
     with ExitStack() as stack:
         stack.callback(postgres.stop)
-        bootstrap, coordinator, catalog, spark = local_pipeline(stack, root, postgres, "upsert_rate")
+        # One session for both streams, on the JVM's defaults as the upsert stream's job runs (its records are
+        # shuffled in the JVM); the append stream's job alone would run on the quick compiler (session.QUICK_JIT).
+        bootstrap, coordinator, catalog, spark = local_pipeline(
+            stack, root, postgres, "upsert_rate", records_in_jvm=True
+        )
         # Warm-up: the JVM, the Python workers, both kinds of sink once.
         warm = stream(2_000, seed=0)
         warm_topic = produce(bootstrap, warm)

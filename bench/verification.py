@@ -223,7 +223,7 @@ async def measure_spark_sink(
     from tests.fixtures.kafka_broker import create_topic
 
     with ExitStack() as stack:
-        pipeline = local_pipeline(stack, root / "spark", postgres, "verification_spark")
+        pipeline = local_pipeline(stack, root / "spark", postgres, "verification_spark", records_in_jvm=False)
         topic = create_topic(pipeline.bootstrap, PARTITIONS, prefix="bench")
         sink = SparkSink(pipeline, root / "spark", topic)
         database = Database(normalize_url(pipeline.coordinator.database_url), ConnectionOptions(pool_size=2))

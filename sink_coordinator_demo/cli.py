@@ -71,6 +71,7 @@ from sink_coordinator_demo.ports import free_port, port_is_free
 from sink_coordinator_demo.spark_cluster import SparkCluster, start_spark_cluster
 from sink_coordinator_demo.table_check import check_routes, check_table, fan_out_routes, route_tables
 from spark_writer.job import run_until_done, start_job
+from spark_writer.job_records import task_ranges
 from spark_writer.job_settings import KafkaSettings, ParseSettings, SinkSettings
 from spark_writer.kafka.offsets import offsets_covered
 from spark_writer.session import local_spark_session
@@ -333,17 +334,18 @@ def main(
             (topic,),
             max_offsets_per_trigger=max_offsets_per_trigger or -(-events // DEFAULT_BATCHES),
         )
+        parse = (
+            ParseSettings(schema_ddl=ORDER_ROW_DDL, evolve_schema=False, mutations=MUTATIONS)
+            if cdc
+            else ParseSettings(schema_ddl=ORDER_SCHEMA_DDL, evolve_schema=False)
+        )
         with stop_on_signals() as stop:
             with phases.phase("start Spark"):
-                spark = local_spark_session("sink-coordinator-demo", master)
+                records_in_jvm = task_ranges(kafka, parse) is None
+                spark = local_spark_session("sink-coordinator-demo", master, records_in_jvm=records_in_jvm)
                 stop.install()  # the SparkContext replaced SIGINT's handler
                 spark.sparkContext.setLogLevel("ERROR")
             with phases.phase("stream into Iceberg"):
-                parse = (
-                    ParseSettings(schema_ddl=ORDER_ROW_DDL, evolve_schema=False, mutations=MUTATIONS)
-                    if cdc
-                    else ParseSettings(schema_ddl=ORDER_SCHEMA_DDL, evolve_schema=False)
-                )
                 # Debezium's tombstones are records too: the bar counts every record the query reads.
                 stream_orders(spark, kafka, parse, sink, events + (model.deleted if model else 0), stop)
         with phases.phase("read the table back"):

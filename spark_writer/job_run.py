@@ -14,7 +14,7 @@ from pyspark.sql import SparkSession
 
 from spark_writer.driver_jvm import SparkLog
 from spark_writer.job_failures import ExitCode, JobFailure, one_line
-from spark_writer.job_records import registry_parser, table_records
+from spark_writer.job_records import registry_parser, table_records, task_ranges
 from spark_writer.job_settings import KafkaSettings, KafkaSource, ParseSettings, SinkSettings
 from spark_writer.kafka.options import parse_options
 from spark_writer.kafka.range_source import register_kafka_sources
@@ -33,9 +33,16 @@ STOP_CHECK_SECONDS: Final = 1
 DEFAULT_LOCAL_MASTER: Final = "local[*]"
 
 
-def spark_session(master: str | None, spark_log: SparkLog | None = None, app_name: str = "sink-writer") -> SparkSession:
+def spark_session(
+    master: str | None,
+    spark_log: SparkLog | None = None,
+    app_name: str = "sink-writer",
+    *,
+    records_in_jvm: bool = True,
+) -> SparkSession:
     """The session to run in: spark-submit's when it launched us (its JVM logs as spark-submit says), else a local
-    one (Java found, source registered); `spark_log`: where the JVM of a local one and py4j log (else the console)."""
+    one (Java found, source registered); `spark_log`: where the JVM of a local one and py4j log (else the console);
+    `records_in_jvm`: whether the stream's records pass through the JVM (session.local_spark_session)."""
     if spark_log is not None:
         spark_log.capture_py4j()
     # spark-submit starts the JVM first and tells the Python driver its gateway port.
@@ -51,7 +58,7 @@ def spark_session(master: str | None, spark_log: SparkLog | None = None, app_nam
         return spark
     if spark_log is not None:
         log.info("spark's own log", path=str(spark_log.path), on_console=spark_log.on_console)
-    return local_spark_session(app_name, master or DEFAULT_LOCAL_MASTER, spark_log)
+    return local_spark_session(app_name, master or DEFAULT_LOCAL_MASTER, spark_log, records_in_jvm=records_in_jvm)
 
 
 def start_job(spark: SparkSession, kafka: KafkaSettings, parse: ParseSettings, sink: SinkSettings) -> IcebergSinkQuery:
@@ -112,7 +119,7 @@ def run_on_spark(
     stop: StopRequest,
 ) -> bool:
     """Start Spark and run the job; False when a stop request ended it before its end."""
-    spark = spark_session(master, spark_log)
+    spark = spark_session(master, spark_log, records_in_jvm=task_ranges(kafka, parse) is None)
     stop.install()  # the SparkContext replaced SIGINT's handler
     try:
         if stop.requested:

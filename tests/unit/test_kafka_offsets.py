@@ -240,4 +240,3 @@ def test_offsets_covered_counts_each_planned_range_as_the_batch_reads_it() -> No
     end_1 = planned_end_json({"a": {"0": 8}}, {A0: 10}, before)
     now = incarnations_of({}, {A0: 0}, new_lives=("a",))
     assert offsets_covered(end_1, planned_end_json(end_1, {A0: 6}, now)) == 6
-
