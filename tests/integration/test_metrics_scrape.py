@@ -211,7 +211,9 @@ async def test_a_metastore_read_past_its_limit_answers_metastore_up_0_in_time(ad
     started = time.monotonic()
     async with asyncio.timeout(15):
         scrape = await admin.get("/metrics")
-    assert 5 <= time.monotonic() - started < 8
+    # In time: before Prometheus's default scrape_timeout (10 s). The rest of the answer took up to 3.7 s more on 2
+    # cores busy with the suite's other workers, past the 8 s this said before.
+    assert 5 <= time.monotonic() - started < 10
     families = families_of(scrape.text)
     assert families["sink_coordinator_metastore_up"].samples[0].value == 0
     assert "sink_coordinator_pending_epochs{" not in scrape.text
