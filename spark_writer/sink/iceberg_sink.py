@@ -44,7 +44,7 @@ from spark_writer.arrow_schema import arrow_schema_of, serialize_schema
 from spark_writer.formats.record_decoding import RECORDS_READ_PROPERTY
 from spark_writer.kafka.positions import TopicPartition, merge_latest, position_properties
 from spark_writer.routing.routes import Routes
-from spark_writer.sink.checkpoint import NO_OFFSET, SparkCheckpoint
+from spark_writer.sink.checkpoint import NO_BATCH, NO_OFFSET, SparkCheckpoint
 from spark_writer.sink.fan_out import FanOut
 from spark_writer.sink.listener import CheckpointListener, CheckpointReporter
 from spark_writer.sink.parquet_writer import BatchTasks, DataFileTarget, append_tasks, delete_files, precommit_files
@@ -140,6 +140,7 @@ class MicroBatchWriter:
         self._state = threading.Condition()
         self._stopping = False
         self._in_batch = False
+        self.last_written = NO_BATCH  # the last batch this function returned from: Spark checkpoints it after
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         with self._state:
@@ -151,6 +152,7 @@ class MicroBatchWriter:
             self._in_batch = True
         try:
             self._write(batch, batch_id)
+            self.last_written = batch_id
         finally:
             with self._state:
                 self._in_batch = False

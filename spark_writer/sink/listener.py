@@ -104,6 +104,10 @@ class CheckpointReporter:
                 waited=wait,
             )
 
+    def last_checkpointed(self) -> int:
+        """The highest batch in the checkpoint's commit log (NO_BATCH: none)."""
+        return self._checkpoint.last_committed_batch()
+
     def report_checkpointed(self, *, wait: bool = False) -> int:
         """Report the highest batch in the checkpoint's commit log; return it."""
         epoch = self._checkpoint.last_committed_batch()

@@ -3,6 +3,7 @@ batches, and the last checkpoint report when it ends."""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Final
 
 import structlog
@@ -20,6 +21,9 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 DEFAULT_STOP_GRACE_SECONDS: Final = 60.0
+# While a stop waits for Spark to checkpoint the last batch: how long each wait on the query lasts before the
+# commit log is looked at again (the query's end ends the wait at once).
+CHECKPOINT_CHECK_SECONDS: Final = 0.05
 
 
 class SinkRefusedError(RuntimeError):
@@ -68,14 +72,37 @@ class IcebergSinkQuery:
     def stop(self, grace_seconds: float = DEFAULT_STOP_GRACE_SECONDS) -> int:
         """Stop the query between two batches, then finish(); return the last checkpointed (and committed) batch.
 
-        A running batch gets `grace_seconds` to finish: Spark's own stop interrupts it,
-        which is safe (it runs again at restart) but leaves the files it wrote so far
-        behind, outside the table.
+        A running batch gets `grace_seconds` to finish, its Spark checkpoint included: Spark
+        writes commits/N after the sink's function returns, and its own stop would interrupt
+        that write. Past the grace Spark's stop interrupts the batch, which is safe (it runs
+        again at restart) but leaves the files it wrote so far behind, outside the table.
         """
+        deadline = time.monotonic() + grace_seconds
         if not self._writer.stop_between_batches(grace_seconds):
             log.warning("the running batch did not finish in time; interrupting it", grace_seconds=grace_seconds)
+        elif not self._await_checkpoint(self._writer.last_written, deadline):
+            log.warning(
+                "spark did not checkpoint the last batch in time; interrupting it",
+                batch=self._writer.last_written,
+                grace_seconds=grace_seconds,
+            )
         self.query.stop()
         return self.finish()
+
+    def _await_checkpoint(self, batch_id: int, deadline: float) -> bool:
+        """Wait until Spark's commit log holds `batch_id`, or the query ended; False if the deadline came first."""
+        while self._reporter.last_checkpointed() < batch_id:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            try:
+                # Seconds as a float: PySpark waits int(timeout * 1000) ms, whatever its annotation says.
+                if self.query.awaitTermination(min(remaining, CHECKPOINT_CHECK_SECONDS)):  # type: ignore[arg-type]
+                    return True
+            except StreamingQueryException:
+                # The next batch refused to start (the sink is stopping): Spark had checkpointed this one first.
+                return True
+        return True
 
     def finish(self, *, wait_for_commit: bool = True) -> int:
         """After the query ended: report Spark's last checkpointed batch to the coordinator and return it.
