@@ -18,6 +18,8 @@ from spark_writer.kafka.offsets import offsets_covered
 from spark_writer.kafka.options import SOURCE_NAME, parse_options
 from spark_writer.kafka.range_source import RANGE_ARROW_SCHEMA, RANGE_SOURCE_NAME, range_records
 from tests.fixtures.kafka_broker import ProducedRecord, produce_in_transaction, produce_keyed
+from tests.fixtures.pipeline import order_source_options
+from tests.integration.test_kafka_source import BatchCollector
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -26,48 +28,26 @@ TopicFactory = Callable[..., str]
 
 
 @dataclass
-class Batches:
-    """A foreachBatch sink keeping each batch's records, as (partition, offset, key), of either source: a batch of
-    ranges is read as the writer's tasks read it (range_records); it can fail one batch once."""
+class Batches(BatchCollector):
+    """BatchCollector of either source, each batch's records sorted: a batch of ranges is read as the writer's tasks
+    read it (range_records)."""
 
-    options: dict[str, str]
-    fail_batch_once: int | None = None
-    batches: dict[int, list[ProducedRecord]] = field(default_factory=dict)
-    failed_attempt: list[ProducedRecord] = field(default_factory=list)
+    options: dict[str, str] = field(default_factory=dict)
 
-    def __call__(self, frame: DataFrame, batch_id: int) -> None:
-        if "start_offset" in frame.columns:
-            ranges = frame.toArrow().cast(RANGE_ARROW_SCHEMA).to_batches()
-            read = range_records(ranges, parse_options(self.options))
-            rows = sorted(
-                ProducedRecord(partition, offset, key)
-                for batch in read
-                for partition, offset, key in zip(
-                    batch.column("partition").to_pylist(),
-                    batch.column("offset").to_pylist(),
-                    batch.column("key").to_pylist(),
-                    strict=True,
-                )
+    def read(self, frame: DataFrame) -> list[ProducedRecord]:
+        if "start_offset" not in frame.columns:
+            return sorted(super().read(frame))
+        ranges = frame.toArrow().cast(RANGE_ARROW_SCHEMA).to_batches()
+        return sorted(
+            ProducedRecord(partition, offset, key)
+            for batch in range_records(ranges, parse_options(self.options))
+            for partition, offset, key in zip(
+                batch.column("partition").to_pylist(),
+                batch.column("offset").to_pylist(),
+                batch.column("key").to_pylist(),
+                strict=True,
             )
-        else:
-            rows = sorted(ProducedRecord(row.partition, row.offset, row.key) for row in frame.collect())
-        if batch_id == self.fail_batch_once:
-            self.fail_batch_once = None
-            self.failed_attempt = rows
-            raise RuntimeError(f"injected failure in batch {batch_id}")
-        self.batches[batch_id] = rows
-
-    def records(self) -> list[ProducedRecord]:
-        return sorted(record for rows in self.batches.values() for record in rows)
-
-
-def source_options(bootstrap: str, topic: str, cap: int) -> dict[str, str]:
-    return {
-        "kafka.bootstrap.servers": bootstrap,
-        "subscribe": topic,
-        "startingOffsets": "earliest",
-        "maxOffsetsPerTrigger": str(cap),
-    }
+        )
 
 
 def run_available_now(spark: SparkSession, source: str, sink: Batches, checkpoint: Path) -> list[int]:
@@ -111,8 +91,8 @@ def test_each_batch_of_ranges_reads_exactly_the_records_source_batch(
 ) -> None:
     topic = kafka_topic(partitions=3)
     produced = produce_with_transactions(kafka_bootstrap, topic)
-    options = source_options(kafka_bootstrap, topic, 11)
-    records, ranges = Batches(options), Batches(options)
+    options = order_source_options(kafka_bootstrap, topic, 11)
+    records, ranges = Batches(options=options), Batches(options=options)
 
     records_covered = run_available_now(spark, SOURCE_NAME, records, tmp_path / "records")
     ranges_covered = run_available_now(spark, RANGE_SOURCE_NAME, ranges, tmp_path / "ranges")
@@ -135,15 +115,15 @@ def test_a_checkpoint_of_one_source_is_resumed_by_the_other(
     that failed is read again whole, under its id, and every record is read once."""
     topic = kafka_topic(partitions=2)
     produced = produce_keyed(kafka_bootstrap, topic, [(index % 2, f"first-{index}".encode()) for index in range(40)])
-    options = source_options(kafka_bootstrap, topic, 10)
-    crashing = Batches(options, fail_batch_once=2)
+    options = order_source_options(kafka_bootstrap, topic, 10)
+    crashing = Batches(fail_batch_once=2, options=options)
 
     with pytest.raises(StreamingQueryException, match="injected failure in batch 2"):
         run_available_now(spark, first, crashing, tmp_path)
     assert sorted(crashing.batches) == [0, 1]
 
     produced += produce_keyed(kafka_bootstrap, topic, [(index % 2, f"second-{index}".encode()) for index in range(30)])
-    resumed = Batches(options)
+    resumed = Batches(options=options)
     run_available_now(spark, then, resumed, tmp_path)
 
     assert min(resumed.batches) == 2, "the failed batch must be re-run under the same id"

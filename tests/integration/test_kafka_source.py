@@ -54,7 +54,7 @@ class BatchCollector:
     failed_attempt: list[ProducedRecord] = field(default_factory=list)
 
     def __call__(self, frame: DataFrame, batch_id: int) -> None:
-        rows = [ProducedRecord(row.partition, row.offset, row.key) for row in frame.collect()]
+        rows = self.read(frame)
         if batch_id == self.fail_batch_once:
             self.fail_batch_once = None
             self.failed_attempt = rows
@@ -63,6 +63,10 @@ class BatchCollector:
 
     def records(self) -> list[ProducedRecord]:
         return sorted(record for rows in self.batches.values() for record in rows)
+
+    def read(self, frame: DataFrame) -> list[ProducedRecord]:
+        """The batch's records."""
+        return [ProducedRecord(row.partition, row.offset, row.key) for row in frame.collect()]
 
 
 def kafka_stream(spark: SparkSession, bootstrap: str, topic: str, **options: str) -> DataStreamReader:
