@@ -108,10 +108,10 @@ class BatchProgress(StreamingQueryListener):
         if progress.name != self._query_name or not progress.sources:
             return
         # By the offsets the batch covered: the writer's tasks read the records of a stream of offset ranges
-        # themselves (spark_writer.kafka.range_source), and Spark counts the ranges.
-        source = progress.sources[0]
-        start = None if source.startOffset is None else json.loads(source.startOffset)
-        records = offsets_covered(start, json.loads(source.endOffset))
+        # themselves (spark_writer.kafka.range_source), and Spark counts the ranges. Read from the progress's own
+        # JSON: a listener's SourceProgress gives a batch 0's missing start as the text "None".
+        source = json.loads(progress.json)["sources"][0]
+        records = offsets_covered(source["startOffset"], source["endOffset"])
         if records:
             self._progress.update(self._task, advance=records, description=f"micro-batch {progress.batchId}")
 
