@@ -9,6 +9,11 @@ hundreds of lines of tracebacks. So the JVM starts with SIGTERM ignored as well 
 ignored, and the JVM then installs no handler for it). A second signal still ends the driver at once, and the JVM
 with it: it exits when its stdin, a pipe from the driver, closes.
 
+A shell ignores both signals and executes PySpark's command in its place, rather than PySpark's `preexec_fn` (which
+ignores SIGINT) and one of ours: a `preexec_fn` makes Python fork the driver instead of vfork-ing it, and the job
+calls the coordinator over gRPC before it starts Spark; a fork of a process where gRPC has run can hang in the child
+before it executes anything (grpc/grpc#37259, the fork handlers gRPC registers). vfork runs no fork handlers.
+
 Spark's log (log4j: its warnings, and each failed task attempt with its Python and Java stack traces), py4j's and
 the whole of an error the job cannot name go to a file (SparkLog): the job's own output says what failed and how to
 go on, in one line at its end.
@@ -17,11 +22,10 @@ go on, in one line at its end.
 from __future__ import annotations
 
 import logging
-import signal
 import subprocess
 import tempfile
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,20 +39,19 @@ LOG_FILE_PROPERTY: Final = "sink_writer.spark_log_file"
 CONSOLE_LEVEL_PROPERTY: Final = "sink_writer.spark_console_level"
 
 
+# `sh -c SCRIPT command args...`: the command executed in the shell's place with SIGINT and SIGTERM ignored.
+IGNORING_STOP_SIGNALS: Final = ("/bin/sh", "-c", 'trap "" INT TERM; exec "$0" "$@"')
+
+
 @contextmanager
 def jvm_ignoring_sigterm() -> Iterator[None]:
-    """Within: a JVM that PySpark starts ignores SIGTERM, as PySpark makes it ignore SIGINT."""
+    """Within: a JVM that PySpark starts ignores SIGTERM besides SIGINT (PySpark's own `preexec_fn` for it, which
+    only ignores SIGINT, is replaced by the shell that ignores both: see the module's docstring)."""
     launch = java_gateway.Popen  # type: ignore[attr-defined]
 
-    def popen(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
-        given: Callable[[], object] | None = kwargs.get("preexec_fn")
-
-        def ignore_stop_signals() -> None:
-            if given is not None:
-                given()
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-
-        return launch(*args, **{**kwargs, "preexec_fn": ignore_stop_signals})
+    def popen(command: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+        kwargs.pop("preexec_fn", None)
+        return launch([*IGNORING_STOP_SIGNALS, *command], **kwargs)
 
     java_gateway.Popen = popen  # type: ignore[attr-defined, assignment]
     try:

