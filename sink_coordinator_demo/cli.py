@@ -23,21 +23,16 @@ import logging
 import os
 import shutil
 import signal
+import threading
 import warnings
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Final
+from typing import Annotated, Any, Final
 
 import typer
 from pydantic import SecretStr
 from pyspark.sql import SparkSession
-from pyspark.sql.streaming.listener import (
-    QueryIdleEvent,
-    QueryProgressEvent,
-    QueryStartedEvent,
-    QueryTerminatedEvent,
-    StreamingQueryListener,
-)
+from pyspark.sql.streaming.query import StreamingQuery
 from rich.progress import Progress, TaskID
 
 from coordinator_service.contract.client import CoordinatorClient
@@ -80,6 +75,8 @@ from spark_writer.worker_logging import set_worker_log_level
 
 DEFAULT_EVENTS: Final = 100_000
 DEFAULT_BATCHES: Final = 8
+# How often the progress bar looks at the query's last progress.
+PROGRESS_POLL_SECONDS: Final = 0.2
 
 app = typer.Typer(
     name="sink-coordinator-demo",
@@ -92,34 +89,45 @@ app = typer.Typer(
 )
 
 
-class BatchProgress(StreamingQueryListener):
-    """Advances a progress bar by the records of every micro-batch of one query (by name)."""
+class BatchProgress:
+    """Advances a progress bar by the records of each micro-batch of a query, from its last progress, read by a
+    thread of its own every PROGRESS_POLL_SECONDS. Not a StreamingQueryListener: PySpark builds each event of a
+    listener from the JVM's objects call by call, about 0.3 s of the driver's CPU per batch
+    (spark_writer.sink.checkpoint_reporter)."""
 
-    def __init__(self, query_name: str, progress: Progress, task: TaskID) -> None:
-        self._query_name = query_name
+    def __init__(self, query: StreamingQuery, progress: Progress, task: TaskID) -> None:
+        self._query = query
         self._progress = progress
         self._task = task
+        self._batch = -1
+        self._end: dict[str, Any] | None = None  # the end offsets of the last batch shown
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="demo-progress", daemon=True)
 
-    def onQueryStarted(self, event: QueryStartedEvent) -> None:  # noqa: N802 (Spark's API)
-        """Nothing to show yet."""
+    def __enter__(self) -> BatchProgress:
+        self._thread.start()
+        return self
 
-    def onQueryProgress(self, event: QueryProgressEvent) -> None:  # noqa: N802 (Spark's API)
-        progress = event.progress
-        if progress.name != self._query_name or not progress.sources:
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(PROGRESS_POLL_SECONDS):
+            self.show()
+
+    def show(self) -> None:
+        """Advance by the batches the query ran since the last look. By the offsets they covered: the writer's tasks
+        read the records of a stream of offset ranges themselves (spark_writer.kafka.range_source), and Spark counts
+        the ranges. From the last batch shown's end, so that batches that ran between two looks count too."""
+        last = self._query.lastProgress
+        if last is None or last.batchId <= self._batch or not last.sources:
             return
-        # By the offsets the batch covered: the writer's tasks read the records of a stream of offset ranges
-        # themselves (spark_writer.kafka.range_source), and Spark counts the ranges. Read from the progress's own
-        # JSON: a listener's SourceProgress gives a batch 0's missing start as the text "None".
-        source = json.loads(progress.json)["sources"][0]
-        records = offsets_covered(source["startOffset"], source["endOffset"])
+        end = json.loads(last.json)["sources"][0]["endOffset"]
+        records = offsets_covered(self._end, end)
+        self._batch, self._end = last.batchId, end
         if records:
-            self._progress.update(self._task, advance=records, description=f"micro-batch {progress.batchId}")
-
-    def onQueryIdle(self, event: QueryIdleEvent) -> None:  # noqa: N802 (Spark's API)
-        """Nothing: no batch ran."""
-
-    def onQueryTerminated(self, event: QueryTerminatedEvent) -> None:  # noqa: N802 (Spark's API)
-        """Nothing: the demo waits for the query itself."""
+            self._progress.update(self._task, advance=records, description=f"micro-batch {last.batchId}")
 
 
 def quiet_spark() -> None:
@@ -147,15 +155,11 @@ def stream_orders(
     """Run the writer until the topic is drained, with a progress bar fed by the query's progress events."""
     with progress_bar("stream") as progress:
         task = progress.add_task("starting", total=events)
-        listener = BatchProgress(sink.sink, progress, task)
-        spark.streams.addListener(listener)
-        try:
-            running = start_job(spark, kafka, parse, sink)
+        running = start_job(spark, kafka, parse, sink)
+        with BatchProgress(running.query, progress, task):
             if not run_until_done(running, stop):
                 raise KeyboardInterrupt
-        finally:
-            spark.streams.removeListener(listener)
-        # The last progress event may come after the query ended: the table check counts the records.
+        # The table check counts the records.
         progress.update(task, completed=events, description="drained")
 
 

@@ -130,5 +130,5 @@ def run_on_spark(
             raise JobFailure(one_line(str(error)), ExitCode.USAGE) from None
         return run_until_done(query, stop)
     finally:
-        # Stops the listener bus before the interpreter exits, so that no event is sent to a closed gateway.
+        # Spark's threads stopped before the interpreter exits, not left to the JVM's end.
         spark.stop()

@@ -47,6 +47,10 @@ class SparkCheckpoint:
         names = (status.getPath().getName() for status in self._filesystem.listStatus(directory))
         return max((int(name) for name in names if name.isdigit()), default=NO_BATCH)
 
+    def is_committed(self, batch_id: int) -> bool:
+        """Whether ``commits/N`` exists for batch N (one call: listing the log costs calls per file it holds)."""
+        return bool(self._filesystem.exists(self._log_path(COMMITS, batch_id)))
+
     def source_end_offsets(self, batch_id: int) -> list[str]:
         """The end offsets of every source for batch N, as Spark serialised them (JSON, or "-" for none).
 

@@ -13,7 +13,7 @@ through the coordinator's two-phase commit:
    (``spark_writer.sink.parquet_writer``); the driver pre-commits their paths, with
    their footers and sizes, as epoch N. PreCommit answers once the epoch is durable in the coordinator's log;
    any error fails the batch, so Spark does not checkpoint it.
-3. Spark writes ``commits/N``; then CommitCheckpoint(N) (``spark_writer.sink.listener``)
+3. Spark writes ``commits/N``; then CommitCheckpoint(N) (``spark_writer.sink.checkpoint_reporter``)
    lets the coordinator append the epoch to the table.
 
 A batch that Spark runs again after a crash is pre-committed again under the
@@ -45,8 +45,8 @@ from spark_writer.formats.record_decoding import RECORDS_READ_PROPERTY
 from spark_writer.kafka.positions import TopicPartition, merge_latest, position_properties
 from spark_writer.routing.routes import Routes
 from spark_writer.sink.checkpoint import NO_BATCH, NO_OFFSET, SparkCheckpoint
+from spark_writer.sink.checkpoint_reporter import CheckpointReporter
 from spark_writer.sink.fan_out import FanOut
-from spark_writer.sink.listener import CheckpointListener, CheckpointReporter
 from spark_writer.sink.parquet_writer import BatchTasks, DataFileTarget, append_tasks, delete_files, precommit_files
 from spark_writer.sink.partitioning import parse_partition_fields
 from spark_writer.sink.sink_arguments import (
@@ -153,6 +153,7 @@ class MicroBatchWriter:
         try:
             self._write(batch, batch_id)
             self.last_written = batch_id
+            self._reporter.written(batch_id)
         finally:
             with self._state:
                 self._in_batch = False
@@ -165,7 +166,7 @@ class MicroBatchWriter:
             return self._state.wait_for(lambda: not self._in_batch, timeout_seconds)
 
     def _write(self, batch: DataFrame, batch_id: int) -> None:
-        # Spark starts batch N only once commits/N-1 exists: report it now in case no listener event did.
+        # Spark starts batch N only once commits/N-1 exists: report it now in case the reporter's thread did not.
         self._reporter.report(batch_id - 1)
         if self._options.keyed:
             # In the query's own session (foreachBatch's), never the job's. Adaptive execution would run a keyed
@@ -371,8 +372,6 @@ def write_to_iceberg(
     )
     options = SinkOptions(sink, tuple(partition_by), target_file_size_bytes, evolve_schema, files, bool(key_columns))
     reporter = CheckpointReporter(client, sink, registration.writer_term, checkpoint, checkpointed)
-    listener = CheckpointListener(reporter)
-    spark.streams.addListener(listener)
 
     batch_writer = MicroBatchWriter(client, registration, options, checkpoint, reporter, transform, fan_out, tasks)
     writer = df.writeStream.foreachBatch(batch_writer).option("checkpointLocation", checkpoint_location)
@@ -385,12 +384,8 @@ def write_to_iceberg(
     try:
         query = writer.start()
     except BaseException:
-        spark.streams.removeListener(listener)
         reporter.close()
         client.close()
         raise
-    listener.query_id = str(query.id)
     reporter.on_refused(query.stop)
-    # Progress events that came before the query id was known were dropped: look once now.
-    reporter.request()
-    return IcebergSinkQuery(spark, query, registration, batch_writer, reporter, listener, client)
+    return IcebergSinkQuery(query, registration, batch_writer, reporter, client)

@@ -8,12 +8,11 @@ from typing import TYPE_CHECKING, Final
 
 import structlog
 from pyspark.errors import StreamingQueryException
-from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from coordinator_service.contract.client import CoordinatorClient
 from coordinator_service.contract.views import Registration
-from spark_writer.sink.listener import CheckpointListener, CheckpointReporter
+from spark_writer.sink.checkpoint_reporter import CheckpointReporter
 
 if TYPE_CHECKING:
     from spark_writer.sink.iceberg_sink import MicroBatchWriter
@@ -35,20 +34,16 @@ class IcebergSinkQuery:
 
     def __init__(
         self,
-        spark: SparkSession,
         query: StreamingQuery,
         registration: Registration,
         writer: MicroBatchWriter,
         reporter: CheckpointReporter,
-        listener: CheckpointListener,
         client: CoordinatorClient,
     ) -> None:
-        self._spark = spark
         self._writer = writer
         self.query = query
         self.registration = registration
         self._reporter = reporter
-        self._listener = listener
         self._client = client
         self._finished = False
 
@@ -91,7 +86,7 @@ class IcebergSinkQuery:
 
     def _await_checkpoint(self, batch_id: int, deadline: float) -> bool:
         """Wait until Spark's commit log holds `batch_id`, or the query ended; False if the deadline came first."""
-        while self._reporter.last_checkpointed() < batch_id:
+        while not self._reporter.is_checkpointed(batch_id):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
@@ -127,5 +122,4 @@ class IcebergSinkQuery:
             return
         self._finished = True
         self._reporter.close()
-        self._spark.streams.removeListener(self._listener)
         self._client.close()

@@ -3,9 +3,9 @@
 The coordinator is killed right after it answered batch 0's pre-commit, so the
 report of batch 0 fails after the writer's client gave up retrying. No other
 batch comes (the topic is drained): the reporter must keep sending the report on
-its own, and it lands once a new coordinator process serves. At most two wake-ups
-(the one at start and batch 0's progress event) can come from elsewhere, so a
-third failed attempt shows that the reporter retries by itself.
+its own, and it lands once a new coordinator process serves. One wake-up comes
+from elsewhere (the sink's function returned from batch 0), so a third failed
+attempt shows that the reporter retries by itself.
 """
 
 from __future__ import annotations

@@ -63,24 +63,14 @@ class Reporter:
     checkpoint: Checkpoint
     refusal: Any = None
 
-    def last_checkpointed(self) -> int:
-        return self.checkpoint.written
+    def is_checkpointed(self, batch_id: int) -> bool:
+        return self.checkpoint.written >= batch_id
 
     def report_checkpointed(self, *, wait: bool = False) -> int:
         return self.checkpoint.written
 
     def close(self) -> None:
         """Nothing to close."""
-
-
-class Streams:
-    def removeListener(self, listener: object) -> None:  # noqa: N802 (Spark's API)
-        """Nothing to remove."""
-
-
-@dataclass
-class Spark:
-    streams: Streams = field(default_factory=Streams)
 
 
 class Client:
@@ -90,12 +80,10 @@ class Client:
 
 def running(query: Query, writer: Writer) -> IcebergSinkQuery:
     return IcebergSinkQuery(
-        cast(Any, Spark()),
         cast(Any, query),
         cast(Any, None),
         cast(Any, writer),
         cast(Any, Reporter(query.checkpoint)),
-        cast(Any, None),
         cast(Any, Client()),
     )
 

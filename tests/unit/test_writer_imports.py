@@ -109,7 +109,7 @@ import spark_writer.formats.dead_letters
 import spark_writer.sink.iceberg_sink
 import spark_writer.job
 import spark_writer.sink.kafka_records
-import spark_writer.sink.listener
+import spark_writer.sink.checkpoint_reporter
 import spark_writer.mutations.tasks
 import spark_writer.session
 from coordinator_service.contract.client import CoordinatorClient

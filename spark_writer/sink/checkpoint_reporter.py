@@ -1,12 +1,16 @@
 """Telling the coordinator which micro-batches Spark has checkpointed (CommitCheckpoint).
 
-Spark runs a batch's sink (the pre-commit), then writes ``commits/N``, then
-reports the batch's progress to StreamingQueryListeners, asynchronously. The
-listener here only wakes a reporter thread; the reporter reads the highest
-committed batch from the checkpoint (the truth, whichever event woke it) and
-sends CommitCheckpoint for it. A gRPC call with retries must not run on Spark's
-listener bus thread, and a refusal must be able to stop the query, which a
-listener callback cannot do safely.
+Spark runs a batch's sink (the pre-commit), then writes ``commits/N``. The sink's
+function tells the reporter when it returned from batch N (``written``); the
+reporter's thread then looks for ``commits/N`` in the checkpoint (the truth),
+soon and then less often, and sends CommitCheckpoint(N) once it is there. A gRPC
+call with retries must not run on the thread that runs Spark's batches, and a
+refusal must be able to stop the query.
+
+Not a StreamingQueryListener: PySpark builds every progress event of every query
+in Python from the JVM's objects, call by call over py4j, and one listener cost
+the driver about 0.2 s of JVM CPU and 0.1 s of Python CPU per batch
+(bench/results/latest.md, optimisation 27), for a wake-up.
 
 Every report is idempotent on the coordinator, so the same epoch may be reported
 from several places: the reporter thread, the start of the next batch (batch
@@ -16,8 +20,8 @@ stopped.
 A report that fails for a transient reason (the coordinator unreachable longer
 than the client's own retries) is sent again by the reporter thread, with
 backoff, until it lands, the reporter closes or the coordinator refuses: an idle
-query posts no progress event, and its last epoch must not wait for the next
-batch (possibly hours) to reach the table.
+query runs no other batch, and its last epoch must not wait for the next one
+(possibly hours) to reach the table.
 """
 
 from __future__ import annotations
@@ -29,13 +33,6 @@ from typing import Final
 
 import grpc
 import structlog
-from pyspark.sql.streaming.listener import (
-    QueryIdleEvent,
-    QueryProgressEvent,
-    QueryStartedEvent,
-    QueryTerminatedEvent,
-    StreamingQueryListener,
-)
 
 from coordinator_service.contract.client import CoordinatorClient, CoordinatorRpcError
 from spark_writer.sink.checkpoint import NO_BATCH, SparkCheckpoint
@@ -49,6 +46,10 @@ TRANSIENT_CODES: Final = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode
 # until it lands: an idle query sends no other report that could carry it.
 REPORT_RETRY_INITIAL_SECONDS: Final = 1.0
 REPORT_RETRY_MAX_SECONDS: Final = 30.0
+# Spark writes commits/N just after the sink's function returned from batch N: the reporter looks for it after this
+# wait, doubled up to the maximum, until it is there (or the next batch's start reported N first).
+COMMIT_LOOK_INITIAL_SECONDS: Final = 0.02
+COMMIT_LOOK_MAX_SECONDS: Final = 1.0
 
 
 class CheckpointReporter:
@@ -67,6 +68,7 @@ class CheckpointReporter:
         self._writer_term = writer_term
         self._checkpoint = checkpoint
         self._reported_epoch = reported_epoch
+        self._written = reported_epoch  # the last batch the sink's function returned from
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closing = False
@@ -104,9 +106,9 @@ class CheckpointReporter:
                 waited=wait,
             )
 
-    def last_checkpointed(self) -> int:
-        """The highest batch in the checkpoint's commit log (NO_BATCH: none)."""
-        return self._checkpoint.last_committed_batch()
+    def is_checkpointed(self, batch_id: int) -> bool:
+        """Whether Spark's commit log holds batch `batch_id` (NO_BATCH: always)."""
+        return batch_id <= NO_BATCH or self._checkpoint.is_committed(batch_id)
 
     def report_checkpointed(self, *, wait: bool = False) -> int:
         """Report the highest batch in the checkpoint's commit log; return it."""
@@ -114,8 +116,10 @@ class CheckpointReporter:
         self.report(epoch, wait=wait)
         return epoch
 
-    def request(self) -> None:
-        """Wake the reporter thread (cheap; safe from a listener callback)."""
+    def written(self, batch_id: int) -> None:
+        """The sink's function returned from batch `batch_id`: Spark writes its commits/N next (cheap; from the
+        thread that runs the batches)."""
+        self._written = max(self._written, batch_id)
         self._wake.set()
 
     def close(self) -> None:
@@ -126,18 +130,30 @@ class CheckpointReporter:
 
     def _run(self) -> None:
         failures = 0
+        looks = 0
+        timeout: float | None = None
         while True:
-            # After a transient failure, wake up on our own: no progress event comes while the query is idle.
-            self._wake.wait(timeout=None if failures == 0 else retry_delay(failures))
+            # Woken by a batch written; on its own to look for the commit log again, or to retry a failed report
+            # (an idle query writes no other batch).
+            self._wake.wait(timeout=timeout)
             self._wake.clear()
             if self._closing:
                 return
+            epoch = self._written
+            if epoch <= self._reported_epoch and failures == 0:
+                looks, timeout = 0, None
+                continue
             try:
-                self.report_checkpointed()
-                failures = 0
+                if not self._checkpoint.is_committed(epoch):
+                    looks += 1
+                    timeout = commit_look_delay(looks)
+                    continue
+                self.report(epoch)
+                failures, looks, timeout = 0, 0, None
             except CoordinatorRpcError as error:
                 if error.code in TRANSIENT_CODES:
                     failures += 1
+                    timeout = retry_delay(failures)
                     log.warning(
                         "checkpoint report failed; retrying", sink=self._sink, failures=failures, error=str(error)
                     )
@@ -147,34 +163,15 @@ class CheckpointReporter:
                 return
             except Exception as error:  # the reporter thread must survive anything a report throws
                 log.exception("checkpoint report failed", sink=self._sink, error=str(error))
+                failures, looks, timeout = 0, 0, None
+
+
+def commit_look_delay(looks: int) -> float:
+    """Seconds before looking for a batch's commit log again after `looks` looks: doubling up to the maximum."""
+    return float(min(COMMIT_LOOK_MAX_SECONDS, COMMIT_LOOK_INITIAL_SECONDS * 2.0 ** min(looks - 1, 16)))
 
 
 def retry_delay(failures: int) -> float:
     """Seconds before the next try after `failures` failures in a row: doubling up to the maximum, jittered."""
     base: float = min(REPORT_RETRY_MAX_SECONDS, REPORT_RETRY_INITIAL_SECONDS * 2.0 ** min(failures - 1, 16))
     return base * random.uniform(0.5, 1.0)
-
-
-class CheckpointListener(StreamingQueryListener):
-    """Wakes a query's CheckpointReporter on each of its progress events and on its termination."""
-
-    def __init__(self, reporter: CheckpointReporter) -> None:
-        self._reporter = reporter
-        self.query_id: str | None = None
-
-    def _ours(self, query_id: object) -> bool:
-        return self.query_id is not None and str(query_id) == self.query_id
-
-    def onQueryStarted(self, event: QueryStartedEvent) -> None:  # noqa: N802 (Spark's API)
-        """Nothing: the writer registered before the query started."""
-
-    def onQueryProgress(self, event: QueryProgressEvent) -> None:  # noqa: N802 (Spark's API)
-        if self._ours(event.progress.id):
-            self._reporter.request()
-
-    def onQueryIdle(self, event: QueryIdleEvent) -> None:  # noqa: N802 (Spark's API)
-        """Nothing: an idle trigger checkpoints no batch."""
-
-    def onQueryTerminated(self, event: QueryTerminatedEvent) -> None:  # noqa: N802 (Spark's API)
-        if self._ours(event.id):
-            self._reporter.request()
