@@ -122,8 +122,6 @@ def run_plain(
     spark: Any, catalog: Any, bootstrap: str, topic: str, max_offsets: int, root: Path, place: Place
 ) -> float:
     from coordinator_service.tables.iceberg import IcebergGateway
-    from spark_writer.sink.batch_ranges import BatchRanges
-    from spark_writer.sink.checkpoint import SparkCheckpoint
     from spark_writer.sink.parquet_writer import WRITTEN_FILES_STRUCT, DataFileTarget, task_writer
     from spark_writer.sink.storage import Storage
 
@@ -131,13 +129,8 @@ def run_plain(
     frame, parser = _stream(spark, bootstrap, topic, max_offsets)
     location = IcebergGateway(catalog).ensure_table(f"bench.{name}", parser.table_schema, ())
 
-    checkpoint = SparkCheckpoint(spark, str(root / f"ckpt-{name}"))
-    batch_ranges = BatchRanges(parser.ranges, checkpoint) if parser.ranges is not None else None
-
     def write_batch(batch: Any, batch_id: int) -> None:
         prepared = parser.prepare(batch)
-        # The ranges planned on the driver, as the coordinated writer plans them (spark_writer.sink.batch_ranges).
-        frame = prepared.frame if batch_ranges is None else batch_ranges.frame(batch, batch_id)
         target = DataFileTarget(
             table_location=location,
             batch_id=batch_id,
@@ -148,7 +141,7 @@ def run_plain(
             decoding=prepared.decoding,
             ranges=prepared.ranges,
         )
-        written = frame.mapInArrow(task_writer(target), WRITTEN_FILES_STRUCT).collect()
+        written = prepared.frame.mapInArrow(task_writer(target), WRITTEN_FILES_STRUCT).collect()
         paths = [row.path for row in written if row.path is not None]
         if paths:
             catalog.load_table(f"bench.{name}").add_files(paths, check_duplicate_files=False)

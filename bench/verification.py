@@ -212,8 +212,7 @@ class SparkSink:
         return [
             progress["durationMs"]["triggerExecution"] / 1000
             for progress in running.query.recentProgress
-            # A batch that covered offsets (a stream of offset ranges counts no input rows: sink.batch_ranges).
-            if progress["sources"][0]["startOffset"] != progress["sources"][0]["endOffset"]
+            if progress["numInputRows"]
         ]
 
 

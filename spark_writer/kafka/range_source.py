@@ -14,11 +14,9 @@ query's checkpoint written by one of the two is resumed by the other. Each Spark
 committed records with ``range_reader.read_range``, exactly as the Kafka source's task reads it (read_committed, the
 same data-loss policy at read time); a retried task or a re-run batch reads the same records again.
 
-The writer does not run a batch's DataFrame of ranges: it plans the same ranges on the driver from Spark's offset log
-(spark_writer.sink.batch_ranges, with kafka.batch_plan as the source's ``partitions`` does), so that no task and no
-Python worker runs for a row per range. What differs for whoever watches the query: Spark's progress counts the rows
-it read (``numInputRows``), ranges where a batch is run, none in the writer's query; the offsets a batch covers
-(``offsets.offsets_covered``) count its records, and any transaction markers and aborted records among them.
+What differs for whoever watches the query: Spark's progress counts the rows it saw, ranges here (``numInputRows``);
+the offsets a batch covers (``offsets.offsets_covered``) count its records, and any transaction markers and
+aborted records among them.
 """
 
 from __future__ import annotations

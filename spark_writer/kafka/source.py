@@ -75,8 +75,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from spark_writer.kafka.batch_plan import planned_ranges
-from spark_writer.kafka.data_loss import find_lost_partitions, report_data_loss
+from spark_writer.kafka.data_loss import LogBounds, apply_data_loss_policy, find_lost_partitions, report_data_loss
 from spark_writer.kafka.metadata import KafkaMetadata
 from spark_writer.kafka.offsets import (
     OffsetRange,
@@ -87,8 +86,10 @@ from spark_writer.kafka.offsets import (
     incarnations_from_json,
     incarnations_of,
     initial_offsets_json,
+    offsets_from_json,
     offsets_to_json,
     plan_end_offsets,
+    plan_ranges,
     planned_end_json,
     replaced_topics,
     resolve_starting_offsets,
@@ -221,9 +222,16 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return None if self._last_seen_latest is None else offsets_to_json(self._last_seen_latest)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[KafkaInputPartition]:
-        planned = planned_ranges(start, end, self.metadata, self._options.fail_on_data_loss)
-        log.debug("kafka_batch_planned", ranges=[str(offset_range) for offset_range in planned])
-        return [KafkaInputPartition(offset_range) for offset_range in planned]
+        ranges = plan_ranges(batch_start_offsets(start, end), offsets_from_json(end))
+        earliest = self.metadata.earliest(r.key for r in ranges)
+        planned = []
+        for offset_range in ranges:
+            bounds = LogBounds(earliest[offset_range.key]) if offset_range.key in earliest else None
+            kept = apply_data_loss_policy(offset_range, bounds, self._options.fail_on_data_loss)
+            if kept is not None:
+                planned.append(KafkaInputPartition(kept))
+        log.debug("kafka_batch_planned", ranges=[str(p.offset_range) for p in planned])
+        return planned
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, KafkaInputPartition), f"unexpected partition {partition!r}"

@@ -44,7 +44,6 @@ from spark_writer.arrow_schema import arrow_schema_of, serialize_schema
 from spark_writer.formats.record_decoding import RECORDS_READ_PROPERTY
 from spark_writer.kafka.positions import TopicPartition, merge_latest, position_properties
 from spark_writer.routing.routes import Routes
-from spark_writer.sink.batch_ranges import BatchRanges
 from spark_writer.sink.checkpoint import NO_BATCH, NO_OFFSET, SparkCheckpoint
 from spark_writer.sink.checkpoint_reporter import CheckpointReporter
 from spark_writer.sink.fan_out import FanOut
@@ -138,7 +137,6 @@ class MicroBatchWriter:
         self._reporter = reporter
         self._transform = transform
         self._fan_out = fan_out
-        self._batch_ranges: BatchRanges | None = None  # for a stream of offset ranges, from its first batch
         self._state = threading.Condition()
         self._stopping = False
         self._in_batch = False
@@ -179,11 +177,6 @@ class MicroBatchWriter:
         if isinstance(self._transform, DecodesInTasks):
             prepared = self._transform.prepare(batch)
             frame, schema, decoding, ranges = prepared.frame, prepared.schema, prepared.decoding, prepared.ranges
-            if ranges is not None:
-                # The batch's ranges planned here, not by running its DataFrame (spark_writer.sink.batch_ranges).
-                if self._batch_ranges is None:
-                    self._batch_ranges = BatchRanges(ranges, self._checkpoint)
-                frame = self._batch_ranges.frame(batch, batch_id)
         else:
             frame = batch if self._transform is None else self._transform(batch)
             schema, decoding = arrow_schema_of(frame.schema), None

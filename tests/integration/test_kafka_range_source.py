@@ -9,7 +9,6 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import pytest
 from pyspark.errors import StreamingQueryException
@@ -18,8 +17,6 @@ from pyspark.sql import DataFrame, SparkSession
 from spark_writer.kafka.offsets import offsets_covered
 from spark_writer.kafka.options import SOURCE_NAME, parse_options
 from spark_writer.kafka.range_source import RANGE_ARROW_SCHEMA, RANGE_SOURCE_NAME, range_records
-from spark_writer.sink.batch_ranges import BatchRanges
-from spark_writer.sink.checkpoint import SparkCheckpoint
 from tests.fixtures.kafka_broker import ProducedRecord, produce_in_transaction, produce_keyed
 from tests.fixtures.pipeline import order_source_options
 from tests.integration.test_kafka_source import BatchCollector
@@ -53,15 +50,7 @@ class Batches(BatchCollector):
         )
 
 
-class OptionsSink(Protocol):
-    """A foreachBatch function with the source options of its query."""
-
-    options: dict[str, str]
-
-    def __call__(self, frame: DataFrame, batch_id: int) -> None: ...
-
-
-def run_available_now(spark: SparkSession, source: str, sink: OptionsSink, checkpoint: Path) -> list[int]:
+def run_available_now(spark: SparkSession, source: str, sink: Batches, checkpoint: Path) -> list[int]:
     """Run an availableNow query of `source` into `sink`; the offsets each batch covered, by its progress."""
     frame = spark.readStream.format(source).options(**sink.options).load()
     query = (
@@ -142,49 +131,3 @@ def test_a_checkpoint_of_one_source_is_resumed_by_the_other(
     everything = sorted(crashing.records() + resumed.records())
     assert len(everything) == len(set(everything)), "a record was read twice"
     assert everything == sorted(produced)
-
-
-@dataclass
-class PlannedOnTheDriver:
-    """foreachBatch of a stream of ranges: each batch's ranges as the source's tasks give them (the batch run) and as
-    the writer plans them on the driver from Spark's offset log (spark_writer.sink.batch_ranges); can fail one batch
-    once, after both were read."""
-
-    checkpoint: Path
-    options: dict[str, str]
-    fail_batch_once: int | None = None
-    source: dict[int, list[tuple[str, int, int, int]]] = field(default_factory=dict)
-    driver: dict[int, list[tuple[str, int, int, int]]] = field(default_factory=dict)
-
-    def __call__(self, frame: DataFrame, batch_id: int) -> None:
-        planner = BatchRanges(parse_options(self.options), SparkCheckpoint(frame.sparkSession, str(self.checkpoint)))
-        self.source[batch_id] = sorted(tuple(row) for row in frame.collect())
-        self.driver[batch_id] = sorted(tuple(row) for row in planner.frame(frame, batch_id).collect())
-        if batch_id == self.fail_batch_once:
-            self.fail_batch_once = None
-            raise RuntimeError(f"injected failure in batch {batch_id}")
-
-
-def test_the_driver_plans_each_batch_of_ranges_as_the_source_does(
-    spark: SparkSession, kafka_bootstrap: str, kafka_topic: TopicFactory, tmp_path: Path
-) -> None:
-    """Batch 0 (its start recorded in its end), later batches (their start in the offset log of the one before),
-    transaction markers and aborted records among the offsets, a failed batch run again after a restart, and records
-    produced in between."""
-    topic = kafka_topic(partitions=3)
-    produce_with_transactions(kafka_bootstrap, topic)
-    options = order_source_options(kafka_bootstrap, topic, 11)
-    checkpoint = tmp_path / "checkpoint"
-    first = PlannedOnTheDriver(checkpoint, options, fail_batch_once=2)
-
-    with pytest.raises(StreamingQueryException, match="injected failure in batch 2"):
-        run_available_now(spark, RANGE_SOURCE_NAME, first, checkpoint)
-    produce_keyed(kafka_bootstrap, topic, [(index % 3, f"later-{index}".encode()) for index in range(25)])
-    resumed = PlannedOnTheDriver(checkpoint, options)
-    run_available_now(spark, RANGE_SOURCE_NAME, resumed, checkpoint)
-
-    assert sorted(first.source) == [0, 1, 2] and min(resumed.source) == 2 and len(resumed.source) > 3
-    for run in (first, resumed):
-        assert run.driver == run.source
-        assert all(rows for rows in run.source.values())
-    assert resumed.source[2] == first.source[2], "the failed batch is planned again the same"
