@@ -152,7 +152,7 @@ def reset_data_dir(data_dir: Path) -> None:
 def stream_orders(
     spark: SparkSession, kafka: KafkaSettings, parse: ParseSettings, sink: SinkSettings, events: int, stop: StopRequest
 ) -> None:
-    """Run the writer until the topic is drained, with a progress bar fed by the query's progress events."""
+    """Run the writer until the topic is drained, with a progress bar fed by the query's last progress."""
     with progress_bar("stream") as progress:
         task = progress.add_task("starting", total=events)
         running = start_job(spark, kafka, parse, sink)

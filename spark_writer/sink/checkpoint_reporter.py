@@ -168,10 +168,14 @@ class CheckpointReporter:
 
 def commit_look_delay(looks: int) -> float:
     """Seconds before looking for a batch's commit log again after `looks` looks: doubling up to the maximum."""
-    return float(min(COMMIT_LOOK_MAX_SECONDS, COMMIT_LOOK_INITIAL_SECONDS * 2.0 ** min(looks - 1, 16)))
+    return doubled(COMMIT_LOOK_INITIAL_SECONDS, COMMIT_LOOK_MAX_SECONDS, looks)
 
 
 def retry_delay(failures: int) -> float:
     """Seconds before the next try after `failures` failures in a row: doubling up to the maximum, jittered."""
-    base: float = min(REPORT_RETRY_MAX_SECONDS, REPORT_RETRY_INITIAL_SECONDS * 2.0 ** min(failures - 1, 16))
-    return base * random.uniform(0.5, 1.0)
+    return doubled(REPORT_RETRY_INITIAL_SECONDS, REPORT_RETRY_MAX_SECONDS, failures) * random.uniform(0.5, 1.0)
+
+
+def doubled(initial: float, maximum: float, times: int) -> float:
+    """`initial` doubled for each of `times` - 1 times, at most `maximum`."""
+    return float(min(maximum, initial * 2.0 ** min(times - 1, 16)))
