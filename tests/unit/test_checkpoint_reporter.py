@@ -50,7 +50,7 @@ class Client:
         self.reports: list[int] = []
         self.early: list[int] = []  # epochs reported before Spark's commit log held them
         self.failing = 0  # the next calls that fail as if the coordinator were away
-        self.changed = threading.Condition()
+        self.changed = log.looked  # one condition for both: a test can await the reporter's next step, whichever
 
     def commit_checkpoint(self, sink: str, epoch: int, writer_term: int, *, wait: bool) -> Any:
         with self.changed:
@@ -160,7 +160,14 @@ class Reporting(RuleBasedStateMachine):
         except CoordinatorRpcError:
             return
         self.written += 1
-        self.reporter.written(self.written)
+        with self.client.changed:
+            steps = self.steps()
+            self.reporter.written(self.written)
+            # The reporter's next step (a look at the commit log, or a report) before Spark may commit the batch.
+            assert self.client.changed.wait_for(lambda: self.steps() > steps, WAIT_SECONDS)
+
+    def steps(self) -> int:
+        return self.log.looks + len(self.client.reports) + len(self.client.early)
 
     @precondition(lambda self: self.log.committed < self.written)
     @rule()
