@@ -63,13 +63,13 @@ from sink_coordinator_demo.order_changes import (
 )
 from sink_coordinator_demo.orders import ORDER_SCHEMA_DDL, create_topic, produce_orders
 from sink_coordinator_demo.ports import free_port, port_is_free
-from sink_coordinator_demo.spark_cluster import SparkCluster, start_spark_cluster
+from sink_coordinator_demo.spark_start import SparkStart
 from sink_coordinator_demo.table_check import check_routes, check_table, fan_out_routes, route_tables
+from spark_writer.driver_jvm import SparkLog
 from spark_writer.job import run_until_done, start_job
-from spark_writer.job_records import task_ranges
-from spark_writer.job_settings import KafkaSettings, ParseSettings, SinkSettings
+from spark_writer.job_records import streams_ranges
+from spark_writer.job_settings import KafkaSettings, KafkaSource, ParseSettings, SinkSettings
 from spark_writer.kafka.offsets import offsets_covered
-from spark_writer.session import local_spark_session
 from spark_writer.stop_signals import StopRequest, stop_on_signals
 from spark_writer.worker_logging import set_worker_log_level
 
@@ -263,12 +263,24 @@ def main(
     topic, sink_name, table = f"demo-{kind}-{run}", f"demo-{kind}-{run}", f"demo.{kind.replace('-', '_')}_{run}"
     phases = Phases()
     services: list[LocalProcess] = []
-    spark: SparkSession | None = None
-    spark_cluster: SparkCluster | None = None
     emulator = contextlib.ExitStack()
     where: dict[str, str] = {}
     storage: dict[str, str] = {}
     broker_data = data_dir / "kafka"
+    parse = (
+        ParseSettings(schema_ddl=ORDER_ROW_DDL, evolve_schema=False, mutations=MUTATIONS)
+        if cdc
+        else ParseSettings(schema_ddl=ORDER_SCHEMA_DDL, evolve_schema=False)
+    )
+    spark_log = SparkLog(data_dir / "logs" / "spark.log")
+    spark_log.path.parent.mkdir(parents=True, exist_ok=True)
+    # Spark starts beside the services and the producer (sink_coordinator_demo.spark_start).
+    spark_start = SparkStart(
+        master,
+        data_dir / "spark-cluster" if cluster else None,
+        spark_log,
+        records_in_jvm=not streams_ranges(KafkaSource.PYTHON, parse),
+    ).begin()
     try:
         if s3 and glue:
             with phases.phase("start the object store (moto: S3 and Glue)"):
@@ -320,10 +332,6 @@ def main(
                 model = produce_order_changes(bootstrap_servers, topic, events, lambda n: progress.advance(task, n))
             else:
                 produce_orders(bootstrap_servers, topic, events, lambda n: progress.advance(task, n))
-        if cluster:
-            with phases.phase("start a Spark standalone cluster"):
-                spark_cluster = start_spark_cluster(data_dir / "spark-cluster")
-                master = spark_cluster.master_url
         sink = SinkSettings(
             sink=sink_name,
             table=table,
@@ -338,20 +346,11 @@ def main(
             (topic,),
             max_offsets_per_trigger=max_offsets_per_trigger or -(-events // DEFAULT_BATCHES),
         )
-        parse = (
-            ParseSettings(schema_ddl=ORDER_ROW_DDL, evolve_schema=False, mutations=MUTATIONS)
-            if cdc
-            else ParseSettings(schema_ddl=ORDER_SCHEMA_DDL, evolve_schema=False)
-        )
-        with stop_on_signals() as stop:
-            with phases.phase("start Spark"):
-                records_in_jvm = task_ranges(kafka, parse) is None
-                spark = local_spark_session("sink-coordinator-demo", master, records_in_jvm=records_in_jvm)
-                stop.install()  # the SparkContext replaced SIGINT's handler
-                spark.sparkContext.setLogLevel("ERROR")
-            with phases.phase("stream into Iceberg"):
-                # Debezium's tombstones are records too: the bar counts every record the query reads.
-                stream_orders(spark, kafka, parse, sink, events + (model.deleted if model else 0), stop)
+        with phases.phase(f"start Spark{' on a standalone cluster' if cluster else ''} (in the background since the demo began)"):
+            spark = spark_start.wait()
+        with stop_on_signals() as stop, phases.phase("stream into Iceberg"):
+            # Debezium's tombstones are records too: the bar counts every record the query reads.
+            stream_orders(spark, kafka, parse, sink, events + (model.deleted if model else 0), stop)
         with phases.phase("read the table back"):
             url, _ = metastore_url(settings)
             tables = route_tables(table, sink.routes)
@@ -396,6 +395,7 @@ def main(
                 "console and admin API": f"{coordinator.admin_url}/console, {coordinator.admin_url}/api/v1/sinks "
                 f"(docs: {coordinator.admin_url}/docs)" + while_serving(keep_serving, s3),
                 "coordinator log": str(coordinator.log_path),
+                "Spark log": str(spark_log.path),
             },
             read_the_table(access, data_dir, secrets_are_local=not (database_url or catalog)),
             routes,
@@ -408,10 +408,7 @@ def main(
         console.print("[yellow]interrupted: stopping[/yellow]")
         raise typer.Exit(130) from None
     finally:
-        if spark is not None:
-            spark.stop()
-        if spark_cluster is not None:
-            spark_cluster.stop()
+        spark_start.stop()
         for service in reversed(services):
             service.stop()
         if any(isinstance(service, NoidaKafkaBroker) for service in services):

@@ -62,15 +62,18 @@ def registry_parser(kafka: KafkaSettings, parse: ParseSettings, sink: str) -> Re
 
 
 def task_ranges(kafka: KafkaSettings, parse: ParseSettings) -> KafkaSourceOptions | None:
-    """The options the writer's tasks read their records with, where the stream can be of offset ranges
-    (kafka.range_source: the records never pass through the JVM): read by this project's source, decoded in the
-    tasks with nothing run in Spark before them (a JSON stream that learns new fields runs a pass over its records;
-    an upsert or change stream's records are shuffled by key). None: the stream is of records."""
-    if kafka.source is not KafkaSource.PYTHON or parse.record_format is RecordFormat.RAW or parse.mutations.keyed:
-        return None
-    if parse.record_format.registry_format is None and parse.evolve_schema:
-        return None
-    return parse_options(kafka.source_options())
+    """The options the writer's tasks read their records with, where the stream is of offset ranges
+    (streams_ranges). None: the stream is of records."""
+    return parse_options(kafka.source_options()) if streams_ranges(kafka.source, parse) else None
+
+
+def streams_ranges(source: KafkaSource, parse: ParseSettings) -> bool:
+    """Whether the stream can be of offset ranges (kafka.range_source: the records never pass through the JVM):
+    read by this project's source, decoded in the tasks with nothing run in Spark before them (a JSON stream that
+    learns new fields runs a pass over its records; an upsert or change stream's records are shuffled by key)."""
+    if source is not KafkaSource.PYTHON or parse.record_format is RecordFormat.RAW or parse.mutations.keyed:
+        return False
+    return parse.record_format.registry_format is not None or not parse.evolve_schema
 
 
 def table_records(

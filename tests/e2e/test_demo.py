@@ -10,10 +10,12 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from confluent_kafka.admin import AdminClient
 
@@ -164,3 +166,39 @@ def test_a_broker_for_your_own_topics_starts_says_where_and_stops(tmp_path: Path
     assert broker.returncode == 0, out
     assert "broker stopped" in out
     assert (tmp_path / ".sink-coordinator" / "broker").is_dir()  # your topics stay
+
+
+def processes_of(data_dir: Path) -> list[str]:
+    """The command lines of the processes that name `data_dir` (its PostgreSQL, broker, coordinator, Spark's JVM)."""
+    lines = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        line = " ".join(process.info["cmdline"] or ())
+        if str(data_dir) in line and process.pid != os.getpid():
+            lines.append(line)
+    return lines
+
+
+def test_a_demo_interrupted_while_spark_starts_stops_everything_it_started(tmp_path: Path) -> None:
+    """Spark starts in the background from the demo's first step (sink_coordinator_demo.spark_start): Ctrl-C while
+    the coordinator starts, before the demo waits for Spark, stops the JVM it started with the services."""
+    data_dir = tmp_path / "demo"
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "sink_coordinator_demo", "--events", "300", "--data-dir", data_dir],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "COLUMNS": "300"},
+    )
+    try:
+        # Spark's JVM: its command line names the demo's Spark log.
+        deadline = time.monotonic() + 120
+        while not any("sink_writer.spark_log_file" in line for line in processes_of(data_dir)):
+            assert demo.poll() is None and time.monotonic() < deadline, "no JVM started"
+            time.sleep(0.05)
+    finally:
+        demo.send_signal(signal.SIGINT)
+        out, _ = demo.communicate(timeout=120)
+    assert demo.returncode == 130, out[-3000:]
+    assert "interrupted: stopping" in out
+    assert "stream into Iceberg" not in out  # it was interrupted before it streamed
+    assert processes_of(data_dir) == []
