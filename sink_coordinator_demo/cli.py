@@ -346,7 +346,7 @@ def main(
             (topic,),
             max_offsets_per_trigger=max_offsets_per_trigger or -(-events // DEFAULT_BATCHES),
         )
-        with phases.phase(f"start Spark{' on a standalone cluster' if cluster else ''} (in the background since the demo began)"):
+        with phases.phase(f"start Spark{' on a standalone cluster' if cluster else ''} (in the background)"):
             spark = spark_start.wait()
         with stop_on_signals() as stop, phases.phase("stream into Iceberg"):
             # Debezium's tombstones are records too: the bar counts every record the query reads.
