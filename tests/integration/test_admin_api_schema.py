@@ -3,7 +3,6 @@ and without a token, no route that does work."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -62,8 +61,10 @@ def test_no_request_makes_the_admin_api_fail(coordinator_factory: Callable[..., 
 def test_without_a_token_no_route_does_work(
     coordinator_factory: Callable[..., CoordinatorProcess], database_url: str
 ) -> None:
-    """Every route of the schema, valid and invalid requests, none with a token: the API answers 401 before it
-    reads a body; only the probes and the API's own description answer; nothing changes."""
+    """Every route of the schema, valid and invalid requests, none with a token: the API answers 401 (that it reads no
+    body first: test_http_gate.py, by the bytes it pulls); only the probes and the API's own description answer;
+    nothing changes. (It asserted every answer within 2 s too: a loaded machine once took 2.8 s, and the properties
+    are these, not a time.)"""
     process = coordinator_factory(SINK_COORDINATOR_ADMIN_TOKEN=ADMIN_TOKEN, SINK_COORDINATOR_METRICS_TOKEN=METRICS)
     with process.client() as client:
         writer = client.register_writer("orders", "db.orders", -1, arrow_schema=ORDERS.serialize().to_pybytes())
@@ -79,7 +80,6 @@ def test_without_a_token_no_route_does_work(
         schema.as_strategy(path_parameters={"sink": "orders"}),
         schema.as_strategy(GenerationMode.NEGATIVE),
     )
-    slowest = 0.0
 
     @settings(
         max_examples=300,
@@ -90,11 +90,8 @@ def test_without_a_token_no_route_does_work(
     )
     @given(case=cases)
     def call(case: Case[Any]) -> None:
-        nonlocal slowest
         case.headers = {key: value for key, value in (case.headers or {}).items() if key.lower() != "authorization"}
-        started = time.monotonic()
         response = case.call(base_url=process.http_url)
-        slowest = max(slowest, time.monotonic() - started)
         if case.path.startswith("/api/"):
             # The HTTP gate refuses a foreign Host (421) and a cross-site browser request (403) before it asks for
             # a token: a refusal all the same, which does no work.
@@ -107,4 +104,3 @@ def test_without_a_token_no_route_does_work(
     assert query(database_url, "SELECT name, generation, writer_term, maintenance_overrides FROM sinks") == log_before
     assert query(database_url, "SELECT epoch, status, attempt FROM pending_sink_state ORDER BY epoch") == epochs_before
     assert query(database_url, "SELECT count(*) FROM maintenance_runs") == [(0,)]
-    assert slowest < 2.0, f"an unauthenticated request took {slowest:.2f} s"
