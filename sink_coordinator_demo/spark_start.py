@@ -47,10 +47,10 @@ class SparkStart:
     cluster_dir: Path | None
     spark_log: SparkLog
     records_in_jvm: bool
-    spark: SparkSession | None = None
-    cluster: SparkCluster | None = None
-    _error: BaseException | None = None
-    _done: threading.Event = field(default_factory=threading.Event)
+    spark: SparkSession | None = field(default=None, init=False)
+    cluster: SparkCluster | None = field(default=None, init=False)
+    _error: BaseException | None = field(default=None, init=False)
+    _done: threading.Event = field(default_factory=threading.Event, init=False)
 
     def begin(self) -> SparkStart:
         threading.Thread(target=self._start, name="spark-start", daemon=True).start()
