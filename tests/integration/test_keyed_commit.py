@@ -220,6 +220,7 @@ class KeyedSinkCommits(RuleBasedStateMachine):
             retry_max_seconds=0.5,
             cleanup_delay_seconds=0.0,
             commit_interval_seconds=0.0,
+            metastore_stall_seconds=60.0,  # the watch shares the test's loop (tests/fixtures/admin.py says why)
         )
         runtime = await Runtime.open(settings)
         runtime.start()

@@ -333,6 +333,7 @@ async def open_run(
         "admin_lock_timeout_seconds": 2.0,
         "maintenance_interval_seconds": 3600.0,
         "compaction_min_files": 4,
+        "metastore_stall_seconds": 60.0,  # the watch shares the harness's loop (tests/fixtures/admin.py says why)
     }
     configured = Settings(database_url=SecretStr(database_url), data_dir=root, **{**defaults, **settings})
     runtime = await Runtime.open(configured)
