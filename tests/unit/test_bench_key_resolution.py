@@ -79,4 +79,4 @@ def test_the_report_gives_each_table_and_the_ratio_of_the_largest_to_the_one_bef
         report
     )
     assert "(1GB) every 9 commits" in report
-    assert "compressed: 110.0 MB a commit at 10,000,000 rows" in report
+    assert "110.0 MB a commit at 10,000,000 rows, uncompressed, in 0.25 s against 0.50 s on the defaults" in report
