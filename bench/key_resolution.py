@@ -402,7 +402,7 @@ def render(results: dict[str, Any]) -> str:
         for server, (seconds, ratio) in commits.items()
     )
     wal = [table["index"][first]["commit_wal_bytes"]["median"] / 1e6 for table in (before, largest)]
-    sized = largest["index"][list(SERVERS)[-1]]["commit_wal_bytes"]["median"] / 1e6
+    sized = largest["index"]["sized"]["commit_wal_bytes"]["median"] / 1e6
     lines += [
         "",
         f"A resolution by scan reads the key column of every file whose id bounds may hold a key: keys spread over the "

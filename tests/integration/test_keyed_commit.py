@@ -39,7 +39,7 @@ from coordinator_service.tables import compaction_plans as cp
 from coordinator_service.tables.iceberg import IcebergGateway
 from coordinator_service.tables.key_resolution import LiveRows
 from coordinator_service.tables.pyiceberg_internals import data_files_of
-from tests.fixtures.admin import CLIENT_ADDRESS, AdminApp, eventually
+from tests.fixtures.admin import CLIENT_ADDRESS, IN_PROCESS_STALL_SECONDS, AdminApp, eventually
 from tests.fixtures.coordinator import failpoints_env, write_parquet
 from tests.fixtures.keyed_tables import (
     KEY_SCHEMA,
@@ -220,7 +220,7 @@ class KeyedSinkCommits(RuleBasedStateMachine):
             retry_max_seconds=0.5,
             cleanup_delay_seconds=0.0,
             commit_interval_seconds=0.0,
-            metastore_stall_seconds=60.0,  # the watch shares the test's loop (tests/fixtures/admin.py says why)
+            metastore_stall_seconds=IN_PROCESS_STALL_SECONDS,
         )
         runtime = await Runtime.open(settings)
         runtime.start()

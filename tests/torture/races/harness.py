@@ -38,6 +38,7 @@ from coordinator_service.engine.writer_requests import PreCommitRequest, TableRe
 from coordinator_service.log.database import libpq_url, normalize_url
 from coordinator_service.runtime import Runtime, migrate
 from coordinator_service.settings import Settings
+from tests.fixtures.admin import IN_PROCESS_STALL_SECONDS
 from tests.fixtures.reachable_files import missing_reachable_files
 
 ORDERS = pa.schema(
@@ -333,7 +334,7 @@ async def open_run(
         "admin_lock_timeout_seconds": 2.0,
         "maintenance_interval_seconds": 3600.0,
         "compaction_min_files": 4,
-        "metastore_stall_seconds": 60.0,  # the watch shares the harness's loop (tests/fixtures/admin.py says why)
+        "metastore_stall_seconds": IN_PROCESS_STALL_SECONDS,
     }
     configured = Settings(database_url=SecretStr(database_url), data_dir=root, **{**defaults, **settings})
     runtime = await Runtime.open(configured)
