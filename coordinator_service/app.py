@@ -44,13 +44,35 @@ async def serve(
 ) -> None:
     """Listen, open the runtime once the metastore answers (answering probes and writers meanwhile), serve until
     SIGTERM/SIGINT (or `stop` is set), then drain and close. As one of a supervisor's serving `process`es, on the
-    ports it reserved (shared with its other processes), telling it once it serves."""
+    ports it reserved (shared with its other processes), telling it once it serves; one started while another
+    serves opens its runtime first and listens once it serves (coordinator_service.supervisor)."""
     failpoints.configure(settings.failpoints)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
 
+    serving = Serving()
+    startup = Startup(settings, told=serving.starting)
+    try:
+        if process is None or process.answers_while_starting or await startup.open_runtime(stop) is not None:
+            await _listen_and_serve(settings, stop, process, serving, startup)
+    finally:
+        if startup.runtime is not None:
+            await startup.runtime.close()
+        log.info("sink-coordinator stopped")
+
+
+async def _listen_and_serve(
+    settings: Settings,
+    stop: asyncio.Event,
+    process: ServingProcess | None,
+    serving: Serving,
+    startup: Startup,
+) -> None:
+    """Listen and serve until the stop: with the startup's runtime open already (listening once serving), or opening
+    it meanwhile."""
+    runtime = startup.runtime
     tls_credentials = _grpc_tls_credentials(settings)
     shared = process is not None
     http_socket = listening.bind(settings.bind_host, settings.http_port, "HTTP", shared=shared)
@@ -60,8 +82,6 @@ async def serve(
     except BaseException:
         http_socket.close()
         raise
-    serving = Serving()
-    startup = Startup(settings, told=serving.starting)
     grpc_server, health, grpc_port = build_server(
         serving, f"{settings.bind_host}:{settings.grpc_port}", settings, tls_credentials, shared_port=shared
     )
@@ -83,12 +103,21 @@ async def serve(
             ssl_keyfile=settings.tls_key_file,
         )
     )
+
+    async def open_(runtime: Runtime) -> None:
+        switch.app = create_app(runtime)
+        serving.open(runtime.coordinator, settings.admin_lock_timeout_seconds)
+        runtime.start()
+        for service in ("", SERVICE_NAME):
+            await health.set(service, health_pb2.HealthCheckResponse.SERVING)
+
     for service in ("", SERVICE_NAME):
         await health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+    if runtime is not None:
+        await open_(runtime)
     await grpc_server.start()
     http_task = asyncio.create_task(http.serve(sockets=[http_socket]), name="http")
     lag = asyncio.create_task(metrics.watch_event_loop_lag(), name="event-loop-lag")
-    runtime: Runtime | None = None
     try:
         while not http.started:
             if http_task.done():
@@ -96,18 +125,16 @@ async def serve(
                     f"the HTTP server on {settings.bind_host}:{http_port} did not start: see the log above"
                 )
             await asyncio.sleep(0.01)
-        log.info(
-            "sink-coordinator listening; opening the metastore",
-            grpc=f"{settings.bind_host}:{grpc_port}",
-            http=f"{'https' if tls_credentials else 'http'}://{settings.bind_host}:{http_port}",
-        )
-        runtime = await startup.open_runtime(stop)
+        if runtime is None:
+            log.info(
+                "sink-coordinator listening; opening the metastore",
+                grpc=f"{settings.bind_host}:{grpc_port}",
+                http=f"{'https' if tls_credentials else 'http'}://{settings.bind_host}:{http_port}",
+            )
+            runtime = await startup.open_runtime(stop)
+            if runtime is not None:
+                await open_(runtime)
         if runtime is not None:
-            switch.app = create_app(runtime)
-            serving.open(runtime.coordinator, settings.admin_lock_timeout_seconds)
-            runtime.start()
-            for service in ("", SERVICE_NAME):
-                await health.set(service, health_pb2.HealthCheckResponse.SERVING)
             log.info(
                 "sink-coordinator serving",
                 grpc=f"{settings.bind_host}:{grpc_port}",
@@ -130,9 +157,6 @@ async def serve(
         await grpc_server.stop(GRACE_SECONDS)
         await asyncio.gather(http_task, return_exceptions=True)
         lag.cancel()
-        if runtime is not None:
-            await runtime.close()
-        log.info("sink-coordinator stopped")
 
 
 def _grpc_tls_credentials(settings: Settings) -> grpc.ServerCredentials | None:

@@ -56,6 +56,8 @@ class Startup:
         self.settings = settings
         self.attempts = 0
         self.waiting = "connecting to it"
+        # The runtime once opened: whoever stops the process closes it.
+        self.runtime: Runtime | None = None
         # Told why the runtime is not open yet, at every failed attempt (the gRPC gate says it to writers).
         self._told = told
         told(self.waiting)
@@ -67,7 +69,8 @@ class Startup:
         while not stop.is_set():
             self.attempts += 1
             try:
-                return await Runtime.open(self.settings)
+                self.runtime = await Runtime.open(self.settings)
+                return self.runtime
             except SchemaNotCurrent:
                 raise
             except Exception as error:

@@ -8,6 +8,12 @@ verification spread over them by the per-sink commit lock and the leases, and th
 
 - A serving process is the same command again (`python -m coordinator_service.cli` with the supervisor's arguments,
   its environment), told its index, the ports and a pipe in PROCESS_VARIABLE; it writes to the pipe once it serves.
+- Once one process serves, every connection reaches a serving one. A process started while another serves (the
+  others at the first start, a process started again) listens only once it serves: before, a probe or a writer
+  reaching it read "not ready" from a coordinator that was. One process alone listens while it starts, so that a
+  coordinator waiting for its metastore answers its probes (live, not ready) and its writers (UNAVAILABLE): the
+  first one started while none serves or is starting so (`ServingProcess.answers_while_starting`); the others are
+  started once it serves.
 - Metrics: the processes count in prometheus_client's multiprocess files (PROMETHEUS_MULTIPROC_DIR, a directory of
   the supervisor's own, removed when it stops), so that a scrape answered by any of them has the whole
   coordinator's counters and histograms (coordinator_service.metrics.scrape).
@@ -68,6 +74,8 @@ class ServingProcess:
     # The pipe's end the process writes to once it serves.
     serving_fd: int
     supervisor_pid: int
+    # Whether it listens while it opens its runtime (no other process serves), or only once it serves.
+    answers_while_starting: bool
     # The embedded metastore the supervisor started (None: the configured one).
     database_url: str | None = None
 
@@ -172,6 +180,10 @@ class _Supervisor:
         self._metrics_directory = metrics_directory
         self._stop = stop
         self._running: dict[int, asyncio.subprocess.Process] = {}
+        # The processes that told they serve, and the one listening while it starts (none serves yet).
+        self._serving: set[int] = set()
+        self._answering_while_starting: int | None = None
+        self._turns = asyncio.Condition()
 
     async def run(self, processes: int) -> None:
         keepers = [asyncio.create_task(self._keep(index), name=f"process-{index}") for index in range(processes)]
@@ -186,6 +198,8 @@ class _Supervisor:
                     raise error
         finally:
             self._stop.set()
+            async with self._turns:  # a keeper waiting for its turn to start sees the stop
+                self._turns.notify_all()
             log.info("sink-coordinator stopping its serving processes", processes=len(self._running))
             for process in self._running.values():
                 with contextlib.suppress(ProcessLookupError):
@@ -198,8 +212,11 @@ class _Supervisor:
         """Keep serving process `index` running until the stop; StartFailed when it cannot start."""
         wait = FIRST_RESTART_SECONDS
         while not self._stop.is_set():
+            answers_while_starting = await self._turn(index)
+            if answers_while_starting is None:
+                return
             started = time.monotonic()
-            status, told = await self._run(index)
+            status, told = await self._run(index, answers_while_starting)
             served = told == _SERVING
             if self._stop.is_set():
                 return
@@ -218,12 +235,50 @@ class _Supervisor:
                 await asyncio.wait_for(self._stop.wait(), wait)
             wait = min(wait * 2, LONGEST_RESTART_SECONDS)
 
-    async def _run(self, index: int) -> tuple[int, str]:
+    async def _turn(self, index: int) -> bool | None:
+        """Once process `index` may start: whether it answers while it starts (no process serves, and none is starting
+        so), or listens once it serves (another serves). Waits while another starts answering; None: the stop."""
+        async with self._turns:
+            await self._turns.wait_for(
+                lambda: self._stop.is_set() or bool(self._serving) or self._answering_while_starting is None
+            )
+            if self._stop.is_set():
+                return None
+            if self._serving:
+                return False
+            self._answering_while_starting = index
+            return True
+
+    async def _told(self, index: int, serving_read: int) -> str:
+        """What process `index` wrote to its pipe, once it closed it; its turn is over when it serves."""
+        told = (await asyncio.to_thread(_read_all, serving_read)).decode(errors="replace")
+        if told == _SERVING:
+            async with self._turns:
+                self._serving.add(index)
+                if self._answering_while_starting == index:
+                    self._answering_while_starting = None
+                self._turns.notify_all()
+        return told
+
+    async def _ended(self, index: int) -> None:
+        async with self._turns:
+            self._serving.discard(index)
+            if self._answering_while_starting == index:
+                self._answering_while_starting = None
+            self._turns.notify_all()
+
+    async def _run(self, index: int, answers_while_starting: bool) -> tuple[int, str]:
         """Run process `index` once: its exit status (negative: the signal that ended it), and what it told (serving,
         or why it cannot)."""
         serving_read, serving_write = os.pipe()
         serving = ServingProcess(
-            index, self._grpc_port, self._http_port, serving_write, os.getpid(), self._database_url
+            index,
+            self._grpc_port,
+            self._http_port,
+            serving_write,
+            os.getpid(),
+            answers_while_starting,
+            self._database_url,
         )
         try:
             process = await asyncio.create_subprocess_exec(
@@ -243,16 +298,17 @@ class _Supervisor:
             os.close(serving_write)
         self._running[index] = process
         log.info("serving process started", process=index, pid=process.pid)
-        reading = asyncio.create_task(asyncio.to_thread(_read_all, serving_read))
+        reading = asyncio.create_task(self._told(index, serving_read))
         try:
             if self._stop.is_set():  # the stop came while it was being started
                 process.send_signal(signal.SIGTERM)
             try:
                 status = await _exit_after_stop(process, self._stop)
             finally:
-                told = (await reading).decode(errors="replace")
+                told = await reading
         finally:
             del self._running[index]
+            await self._ended(index)
             _forget_process(self._metrics_directory, process.pid)
         return status, told
 

@@ -10,11 +10,13 @@ import subprocess
 import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from http import HTTPStatus
 from pathlib import Path
 
 import grpc
 import httpx
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 from pyiceberg.catalog import Catalog
 
@@ -132,6 +134,45 @@ def test_a_stream_stays_exactly_once_when_a_process_is_killed(
         assert client.commit_checkpoint("killed", 29, term, wait=True).committed_epoch == 29
     assert table_order_ids(catalog.load_table("shop.killed")) == list(range(300))
     assert coordinator.process is not None and coordinator.process.poll() is None
+
+
+def answers_until_serving(coordinator: CoordinatorProcess, index: int, since: int) -> list[tuple[str, object]]:
+    """/readyz and gRPC's health Check, each over a new connection (the kernel hands each to any process listening),
+    asked again and again until process `index` logs that it serves (from the `since`th log line on)."""
+    answers: list[tuple[str, object]] = []
+    health = f"127.0.0.1:{coordinator.grpc_port}"
+    while not any(
+        record.get("event") == "sink-coordinator serving" and record.get("process") == index
+        for record in coordinator.drain_logs()[since:]
+    ):
+        ready = httpx.get(f"{coordinator.http_url}/readyz", timeout=10)
+        answers.append(("readyz", (ready.status_code, ready.json())))
+        with grpc.insecure_channel(health) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+        answers.append(("health", health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)))
+    return answers
+
+
+def test_a_coordinator_that_serves_never_answers_from_a_process_still_starting(
+    coordinator_factory: Callable[..., CoordinatorProcess],
+) -> None:
+    """Once one process serves, every connection reaches a serving one: while the others start (at first, or after a
+    kill -9), they do not listen yet. Before, a starting process listened at once, and a probe or a newcomer's
+    `curl /readyz` right after `serve` was up could reach it and read 503, "not reachable yet: connecting to it"."""
+    coordinator = coordinator_factory(SINK_COORDINATOR_PROCESSES=str(PROCESSES))  # returns once one serves
+    first = coordinator.wait_for_log("sink-coordinator serving", timeout=60)
+    other = 1 - first["process"]
+    answers = answers_until_serving(coordinator, other, since=0)
+    killed = serving_pids(coordinator)[first["process"]]
+    since = len(coordinator.drain_logs())
+    os.kill(killed, signal.SIGKILL)
+    restarted = coordinator.wait_for_log("serving process started", timeout=60, since=since)
+    assert restarted["pid"] != killed
+    restarting = answers_until_serving(coordinator, first["process"], since=coordinator.logs.index(restarted))
+    assert len(restarting) > 10  # asked all the while the restarted process opened its runtime
+    ready = (HTTPStatus.OK, {"ready": True, "checks": {"metastore": "ok", "catalog": "ok", "warehouse": "ok"}})
+    assert {answer for kind, answer in answers + restarting if kind == "health"} <= {"SERVING"}
+    assert [answer for kind, answer in answers + restarting if kind == "readyz" and answer != ready] == []
 
 
 def test_a_writer_restarted_through_another_process_fences_its_old_term(
