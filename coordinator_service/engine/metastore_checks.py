@@ -134,6 +134,16 @@ class MetastoreChecks:
                 seen = None
             reason = out_of_step(sink, table, seen, self.iceberg.catalog_name)
             if reason is not None:
+                # `sink` was read before the table: a commit meanwhile takes the table past the checkpoint read then,
+                # as a restored metastore would. Decide on the log as it is now that the table is read (its
+                # checkpoint only grows, and a table never holds an epoch above it).
+                async with self.database.transaction() as session:
+                    now = await sink_rows.sink_by_id(session, sink.id)
+                if now is None or settlement.identity_of(now) != identity:
+                    return sink.suspended_reason  # deleted or reset meanwhile: the next check decides
+                sink = now
+                reason = out_of_step(sink, table, seen, self.iceberg.catalog_name)
+            if reason is not None:
                 break
             if table.table_uuid is None and seen is not None:
                 async with self.database.transaction() as session:

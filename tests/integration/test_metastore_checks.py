@@ -18,6 +18,7 @@ from coordinator_service.contract.errors import SinkSuspended
 from coordinator_service.engine.operations import Operations
 from coordinator_service.engine.operator.answers import Operator
 from coordinator_service.engine.writer_requests import PreCommitRequest
+from coordinator_service.log import sink_rows, sink_tables
 from coordinator_service.runtime import Runtime
 from coordinator_service.settings import Settings
 from tests.fixtures.admin import AdminApp, AdminFactory, CatalogDatabase, commit_lock_held, sink_id_of
@@ -339,3 +340,22 @@ async def test_a_committer_that_met_a_suspension_commits_the_sink_once_another_p
     async with asyncio.timeout(15):
         assert await serving.checkpoint("orders", new, 0) == 0
     assert table_order_ids(catalog.load_table("db.orders")) == [*range(10), *range(100, 110)]
+
+
+async def test_a_sink_that_commits_while_it_is_checked_is_not_taken_for_a_restored_metastore(admin: AdminApp) -> None:
+    """A check reads the log, then each table: a commit between the two takes the table past the checkpoint the
+    check read, as a restored metastore would. The check decides on the log as it is after the table was read.
+    Before, the sink was suspended, and its writer refused (CI, 2026-11-29: a rolling upgrade's new replica checked
+    its sinks at start while the writer streamed: "table db.orders holds epoch 235 of sink orders, but the log's
+    checkpoint is epoch 232")."""
+    registration = await admin.register("orders")
+    database = admin.runtime.database
+    async with database.transaction() as session:  # what the check read before the commit
+        [read_before] = [sink for sink in await sink_rows.all_sinks(session) if sink.name == "orders"]
+        tables = (await sink_tables.tables_of_sinks(session, [read_before.id]))[read_before.id]
+    await admin.pre_commit("orders", registration, 0, 0)
+    assert await admin.checkpoint("orders", registration, 0, wait=True) == 0
+    assert read_before.checkpointed_epoch == -1
+    assert await admin.runtime.checks.check(read_before, tables) is None
+    assert (await admin.get("/api/v1/sinks/orders")).json()["committed_epoch"] == 0
+    await admin.pre_commit("orders", registration, 1, 10)  # the writer is served
