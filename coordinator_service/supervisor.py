@@ -180,7 +180,8 @@ class _Supervisor:
         self._metrics_directory = metrics_directory
         self._stop = stop
         self._running: dict[int, asyncio.subprocess.Process] = {}
-        # The processes that told they serve, and the one listening while it starts (none serves yet).
+        # The processes that told they serve, and the one that listened while it started (none served then), until
+        # it ends: a turn waits on it only while none serves.
         self._serving: set[int] = set()
         self._answering_while_starting: int | None = None
         self._turns = asyncio.Condition()
@@ -250,13 +251,11 @@ class _Supervisor:
             return True
 
     async def _told(self, index: int, serving_read: int) -> str:
-        """What process `index` wrote to its pipe, once it closed it; its turn is over when it serves."""
+        """What process `index` wrote to its pipe, once it closed it; once it serves, every turn is given."""
         told = (await asyncio.to_thread(_read_all, serving_read)).decode(errors="replace")
         if told == _SERVING:
             async with self._turns:
                 self._serving.add(index)
-                if self._answering_while_starting == index:
-                    self._answering_while_starting = None
                 self._turns.notify_all()
         return told
 
