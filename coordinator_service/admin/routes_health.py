@@ -22,6 +22,7 @@ from coordinator_service.admin.deps import OperationsDep, RuntimeDep
 from coordinator_service.admin.routes_sinks import error_responses
 from coordinator_service.admin.shared_answer import SharedAnswer
 from coordinator_service.contract.errors import CoordinatorError, SchemaNotCurrent, cause
+from coordinator_service.engine.commit_state import stuck_reason
 from coordinator_service.engine.operations import Operations
 from coordinator_service.engine.operator.answers import SinkOverview
 from coordinator_service.log.database import within
@@ -85,7 +86,7 @@ def _gauges(overview: SinkOverview) -> metrics_scrape.SinkGauges:
         aborted=overview.counts.aborted,
         oldest_pending_age_seconds=overview.counts.oldest_pending_age_seconds,
         retrying=health is not None and health.retrying,
-        stuck=health is not None and health.stuck is not None,
+        stuck=stuck_reason(health, overview.sink) is not None,
         suspended=overview.sink.suspended_reason is not None,
         tables=[
             metrics_scrape.TableGauges(

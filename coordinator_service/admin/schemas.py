@@ -20,9 +20,9 @@ from pydantic.dataclasses import dataclass
 
 from coordinator_service.contract.errors import InvalidArgument
 from coordinator_service.contract.views import EpochStatus, EpochView, SinkTable, SinkView, from_attributes
-from coordinator_service.engine.commit_state import CommitterHealth
+from coordinator_service.engine.commit_state import CommitterHealth, stuck_reason
 from coordinator_service.engine.operator.answers import EpochDetail, SinkOverview
-from coordinator_service.log.models import AbortCause, EpochRecord
+from coordinator_service.log.models import AbortCause, EpochRecord, Sink
 
 # Epochs are PostgreSQL bigints.
 MAX_EPOCH = 2**63 - 1
@@ -50,24 +50,30 @@ class ErrorResponse(BaseModel):
 
 class CommitterState(BaseModel):
     state: Literal["healthy", "retrying", "stuck", "idle"] = Field(
-        description="idle: this process has not committed the sink yet (another replica may have). stuck: its "
-        "commits failed in a way no retry can fix (last_error says why); fix the cause, then POST .../resume."
+        description="idle: this process has not committed the sink yet (another replica may have). stuck: a "
+        "committer (in this process or another, or a replica) met a failure no retry can fix (last_error says why); "
+        "fix the cause, then POST .../resume, which resumes it everywhere."
     )
     failed_attempts: int
     last_error: str | None
     last_error_at: datetime | None
 
     @classmethod
-    def of(cls, health: CommitterHealth | None) -> CommitterState:
-        if health is None:
+    def of(cls, health: CommitterHealth | None, sink: Sink) -> CommitterState:
+        """This process's committer of the sink, stuck while the log says a committer anywhere is."""
+        stuck = stuck_reason(health, sink)
+        if stuck is not None:
+            in_log = sink.committer_stuck_reason is not None or health is None
+            return cls(
+                state="stuck",
+                failed_attempts=0 if health is None else health.attempts,
+                last_error=stuck,
+                last_error_at=sink.committer_stuck_at if in_log or health is None else health.last_error_at,
+            )
+        if health is None or health.stuck is not None:  # resumed elsewhere, not yet here
             return cls(state="idle", failed_attempts=0, last_error=None, last_error_at=None)
-        state: Literal["healthy", "retrying", "stuck"] = "healthy"
-        if health.stuck is not None:
-            state = "stuck"
-        elif health.retrying:
-            state = "retrying"
         return cls(
-            state=state,
+            state="retrying" if health.retrying else "healthy",
             failed_attempts=health.attempts,
             last_error=health.last_error,
             last_error_at=health.last_error_at,
@@ -186,7 +192,7 @@ class SinkResponse(SinkView):
             stalled=overview.stalled,
             writer_last_call_age_seconds=counts.writer_last_call_age_seconds,
             last_commit_at=counts.last_commit_at,
-            committer=CommitterState.of(overview.health),
+            committer=CommitterState.of(overview.health, sink),
         )
 
 

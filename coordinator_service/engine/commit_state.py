@@ -34,8 +34,23 @@ class CommitterHealth:
     last_error_at: datetime | None = None
     # Set when a commit failed in a way no retry can fix: the committer waits for an operator's resume.
     stuck: str | None = None
+    # The sink's resumes in the log when it stuck (None: not recorded there): a resume through any process or
+    # replica counts one more, and this committer follows it.
+    stuck_at_resumes: int | None = None
     # Fan-out: the tables whose last commit failed while the others committed, with why.
     failing_tables: dict[str, TableFailure] = field(default_factory=dict)
+
+
+def stuck_reason(health: CommitterHealth | None, sink: Sink) -> str | None:
+    """Why the sink's commits are stuck, here or in any process or replica (the log); None when they are not, or
+    were resumed since (through any process: a committer stuck here follows the resume at its next wake)."""
+    if sink.committer_stuck_reason is not None:
+        return sink.committer_stuck_reason
+    if health is None or health.stuck is None:
+        return None
+    if health.stuck_at_resumes is not None and sink.resumes > health.stuck_at_resumes:
+        return None
+    return health.stuck
 
 
 @dataclass

@@ -128,7 +128,7 @@ class Committer(CommitPasses):
         while True:
             await state.wake.wait()
             state.wake.clear()
-            if health.stuck is not None:
+            if health.stuck is not None and not await self._resumed_in_log(sink_id, state, health):
                 continue  # until an operator resumes the sink
             # Outside the slot: a sink waiting out its interval leaves the slot to the others.
             await self._respect_commit_interval(sink_id, state)
@@ -141,12 +141,14 @@ class Committer(CommitPasses):
                 # suspended sinks alone).
                 log.info("the sink is suspended: its commits wait until it is back in step with its tables")
             except Exception as error:  # only what retrying cannot fix comes out of the retries
-                self._stick(sink_id, health, error)
+                await self._stick(sink_id, health, error)
             finally:
                 state.passes_done += 1
                 await self._notify_progress()
 
-    def _stick(self, sink_id: int, health: CommitterHealth, error: BaseException) -> None:
+    async def _stick(self, sink_id: int, health: CommitterHealth, error: BaseException) -> None:
+        """Stop the sink's commits here until a resume, and record why in the log, where every process and replica
+        shows it."""
         health.stuck = f"{type(error).__name__}: {cause(error)}"
         health.retrying = False
         health.last_error, health.last_error_at = health.stuck, datetime.now(UTC)
@@ -156,16 +158,51 @@ class Committer(CommitPasses):
             "resume the sink (POST /api/v1/sinks/<name>/resume)",
             error=health.stuck,
         )
+        try:
+            async with self.database.transaction() as session:
+                health.stuck_at_resumes = await sink_rows.record_stuck(
+                    session, sink_id, health.stuck, health.last_error_at
+                )
+        except SQLAlchemyError as record_error:
+            log.warning(
+                "the stuck state is not recorded in the log: only this process shows it, and only a resume it "
+                "receives resumes it",
+                error=cause(record_error),
+            )
 
-    def resume(self, sink_id: int) -> bool:
-        """Retry a stuck sink's commits (after an operator fixed the cause); whether it was stuck here."""
+    async def _resumed_in_log(self, sink_id: int, state: SinkCommitState, health: CommitterHealth) -> bool:
+        """Whether a resume through another process or replica came since the sink stuck here (then it is resumed
+        here too)."""
+        if health.stuck_at_resumes is None:
+            return False
+        try:
+            async with self.database.transaction() as session:
+                resumes = await sink_rows.resumes_of(session, sink_id)
+        except SQLAlchemyError as error:
+            log.warning("the sink's resumes could not be read; will look again", error=cause(error))
+            return False
+        if resumes is None or resumes <= health.stuck_at_resumes:
+            return False
+        log.warning("the sink was resumed (through another process or replica): its commits are retried here")
+        self._resume_here(state)
+        return True
+
+    async def resume(self, sink_id: int) -> bool:
+        """Retry a stuck sink's commits (the cause is gone), in every process and replica: the log counts the resume,
+        and a committer stuck on the sink anywhere follows it at its next wake. Whether it was stuck here."""
+        async with self.database.transaction() as session:
+            await sink_rows.record_resume(session, sink_id)
         state = self._sinks[sink_id]
         was_stuck = state.health is not None and state.health.stuck is not None
-        if state.health is not None:
-            state.health.stuck = None
-        state.resumed_at = state.passes_done
+        self._resume_here(state)
         self.wake(sink_id)
         return was_stuck
+
+    def _resume_here(self, state: SinkCommitState) -> None:
+        if state.health is not None:
+            state.health.stuck = None
+            state.health.stuck_at_resumes = None
+        state.resumed_at = state.passes_done
 
     async def wait_for_pass(self, sink_id: int, timeout_seconds: float) -> None:
         """Wait (at most timeout_seconds) until the sink's committer finished a pass since its last resume."""

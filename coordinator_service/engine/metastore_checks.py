@@ -154,5 +154,5 @@ class MetastoreChecks:
             log.error("sink suspended: the log is out of step with its tables", sink=sink.name, reason=reason)
         elif changed:
             log.warning("sink resumed: the log is in step with its tables again", sink=sink.name)
-            self.committer.resume(sink.id)
+            await self.committer.resume(sink.id)
         return reason

@@ -130,6 +130,11 @@ class Sink(Base):
     # Set when the log is out of step with one of its tables (coordinator_service.engine.metastore_checks): nothing is
     # committed or accepted for the sink until an operator reconciles it, or the cause goes away.
     suspended_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Set when a committer (in any process or replica) met a failure no retry fixes, cleared by a resume; and the
+    # resumes so far, which a stuck committer anywhere follows (migration 0018).
+    committer_stuck_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    committer_stuck_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    resumes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), onupdate=func.now()

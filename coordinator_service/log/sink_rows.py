@@ -99,6 +99,32 @@ async def set_suspended(session: AsyncSession, sink_id: int, reason: str | None)
     return result.scalar_one_or_none() is not None
 
 
+async def record_stuck(session: AsyncSession, sink_id: int, reason: str, at: datetime) -> int | None:
+    """Record that a committer stuck on the sink; the sink's resumes so far (None: the sink is gone)."""
+    result = await session.execute(
+        update(Sink)
+        .where(Sink.id == sink_id)
+        .values(committer_stuck_reason=reason, committer_stuck_at=at)
+        .returning(Sink.resumes)
+    )
+    return result.scalar_one_or_none()
+
+
+async def record_resume(session: AsyncSession, sink_id: int) -> None:
+    """Count an operator's resume of the sink (every stuck committer follows it) and clear its stuck state."""
+    await session.execute(
+        update(Sink)
+        .where(Sink.id == sink_id)
+        .values(resumes=Sink.resumes + 1, committer_stuck_reason=None, committer_stuck_at=None)
+    )
+
+
+async def resumes_of(session: AsyncSession, sink_id: int) -> int | None:
+    """The sink's resumes so far (None: the sink is gone)."""
+    result = await session.execute(select(Sink.resumes).where(Sink.id == sink_id))
+    return result.scalar_one_or_none()
+
+
 @dataclass(frozen=True)
 class EpochCounts:
     """A sink's epochs that are not committed yet, its last commit, and its writer's last call, as the log has them

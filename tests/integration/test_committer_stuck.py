@@ -103,3 +103,52 @@ async def test_a_part_whose_clean_up_never_ends_does_not_hold_the_close(
     assert cleaning_up.is_set() and admin.runtime.cleaner._task.done()
     [stuck] = [line for line in logs if line["event"].startswith("a part of the background work did not stop")]
     assert stuck["part"] == "cleaner" and stuck["log_level"] == "error"
+
+
+async def test_the_log_holds_the_stuck_state_and_a_resume_counted_there_resumes_the_committer(
+    admin: AdminApp, database_url: str
+) -> None:
+    """A committer stuck here records why in the log (what every process and replica shows) and follows a resume
+    counted in the log by another process or replica, as if the POST had reached it."""
+    registration = await admin.register("orders")
+    await admin.pre_commit("orders", registration, 0, 0)
+    [(record,)] = query(database_url, "SELECT metadata FROM pending_sink_state WHERE epoch = 0")
+    query(database_url, "UPDATE pending_sink_state SET metadata = 'not json' WHERE epoch = 0")
+    await admin.checkpoint("orders", registration, 0, wait=False)
+
+    async def stuck_in_log() -> bool:
+        [(reason,)] = query(database_url, "SELECT committer_stuck_reason FROM sinks WHERE name = 'orders'")
+        return reason is not None and "MetadataDecodeError" in reason
+
+    await eventually(stuck_in_log, "the stuck state in the log")
+    query(database_url, "UPDATE pending_sink_state SET metadata = %s WHERE epoch = 0", record)  # the fix
+    # Another process's resume: the count in the log, and the stuck state cleared there.
+    query(
+        database_url,
+        "UPDATE sinks SET resumes = resumes + 1, committer_stuck_reason = NULL, committer_stuck_at = NULL "
+        "WHERE name = 'orders'",
+    )
+
+    async def committed() -> bool:
+        sink = (await admin.get("/api/v1/sinks/orders")).json()
+        return sink["committed_epoch"] == 0 and sink["committer"]["state"] == "healthy"
+
+    await eventually(committed, "the sink committed after a resume through another process")
+
+
+async def test_a_sink_stuck_in_another_process_is_shown_stuck_here(admin: AdminApp, database_url: str) -> None:
+    """The log says a committer elsewhere is stuck on the sink: this process's answer and its scrape say so too."""
+    await admin.register("orders")
+    query(
+        database_url,
+        "UPDATE sinks SET committer_stuck_reason = 'CommitFailed: elsewhere', committer_stuck_at = now() "
+        "WHERE name = 'orders'",
+    )
+    committer = await committer_of(admin)
+    assert (committer["state"], committer["last_error"]) == ("stuck", "CommitFailed: elsewhere")
+    assert committer["last_error_at"] is not None
+    assert 'sink_coordinator_committer_stuck{sink="orders"} 1.0' in (await admin.get("/metrics")).text
+    resumed = await admin.post("/api/v1/sinks/orders/resume")
+    assert resumed.status_code == 200, resumed.text
+    assert resumed.json()["committer"]["state"] != "stuck"
+    assert query(database_url, "SELECT resumes, committer_stuck_reason FROM sinks WHERE name = 'orders'") == [(1, None)]

@@ -30,6 +30,7 @@ from tests.fixtures.coordinator import (
     table_order_ids,
     write_parquet,
 )
+from tests.fixtures.postgres import query
 
 SCHEMA = ORDERS.serialize().to_pybytes()
 PROCESSES = 2
@@ -173,6 +174,53 @@ def test_a_coordinator_that_serves_never_answers_from_a_process_still_starting(
     ready = (HTTPStatus.OK, {"ready": True, "checks": {"metastore": "ok", "catalog": "ok", "warehouse": "ok"}})
     assert {answer for kind, answer in answers + restarting if kind == "health"} <= {"SERVING"}
     assert [answer for kind, answer in answers + restarting if kind == "readyz" and answer != ready] == []
+
+
+def test_one_resume_resumes_a_sink_stuck_in_every_process(
+    coordinator_factory: Callable[..., CoordinatorProcess], database_url: str
+) -> None:
+    """A commit no retry can fix sticks the sink in each process that tries it. Every process's answer says stuck,
+    and one POST .../resume, reaching one process, resumes them all. Before, the stuck state and the resume were
+    the answering process's: the other one went on saying stuck, and committing nothing, until a resume reached it."""
+    coordinator = start_processes(coordinator_factory, SINK_COORDINATOR_LOG_LEVEL="debug")  # "epochs committed"
+    term, location = register(coordinator, "stuck")
+    with coordinator.client() as client:
+        client.pre_commit("stuck", 0, term, [write_parquet(location, orders(0, 10))])
+    [(record,)] = query(database_url, "SELECT metadata FROM pending_sink_state WHERE epoch = 0")
+    query(database_url, "UPDATE pending_sink_state SET metadata = 'not json' WHERE epoch = 0")
+    with coordinator.client() as client:
+        client.commit_checkpoint("stuck", 0, term, wait=False)
+    for index in range(PROCESSES):  # each poller takes the sink up, under the commit lock in turn
+        coordinator.wait_for_log(
+            "the sink's commits cannot succeed by retrying; they wait for an operator to fix the cause and resume the "
+            "sink (POST /api/v1/sinks/<name>/resume)",
+            timeout=60,
+            process=index,
+        )
+    states = {httpx.get(f"{coordinator.http_url}/api/v1/sinks/stuck", timeout=10).json()["committer"]["state"]}
+    for _ in range(20):
+        states.add(httpx.get(f"{coordinator.http_url}/api/v1/sinks/stuck", timeout=10).json()["committer"]["state"])
+    assert states == {"stuck"}
+    query(database_url, "UPDATE pending_sink_state SET metadata = %s WHERE epoch = 0", record)  # the fix
+    resumed = httpx.post(f"{coordinator.http_url}/api/v1/sinks/stuck/resume", timeout=60)
+    assert resumed.status_code == 200, resumed.text
+    with coordinator.client() as client:
+        client.pre_commit("stuck", 1, term, [write_parquet(location, orders(10, 10))])
+        assert client.commit_checkpoint("stuck", 1, term, wait=True).committed_epoch == 1
+    # Every process's committer is back: each commits the sink's next epochs when it wins the lock.
+    epochs_until_every_process(
+        coordinator,
+        "epochs committed",
+        "stuck",
+        lambda epoch: stream(coordinator, "stuck", range(epoch + 2, epoch + 3), term, location),
+        least=1,
+    )
+    states = {httpx.get(f"{coordinator.http_url}/api/v1/sinks/stuck", timeout=10).json()["committer"]["state"]}
+    for _ in range(20):
+        states.add(httpx.get(f"{coordinator.http_url}/api/v1/sinks/stuck", timeout=10).json()["committer"]["state"])
+    assert "stuck" not in states
+    scrapes = [httpx.get(f"{coordinator.http_url}/metrics", timeout=10).text for _ in range(10)]
+    assert {counted(text, "sink_coordinator_committer_stuck", sink="stuck") for text in scrapes} == {0}
 
 
 def test_a_writer_restarted_through_another_process_fences_its_old_term(

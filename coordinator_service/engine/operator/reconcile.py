@@ -124,7 +124,7 @@ class ReconcileActions(OperationsBase):
             tables=held,
             aborted_epochs=aborted,
         )
-        self.committer.resume(sink.id)
+        await self.committer.resume(sink.id)
         self.cleaner.wake()
         return Reconciled(await self.sink(name), restart, held)
 
@@ -133,7 +133,7 @@ class ReconcileActions(OperationsBase):
         check_known_name(name)
         async with self.database.transaction() as session:
             sink = await sink_named(session, name)
-        was_stuck = self.committer.resume(sink.id)
+        was_stuck = await self.committer.resume(sink.id)
         log.warning(
             "sink resumed by an operator",
             sink=name,

@@ -84,7 +84,7 @@ class TableActions(OperationsBase):
             given_up={each.epoch: each.records for each in given_up},
             writer_term=sink.writer_term,
         )
-        self.committer.resume(sink.id)  # stuck on the table, most likely: the cause is gone
+        await self.committer.resume(sink.id)  # stuck on the table, most likely: the cause is gone
         return TableRemoved(table, await self.sink(name), tuple(given_up))
 
     async def missing_from_catalog(self, tables: Sequence[str]) -> set[str]:
