@@ -63,12 +63,12 @@ class CommitterState(BaseModel):
         """This process's committer of the sink, stuck while the log says a committer anywhere is."""
         stuck = stuck_reason(health, sink)
         if stuck is not None:
-            in_log = sink.committer_stuck_reason is not None or health is None
+            here = health is not None and sink.committer_stuck_reason is None  # stuck here, not recorded in the log
             return cls(
                 state="stuck",
                 failed_attempts=0 if health is None else health.attempts,
                 last_error=stuck,
-                last_error_at=sink.committer_stuck_at if in_log or health is None else health.last_error_at,
+                last_error_at=health.last_error_at if here and health is not None else sink.committer_stuck_at,
             )
         if health is None or health.stuck is not None:  # resumed elsewhere, not yet here
             return cls(state="idle", failed_attempts=0, last_error=None, last_error_at=None)

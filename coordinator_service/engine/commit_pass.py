@@ -21,7 +21,7 @@ from coordinator_service.engine.commit_retries import cannot_succeed_by_retrying
 from coordinator_service.engine.commit_state import SinkCommitState, TableFailure, numbering_of
 from coordinator_service.engine.keyed_commit import KeyedCommits, KeyedEpochFiles
 from coordinator_service.failpoints import Failpoint
-from coordinator_service.log import commit_record, epoch_reads, precommit_metadata, sink_tables
+from coordinator_service.log import commit_record, epoch_reads, precommit_metadata, sink_rows, sink_tables
 from coordinator_service.log.commit_lock import CommitLock
 from coordinator_service.log.database import Database
 from coordinator_service.log.models import EpochRecord, Sink
@@ -98,6 +98,7 @@ class CommitPasses:
             # Empty epochs are never appended, so no marker can hold them: mark them without reading the tables.
             empty = _PassAppends()
             await self._record_commit(sink, pending, empty.of(pending, {}), empty, started, log_)
+            await self._stuck_cause_gone(sink)
             return more
         files = _files_by_table(sink, recorded, pending, decoded)
         keys = _key_files_by_table(pending, decoded)
@@ -156,7 +157,18 @@ class CommitPasses:
             self.after_append(sink, table)
         if failures:
             raise failures[0]
+        if done:
+            await self._stuck_cause_gone(sink)
         return more
+
+    async def _stuck_cause_gone(self, sink: Sink) -> None:
+        """A pass committed while the log said a committer was stuck on the sink (one that stuck, then restarted,
+        say): the cause is gone. Counted as a resume, so that the committers stuck elsewhere go on too."""
+        if sink.committer_stuck_reason is None:
+            return
+        async with self.database.transaction() as session:
+            await sink_rows.record_resume(session, sink.id)
+        log.warning("the sink committed again: its stuck state is cleared, and committers stuck elsewhere resume")
 
     async def _commit_table(
         self,

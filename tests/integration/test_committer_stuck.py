@@ -152,3 +152,23 @@ async def test_a_sink_stuck_in_another_process_is_shown_stuck_here(admin: AdminA
     assert resumed.status_code == 200, resumed.text
     assert resumed.json()["committer"]["state"] != "stuck"
     assert query(database_url, "SELECT resumes, committer_stuck_reason FROM sinks WHERE name = 'orders'") == [(1, None)]
+
+
+async def test_a_commit_that_succeeds_clears_a_stuck_state_left_in_the_log(admin: AdminApp, database_url: str) -> None:
+    """A committer stuck elsewhere (a process that stuck, then restarted) left its state in the log: a pass that
+    commits here proves the cause gone, clears it and counts a resume, which the committers stuck elsewhere follow."""
+    registration = await admin.register("orders")
+    query(
+        database_url,
+        "UPDATE sinks SET committer_stuck_reason = 'CommitFailed: elsewhere', committer_stuck_at = now() "
+        "WHERE name = 'orders'",
+    )
+    await admin.pre_commit("orders", registration, 0, 0)
+    await admin.checkpoint("orders", registration, 0, wait=True)
+
+    async def cleared() -> bool:  # right after the COMMITTED record, which the wait returns at
+        state = query(database_url, "SELECT resumes, committer_stuck_reason FROM sinks WHERE name = 'orders'")
+        return state == [(1, None)]
+
+    await eventually(cleared, "the stuck state cleared and a resume counted")
+    assert (await committer_of(admin))["state"] == "healthy"
