@@ -55,6 +55,11 @@ def build_log(
             " SELECT 'r' || i, 'bench.rec' || (i %% %s), 'default', %s, %s, 1 FROM generate_series(0, %s - 1) i",
             (tables, checkpoint, committed, sinks),
         )
+        # Each sink's own table among its tables, as registration records it (the commit holds a sink to them).
+        connection.execute(
+            "INSERT INTO sink_tables (sink_id, table_identifier, committed_epoch)"
+            " SELECT id, table_identifier, committed_epoch FROM sinks"
+        )
         for identifier in identifiers:
             empty = precommit_metadata.encode(PreCommitMetadata(table=identifier, data_files=()))
             connection.execute(
@@ -75,6 +80,12 @@ def build_log(
                     "UPDATE pending_sink_state SET metadata = %s, file_count = 1, record_count = 100"
                     " WHERE sink_id = (SELECT id FROM sinks WHERE name = %s) AND epoch = %s",
                     (encoded, f"r{index}", epoch),
+                )
+                # The file claimed by its epoch's attempt, as a pre-commit claims it (path_claims).
+                connection.execute(
+                    "INSERT INTO epoch_files (path, sink_id, epoch, attempt)"
+                    " SELECT %s, id, %s, 1 FROM sinks WHERE name = %s",
+                    (entries[0].path, epoch, f"r{index}"),
                 )
         connection.execute("VACUUM ANALYZE")
     return database_url, data_dir
