@@ -21,7 +21,7 @@ from coordinator_service.contract.client import MAX_RECONNECT_SECONDS, Coordinat
 # Connection attempts watched: with gRPC's defaults the gap before the fifth is 3.3-4.9 s.
 ATTEMPTS = 7
 # gRPC's jitter (±20 %) and this machine's scheduling on top of the bound.
-GAP_ALLOWED = MAX_RECONNECT_SECONDS * 1.2 + 0.8
+GAP_ALLOWED = MAX_RECONNECT_SECONDS * 1.2 + 1.3
 
 
 class RefusingServer:
