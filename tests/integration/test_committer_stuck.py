@@ -22,14 +22,21 @@ async def committer_of(admin: AdminApp) -> dict[str, Any]:
     return committer
 
 
-async def test_an_undecodable_log_record_sticks_the_sink_until_an_operator_resumes_it(
-    admin: AdminApp, database_url: str
-) -> None:
+async def _checkpoint_an_undecodable_record(admin: AdminApp, database_url: str) -> object:
+    """Sink orders' epoch 0 pre-committed, its log record made undecodable, and checkpointed: its commit cannot succeed
+    by retrying. Returns the record as it was (writing it back is the fix)."""
     registration = await admin.register("orders")
     await admin.pre_commit("orders", registration, 0, 0)
     [(record,)] = query(database_url, "SELECT metadata FROM pending_sink_state WHERE epoch = 0")
     query(database_url, "UPDATE pending_sink_state SET metadata = 'not json' WHERE epoch = 0")
     await admin.checkpoint("orders", registration, 0, wait=False)
+    return record
+
+
+async def test_an_undecodable_log_record_sticks_the_sink_until_an_operator_resumes_it(
+    admin: AdminApp, database_url: str
+) -> None:
+    record = await _checkpoint_an_undecodable_record(admin, database_url)
 
     async def stuck() -> bool:
         return (await committer_of(admin))["state"] == "stuck"
@@ -110,11 +117,7 @@ async def test_the_log_holds_the_stuck_state_and_a_resume_counted_there_resumes_
 ) -> None:
     """A committer stuck here records why in the log (what every process and replica shows) and follows a resume
     counted in the log by another process or replica, as if the POST had reached it."""
-    registration = await admin.register("orders")
-    await admin.pre_commit("orders", registration, 0, 0)
-    [(record,)] = query(database_url, "SELECT metadata FROM pending_sink_state WHERE epoch = 0")
-    query(database_url, "UPDATE pending_sink_state SET metadata = 'not json' WHERE epoch = 0")
-    await admin.checkpoint("orders", registration, 0, wait=False)
+    record = await _checkpoint_an_undecodable_record(admin, database_url)
 
     async def stuck_in_log() -> bool:
         [(reason,)] = query(database_url, "SELECT committer_stuck_reason FROM sinks WHERE name = 'orders'")
