@@ -182,7 +182,7 @@ def test_one_resume_resumes_a_sink_stuck_in_every_process(
     """A commit no retry can fix sticks the sink in each process that tries it. Every process's answer says stuck,
     and one POST .../resume, reaching one process, resumes them all. Before, the stuck state and the resume were
     the answering process's: the other one went on saying stuck, and committing nothing, until a resume reached it."""
-    coordinator = start_processes(coordinator_factory, SINK_COORDINATOR_LOG_LEVEL="debug")  # "epochs committed"
+    coordinator = start_processes(coordinator_factory)
     term, location = register(coordinator, "stuck")
     with coordinator.client() as client:
         client.pre_commit("stuck", 0, term, [write_parquet(location, orders(0, 10))])
@@ -197,10 +197,7 @@ def test_one_resume_resumes_a_sink_stuck_in_every_process(
             timeout=60,
             process=index,
         )
-    states = {httpx.get(f"{coordinator.http_url}/api/v1/sinks/stuck", timeout=10).json()["committer"]["state"]}
-    for _ in range(20):
-        states.add(httpx.get(f"{coordinator.http_url}/api/v1/sinks/stuck", timeout=10).json()["committer"]["state"])
-    assert states == {"stuck"}
+    assert committer_states(coordinator, "stuck") == {"stuck"}
     query(database_url, "UPDATE pending_sink_state SET metadata = %s WHERE epoch = 0", record)  # the fix
     resumed = httpx.post(f"{coordinator.http_url}/api/v1/sinks/stuck/resume", timeout=60)
     assert resumed.status_code == 200, resumed.text
@@ -215,12 +212,17 @@ def test_one_resume_resumes_a_sink_stuck_in_every_process(
         lambda epoch: stream(coordinator, "stuck", range(epoch + 2, epoch + 3), term, location),
         least=1,
     )
-    states = {httpx.get(f"{coordinator.http_url}/api/v1/sinks/stuck", timeout=10).json()["committer"]["state"]}
-    for _ in range(20):
-        states.add(httpx.get(f"{coordinator.http_url}/api/v1/sinks/stuck", timeout=10).json()["committer"]["state"])
-    assert "stuck" not in states
+    assert "stuck" not in committer_states(coordinator, "stuck")
     scrapes = [httpx.get(f"{coordinator.http_url}/metrics", timeout=10).text for _ in range(10)]
     assert {counted(text, "sink_coordinator_committer_stuck", sink="stuck") for text in scrapes} == {0}
+
+
+def committer_states(coordinator: CoordinatorProcess, sink: str) -> set[str]:
+    """The committer states the sink's answers gave, over 21 new connections (spread over the serving processes)."""
+    return {
+        httpx.get(f"{coordinator.http_url}/api/v1/sinks/{sink}", timeout=10).json()["committer"]["state"]
+        for _ in range(21)
+    }
 
 
 def test_a_writer_restarted_through_another_process_fences_its_old_term(
