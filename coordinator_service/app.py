@@ -55,11 +55,16 @@ async def serve(
     serving = Serving()
     startup = Startup(settings, told=serving.starting)
     try:
-        if process is None or process.answers_while_starting or await startup.open_runtime(stop) is not None:
+        if process is not None and not process.answers_while_starting:
+            # Listens once it serves, unless the supervisor says no process serves any longer: then at once.
+            told_to_listen = process.told_to_listen()
+            await startup.open_runtime(stop, until=told_to_listen)
+            if told_to_listen.is_set() and startup.runtime is None:
+                log.warning("no serving process is left: listening while the runtime opens")
+        if not stop.is_set():
             await _listen_and_serve(settings, stop, process, serving, startup)
     finally:
-        if startup.runtime is not None:
-            await startup.runtime.close()
+        await startup.close()
         log.info("sink-coordinator stopped")
 
 

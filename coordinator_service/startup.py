@@ -56,20 +56,28 @@ class Startup:
         self.settings = settings
         self.attempts = 0
         self.waiting = "connecting to it"
-        # The runtime once opened: whoever stops the process closes it.
+        # The runtime once opened: whoever stops the process closes it (close()).
         self.runtime: Runtime | None = None
+        # The attempt under way when open_runtime returned on `until`, taken up by its next call.
+        self._attempt: asyncio.Task[Runtime] | None = None
         # Told why the runtime is not open yet, at every failed attempt (the gRPC gate says it to writers).
         self._told = told
         told(self.waiting)
 
-    async def open_runtime(self, stop: asyncio.Event) -> Runtime | None:
-        """The open runtime, or None when `stop` is set first. Raises SchemaNotCurrent, or CannotServe for any
-        other failure no retry fixes."""
+    async def open_runtime(self, stop: asyncio.Event, until: asyncio.Event | None = None) -> Runtime | None:
+        """The open runtime, or None when `stop` is set first, or `until` (an attempt under way then goes on, and the
+        next call takes it up). Raises SchemaNotCurrent, or CannotServe for any other failure no retry fixes."""
+        until = until or asyncio.Event()
         wait = FIRST_WAIT_SECONDS
         while not stop.is_set():
-            self.attempts += 1
+            if self._attempt is None:
+                self.attempts += 1
+                self._attempt = asyncio.create_task(Runtime.open(self.settings), name="runtime-open")
+            if not await _done_before(self._attempt, until):
+                return None
+            attempt, self._attempt = self._attempt, None
             try:
-                self.runtime = await Runtime.open(self.settings)
+                self.runtime = attempt.result()
                 return self.runtime
             except SchemaNotCurrent:
                 raise
@@ -89,6 +97,37 @@ class Startup:
                     error_type=type(error).__name__,
                 )
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), retry_in)
+                    await asyncio.wait_for(_either(stop, until), retry_in)
+                if until.is_set():
+                    return None
                 wait = min(wait * 2, LONGEST_WAIT_SECONDS)
         return None
+
+    async def close(self) -> None:
+        """Close the runtime, once an attempt still under way (a start stopped meanwhile) has ended."""
+        if self._attempt is not None:
+            attempt, self._attempt = self._attempt, None
+            with contextlib.suppress(Exception):
+                self.runtime = await attempt
+        if self.runtime is not None:
+            await self.runtime.close()
+
+
+async def _done_before(task: asyncio.Task[Runtime], event: asyncio.Event) -> bool:
+    """Wait for `task` or `event`, whichever comes first: whether the task is done."""
+    waiting = asyncio.create_task(event.wait())
+    try:
+        await asyncio.wait({task, waiting}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiting.cancel()
+    return task.done()
+
+
+async def _either(*events: asyncio.Event) -> None:
+    """Return once any of `events` is set."""
+    waiting = [asyncio.create_task(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for each in waiting:
+            each.cancel()

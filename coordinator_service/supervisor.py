@@ -13,7 +13,9 @@ verification spread over them by the per-sink commit lock and the leases, and th
   reaching it read "not ready" from a coordinator that was. One process alone listens while it starts, so that a
   coordinator waiting for its metastore answers its probes (live, not ready) and its writers (UNAVAILABLE): the
   first one started while none serves or is starting so (`ServingProcess.answers_while_starting`); the others are
-  started once it serves.
+  started once it serves. When the last process that served ends while others are starting without listening, one of
+  them is told to listen at once (`ServingProcess.told_to_listen`, through a pipe of its own): the ports never go
+  without a listener while a process runs.
 - Metrics: the processes count in prometheus_client's multiprocess files (PROMETHEUS_MULTIPROC_DIR, a directory of
   the supervisor's own, removed when it stops), so that a scrape answered by any of them has the whole
   coordinator's counters and histograms (coordinator_service.metrics.scrape).
@@ -76,6 +78,8 @@ class ServingProcess:
     supervisor_pid: int
     # Whether it listens while it opens its runtime (no other process serves), or only once it serves.
     answers_while_starting: bool
+    # The pipe's end the supervisor writes to (or closes) when a process that does not listen yet must listen at once.
+    listen_fd: int
     # The embedded metastore the supervisor started (None: the configured one).
     database_url: str | None = None
 
@@ -98,6 +102,19 @@ class ServingProcess:
         prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
         if os.getppid() != self.supervisor_pid:  # the supervisor died before the line above
             os.kill(os.getpid(), signal.SIGTERM)
+
+    def told_to_listen(self) -> asyncio.Event:
+        """Set once the supervisor tells this process, started to listen only once it serves, to listen at once: the
+        last process that served ended, and no other listens."""
+        told = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def read() -> None:
+            loop.remove_reader(self.listen_fd)
+            told.set()
+
+        loop.add_reader(self.listen_fd, read)
+        return told
 
     def tell_serving(self) -> None:
         self._tell(_SERVING)
@@ -180,10 +197,14 @@ class _Supervisor:
         self._metrics_directory = metrics_directory
         self._stop = stop
         self._running: dict[int, asyncio.subprocess.Process] = {}
-        # The processes that told they serve, and the one that listened while it started (none served then), until
-        # it ends: a turn waits on it only while none serves.
+        # The processes that told they serve, and the one that listened while it started (none served then, or it
+        # was told to listen when the last one that served ended), until it ends: a turn waits on it only while none
+        # serves.
         self._serving: set[int] = set()
         self._answering_while_starting: int | None = None
+        # The processes started to listen once they serve that do not serve yet: the end of each one's pipe that
+        # tells it to listen at once.
+        self._quiet: dict[int, int] = {}
         self._turns = asyncio.Condition()
 
     async def run(self, processes: int) -> None:
@@ -256,28 +277,56 @@ class _Supervisor:
         if told == _SERVING:
             async with self._turns:
                 self._serving.add(index)
+                _close(self._quiet.pop(index, None))
                 self._turns.notify_all()
         return told
+
+    async def _started(self, index: int, answers_while_starting: bool, listen_write: int) -> None:
+        """Process `index` runs; `listen_write` is the end of its pipe that tells it to listen at once. One started not
+        to listen is told so at once if the process that served ended while it was being started."""
+        async with self._turns:
+            if answers_while_starting:
+                _close(listen_write)
+                return
+            self._quiet[index] = listen_write
+            self._listen_if_none_does()
 
     async def _ended(self, index: int) -> None:
         async with self._turns:
             self._serving.discard(index)
+            _close(self._quiet.pop(index, None))
             if self._answering_while_starting == index:
                 self._answering_while_starting = None
+            self._listen_if_none_does()
             self._turns.notify_all()
+
+    def _listen_if_none_does(self) -> None:
+        """When no process serves and none listens while it starts, one of those started to listen once they serve is
+        told to listen at once (under the turns' lock): before, the ports refused every connection until the process
+        that ended was started again and listened."""
+        if self._serving or self._answering_while_starting is not None or not self._quiet:
+            return
+        index, listen_write = self._quiet.popitem()
+        with contextlib.suppress(OSError):  # it ended meanwhile: its keeper's _ended follows
+            os.write(listen_write, b"listen")
+        _close(listen_write)
+        self._answering_while_starting = index
+        log.warning("no serving process is left; one still starting listens at once", process=index)
 
     async def _run(self, index: int, answers_while_starting: bool) -> tuple[int, str]:
         """Run process `index` once: its exit status (negative: the signal that ended it), and what it told (serving,
         or why it cannot)."""
         serving_read, serving_write = os.pipe()
+        listen_read, listen_write = os.pipe()
         serving = ServingProcess(
-            index,
-            self._grpc_port,
-            self._http_port,
-            serving_write,
-            os.getpid(),
-            answers_while_starting,
-            self._database_url,
+            index=index,
+            grpc_port=self._grpc_port,
+            http_port=self._http_port,
+            serving_fd=serving_write,
+            supervisor_pid=os.getpid(),
+            answers_while_starting=answers_while_starting,
+            listen_fd=listen_read,
+            database_url=self._database_url,
         )
         try:
             process = await asyncio.create_subprocess_exec(
@@ -290,15 +339,20 @@ class _Supervisor:
                     PROCESS_VARIABLE: json.dumps(asdict(serving)),
                     METRICS_DIRECTORY_VARIABLE: self._metrics_directory,
                 },
-                pass_fds=(serving_write,),
+                pass_fds=(serving_write, listen_read),
                 stdin=asyncio.subprocess.DEVNULL,
             )
+        except BaseException:
+            os.close(listen_write)
+            raise
         finally:
             os.close(serving_write)
+            os.close(listen_read)
         self._running[index] = process
         log.info("serving process started", process=index, pid=process.pid)
-        reading = asyncio.create_task(self._told(index, serving_read))
         try:
+            await self._started(index, answers_while_starting, listen_write)
+            reading = asyncio.create_task(self._told(index, serving_read))
             if self._stop.is_set():  # the stop came while it was being started
                 process.send_signal(signal.SIGTERM)
             try:
@@ -310,6 +364,12 @@ class _Supervisor:
             await self._ended(index)
             _forget_process(self._metrics_directory, process.pid)
         return status, told
+
+
+def _close(fd: int | None) -> None:
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 async def _exit_after_stop(process: asyncio.subprocess.Process, stop: asyncio.Event) -> int:

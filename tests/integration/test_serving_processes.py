@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
@@ -15,13 +16,17 @@ from pathlib import Path
 
 import grpc
 import httpx
+import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 from pyiceberg.catalog import Catalog
+from sqlalchemy.engine import make_url
 
 from coordinator_service.contract.client import CoordinatorRpcError
 from coordinator_service.contract.views import PreCommitOutcome
+from coordinator_service.log.database import normalize_url
+from coordinator_service.runtime import migrate
 from tests.fixtures.coordinator import (
     ORDERS,
     CoordinatorProcess,
@@ -31,6 +36,7 @@ from tests.fixtures.coordinator import (
     write_parquet,
 )
 from tests.fixtures.postgres import query
+from tests.fixtures.service_proxy import ServiceProxy
 
 SCHEMA = ORDERS.serialize().to_pybytes()
 PROCESSES = 2
@@ -174,6 +180,78 @@ def test_a_coordinator_that_serves_never_answers_from_a_process_still_starting(
     ready = (HTTPStatus.OK, {"ready": True, "checks": {"metastore": "ok", "catalog": "ok", "warehouse": "ok"}})
     assert {answer for kind, answer in answers + restarting if kind == "health"} <= {"SERVING"}
     assert [answer for kind, answer in answers + restarting if kind == "readyz" and answer != ready] == []
+
+
+def listening_pids(port: int) -> set[int]:
+    """The processes listening on 127.0.0.1:`port` (the supervisor's own socket there is bound, not listening)."""
+    return {
+        connection.pid
+        for connection in psutil.net_connections(kind="tcp")
+        if connection.status == psutil.CONN_LISTEN and connection.laddr.port == port and connection.pid is not None
+    }
+
+
+def first_listeners(port: int, timeout: float = 60.0) -> set[int]:
+    """The processes that listen on `port` first, once one does."""
+    deadline = time.monotonic() + timeout
+    while not (listening := listening_pids(port)):
+        assert time.monotonic() < deadline, f"nothing listened on {port} in {timeout} s"
+        time.sleep(0.01)  # the kernel's socket table: nothing to await
+    return listening
+
+
+def test_the_ports_keep_a_listener_when_the_last_serving_process_dies_beside_one_still_starting(
+    database_url: str, tmp_path: Path
+) -> None:
+    """kill -9 of the last serving process while the other one is starting again and cannot reach the metastore (an
+    outage cut it off): the starting one is told to listen at once, and probes and writers reach it (live, not ready;
+    UNAVAILABLE) instead of a port that refuses them. Before, nothing listened until the killed process was started
+    again (after its back-off and its imports) and listened while it started."""
+    metastore = make_url(database_url)
+    migrate(normalize_url(database_url))
+    socket_directory = metastore.query.get("host")
+    # The test's PostgreSQL: on a Unix socket (embedded), or on 127.0.0.1.
+    endpoint: int | str = (
+        f"{socket_directory}/.s.PGSQL.{metastore.port or 5432}"
+        if isinstance(socket_directory, str)
+        else metastore.port or 5432
+    )
+    path = ServiceProxy()
+    path.set_endpoints([endpoint])
+    through_path = metastore.set(
+        host="127.0.0.1", port=path.port, query={k: v for k, v in metastore.query.items() if k != "host"}
+    )
+    coordinator = CoordinatorProcess(
+        database_url=through_path.render_as_string(hide_password=False),
+        data_dir=tmp_path / "coordinator",
+        extra_env={"SINK_COORDINATOR_PROCESSES": str(PROCESSES)},
+    )
+    try:
+        coordinator.start()
+        for index in range(PROCESSES):
+            coordinator.wait_for_log("sink-coordinator serving", timeout=60, process=index)
+        pids = serving_pids(coordinator)
+        path.set_endpoints([])  # the outage: no new connection reaches the metastore
+        since = len(coordinator.drain_logs())
+        os.kill(pids[1], signal.SIGKILL)
+        retrying = "the metastore (or the catalog) is not reachable yet; retrying"
+        coordinator.wait_for_log(retrying, timeout=60, since=since, process=1)
+        starting = serving_pids(coordinator)[1]
+        assert listening_pids(coordinator.http_port) == {pids[0]}  # the starting one listens once it serves
+        killed = psutil.Process(pids[0])
+        killed.kill()
+        killed.wait(timeout=60)  # its sockets are gone with it
+        assert first_listeners(coordinator.http_port) == {starting}
+        assert first_listeners(coordinator.grpc_port) == {starting}
+        live = httpx.get(f"{coordinator.http_url}/healthz", timeout=10)
+        assert live.status_code == HTTPStatus.OK
+        path.set_endpoints([endpoint])  # the outage is over: both serve again
+        for index in range(PROCESSES):
+            coordinator.wait_for_log("sink-coordinator serving", timeout=60, since=since, process=index)
+        assert httpx.get(f"{coordinator.http_url}/readyz", timeout=10).status_code == HTTPStatus.OK
+    finally:
+        coordinator.stop()
+        path.close()
 
 
 def test_one_resume_resumes_a_sink_stuck_in_every_process(

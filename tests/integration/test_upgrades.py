@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
@@ -27,6 +26,7 @@ from coordinator_service.log.database import normalize_url
 from coordinator_service.runtime import migrate
 from tests.fixtures.coordinator import ORDERS, CoordinatorProcess, table_order_ids
 from tests.fixtures.postgres import columns_of, new_database, query
+from tests.fixtures.service_proxy import ServiceProxy
 from tests.fixtures.streaming_writer import ROWS_PER_EPOCH, StreamingWriter
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,59 +103,6 @@ def command(code: Path, database_url: str, *args: str) -> subprocess.CompletedPr
             "SINK_COORDINATOR_DATABASE_URL": database_url,
         },
     )
-
-
-class ServiceProxy:
-    """The Kubernetes Service the writer calls through: each new connection goes to one of the endpoints (round
-    robin); a connection stays with its replica until either side closes it."""
-
-    def __init__(self) -> None:
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self._listener.getsockname()[1]
-        self._endpoints: list[int] = []
-        self._next = 0
-        self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def set_endpoints(self, ports: list[int]) -> None:
-        with self._lock:
-            self._endpoints = ports
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return  # closed
-            threading.Thread(target=self._forward, args=(client,), daemon=True).start()
-
-    def _forward(self, client: socket.socket) -> None:
-        with self._lock:
-            port = self._endpoints[self._next % len(self._endpoints)] if self._endpoints else None
-            self._next += 1
-        try:
-            upstream = socket.create_connection(("127.0.0.1", port)) if port is not None else None
-        except OSError:
-            upstream = None
-        if upstream is None:
-            client.close()  # no endpoint: refused, as a Service without ready pods
-            return
-        threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
-        self._pump(client, upstream)
-
-    @staticmethod
-    def _pump(source: socket.socket, target: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                target.sendall(data)
-        except OSError:
-            pass
-        finally:
-            source.close()
-            target.close()
-
-    def close(self) -> None:
-        self._listener.close()
 
 
 def ready(replica: CoordinatorProcess) -> bool:

@@ -1,14 +1,17 @@
 """The supervisor's turns to start its serving processes (coordinator_service.supervisor): once one process serves, a
-process starts listening only once it serves too, and while none serves exactly one listens while it starts.
+process starts listening only once it serves too, and while none serves exactly one listens while it starts: when the
+last one that served ends, one still starting without listening is told to listen at once.
 
-A hypothesis state machine drives the supervisor's own `_turn`, `_told` and `_ended` on an event loop, as its keepers
-do (a keeper asks for a turn, its process tells it serves through a real pipe, or ends), and checks each answer
-against a model of the processes."""
+A hypothesis state machine drives the supervisor's own `_turn`, `_started`, `_told` and `_ended` on an event loop, as
+its keepers do (a keeper asks for a turn, starts its process with a real pipe to tell it to listen, the process tells
+it serves through a real pipe, or ends), and checks each answer, and what each pipe says, against a model of the
+processes."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import select
 from enum import Enum, auto
 
 from hypothesis import settings
@@ -23,8 +26,9 @@ PROCESSES = 4
 class State(Enum):
     IDLE = auto()  # not running, its keeper not asking
     WAITING = auto()  # its keeper waits for a turn
-    ANSWERING = auto()  # started listening while it starts (no other process served)
-    QUIET = auto()  # started to listen once it serves (another served)
+    ANSWERING = auto()  # started listening while it starts (no other process served), or told to listen since
+    GIVEN_QUIET = auto()  # given its turn to listen once it serves (another served), not started yet
+    QUIET = auto()  # started to listen once it serves
     SERVING = auto()
 
 
@@ -36,6 +40,8 @@ class Turns(RuleBasedStateMachine):
         self.supervisor = _Supervisor([], 0, 0, None, "", self.stop)
         self.states = dict.fromkeys(range(PROCESSES), State.IDLE)
         self.turns: dict[int, asyncio.Task[bool | None]] = {}
+        # The read end of each QUIET process's pipe, as the process holds it.
+        self.listen_reads: dict[int, int] = {}
 
     def settle(self) -> None:
         """Run the loop until every keeper that can go on has, then take the turns given, each checked against the
@@ -56,9 +62,46 @@ class Turns(RuleBasedStateMachine):
             if answers:
                 assert serving == [] and answering == [], (index, self.states)
                 self.states[index] = State.ANSWERING
+                self.start_process(index, answers)
             else:
                 assert serving, (index, self.states)
-                self.states[index] = State.QUIET
+                self.states[index] = State.GIVEN_QUIET
+
+    def start_process(self, index: int, answers: bool) -> None:
+        read, write = os.pipe()
+        if answers:
+            os.close(read)
+        else:
+            self.listen_reads[index] = read
+            self.states[index] = State.QUIET
+        self.loop.run_until_complete(self.supervisor._started(index, answers, write))
+        self.take_listen_told()
+
+    def take_listen_told(self) -> None:
+        """A QUIET process the supervisor told to listen listens now; only it, and only when none serves or listens."""
+        told = [index for index, read in self.listen_reads.items() if self.readable(read)]
+        for index in told:
+            assert self.states[index] is State.QUIET, (index, self.states)
+            assert os.read(self.listen_reads.pop(index), 16) == b"listen", index
+            assert State.SERVING not in self.states.values() and State.ANSWERING not in self.states.values()
+            assert self.supervisor._answering_while_starting == index
+            self.states[index] = State.ANSWERING
+        assert len(told) <= 1, told
+
+    @staticmethod
+    def readable(fd: int) -> bool:
+        return bool(select.select([fd], [], [], 0)[0])
+
+    def forget_listen_read(self, index: int) -> None:
+        read = self.listen_reads.pop(index, None)
+        if read is not None:
+            os.close(read)
+
+    @rule(index=integers(0, PROCESSES - 1))
+    def started(self, index: int) -> None:
+        """A keeper given a turn to listen once its process serves starts it (meanwhile others may have ended)."""
+        if self.states[index] is State.GIVEN_QUIET:
+            self.start_process(index, False)
 
     @precondition(lambda self: not self.stop.is_set())
     @rule(index=integers(0, PROCESSES - 1))
@@ -78,6 +121,9 @@ class Turns(RuleBasedStateMachine):
         os.close(write)
         assert self.loop.run_until_complete(self.supervisor._told(index, read)) == _SERVING
         self.states[index] = State.SERVING
+        if index in self.listen_reads:  # its pipe is closed: it will never be told to listen
+            assert self.readable(self.listen_reads[index]) and os.read(self.listen_reads[index], 16) == b""
+            self.forget_listen_read(index)
         self.settle()
 
     @rule(index=integers(0, PROCESSES - 1), told=integers(0, 1))
@@ -92,6 +138,8 @@ class Turns(RuleBasedStateMachine):
             self.loop.run_until_complete(self.supervisor._told(index, read))
         self.loop.run_until_complete(self.supervisor._ended(index))
         self.states[index] = State.IDLE
+        self.forget_listen_read(index)
+        self.take_listen_told()
         self.settle()
 
     @rule()
@@ -103,6 +151,14 @@ class Turns(RuleBasedStateMachine):
 
         self.loop.run_until_complete(stop())
         self.settle()
+
+    @invariant()
+    def a_running_process_listens(self) -> None:
+        """While a process runs, one serves or one listens while it starts: the ports are never left without one."""
+        if not hasattr(self, "states"):
+            return
+        if State.QUIET in self.states.values():
+            assert {State.SERVING, State.ANSWERING} & set(self.states.values()), self.states
 
     @invariant()
     def no_keeper_waits_for_nothing(self) -> None:
@@ -121,6 +177,8 @@ class Turns(RuleBasedStateMachine):
                 turn.cancel()
             self.loop.run_until_complete(asyncio.sleep(0))
             self.loop.close()
+            for index in list(self.listen_reads):
+                self.forget_listen_read(index)
 
 
 TestTurns = Turns.TestCase
