@@ -35,7 +35,16 @@ import psutil
 from pyiceberg.catalog import load_catalog
 
 from bench.fairness import EpochStream, checkpoint_to_commit, sink_table, stream_sinks
-from bench.infra import Coordinator, Postgres, latency_stats, machine_facts, register_orders_sink, temp_root
+from bench.infra import (
+    Coordinator,
+    Postgres,
+    cpu_seconds,
+    latency_stats,
+    machine_facts,
+    postmaster,
+    register_orders_sink,
+    temp_root,
+)
 from coordinator_service.contract.rpc import sink_coordinator_pb2_grpc as pb_grpc
 from coordinator_service.settings import Settings
 
@@ -62,23 +71,6 @@ def shapes(cores: int) -> dict[str, tuple[dict[str, str], ...]]:
         f"{cores} processes (every core)": ({**DEFAULTS, "SINK_COORDINATOR_PROCESSES": str(cores)},),
         "2 replicas, 1 process each": ({**DEFAULTS, "SINK_COORDINATOR_PROCESSES": "1"},) * 2,
     }
-
-
-def cpu_seconds(processes: Sequence[psutil.Process]) -> float:
-    """User and system CPU seconds of these processes and all their children so far."""
-    total = 0.0
-    for process in processes:
-        for each in (process, *process.children(recursive=True)):
-            try:
-                times = each.cpu_times()
-            except psutil.NoSuchProcess:
-                continue
-            total += times.user + times.system
-    return total
-
-
-def postmaster(postgres: Postgres) -> psutil.Process:
-    return psutil.Process(int((postgres.data / "postmaster.pid").read_text().split()[0]))
 
 
 @dataclass

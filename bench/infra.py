@@ -23,6 +23,7 @@ from typing import Any
 
 import grpc
 import numpy as np
+import psutil
 import psycopg
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -332,6 +333,23 @@ def files_rows(count: int, precommits: dict[str, list[float]], commits: dict[str
          "commit": latency_stats(commits[mode])}
         for mode in precommits
     ]  # fmt: skip
+
+
+def cpu_seconds(processes: Sequence[psutil.Process]) -> float:
+    """User and system CPU seconds of these processes and all their children so far."""
+    total = 0.0
+    for process in processes:
+        for each in (process, *process.children(recursive=True)):
+            try:
+                times = each.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += times.user + times.system
+    return total
+
+
+def postmaster(postgres: Postgres) -> psutil.Process:
+    return psutil.Process(int((postgres.data / "postmaster.pid").read_text().split()[0]))
 
 
 def latency_stats(seconds: Sequence[float]) -> dict[str, float]:

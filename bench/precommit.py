@@ -18,15 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import psutil
 import psycopg
 
 from bench.infra import (
     Coordinator,
     Postgres,
+    cpu_seconds,
     data_file_message,
     latency_stats,
     linked_copy,
     local_footer,
+    postmaster,
     py_spy,
     register_orders_sink,
     spread,
@@ -47,6 +50,29 @@ ONE_FILE = "one_file"
 ONE_FILE_SENT = "one_file_sent"
 EMPTY = "empty"
 MODES = (ONE_FILE, ONE_FILE_SENT, EMPTY)
+# The processes whose CPU a cell's calls cost: the bench's writers (this process), the coordinator, PostgreSQL.
+CPU_PARTS = ("client", "coordinator", "postgres")
+
+
+@dataclass
+class CpuClock:
+    """User and system CPU seconds so far of the writers (this process), the coordinator's processes and
+    PostgreSQL's (each with its children)."""
+
+    coordinator: psutil.Process
+    postgres: psutil.Process
+    here: psutil.Process = field(default_factory=psutil.Process)
+
+    def read(self) -> tuple[float, float, float]:
+        times = self.here.cpu_times()
+        return times.user + times.system, cpu_seconds([self.coordinator]), cpu_seconds([self.postgres])
+
+    def per_call(self, before: tuple[float, float, float], calls: int) -> dict[str, float]:
+        """Milliseconds of CPU a call cost each part since `before`, over `calls` calls."""
+        return {
+            part: 1000 * (after - start) / max(1, calls)
+            for part, start, after in zip(CPU_PARTS, before, self.read(), strict=True)
+        }
 
 
 @dataclass
@@ -89,11 +115,15 @@ async def drive_precommits(
     concurrency: int,
     seconds: float,
     mode: str,
+    clock: CpuClock | None = None,
 ) -> dict[str, Any]:
     """`concurrency` writers, writer w on sink w mod len(sinks) and connection w mod len(stubs), each
-    pre-committing its next epoch (of `mode`) in a loop."""
+    pre-committing its next epoch (of `mode`) in a loop; with a `clock`, the CPU each call cost (its warm-up's
+    calls counted too)."""
     latencies: list[float] = []
     errors: list[str] = []
+    calls = 0
+    cpu_before = clock.read() if clock is not None else None
     warmup_end = time.monotonic() + min(0.5, seconds / 4)
     end = warmup_end + seconds
 
@@ -111,6 +141,8 @@ async def drive_precommits(
             except grpc.aio.AioRpcError as error:
                 errors.append(f"{error.code().name}: {error.details()}")
                 continue
+            nonlocal calls
+            calls += 1
             if started >= warmup_end:
                 latencies.append(time.monotonic() - started)
 
@@ -120,6 +152,7 @@ async def drive_precommits(
         **latency_stats(latencies),
         "errors": errors[:3],
         "error_count": len(errors),
+        **({"cpu_ms_per_call": clock.per_call(cpu_before, calls)} if clock and cpu_before else {}),
     }
 
 
@@ -140,10 +173,14 @@ async def drive_raw(
     seconds: float,
     metadata: bytes,
     epochs: itertools.count[int],
+    clock: CpuClock | None = None,
 ) -> dict[str, Any]:
-    """`concurrency` connections, each: INSERT one row; COMMIT; in a loop."""
+    """`concurrency` connections, each: INSERT one row; COMMIT; in a loop; with a `clock`, the CPU each commit
+    cost (the coordinator's is its idling)."""
     connections = [await psycopg.AsyncConnection.connect(libpq_url(database_url)) for _ in range(concurrency)]
     latencies: list[float] = []
+    calls = 0
+    cpu_before = clock.read() if clock is not None else None
     warmup_end = time.monotonic() + min(0.5, seconds / 4)
     end = warmup_end + seconds
     statement = (
@@ -159,15 +196,19 @@ async def drive_raw(
                 return
             await connection.execute(statement, (sink_id, next(epochs), metadata))
             await connection.commit()
+            nonlocal calls
+            calls += 1
             if started >= warmup_end:
                 latencies.append(time.monotonic() - started)
 
     try:
         await asyncio.gather(*(writer(i, c) for i, c in enumerate(connections)))
+        # Read before the connections close: a backend's CPU goes with it.
+        cpu = {"cpu_ms_per_call": clock.per_call(cpu_before, calls)} if clock and cpu_before else {}
     finally:
         for connection in connections:
             await connection.close()
-    return {"rate": len(latencies) / seconds, **latency_stats(latencies)}
+    return {"rate": len(latencies) / seconds, **latency_stats(latencies), **cpu}
 
 
 def sink_ids(database_url: str, names: list[str]) -> list[int]:
@@ -212,6 +253,7 @@ async def run(
                 await stack.enter_async_context(channel)
             stubs = [pb_grpc.SinkCoordinatorStub(channel) for channel in channels]
             stub = stubs[0]
+            clock = CpuClock(psutil.Process(coordinator.pid), postmaster(postgres))
             sink_sets = {count: await register_sinks(stub, f"pc{count}", count) for count in sink_counts}
             # One pre-commit per sink set before measuring, so that the raw rows can copy a real metadata row.
             for sinks in sink_sets.values():
@@ -228,7 +270,7 @@ async def run(
                 # Interleaved, so that the machine's drift hits the baseline and the coordinator alike.
                 for concurrency in concurrencies:
                     raw[concurrency].append(
-                        await drive_raw(database_url, raw_ids, concurrency, seconds, metadata, raw_epochs)
+                        await drive_raw(database_url, raw_ids, concurrency, seconds, metadata, raw_epochs, clock)
                     )
                     for mode in modes:
                         for count in sink_counts:
@@ -241,7 +283,7 @@ async def run(
                             )
                             with py_spy(coordinator.pid, profile or Path("unused"), profiled):
                                 cells[(mode, count, concurrency)].append(
-                                    await drive_precommits(stubs, sink_sets[count], concurrency, seconds, mode)
+                                    await drive_precommits(stubs, sink_sets[count], concurrency, seconds, mode, clock)
                                 )
     finally:
         coordinator.stop()
@@ -258,7 +300,9 @@ async def run(
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    cpu = [run["cpu_ms_per_call"] for run in runs if "cpu_ms_per_call" in run]
     return {
+        **({"cpu_ms_per_call": {part: spread([each[part] for each in cpu]) for part in CPU_PARTS}} if cpu else {}),
         "rate": spread([run["rate"] for run in runs]),
         "p50_ms": spread([run["p50_ms"] for run in runs]),
         "p99_ms": spread([run["p99_ms"] for run in runs]),

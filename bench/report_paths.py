@@ -20,7 +20,9 @@ def precommit(part: dict[str, Any]) -> list[str]:
             f"One serving process. {part['seconds_per_cell']} s per cell, {part['repetitions']} repetitions, "
             "interleaved with the raw baseline. An epoch is one file named by its path (the coordinator reads its "
             "footer), one file with its footer and size (as the Spark writer sends every file), or none. Goal: rate "
-            "≥ 0.5 x raw at every concurrency; p99 < 10 ms at 8 writers.",
+            "≥ 0.5 x raw at every concurrency; p99 < 10 ms at 8 writers. CPU a call: the milliseconds of CPU each "
+            "call cost the bench's writers (one Python process), the coordinator and PostgreSQL, medians over the "
+            "repetitions (the raw baseline's: its writers', PostgreSQL's).",
         ]
         if processes == 1
         else [
@@ -32,8 +34,9 @@ def precommit(part: dict[str, Any]) -> list[str]:
     )
     lines += [
         "",
-        "| epochs | sinks | writers | PreCommit/s | raw commits/s | ratio | p50 ms | p99 ms | raw p50/p99 ms | goal |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| epochs | sinks | writers | PreCommit/s | raw commits/s | ratio | p50 ms | p99 ms | raw p50/p99 ms "
+        "| CPU ms a call: writers / coordinator / PostgreSQL (raw) | goal |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for cell in part["coordinator"]:
         raw = part["raw"][str(cell["concurrency"])]
@@ -44,11 +47,22 @@ def precommit(part: dict[str, Any]) -> list[str]:
             f"{spread(raw['rate'])} | {ratio:.2f} | {figure(cell['p50_ms']['median'], 1)} | "
             f"{spread(cell['p99_ms'], 1)} | "
             f"{figure(raw['p50_ms']['median'], 1)} / {figure(raw['p99_ms']['median'], 1)} | "
-            f"{goal_met(ok)} |"
+            f"{_cpu_per_call(cell, raw)} | {goal_met(ok)} |"
         )
         if cell["errors"]:
-            lines.append(f"| | | | errors: {cell['errors']} {cell['first_errors']} | | | | | | |")
+            lines.append(f"| | | | errors: {cell['errors']} {cell['first_errors']} | | | | | | | |")
     return [*lines, ""]
+
+
+def _cpu_per_call(cell: dict[str, Any], raw: dict[str, Any]) -> str:
+    """A cell's CPU a call, and its raw baseline's beside it ("-": a run before the bench measured it)."""
+    if "cpu_ms_per_call" not in cell or "cpu_ms_per_call" not in raw:
+        return "-"
+    cpu, raw_cpu = cell["cpu_ms_per_call"], raw["cpu_ms_per_call"]
+    return (
+        f"{cpu['client']['median']:.2f} / {cpu['coordinator']['median']:.2f} / {cpu['postgres']['median']:.2f} "
+        f"({raw_cpu['client']['median']:.2f} / {raw_cpu['postgres']['median']:.2f})"
+    )
 
 
 def commit(part: dict[str, Any], coalescing: dict[str, Any] | None) -> list[str]:

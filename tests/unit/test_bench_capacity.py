@@ -11,8 +11,8 @@ from typing import Any
 import psutil
 import pytest
 
-from bench.capacity import COMMIT_INTERVAL_SECONDS, CpuWindow, capacity, cpu_seconds, main, passes, render
-from bench.infra import latency_stats
+from bench.capacity import COMMIT_INTERVAL_SECONDS, CpuWindow, capacity, main, passes, render
+from bench.infra import cpu_seconds, latency_stats
 
 
 def test_a_step_passes_only_within_the_interval_plus_three_seconds_and_on_schedule() -> None:

@@ -70,7 +70,14 @@ def test_report_renders_every_part(tmp_path: Path) -> None:
         "precommit": {
             "seconds_per_cell": 1.0,
             "repetitions": 3,
-            "raw": {"1": {"rate": _cell(100), "p50_ms": _cell(1), "p99_ms": _cell(2)}},
+            "raw": {
+                "1": {
+                    "rate": _cell(100),
+                    "p50_ms": _cell(1),
+                    "p99_ms": _cell(2),
+                    "cpu_ms_per_call": {"client": _cell(0.05), "coordinator": _cell(0.01), "postgres": _cell(0.1)},
+                }
+            },
             "coordinator": [
                 {
                     "mode": "one_file",
@@ -81,6 +88,7 @@ def test_report_renders_every_part(tmp_path: Path) -> None:
                     "p99_ms": _cell(4),
                     "errors": 0,
                     "first_errors": [],
+                    "cpu_ms_per_call": {"client": _cell(0.25), "coordinator": _cell(1), "postgres": _cell(0.4)},
                 }
             ],
         },
@@ -180,6 +188,7 @@ def test_report_renders_every_part(tmp_path: Path) -> None:
     assert "Ours: **1.00** — goal met; raw: 3.00 after only 20 commits." in markdown
     assert "Worst sink's p99 / baseline p99: **1.50** — goal met." in markdown
     assert "| one file, footer read | 1 | 1 | 60 (54-66) |" in markdown
+    assert "| 1.0 / 2.0 | 0.25 / 1.00 / 0.40 (0.05 / 0.10) | met |" in markdown
     assert "| GET /console | 125 | 130 |  |" in markdown
     assert "| first contentful paint in headless Chromium | 225 | 250 | met |" in markdown
     assert "Page / API at p50: **2.00**." in markdown
