@@ -73,7 +73,8 @@ class Startup:
             if self._attempt is None:
                 self.attempts += 1
                 self._attempt = asyncio.create_task(Runtime.open(self.settings), name="runtime-open")
-            if not await _done_before(self._attempt, until):
+            await _first(until, task=self._attempt)
+            if not self._attempt.done():
                 return None
             attempt, self._attempt = self._attempt, None
             try:
@@ -97,7 +98,7 @@ class Startup:
                     error_type=type(error).__name__,
                 )
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(_either(stop, until), retry_in)
+                    await asyncio.wait_for(_first(stop, until), retry_in)
                 if until.is_set():
                     return None
                 wait = min(wait * 2, LONGEST_WAIT_SECONDS)
@@ -113,21 +114,11 @@ class Startup:
             await self.runtime.close()
 
 
-async def _done_before(task: asyncio.Task[Runtime], event: asyncio.Event) -> bool:
-    """Wait for `task` or `event`, whichever comes first: whether the task is done."""
-    waiting = asyncio.create_task(event.wait())
-    try:
-        await asyncio.wait({task, waiting}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiting.cancel()
-    return task.done()
-
-
-async def _either(*events: asyncio.Event) -> None:
-    """Return once any of `events` is set."""
+async def _first(*events: asyncio.Event, task: asyncio.Task[Runtime] | None = None) -> None:
+    """Return once any of `events` is set, or `task` is done."""
     waiting = [asyncio.create_task(event.wait()) for event in events]
     try:
-        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([*waiting, *([task] if task else [])], return_when=asyncio.FIRST_COMPLETED)
     finally:
         for each in waiting:
             each.cancel()
