@@ -37,8 +37,8 @@ from pyiceberg.catalog import load_catalog
 from bench.fairness import EpochStream, checkpoint_to_commit, sink_table, stream_sinks
 from bench.infra import (
     Coordinator,
+    CpuClock,
     Postgres,
-    cpu_seconds,
     latency_stats,
     machine_facts,
     postmaster,
@@ -141,13 +141,8 @@ def step(
             stack.callback(coordinator.stop)
             coordinators.append(coordinator)
         processes = [psutil.Process(each.process.pid) for each in coordinators if each.process is not None]
-        database, here = postmaster(postgres), psutil.Process()
-
-        def read() -> tuple[float, float, float]:
-            times = here.cpu_times()
-            return cpu_seconds(processes), cpu_seconds([database]), times.user + times.system
-
-        runs, window = asyncio.run(_streams([each.target for each in coordinators], sinks, seconds, read))
+        clock = CpuClock(processes, postmaster(postgres))
+        runs, window = asyncio.run(_streams([each.target for each in coordinators], sinks, seconds, clock.read))
     catalog = load_catalog("default", type="sql", uri=database_url, warehouse=coordinators[0].warehouse.as_uri())
     latencies = [
         value

@@ -352,6 +352,32 @@ def postmaster(postgres: Postgres) -> psutil.Process:
     return psutil.Process(int((postgres.data / "postmaster.pid").read_text().split()[0]))
 
 
+# The processes whose CPU a bench's calls cost, as CpuClock reads them: the coordinator's, PostgreSQL's, and the bench's
+# own writers (this process).
+CPU_PARTS = ("coordinator", "postgres", "client")
+
+
+@dataclass
+class CpuClock:
+    """User and system CPU seconds so far of the coordinators' processes, PostgreSQL's (each with its children) and
+    the bench's writers (this process), in CPU_PARTS' order."""
+
+    coordinators: Sequence[psutil.Process]
+    postgres: psutil.Process
+    here: psutil.Process = field(default_factory=psutil.Process)
+
+    def read(self) -> tuple[float, float, float]:
+        times = self.here.cpu_times()
+        return cpu_seconds(self.coordinators), cpu_seconds([self.postgres]), times.user + times.system
+
+    def per_call(self, before: tuple[float, float, float], calls: int) -> dict[str, float]:
+        """Milliseconds of CPU a call cost each part since `before`, over `calls` calls."""
+        return {
+            part: 1000 * (after - start) / max(1, calls)
+            for part, start, after in zip(CPU_PARTS, before, self.read(), strict=True)
+        }
+
+
 def latency_stats(seconds: Sequence[float]) -> dict[str, float]:
     """p50/p99/max in milliseconds (NaN without samples)."""
     if not seconds:

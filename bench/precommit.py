@@ -22,9 +22,10 @@ import psutil
 import psycopg
 
 from bench.infra import (
+    CPU_PARTS,
     Coordinator,
+    CpuClock,
     Postgres,
-    cpu_seconds,
     data_file_message,
     latency_stats,
     linked_copy,
@@ -50,29 +51,6 @@ ONE_FILE = "one_file"
 ONE_FILE_SENT = "one_file_sent"
 EMPTY = "empty"
 MODES = (ONE_FILE, ONE_FILE_SENT, EMPTY)
-# The processes whose CPU a cell's calls cost: the bench's writers (this process), the coordinator, PostgreSQL.
-CPU_PARTS = ("client", "coordinator", "postgres")
-
-
-@dataclass
-class CpuClock:
-    """User and system CPU seconds so far of the writers (this process), the coordinator's processes and
-    PostgreSQL's (each with its children)."""
-
-    coordinator: psutil.Process
-    postgres: psutil.Process
-    here: psutil.Process = field(default_factory=psutil.Process)
-
-    def read(self) -> tuple[float, float, float]:
-        times = self.here.cpu_times()
-        return times.user + times.system, cpu_seconds([self.coordinator]), cpu_seconds([self.postgres])
-
-    def per_call(self, before: tuple[float, float, float], calls: int) -> dict[str, float]:
-        """Milliseconds of CPU a call cost each part since `before`, over `calls` calls."""
-        return {
-            part: 1000 * (after - start) / max(1, calls)
-            for part, start, after in zip(CPU_PARTS, before, self.read(), strict=True)
-        }
 
 
 @dataclass
@@ -253,7 +231,7 @@ async def run(
                 await stack.enter_async_context(channel)
             stubs = [pb_grpc.SinkCoordinatorStub(channel) for channel in channels]
             stub = stubs[0]
-            clock = CpuClock(psutil.Process(coordinator.pid), postmaster(postgres))
+            clock = CpuClock([psutil.Process(coordinator.pid)], postmaster(postgres))
             sink_sets = {count: await register_sinks(stub, f"pc{count}", count) for count in sink_counts}
             # One pre-commit per sink set before measuring, so that the raw rows can copy a real metadata row.
             for sinks in sink_sets.values():
