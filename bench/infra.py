@@ -336,7 +336,9 @@ def files_rows(count: int, precommits: dict[str, list[float]], commits: dict[str
 
 
 def cpu_seconds(processes: Sequence[psutil.Process]) -> float:
-    """User and system CPU seconds of these processes and all their children so far."""
+    """User and system CPU seconds of these processes and all their children so far, those that have ended too (each
+    process's waited-for children's times: a PostgreSQL backend whose connection closed, a serving process started
+    again), so that a reading never goes back."""
     total = 0.0
     for process in processes:
         for each in (process, *process.children(recursive=True)):
@@ -344,7 +346,7 @@ def cpu_seconds(processes: Sequence[psutil.Process]) -> float:
                 times = each.cpu_times()
             except psutil.NoSuchProcess:
                 continue
-            total += times.user + times.system
+            total += times.user + times.system + times.children_user + times.children_system
     return total
 
 

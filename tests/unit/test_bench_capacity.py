@@ -45,6 +45,31 @@ def test_the_cpu_read_counts_the_children_of_a_process() -> None:
         parent.communicate(b"", timeout=30)
 
 
+def test_cpu_seconds_keep_what_a_child_spent_once_it_has_ended() -> None:
+    """A PostgreSQL backend whose connection closes, or a serving process restarted, leaves its parent: what it
+    spent stays counted (the parent's reaped children's times), so CPU read before and after it ends never goes
+    back."""
+    burn = "import time\nend = time.process_time() + 0.5\nwhile time.process_time() < end: pass\n"
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}]); print(1, flush=True); "
+            "sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert parent.stdout is not None
+        assert parent.stdout.readline().strip() == b"1"  # the child has ended, and was waited for
+        process = psutil.Process(parent.pid)
+        assert process.children() == []
+        assert cpu_seconds([process]) >= 0.5
+    finally:
+        parent.communicate(b"", timeout=30)
+
+
 def test_the_window_gives_milliseconds_per_sink_second() -> None:
     window = CpuWindow(before=(1.0, 2.0, 3.0), after=(3.0, 3.0, 3.5), seconds=10.0)
     assert window.ms_per_sink_second(100) == (2.0, 1.0, 0.5)
