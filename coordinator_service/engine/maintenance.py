@@ -173,17 +173,23 @@ class Maintainer:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _schedule_forever(self) -> None:
-        """Look for due sinks every POLL_INTERVAL_SECONDS (and when a commit wants a run), and start each one's run
-        unless it has one started or waiting already. The runs share MAINTENANCE_CONCURRENCY slots; the schedule
-        never waits for them, so a slow or hung run holds back its own sink alone, and the gauge of how far
-        maintenance is behind keeps being computed."""
+        """Look for due sinks every POLL_INTERVAL_SECONDS, start the runs commits want at once, and start each run
+        unless its sink has one started or waiting already. The look reads every sink, so it comes on the clock
+        alone: a commit's want (one per busy sink and commit interval) starts its run without one, and the schedule's
+        work per second grows with the sinks, not with their square. The runs share MAINTENANCE_CONCURRENCY slots;
+        the schedule never waits for them, so a slow or hung run holds back its own sink alone, and the gauge of how
+        far maintenance is behind keeps being computed."""
         slots = asyncio.Semaphore(self.settings.maintenance_concurrency)
+        loop = asyncio.get_running_loop()
+        next_look = loop.time()
         while True:
-            try:
-                due = await self._due()
-            except Exception as error:
-                log.warning("table maintenance could not look for due sinks; will try again", error=cause(error))
-                due = []
+            due: list[int] = []
+            if loop.time() >= next_look:
+                next_look = loop.time() + self.settings.poll_interval_seconds
+                try:
+                    due = await self._due()
+                except Exception as error:
+                    log.warning("table maintenance could not look for due sinks; will try again", error=cause(error))
             wanted, self._wanted = self._wanted, set()
             runs = [(sink_id, MaintenanceTrigger.THRESHOLD) for sink_id in sorted(wanted)]
             runs += [(sink_id, MaintenanceTrigger.SCHEDULE) for sink_id in due if sink_id not in wanted]
@@ -196,7 +202,7 @@ class Maintainer:
                 self._runs[sink_id] = run
                 run.add_done_callback(functools.partial(self._ran, sink_id))
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.settings.poll_interval_seconds)
+                await asyncio.wait_for(self._wake.wait(), max(0.0, next_look - loop.time()))
             self._wake.clear()
 
     def _ran(self, sink_id: int, run: asyncio.Task[None]) -> None:

@@ -6,7 +6,8 @@ import asyncio
 import hashlib
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +15,15 @@ import pyarrow as pa
 import pytest
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table, TableProperties
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from coordinator_service import metrics
 from coordinator_service.contract.errors import InvalidArgument
 from coordinator_service.contract.views import PreCommitOutcome, Registration
 from coordinator_service.engine.verification.verifier import Verifier
 from coordinator_service.engine.writer_requests import PreCommitRequest
+from coordinator_service.log import maintenance_log
+from coordinator_service.log.models import Sink
 from coordinator_service.log.precommit_metadata import DataFileEntry
 from coordinator_service.tables import compaction_plans as cp
 from coordinator_service.tables import table_maintenance as tm
@@ -530,6 +534,43 @@ async def test_a_commit_past_the_compaction_threshold_triggers_maintenance_whate
     table = catalog.load_table("db.orders")
     assert len(table_files(table)) == 1
     assert table_order_ids(table) == list(range(30))
+
+
+async def test_the_runs_commits_ask_for_start_without_a_look_through_every_sink(
+    admin_factory: AdminFactory, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Capacity defect: each run a commit asked for woke the schedule, which read every sink and the start of its last
+    run (to find the due ones) before starting it. At N busy sinks a commit interval brings N runs asked for, so the
+    schedule read N * N rows per interval: four times the work at twice the sinks. The look for due sinks comes on the
+    clock (POLL_INTERVAL_SECONDS) alone; a run asked for starts at once."""
+    admin = without_commit_triggers(await admin_factory(poll_interval_seconds=600))
+    maintainer = admin.runtime.maintainer
+    looks = 0
+    look = maintenance_log.maintenance_candidates
+
+    async def counted_look(session: AsyncSession) -> Sequence[tuple[Sink, datetime | None, datetime | None]]:
+        nonlocal looks
+        looks += 1
+        return await look(session)
+
+    monkeypatch.setattr(maintenance_log, "maintenance_candidates", counted_look)
+    names = [f"busy{number}" for number in range(4)]
+    for name in names:
+        await commit_epochs(admin, name, 1)
+    sink_ids = [sink_id_of(database_url, name) for name in names]
+    for rounds in range(1, 4):
+        for sink_id in sink_ids:
+            maintainer.want(sink_id)
+
+        async def ran(expected: int = rounds * len(sink_ids)) -> bool:
+            [(finished,)] = query(
+                database_url,
+                "SELECT count(*) FROM maintenance_runs WHERE trigger = 'threshold' AND finished_at IS NOT NULL",
+            )
+            return finished == expected and not maintainer._runs
+
+        await eventually(ran, f"round {rounds} of the runs asked for")
+    assert looks <= 1  # the schedule's first look, if it came after the counting began
 
 
 async def test_a_commit_asks_for_a_run_only_when_a_compaction_would_merge_files(
