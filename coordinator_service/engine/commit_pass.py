@@ -48,8 +48,9 @@ class CommitPasses:
         self._sinks: defaultdict[int, SinkCommitState] = defaultdict(SinkCommitState)
         # The last hour of each sink's commits made here, for the console's charts.
         self.history = CommitHistory()
+        # Notified when a pass or a commit of any sink ends here; each sink's own count (SinkCommitState.progress) says
+        # whether it was that sink's.
         self._progress = asyncio.Condition()
-        self._commits_here = 0
         self._background: list[asyncio.Task[None]] = []
         # A pass holds two connections (its advisory lock's and a transaction's): bounding the passes keeps
         # the pool from running dry with every sink's task holding a lock connection, waiting for a second.
@@ -60,9 +61,10 @@ class CommitPasses:
         # sink's run when the commit took the table past a maintenance threshold).
         self.after_append: Callable[[Sink, str], None] = lambda sink, table: None
 
-    async def _notify_progress(self) -> None:
+    async def _notify_progress(self, *sink_ids: int) -> None:
         async with self._progress:
-            self._commits_here += 1
+            for sink_id in sink_ids:
+                self._sinks[sink_id].progress += 1
             self._progress.notify_all()
 
     async def commit_checkpointed(self, sink_id: int, lock: CommitLock) -> None:
@@ -272,7 +274,7 @@ class CommitPasses:
             records=sum(row.record_count for row in pending),
             seconds=round(time.monotonic() - started, 4),
         )
-        await self._notify_progress()
+        await self._notify_progress(sink.id)
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,9 @@ class SinkCommitState:
     last_commit: float | None = None
     # Passes finished (whatever their outcome), and that count when the sink was last resumed.
     passes_done: int = 0
+    # This process's passes and commits of the sink that ended (a writer waiting for its commit reads the log again
+    # after each).
+    progress: int = 0
     resumed_at: int | None = None
 
     def label(self, sink_id: int) -> str:

@@ -60,12 +60,15 @@ class Committer(CommitPasses):
             state.task = asyncio.create_task(self._drive(sink_id, state), name=f"committer-{sink_id}")
 
     async def wait_committed(self, sink_id: int, epoch: int, numbering: Numbering) -> int:
-        """Wait until the sink's committed epoch reaches `epoch` (here or on another replica) in `numbering`."""
+        """Wait until the sink's committed epoch reaches `epoch` (here or on another replica) in `numbering`. The log
+        is read at first, after each of the sink's passes here, and every POLL_INTERVAL_SECONDS (a commit by another
+        process); never for another sink's pass, so that N writers waiting while N sinks commit read N rows, not
+        N * N."""
+        state = self._sinks[sink_id]
         while True:
-            # A commit here that lands while the sink is being read below bumps the counter, so it
-            # is not missed; a commit by another replica is seen at the next read.
-            seen = self._commits_here
-            committed_here = self._sinks[sink_id].committed_here
+            # A pass here that ends while the sink is being read below bumps its count, so it is not missed.
+            seen = state.progress
+            committed_here = state.committed_here
             if committed_here is not None and committed_here[0] == numbering and committed_here[1] >= epoch:
                 return committed_here[1]  # durable: recorded by this process's COMMITTED transaction
             async with self.database.transaction() as session:
@@ -74,10 +77,13 @@ class Committer(CommitPasses):
                 committed = sink.committed_epoch
             if committed >= epoch:
                 return committed
-            async with self._progress:
-                if self._commits_here == seen:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._progress.wait(), timeout=self.settings.poll_interval_seconds)
+
+            def progressed(seen: int = seen) -> bool:
+                return state.progress != seen
+
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.poll_interval_seconds), self._progress:
+                    await self._progress.wait_for(progressed)
 
     async def _poll_forever(self) -> None:
         resumed = False
@@ -117,7 +123,7 @@ class Committer(CommitPasses):
             epochs=sum(backlog.epochs for backlog in backlogs),
             seconds=round(seconds, 4),
         )
-        await self._notify_progress()
+        await self._notify_progress(*(backlog.sink_id for backlog in backlogs))
 
     async def _drive(self, sink_id: int, state: SinkCommitState) -> None:
         # Context variables are per task: every line this sink's committer logs carries the sink (and not
@@ -144,7 +150,7 @@ class Committer(CommitPasses):
                 await self._stick(sink_id, health, error)
             finally:
                 state.passes_done += 1
-                await self._notify_progress()
+                await self._notify_progress(sink_id)
 
     async def _stick(self, sink_id: int, health: CommitterHealth, error: BaseException) -> None:
         """Stop the sink's commits here until a resume, and record why in the log, where every process and replica
