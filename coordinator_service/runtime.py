@@ -26,7 +26,7 @@ from coordinator_service.log.embedded import start_embedded_postgres
 from coordinator_service.log.reporter_lease import ReporterLease
 from coordinator_service.settings import Settings
 from coordinator_service.tables.iceberg import IcebergGateway
-from coordinator_service.tables.pyiceberg_internals import keeping_metadata
+from coordinator_service.tables.pyiceberg_internals import keep_avro_readers, keeping_metadata
 from coordinator_service.tables.warehouse import local_warehouse
 
 log = structlog.get_logger(__name__)
@@ -144,6 +144,7 @@ def open_catalog(settings: Settings, url: URL, options: ConnectionOptions | None
     if not settings.catalog and options is not None:
         uri = url.update_query_dict(options.libpq_connection())
         properties["uri"] = uri.render_as_string(hide_password=False)
+    keep_avro_readers()  # every catalog's commits and maintenance read manifests in this process
     # Its tables are created at its first opening: coordinators starting together take turns (catalog_creation).
     with catalog_creation_turn(properties, options):
         return keeping_metadata(load_catalog(settings.catalog_name, **properties))

@@ -5,20 +5,27 @@ a schema evolution applied in memory, a partition record's values, one metadata 
 modification time, writing data files of a table without appending them, a `replace` snapshot, the positions a
 position delete file deletes, an Arrow schema as an Iceberg one, a row delta (data and position delete files in
 one snapshot: pyiceberg writes no delete file), a transaction that computes its metadata once per change and without
-a deep copy, and a SQL catalog that does not read again a metadata file this process holds. Each is
+a deep copy, a SQL catalog that does not read again a metadata file this process holds, and manifests read without
+resolving their Avro schema again for every file. Each is
 pinned by a test of its own in tests/unit/test_pyiceberg_internals.py, so that an upgrade that moves one fails there, by
 name, before anything else; pyproject.toml pins pyiceberg to the minor release they were checked on."""
 
 from __future__ import annotations
 
+import threading
 import uuid
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import pyarrow as pa
+import pyiceberg.manifest
 from pyarrow.fs import FileInfo
+from pyiceberg.avro.decoder import new_decoder
+from pyiceberg.avro.file import _SCHEMA_KEY, META_SCHEMA, AvroFile, AvroFileHeader
+from pyiceberg.avro.reader import Reader
+from pyiceberg.avro.resolver import construct_reader, resolve_reader
 from pyiceberg.catalog import Catalog
 from pyiceberg.catalog.sql import IcebergTables, SqlCatalog
 from pyiceberg.exceptions import ValidationException
@@ -49,7 +56,7 @@ from pyiceberg.table.update import (
 )
 from pyiceberg.table.update.schema import UpdateSchema
 from pyiceberg.table.update.snapshot import _MergeAppendFiles, _OverwriteFiles, _SnapshotProducer
-from pyiceberg.typedef import EMPTY_DICT, Identifier, Record
+from pyiceberg.typedef import EMPTY_DICT, Identifier, Record, StructProtocol
 from pyiceberg.utils.datetime import datetime_to_millis
 
 
@@ -447,3 +454,66 @@ def keeping_metadata(catalog: Catalog) -> Catalog:
         assert isinstance(catalog, MetadataKeepingSqlCatalog)
         catalog._kept = {}
     return catalog
+
+
+_Struct = TypeVar("_Struct", bound=StructProtocol)
+# The reader of an Avro file's header: the same for every file.
+_HEADER_READER = construct_reader(META_SCHEMA, {-1: AvroFileHeader})
+
+
+class _ResolvedReaders:
+    """The reader pyiceberg resolves for an Avro file, by the schema its header names (as text) and what the caller
+    reads it as: resolved once per process (bounded, least recently used first). Readers hold no state of a read."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._resolved: OrderedDict[tuple[Any, ...], tuple[Schema | None, Schema, Schema, Reader]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def of(
+        self,
+        header: AvroFileHeader,
+        read_schema: Schema | None,
+        read_types: Mapping[int, Callable[..., StructProtocol]],
+        read_enums: Mapping[int, Callable[..., Any]],
+    ) -> tuple[Schema, Schema, Reader]:
+        """The file's schema, the schema it is read as, and the reader."""
+        key = (header.meta.get(_SCHEMA_KEY), id(read_schema), tuple(read_types.items()), tuple(read_enums.items()))
+        with self._lock:
+            resolved = self._resolved.get(key)
+            if resolved is not None and resolved[0] is read_schema:  # the same object, not one at a reused id
+                self._resolved.move_to_end(key)
+                return resolved[1:]
+        file_schema = header.get_schema()
+        read_as = read_schema or file_schema
+        reader = resolve_reader(file_schema, read_as, dict(read_types), dict(read_enums))
+        with self._lock:
+            self._resolved[key] = (read_schema, file_schema, read_as, reader)
+            while len(self._resolved) > self._capacity:
+                self._resolved.popitem(last=False)
+        return file_schema, read_as, reader
+
+
+_RESOLVED_READERS = _ResolvedReaders(capacity=1_000)
+
+
+class ReaderKeepingAvroFile(AvroFile[_Struct]):
+    """pyiceberg's Avro file, its reader resolved once per schema (`_ResolvedReaders`). pyiceberg converted the schema
+    a manifest's or manifest list's header names, and resolved a reader of it, for every file it read: most of the
+    CPU of reading a small manifest, which a commit, a compaction and a replace each do for every manifest they
+    read."""
+
+    def __enter__(self) -> Self:
+        with self.input_file.open() as stream:
+            self.decoder = new_decoder(stream.read())
+        self.header = _HEADER_READER.read(self.decoder)
+        self.schema, self.read_schema, self.reader = _RESOLVED_READERS.of(
+            self.header, self.read_schema, self.read_types, self.read_enums
+        )
+        return self
+
+
+def keep_avro_readers() -> None:
+    """Read manifests and manifest lists (pyiceberg.manifest's reads, every one pyiceberg makes) with
+    ReaderKeepingAvroFile, in this process."""
+    pyiceberg.manifest.AvroFile = ReaderKeepingAvroFile  # type: ignore[attr-defined]

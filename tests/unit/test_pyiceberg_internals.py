@@ -8,18 +8,28 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pyiceberg.manifest
 import pytest
+from pyiceberg.avro.file import AvroFile
 from pyiceberg.catalog import load_catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.io.pyarrow import PyArrowFileIO
-from pyiceberg.manifest import DataFile, DataFileContent, FileFormat, ManifestContent, ManifestEntryStatus
+from pyiceberg.manifest import (
+    DataFile,
+    DataFileContent,
+    FileFormat,
+    ManifestContent,
+    ManifestEntryStatus,
+    read_manifest_list,
+)
 from pyiceberg.partitioning import PartitionField, PartitionSpec
 from pyiceberg.schema import Schema
-from pyiceberg.table import Table, Transaction
+from pyiceberg.table import Table, TableProperties, Transaction
 from pyiceberg.table.metadata import TableMetadata
 from pyiceberg.table.update import TableUpdate, update_table_metadata
 from pyiceberg.transforms import IdentityTransform
@@ -432,3 +442,74 @@ def orders(first: int, countries: tuple[str, ...] = ("DE", "FR")) -> pa.Table:
         [{"order_id": n, "country": countries[n % len(countries)]} for n in range(first, first + 10)],
         schema=ROWS.schema,
     )
+
+
+def _plain(value: Any) -> Any:
+    """A manifest's or manifest list's record as plain values, every field (pyiceberg's equality of a ManifestFile
+    or a DataFile compares paths alone)."""
+    if isinstance(value, Record):
+        return [type(value).__name__, *(_plain(field) for field in value._data)]
+    if isinstance(value, dict):
+        return {key: _plain(field) for key, field in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(field) for field in value]
+    return value
+
+
+def _every_manifest_read(tables: list[Table]) -> list[Any]:
+    read: list[Any] = []
+    for table in tables:
+        for snapshot in table.metadata.snapshots:
+            manifests = list(read_manifest_list(table.io.new_input(snapshot.manifest_list)))
+            read.append(_plain(manifests))
+            read.extend(
+                _plain(manifest.fetch_manifest_entry(table.io, discard_deleted=False)) for manifest in manifests
+            )
+    return read
+
+
+def test_manifests_read_with_the_readers_kept_are_what_pyiceberg_reads(
+    table: Table, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Differential: every manifest list and manifest of two tables whose files name different schemas (partitioned
+    on a string, and not), data and position delete manifests, entries added, existing and deleted, read with
+    pyiceberg's AvroFile and then with ReaderKeepingAvroFile, twice: the same records; the second time without
+    resolving a reader again."""
+    table.append(ROWS)
+    table = table.refresh()
+    [germany] = [task.file for task in table.scan().plan_files() if task.file.partition[0] == "DE"]
+    commit_position_deletes(table, germany, [0, 3])
+    table = table.refresh()
+    table.overwrite(orders(10, ("FR",)))
+    table.append(orders(20, ("DE", "IT")))
+    merging = {TableProperties.MANIFEST_MERGE_ENABLED: "true", TableProperties.MANIFEST_MIN_MERGE_COUNT: "2"}
+    other = table.catalog.create_table("db.others", schema=SCHEMA, properties=merging)  # existing entries
+    other.append(ROWS)
+    other.append(orders(30, ("DE",)))
+    tables = [table.refresh(), other.refresh()]
+    expected = _every_manifest_read(tables)
+    manifests = [
+        (manifest, read.io)
+        for read in tables
+        for snapshot in read.metadata.snapshots
+        for manifest in snapshot.manifests(read.io)
+    ]
+    assert {manifest.content for manifest, _ in manifests} == {ManifestContent.DATA, ManifestContent.DELETES}
+    statuses = {entry.status for manifest, io in manifests for entry in manifest.fetch_manifest_entry(io, False)}
+    assert statuses == set(ManifestEntryStatus)
+
+    monkeypatch.setattr(pyiceberg.manifest, "AvroFile", AvroFile)  # pyiceberg's own again after the test
+    resolved = Counter[str]()
+    resolve = internals.resolve_reader
+
+    def counted_resolve(*args: Any) -> Any:
+        resolved["readers"] += 1
+        return resolve(*args)
+
+    monkeypatch.setattr(internals, "resolve_reader", counted_resolve)
+    internals.keep_avro_readers()
+    assert pyiceberg.manifest.AvroFile is internals.ReaderKeepingAvroFile
+    assert _every_manifest_read(tables) == expected
+    first = resolved["readers"]
+    assert _every_manifest_read(tables) == expected
+    assert resolved["readers"] == first  # each schema's reader was kept
