@@ -106,6 +106,7 @@ async def drive_precommits(
     end = warmup_end + seconds
 
     async def writer(index: int) -> None:
+        nonlocal calls
         sink = sinks.names[index % len(sinks.names)]
         stub = stubs[index % len(stubs)]
         while True:
@@ -119,7 +120,6 @@ async def drive_precommits(
             except grpc.aio.AioRpcError as error:
                 errors.append(f"{error.code().name}: {error.details()}")
                 continue
-            nonlocal calls
             calls += 1
             if started >= warmup_end:
                 latencies.append(time.monotonic() - started)
@@ -167,6 +167,7 @@ async def drive_raw(
     )
 
     async def writer(index: int, connection: psycopg.AsyncConnection[Any]) -> None:
+        nonlocal calls
         sink_id = sink_ids[index % len(sink_ids)]
         while True:
             started = time.monotonic()
@@ -174,7 +175,6 @@ async def drive_raw(
                 return
             await connection.execute(statement, (sink_id, next(epochs), metadata))
             await connection.commit()
-            nonlocal calls
             calls += 1
             if started >= warmup_end:
                 latencies.append(time.monotonic() - started)

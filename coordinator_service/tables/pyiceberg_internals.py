@@ -478,10 +478,11 @@ class _ResolvedReaders:
         read_enums: Mapping[int, Callable[..., Any]],
     ) -> tuple[Schema, Schema, Reader]:
         """The file's schema, the schema it is read as, and the reader."""
+        # The entry keeps `read_schema` alive: while it is kept, no other object can have that id.
         key = (header.meta.get(_SCHEMA_KEY), id(read_schema), tuple(read_types.items()), tuple(read_enums.items()))
         with self._lock:
             resolved = self._resolved.get(key)
-            if resolved is not None and resolved[0] is read_schema:  # the same object, not one at a reused id
+            if resolved is not None:
                 self._resolved.move_to_end(key)
                 return resolved[1:]
         file_schema = header.get_schema()
