@@ -14,8 +14,8 @@ from coordinator_service.settings.maintenance import MaintenancePolicy
 class MaintenanceRunResponse(BaseModel):
     id: int
     trigger: str = Field(
-        description="schedule (the coordinator's timing), threshold (a commit took a table past SNAPSHOT_MAX_COUNT) "
-        "or operator (POST .../maintenance/run)."
+        description="schedule (the coordinator's timing), threshold (a commit took a table past a bound: its "
+        "snapshots, small files or delete files) or operator (POST .../maintenance/run)."
     )
     started_at: datetime
     finished_at: datetime | None

@@ -41,6 +41,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import heapq
+import math
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -93,9 +95,17 @@ class Maintainer:
         self.deleter = deleter
         self.settings = settings
         self._task: asyncio.Task[None] | None = None
-        # Sinks whose commits took a table past a threshold: maintained at the next round, whatever the clock.
-        self._wanted: set[int] = set()
+        # Sinks whose commits took a table past a threshold, each maintained at its time (the loop's: at once, or
+        # MAINTENANCE_RATE_LIMIT_SECONDS after its last run started), whatever the clock; and a heap of (time, sink)
+        # in which an entry no longer in _wanted, as it is, is left over (its sink's run started meanwhile).
+        self._wanted: dict[int, float] = {}
+        self._start_at: list[tuple[float, int]] = []
+        # Each sink's earliest start (the loop's time) for a run a commit asks for, and the sinks wanted again while
+        # their run is under way (asked for when it ends).
+        self._not_before: dict[int, float] = {}
+        self._after_run: set[int] = set()
         self._wake = asyncio.Event()
+        self._next_wake = math.inf
         # Each sink's run started by the schedule, running or waiting for a slot (at most one per sink).
         self._runs: dict[int, asyncio.Task[None]] = {}
         # Each table's check, after a commit, of whether a compaction would merge files of it (sink id, table); and
@@ -107,19 +117,31 @@ class Maintainer:
     def start(self) -> None:
         self._task = asyncio.create_task(self._schedule_forever(), name="table-maintenance")
 
-    def want(self, sink_id: int) -> None:
-        """A commit took one of the sink's tables past a threshold: its run at the next round, whatever the clock."""
-        self._wanted.add(sink_id)
-        self._wake.set()
+    def want(self, sink_id: int, at: float | None = None, *, rate_limited: bool = False) -> None:
+        """A commit took one of the sink's tables past a threshold: its run at once (or at `at`, the loop's time),
+        whatever the clock; `rate_limited`, not before MAINTENANCE_RATE_LIMIT_SECONDS after the sink's last run
+        started. A sink wanted sooner already keeps its time: the run to come starts after this commit too."""
+        if sink_id in self._after_run:
+            return
+        now = asyncio.get_running_loop().time()
+        start_at = max(now, now if at is None else at, self._not_before.get(sink_id, now) if rate_limited else now)
+        if self._wanted.get(sink_id, math.inf) <= start_at:
+            return
+        self._wanted[sink_id] = start_at
+        heapq.heappush(self._start_at, (start_at, sink_id))
+        if start_at < self._next_wake:
+            self._wake.set()
 
     def appended(self, sink: Sink, table_name: str) -> None:
         """A commit appended files to one of the sink's tables, and is recorded (the committer calls it). The sink's run
         is wanted at once when the commit took the table a tenth past its snapshot bound (SNAPSHOT_MAX_COUNT, or the
-        table's own min-snapshots-to-keep), or when a compaction would now rewrite files of it
-        (COMPACTION_MIN_FILES small files of a partition, or COMPACTION_DELETE_FILES_MIN position delete files, or
-        COMPACTION_DELETED_ROWS_RATIO of its rows deleted, counted as the run counts them; checked off the commit path,
-        reading only the manifests the process has not read yet). So every bound of the policy holds whatever the
-        commit rate, not only on the maintenance clock."""
+        table's own min-snapshots-to-keep), and MAINTENANCE_RATE_LIMIT_SECONDS after its last run started when a
+        compaction would now rewrite files of it (COMPACTION_MIN_FILES small files of a partition, or
+        COMPACTION_DELETE_FILES_MIN position delete files, or COMPACTION_DELETED_ROWS_RATIO of its rows deleted,
+        counted as the run counts them; checked off the commit path, reading only the manifests the process has not
+        read yet, and not while a run is wanted already). So every bound of the policy holds whatever the commit rate,
+        not only on the maintenance clock: the snapshots' within a tenth, the files' within the commits of one rate
+        limit (and of a tenth of the snapshot bound, whose runs compact too)."""
         try:
             policy = policy_of(self.settings, sink)
         except ValidationError:
@@ -132,6 +154,8 @@ class Maintainer:
             if self.iceberg.snapshot_count(table) > bound.max_count + max(1, bound.max_count // 10):
                 self.want(sink.id)
                 return
+        if sink.id in self._wanted or sink.id in self._after_run:
+            return  # a run to come, which starts after this commit, counts the table's files as they then are
         key = (sink.id, table_name)
         if key in self._compaction_checks:
             self._check_again.add(key)  # the check under way may have read the table before this commit
@@ -158,7 +182,7 @@ class Maintainer:
                     )
                 else:
                     if plan:
-                        self.want(sink_id)
+                        self.want(sink_id, rate_limited=True)
                 if key not in self._check_again:
                     return
         finally:
@@ -173,41 +197,53 @@ class Maintainer:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _schedule_forever(self) -> None:
-        """Look for due sinks every POLL_INTERVAL_SECONDS, start the runs commits want at once, and start each run
-        unless its sink has one started or waiting already. The look reads every sink, so it comes on the clock
-        alone: a commit's want (one per busy sink and commit interval) starts its run without one, and the schedule's
-        work per second grows with the sinks, not with their square. The runs share MAINTENANCE_CONCURRENCY slots;
-        the schedule never waits for them, so a slow or hung run holds back its own sink alone, and the gauge of how
-        far maintenance is behind keeps being computed."""
+        """Look for due sinks every POLL_INTERVAL_SECONDS, start the runs commits want when their time comes, and
+        start each run unless its sink has one started or waiting already. The look reads every sink, so it comes on
+        the clock alone: a commit's want (one per busy sink and commit interval) starts its run without one, and the
+        schedule's work per second grows with the sinks, not with their square. The runs share
+        MAINTENANCE_CONCURRENCY slots; the schedule never waits for them, so a slow or hung run holds back its own
+        sink alone, and the gauge of how far maintenance is behind keeps being computed."""
         slots = asyncio.Semaphore(self.settings.maintenance_concurrency)
         loop = asyncio.get_running_loop()
         next_look = loop.time()
         while True:
+            self._wake.clear()
             due: list[int] = []
             if loop.time() >= next_look:
                 next_look = loop.time() + self.settings.poll_interval_seconds
+                now = loop.time()
+                self._not_before = {sink: at for sink, at in self._not_before.items() if at > now}
                 try:
                     due = await self._due()
                 except Exception as error:
                     log.warning("table maintenance could not look for due sinks; will try again", error=cause(error))
-            wanted, self._wanted = self._wanted, set()
+            wanted = set()
+            while self._start_at and self._start_at[0][0] <= loop.time():
+                start_at, sink_id = heapq.heappop(self._start_at)
+                if self._wanted.get(sink_id) == start_at:
+                    del self._wanted[sink_id]
+                    wanted.add(sink_id)
             runs = [(sink_id, MaintenanceTrigger.THRESHOLD) for sink_id in sorted(wanted)]
             runs += [(sink_id, MaintenanceTrigger.SCHEDULE) for sink_id in due if sink_id not in wanted]
             for sink_id, trigger in runs:
                 if sink_id in self._runs:
                     if trigger == MaintenanceTrigger.THRESHOLD:
-                        self._wanted.add(sink_id)  # after the run under way, which may have begun before the commit
+                        self._after_run.add(sink_id)  # the run under way may have begun before the commit
                     continue
+                self._wanted.pop(sink_id, None)  # a run starting now counts every commit before it
                 run = asyncio.create_task(self._run_when_free(sink_id, trigger, slots), name=f"maintenance-{sink_id}")
                 self._runs[sink_id] = run
                 run.add_done_callback(functools.partial(self._ran, sink_id))
+            self._next_wake = min(next_look, self._start_at[0][0] if self._start_at else math.inf)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(0.0, next_look - loop.time()))
-            self._wake.clear()
+                await asyncio.wait_for(self._wake.wait(), max(0.0, self._next_wake - loop.time()))
 
     def _ran(self, sink_id: int, run: asyncio.Task[None]) -> None:
         if self._runs.get(sink_id) is run:
             del self._runs[sink_id]
+        if sink_id in self._after_run:
+            self._after_run.discard(sink_id)
+            self.want(sink_id)
 
     async def _run_when_free(self, sink_id: int, trigger: MaintenanceTrigger, slots: asyncio.Semaphore) -> None:
         """The sink's run once a slot is free, if its commit lock is free; one sink's failure (its table, its stored
@@ -218,7 +254,8 @@ class Maintainer:
                     if lock is not None:
                         await self._run(sink_id, trigger, lock)
                     elif trigger == MaintenanceTrigger.THRESHOLD:
-                        self._wanted.add(sink_id)  # its committer is at work: the next round
+                        # Its committer is at work: the next round.
+                        self.want(sink_id, asyncio.get_running_loop().time() + self.settings.poll_interval_seconds)
             except Exception as error:
                 log.warning("table maintenance of a sink failed; will try again", sink_id=sink_id, error=cause(error))
 
@@ -269,6 +306,7 @@ class Maintainer:
             tables = [table.identifier for table in await sink_tables.tables_of_sink(session, sink_id)]
         policy = policy_of(self.settings, sink)
         started = time.monotonic()
+        self._not_before[sink_id] = asyncio.get_running_loop().time() + policy.maintenance_rate_limit_seconds
         log_ = log.bind(sink=sink.name, trigger=trigger)
         occasion = RunOccasion(trigger, last_sweep)
         steps = [step for step in STEPS if step.wanted(policy, occasion)]

@@ -33,6 +33,17 @@ class MaintenancePolicy(BaseModel):
         allow_inf_nan=False,
         description="How often a table's snapshots are expired and its small files compacted (per sink).",
     )
+    maintenance_rate_limit_seconds: float = Field(
+        default=60.0,
+        ge=0.0,
+        le=THIRTY_DAYS,
+        allow_inf_nan=False,
+        description="A run a commit asks for because of the table's files (small files, position delete files a "
+        "compaction would rewrite) starts no sooner than this after the sink's last run started (Iceberg's Flink "
+        "TableMaintenance rateLimit, also 1 minute): a busy sink's run then merges a minute of commits' files, not "
+        "each commit's, and its table gains a compaction snapshot a minute, not one per commit. A commit past the "
+        "snapshot bound asks for its run at once. 0: at once after every such commit.",
+    )
     snapshot_max_age_seconds: float = Field(
         default=24 * 3600.0,
         ge=1.0,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import os
 import time
@@ -505,6 +506,7 @@ async def test_a_commit_past_the_snapshot_bound_triggers_maintenance_whatever_th
 ) -> None:
     """On-call review: SNAPSHOT_MAX_COUNT promised a bound, but maintenance ran only on its clock; a commit per epoch
     had 1,309 live snapshots at commit 1,750. A commit that takes a table a tenth past the bound asks for a run."""
+    # The snapshot bound's runs come at once, whatever MAINTENANCE_RATE_LIMIT_SECONDS (60 s).
     admin = await admin_factory(snapshot_max_count=4, maintenance_interval_seconds=3600, **NO_COMPACTION)
     await commit_epochs(admin, "orders", 16)
 
@@ -536,6 +538,46 @@ async def test_a_commit_past_the_compaction_threshold_triggers_maintenance_whate
     assert table_order_ids(table) == list(range(30))
 
 
+async def test_the_runs_commits_ask_for_come_once_per_rate_limit_and_merge_the_commits_between(
+    admin_factory: AdminFactory, catalog: Catalog
+) -> None:
+    """Capacity: at a commit every 10 s of ten one-file epochs, every commit left small files past
+    COMPACTION_MIN_FILES and asked for a run: a compaction snapshot after each append, and the coordinator's CPU for a
+    run per commit. A run a commit asks for starts no sooner than MAINTENANCE_RATE_LIMIT_SECONDS after the sink's last
+    run started (Iceberg's Flink TableMaintenance rateLimit), and one run then merges what the commits between left."""
+    limit = 3.0
+    admin = await admin_factory(
+        compaction_min_files=3, maintenance_interval_seconds=3600, maintenance_rate_limit_seconds=limit
+    )
+
+    runs: list[dict[str, Any]] = []
+
+    async def threshold_runs(count: int) -> bool:
+        nonlocal runs
+        listed = (await admin.get("/api/v1/sinks/orders/maintenance")).json()["runs"]
+        runs = [run for run in listed if run["trigger"] == "threshold" and run["finished_at"] is not None]
+        runs.sort(key=lambda run: datetime.fromisoformat(run["started_at"]))
+        return len(runs) >= count
+
+    await commit_epochs(admin, "orders", 3)
+    await eventually(functools.partial(threshold_runs, 1), "the run the third commit asked for")
+    [first] = runs
+    assert first["files_compacted"] == 3
+    registration = await admin.register("orders", checkpointed_epoch=2)
+    for epoch in range(3, 9):  # each commit leaves small files a compaction would merge
+        await admin.pre_commit("orders", registration, epoch, epoch * 10)
+        assert await admin.checkpoint("orders", registration, epoch) == epoch
+    await eventually(functools.partial(threshold_runs, 2), "the run the next commits asked for")
+    first_again, second = runs
+    assert first_again["started_at"] == first["started_at"]
+    apart = datetime.fromisoformat(second["started_at"]) - datetime.fromisoformat(first["started_at"])
+    assert apart.total_seconds() >= limit - 0.01, apart
+    assert second["files_compacted"] >= 6  # the six commits' files, in one run
+    table = catalog.load_table("db.orders")
+    assert len(table_files(table)) == 1
+    assert table_order_ids(table) == list(range(90))
+
+
 async def test_the_runs_commits_ask_for_start_without_a_look_through_every_sink(
     admin_factory: AdminFactory, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -543,7 +585,7 @@ async def test_the_runs_commits_ask_for_start_without_a_look_through_every_sink(
     run (to find the due ones) before starting it. At N busy sinks a commit interval brings N runs asked for, so the
     schedule read N * N rows per interval: four times the work at twice the sinks. The look for due sinks comes on the
     clock (POLL_INTERVAL_SECONDS) alone; a run asked for starts at once."""
-    admin = without_commit_triggers(await admin_factory(poll_interval_seconds=600))
+    admin = without_commit_triggers(await admin_factory(poll_interval_seconds=600, maintenance_rate_limit_seconds=0))
     maintainer = admin.runtime.maintainer
     looks = 0
     look = maintenance_log.maintenance_candidates
@@ -580,14 +622,7 @@ async def test_a_commit_asks_for_a_run_only_when_a_compaction_would_merge_files(
     another engine's equality delete files (which compaction leaves alone), a commit asks for no run (it would compact
     nothing, after every commit)."""
     admin = await admin_factory(compaction_min_files=3, maintenance_interval_seconds=3600)
-    maintainer = admin.runtime.maintainer
-    wanted: list[int] = []
-    monkeypatch.setattr(maintainer, "want", wanted.append)
-
-    async def commits_checked() -> list[int]:
-        await asyncio.gather(*maintainer._compaction_checks.values())
-        return wanted
-
+    commits_checked = await commits_wanted(admin, monkeypatch)
     await commit_epochs(admin, "orders", 2)
     assert await commits_checked() == []
     registration = await admin.register("orders", checkpointed_epoch=1)
@@ -595,7 +630,7 @@ async def test_a_commit_asks_for_a_run_only_when_a_compaction_would_merge_files(
     assert await admin.checkpoint("orders", registration, 2) == 2
     assert await commits_checked() == [sink_id_of(database_url, "orders")]
 
-    wanted.clear()
+    (await commits_checked()).clear()
     await asyncio.to_thread(commit_equality_deletes, catalog.load_table("db.orders"), "order_id", [0])
     for epoch in (3, 4):
         await admin.pre_commit("orders", registration, epoch, epoch * 10)
@@ -859,7 +894,11 @@ async def commits_wanted(admin: AdminApp, monkeypatch: pytest.MonkeyPatch) -> Ca
     """The sinks whose runs the commits asked for (Maintainer.want), once the checks of the commits so far are done."""
     maintainer = admin.runtime.maintainer
     wanted: list[int] = []
-    monkeypatch.setattr(maintainer, "want", wanted.append)
+
+    def want(sink_id: int, at: float | None = None, *, rate_limited: bool = False) -> None:
+        wanted.append(sink_id)
+
+    monkeypatch.setattr(maintainer, "want", want)
 
     async def checked() -> list[int]:
         await asyncio.gather(*maintainer._compaction_checks.values())

@@ -15,7 +15,14 @@ from coordinator_service.log.models import MaintenanceRun
 from coordinator_service.settings.maintenance import MaintenancePolicy
 
 # What the run reads itself (whether and how often a sink is maintained), and what the commits set on the tables.
-RUN_POLICY = frozenset({"maintenance_enabled", "maintenance_interval_seconds", "manifest_merge_min_count"})
+RUN_POLICY = frozenset(
+    {
+        "maintenance_enabled",
+        "maintenance_interval_seconds",
+        "maintenance_rate_limit_seconds",
+        "manifest_merge_min_count",
+    }
+)
 
 
 def test_every_step_has_a_name_of_its_own() -> None:

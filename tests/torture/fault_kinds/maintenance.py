@@ -35,6 +35,7 @@ def configure(run: Run, record: FaultRecord) -> None:
         SINK_COORDINATOR_MAINTENANCE_INTERVAL_SECONDS=str(params["interval_seconds"]),
         SINK_COORDINATOR_SNAPSHOT_MAX_COUNT=str(params["snapshot_max_count"]),
         SINK_COORDINATOR_COMPACTION_MIN_FILES=str(params["compaction_min_files"]),
+        SINK_COORDINATOR_MAINTENANCE_RATE_LIMIT_SECONDS=str(params["rate_limit_seconds"]),
         SINK_COORDINATOR_COMPACTION_DELETE_FILES_MIN=str(params["compaction_delete_files_min"]),
         SINK_COORDINATOR_COMPACTION_DELETED_ROWS_RATIO=str(params["compaction_deleted_rows_ratio"]),
         # The sweep's interval is at least a second (the setting's least; the coordinator refuses to start below it).
@@ -110,6 +111,8 @@ def plan_maintenance_kill(rng: random.Random, shape: RunShape) -> dict[str, Any]
         # Short, so that the sweep finds the files of killed tasks and compactions; a pre-commit of
         # files older than this is refused (the batch runs again).
         "orphan_grace_seconds": round(rng.uniform(5, 15), 3),
+        # The runs commits ask for: after every such commit, or deferred past the sink's last run by up to 3 s.
+        "rate_limit_seconds": rng.choice([0.0, round(rng.uniform(0.5, 3.0), 3)]),
     }
 
 

@@ -334,6 +334,7 @@ async def open_run(
         "admin_lock_timeout_seconds": 2.0,
         "maintenance_interval_seconds": 3600.0,
         "compaction_min_files": 4,
+        "maintenance_rate_limit_seconds": 0.0,  # a run after every commit that asks: the most interleavings
         "metastore_stall_seconds": IN_PROCESS_STALL_SECONDS,
     }
     configured = Settings(database_url=SecretStr(database_url), data_dir=root, **{**defaults, **settings})
