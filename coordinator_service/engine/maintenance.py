@@ -2,8 +2,9 @@
 
 A sink's tables (its own and, with fan-out, the others it writes) are
 maintained every MAINTENANCE_INTERVAL_SECONDS, at once when a commit takes one
-past a bound (a tenth past its snapshot bound, or small files or position
-delete files a compaction would rewrite), and when an operator asks; one
+a tenth past its snapshot bound, MAINTENANCE_RATE_LIMIT_SECONDS after the
+sink's last run started when a commit leaves small files or position delete
+files a compaction would rewrite, and when an operator asks; one
 after the other, under the sink's commit lock, so never while the sink's own
 append runs; against any other writer of the table the commits are optimistic (a conflict fails the run, and
 the next run plans again on a fresh load). A run takes the registered steps
@@ -43,6 +44,7 @@ import contextlib
 import functools
 import heapq
 import math
+import random
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -117,14 +119,19 @@ class Maintainer:
     def start(self) -> None:
         self._task = asyncio.create_task(self._schedule_forever(), name="table-maintenance")
 
-    def want(self, sink_id: int, at: float | None = None, *, rate_limited: bool = False) -> None:
+    def want(self, sink_id: int, at: float | None = None, *, rate_limit: float = 0.0) -> None:
         """A commit took one of the sink's tables past a threshold: its run at once (or at `at`, the loop's time),
-        whatever the clock; `rate_limited`, not before MAINTENANCE_RATE_LIMIT_SECONDS after the sink's last run
-        started. A sink wanted sooner already keeps its time: the run to come starts after this commit too."""
+        whatever the clock; with a `rate_limit` (seconds), not before that long after the sink's last run started,
+        and, when this process has started none within it, at a random moment within it: sinks started together
+        (a deployment, a restart) then spread their runs over the limit instead of running them all at once, each
+        limit. A sink wanted sooner already keeps its time: the run to come starts after this commit too."""
         if sink_id in self._after_run:
             return
         now = asyncio.get_running_loop().time()
-        start_at = max(now, now if at is None else at, self._not_before.get(sink_id, now) if rate_limited else now)
+        start_at = max(now, now if at is None else at)
+        if rate_limit > 0:
+            not_before = self._not_before.get(sink_id)
+            start_at = max(start_at, now + random.uniform(0, rate_limit) if not_before is None else not_before)
         if self._wanted.get(sink_id, math.inf) <= start_at:
             return
         self._wanted[sink_id] = start_at
@@ -182,7 +189,7 @@ class Maintainer:
                     )
                 else:
                     if plan:
-                        self.want(sink_id, rate_limited=True)
+                        self.want(sink_id, rate_limit=policy.maintenance_rate_limit_seconds)
                 if key not in self._check_again:
                     return
         finally:

@@ -41,7 +41,8 @@ class MaintenancePolicy(BaseModel):
         description="A run a commit asks for because of the table's files (small files, position delete files a "
         "compaction would rewrite) starts no sooner than this after the sink's last run started (Iceberg's Flink "
         "TableMaintenance rateLimit, also 1 minute): a busy sink's run then merges a minute of commits' files, not "
-        "each commit's, and its table gains a compaction snapshot a minute, not one per commit. A commit past the "
+        "each commit's, and its table gains a compaction snapshot a minute, not one per commit; with no run within "
+        "it, at a random moment within it, so that sinks started together spread their runs. A commit past the "
         "snapshot bound asks for its run at once. 0: at once after every such commit.",
     )
     snapshot_max_age_seconds: float = Field(

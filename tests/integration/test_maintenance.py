@@ -525,7 +525,9 @@ async def test_a_commit_past_the_compaction_threshold_triggers_maintenance_whate
     """Issue 27.7: only the snapshot bound asked for a run, so small files piled up between runs of the clock (at a
     commit a second, 300 in a partition between two runs at the default interval). A commit after which a compaction
     would merge files (COMPACTION_MIN_FILES small files of a partition, as the run counts them) asks for one."""
-    admin = await admin_factory(compaction_min_files=3, maintenance_interval_seconds=3600)
+    admin = await admin_factory(
+        compaction_min_files=3, maintenance_interval_seconds=3600, maintenance_rate_limit_seconds=0
+    )
     await commit_epochs(admin, "orders", 3)
 
     async def compacted() -> bool:
@@ -895,7 +897,7 @@ async def commits_wanted(admin: AdminApp, monkeypatch: pytest.MonkeyPatch) -> Ca
     maintainer = admin.runtime.maintainer
     wanted: list[int] = []
 
-    def want(sink_id: int, at: float | None = None, *, rate_limited: bool = False) -> None:
+    def want(sink_id: int, at: float | None = None, *, rate_limit: float = 0.0) -> None:
         wanted.append(sink_id)
 
     monkeypatch.setattr(maintainer, "want", want)
