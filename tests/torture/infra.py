@@ -1,4 +1,5 @@
-"""The real processes a torture run drives: PostgreSQL servers that can be restarted, a TCP proxy, Spark drivers.
+"""The real processes a torture run drives: PostgreSQL servers that can be restarted, Spark drivers (the writer's
+one address, a TCP proxy, is tests/fixtures/service_proxy.py's).
 
 Every wait here awaits an event (a process exit, a log line, a PostgreSQL
 NOTIFY, a socket); the only loops with a pause are reconnections to a
@@ -11,9 +12,7 @@ import contextlib
 import json
 import os
 import queue
-import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -118,83 +117,6 @@ def wait_for_change(url: str, check: Callable[[psycopg.Connection[Any]], T | Non
                         pass
         except psycopg.OperationalError:
             continue
-
-
-class Proxy:
-    """A TCP forwarder in front of the coordinators: the writer's one address while coordinators come and go.
-
-    Each new connection goes to one of the targets (split brain: either of two
-    coordinators); `reset()` drops the open connections so that the writer's
-    gRPC channel reconnects and picks again.
-    """
-
-    def __init__(self, seed: int) -> None:
-        self._random = random.Random(seed)
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self._listener.getsockname()[1])
-        self._targets: list[int] = []
-        self._lock = threading.Lock()
-        self._open: set[socket.socket] = set()
-        self._closed = False
-        threading.Thread(target=self._accept, name="torture-proxy", daemon=True).start()
-
-    @property
-    def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def set_targets(self, ports: list[int], *, reset: bool) -> None:
-        with self._lock:
-            self._targets = list(ports)
-        if reset:
-            self.reset()
-
-    def reset(self) -> None:
-        with self._lock:
-            sockets, self._open = self._open, set()
-        for sock in sockets:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-
-    def close(self) -> None:
-        self._closed = True
-        self._listener.close()
-        self.reset()
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            with self._lock:
-                port = self._random.choice(self._targets) if self._targets else None
-            try:
-                if port is None:
-                    raise OSError("no coordinator")
-                upstream = socket.create_connection(("127.0.0.1", port), timeout=5)
-                upstream.settimeout(None)
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                self._open.update((client, upstream))
-            for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
-
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for sock in (source, sink):
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-            with self._lock:
-                self._open.discard(source)
-                self._open.discard(sink)
 
 
 @dataclass

@@ -38,11 +38,12 @@ from coordinator_service.runtime import migrate
 from tests.fixtures.coordinator import CoordinatorProcess, failpoints_env
 from tests.fixtures.kafka_broker import ProducedRecord, create_topic
 from tests.fixtures.pipeline import ORDER_SCHEMA_DDL, produce_orders
+from tests.fixtures.service_proxy import ServiceProxy
 from tests.fixtures.verification import verify_sink
 from tests.torture import audit, checks, fault_kinds, kafka_faults
 from tests.torture.faults import FaultRecord
 from tests.torture.idle import stop_when_recorded
-from tests.torture.infra import Board, DriverServer, Proxy, wait_for_change
+from tests.torture.infra import Board, DriverServer, wait_for_change
 from tests.torture.report import RunResult
 from tests.torture.session import CALL_DEADLINE_SECONDS, RUN_SECONDS, SINK, TABLE, Session
 from tests.torture.upserts import KEY, UPSERT_DDL, UpsertStream, partition_column
@@ -113,7 +114,7 @@ class Run:
         self.checkpoint = self.work / "checkpoint"
         self.warehouse = self.work / "warehouse"
         self.warehouse.mkdir()
-        self.proxy = Proxy(seed=self.rng.randrange(2**31))
+        self.proxy = ServiceProxy()
         self.dead_letter_topic = f"torture-{self.seed}-dead-letters"
         self.first_key = self.seed % 1000 * 10_000  # of the Spark sink's records; faults' own records above it
         self.upserts = UpsertStream.drawn(self.rng, self.records) if self.upsert else None
@@ -293,7 +294,7 @@ class Run:
             env.update(
                 failpoints_env(",".join(f"{r.plan.params['failpoint']}=kill@{r.plan.params['hit']}" for r in armed))
             )
-        self.proxy.set_targets([first.grpc_port], reset=False)
+        self.proxy.set_endpoints([first.grpc_port])
         self.start_coordinator(first, **env)
         threads = [
             threading.Thread(target=fault_kinds.inject, args=(self, record), name=f"fault-{name}", daemon=True)

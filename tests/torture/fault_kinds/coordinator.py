@@ -95,10 +95,10 @@ def split_brain(run: Run, record: FaultRecord) -> None:
     begin(record)
     second = run.start_coordinator(run.new_coordinator())
     run.coordinators.append(second)
-    run.proxy.set_targets([first.grpc_port, second.grpc_port], reset=True)
+    run.proxy.set_endpoints([first.grpc_port, second.grpc_port], reset=True)
     time.sleep(params["seconds"])  # both serve this long
     victim, survivor = (second, first) if params["survivor"] == "first" else (first, second)
-    run.proxy.set_targets([survivor.grpc_port], reset=False)
+    run.proxy.set_endpoints([survivor.grpc_port])
     if params["end_by"] == "kill":
         victim.kill()
     else:
@@ -165,7 +165,6 @@ def plan_split_brain(rng: random.Random, shape: RunShape) -> dict[str, Any]:
         "seconds": round(rng.uniform(2.0, 8.0), 3),
         "survivor": rng.choice(("first", "second")),
         "end_by": rng.choice(("kill", "stop")),
-        "proxy_seed": rng.randrange(2**31),
     }
 
 
