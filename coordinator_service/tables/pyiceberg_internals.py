@@ -89,7 +89,10 @@ def file_info(input_file: PyArrowFile) -> FileInfo:
 
 def data_files_of(metadata: TableMetadata, rows: pa.Table, io: FileIO) -> Iterable[DataFile]:
     """Write `rows` as data files of the table (its schema's field ids, its partition spec, its target file size,
-    their statistics) without appending them: nothing references them until a commit does."""
+    their statistics) without appending them: nothing references them until a commit does. No rows, no file
+    (pyiceberg's writer divides by the row count of an unpartitioned table's rows; its append writes none for them)."""
+    if rows.num_rows == 0:
+        return ()
     return _dataframe_to_data_files(metadata, rows, io, write_uuid=uuid.uuid4())
 
 

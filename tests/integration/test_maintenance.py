@@ -474,6 +474,30 @@ async def test_compaction_rewrites_small_files_with_another_engines_position_del
     assert len(duckdb_rows(table.metadata_location, "order_id")) == 39
 
 
+async def test_compaction_of_small_files_whose_every_row_is_deleted_writes_no_file(
+    admin_factory: AdminFactory, catalog: Catalog, database_url: str
+) -> None:
+    """Found by the key index's state machine (an unpartitioned table, every row of a group deleted): the rewrite
+    handed pyiceberg's writer an empty table, which divides by its row count (ZeroDivisionError), so the run failed
+    every time and the table kept its small files and delete files for good. A group with no row left is replaced by
+    nothing: the files and the delete files that only they needed are dropped, and the rows read stay the same."""
+    admin = without_commit_triggers(await admin_factory(compaction_min_files=3))
+    await commit_epochs(admin, "orders", 3)
+    table = catalog.load_table("db.orders")
+    for data_file in cp.live_files(table).data:
+        await asyncio.to_thread(commit_position_deletes, table, data_file, list(range(data_file.record_count)))
+        table = catalog.load_table("db.orders")
+    assert rows_digest(table)[0] == 0
+
+    run = await admin.runtime.maintainer.run_now(sink_id_of(database_url, "orders"))
+
+    assert (run.outcome, run.files_compacted, run.files_written) == ("ok", 3, 0), run.error
+    table = catalog.load_table("db.orders")
+    assert cp.live_files(table).data == [] and cp.live_files(table).deletes == []
+    assert rows_digest(table)[0] == 0
+    assert duckdb_rows(table.metadata_location, "order_id") == []
+
+
 async def test_a_tables_own_retention_properties_win_over_the_coordinators(
     admin_factory: AdminFactory, catalog: Catalog, database_url: str
 ) -> None:
