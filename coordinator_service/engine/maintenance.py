@@ -128,7 +128,7 @@ class Maintainer:
         if sink_id in self._after_run:
             return
         now = asyncio.get_running_loop().time()
-        start_at = max(now, now if at is None else at)
+        start_at = now if at is None else max(now, at)
         if rate_limit > 0:
             not_before = self._not_before.get(sink_id)
             start_at = max(start_at, now + random.uniform(0, rate_limit) if not_before is None else not_before)
@@ -216,9 +216,9 @@ class Maintainer:
         while True:
             self._wake.clear()
             due: list[int] = []
-            if loop.time() >= next_look:
-                next_look = loop.time() + self.settings.poll_interval_seconds
-                now = loop.time()
+            now = loop.time()
+            if now >= next_look:
+                next_look = now + self.settings.poll_interval_seconds
                 self._not_before = {sink: at for sink, at in self._not_before.items() if at > now}
                 try:
                     due = await self._due()
