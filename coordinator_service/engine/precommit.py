@@ -150,10 +150,11 @@ class PreCommits(ProtocolBase):
             deadline=self._claim_deadline(files, key_files),
         )
         await failpoints.hit(Failpoint.PRECOMMIT_BEFORE_PERSIST)
-        if not await self._group_insert.insert(row):
+        attempt = await self._group_insert.submit(row)
+        if attempt is None:
             return None
         await failpoints.hit(Failpoint.PRECOMMIT_AFTER_PERSIST)
-        return PreCommitResult(PreCommitOutcome.PERSISTED, attempt=1, record_count=metadata.record_count)
+        return PreCommitResult(PreCommitOutcome.PERSISTED, attempt=attempt, record_count=metadata.record_count)
 
     def _claim_deadline(self, files: DescribedFiles, key_files: DescribedKeyFiles) -> float | None:
         """Until when the pre-commit may claim its files' paths: ORPHAN_GRACE_SECONDS after the oldest was written,

@@ -34,8 +34,7 @@ class Coordinator(WriterRegistration, PreCommits):
         check_sink_name(sink)
         if epoch < 0:
             raise InvalidArgument(f"epoch {epoch} is negative: Spark batch ids start at 0")
-        async with self.database.connection(autocommit=True) as connection:
-            recorded = await checkpoint_record.record_checkpoint_over_pending(connection, sink, writer_term, epoch)
+        recorded = await self._group_checkpoint.submit(checkpoint_record.Checkpoint(sink, writer_term, epoch))
         if recorded is None:
             async with self.database.transaction() as session:
                 recorded = await checkpoint_record.record_checkpoint(session, sink, writer_term, epoch)

@@ -12,10 +12,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from coordinator_service.contract.errors import InvalidArgument, quote
 from coordinator_service.engine.cleaner import Cleaner
 from coordinator_service.engine.committer import Committer
-from coordinator_service.engine.group_insert import GroupInsert
+from coordinator_service.engine.grouped_statement import GroupedStatement
 from coordinator_service.engine.writer_calls import WriterCalls
 from coordinator_service.engine.writer_requests import PreCommitRequest
-from coordinator_service.log import sink_tables
+from coordinator_service.log import checkpoint_record, epoch_transitions, sink_tables
 from coordinator_service.log.database import Database
 from coordinator_service.log.models import Sink
 from coordinator_service.tables.format import TableFormat
@@ -46,13 +46,29 @@ class ProtocolBase:
         # Sink name -> its id, own table and tables, as last read; only a hint for the fast path, which re-checks
         # the sink in SQL (a table once the sink's stays the sink's).
         self._sink_hints: dict[str, SinkHint] = {}
-        self._group_insert = GroupInsert(database)
+        # The fast paths' statements, each grouped across sinks (group commit): a first pre-commit's row, and a
+        # checkpoint's record.
+        self._group_insert = GroupedStatement(
+            database, "insert of first pre-commits", _new_epoch_key, epoch_transitions.insert_new_epochs
+        )
+        self._group_checkpoint = GroupedStatement(
+            database, "record of checkpoints", _checkpoint_key, checkpoint_record.record_checkpoints_over_pending
+        )
         # The transport notes each writer call it answered here (liveness, coordinator_service.engine.writer_calls).
         self.writer_calls = WriterCalls(database)
 
     async def close(self) -> None:
         await self._group_insert.close()
+        await self._group_checkpoint.close()
         await self.writer_calls.stop()
+
+
+def _new_epoch_key(row: epoch_transitions.NewEpoch) -> tuple[int, int]:
+    return (row.sink_id, row.epoch)
+
+
+def _checkpoint_key(checkpoint: checkpoint_record.Checkpoint) -> str:
+    return checkpoint.name
 
 
 async def hint_of(session: AsyncSession, sink: Sink) -> SinkHint:

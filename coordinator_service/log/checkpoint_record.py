@@ -1,27 +1,51 @@
 """A writer's checkpoint recorded in the log (CommitCheckpoint): the sink's checkpointed epoch moves, and its
 committed epoch with it by the rule where the checkpoint covers epochs an operator aborted. The common case in one
-statement beside the transaction that checks everything in order and says why it refuses."""
+statement (many sinks' at once) beside the transaction that checks everything in order and says why it refuses."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+import psycopg
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from coordinator_service.log import epoch_reads, epoch_transitions
 from coordinator_service.log.epoch_rules import check_checkpoint_range, check_term, existing_sink
 from coordinator_service.log.sink_rows import RowLock
 
-_RECORD_CHECKPOINT_OVER_PENDING = """
-    UPDATE sinks s SET checkpointed_epoch = :epoch, updated_at = now()
-    WHERE s.name = :name AND s.writer_term = :term AND s.checkpointed_epoch < :epoch AND s.suspended_reason IS NULL
-      AND (SELECT count(*) FROM pending_sink_state p
-           WHERE p.sink_id = s.id AND p.epoch > s.checkpointed_epoch AND p.epoch <= :epoch
-             AND p.status = 'PENDING') = CAST(:epoch AS numeric) - s.checkpointed_epoch
-    RETURNING s.id, s.committed_epoch, s.checkpointed_epoch, s.incarnation, s.generation
+# Each sink's row is locked in the order of its id (the order of the group insert's rows) before it is updated, so
+# that statements of many sinks each take their locks in one order; a deadlock PostgreSQL still detects fails the
+# statement, and its checkpoints go the general way. A row waited for is checked again on its newest version
+# (PostgreSQL's rule for a locked row in READ COMMITTED), the term and the covered epochs included.
+_RECORD_CHECKPOINTS_OVER_PENDING = """
+    WITH r AS (
+        SELECT * FROM unnest(CAST(%(names)s AS text[]), CAST(%(terms)s AS bigint[]), CAST(%(epochs)s AS bigint[]))
+            AS r(name, term, epoch)
+    ), covered AS (
+        SELECT s.id, r.epoch FROM sinks s JOIN r ON r.name = s.name
+        WHERE s.writer_term = r.term AND s.checkpointed_epoch < r.epoch AND s.suspended_reason IS NULL
+          AND (SELECT count(*) FROM pending_sink_state p
+               WHERE p.sink_id = s.id AND p.epoch > s.checkpointed_epoch AND p.epoch <= r.epoch
+                 AND p.status = 'PENDING') = CAST(r.epoch AS numeric) - s.checkpointed_epoch
+        ORDER BY s.id
+        FOR UPDATE OF s
+    )
+    UPDATE sinks s SET checkpointed_epoch = covered.epoch, updated_at = now()
+    FROM covered WHERE s.id = covered.id
+    RETURNING s.name, s.id, s.committed_epoch, s.checkpointed_epoch, s.incarnation, s.generation
 """
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A writer's CommitCheckpoint: its sink's checkpoint to move to `epoch`."""
+
+    name: str
+    writer_term: int
+    epoch: int
 
 
 @dataclass(frozen=True)
@@ -33,26 +57,30 @@ class RecordedCheckpoint:
     generation: int
 
 
-async def record_checkpoint_over_pending(
-    connection: AsyncConnection, name: str, writer_term: int, epoch: int
-) -> RecordedCheckpoint | None:
-    """The common checkpoint in one autocommit statement: the writer's term is current and every epoch the
-    checkpoint newly covers is PENDING. None when it is not so (or the sink is unknown): the general path
-    then decides, and explains a refusal.
+async def record_checkpoints_over_pending(
+    connection: psycopg.AsyncConnection[Any], checkpoints: Sequence[Checkpoint]
+) -> dict[str, RecordedCheckpoint]:
+    """The common checkpoints in one autocommit statement (on a plain psycopg connection; one per sink): those
+    whose writer's term is current and every epoch they newly cover PENDING, by sink name. The others (or an unknown
+    sink) are left out: the general path then decides, and explains a refusal.
 
     Nothing else is needed: with every covered epoch PENDING the committed epoch cannot move, and a term
     that changed meanwhile (RegisterWriter, a reset: each bumps it under the sink's row lock) is seen
     here, because PostgreSQL evaluates the condition again on the newest version of the row it waited for.
     An operator's abort of a covered epoch racing with it is what the general path accepts as well.
     """
-    row = (
-        await connection.execute(
-            text(_RECORD_CHECKPOINT_OVER_PENDING), {"name": name, "term": writer_term, "epoch": epoch}
-        )
-    ).one_or_none()
-    if row is None:
-        return None
-    return RecordedCheckpoint(row.id, row.committed_epoch, row.checkpointed_epoch, row.incarnation, row.generation)
+    cursor = await connection.execute(
+        _RECORD_CHECKPOINTS_OVER_PENDING,
+        {
+            "names": [each.name for each in checkpoints],
+            "terms": [each.writer_term for each in checkpoints],
+            "epochs": [each.epoch for each in checkpoints],
+        },
+    )
+    return {
+        name: RecordedCheckpoint(int(sink_id), int(committed), int(checkpointed), incarnation, int(generation))
+        for name, sink_id, committed, checkpointed, incarnation, generation in await cursor.fetchall()
+    }
 
 
 async def record_checkpoint(session: AsyncSession, name: str, writer_term: int, epoch: int) -> RecordedCheckpoint:

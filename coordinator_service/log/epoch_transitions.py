@@ -142,19 +142,21 @@ _INSERT_NEW_EPOCHS = """
                                               AND t.table_identifier = named.table_identifier))
         FOR SHARE OF s
         ON CONFLICT (sink_id, epoch) DO NOTHING
-        RETURNING sink_id, epoch
+        RETURNING sink_id, epoch, attempt
     ), claimed AS (
         INSERT INTO epoch_files (path, sink_id, epoch, attempt)
         SELECT files.path, files.sink_id, files.epoch, 1
         FROM files JOIN inserted ON inserted.sink_id = files.sink_id AND inserted.epoch = files.epoch
     )
-    SELECT sink_id, epoch FROM inserted
+    SELECT sink_id, epoch, attempt FROM inserted
 """
 
 
-async def insert_new_epochs(connection: psycopg.AsyncConnection[Any], rows: Sequence[NewEpoch]) -> set[tuple[int, int]]:
+async def insert_new_epochs(
+    connection: psycopg.AsyncConnection[Any], rows: Sequence[NewEpoch]
+) -> dict[tuple[int, int], int]:
     """Insert PENDING rows, and the files they hold, in one statement (on a plain psycopg connection); return
-    the (sink_id, epoch) inserted.
+    the attempt of each (sink_id, epoch) inserted (the first).
 
     A row is inserted only where it is the plain case of a pre-commit: no row for the epoch yet, the
     writer's term current, the epoch above the committed one, one writer per sink, every table it names one of
@@ -184,7 +186,7 @@ async def insert_new_epochs(connection: psycopg.AsyncConnection[Any], rows: Sequ
             "table_names": [table for _, _, table in named],
         },
     )
-    return {(int(sink_id), int(epoch)) for sink_id, epoch in await cursor.fetchall()}
+    return {(int(sink_id), int(epoch)): int(attempt) for sink_id, epoch, attempt in await cursor.fetchall()}
 
 
 async def abort_pending_above(

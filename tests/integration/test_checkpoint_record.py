@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
+import psycopg
 import pytest
 
 from coordinator_service.contract.errors import Fenced
 from coordinator_service.log import checkpoint_record, epoch_transitions, sink_rows
+from coordinator_service.log.database import libpq_url
 from coordinator_service.log.models import AbortCause
 from coordinator_service.log.sink_rows import RowLock
 from tests.fixtures.admin import AdminApp, commit_lock_held, sink_id_of, until_a_statement_waits_for_a_lock
@@ -17,15 +20,15 @@ async def test_a_checkpoint_is_recorded_in_one_statement_when_every_covered_epoc
     registration = await admin.register("orders")
     for epoch in range(3):
         await admin.pre_commit("orders", registration, epoch, epoch * 10)
-    async with admin.runtime.database.connection(autocommit=True) as connection:
-        recorded = await checkpoint_record.record_checkpoint_over_pending(
-            connection, "orders", registration.writer_term, 2
+    async with await psycopg.AsyncConnection.connect(admin.runtime.database.libpq_url, autocommit=True) as connection:
+        recorded = await checkpoint_record.record_checkpoints_over_pending(
+            connection, [checkpoint_record.Checkpoint("orders", registration.writer_term, 2)]
         )
-        assert recorded is not None
-        assert (recorded.checkpointed_epoch, recorded.committed_epoch) == (2, -1)
+        assert [(each.checkpointed_epoch, each.committed_epoch) for each in recorded.values()] == [(2, -1)]
         # Covered already, a term not current, an epoch never pre-committed: the general path decides those.
         for term, epoch in ((registration.writer_term, 2), (registration.writer_term + 1, 3), (1, 4)):
-            assert await checkpoint_record.record_checkpoint_over_pending(connection, "orders", term, epoch) is None
+            checkpoint = checkpoint_record.Checkpoint("orders", term, epoch)
+            assert await checkpoint_record.record_checkpoints_over_pending(connection, [checkpoint]) == {}
 
 
 async def test_a_checkpoint_waiting_behind_a_registration_is_fenced_by_it(admin: AdminApp) -> None:
@@ -69,3 +72,33 @@ async def test_a_waiter_is_not_answered_with_the_committed_epoch_of_an_older_num
         done, _ = await asyncio.wait({waiting}, timeout=1.0)
         assert not done, "CommitCheckpoint(wait) answered before epoch 0 of the new numbering was committed"
     assert await waiting == 0
+
+
+async def test_checkpoints_of_sinks_that_arrive_together_share_one_statement(
+    admin: AdminApp, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Group commit across sinks: the checkpoints that arrive while a statement runs share the next. One whose term a
+    registration has replaced is not done by it: the general path answers it (refused) and the others are recorded."""
+    sinks = [f"sink{index}" for index in range(8)]
+    registrations = {sink: await admin.register(sink, table=f"db.t{index}") for index, sink in enumerate(sinks)}
+    for sink in sinks:
+        await admin.pre_commit(sink, registrations[sink], 0, 0)
+    await admin.register(sinks[3], table="db.t3")  # a new term: the first registration's calls are fenced
+    group = admin.runtime.coordinator._group_checkpoint
+    statement = group._statement
+    statements: list[list[str]] = []
+
+    async def counted(connection: Any, checkpoints: Any) -> Any:
+        statements.append([checkpoint.name for checkpoint in checkpoints])
+        return await statement(connection, checkpoints)
+
+    monkeypatch.setattr(group, "_statement", counted)
+    answers = await asyncio.gather(
+        *(admin.checkpoint(sink, registrations[sink], 0, wait=False) for sink in sinks), return_exceptions=True
+    )
+    assert statements == [sorted(sinks)]
+    assert isinstance(answers[3], Fenced), answers[3]
+    assert [answer for index, answer in enumerate(answers) if index != 3] == [-1] * 7
+    with psycopg.connect(libpq_url(database_url)) as connection:
+        checkpointed = dict(connection.execute("SELECT name, checkpointed_epoch FROM sinks").fetchall())
+    assert checkpointed == {sink: -1 if sink == sinks[3] else 0 for sink in sinks}

@@ -245,15 +245,14 @@ async def test_both_ways_answer_a_precommit_alike(
 ) -> None:
     request = await case(admin)
     before = log_rows(database_url)
-    inserted: list[set[tuple[int, int]]] = []
-    insert_new_epochs = epoch_transitions.insert_new_epochs
+    inserted: list[dict[tuple[int, int], int]] = []
+    coordinator = admin.runtime.coordinator
 
-    async def recorded(connection: Any, rows: Any) -> set[tuple[int, int]]:
-        inserted.append(await insert_new_epochs(connection, rows))
+    async def recorded(connection: Any, rows: Any) -> dict[tuple[int, int], int]:
+        inserted.append(await epoch_transitions.insert_new_epochs(connection, rows))
         return inserted[-1]
 
-    monkeypatch.setattr(epoch_transitions, "insert_new_epochs", recorded)
-    coordinator = admin.runtime.coordinator
+    monkeypatch.setattr(coordinator._group_insert, "_statement", recorded)
     if not fast_way_first:
         monkeypatch.setattr(coordinator, "_pre_commit_first_attempt", _no_fast_way)
 
