@@ -16,10 +16,11 @@ from coordinator_service.log import epoch_reads, epoch_transitions
 from coordinator_service.log.epoch_rules import check_checkpoint_range, check_term, existing_sink
 from coordinator_service.log.sink_rows import RowLock
 
-# Each sink's row is locked in the order of its id (the order of the group insert's rows) before it is updated, so
-# that statements of many sinks each take their locks in one order; a deadlock PostgreSQL still detects fails the
-# statement, and its checkpoints go the general way. A row waited for is checked again on its newest version
-# (PostgreSQL's rule for a locked row in READ COMMITTED), the term and the covered epochs included.
+# A sink whose row another transaction holds (a registration, an operator's action, a commit's record) is skipped,
+# not waited for: its checkpoint goes the general way, which waits for that row alone, and the statement holds up no
+# other sink's checkpoint behind it (nor takes part in a deadlock: it never waits). A row changed since the
+# statement's snapshot is checked again on its newest version (PostgreSQL's rule for a row it locks in READ
+# COMMITTED), the term and the covered epochs included.
 _RECORD_CHECKPOINTS_OVER_PENDING = """
     WITH r AS (
         SELECT * FROM unnest(CAST(%(names)s AS text[]), CAST(%(terms)s AS bigint[]), CAST(%(epochs)s AS bigint[]))
@@ -30,8 +31,7 @@ _RECORD_CHECKPOINTS_OVER_PENDING = """
           AND (SELECT count(*) FROM pending_sink_state p
                WHERE p.sink_id = s.id AND p.epoch > s.checkpointed_epoch AND p.epoch <= r.epoch
                  AND p.status = 'PENDING') = CAST(r.epoch AS numeric) - s.checkpointed_epoch
-        ORDER BY s.id
-        FOR UPDATE OF s
+        FOR UPDATE OF s SKIP LOCKED
     )
     UPDATE sinks s SET checkpointed_epoch = covered.epoch, updated_at = now()
     FROM covered WHERE s.id = covered.id
@@ -61,13 +61,14 @@ async def record_checkpoints_over_pending(
     connection: psycopg.AsyncConnection[Any], checkpoints: Sequence[Checkpoint]
 ) -> dict[str, RecordedCheckpoint]:
     """The common checkpoints in one autocommit statement (on a plain psycopg connection; one per sink): those
-    whose writer's term is current and every epoch they newly cover PENDING, by sink name. The others (or an unknown
-    sink) are left out: the general path then decides, and explains a refusal.
+    whose writer's term is current and every epoch they newly cover PENDING, by sink name. The others (an unknown
+    sink, or one whose row another transaction holds now) are left out: the general path then decides, and explains
+    a refusal.
 
     Nothing else is needed: with every covered epoch PENDING the committed epoch cannot move, and a term
     that changed meanwhile (RegisterWriter, a reset: each bumps it under the sink's row lock) is seen
-    here, because PostgreSQL evaluates the condition again on the newest version of the row it waited for.
-    An operator's abort of a covered epoch racing with it is what the general path accepts as well.
+    here: a row held by such a transaction is skipped, and one it changed since is checked again on its newest
+    version. An operator's abort of a covered epoch racing with it is what the general path accepts as well.
     """
     cursor = await connection.execute(
         _RECORD_CHECKPOINTS_OVER_PENDING,

@@ -102,3 +102,25 @@ async def test_checkpoints_of_sinks_that_arrive_together_share_one_statement(
     with psycopg.connect(libpq_url(database_url)) as connection:
         checkpointed = dict(connection.execute("SELECT name, checkpointed_epoch FROM sinks").fetchall())
     assert checkpointed == {sink: -1 if sink == sinks[3] else 0 for sink in sinks}
+
+
+async def test_a_sink_whose_row_another_transaction_holds_holds_up_no_other_sinks_checkpoint(admin: AdminApp) -> None:
+    """The grouped statement skips a sink whose row is locked (here as an operator's action holds it): that checkpoint
+    waits on the general path, alone, and the checkpoint that arrived with it is recorded meanwhile."""
+    registrations = {sink: await admin.register(sink, table=f"db.{sink}") for sink in ("held", "free")}
+    for sink, registration in registrations.items():
+        await admin.pre_commit(sink, registration, 0, 0)
+    database = admin.runtime.database
+    async with database.transaction() as session:
+        assert await sink_rows.sink_by_name(session, "held", lock=RowLock.UPDATE) is not None
+        held, free = (
+            asyncio.create_task(admin.checkpoint(sink, registrations[sink], 0, wait=False)) for sink in ("held", "free")
+        )
+        assert await asyncio.wait_for(free, 10) == -1  # recorded while the other sink's row is still held
+        await until_a_statement_waits_for_a_lock(database)  # the held sink's checkpoint, on the general path
+        assert not held.done()
+    assert await held == -1
+    async with database.transaction() as session:
+        for sink in ("held", "free"):
+            row = await sink_rows.sink_by_name(session, sink)
+            assert row is not None and row.checkpointed_epoch == 0
