@@ -19,6 +19,7 @@ Request = TypeVar("Request")
 # A request's key: the statement's rows are locked in its order.
 Key = TypeVar("Key", tuple[int, int], str)
 Answer = TypeVar("Answer")
+T = TypeVar("T")
 
 # Most requests written by one statement of a group.
 GROUP_MAX_REQUESTS = 256
@@ -67,11 +68,16 @@ class GroupedStatement(Generic[Request, Key, Answer]):
                 await self._write(batch)
         finally:
             self._draining = False
+            # Only when the drain itself was cancelled (the loop ending) are requests left: the general way for them.
+            queued, self._queue = self._queue, []
+            for _, answer in queued:
+                _answer_once(answer, None)
 
     async def _write(self, batch: list[tuple[Request, asyncio.Future[Answer | None]]]) -> None:
         unique: dict[Key, Request] = {}
         for request, _ in batch:
             unique.setdefault(self._key(request), request)
+        done: Mapping[Key, Answer] = {}
         try:
             if self._connection is None or self._connection.closed:
                 self._connection = await psycopg.AsyncConnection.connect(
@@ -82,15 +88,19 @@ class GroupedStatement(Generic[Request, Key, Answer]):
             log.warning(
                 "a grouped statement failed; each request goes the general way", statement=self.name, error=str(error)
             )
-            done = {}
             await self.close()
-        for request, answer in batch:
-            if not answer.done():  # a caller that gave up (deadline) is not answered
+        finally:
+            for request, answer in batch:  # one the statement did not do (or a second of its key): the general way
                 key = self._key(request)
-                answer.set_result(done.get(key) if unique[key] is request else None)
+                _answer_once(answer, done.get(key) if unique[key] is request else None)
 
     async def close(self) -> None:
         if self._connection is not None:
             with contextlib.suppress(Exception):
                 await self._connection.close()
             self._connection = None
+
+
+def _answer_once(answer: asyncio.Future[T], value: T) -> None:
+    if not answer.done():  # a caller that gave up (deadline) is not answered
+        answer.set_result(value)
