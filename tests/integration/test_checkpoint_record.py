@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from coordinator_service.contract.errors import Fenced
+from coordinator_service.contract.errors import CoordinatorError, Fenced
 from coordinator_service.log import checkpoint_record, epoch_transitions, sink_rows
 from coordinator_service.log.database import libpq_url
 from coordinator_service.log.models import AbortCause
@@ -124,3 +124,40 @@ async def test_a_sink_whose_row_another_transaction_holds_holds_up_no_other_sink
         for sink in ("held", "free"):
             row = await sink_rows.sink_by_name(session, sink)
             assert row is not None and row.checkpointed_epoch == 0
+
+
+async def test_no_term_or_epoch_a_writer_can_send_fails_the_statement_it_shares(
+    admin: AdminApp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The extremes of CommitCheckpoint's int64 fields, each beside another sink's checkpoint in one statement: each is
+    recorded or refused with its reason, and never fails the statement the other sink's checkpoint is in."""
+    hostile, neighbour = await admin.register("hostile", table="db.hostile"), await admin.register("neighbour")
+    await admin.pre_commit("hostile", hostile, 0, 0)
+    await admin.pre_commit("neighbour", neighbour, 0, 0)
+    group = admin.runtime.coordinator._group_checkpoint
+    statement = group._statement
+    failures: list[BaseException] = []
+
+    async def watched(connection: Any, checkpoints: Any) -> Any:
+        try:
+            return await statement(connection, checkpoints)
+        except Exception as error:
+            failures.append(error)
+            raise
+
+    monkeypatch.setattr(group, "_statement", watched)
+    # The largest first: the current term's while the sink's checkpoint is still -1, the widest difference.
+    extremes = (2**63 - 1, 2**62, 1, 0, -1, -(2**63))
+    for term in (hostile.writer_term, *extremes):
+        for epoch in extremes:
+            answer, other = await asyncio.gather(
+                admin.runtime.coordinator.commit_checkpoint("hostile", epoch, term, False),
+                admin.checkpoint("neighbour", neighbour, 0, wait=False),
+                return_exceptions=True,
+            )
+            assert other in (-1, 0), other  # recorded (and committed soon after)
+            if isinstance(answer, CoordinatorError):
+                assert str(answer), (term, epoch)
+            else:
+                assert (term, epoch) == (hostile.writer_term, 0) and answer.checkpointed_epoch == 0, (term, epoch)
+    assert failures == []
