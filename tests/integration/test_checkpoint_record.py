@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -84,19 +85,11 @@ async def test_checkpoints_of_sinks_that_arrive_together_share_one_statement(
     for sink in sinks:
         await admin.pre_commit(sink, registrations[sink], 0, 0)
     await admin.register(sinks[3], table="db.t3")  # a new term: the first registration's calls are fenced
-    group = admin.runtime.coordinator._group_checkpoint
-    statement = group._statement
-    statements: list[list[str]] = []
-
-    async def counted(connection: Any, checkpoints: Any) -> Any:
-        statements.append([checkpoint.name for checkpoint in checkpoints])
-        return await statement(connection, checkpoints)
-
-    monkeypatch.setattr(group, "_statement", counted)
+    statements = _watch_statements(admin, monkeypatch)
     answers = await asyncio.gather(
         *(admin.checkpoint(sink, registrations[sink], 0, wait=False) for sink in sinks), return_exceptions=True
     )
-    assert statements == [sorted(sinks)]
+    assert statements.sinks == [sorted(sinks)]
     assert isinstance(answers[3], Fenced), answers[3]
     assert [answer for index, answer in enumerate(answers) if index != 3] == [-1] * 7
     with psycopg.connect(libpq_url(database_url)) as connection:
@@ -134,18 +127,7 @@ async def test_no_term_or_epoch_a_writer_can_send_fails_the_statement_it_shares(
     hostile, neighbour = await admin.register("hostile", table="db.hostile"), await admin.register("neighbour")
     await admin.pre_commit("hostile", hostile, 0, 0)
     await admin.pre_commit("neighbour", neighbour, 0, 0)
-    group = admin.runtime.coordinator._group_checkpoint
-    statement = group._statement
-    failures: list[BaseException] = []
-
-    async def watched(connection: Any, checkpoints: Any) -> Any:
-        try:
-            return await statement(connection, checkpoints)
-        except Exception as error:
-            failures.append(error)
-            raise
-
-    monkeypatch.setattr(group, "_statement", watched)
+    statements = _watch_statements(admin, monkeypatch)
     # The largest first: the current term's while the sink's checkpoint is still -1, the widest difference.
     extremes = (2**63 - 1, 2**62, 1, 0, -1, -(2**63))
     for term in (hostile.writer_term, *extremes):
@@ -160,4 +142,29 @@ async def test_no_term_or_epoch_a_writer_can_send_fails_the_statement_it_shares(
                 assert str(answer), (term, epoch)
             else:
                 assert (term, epoch) == (hostile.writer_term, 0) and answer.checkpointed_epoch == 0, (term, epoch)
-    assert failures == []
+    assert statements.failures == []
+
+
+@dataclass
+class _Statements:
+    """The grouped checkpoint record's statements: the sinks each was given, and the errors of those that failed."""
+
+    sinks: list[list[str]] = field(default_factory=list)
+    failures: list[BaseException] = field(default_factory=list)
+
+
+def _watch_statements(admin: AdminApp, monkeypatch: pytest.MonkeyPatch) -> _Statements:
+    group = admin.runtime.coordinator._group_checkpoint
+    statement = group._statement
+    statements = _Statements()
+
+    async def watched(connection: Any, checkpoints: Any) -> Any:
+        statements.sinks.append([checkpoint.name for checkpoint in checkpoints])
+        try:
+            return await statement(connection, checkpoints)
+        except Exception as error:
+            statements.failures.append(error)
+            raise
+
+    monkeypatch.setattr(group, "_statement", watched)
+    return statements
