@@ -3,7 +3,8 @@
 Each call a writer makes that the coordinator answers (RegisterWriter, PreCommit, CommitCheckpoint, EnsureTables;
 not GetSinkState, which reads, nor a refused call: a fenced writer is no sign of life of its sink) is noted in
 memory, and a background task writes the newest of each sink to sinks.writer_last_call_at: at once after a quiet
-spell, then at most every RECORD_SECONDS, one autocommit statement per sink (no transaction holds two sinks' rows).
+spell, then at most every RECORD_SECONDS, one autocommit statement for every sink noted (a sink whose row another
+transaction holds is skipped, not waited for, and noted again for the next round).
 Times are the metastore's clock (now() less the time since the call), so that replicas with skewed clocks agree, and
 the column only moves forward. A metastore outage loses the notes of the moment; the next call notes again.
 """
@@ -69,4 +70,8 @@ class WriterCalls:
             return
         now = time.monotonic()
         async with self.database.connection(autocommit=True) as connection:
-            await sink_rows.record_writer_calls(connection, {sink: now - at for sink, at in calls.items()})
+            skipped = await sink_rows.record_writer_calls(connection, {sink: now - at for sink, at in calls.items()})
+        for sink in skipped:  # a newer note taken meanwhile stays
+            self._calls.setdefault(sink, calls[sink])
+        if skipped:
+            self._noted.set()

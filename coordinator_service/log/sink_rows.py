@@ -265,17 +265,32 @@ async def sinks_of_table(session: AsyncSession, table: str) -> list[tuple[Sink, 
     return [(sink, committed_epoch) for sink, committed_epoch in (await session.execute(statement)).all()]
 
 
-_RECORD_WRITER_CALL = """
-    UPDATE sinks SET writer_last_call_at = now() - make_interval(secs => :ago)
-    WHERE name = :sink AND (writer_last_call_at IS NULL OR writer_last_call_at < now() - make_interval(secs => :ago))
+# Every sink's note in one statement. A sink whose row another transaction holds (a registration, an operator's
+# action, a commit's record) is skipped, not waited for: the statement never waits, so it holds up no other sink's
+# note and takes part in no deadlock; the skipped sinks are returned, for the next round. A locked row changed since
+# the statement's snapshot is checked again on its newest version (READ COMMITTED), the time condition included.
+_RECORD_WRITER_CALLS = """
+    WITH c AS (
+        SELECT * FROM unnest(CAST(:sinks AS text[]), CAST(:agos AS double precision[])) AS c(name, ago)
+    ), taken AS (
+        SELECT s.id FROM sinks s JOIN c ON c.name = s.name ORDER BY s.id FOR UPDATE OF s SKIP LOCKED
+    ), moved AS (
+        UPDATE sinks s SET writer_last_call_at = now() - make_interval(secs => c.ago)
+        FROM c, taken WHERE s.id = taken.id AND s.name = c.name
+          AND (s.writer_last_call_at IS NULL OR s.writer_last_call_at < now() - make_interval(secs => c.ago))
+    )
+    SELECT s.name FROM sinks s JOIN c ON c.name = s.name WHERE s.id NOT IN (SELECT id FROM taken)
 """
 
 
-async def record_writer_calls(connection: AsyncConnection, calls: Mapping[str, float]) -> None:
-    """Each sink's writer called `calls[sink]` seconds ago: a statement per sink (autocommit: no transaction holds
-    two sinks' rows), moving the time forward only."""
-    for sink, ago in sorted(calls.items()):
-        await connection.execute(text(_RECORD_WRITER_CALL), {"sink": sink, "ago": ago})
+async def record_writer_calls(connection: AsyncConnection, calls: Mapping[str, float]) -> set[str]:
+    """Each sink's writer called `calls[sink]` seconds ago: one statement for every sink (autocommit), moving each
+    time forward only; the sinks it skipped because another transaction held their rows."""
+    sinks = sorted(calls)
+    result = await connection.execute(
+        text(_RECORD_WRITER_CALLS), {"sinks": sinks, "agos": [calls[sink] for sink in sinks]}
+    )
+    return set(result.scalars())
 
 
 async def sinks_writing(session: AsyncSession, tables: Sequence[str], besides: str = "") -> dict[str, list[str]]:
