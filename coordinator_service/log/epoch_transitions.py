@@ -140,7 +140,7 @@ _INSERT_NEW_EPOCHS = """
                           WHERE named.sink_id = r.sink_id AND named.epoch = r.epoch
                             AND NOT EXISTS (SELECT 1 FROM sink_tables t WHERE t.sink_id = named.sink_id
                                               AND t.table_identifier = named.table_identifier))
-        FOR SHARE OF s
+        FOR SHARE OF s SKIP LOCKED
         ON CONFLICT (sink_id, epoch) DO NOTHING
         RETURNING sink_id, epoch, attempt
     ), claimed AS (
@@ -162,9 +162,12 @@ async def insert_new_epochs(
     writer's term current, the epoch above the committed one, one writer per sink, every table it names one of
     the sink's (an operator may remove one), no path with a claim or a
     deletion's mark, and its deadline not passed (path_claims). The sink rows are share-locked like in every
-    pre-commit, so that a concurrent RegisterWriter sees
-    (and aborts) the new rows or fences them. Rows not inserted are left to the general path, which answers
-    them; two rows of one statement naming the same file fail the statement, and the general path answers.
+    pre-commit, so that a concurrent RegisterWriter sees (and aborts) the new rows or fences them; a sink whose row
+    another transaction holds (a registration, an operator's action, a commit's record) is skipped, not waited
+    for: its pre-commit goes the general way, which waits for that row alone, and the statement holds up no other
+    sink's pre-commit behind it (nor takes part in a deadlock: it never waits for a sink's row). Rows not inserted
+    are left to the general path, which answers them; two rows of one statement naming the same file fail the
+    statement, and the general path answers.
     """
     files = [(row.sink_id, row.epoch, path) for row in rows for path in row.paths]
     named = [(row.sink_id, row.epoch, table) for row in rows for table in row.tables]

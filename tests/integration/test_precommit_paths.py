@@ -11,6 +11,7 @@ leave the same log; the fast way's statement must insert only in the plain case.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -29,7 +30,7 @@ from coordinator_service.contract.views import PreCommitResult
 from coordinator_service.engine.writer_requests import PreCommitRequest, TableRequest
 from coordinator_service.log import epoch_transitions, sink_rows, sink_tables
 from coordinator_service.log.sink_rows import RowLock
-from tests.fixtures.admin import AdminApp, commit_lock_held
+from tests.fixtures.admin import AdminApp, commit_lock_held, until_a_statement_waits_for_a_lock
 from tests.fixtures.coordinator import ORDERS, orders, write_parquet
 from tests.fixtures.postgres import query
 
@@ -283,3 +284,23 @@ async def test_both_ways_answer_a_precommit_alike(
 
 async def _no_fast_way(request: PreCommitRequest) -> PreCommitResult | None:
     return None
+
+
+async def test_a_sink_whose_row_another_transaction_holds_holds_up_no_other_sinks_precommit(
+    admin: AdminApp, database_url: str
+) -> None:
+    """The group insert skips a sink whose row is locked (here as an operator's action holds it): that pre-commit
+    waits on the general path, alone, and a pre-commit of another sink that arrives meanwhile is persisted."""
+    registrations = {sink: await admin.register(sink, table=f"db.{sink}") for sink in ("held", "free")}
+    database = admin.runtime.database
+    async with database.transaction() as session:
+        assert await sink_rows.sink_by_name(session, "held", lock=RowLock.UPDATE) is not None
+        held = asyncio.create_task(admin.pre_commit("held", registrations["held"], 0, 0))
+        await until_a_statement_waits_for_a_lock(database)
+        await asyncio.wait_for(admin.pre_commit("free", registrations["free"], 0, 0), 10)
+        assert not held.done()
+    await held
+    assert query(database_url, _PENDING) == [("free", 0), ("held", 0)]
+
+
+_PENDING = "SELECT s.name, p.epoch FROM pending_sink_state p JOIN sinks s ON s.id = p.sink_id ORDER BY s.name"
