@@ -226,9 +226,12 @@ _ONLY_EMPTY_BACKLOG = """
 
 # Transaction-level advisory locks conflict with the committer's session-level ones on the same keys: a sink
 # another committer is working on is skipped. MATERIALIZED keeps the lock function off sinks that do not qualify.
+# A sink whose row another transaction holds (a registration, an operator's action) is skipped too, not waited for:
+# the pass holds every other sink's commit lock while it runs, and its committer marks that sink in its own pass.
 _LOCK_EMPTY_BACKLOGS = f"""
     WITH candidates AS MATERIALIZED (
         SELECT s.id FROM sinks s WHERE s.suspended_reason IS NULL AND {_ONLY_EMPTY_BACKLOG} ORDER BY s.id
+        FOR NO KEY UPDATE OF s SKIP LOCKED
     )
     SELECT id FROM candidates WHERE pg_try_advisory_xact_lock(:class_id, id)
 """

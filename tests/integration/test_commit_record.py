@@ -7,12 +7,15 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import psycopg
 import pytest
 from sqlalchemy import text
 
 from coordinator_service.contract.views import EpochStatus
 from coordinator_service.log import commit_record, epoch_reads, epoch_transitions, sink_rows, sink_tables
+from coordinator_service.log.database import Database, libpq_url, normalize_url
 from coordinator_service.log.models import AbortCause, Sink
+from coordinator_service.runtime import migrate
 from tests.fixtures.admin import AdminApp, commit_lock_held, sink_id_of, until_a_statement_waits_for_a_lock
 from tests.fixtures.postgres import query
 
@@ -143,3 +146,40 @@ async def test_a_table_record_waiting_behind_a_reset_is_not_written_into_the_new
                 await session.commit()
                 await record
     assert _table_epochs(database_url) == {"db.orders": -1}
+
+
+async def test_a_sink_whose_row_another_transaction_holds_holds_up_no_other_sinks_empty_backlog(
+    database_url: str,
+) -> None:
+    """A restart's one pass over every all-empty backlog skips a sink whose row another transaction holds (here as a
+    registration or an operator's action would) instead of waiting for it with every other sink's commit lock taken;
+    that sink's committer marks it in its own pass. (It waited: the held row held up the whole statement.)"""
+    migrate(normalize_url(database_url))
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as setup:
+        for name in ("free", "held"):
+            sink_id = setup.execute(
+                "INSERT INTO sinks (name, table_identifier, catalog, checkpointed_epoch) "
+                "VALUES (%s, %s, 'default', 1) RETURNING id",
+                (name, f"db.{name}"),
+            ).fetchone()
+            assert sink_id is not None
+            for epoch in (0, 1):
+                setup.execute(
+                    "INSERT INTO pending_sink_state (sink_id, epoch, status, metadata, attempt, file_count, "
+                    "record_count, files_cleaned) VALUES (%s, %s, 'PENDING', '', 1, 0, 0, false)",
+                    (sink_id[0], epoch),
+                )
+    database = Database(normalize_url(database_url))
+    try:
+        with psycopg.connect(libpq_url(database_url)) as holder:
+            holder.execute("SELECT 1 FROM sinks WHERE name = 'held' FOR UPDATE")
+
+            async def one_pass() -> list[commit_record.EmptyBacklog]:
+                async with database.transaction() as session:
+                    return await commit_record.commit_empty_backlogs(session)
+
+            backlogs = await asyncio.wait_for(one_pass(), 10)
+        assert [(each.sink, each.epochs, each.committed_epoch) for each in backlogs] == [("free", 2, 1)]
+    finally:
+        await database.dispose()
+    assert dict(query(database_url, "SELECT name, committed_epoch FROM sinks")) == {"free": 1, "held": -1}
