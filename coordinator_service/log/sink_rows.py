@@ -273,11 +273,11 @@ _RECORD_WRITER_CALLS = """
     WITH c AS (
         SELECT * FROM unnest(CAST(:sinks AS text[]), CAST(:agos AS double precision[])) AS c(name, ago)
     ), taken AS (
-        SELECT s.id FROM sinks s JOIN c ON c.name = s.name ORDER BY s.id FOR UPDATE OF s SKIP LOCKED
+        SELECT s.id, c.ago FROM sinks s JOIN c ON c.name = s.name ORDER BY s.id FOR UPDATE OF s SKIP LOCKED
     ), moved AS (
-        UPDATE sinks s SET writer_last_call_at = now() - make_interval(secs => c.ago)
-        FROM c, taken WHERE s.id = taken.id AND s.name = c.name
-          AND (s.writer_last_call_at IS NULL OR s.writer_last_call_at < now() - make_interval(secs => c.ago))
+        UPDATE sinks s SET writer_last_call_at = now() - make_interval(secs => taken.ago)
+        FROM taken WHERE s.id = taken.id
+          AND (s.writer_last_call_at IS NULL OR s.writer_last_call_at < now() - make_interval(secs => taken.ago))
     )
     SELECT s.name FROM sinks s JOIN c ON c.name = s.name WHERE s.id NOT IN (SELECT id FROM taken)
 """
