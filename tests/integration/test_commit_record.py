@@ -155,20 +155,22 @@ async def test_a_sink_whose_row_another_transaction_holds_holds_up_no_other_sink
     registration or an operator's action would) instead of waiting for it with every other sink's commit lock taken;
     that sink's committer marks it in its own pass. (It waited: the held row held up the whole statement.)"""
     migrate(normalize_url(database_url))
-    with psycopg.connect(libpq_url(database_url), autocommit=True) as setup:
-        for name in ("free", "held"):
-            sink_id = setup.execute(
-                "INSERT INTO sinks (name, table_identifier, catalog, checkpointed_epoch) "
-                "VALUES (%s, %s, 'default', 1) RETURNING id",
-                (name, f"db.{name}"),
-            ).fetchone()
-            assert sink_id is not None
-            for epoch in (0, 1):
-                setup.execute(
-                    "INSERT INTO pending_sink_state (sink_id, epoch, status, metadata, attempt, file_count, "
-                    "record_count, files_cleaned) VALUES (%s, %s, 'PENDING', '', 1, 0, 0, false)",
-                    (sink_id[0], epoch),
-                )
+    for name in ("free", "held"):
+        [(sink_id,)] = query(
+            database_url,
+            "INSERT INTO sinks (name, table_identifier, catalog, checkpointed_epoch) "
+            "VALUES (%s, %s, 'default', 1) RETURNING id",
+            name,
+            f"db.{name}",
+        )
+        for epoch in (0, 1):
+            query(
+                database_url,
+                "INSERT INTO pending_sink_state (sink_id, epoch, status, metadata, attempt, file_count, "
+                "record_count, files_cleaned) VALUES (%s, %s, 'PENDING', '', 1, 0, 0, false)",
+                sink_id,
+                epoch,
+            )
     database = Database(normalize_url(database_url))
     try:
         with psycopg.connect(libpq_url(database_url)) as holder:

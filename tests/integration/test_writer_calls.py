@@ -19,6 +19,7 @@ from coordinator_service.log import sink_rows
 from coordinator_service.log.database import Database, libpq_url, normalize_url
 from coordinator_service.runtime import migrate
 from tests.fixtures.admin import eventually
+from tests.fixtures.postgres import query
 
 SINKS = ("a/b", "orders", "Ünïcode 'quoted'", "z")
 
@@ -40,12 +41,13 @@ class Log:
         self.database = Database(normalize_url(database_url))
         self.statements: list[str] = []
         event.listen(self.database.engine.sync_engine, "before_cursor_execute", self._seen)
-        with psycopg.connect(self.url, autocommit=True) as connection:
-            for index, sink in enumerate(SINKS):
-                connection.execute(
-                    "INSERT INTO sinks (name, table_identifier, catalog) VALUES (%s, %s, 'default')",
-                    (sink, f"db.t{index}"),
-                )
+        for index, sink in enumerate(SINKS):
+            query(
+                database_url,
+                "INSERT INTO sinks (name, table_identifier, catalog) VALUES (%s, %s, 'default')",
+                sink,
+                f"db.t{index}",
+            )
 
     def _seen(self, connection: Any, cursor: Any, statement: str, *_: Any) -> None:
         self.statements.append(statement)
