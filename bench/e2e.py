@@ -6,7 +6,10 @@ decode the records themselves: kafka_records.JsonBatchParser). The coordinated
 job is spark_writer.write_to_iceberg with the real coordinator process; the plain job is a foreachBatch that
 appends each batch's files with one pyiceberg append (add_files) on the same catalog, and nothing else.
 Rate = records / (query start to termination, including the last commit). The anchor of both is the raw read
-rate of the same topic (bench.source_limit: a consumer and the same JSON parsing, no Spark).
+rate of the same topic (bench.source_limit: a consumer and the same JSON parsing, no Spark). Where the coordinated
+query's time went comes from Spark's own progress reports (QueryTime): before its first batch, in the sink's function
+(Spark's addBatch: the writer's tasks, the files' collection, the pre-commit), in the rest of each trigger (Spark's
+offset and commit logs, its planning), and after its last trigger.
 
 Part 3 runs both jobs in a local Spark session on a local warehouse; part 9 runs them where tables really live,
 on a Spark standalone cluster (executors in JVMs of their own) with the tables on S3 in an Iceberg REST catalog
@@ -21,15 +24,19 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from bench.infra import Coordinator, Postgres, latency_stats, spread
 from bench.source_limit import raw_read_rate
 from coordinator_service.contract.markers import snapshot_properties
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming.listener import StreamingQueryProgress
 
 ORDER_DDL = "order_id BIGINT, customer STRING, amount DOUBLE, country STRING"
 
@@ -96,13 +103,39 @@ class Place:
     storage: dict[str, str] = field(default_factory=dict)
 
 
+class QueryTime(NamedTuple):
+    """Where a query's wall time went (seconds), from Spark's progress reports of its triggers."""
+
+    wall: float
+    before_first_batch: float  # the writer's registration, the query's start, its source's first offsets
+    in_batches: float  # Spark's addBatch: the sink's function, with the writer's tasks
+    between_batches: float  # the rest of each trigger: Spark's offset and commit logs, its planning
+    after_last_batch: float
+
+
+def query_time(progress: Sequence[StreamingQueryProgress], started: float, wall: float) -> QueryTime:
+    """`progress`: the query's every progress report, in order (StreamingQuery.recentProgress); `started`: the wall
+    clock (time.time()) when the run began, `wall` its length."""
+    assert progress and progress[0].batchId == 0, "the query's progress reports do not start at its first batch"
+    starts = [datetime.fromisoformat(report.timestamp).timestamp() for report in progress]
+    triggers = [report.durationMs.get("triggerExecution", 0) / 1000 for report in progress]
+    in_batches = sum(report.durationMs.get("addBatch", 0) / 1000 for report in progress)
+    return QueryTime(
+        wall=wall,
+        before_first_batch=starts[0] - started,
+        in_batches=in_batches,
+        between_batches=sum(triggers) - in_batches,
+        after_last_batch=started + wall - (starts[-1] + triggers[-1]),
+    )
+
+
 def run_coordinated(
     spark: Any, coordinator: Coordinator, bootstrap: str, topic: str, max_offsets: int, root: Path, place: Place
-) -> float:
+) -> QueryTime:
     from spark_writer.sink.iceberg_sink import write_to_iceberg
 
     name = f"e2e_{topic.replace('-', '_')}"
-    started = time.monotonic()
+    started, started_wall = time.monotonic(), time.time()
     frame, parser = _stream(spark, bootstrap, topic, max_offsets)
     running = write_to_iceberg(
         frame,
@@ -115,7 +148,7 @@ def run_coordinated(
         transform=parser,
     )
     assert running.await_termination(600), "coordinated query did not finish"
-    return time.monotonic() - started
+    return query_time(running.query.recentProgress, started_wall, time.monotonic() - started)
 
 
 def run_plain(
@@ -318,6 +351,7 @@ def run(
         run_plain(spark, catalog, bootstrap, warm, 500, root, place)
         for count in partitions:
             coordinated: list[float] = []
+            times: list[QueryTime] = []
             plain: list[float] = []
             raw: list[float] = []
             for _ in range(repetitions):
@@ -325,9 +359,8 @@ def run(
                 max_offsets = max(1, records // batches)
                 raw.append(raw_read_rate(bootstrap, topic, count, records))
                 plain.append(records / run_plain(spark, catalog, bootstrap, topic, max_offsets, root, place))
-                coordinated.append(
-                    records / run_coordinated(spark, coordinator, bootstrap, topic, max_offsets, root, place)
-                )
+                times.append(run_coordinated(spark, coordinator, bootstrap, topic, max_offsets, root, place))
+                coordinated.append(records / times[-1].wall)
             rows.append(
                 {
                     "partitions": count,
@@ -338,6 +371,10 @@ def run(
                     "raw_rps": spread(raw),
                     "ratio": spread([c / p for c, p in zip(coordinated, plain, strict=True)]),
                     "ratio_to_raw": spread([c / r for c, r in zip(coordinated, raw, strict=True)]),
+                    "coordinated_time": {key: spread([getattr(t, key) for t in times]) for key in QueryTime._fields},
+                    "ratio_to_raw_in_batches": spread(
+                        [records / t.in_batches / r for t, r in zip(times, raw, strict=True)]
+                    ),
                 }
             )
         if cluster_s3:

@@ -124,6 +124,27 @@ def e2e(part: dict[str, Any], title: str) -> list[str]:
             f"{goal_met(row['ratio']['median'] >= 0.9)} | "
             + (f"{spread(to_raw, 2)} | {goal_met(to_raw['median'] >= RAW_READ_GOAL)} |" if to_raw else " | |")
         )
+    timed = [row for row in part["rows"] if "coordinated_time" in row]
+    if timed:
+        lines += [
+            "",
+            "Where the coordinated query's time went (seconds, from Spark's progress reports): before its first batch "
+            "(the writer's registration, the query's start with its source's planner process, the first offsets), in "
+            "its batches (Spark's addBatch: the sink's function, the writer's tasks), in the rest of each trigger "
+            "(Spark's offset and commit logs, its planning) and after its last; and the ratio to the raw read the "
+            "query would reach if only its batches took time.",
+            "",
+            "| partitions | query s | before the first batch s | in batches s | between batches s | after the last s "
+            "| ratio to raw read, batches alone |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for row in timed:
+            time = row["coordinated_time"]
+            lines.append(
+                f"| {row['partitions']} | {spread(time['wall'], 2)} | {spread(time['before_first_batch'], 2)} | "
+                f"{spread(time['in_batches'], 2)} | {spread(time['between_batches'], 2)} | "
+                f"{spread(time['after_last_batch'], 2)} | {spread(row['ratio_to_raw_in_batches'], 2)} |"
+            )
     fresh = part.get("freshness")
     if fresh:
         lines += [

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
+
+from bench.e2e import query_time
 from bench.infra import latency_stats, spread, top_frames
 from bench.report import render
 
@@ -124,6 +128,14 @@ def test_report_renders_every_part(tmp_path: Path) -> None:
                     "coordinated_rps": _cell(9),
                     "plain_rps": _cell(10),
                     "ratio": _cell(0.9),
+                    "coordinated_time": {
+                        "wall": _cell(4.0),
+                        "before_first_batch": _cell(0.5),
+                        "in_batches": _cell(3.0),
+                        "between_batches": _cell(0.4),
+                        "after_last_batch": _cell(0.1),
+                    },
+                    "ratio_to_raw_in_batches": _cell(0.85),
                 }
             ]
         },
@@ -188,8 +200,49 @@ def test_report_renders_every_part(tmp_path: Path) -> None:
     assert "Ours: **1.00** — goal met; raw: 3.00 after only 20 commits." in markdown
     assert "Worst sink's p99 / baseline p99: **1.50** — goal met." in markdown
     assert "| one file, footer read | 1 | 1 | 60 (54-66) |" in markdown
+    split = "| 1 | 4.00 (3.60-4.40) | 0.50 (0.45-0.55) | 3.00 (2.70-3.30) | 0.40 (0.36-0.44) | 0.10 (0.09-0.11) | 0.85"
+    assert split in markdown
     assert "| 1.0 / 2.0 | 0.25 / 1.00 / 0.40 (0.05 / 0.10) | met |" in markdown
     assert "| GET /console | 125 | 130 |  |" in markdown
     assert "| first contentful paint in headless Chromium | 225 | 250 | met |" in markdown
     assert "Page / API at p50: **2.00**." in markdown
     assert "| per-sink histograms (before) | 5,000,000 | 70,000 | 100 | 100 | 100 | 10 |" in markdown
+
+
+def test_a_querys_time_is_split_by_its_progress_reports() -> None:
+    """Two triggers of 1.0 s (0.8 s in addBatch) and 0.5 s (0.3 s), the first 0.25 s after the run began, the run 2 s
+    long: 0.25 s before, 1.1 s in batches, 0.4 s between, 0.25 s after."""
+    from pyspark.sql.streaming.listener import StreamingQueryProgress
+
+    started = datetime(2026, 11, 30, 20, 0, 0, tzinfo=UTC).timestamp()
+
+    def report(batch: int, at: str, trigger_ms: int, add_batch_ms: int) -> StreamingQueryProgress:
+        return StreamingQueryProgress.fromJson(
+            {
+                "id": "00000000-0000-0000-0000-000000000000",
+                "runId": "00000000-0000-0000-0000-000000000001",
+                "name": None,
+                "timestamp": at,
+                "batchId": batch,
+                "batchDuration": trigger_ms,
+                "durationMs": {"triggerExecution": trigger_ms, "addBatch": add_batch_ms},
+                "eventTime": {},
+                "stateOperators": [],
+                "sources": [],
+                "sink": {"description": "ForeachBatchSink", "numOutputRows": -1, "metrics": {}},
+                "numInputRows": 4,
+                "inputRowsPerSecond": 0.0,
+                "processedRowsPerSecond": 0.0,
+                "observedMetrics": {},
+            }
+        )
+
+    progress = [report(0, "2026-11-30T20:00:00.250Z", 1000, 800), report(1, "2026-11-30T20:00:01.250Z", 500, 300)]
+    time = query_time(progress, started, 2.0)
+    assert time.wall == 2.0
+    assert time.before_first_batch == pytest.approx(0.25)
+    assert time.in_batches == pytest.approx(1.1)
+    assert time.between_batches == pytest.approx(0.4)
+    assert time.after_last_batch == pytest.approx(0.25)
+    with pytest.raises(AssertionError, match="do not start at its first batch"):
+        query_time(progress[1:], started, 2.0)
