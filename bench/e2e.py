@@ -350,7 +350,6 @@ def run(
         run_coordinated(spark, coordinator, bootstrap, warm, 500, root, place)
         run_plain(spark, catalog, bootstrap, warm, 500, root, place)
         for count in partitions:
-            coordinated: list[float] = []
             times: list[QueryTime] = []
             plain: list[float] = []
             raw: list[float] = []
@@ -360,7 +359,7 @@ def run(
                 raw.append(raw_read_rate(bootstrap, topic, count, records))
                 plain.append(records / run_plain(spark, catalog, bootstrap, topic, max_offsets, root, place))
                 times.append(run_coordinated(spark, coordinator, bootstrap, topic, max_offsets, root, place))
-                coordinated.append(records / times[-1].wall)
+            coordinated = [records / t.wall for t in times]
             rows.append(
                 {
                     "partitions": count,
